@@ -1,0 +1,359 @@
+"""The environment API: a ``gymnasium.Env`` whose observations are chat messages and whose
+actions are the model's assistant turns.
+
+    reset(*, seed=None, options=None) -> (messages, info)            the prompt
+    step(action) -> (messages, reward, terminated, truncated, info)  the env's reply to one turn
+
+Observations are the *new* messages (the prompt on reset, the env's reply on step); the env
+keeps the whole conversation in ``env.state``. ``terminated`` means the episode reached its end
+(an answer was given, the game was won or lost); ``truncated`` means a budget ran out (turns or
+tokens) first. The reward arrives on the final step; ``info["reward_components"]`` holds every
+component of it.
+
+Async twins ``areset``/``astep`` let the rollout runner drive thousands of episodes on one event
+loop. Write either form: the sync methods of an async env run it on a private loop, and the
+async methods of a sync env run it in a worker thread.
+
+Classes here, from general to specific:
+
+- :class:`Env` — the bare contract, for envs that manage everything themselves;
+- :class:`TaskEnv` — tasks from a dataset, a rubric, message history and budgets; subclass it
+  through :class:`SingleTurnEnv` or :class:`~envhub.multiturn.MultiTurnEnv`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from envhub._async import run_sync
+from envhub.errors import EnvhubError
+from envhub.rewards.rubric import Rubric
+from envhub.spaces import AssistantTurnSpace, MessagesSpace
+from envhub.types import AssistantTurn, EnvRef, ErrorRecord, Message, as_message, assistant, system, user
+
+Action = str | Message | AssistantTurn
+StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
+
+
+def as_turn(action: Action) -> AssistantTurn:
+    """Normalise an action to an :class:`AssistantTurn`."""
+    if isinstance(action, AssistantTurn):
+        return action
+    if isinstance(action, str):
+        return AssistantTurn(message=assistant(action))
+    message = as_message(action)
+    if message.role != "assistant":
+        raise EnvhubError(f"an action must be an assistant message, got role {message.role!r}")
+    return AssistantTurn(message=message)
+
+
+class Env(gym.Env[list[Message], Action]):
+    """Base class of every envhub environment.
+
+    Subclasses set ``name`` (and usually ``version``), implement ``reset``/``step`` or
+    ``areset``/``astep``, and may declare ``tools`` (OpenAI schemas through ``tool_schemas``).
+    """
+
+    name: ClassVar[str] = "env"
+    version: ClassVar[str] = "0.0.0"
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"]}
+    reward_range: tuple[float, float] = (float("-inf"), float("inf"))
+    """Bounds every episode's total reward stays within; ``check_env`` enforces them."""
+    pass_threshold: float = 1.0
+    """An episode whose reward reaches this counts as solved (for pass@k)."""
+    reference_policy: ClassVar[Callable[..., str] | None] = None
+    """A policy ``(messages, tools) -> str`` that solves every task, if the env has one;
+    ``check_env`` verifies that it reaches the top of ``reward_range``."""
+
+    def __init__(self) -> None:
+        self.observation_space = MessagesSpace()
+        self.action_space = AssistantTurnSpace()
+        self.render_mode = "ansi"
+        self._closed = False
+
+    @property
+    def ref(self) -> EnvRef:
+        return EnvRef(name=self.name, version=self.version)
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """OpenAI-format tool schemas offered to the model, or ``None`` when the env has none."""
+        return None
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        """Tokens the policy may still sample this episode, if the env has a token budget."""
+        return None
+
+    # -- sync/async bridging: subclasses override one side of each pair ------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        if type(self).areset is Env.areset:
+            raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
+        return run_sync(self.areset(seed=seed, options=options))
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        if type(self).reset is Env.reset:
+            raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
+        return await asyncio.to_thread(lambda: self.reset(seed=seed, options=options))
+
+    def step(self, action: Action) -> StepResult:
+        if type(self).astep is Env.astep:
+            raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
+        return run_sync(self.astep(action))
+
+    async def astep(self, action: Action) -> StepResult:
+        if type(self).step is Env.step:
+            raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
+        return await asyncio.to_thread(self.step, action)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release resources. Safe to call more than once."""
+        if not self._closed:
+            self._closed = True
+            self.on_close()
+
+    def on_close(self) -> None:
+        """Hook for subclasses: release resources (called once by ``close``)."""
+
+    def __enter__(self) -> Env:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class State:
+    """Everything about the current episode of a :class:`TaskEnv`."""
+
+    task: dict[str, Any]
+    """The dataset row this episode was drawn from."""
+    task_index: int
+    prompt: list[Message]
+    messages: list[Message]
+    """The whole conversation: prompt, assistant turns and env replies."""
+    turn: int = 0
+    tokens: int = 0
+    """Tokens sampled by the policy so far (when the engine reports them)."""
+    done: bool = False
+    """Set by an env's reply hook to end the episode (``terminated``)."""
+    stop_reason: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    """Scratch space for the env (game state, a sandbox handle, ...)."""
+    metrics: Counter[str] = field(default_factory=Counter)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    reward_components: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def completion(self) -> list[Message]:
+        return self.messages[len(self.prompt) :]
+
+    @property
+    def response(self) -> str:
+        """Text of the last assistant message ("" if there is none)."""
+        for message in reversed(self.messages):
+            if message.role == "assistant":
+                return message.content or ""
+        return ""
+
+    @property
+    def answer(self) -> Any:
+        return self.task.get("answer")
+
+    @property
+    def info(self) -> dict[str, Any]:
+        return self.task.get("info") or {}
+
+
+class TaskEnv(Env):
+    """An env that draws tasks from a dataset and scores episodes with a rubric.
+
+    Args:
+        dataset: Tasks: a ``datasets.Dataset``, a list of dicts, or any sequence of dicts.
+            Defaults to :meth:`load_dataset`.
+        rubric: Reward functions; defaults to :meth:`default_rubric`.
+        system_prompt: Replaces the class's ``system_prompt``.
+        max_turns: Assistant turns before the episode is truncated.
+        max_tokens: Sampled tokens per episode before it is truncated (``None``: no limit).
+    """
+
+    system_prompt: ClassVar[str | None] = None
+    default_max_turns: ClassVar[int] = 1
+    reward_range = (0.0, 1.0)
+
+    def __init__(
+        self,
+        dataset: Sequence[dict[str, Any]] | None = None,
+        *,
+        rubric: Rubric | None = None,
+        system_prompt: str | None = None,
+        max_turns: int | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.dataset = _as_sequence(dataset if dataset is not None else self.load_dataset())
+        if len(self.dataset) == 0:
+            raise EnvhubError(f"{self.name}: the dataset is empty")
+        self.rubric = rubric if rubric is not None else self.default_rubric()
+        self.instructions = system_prompt if system_prompt is not None else self.system_prompt
+        self.max_turns = max_turns if max_turns is not None else self.default_max_turns
+        self.max_tokens = max_tokens
+        self.state: State | None = None
+
+    # -- hooks for subclasses ---------------------------------------------------------------
+
+    def load_dataset(self) -> Sequence[dict[str, Any]]:
+        """Tasks to use when none are passed in."""
+        raise EnvhubError(f"{self.name}: pass `dataset=` or override `load_dataset()`")
+
+    def default_rubric(self) -> Rubric:
+        """Reward functions to use when none are passed in."""
+        return Rubric()
+
+    def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The first messages of an episode: the system prompt and the task's question."""
+        if "prompt" in task and isinstance(task["prompt"], list):
+            return [as_message(m) for m in task["prompt"]]
+        text = task.get("prompt") or task.get("question")
+        if text is None:
+            raise EnvhubError(f"{self.name}: task has neither 'prompt' nor 'question' ({sorted(task)})")
+        head = [system(self.instructions)] if self.instructions else []
+        return [*head, user(str(text))]
+
+    async def setup_state(self, state: State) -> None:
+        """Per-episode set-up after the task is chosen (draw a secret, open a sandbox, ...).
+        Use ``self.np_random`` for randomness so that seeds reproduce episodes."""
+
+    async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Reply to an assistant turn. Set ``state.done = True`` to end the episode."""
+        state.done = True
+        return []
+
+    # -- the gym API --------------------------------------------------------------------------
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        if self.max_tokens is None or self.state is None:
+            return None
+        return max(0, self.max_tokens - self.state.tokens)
+
+    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        gym.Env.reset(self, seed=seed)
+        index, task = self._choose_task(options or {})
+        prompt = self.format_prompt(task)
+        self.state = State(task=task, task_index=index, prompt=list(prompt), messages=list(prompt))
+        await self.setup_state(self.state)
+        return list(self.state.prompt), {"task_index": index}
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        return run_sync(self.areset(seed=seed, options=options))
+
+    async def astep(self, action: Action) -> StepResult:
+        state = self._active_state()
+        turn = as_turn(action)
+        state.messages.append(turn.message)
+        state.turn += 1
+        state.tokens += turn.num_tokens or 0
+        if turn.finish_reason == "length":
+            state.metrics["length_stopped_turns"] += 1
+        observation = list(await self.env_response(state, turn))
+        state.messages.extend(observation)
+        terminated, truncated = state.done, False
+        if not terminated:
+            truncated = self._budget_exhausted(state)
+        reward = await self._finish(state) if (terminated or truncated) else 0.0
+        return observation, reward, terminated, truncated, self._step_info(state, terminated or truncated)
+
+    def step(self, action: Action) -> StepResult:
+        return run_sync(self.astep(action))
+
+    async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """End the episode from outside (the runner ran out of context or budget) and score it."""
+        state = self._active_state()
+        state.stop_reason = reason
+        reward = await self._finish(state)
+        return reward, self._step_info(state, ended=True)
+
+    def render(self) -> str:
+        """The conversation so far as plain text."""
+        if self.state is None:
+            return ""
+        return "\n\n".join(f"[{m.role}] {m.content or ''}" for m in self.state.messages)
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _choose_task(self, options: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        if "task" in options:
+            return int(options.get("task_index", -1)), dict(options["task"])
+        if "task_index" in options:
+            index = int(options["task_index"])
+            if not 0 <= index < len(self.dataset):
+                raise EnvhubError(f"{self.name}: task_index {index} is outside 0..{len(self.dataset) - 1}")
+        else:
+            index = int(self.np_random.integers(len(self.dataset)))
+        return index, dict(self.dataset[index])
+
+    def _active_state(self) -> State:
+        if self.state is None:
+            raise EnvhubError(f"{self.name}: call reset() before step()")
+        if self.state.stop_reason is not None:
+            raise EnvhubError(f"{self.name}: the episode has ended ({self.state.stop_reason}); call reset()")
+        return self.state
+
+    def _budget_exhausted(self, state: State) -> bool:
+        if state.turn >= self.max_turns:
+            state.stop_reason = "max_turns"
+        elif self.max_tokens is not None and state.tokens >= self.max_tokens:
+            state.stop_reason = "max_tokens"
+        return state.stop_reason is not None
+
+    async def _finish(self, state: State) -> float:
+        state.stop_reason = state.stop_reason or "terminated"
+        score = await self.rubric.score(state)
+        state.reward_components = score.components
+        state.errors.extend(score.errors)
+        return score.total
+
+    def _step_info(self, state: State, ended: bool) -> dict[str, Any]:
+        info: dict[str, Any] = {"turn": state.turn}
+        if ended:
+            info.update(
+                stop_reason=state.stop_reason,
+                reward_components=dict(state.reward_components),
+                metrics=dict(state.metrics),
+                errors=list(state.errors),
+            )
+        return info
+
+
+class SingleTurnEnv(TaskEnv):
+    """One prompt, one answer, one reward."""
+
+    default_max_turns = 1
+
+
+class _Sequence(Sequence):
+    def __init__(self, items: Any) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.items[i]
+
+
+def _as_sequence(dataset: Any) -> Sequence[dict[str, Any]]:
+    """Datasets and lists index directly; any other iterable is read into a list once."""
+    if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
+        return dataset if isinstance(dataset, Sequence) else _Sequence(dataset)
+    return list(dataset)

@@ -1,0 +1,66 @@
+"""Every exception envhub raises, in one tree.
+
+    EnvhubError                      base class; the CLI prints its message as one line
+    ├── ConfigError                  invalid arguments or configuration, found before work starts
+    ├── EnvNotFoundError             no env by that name (the message suggests the nearest names)
+    ├── EnvLoadError                 an env package is broken: entry point, import, constructor
+    ├── EnvCheckError                ``check_env`` found a contract violation
+    ├── ToolDefinitionError          a ``@tool`` function cannot become a tool (bad signature)
+    ├── RewardDefinitionError        a reward function asks for an argument nobody can give
+    ├── EngineError                  an inference engine failed
+    │   └── EngineUnavailableError   the server is unreachable or died (after retries)
+    └── MissingDependencyError       an optional extra is needed; says what to install
+
+Errors raised *inside user code* (an env's step, a tool, a reward function) while rolling out
+are not propagated: they are caught at that boundary and recorded on the trajectory as an
+``ErrorRecord``, and the batch goes on.
+"""
+
+from __future__ import annotations
+
+
+class EnvhubError(Exception):
+    """Base class of every envhub error."""
+
+
+class ConfigError(EnvhubError, ValueError):
+    """Invalid arguments or configuration."""
+
+
+class EnvNotFoundError(EnvhubError, KeyError):
+    """No environment is registered under the requested name."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EnvLoadError(EnvhubError):
+    """An environment exists but could not be loaded or constructed."""
+
+
+class EnvCheckError(EnvhubError):
+    """An environment violates the env contract (raised by ``check_env``)."""
+
+
+class ToolDefinitionError(EnvhubError, TypeError):
+    """A function cannot be turned into a tool."""
+
+
+class RewardDefinitionError(EnvhubError, TypeError):
+    """A reward function's signature cannot be satisfied."""
+
+
+class EngineError(EnvhubError):
+    """An inference engine returned an error or an unusable answer."""
+
+
+class EngineUnavailableError(EngineError):
+    """The inference server could not be reached, even after retries."""
+
+
+class MissingDependencyError(EnvhubError, ImportError):
+    """An optional dependency is missing."""
+
+    @classmethod
+    def for_extra(cls, package: str, extra: str) -> MissingDependencyError:
+        return cls(f"{package} is not installed; run `pip install 'envhub[{extra}]'`")

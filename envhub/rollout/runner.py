@@ -1,0 +1,332 @@
+"""The rollout runner: many episodes at once against one inference engine.
+
+Each task is rolled out ``samples_per_task`` times (a GRPO group). Episodes run concurrently on
+one event loop, up to ``max_concurrency`` at a time, each on its own env instance from a pool.
+Every failure (env reset/step raising or hanging, the engine failing, a reward raising, the
+episode running out of time) is recorded on that episode's trajectory and the batch goes on.
+An env whose step timed out is discarded, since its worker thread may still be running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from envhub.env import Env, State, TaskEnv
+from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
+from envhub.rollout.tokens import TokenTrace, append_env_turn
+from envhub.types import AssistantTurn, EnvRef, ErrorRecord, Message, Trajectory, TurnRecord, assistant
+
+
+@dataclass
+class _Episode:
+    """Mutable record of one episode in progress (kept outside the episode coroutine so that a
+    timeout still leaves everything recorded so far)."""
+
+    task_index: int
+    sample_index: int
+    group_id: str
+    seed: int
+    messages: list[Message] = field(default_factory=list)
+    prompt_length: int = 0
+    tools: list[dict[str, Any]] | None = None
+    trace: TokenTrace | None = None
+    turns: list[TurnRecord] = field(default_factory=list)
+    errors: list[ErrorRecord] = field(default_factory=list)
+    reward: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: str = "error"
+    state: State | None = None
+    discard_env: bool = False
+    """Set when the env timed out: its worker thread may still run, so it is not reused."""
+    started: float = field(default_factory=time.perf_counter)
+
+    def fail(self, stage: str, error: BaseException | str, turn: int | None = None) -> None:
+        timed_out = isinstance(error, (asyncio.TimeoutError, TimeoutError))
+        kind = "timeout" if timed_out else type(error).__name__
+        self.errors.append(ErrorRecord(stage=stage, type=kind, message=str(error) or kind, turn=turn))
+        self.stop_reason = "timeout" if timed_out else "error"
+        self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
+
+
+def episode_seed(seed: int, task_index: int, sample_index: int) -> int:
+    """A stable, independent seed per (run seed, task, sample)."""
+    return int(np.random.SeedSequence([seed, task_index, sample_index]).generate_state(1)[0])
+
+
+class RolloutRunner:
+    """Runs groups of episodes of one env against an engine.
+
+    Args:
+        engine: Where assistant turns come from.
+        env_factory: Makes a fresh env instance (e.g. ``lambda: envhub.make("calculator")``).
+        sampling: Sampling parameters for every turn.
+        max_concurrency: Episodes in flight at once (= env instances in the pool).
+        step_timeout: Seconds an env reset or step may take.
+        episode_timeout: Seconds a whole episode may take.
+        seed: Run seed; each episode's env seed derives from it, the task and the sample index.
+    """
+
+    def __init__(
+        self,
+        engine: InferenceEngine,
+        env_factory: Callable[[], Env],
+        *,
+        sampling: SamplingParams | None = None,
+        max_concurrency: int = 64,
+        step_timeout: float | None = 60.0,
+        episode_timeout: float | None = 600.0,
+        seed: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.env_factory = env_factory
+        self.sampling = sampling or SamplingParams()
+        self.max_concurrency = max_concurrency
+        self.step_timeout = step_timeout
+        self.episode_timeout = episode_timeout
+        self.seed = seed
+        self._pool: asyncio.Queue[Env | None] | None = None
+        self._created: list[Env] = []
+        self._env_ref: EnvRef | None = None
+
+    async def run(
+        self,
+        task_indices: Sequence[int],
+        samples_per_task: int = 1,
+        on_trajectory: Callable[[Trajectory], None] | None = None,
+    ) -> list[Trajectory]:
+        """Roll out every task ``samples_per_task`` times; trajectories in task, then sample order.
+
+        ``on_trajectory`` is called as each group finishes (for progress bars and streaming).
+        """
+        await self.engine.start()
+        self._pool = asyncio.Queue()
+        for _ in range(self.max_concurrency):  # None = a slot whose env is not made yet
+            self._pool.put_nowait(None)
+        groups = [
+            self._run_group(number, task_index, samples_per_task, on_trajectory)
+            for number, task_index in enumerate(task_indices)
+        ]
+        try:
+            results = await asyncio.gather(*groups)
+        finally:
+            self._close_pool()
+        return [traj for group in results for traj in group]
+
+    async def _run_group(self, number: int, task_index: int, n: int, callback: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+        group_id = f"g{number}"
+        episodes = [_Episode(task_index, i, group_id, episode_seed(self.seed, task_index, i)) for i in range(n)]
+        rubric_env = await asyncio.gather(*(self._run_episode(ep) for ep in episodes))
+        await self._score_group(episodes, next((e for e in rubric_env if e is not None), None))
+        trajectories = [self._trajectory(ep) for ep in episodes]
+        if callback:
+            for traj in trajectories:
+                callback(traj)
+        return trajectories
+
+    # -- one episode ----------------------------------------------------------------------------
+
+    async def _run_episode(self, ep: _Episode) -> Env | None:
+        try:
+            env = await self._acquire()
+        except Exception as e:
+            ep.fail("env.make", e)
+            return None
+        try:
+            if self.episode_timeout is None:
+                await self._drive(env, ep)
+            else:
+                await asyncio.wait_for(self._drive(env, ep), self.episode_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            ep.fail("episode", TimeoutError(f"the episode did not finish within {self.episode_timeout:g} s"))
+            ep.discard_env = True
+        finally:
+            self._release(env, healthy=not ep.discard_env)
+        return env
+
+    async def _drive(self, env: Env, ep: _Episode) -> None:
+        try:
+            observation, _ = await self._timed(env.areset(seed=ep.seed, options={"task_index": ep.task_index}))
+        except Exception as e:
+            return ep.fail("env.reset", e)
+        ep.messages, ep.prompt_length, ep.tools = list(observation), len(observation), env.tool_schemas
+        ep.state = env.state if isinstance(env, TaskEnv) else None
+        tokenizer = self.engine.tokenizer
+        if tokenizer is not None:
+            ep.trace = TokenTrace()
+            ep.trace.start(await tokenizer.render(ep.messages, ep.tools, add_generation_prompt=True))
+        while True:
+            turn = len(ep.turns)
+            max_tokens, limit_reason = self._turn_budget(env, ep)
+            if max_tokens <= 0:
+                return await self._truncate(env, ep, limit_reason)
+            started = time.perf_counter()
+            try:
+                generation = await self.engine.generate(self._request(ep, max_tokens))
+            except Exception as e:
+                return ep.fail("engine", e, turn)
+            gen_seconds = time.perf_counter() - started
+            self._record_tokens(ep, generation, turn)
+            action = AssistantTurn(
+                message=assistant(generation.text, generation.tool_calls),
+                num_tokens=len(generation.token_ids) if generation.token_ids is not None else None,
+                finish_reason=generation.finish_reason,
+            )
+            started = time.perf_counter()
+            try:
+                observation, reward, terminated, truncated, info = await self._timed(env.astep(action))
+            except Exception as e:
+                ep.messages.append(action.message)
+                return ep.fail("env.step", e, turn)
+            ep.messages.append(action.message)
+            ep.messages.extend(observation)
+            ep.turns.append(self._turn_record(generation, action, info, gen_seconds, time.perf_counter() - started))
+            if terminated or truncated:
+                return self._finish(ep, reward, terminated, truncated, info)
+            if tokenizer is not None and ep.trace is not None and ep.trace.valid:
+                await append_env_turn(ep.trace, tokenizer, ep.messages, list(observation), ep.tools, turn, generation.finish_reason == "stop")
+
+    def _request(self, ep: _Episode, max_tokens: int) -> GenerateRequest:
+        sampling = self.sampling.model_copy(update={"max_tokens": max_tokens})
+        prompt_ids = list(ep.trace.ids) if ep.trace is not None and self.engine.tokenizer is not None else None
+        return GenerateRequest(messages=ep.messages, tools=ep.tools, prompt_ids=prompt_ids, sampling=sampling)
+
+    def _turn_budget(self, env: Env, ep: _Episode) -> tuple[int, str]:
+        limit, reason = self.sampling.max_tokens, ""
+        remaining = env.remaining_tokens
+        if remaining is not None and remaining < limit:
+            limit, reason = remaining, "max_tokens"
+        tokenizer = self.engine.tokenizer
+        if tokenizer is not None and tokenizer.max_length and ep.trace is not None:
+            room = tokenizer.max_length - len(ep.trace.ids)
+            if room < limit:
+                limit, reason = room, "max_context"
+        return limit, reason
+
+    def _record_tokens(self, ep: _Episode, generation: Generation, turn: int) -> None:
+        """Chat-level engines report each turn's prompt ids: check them against the record."""
+        if generation.token_ids is None:
+            if ep.trace is not None:
+                ep.trace.valid = False
+            return
+        if generation.prompt_token_ids is not None:
+            if ep.trace is None:
+                ep.trace = TokenTrace()
+                ep.trace.start(generation.prompt_token_ids)
+            elif ep.trace.valid and not ep.trace.extend_to(generation.prompt_token_ids, turn):
+                ep.trace.valid = False
+        if ep.trace is not None and ep.trace.valid:
+            ep.trace.add_sampled(generation.token_ids, generation.logprobs)
+
+    async def _truncate(self, env: Env, ep: _Episode, reason: str) -> None:
+        if isinstance(env, TaskEnv) and env.state is not None and env.state.stop_reason is None:
+            reward, info = await env.atruncate(reason)
+            self._finish(ep, reward, False, True, info)
+        else:
+            ep.truncated, ep.stop_reason = True, reason
+
+    def _finish(self, ep: _Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+        ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
+        ep.stop_reason = info.get("stop_reason") or ("terminated" if terminated else "truncated")
+        ep.components = dict(info.get("reward_components", {}))
+        ep.env_metrics = dict(info.get("metrics", {}))
+        ep.errors.extend(info.get("errors", []))
+
+    @staticmethod
+    def _turn_record(generation: Generation, action: AssistantTurn, info: dict[str, Any], gen_s: float, env_s: float) -> TurnRecord:
+        return TurnRecord(
+            prompt_tokens=len(generation.prompt_token_ids) if generation.prompt_token_ids is not None else None,
+            completion_tokens=action.num_tokens,
+            finish_reason=generation.finish_reason,
+            generate_seconds=gen_s,
+            env_seconds=env_s,
+        )
+
+    async def _timed(self, coro: Any) -> Any:
+        return await (coro if self.step_timeout is None else asyncio.wait_for(coro, self.step_timeout))
+
+    # -- groups, pool, output -------------------------------------------------------------------
+
+    async def _score_group(self, episodes: list[_Episode], env: Env | None) -> None:
+        rubric = getattr(env, "rubric", None)
+        if rubric is None or not rubric.group_funcs or any(ep.state is None for ep in episodes):
+            return
+        scores = await rubric.score_group([ep.state for ep in episodes])
+        for ep, score in zip(episodes, scores, strict=True):
+            ep.reward += score.total
+            ep.components.update(score.components)
+            ep.errors.extend(score.errors)
+
+    def _trajectory(self, ep: _Episode) -> Trajectory:
+        state = ep.state
+        messages = list(state.messages) if state is not None and len(state.messages) >= len(ep.messages) else ep.messages
+        trace = ep.trace if ep.trace is not None and ep.trace.valid else None
+        return Trajectory(
+            env=self._env_ref or EnvRef(name="unknown"),
+            task_index=ep.task_index,
+            sample_index=ep.sample_index,
+            group_id=ep.group_id,
+            seed=ep.seed,
+            messages=messages,
+            prompt_length=ep.prompt_length,
+            tools=ep.tools,
+            token_ids=trace.ids if trace else None,
+            loss_mask=trace.mask if trace else None,
+            sampler_logprobs=trace.logprobs if trace else None,
+            prompt_token_count=trace.prompt_length if trace else None,
+            reward=0.0 if ep.stop_reason in ("error", "timeout") else ep.reward,
+            reward_components=ep.components,
+            terminated=ep.terminated,
+            truncated=ep.truncated or ep.stop_reason in ("error", "timeout"),
+            stop_reason=ep.stop_reason,
+            turns=ep.turns,
+            metrics=self._metrics(ep),
+            errors=ep.errors,
+            token_drift=ep.trace.drift if ep.trace is not None else [],
+            seconds=time.perf_counter() - ep.started,
+        )
+
+    @staticmethod
+    def _metrics(ep: _Episode) -> dict[str, float]:
+        metrics = {k: float(v) for k, v in ep.env_metrics.items()}
+        metrics["turns"] = float(len(ep.turns))
+        metrics["completion_tokens"] = float(sum(t.completion_tokens or 0 for t in ep.turns))
+        if ep.trace is not None:
+            metrics["total_tokens"] = float(len(ep.trace.ids))
+        return metrics
+
+    async def _acquire(self) -> Env:
+        assert self._pool is not None
+        env = await self._pool.get()
+        if env is not None:
+            return env
+        try:
+            env = await asyncio.to_thread(self.env_factory)
+        except BaseException:
+            self._pool.put_nowait(None)
+            raise
+        self._created.append(env)
+        self._env_ref = self._env_ref or env.ref
+        return env
+
+    def _release(self, env: Env, healthy: bool) -> None:
+        assert self._pool is not None
+        if healthy:
+            self._pool.put_nowait(env)
+            return
+        self._created.remove(env)
+        env.close()
+        self._pool.put_nowait(None)
+
+    def _close_pool(self) -> None:
+        for env in self._created:
+            env.close()
+        self._created.clear()

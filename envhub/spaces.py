@@ -1,0 +1,75 @@
+"""Gymnasium spaces for chat: observations are lists of messages, actions are assistant turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from gymnasium import spaces
+from pydantic import ValidationError
+
+from envhub.types import AssistantTurn, Message
+
+
+class MessagesSpace(spaces.Space[list]):
+    """Lists of OpenAI-format chat messages (``Message`` objects or dicts)."""
+
+    def __init__(self, seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self._text = spaces.Text(max_length=64, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        return [Message(role="user", content=self._text.sample())]
+
+    def contains(self, x: Any) -> bool:
+        if not isinstance(x, (list, tuple)):
+            return False
+        try:
+            for item in x:
+                if not isinstance(item, Message):
+                    Message.model_validate(item)
+        except ValidationError:
+            return False
+        return True
+
+    def __repr__(self) -> str:
+        return "MessagesSpace()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MessagesSpace)
+
+
+class AssistantTurnSpace(spaces.Space[Any]):
+    """An assistant turn: text, an assistant ``Message``, or an ``AssistantTurn``."""
+
+    def __init__(self, max_length: int = 256, seed: int | np.random.Generator | None = None) -> None:
+        super().__init__(shape=None, dtype=None, seed=seed)
+        self._text = spaces.Text(max_length=max_length, seed=seed)
+
+    @property
+    def is_np_flattenable(self) -> bool:
+        return False
+
+    def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        self._text.seed(seed)
+        return super().seed(seed)
+
+    def sample(self, mask: Any = None, probability: Any = None) -> str:
+        return self._text.sample()
+
+    def contains(self, x: Any) -> bool:
+        if isinstance(x, str):
+            return True
+        if isinstance(x, AssistantTurn):
+            return x.message.role == "assistant"
+        return isinstance(x, Message) and x.role == "assistant"
+
+    def __repr__(self) -> str:
+        return "AssistantTurnSpace()"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, AssistantTurnSpace)

@@ -1,0 +1,110 @@
+"""Run parsed tool calls and turn every outcome, good or bad, into a tool message.
+
+Failure kinds (the episode's metrics count each): ``parse_error`` (bad JSON or shape),
+``unknown_tool``, ``invalid_arguments`` (wrong, missing or extra arguments), ``tool_error``
+(the tool raised) and ``timeout`` (the tool hung). A sync tool that times out keeps running in
+its worker thread until it returns; only async tools are actually cancelled. Code that must be
+killed belongs in a sandbox, not a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from envhub.errors import ToolDefinitionError
+from envhub.tools.parsers import PARSE_ERROR, ParsedTurn
+from envhub.tools.tool import Tool, ToolArgumentError
+from envhub.types import Message, ToolCall, tool_message
+
+UNKNOWN_TOOL = "unknown_tool"
+INVALID_ARGUMENTS = "invalid_arguments"
+TOOL_ERROR = "tool_error"
+TIMEOUT = "timeout"
+ERROR_KINDS = (PARSE_ERROR, UNKNOWN_TOOL, INVALID_ARGUMENTS, TOOL_ERROR, TIMEOUT)
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    """What one call produced: the message for the model and, if it failed, why."""
+
+    message: Message
+    error: str | None = None
+    """One of :data:`ERROR_KINDS`, or ``None`` when the tool ran and returned."""
+    detail: str = ""
+
+
+def _format_result(value: Any, max_chars: int) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if len(text) > max_chars:
+        return text[:max_chars] + f"\n... [truncated {len(text) - max_chars} characters]"
+    return text
+
+
+def _decode_arguments(call: ToolCall) -> dict[str, Any]:
+    text = call.function.arguments or "{}"
+    try:
+        value = json.loads(text)
+        if isinstance(value, str):  # double-encoded: "{\"x\": 1}"
+            value = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise ToolArgumentError(f"arguments of {call.name} are not valid JSON ({e.msg})") from None
+    if not isinstance(value, dict):
+        raise ToolArgumentError(f"arguments of {call.name} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+class ToolExecutor:
+    """Runs the calls of one assistant turn against a set of tools.
+
+    Args:
+        tools: The env's tools by name.
+        default_timeout: Seconds per call when a tool sets none.
+        max_output_chars: Longer results are cut, with a note, so one call cannot flood the context.
+    """
+
+    def __init__(self, tools: Mapping[str, Tool], default_timeout: float = 30.0, max_output_chars: int = 8000) -> None:
+        self.tools = dict(tools)
+        self.default_timeout = default_timeout
+        self.max_output_chars = max_output_chars
+
+    async def run(self, parsed: ParsedTurn, context: dict[str, Any] | None = None) -> list[ToolOutcome]:
+        """Outcomes in call order: first the malformed calls, then the well-formed ones."""
+        outcomes = [self._fail(err.id or "call_invalid", err.name, PARSE_ERROR, err.message) for err in parsed.errors]
+        for call in parsed.calls:
+            outcomes.append(await self._run_one(call, context or {}))
+        return outcomes
+
+    async def _run_one(self, call: ToolCall, context: dict[str, Any]) -> ToolOutcome:
+        tool = self.tools.get(call.name)
+        if tool is None:
+            return self._fail(call.id, call.name, UNKNOWN_TOOL, self._unknown_message(call.name))
+        try:
+            arguments = _decode_arguments(call)
+            tool.validate(arguments)
+        except ToolArgumentError as e:
+            return self._fail(call.id, call.name, INVALID_ARGUMENTS, str(e))
+        timeout = tool.timeout if tool.timeout is not None else self.default_timeout
+        try:
+            result = await asyncio.wait_for(tool.acall(arguments, context), timeout)
+        except ToolDefinitionError:  # the env author's bug, not the model's: let the env record it
+            raise
+        except asyncio.TimeoutError:
+            return self._fail(call.id, call.name, TIMEOUT, f"{call.name} did not finish within {timeout:g} s")
+        except Exception as e:  # the tool's own bug or refusal: report it to the model
+            return self._fail(call.id, call.name, TOOL_ERROR, f"{call.name} raised {type(e).__name__}: {e}")
+        return ToolOutcome(tool_message(_format_result(result, self.max_output_chars), call.id, call.name))
+
+    def _unknown_message(self, name: str) -> str:
+        names = sorted(self.tools)
+        close = difflib.get_close_matches(name, names, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        return f"there is no tool named {name!r}.{hint} Available tools: {', '.join(names) or 'none'}"
+
+    @staticmethod
+    def _fail(call_id: str, name: str | None, kind: str, detail: str) -> ToolOutcome:
+        return ToolOutcome(tool_message(f"Error: {detail}", call_id, name), kind, detail)

@@ -1,0 +1,196 @@
+"""Typed wire objects shared by envs, the rollout runner, inference engines and the trainer.
+
+Messages follow the OpenAI chat format, so anything that speaks that format (vLLM, SGLang, hosted
+APIs) can be driven without translation. Everything here is a frozen pydantic model except the
+mutable episode ``State`` that an env owns.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+class FunctionCall(BaseModel):
+    """The function part of an OpenAI tool call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    """Name of the tool the model asked for."""
+    arguments: str
+    """Arguments as the JSON text the model wrote (may be malformed: it is data, not trusted)."""
+
+
+class ToolCall(BaseModel):
+    """One tool call in OpenAI wire shape."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    """Call id; the tool message that answers it carries the same ``tool_call_id``."""
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    @classmethod
+    def make(cls, id: str, name: str, arguments: dict[str, Any] | str) -> ToolCall:
+        """Build a call from a name and arguments given as a dict or as JSON text."""
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        return cls(id=id, function=FunctionCall(name=name, arguments=text))
+
+    @property
+    def name(self) -> str:
+        return self.function.name
+
+
+class Message(BaseModel):
+    """One chat message in OpenAI format."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str | None = None
+    """Text of the message. For assistant turns it is the raw text as sampled, tool-call markup
+    included, so that re-rendering the conversation reproduces the sampled tokens."""
+    tool_calls: tuple[ToolCall, ...] | None = None
+    """Tool calls of an assistant turn, parsed from ``content`` or given by the server."""
+    tool_call_id: str | None = None
+    """For ``tool`` messages: the id of the call this message answers."""
+    name: str | None = None
+    """For ``tool`` messages: the tool's name."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The message as a JSON-ready dict, without unset fields."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def system(content: str) -> Message:
+    return Message(role="system", content=content)
+
+
+def user(content: str) -> Message:
+    return Message(role="user", content=content)
+
+
+def assistant(content: str, tool_calls: list[ToolCall] | None = None) -> Message:
+    return Message(role="assistant", content=content, tool_calls=tuple(tool_calls) if tool_calls else None)
+
+
+def tool_message(content: str, tool_call_id: str, name: str | None = None) -> Message:
+    return Message(role="tool", content=content, tool_call_id=tool_call_id, name=name)
+
+
+def as_message(value: Message | dict[str, Any]) -> Message:
+    """Accept a ``Message`` or an OpenAI-style dict."""
+    return value if isinstance(value, Message) else Message.model_validate(value)
+
+
+class AssistantTurn(BaseModel):
+    """The action an env receives: one assistant turn plus what the engine knows about it.
+
+    ``env.step`` also accepts a plain string or a ``Message``; the runner passes this richer form
+    so that token budgets and truncated generations are accounted for.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    message: Message
+    num_tokens: int | None = None
+    """Tokens the policy sampled for this turn, when the engine reports them."""
+    finish_reason: str | None = None
+    """Why generation stopped: ``stop`` (end of turn) or ``length`` (hit max tokens)."""
+
+
+class ErrorRecord(BaseModel):
+    """An error attributed to one part of an episode. A bad rollout is data, not a crash."""
+
+    model_config = ConfigDict(frozen=True)
+
+    stage: str
+    """Where it happened: ``env.reset``, ``env.step``, ``engine``, ``reward:<name>``, ``tool:<name>``,
+    ``episode`` (timeout of the whole episode)."""
+    type: str
+    """Exception class name or a short kind such as ``timeout``."""
+    message: str
+    turn: int | None = None
+
+
+class EnvRef(BaseModel):
+    """Which environment produced a trajectory, exactly."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    version: str | None = None
+    commit: str | None = None
+
+
+class TurnRecord(BaseModel):
+    """Per-turn bookkeeping of a rollout."""
+
+    model_config = ConfigDict(frozen=True)
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    finish_reason: str | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    generate_seconds: float = 0.0
+    env_seconds: float = 0.0
+
+
+class Trajectory(BaseModel):
+    """One episode, recorded for evaluation, training, inspection and replay.
+
+    The token fields are the contract with the trainer: ``token_ids`` is the prompt and every turn
+    exactly as sampled (never re-tokenised), ``loss_mask`` is 1 on tokens the policy sampled and 0
+    elsewhere, ``sampler_logprobs`` holds the sampling engine's logprob of each token (0.0 where
+    the mask is 0). They are ``None`` when the engine returned text only.
+    """
+
+    env: EnvRef
+    task_index: int
+    sample_index: int = 0
+    group_id: str
+    seed: int | None = None
+    messages: list[Message]
+    prompt_length: int
+    """How many of ``messages`` form the prompt (the observation from ``reset``)."""
+    tools: list[dict[str, Any]] | None = None
+    token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
+    sampler_logprobs: list[float] | None = None
+    prompt_token_count: int | None = None
+    """Tokens before the first sampled token."""
+    reward: float = 0.0
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    stop_reason: str = "terminated"
+    """``terminated``, ``max_turns``, ``max_tokens``, ``length``, ``timeout`` or ``error``."""
+    turns: list[TurnRecord] = Field(default_factory=list)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    errors: list[ErrorRecord] = Field(default_factory=list)
+    token_drift: list[dict[str, Any]] = Field(default_factory=list)
+    """Turns where re-rendering the conversation with the chat template did not reproduce the
+    sampled tokens as a prefix (see ``envhub doctor``). The token fields stay exact regardless."""
+    info: dict[str, Any] = Field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing went wrong outside the policy's control."""
+        return not self.errors
+
+    @property
+    def completion(self) -> list[Message]:
+        """Messages after the prompt."""
+        return self.messages[self.prompt_length :]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(t.completion_tokens or 0 for t in self.turns)
