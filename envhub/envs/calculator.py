@@ -72,7 +72,7 @@ def make_problem(rng: random.Random, operations: int) -> str:
         op = rng.choice("+-*")
         operand = rng.randint(2, 99) if op == "*" else rng.randint(2, 9999)
         expression = f"({expression}) {op} {operand}" if rng.random() < 0.5 else f"{operand} {op} ({expression})"
-        return ast.unparse(ast.parse(expression, mode="eval"))  # minimal parentheses
+    return ast.unparse(ast.parse(expression, mode="eval"))  # minimal parentheses
 
 
 class ProblemSet:
