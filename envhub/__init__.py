@@ -1,0 +1,77 @@
+"""envhub: write, check, share and train on multi-turn LLM environments.
+
+The public API is re-exported here and loaded on first use, so ``import envhub`` is cheap and
+never imports torch, vLLM or transformers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    # environments
+    "Env": "envhub.env",
+    "TaskEnv": "envhub.env",
+    "SingleTurnEnv": "envhub.env",
+    "State": "envhub.env",
+    "MultiTurnEnv": "envhub.multiturn",
+    "ToolEnv": "envhub.multiturn",
+    # messages and trajectories
+    "Message": "envhub.types",
+    "ToolCall": "envhub.types",
+    "AssistantTurn": "envhub.types",
+    "Trajectory": "envhub.types",
+    # tools and rewards
+    "tool": "envhub.tools.tool",
+    "Tool": "envhub.tools.tool",
+    "Injected": "envhub.tools.tool",
+    "Rubric": "envhub.rewards.rubric",
+    "reward": "envhub.rewards.rubric",
+    "group_reward": "envhub.rewards.rubric",
+    # registry, checker, rollouts
+    "make": "envhub.registry",
+    "register": "envhub.registry",
+    "list_envs": "envhub.registry",
+    "check_env": "envhub.checker",
+    "RolloutRunner": "envhub.rollout.runner",
+    "InferenceEngine": "envhub.inference.base",
+    "SamplingParams": "envhub.inference.base",
+    "OpenAIEngine": "envhub.inference.openai_http",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from envhub.checker import check_env
+    from envhub.env import Env, SingleTurnEnv, State, TaskEnv
+    from envhub.inference.base import InferenceEngine, SamplingParams
+    from envhub.inference.openai_http import OpenAIEngine
+    from envhub.multiturn import MultiTurnEnv, ToolEnv
+    from envhub.registry import list_envs, make, register
+    from envhub.rewards.rubric import Rubric, group_reward, reward
+    from envhub.rollout.runner import RolloutRunner
+    from envhub.tools.tool import Injected, Tool, tool
+    from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'envhub' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+# gymnasium no longer loads plugins by entry point; register `envhub/<name>` ids now if
+# gymnasium is already loaded (otherwise envhub.env does it when first imported).
+if "gymnasium" in sys.modules:
+    importlib.import_module("envhub.registry").register_gymnasium_envs()

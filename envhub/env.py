@@ -357,3 +357,12 @@ def _as_sequence(dataset: Any) -> Sequence[dict[str, Any]]:
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
         return dataset if isinstance(dataset, Sequence) else _Sequence(dataset)
     return list(dataset)
+
+
+def _register_with_gymnasium() -> None:
+    from envhub.registry import register_gymnasium_envs
+
+    register_gymnasium_envs()
+
+
+_register_with_gymnasium()

@@ -1,0 +1,39 @@
+"""The ``envhub`` command. Each command lives in its own module and imports what it needs
+inside the command, so ``envhub --help`` stays fast and never imports torch or vLLM."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from envhub.cli import check, eval, init, list
+
+app = typer.Typer(
+    name="envhub",
+    help="Write, check, share and train on multi-turn LLM environments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+for module in (init, list, check, eval):
+    module.register(app)
+
+
+def main() -> None:
+    """Entry point: envhub errors become one clear line and exit code 1 (``--debug``: traceback)."""
+    from envhub.errors import EnvhubError
+
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
+    try:
+        app()
+    except EnvhubError as e:
+        if debug:
+            raise
+        from envhub.cli.console import err_console
+
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise SystemExit(1) from None

@@ -1,0 +1,221 @@
+"""``check_env``: the env contract as executable checks.
+
+Each check runs on its own; a failure in one does not hide the others. ``check_env`` raises
+:class:`EnvCheckError` listing every failure (or returns the report with ``raise_on_failure=False``).
+
+Checks: the API shape; reset output (valid messages); determinism under a seed (same seed, same
+actions -> same observations, rewards and flags); tool schemas (valid OpenAI function schemas);
+episodes end within their budget with finite rewards of the right types inside
+``reward_range``; a null (empty) policy scores the floor; the env's ``reference_policy``, if it
+has one, scores the top; ``close`` is idempotent and the env is a context manager.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from envhub.env import Env
+from envhub.errors import EnvCheckError
+from envhub.testing import null_policy
+from envhub.types import Message
+
+_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+Policy = Callable[[list[Message], Any], str]
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str = ""
+
+
+@dataclass
+class CheckReport:
+    env_name: str
+    results: list[CheckResult] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.passed]
+
+
+@dataclass
+class _Episode:
+    observations: list[list[dict[str, Any]]]
+    rewards: list[float]
+    flags: list[tuple[bool, bool]]
+
+    @property
+    def total(self) -> float:
+        return sum(self.rewards)
+
+
+def check_env(
+    env: Env,
+    *,
+    seeds: tuple[int, ...] = (0, 1, 2),
+    max_steps: int = 100,
+    raise_on_failure: bool = True,
+) -> CheckReport:
+    """Check ``env`` against the envhub env contract.
+
+    Args:
+        env: The env to check; it is closed at the end.
+        seeds: Seeds to reset with (each check uses them all).
+        max_steps: An episode that has not ended after this many steps fails.
+        raise_on_failure: Raise :class:`EnvCheckError` if any check fails.
+    """
+    report = CheckReport(getattr(env, "name", type(env).__name__))
+    checks: list[tuple[str, Callable[[], str]]] = [
+        ("api", lambda: _check_api(env)),
+        ("reset", lambda: _check_reset(env, seeds)),
+        ("determinism", lambda: _check_determinism(env, seeds, max_steps)),
+        ("tool schemas", lambda: _check_tools(env)),
+        ("episodes", lambda: _check_episodes(env, seeds, max_steps)),
+        ("null policy at floor", lambda: _check_floor(env, seeds, max_steps)),
+        ("reference policy at top", lambda: _check_reference(env, seeds, max_steps)),
+        ("close", lambda: _check_close(env)),
+    ]
+    for name, check in checks:
+        try:
+            report.results.append(CheckResult(name, True, check()))
+        except Exception as e:  # each check reports on its own
+            report.results.append(CheckResult(name, False, f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)))
+    if raise_on_failure and not report.passed:
+        lines = "\n".join(f"  - {r.name}: {r.detail}" for r in report.failures)
+        raise EnvCheckError(f"{report.env_name} fails {len(report.failures)} check(s):\n{lines}")
+    return report
+
+
+def _dump(messages: list[Any]) -> list[dict[str, Any]]:
+    return [m.to_openai() if isinstance(m, Message) else Message.model_validate(m).to_openai() for m in messages]
+
+
+def _check_api(env: Env) -> str:
+    assert isinstance(env, Env), f"{type(env).__name__} is not an envhub.Env"
+    assert isinstance(env.name, str) and env.name, "env.name must be a non-empty string"
+    params = inspect.signature(env.reset).parameters
+    for arg in ("seed", "options"):
+        assert arg in params and params[arg].kind == inspect.Parameter.KEYWORD_ONLY, f"reset() must take keyword-only `{arg}`"
+    low, high = env.reward_range
+    assert low <= high, f"reward_range {env.reward_range} is empty"
+    return f"{type(env).__name__} v{env.version}"
+
+
+def _check_reset(env: Env, seeds: tuple[int, ...]) -> str:
+    for seed in seeds:
+        result = env.reset(seed=seed)
+        assert isinstance(result, tuple) and len(result) == 2, "reset() must return (observation, info)"
+        observation, info = result
+        assert isinstance(info, dict), f"reset() info must be a dict, got {type(info).__name__}"
+        assert env.observation_space.contains(observation), f"reset() observation is not a list of messages: {observation!r:.200}"
+        assert observation, "reset() returned no messages"
+        assert _dump(observation)[-1]["role"] in ("user", "system", "tool"), "the prompt must not end with an assistant message"
+    return f"{len(seeds)} seeds"
+
+
+def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = False) -> _Episode:
+    observation, _ = env.reset(seed=seed)
+    conversation = list(observation)
+    episode = _Episode([_dump(observation)], [], [])
+    env.action_space.seed(seed)
+    for _ in range(max_steps):
+        action = env.action_space.sample() if sampled else policy(list(map(_as_message, conversation)), env.tool_schemas)
+        observation, reward, terminated, truncated, info = env.step(action)
+        _check_step_types(env, observation, reward, terminated, truncated, info)
+        conversation += [Message(role="assistant", content=action), *observation]
+        episode.observations.append(_dump(observation))
+        episode.rewards.append(float(reward))
+        episode.flags.append((terminated, truncated))
+        if terminated or truncated:
+            return episode
+    raise AssertionError(f"episode (seed {seed}) did not end within {max_steps} steps")
+
+
+def _as_message(m: Any) -> Message:
+    return m if isinstance(m, Message) else Message.model_validate(m)
+
+
+def _check_step_types(env: Env, observation: Any, reward: Any, terminated: Any, truncated: Any, info: Any) -> None:
+    assert env.observation_space.contains(observation), f"step() observation is not a list of messages: {observation!r:.200}"
+    assert isinstance(reward, (int, float)) and not isinstance(reward, bool), f"reward must be a float, got {type(reward).__name__}"
+    assert math.isfinite(reward), f"reward must be finite, got {reward}"
+    assert isinstance(terminated, bool) and isinstance(truncated, bool), "terminated and truncated must be bools"
+    assert isinstance(info, dict), "step() info must be a dict"
+
+
+def _check_determinism(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+    for seed in seeds:
+        for sampled in (False, True):
+            first = _run(env, seed, null_policy, max_steps, sampled)
+            second = _run(env, seed, null_policy, max_steps, sampled)
+            assert first == second, f"seed {seed}: two runs with the same seed and actions differ"
+    return f"{len(seeds)} seeds x (null, random) actions"
+
+
+def _check_tools(env: Env) -> str:
+    schemas = env.tool_schemas
+    if schemas is None:
+        return "no tools"
+    names = []
+    for schema in schemas:
+        assert schema.get("type") == "function", f"tool schema type must be 'function': {schema}"
+        function = schema.get("function") or {}
+        name = function.get("name", "")
+        assert _TOOL_NAME.match(name), f"tool name {name!r} must match {_TOOL_NAME.pattern}"
+        assert isinstance(function.get("description"), str) and function["description"], f"tool {name!r} needs a description"
+        parameters = function.get("parameters")
+        assert isinstance(parameters, dict) and parameters.get("type") == "object", f"tool {name!r}: parameters must be a JSON object schema"
+        jsonschema.Draft202012Validator.check_schema(parameters)
+        names.append(name)
+    assert len(set(names)) == len(names), f"tool names repeat: {names}"
+    return ", ".join(names)
+
+
+def _check_episodes(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+    low, high = env.reward_range
+    totals = []
+    for seed in seeds:
+        episode = _run(env, seed, null_policy, max_steps, sampled=True)
+        assert low - 1e-9 <= episode.total <= high + 1e-9, f"seed {seed}: total reward {episode.total} outside reward_range {env.reward_range}"
+        totals.append(episode.total)
+    return f"random actions: rewards {totals}"
+
+
+def _check_floor(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+    low = env.reward_range[0]
+    for seed in seeds:
+        total = _run(env, seed, null_policy, max_steps).total
+        assert math.isclose(total, low, abs_tol=1e-9), f"seed {seed}: the empty answer scored {total}, above the floor {low}"
+    return f"{low}"
+
+
+def _check_reference(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+    policy = getattr(env, "reference_policy", None)
+    if policy is None:
+        return "no reference policy declared"
+    high = env.reward_range[1]
+    for seed in seeds:
+        total = _run(env, seed, policy, max_steps).total
+        assert math.isclose(total, high, abs_tol=1e-9), f"seed {seed}: the reference policy scored {total}, not the top {high}"
+    return f"{high}"
+
+
+def _check_close(env: Env) -> str:
+    env.close()
+    env.close()
+    with env as same:
+        assert same is env, "`with env as e` must give the env itself"
+    return "idempotent"

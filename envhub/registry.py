@@ -1,0 +1,154 @@
+"""Finding and constructing envs by name.
+
+Envs are found through the ``envhub.envs`` entry-point group (built-in envs are declared there
+too, in envhub's own pyproject), plus anything registered in-process with :func:`register`.
+Every env is also registered with gymnasium as ``envhub/<name>`` (gymnasium 1.x no longer
+loads plugins itself): on ``import envhub`` when gymnasium is already loaded, else when
+``envhub.env`` is first imported, so ``gymnasium.make("envhub/<name>")`` works after either.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from envhub.errors import EnvLoadError, EnvNotFoundError
+
+ENTRY_POINT_GROUP = "envhub.envs"
+GYM_NAMESPACE = "envhub"
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Where an env comes from."""
+
+    name: str
+    target: str | Callable[..., Any]
+    """``"module:attr"`` or the callable itself."""
+    distribution: str | None = None
+    version: str | None = None
+
+    @property
+    def target_path(self) -> str:
+        if isinstance(self.target, str):
+            return self.target
+        return f"{self.target.__module__}:{self.target.__qualname__}"
+
+    def load(self) -> Callable[..., Any]:
+        """Import the env class or factory."""
+        if not isinstance(self.target, str):
+            return self.target
+        module_name, _, attr = self.target.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split(".") if attr else []:
+                obj = getattr(obj, part)
+        except Exception as e:
+            origin = f" (from {self.distribution} {self.version})" if self.distribution else ""
+            raise EnvLoadError(f"cannot load env {self.name!r} from {self.target}{origin}: {type(e).__name__}: {e}") from e
+        return obj
+
+
+_registered: dict[str, EnvSpec] = {}
+
+
+def register(name: str, target: str | Callable[..., Any], *, override: bool = False) -> None:
+    """Register an env in this process (tests, notebooks); packages use entry points instead.
+
+    Args:
+        name: Name for :func:`make`.
+        target: An ``Env`` subclass, a factory returning one, or a ``"module:attr"`` path.
+        override: Replace an env of the same name instead of raising.
+    """
+    if not override and name in list_envs():
+        raise EnvLoadError(f"an env named {name!r} is already registered; pass override=True to replace it")
+    _registered[name] = EnvSpec(name, target)
+    _gym_register(name, _registered[name])
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_point_specs() -> dict[str, EnvSpec]:
+    specs: dict[str, EnvSpec] = {}
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist = getattr(ep, "dist", None)
+        specs[ep.name] = EnvSpec(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+    return specs
+
+
+def refresh() -> None:
+    """Forget cached entry points (after installing an env package in this process)."""
+    _entry_point_specs.cache_clear()
+    importlib.invalidate_caches()
+
+
+def list_envs() -> dict[str, EnvSpec]:
+    """Every known env by name (in-process registrations win over entry points)."""
+    return {**_entry_point_specs(), **_registered}
+
+
+def get_spec(name: str) -> EnvSpec:
+    """The spec of ``name``, or :class:`EnvNotFoundError` with the nearest names."""
+    envs = list_envs()
+    if name in envs:
+        return envs[name]
+    if "/" in name:
+        raise EnvNotFoundError(
+            f"{name!r} looks like a Hub reference (owner/name[@version]); no installed env has that "
+            f"name. Install the package first, then use its env name. Installed: {', '.join(sorted(envs)) or 'none'}"
+        )
+    close = difflib.get_close_matches(name, list(envs), n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise EnvNotFoundError(f"no env named {name!r}.{hint} Run `envhub list` to see all {len(envs)} envs.")
+
+
+def make(name: str, **kwargs: Any) -> Any:
+    """Construct the env registered as ``name`` with ``kwargs``.
+
+    Raises:
+        EnvNotFoundError: No such env (the message suggests close names).
+        EnvLoadError: The env's package is broken or rejects the arguments.
+    """
+    spec = get_spec(name)
+    factory = spec.load()
+    _check_kwargs(name, factory, kwargs)
+    try:
+        return factory(**kwargs)
+    except Exception as e:
+        raise EnvLoadError(f"env {name!r} failed to construct: {type(e).__name__}: {e}") from e
+
+
+def _check_kwargs(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Reject unknown arguments up front, with the list of accepted ones. A factory that takes
+    **kwargs forwards them to its bases, and its constructor judges them instead."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        raise EnvLoadError(f"env {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {', '.join(accepted) or 'nothing'}")
+
+
+def register_gymnasium_envs() -> None:
+    """Register every envhub env with gymnasium as ``envhub/<name>``."""
+    for name, spec in list_envs().items():
+        _gym_register(name, spec)
+
+
+def _gym_register(name: str, spec: EnvSpec) -> None:
+    import gymnasium
+
+    env_id = f"{GYM_NAMESPACE}/{name}"
+    if env_id in gymnasium.registry:
+        del gymnasium.registry[env_id]
+    target = spec.target if isinstance(spec.target, str) else spec.load()
+    gymnasium.register(id=env_id, entry_point=target, disable_env_checker=True, order_enforce=False)
