@@ -1,0 +1,5 @@
+"""``python -m envhub.cli`` runs the ``envhub`` command."""
+
+from envhub.cli.app import main
+
+main()

@@ -1,0 +1,54 @@
+"""``envhub check``: run the env contract checks on a package folder or an installed env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("check")(check_command)
+
+
+def check_command(
+    target: str = typer.Argument(..., help="An env package folder, or the name of an installed env."),
+    seeds: int = typer.Option(3, help="Seeds to check each env with."),
+) -> None:
+    """Check that envs honour the env contract (determinism, schemas, rewards, budgets, close).
+
+    Examples:
+        envhub check ./my-env
+        envhub check calculator
+    """
+    from rich.table import Table
+
+    from envhub.checker import check_env
+    from envhub.cli.console import console
+    from envhub.package import package_env_specs
+    from envhub.registry import get_spec
+
+    specs = package_env_specs(target) if Path(target).is_dir() else {target: get_spec(target)}
+    failed = 0
+    for name, spec in specs.items():
+        report = check_env(_construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False)
+        table = Table(title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}", title_justify="left")
+        table.add_column("check")
+        table.add_column("result")
+        table.add_column("detail", overflow="fold")
+        for r in report.results:
+            table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
+        console.print(table)
+        failed += not report.passed
+    if failed:
+        raise typer.Exit(code=1)
+
+
+def _construct(name: str, spec):
+    from envhub.errors import EnvLoadError
+
+    factory = spec.load()
+    try:
+        return factory()
+    except Exception as e:
+        raise EnvLoadError(f"env {name!r} cannot be constructed without arguments: {type(e).__name__}: {e}") from e

@@ -1,0 +1,210 @@
+"""``envhub eval``: roll out an env against a model and summarise the results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_command)
+
+
+def eval_command(
+    env: str = typer.Argument(..., help="Name of an installed env (see `envhub list`)."),
+    model: str = typer.Option(None, "--model", "-m", help=f"Model to query; with --serve, the model to serve (default {DEFAULT_MODEL})."),
+    base_url: str = typer.Option(None, "--base-url", "-u", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."),
+    serve: bool = typer.Option(False, "--serve", help="Start a local vLLM server for --model, and stop it afterwards."),
+    num_tasks: int = typer.Option(10, "-n", "--num-tasks", min=1, help="Tasks to evaluate (drawn with --seed)."),
+    rollouts: int = typer.Option(3, "-r", "--rollouts", min=1, help="Samples per task (pass@k uses them)."),
+    max_tokens: int = typer.Option(512, help="Tokens per assistant turn."),
+    temperature: float = typer.Option(0.7, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling."),
+    concurrency: int = typer.Option(32, help="Episodes in flight at once."),
+    env_args: list[str] = typer.Option([], "--env-arg", "-a", help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); repeatable."),
+    mode: str = typer.Option("auto", help="auto | tokens (token-in/token-out, vLLM) | chat (any OpenAI server)."),
+    seed: int = typer.Option(0, help="Seed for task choice and env randomness."),
+    output: Path = typer.Option(None, "--output", "-o", help="Folder for results (default outputs/eval/ENV-MODEL-TIME)."),
+    api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the server."),
+    step_timeout: float = typer.Option(60.0, help="Seconds an env step may take."),
+    episode_timeout: float = typer.Option(900.0, help="Seconds an episode may take."),
+) -> None:
+    """Evaluate a model on an env: progress bar, summary table, results saved as JSONL.
+
+    Examples:
+        envhub eval calculator --serve -n 8 -r 2
+        envhub eval arithmetic -m Qwen/Qwen2.5-0.5B-Instruct -u http://127.0.0.1:8000/v1 -n 50 -r 4
+        envhub eval frozenlake -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
+    """
+    from envhub.errors import ConfigError
+
+    if not base_url and not serve:
+        raise ConfigError("give --base-url URL of an OpenAI-compatible server, or --serve to start vLLM locally")
+    if base_url and serve:
+        raise ConfigError("--base-url and --serve exclude each other")
+    kwargs = parse_env_args(env_args)
+    model = model or (DEFAULT_MODEL if serve else None)
+    server = _start_server(model) if serve else None
+    try:
+        run_eval(
+            env, kwargs, base_url=server.base_url if server else base_url, model=model, api_key=api_key,
+            mode=mode, num_tasks=num_tasks, rollouts=rollouts, seed=seed, concurrency=concurrency,
+            sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
+            timeouts=(step_timeout, episode_timeout), output=output,
+        )  # fmt: skip
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def parse_env_args(items: list[str]) -> dict[str, Any]:
+    """``["k=1", "name=easy"]`` -> ``{"k": 1, "name": "easy"}``."""
+    from envhub.errors import ConfigError
+
+    kwargs: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--env-arg must look like KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.strip()] = value
+    return kwargs
+
+
+def _start_server(model: str):
+    from envhub.cli.console import err_console
+    from envhub.inference.vllm_server import VLLMServer
+    from envhub.trainer.models import resolve_model
+
+    path = resolve_model(model)
+    server = VLLMServer(path, served_model_name=model)
+    with err_console.status(f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"):
+        server.start()
+    err_console.print(f"vLLM ready at {server.base_url}")
+    return server
+
+
+def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model: str | None, api_key: str | None,
+             mode: str, num_tasks: int, rollouts: int, seed: int, concurrency: int, sampling: dict[str, Any],
+             timeouts: tuple[float, float], output: Path | None) -> Path:  # fmt: skip
+    """Run the evaluation and save it; returns the output folder."""
+    import asyncio
+    import time
+
+    from envhub.cli.console import console
+    from envhub.evaluation import summarize
+    from envhub.inference.base import SamplingParams
+    from envhub.inference.openai_http import OpenAIEngine
+    from envhub.registry import make
+    from envhub.rollout.io import TrajectoryWriter
+    from envhub.rollout.runner import RolloutRunner
+
+    probe = make(env_name, **env_kwargs)
+    indices = choose_tasks(probe, num_tasks, seed)
+    threshold = probe.pass_threshold
+    probe.close()
+    engine = OpenAIEngine(base_url, model, api_key=api_key, mode=mode, max_concurrency=concurrency)
+    runner = RolloutRunner(
+        engine, lambda: make(env_name, **env_kwargs), sampling=SamplingParams(**sampling),
+        max_concurrency=concurrency, step_timeout=timeouts[0], episode_timeout=timeouts[1], seed=seed,
+    )  # fmt: skip
+    folder = output or default_output(env_name, model or "server")
+    started = time.perf_counter()
+    with TrajectoryWriter(folder / "trajectories.jsonl") as writer, _progress(len(indices) * rollouts) as advance:
+
+        def record(trajectory: Any) -> None:
+            writer.write(trajectory)
+            advance(trajectory.reward)
+
+        async def go() -> list[Any]:
+            try:
+                return await runner.run(indices, rollouts, on_trajectory=record)
+            finally:
+                await engine.aclose()
+
+        trajectories = asyncio.run(go())
+    summary = summarize(trajectories, threshold, seconds=time.perf_counter() - started)
+    config = {"env": env_name, "env_args": env_kwargs, "model": engine.model, "base_url": base_url, "mode": engine.mode,
+              "tasks": indices, "rollouts": rollouts, "seed": seed, "sampling": sampling}  # fmt: skip
+    (folder / "summary.json").write_text(summary.model_dump_json(indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    console.print(summary_table(summary, f"{env_name} x {engine.model}"))
+    console.print(f"results: {folder}")
+    return folder
+
+
+def choose_tasks(env: Any, n: int, seed: int) -> list[int]:
+    """``n`` distinct task indices drawn with ``seed`` (all of them, in order, if n >= the dataset)."""
+    import numpy as np
+
+    size = len(env.dataset) if hasattr(env, "dataset") else n
+    if n >= size:
+        return list(range(size))
+    return sorted(int(i) for i in np.random.default_rng(seed).choice(size, n, replace=False))
+
+
+def default_output(env_name: str, model: str) -> Path:
+    import re
+    import time
+
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.rstrip("/").split("/")[-1])
+    return Path("outputs") / "eval" / f"{env_name}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+class _progress:
+    """A rich progress bar over episodes showing the running mean reward."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from envhub.cli.console import err_console
+
+        self.bar = Progress(TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                            TimeElapsedColumn(), console=err_console, transient=False)  # fmt: skip
+        self.task = self.bar.add_task("reward -", total=total)
+        self.total, self.count = 0.0, 0
+
+    def __enter__(self):
+        self.bar.start()
+        return self.advance
+
+    def advance(self, reward: float) -> None:
+        self.total, self.count = self.total + reward, self.count + 1
+        self.bar.update(self.task, advance=1, description=f"mean reward {self.total / self.count:.3f}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.stop()
+
+
+def summary_table(summary: Any, title: str):
+    """The eval summary as a two-column rich table."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value")
+    rows = [
+        ("episodes", f"{summary.episodes} ({summary.tasks} tasks x {summary.samples_per_task})"),
+        ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
+        *((f"  {name}", f"{value:.3f}") for name, value in summary.components.items()),
+        *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
+        ("tool calls / episode", f"{summary.tool_calls:.2f}"),
+        ("tool-call validity", "-" if summary.tool_validity is None else f"{summary.tool_validity:.1%}"),
+        *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
+        ("turns / episode", f"{summary.turns_mean:.2f}"),
+        ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),
+        ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
+        ("episodes with errors", str(summary.episodes_with_errors) + (f" ({', '.join(f'{k} {v}' for k, v in summary.error_stages.items())})" if summary.error_stages else "")),
+        ("token drift", f"{summary.token_drift_episodes} episodes"),
+        ("time", f"{summary.seconds:.1f} s ({summary.episodes / max(summary.seconds, 1e-9):.2f} episodes/s)"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table

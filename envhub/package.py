@@ -1,0 +1,49 @@
+"""Env packages on disk: a folder with a pyproject.toml that declares ``envhub.envs`` entry points.
+
+Used by ``envhub check PATH`` to load a package's envs without installing it.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from envhub.errors import EnvLoadError
+from envhub.registry import ENTRY_POINT_GROUP, EnvSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+def read_pyproject(path: Path) -> dict:
+    """The parsed pyproject.toml of the package at ``path``."""
+    file = path / "pyproject.toml"
+    if not file.is_file():
+        raise EnvLoadError(f"{path} is not an env package: it has no pyproject.toml (create one with `envhub init`)")
+    try:
+        return tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise EnvLoadError(f"{file} is not valid TOML: {e}") from e
+
+
+def package_env_specs(path: str | Path) -> dict[str, EnvSpec]:
+    """The envs a package declares, loadable from its folder (which is put on ``sys.path``).
+
+    Raises:
+        EnvLoadError: No pyproject, invalid TOML, or no ``envhub.envs`` entry points.
+    """
+    root = Path(path).resolve()
+    project = read_pyproject(root).get("project", {})
+    entry_points = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    if not entry_points:
+        raise EnvLoadError(
+            f"{root}/pyproject.toml declares no envs; add them under "
+            f'[project.entry-points."{ENTRY_POINT_GROUP}"] as name = "module:EnvClass"'
+        )
+    for candidate in (root / "src", root):
+        if candidate.is_dir() and str(candidate) not in sys.path:
+            sys.path.insert(0, str(candidate))
+    dist, version = project.get("name"), project.get("version")
+    return {name: EnvSpec(name, target, dist, version) for name, target in entry_points.items()}

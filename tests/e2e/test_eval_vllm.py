@@ -1,0 +1,86 @@
+"""End to end: `envhub eval` against a real `vllm serve` of SmolLM2-135M-Instruct on 127.0.0.1.
+
+Besides the CLI's own output, every saved trajectory is checked against the server: the prompt
+tokens are the server's rendering of the prompt, and (where no drift was recorded) the whole
+token record is an exact prefix of the server's rendering of the final conversation.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from envhub.evaluation import summarize
+from envhub.inference.openai_http import _wire_message
+from envhub.rollout.io import read_trajectories
+
+pytestmark = [pytest.mark.vllm, pytest.mark.model]
+
+
+def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "envhub.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def render(server, messages, tools, add_generation_prompt: bool) -> list[int]:
+    body = {"model": "smollm2", "messages": [_wire_message(m, for_template=True) for m in messages],
+            "add_generation_prompt": add_generation_prompt, "add_special_tokens": False}
+    if tools:
+        body["tools"] = tools
+    return httpx.post(f"{server.base_url}/tokenize", json=body, timeout=60).json()["tokens"]
+
+
+def check_token_contract(server, trajectory) -> None:
+    ids, mask, logprobs = trajectory.token_ids, trajectory.loss_mask, trajectory.sampler_logprobs
+    assert ids is not None and len(ids) == len(mask) == len(logprobs)
+    prompt = trajectory.messages[: trajectory.prompt_length]
+    assert ids[: trajectory.prompt_token_count] == render(server, prompt, trajectory.tools, True)
+    assert set(mask[: trajectory.prompt_token_count]) == {0}
+    assert sum(mask) == trajectory.num_completion_tokens == sum(t.completion_tokens for t in trajectory.turns)
+    assert all(lp <= 0.0 for lp, m in zip(logprobs, mask) if m) and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    if not trajectory.token_drift:
+        full = render(server, trajectory.messages, trajectory.tools, False)
+        assert full[: len(ids)] == ids
+
+
+def eval_and_load(server, tmp_path, env: str, *extra: str):
+    out = tmp_path / env
+    result = run_cli("eval", env, "-u", f"{server.base_url}/v1", "-m", "smollm2", "-o", str(out), "--seed", "3", *extra)
+    assert result.returncode == 0, result.stderr[-3000:]
+    trajectories = read_trajectories(out / "trajectories.jsonl")
+    saved = json.loads((out / "summary.json").read_text())
+    recomputed = summarize(trajectories, saved["pass_threshold"]).model_dump(mode="json")
+    for key in ("episodes", "reward_mean", "components", "pass_at", "tool_calls", "turns_mean", "stop_reasons", "token_drift_episodes"):
+        assert saved[key] == recomputed[key], key
+    return result, trajectories, json.loads((out / "config.json").read_text())
+
+
+def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
+    result, trajectories, config = eval_and_load(vllm_server, tmp_path, "calculator", "-n", "4", "-r", "2", "--max-tokens", "96")
+    assert "pass@2" in result.stdout and "tool-call validity" in result.stdout
+    assert len(trajectories) == 8 and config["mode"] == "tokens" and len(config["tasks"]) == 4
+    assert [(t.group_id, t.sample_index) for t in trajectories] == [(f"g{i}", s) for i in range(4) for s in range(2)]
+    for t in trajectories:
+        assert t.env.name == "calculator" and t.env.version == "0.1.0"
+        assert not t.errors and t.tools[0]["function"]["name"] == "calculate"
+        check_token_contract(vllm_server, t)
+
+
+def test_eval_multi_turn_env_against_vllm(vllm_server, tmp_path):
+    _, trajectories, _ = eval_and_load(vllm_server, tmp_path, "guess-number", "-n", "3", "-r", "2", "--max-tokens", "24")
+    assert max(len(t.turns) for t in trajectories) > 1  # the game answers and the model guesses again
+    for t in trajectories:
+        assert len(t.turns) == sum(m.role == "assistant" for m in t.messages)
+        check_token_contract(vllm_server, t)
+
+
+def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tmp_path):
+    out = tmp_path / "served"
+    result = run_cli("eval", "arithmetic", "--serve", "-m", "smollm2-135m", "-n", "2", "-r", "1", "--max-tokens", "32", "-o", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(read_trajectories(out / "trajectories.jsonl")) == 2
+    leftover = subprocess.run(["pgrep", "-f", "served-model-name smollm2-135m"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "the vLLM server outlived `envhub eval --serve`"
