@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from envhub.cli import check, eval, init, list
+from envhub.cli import check, doctor, eval, init, list
 
 app = typer.Typer(
     name="envhub",
@@ -17,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (init, list, check, eval):
+for module in (init, list, check, eval, doctor):
     module.register(app)
 
 
@@ -35,5 +35,5 @@ def main() -> None:
             raise
         from envhub.cli.console import err_console
 
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False)
+        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

@@ -162,7 +162,13 @@ class _progress:
     """A rich progress bar over episodes showing the running mean reward."""
 
     def __init__(self, total: int) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
 
         from envhub.cli.console import err_console
 

@@ -43,7 +43,32 @@ _EXPORTS = {
     "OpenAIEngine": "envhub.inference.openai_http",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "AssistantTurn",
+    "Env",
+    "InferenceEngine",
+    "Injected",
+    "Message",
+    "MultiTurnEnv",
+    "OpenAIEngine",
+    "RolloutRunner",
+    "Rubric",
+    "SamplingParams",
+    "SingleTurnEnv",
+    "State",
+    "TaskEnv",
+    "Tool",
+    "ToolCall",
+    "ToolEnv",
+    "Trajectory",
+    "check_env",
+    "group_reward",
+    "list_envs",
+    "make",
+    "register",
+    "reward",
+    "tool",
+]
 
 if TYPE_CHECKING:
     from envhub.checker import check_env

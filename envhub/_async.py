@@ -25,11 +25,12 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from synchronous code.
 
     Inside a running event loop (a notebook, an async test) the coroutine runs on a helper
-    thread with its own loop, since the caller's loop cannot be re-entered.
+    thread with its own loop, since the caller's loop cannot be re-entered. That loop is
+    closed when the call returns (the helper thread ends with it).
     """
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         return _thread_loop().run_until_complete(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(lambda: _thread_loop().run_until_complete(coro)).result()
+        return pool.submit(asyncio.run, coro).result()

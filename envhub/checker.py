@@ -174,7 +174,7 @@ def _check_tools(env: Env) -> str:
         assert schema.get("type") == "function", f"tool schema type must be 'function': {schema}"
         function = schema.get("function") or {}
         name = function.get("name", "")
-        assert _TOOL_NAME.match(name), f"tool name {name!r} must match {_TOOL_NAME.pattern}"
+        assert isinstance(name, str) and _TOOL_NAME.fullmatch(name), f"tool name {name!r} must match {_TOOL_NAME.pattern}"
         assert isinstance(function.get("description"), str) and function["description"], f"tool {name!r} needs a description"
         parameters = function.get("parameters")
         assert isinstance(parameters, dict) and parameters.get("type") == "object", f"tool {name!r}: parameters must be a JSON object schema"
@@ -196,6 +196,8 @@ def _check_episodes(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
 
 def _check_floor(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
     low = env.reward_range[0]
+    if not math.isfinite(low):
+        return "no finite floor in reward_range"
     for seed in seeds:
         total = _run(env, seed, null_policy, max_steps).total
         assert math.isclose(total, low, abs_tol=1e-9), f"seed {seed}: the empty answer scored {total}, above the floor {low}"
@@ -207,6 +209,8 @@ def _check_reference(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
     if policy is None:
         return "no reference policy declared"
     high = env.reward_range[1]
+    if not math.isfinite(high):
+        return "no finite top in reward_range"
     for seed in seeds:
         total = _run(env, seed, policy, max_steps).total
         assert math.isclose(total, high, abs_tol=1e-9), f"seed {seed}: the reference policy scored {total}, not the top {high}"

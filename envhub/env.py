@@ -35,7 +35,16 @@ from envhub._async import run_sync
 from envhub.errors import EnvhubError
 from envhub.rewards.rubric import Rubric
 from envhub.spaces import AssistantTurnSpace, MessagesSpace
-from envhub.types import AssistantTurn, EnvRef, ErrorRecord, Message, as_message, assistant, system, user
+from envhub.types import (
+    AssistantTurn,
+    EnvRef,
+    ErrorRecord,
+    Message,
+    as_message,
+    assistant,
+    system,
+    user,
+)
 
 Action = str | Message | AssistantTurn
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]

@@ -120,7 +120,26 @@ def make(name: str, **kwargs: Any) -> Any:
     try:
         return factory(**kwargs)
     except Exception as e:
-        raise EnvLoadError(f"env {name!r} failed to construct: {type(e).__name__}: {e}") from e
+        hint = ""
+        if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
+            hint = f"; it accepts: {', '.join(_accepted_kwargs(factory)) or 'nothing'}"
+        raise EnvLoadError(f"env {name!r} failed to construct: {type(e).__name__}: {e}{hint}") from e
+
+
+def _accepted_kwargs(factory: Callable[..., Any]) -> list[str]:
+    """Keyword arguments of ``factory``, following ``**kwargs`` up a class's ``__init__`` chain."""
+    is_class = inspect.isclass(factory)
+    inits = [vars(c)["__init__"] for c in factory.__mro__ if "__init__" in vars(c)] if is_class else [factory]
+    accepted: list[str] = []
+    for init in inits:
+        try:
+            params = list(inspect.signature(init).parameters.values())[1 if is_class else 0 :]  # drop self
+        except (TypeError, ValueError):
+            break
+        accepted += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in accepted]
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return accepted
 
 
 def _check_kwargs(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]) -> None:
@@ -145,10 +164,15 @@ def register_gymnasium_envs() -> None:
 
 
 def _gym_register(name: str, spec: EnvSpec) -> None:
+    """Register ``envhub/<name>``; a name gymnasium cannot parse as an id (``a b``, ``a/b``) is
+    left out of gymnasium, since one odd env name must not break ``import envhub``."""
     import gymnasium
 
     env_id = f"{GYM_NAMESPACE}/{name}"
     if env_id in gymnasium.registry:
         del gymnasium.registry[env_id]
     target = spec.target if isinstance(spec.target, str) else spec.load()
-    gymnasium.register(id=env_id, entry_point=target, disable_env_checker=True, order_enforce=False)
+    try:
+        gymnasium.register(id=env_id, entry_point=target, disable_env_checker=True, order_enforce=False)
+    except gymnasium.error.Error:
+        gymnasium.registry.pop(env_id, None)

@@ -22,6 +22,10 @@ class MessagesSpace(spaces.Space[list]):
     def is_np_flattenable(self) -> bool:
         return False
 
+    def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        self._text.seed(seed)
+        return super().seed(seed)
+
     def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
         return [Message(role="user", content=self._text.sample())]
 

@@ -112,7 +112,7 @@ class ErrorRecord(BaseModel):
 
     stage: str
     """Where it happened: ``env.reset``, ``env.step``, ``engine``, ``reward:<name>``, ``tool:<name>``,
-    ``episode`` (timeout of the whole episode)."""
+    ``episode`` (timeout of the whole episode, or a failure no single part can be blamed for)."""
     type: str
     """Exception class name or a short kind such as ``timeout``."""
     message: str
@@ -177,7 +177,9 @@ class Trajectory(BaseModel):
     errors: list[ErrorRecord] = Field(default_factory=list)
     token_drift: list[dict[str, Any]] = Field(default_factory=list)
     """Turns where re-rendering the conversation with the chat template did not reproduce the
-    sampled tokens as a prefix (see ``envhub doctor``). The token fields stay exact regardless."""
+    sampled tokens as a prefix (see ``envhub doctor``): ``turn`` is the index of the turn whose
+    prompt was being built, ``position`` the first token that differs. The token fields stay
+    exact regardless."""
     info: dict[str, Any] = Field(default_factory=dict)
     seconds: float = 0.0
 

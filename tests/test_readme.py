@@ -22,3 +22,11 @@ def test_ci_runs_the_readme_test_command():
     ).stdout.strip()
     assert extracted == ".venv/bin/python -m pytest"
     assert f"```bash\n{extracted}\n```" in README
+
+
+def test_public_api_list_matches_lazy_exports():
+    import envhub
+
+    assert envhub.__all__ == sorted(envhub._EXPORTS)
+    for name in envhub.__all__:
+        assert getattr(envhub, name) is not None

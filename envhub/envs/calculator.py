@@ -8,51 +8,18 @@ as a weight-0 component.
 
 from __future__ import annotations
 
-import ast
-import operator
 import random
 import re
-from fractions import Fraction
 from typing import Any
 
+from envhub.envs.expressions import evaluate, format_number, make_problem
+from envhub.envs.procedural import ProceduralTasks
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.format import tool_call_validity
 from envhub.rewards.math import math_answer
 from envhub.rewards.rubric import Rubric
 from envhub.tools.tool import tool
 from envhub.types import Message
-
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_MAX_EXPRESSION = 200
-
-
-def evaluate(expression: str) -> Fraction:
-    """Exact value of an arithmetic expression (+ - * / and parentheses only)."""
-    if len(expression) > _MAX_EXPRESSION:
-        raise ValueError(f"expression longer than {_MAX_EXPRESSION} characters")
-    tree = ast.parse(expression.replace("×", "*").replace("÷", "/").replace("−", "-"), mode="eval")
-    return _eval(tree.body)
-
-
-def _eval(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return Fraction(node.value)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        value = _eval(node.operand)
-        return -value if isinstance(node.op, ast.USub) else value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval(node.left), _eval(node.right)
-        if isinstance(node.op, ast.Div) and right == 0:
-            raise ZeroDivisionError("division by zero")
-        return _BINARY[type(node.op)](left, right)
-    raise ValueError(f"unsupported syntax: {ast.unparse(node)!r}; use numbers, + - * / and parentheses")
-
-
-def format_number(value: Fraction) -> str:
-    """Integers as integers, other values as decimals rounded to 6 places."""
-    if value.denominator == 1:
-        return str(value.numerator)
-    return f"{float(value):.6f}".rstrip("0").rstrip(".")
 
 
 @tool(inline=True)
@@ -65,35 +32,21 @@ def calculate(expression: str) -> str:
     return format_number(evaluate(expression))
 
 
-def make_problem(rng: random.Random, operations: int) -> str:
-    """A random expression of ``operations`` operators (+ - *, so its value is an integer)."""
-    expression = str(rng.randint(2, 9999))
-    for _ in range(operations):
-        op = rng.choice("+-*")
-        operand = rng.randint(2, 99) if op == "*" else rng.randint(2, 9999)
-        expression = f"({expression}) {op} {operand}" if rng.random() < 0.5 else f"{operand} {op} ({expression})"
-    return ast.unparse(ast.parse(expression, mode="eval"))  # minimal parentheses
+def make_task(rng: random.Random) -> dict[str, Any]:
+    """One calculator task: an expression of 3-5 operations on numbers up to four digits."""
+    expression = make_problem(rng, rng.randint(3, 5))
+    return {
+        "question": f"Compute: {expression}",
+        "answer": format_number(evaluate(expression)),
+        "info": {"expression": expression},
+    }
 
 
-class ProblemSet:
-    """``size`` problems, each a pure function of (seed, index)."""
+class ProblemSet(ProceduralTasks):
+    """``size`` calculator problems, each a pure function of (seed, index)."""
 
     def __init__(self, size: int = 1000, seed: int = 0) -> None:
-        self.size, self.seed = size, seed
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.size:
-            raise IndexError(index)
-        rng = random.Random(f"calculator-{self.seed}-{index}")
-        expression = make_problem(rng, rng.randint(3, 5))
-        return {
-            "question": f"Compute: {expression}",
-            "answer": format_number(evaluate(expression)),
-            "info": {"expression": expression},
-        }
+        super().__init__("calculator", make_task, size, seed)
 
 
 SYSTEM_PROMPT = (

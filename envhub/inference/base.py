@@ -84,14 +84,14 @@ class InferenceEngine(ABC):
     tokenizer: ChatTokenizer | None = None
     """Set when the engine generates from token ids; ``None`` for message-level engines."""
 
-    async def start(self) -> None:
+    async def start(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Connect, probe capabilities, warm up. Called once before the first request."""
 
     @abstractmethod
     async def generate(self, request: GenerateRequest) -> Generation:
         """Generate one assistant turn."""
 
-    async def aclose(self) -> None:
+    async def aclose(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Release connections and processes."""
 
     async def __aenter__(self) -> InferenceEngine:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from typing import Any, Literal
 
 import httpx
@@ -37,7 +38,7 @@ class OpenAIEngine(InferenceEngine):
         model: Model name to request; ``None`` asks the server (its first model).
         api_key: Sent as a bearer token; defaults to ``EMPTY`` (what vLLM expects without --api-key).
         mode: ``auto``, ``tokens`` or ``chat`` (see the module docstring).
-        max_concurrency: Requests in flight at once.
+        max_concurrency: Requests in flight at once (per event loop).
         timeout: Seconds per HTTP request.
         max_retries: Retries of a failed request before giving up.
     """
@@ -56,16 +57,23 @@ class OpenAIEngine(InferenceEngine):
     ) -> None:
         if mode not in ("auto", "tokens", "chat"):
             raise ConfigError(f"mode must be auto, tokens or chat, got {mode!r}")
+        if max_concurrency < 1:  # a semaphore of 0 would make every request wait forever
+            raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
         root = base_url.rstrip("/")
         self.root = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
         self.mode = mode
         self.max_retries = max_retries
         self.backoff = backoff
-        self._limit = asyncio.Semaphore(max_concurrency)
-        headers = {"Authorization": f"Bearer {api_key or 'EMPTY'}"}
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        self._client = httpx.AsyncClient(base_url=self.root, headers=headers, timeout=timeout, limits=limits)
+        self.max_concurrency = max_concurrency
+        self._client_options: dict[str, Any] = {
+            "base_url": self.root,
+            "headers": {"Authorization": f"Bearer {api_key or 'EMPTY'}"},
+            "timeout": timeout,
+            "limits": httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+        }
+        self._bound: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]]
+        self._bound = weakref.WeakKeyDictionary()
         self._started = False
 
     def __repr__(self) -> str:
@@ -90,7 +98,19 @@ class OpenAIEngine(InferenceEngine):
         self._started = True
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        bound = self._bound.pop(asyncio.get_running_loop(), None)
+        if bound is not None:
+            await bound[0].aclose()
+
+    def _bind(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        """The client and request limit of the running event loop. Pooled connections and
+        semaphores belong to the loop that made them, and an engine outlives loops: a judge
+        reward is called from ``env.step`` (a private loop) and from the rollout runner."""
+        loop = asyncio.get_running_loop()
+        bound = self._bound.get(loop)
+        if bound is None:
+            bound = self._bound[loop] = (httpx.AsyncClient(**self._client_options), asyncio.Semaphore(self.max_concurrency))
+        return bound
 
     async def generate(self, request: GenerateRequest) -> Generation:
         if not self._started:
@@ -131,10 +151,13 @@ class OpenAIEngine(InferenceEngine):
         choice = data["choices"][0]
         message = choice.get("message") or {}
         token_ids = choice.get("token_ids")
+        logprobs = _chat_logprobs(choice.get("logprobs"))
+        if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
+            raise EngineError(f"server returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
         return Generation(
             text=message.get("content") or "",
             token_ids=list(token_ids) if token_ids is not None else None,
-            logprobs=_chat_logprobs(choice.get("logprobs")),
+            logprobs=logprobs,
             finish_reason=_finish_reason(choice.get("finish_reason")),
             prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids"),
             tool_calls=_server_tool_calls(message.get("tool_calls")),
@@ -144,12 +167,13 @@ class OpenAIEngine(InferenceEngine):
 
     async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         last: str = ""
-        async with self._limit:
+        client, limit = self._bind()
+        async with limit:
             for attempt in range(self.max_retries + 1):
                 if attempt:
                     await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
                 try:
-                    response = await self._client.request(method, path, json=body)
+                    response = await client.request(method, path, json=body)
                 except _TRANSPORT_ERRORS as e:
                     last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                     continue
@@ -158,7 +182,7 @@ class OpenAIEngine(InferenceEngine):
                     continue
                 if response.status_code >= 400:
                     raise EngineError(f"{method} {path} -> HTTP {response.status_code}: {_error_text(response)}")
-                return response.json()
+                return _json_body(response, method, path)
         raise EngineUnavailableError(
             f"{self.root}{path} failed after {self.max_retries + 1} attempts ({last}). "
             "Is the server running and reachable? Start one with "
@@ -253,6 +277,16 @@ def _server_tool_calls(raw: list[dict[str, Any]] | None) -> list[ToolCall] | Non
         text = arguments if isinstance(arguments, str) else json.dumps(arguments or {})
         calls.append(ToolCall.make(item.get("id") or f"call_{i}", function.get("name", ""), text))
     return calls
+
+
+def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, Any]:
+    try:
+        data = response.json()
+    except ValueError:
+        raise EngineError(f"{method} {path} -> HTTP {response.status_code} but not JSON: {response.text[:200]!r}") from None
+    if not isinstance(data, dict):
+        raise EngineError(f"{method} {path} -> expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -52,7 +52,8 @@ def parse_verdict(text: str, scale: int | None) -> float:
         if not word:
             raise ValueError(f"judge answered {text[:80]!r}, expected yes or no")
         return 1.0 if word.group(1) == "yes" else 0.0
-    number = re.match(r"^\W*(\d+(?:\.\d+)?)", cleaned)
+    # A sign or a leading point is part of the number: "-3" and ".5" must not read as 3 and 5.
+    number = re.match(r"^[^\w.\-−]*(\d+(?:\.\d+)?)", cleaned)
     if not number or not 0 <= float(number.group(1)) <= scale:
         raise ValueError(f"judge answered {text[:80]!r}, expected a number from 0 to {scale}")
     return float(number.group(1)) / scale

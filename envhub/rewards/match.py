@@ -8,15 +8,28 @@ from typing import Any
 
 from envhub.rewards.rubric import RewardFunction, reward
 
-_BOXED = re.compile(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}")
+_BOXED_OPEN = re.compile(r"\\boxed\{")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?im)^\s*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
 
 
+def _boxed(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}``, with braces nested to any depth (``\\frac{\\sqrt{3}}{2}``)."""
+    found = []
+    for match in _BOXED_OPEN.finditer(text):
+        depth = 0
+        for i in range(match.end() - 1, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                found.append(text[match.end() : i])
+                break
+    return found
+
+
 def extract_answer(text: str) -> str | None:
     """The final answer in ``text``: the last ``\\boxed{}``, ``<answer>`` tag or ``Answer:`` line."""
-    for pattern in (_BOXED, _ANSWER_TAG, _ANSWER_LINE):
-        found = pattern.findall(text or "")
+    for find in (_boxed, _ANSWER_TAG.findall, _ANSWER_LINE.findall):
+        found = find(text or "")
         if found:
             return found[-1].strip()
     return None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -66,7 +67,7 @@ def _declared_params(fn: Callable[..., Any], allowed: Sequence[str], kind: str) 
 
 def _make(fn: Callable[..., Any], weight: float, name: str | None, group: bool) -> RewardFunction:
     if isinstance(fn, RewardFunction):
-        return RewardFunction(fn.fn, name or fn.name, weight, group, fn.params, fn.takes_all)
+        return RewardFunction(fn.fn, name or fn.name, float(weight), group, fn.params, fn.takes_all)
     allowed = GROUP_ARGS if group else EPISODE_ARGS
     params, takes_all = _declared_params(fn, allowed, "group reward" if group else "reward")
     return RewardFunction(fn, name or fn.__name__, float(weight), group, params, takes_all)
@@ -107,7 +108,7 @@ def episode_arguments(state: State) -> dict[str, Any]:
 def _as_float(value: Any, where: str) -> float:
     if isinstance(value, bool):
         return float(value)
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):  # Real: numpy scalars too
         raise TypeError(f"{where} returned {value!r}; a reward must be a finite number")
     return float(value)
 

@@ -10,6 +10,7 @@ An env whose step timed out is discarded, since its worker thread may still be r
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,9 +19,21 @@ from typing import Any
 import numpy as np
 
 from envhub.env import Env, State, TaskEnv
+from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rollout.tokens import TokenTrace, append_env_turn
-from envhub.types import AssistantTurn, EnvRef, ErrorRecord, Message, Trajectory, TurnRecord, assistant
+from envhub.types import (
+    AssistantTurn,
+    EnvRef,
+    ErrorRecord,
+    Message,
+    Trajectory,
+    TurnRecord,
+    as_message,
+    assistant,
+)
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -57,6 +70,16 @@ class _Episode:
         self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
 
 
+def _as_messages(messages: Sequence[Message | dict[str, Any]]) -> list[Message]:
+    return [as_message(m) for m in messages]
+
+
+def _tool_counts(ep: _Episode) -> tuple[int, int]:
+    """Tool calls and failed calls so far, from the env's metrics (a :class:`TaskEnv`'s state)."""
+    metrics = ep.state.metrics if ep.state is not None else {}
+    return int(metrics.get("tool_calls", 0)), int(metrics.get("tool_errors", 0))
+
+
 def episode_seed(seed: int, task_index: int, sample_index: int) -> int:
     """A stable, independent seed per (run seed, task, sample)."""
     return int(np.random.SeedSequence([seed, task_index, sample_index]).generate_state(1)[0])
@@ -89,6 +112,8 @@ class RolloutRunner:
         self.engine = engine
         self.env_factory = env_factory
         self.sampling = sampling or SamplingParams()
+        if max_concurrency < 1:  # an empty env pool would make every episode wait forever
+            raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
         self.max_concurrency = max_concurrency
         self.step_timeout = step_timeout
         self.episode_timeout = episode_timeout
@@ -148,6 +173,9 @@ class RolloutRunner:
         except (asyncio.TimeoutError, TimeoutError):
             ep.fail("episode", TimeoutError(f"the episode did not finish within {self.episode_timeout:g} s"))
             ep.discard_env = True
+        except Exception as e:  # anything not attributed above is still this episode's, not the batch's
+            ep.fail("episode", e)
+            ep.discard_env = True
         finally:
             self._release(env, healthy=not ep.discard_env)
         return env
@@ -157,20 +185,25 @@ class RolloutRunner:
             observation, _ = await self._timed(env.areset(seed=ep.seed, options={"task_index": ep.task_index}))
         except Exception as e:
             return ep.fail("env.reset", e)
-        ep.messages, ep.prompt_length, ep.tools = list(observation), len(observation), env.tool_schemas
+        ep.messages, ep.prompt_length, ep.tools = _as_messages(observation), len(observation), env.tool_schemas
         ep.state = env.state if isinstance(env, TaskEnv) else None
         tokenizer = self.engine.tokenizer
         if tokenizer is not None:
+            try:
+                prompt_ids = await tokenizer.render(ep.messages, ep.tools, add_generation_prompt=True)
+            except Exception as e:  # the tokenizer belongs to the engine (e.g. a server's /tokenize)
+                return ep.fail("engine", e, 0)
             ep.trace = TokenTrace()
-            ep.trace.start(await tokenizer.render(ep.messages, ep.tools, add_generation_prompt=True))
+            ep.trace.start(prompt_ids)
         while True:
             turn = len(ep.turns)
             max_tokens, limit_reason = self._turn_budget(env, ep)
             if max_tokens <= 0:
                 return await self._truncate(env, ep, limit_reason)
+            request = self._request(ep, max_tokens)
             started = time.perf_counter()
             try:
-                generation = await self.engine.generate(self._request(ep, max_tokens))
+                generation = await self.engine.generate(request)
             except Exception as e:
                 return ep.fail("engine", e, turn)
             gen_seconds = time.perf_counter() - started
@@ -180,19 +213,24 @@ class RolloutRunner:
                 num_tokens=len(generation.token_ids) if generation.token_ids is not None else None,
                 finish_reason=generation.finish_reason,
             )
-            started = time.perf_counter()
+            tools_before, started = _tool_counts(ep), time.perf_counter()
             try:
                 observation, reward, terminated, truncated, info = await self._timed(env.astep(action))
             except Exception as e:
                 ep.messages.append(action.message)
                 return ep.fail("env.step", e, turn)
+            observation = _as_messages(observation)
             ep.messages.append(action.message)
             ep.messages.extend(observation)
-            ep.turns.append(self._turn_record(generation, action, info, gen_seconds, time.perf_counter() - started))
+            env_seconds = time.perf_counter() - started
+            ep.turns.append(self._turn_record(ep, request, generation, action, tools_before, gen_seconds, env_seconds))
             if terminated or truncated:
                 return self._finish(ep, reward, terminated, truncated, info)
             if tokenizer is not None and ep.trace is not None and ep.trace.valid:
-                await append_env_turn(ep.trace, tokenizer, ep.messages, list(observation), ep.tools, turn, generation.finish_reason == "stop")
+                try:  # drift is recorded against the next turn, whose prompt this builds
+                    await append_env_turn(ep.trace, tokenizer, ep.messages, observation, ep.tools, turn + 1, generation.finish_reason == "stop")
+                except Exception as e:
+                    return ep.fail("engine", e, turn + 1)
 
     def _request(self, ep: _Episode, max_tokens: int) -> GenerateRequest:
         sampling = self.sampling.model_copy(update={"max_tokens": max_tokens})
@@ -241,17 +279,36 @@ class RolloutRunner:
         ep.errors.extend(info.get("errors", []))
 
     @staticmethod
-    def _turn_record(generation: Generation, action: AssistantTurn, info: dict[str, Any], gen_s: float, env_s: float) -> TurnRecord:
+    def _turn_record(
+        ep: _Episode,
+        request: GenerateRequest,
+        generation: Generation,
+        action: AssistantTurn,
+        tools_before: tuple[int, int],
+        gen_s: float,
+        env_s: float,
+    ) -> TurnRecord:
+        calls, errors = (after - before for after, before in zip(_tool_counts(ep), tools_before, strict=True))
+        prompt = request.prompt_ids if request.prompt_ids is not None else generation.prompt_token_ids
         return TurnRecord(
-            prompt_tokens=len(generation.prompt_token_ids) if generation.prompt_token_ids is not None else None,
+            prompt_tokens=len(prompt) if prompt is not None else None,
             completion_tokens=action.num_tokens,
             finish_reason=generation.finish_reason,
+            tool_calls=calls,
+            tool_errors=errors,
             generate_seconds=gen_s,
             env_seconds=env_s,
         )
 
     async def _timed(self, coro: Any) -> Any:
-        return await (coro if self.step_timeout is None else asyncio.wait_for(coro, self.step_timeout))
+        if self.step_timeout is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, self.step_timeout)
+        except (asyncio.TimeoutError, TimeoutError) as e:
+            if str(e):  # the env's own timeout, with its own message
+                raise
+            raise TimeoutError(f"did not finish within {self.step_timeout:g} s") from None
 
     # -- groups, pool, output -------------------------------------------------------------------
 
@@ -323,10 +380,18 @@ class RolloutRunner:
             self._pool.put_nowait(env)
             return
         self._created.remove(env)
-        env.close()
         self._pool.put_nowait(None)
+        _close_quietly(env)
 
     def _close_pool(self) -> None:
         for env in self._created:
-            env.close()
+            _close_quietly(env)
         self._created.clear()
+
+
+def _close_quietly(env: Env) -> None:
+    """Close an env; a ``close`` that raises is the env's bug and must not lose the batch."""
+    try:
+        env.close()
+    except Exception:
+        logger.warning("closing env %r raised", env, exc_info=True)

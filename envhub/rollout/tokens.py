@@ -56,7 +56,8 @@ class TokenTrace:
         self.logprobs.extend([0.0] * len(token_ids))
 
     def extend_to(self, full_prompt: list[int], turn: int) -> bool:
-        """Extend to ``full_prompt`` if the record is its exact prefix; else record drift."""
+        """Extend to ``full_prompt`` (the prompt of turn ``turn``) if the record is its exact
+        prefix; else record drift."""
         if full_prompt[: len(self.ids)] == self.ids:
             self.add_context(full_prompt[len(self.ids) :])
             return True

@@ -89,15 +89,24 @@ class ToolExecutor:
         except ToolArgumentError as e:
             return self._fail(call.id, call.name, INVALID_ARGUMENTS, str(e))
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
+        # Not wait_for: a TimeoutError the tool raises itself (a socket, a subprocess) is the
+        # tool's error, not our timeout, and the two must not be confused.
+        task = asyncio.ensure_future(tool.acall(arguments, context))
         try:
-            result = await asyncio.wait_for(tool.acall(arguments, context), timeout)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+        except asyncio.CancelledError:  # the step itself was cancelled: take the call with it
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            return self._fail(call.id, call.name, TIMEOUT, f"{call.name} did not finish within {timeout:g} s")
+        try:
+            text = _format_result(task.result(), self.max_output_chars)
         except ToolDefinitionError:  # the env author's bug, not the model's: let the env record it
             raise
-        except asyncio.TimeoutError:
-            return self._fail(call.id, call.name, TIMEOUT, f"{call.name} did not finish within {timeout:g} s")
         except Exception as e:  # the tool's own bug or refusal: report it to the model
             return self._fail(call.id, call.name, TOOL_ERROR, f"{call.name} raised {type(e).__name__}: {e}")
-        return ToolOutcome(tool_message(_format_result(result, self.max_output_chars), call.id, call.name))
+        return ToolOutcome(tool_message(text, call.id, call.name))
 
     def _unknown_message(self, name: str) -> str:
         names = sorted(self.tools)

@@ -130,8 +130,11 @@ def _split_top_level(text: str, sep: str = ";") -> list[str]:
     parts, depth, in_string, escape, start = [], 0, False, False, 0
     for i, ch in enumerate(text):
         if in_string:
-            escape = (ch == "\\") and not escape
-            if ch == '"' and not escape:
+            if escape:
+                escape = False
+            elif ch == "\\":
+                escape = True
+            elif ch == '"':
                 in_string = False
             continue
         if ch == '"':

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 import docstring_parser
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
 
 from envhub.errors import ToolDefinitionError
 
@@ -133,17 +133,21 @@ def make_tool(
     if isinstance(fn, Tool):
         return fn
     tool_name = name or fn.__name__
-    if not _NAME_PATTERN.match(tool_name):
+    if not _NAME_PATTERN.fullmatch(tool_name):
         raise ToolDefinitionError(f"tool name {tool_name!r} must match {_NAME_PATTERN.pattern}")
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     arg_docs = {p.arg_name: p.description for p in doc.params}
     fields, injected = _fields_from_signature(fn, tool_name, arg_docs)
-    model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    try:
+        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        parameters = _clean_schema(model.model_json_schema())
+    except PydanticUserError as e:  # e.g. an annotation pydantic cannot describe
+        raise ToolDefinitionError(f"tool {tool_name!r}: {str(e).splitlines()[0]}") from e
     text = description or "\n\n".join(filter(None, [doc.short_description, doc.long_description]))
     return Tool(
         name=tool_name,
         description=text or tool_name,
-        parameters=_clean_schema(model.model_json_schema()),
+        parameters=parameters,
         fn=fn,
         arguments_model=model,
         injected=injected,
@@ -155,7 +159,10 @@ def make_tool(
 def _fields_from_signature(
     fn: Callable[..., Any], tool_name: str, arg_docs: dict[str, str | None]
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    hints = get_type_hints(fn, include_extras=True)
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception as e:  # a forward reference that does not resolve
+        raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve its type annotations ({type(e).__name__}: {e})") from e
     fields: dict[str, Any] = {}
     injected: dict[str, str] = {}
     for param in inspect.signature(fn).parameters.values():

@@ -40,7 +40,7 @@ def check_token_contract(server, trajectory) -> None:
     assert ids[: trajectory.prompt_token_count] == render(server, prompt, trajectory.tools, True)
     assert set(mask[: trajectory.prompt_token_count]) == {0}
     assert sum(mask) == trajectory.num_completion_tokens == sum(t.completion_tokens for t in trajectory.turns)
-    assert all(lp <= 0.0 for lp, m in zip(logprobs, mask) if m) and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m) and all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
     if not trajectory.token_drift:
         full = render(server, trajectory.messages, trajectory.tools, False)
         assert full[: len(ids)] == ids
@@ -84,3 +84,9 @@ def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tmp_path):
     assert len(read_trajectories(out / "trajectories.jsonl")) == 2
     leftover = subprocess.run(["pgrep", "-f", "served-model-name smollm2-135m"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "the vLLM server outlived `envhub eval --serve`"
+
+
+def test_doctor_finds_smollm2_template_prefix_safe(vllm_server):
+    result = run_cli("doctor", "-u", vllm_server.base_url)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "6 turn boundaries checked" in result.stdout

@@ -1,0 +1,52 @@
+"""``envhub doctor``: is a model's chat template safe for token-exact multi-turn training?"""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor_command)
+
+
+def doctor_command(
+    base_url: str = typer.Option(..., "--base-url", "-u", help="A vLLM server (its /tokenize renders the template)."),
+    model: str = typer.Option(None, "--model", "-m", help="Model name on the server (default: its first)."),
+) -> None:
+    """Check that each turn's prompt is an exact token prefix of the next, on synthetic
+    plain, tool-calling and reasoning conversations. Exits 1 if the template rewrites history.
+
+    Examples:
+        envhub doctor -u http://127.0.0.1:8000
+    """
+    import asyncio
+
+    from rich.table import Table
+
+    from envhub.cli.console import console
+    from envhub.doctor import CONVERSATIONS, check_prefix_property
+    from envhub.errors import EngineError
+    from envhub.inference.openai_http import OpenAIEngine
+
+    async def run():
+        engine = OpenAIEngine(base_url, model, mode="tokens")
+        try:
+            await engine.start()
+            return engine.model, await check_prefix_property(engine.tokenizer)
+        finally:
+            await engine.aclose()
+
+    try:
+        served, (checked, findings) = asyncio.run(run())
+    except EngineError as e:
+        raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
+    table = Table(title=f"chat template of {served}: {checked} turn boundaries in {len(CONVERSATIONS)} conversations", title_justify="left")
+    for column in ("conversation", "turn", "first differing token", "history as rendered", "next prompt as rendered"):
+        table.add_column(column)
+    for f in findings:
+        table.add_row(f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered))
+    if findings:
+        console.print(table)
+        console.print("[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory")
+        raise typer.Exit(code=1)
+    console.print(f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)")

@@ -1,0 +1,287 @@
+"""Guessing games: find a secret number (higher/lower hints) or a secret word (Wordle).
+
+The secret is part of the *task*, never drawn from the reset seed: the rollout runner gives the
+samples of one GRPO group different seeds but the same task, and they must chase the same
+secret. Each turn is one guess; a reply with no usable guess gets a hint on the format, counts
+in ``metrics["invalid_guesses"]`` and uses up the turn. Reward: 1.0 for finding the secret
+within the turn budget (the episode ends there), else 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+import re
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from envhub.env import State
+from envhub.envs.procedural import ProceduralTasks
+from envhub.errors import EnvhubError
+from envhub.multiturn import MultiTurnEnv
+from envhub.rewards.rubric import Rubric, reward
+from envhub.types import AssistantTurn, Message, user
+
+
+@reward(name="solved")
+def solved(state: State) -> float:
+    """1.0 when the game was won."""
+    return float(state.data.get("solved", False))
+
+
+class GuessingGame(MultiTurnEnv):
+    """Shared rules: the turn budget is stated in the prompt, and finding the secret scores 1."""
+
+    reward_range = (0.0, 1.0)
+
+    def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        *head, question = super().format_prompt(task)
+        return [*head, user(f"{question.content} You have {self.max_turns} guesses.")]
+
+    def default_rubric(self) -> Rubric:
+        return Rubric([solved])
+
+    def win(self, state: State, text: str) -> list[Message]:
+        state.done = True
+        state.data["solved"] = True
+        return [user(text)]
+
+    def reject(self, state: State, text: str) -> list[Message]:
+        state.metrics["invalid_guesses"] += 1
+        return [user(text)]
+
+    def guesses_left(self, state: State) -> str:
+        left = self.max_turns - state.turn
+        return f"{left} guess{'' if left == 1 else 'es'} left"
+
+
+# -- the number game ------------------------------------------------------------------------
+
+_INTEGER = re.compile(r"-?\d+")
+_RANGE = re.compile(r"from (-?\d+) to (-?\d+)")
+_HINT = re.compile(r"(-?\d+) is too (low|high)")
+
+
+def binary_search_turns(low: int, high: int) -> int:
+    """Guesses binary search needs, at worst, to find any number in ``low..high``."""
+    return (high - low + 1).bit_length()
+
+
+def parse_number(text: str) -> int | None:
+    """The last whole number in ``text``, if any."""
+    found = _INTEGER.findall(text)
+    return int(found[-1]) if found else None
+
+
+def number_tasks(low: int, high: int, size: int, seed: int) -> ProceduralTasks:
+    """``size`` secrets in ``low..high``, each a pure function of (seed, index)."""
+
+    def make_task(rng: random.Random) -> dict[str, Any]:
+        return {
+            "question": f"I am thinking of a whole number from {low} to {high}. Guess it.",
+            "answer": rng.randint(low, high),
+            "info": {"low": low, "high": high},
+        }
+
+    return ProceduralTasks(f"guess-number-{low}-{high}", make_task, size, seed)
+
+
+NUMBER_SYSTEM_PROMPT = (
+    "Let's play a guessing game. Each turn, reply with one whole number as your guess. "
+    "I will tell you whether the secret number is higher or lower."
+)
+
+
+class GuessNumberEnv(GuessingGame):
+    """Find a secret number from higher/lower hints.
+
+    Args:
+        low: Smallest possible secret.
+        high: Largest possible secret.
+        num_tasks: Size of the generated task set.
+        task_seed: Seed of the secrets (different seeds, different secrets).
+        max_turns: Guesses allowed (default: what binary search needs, 7 for 1..100).
+        **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
+    """
+
+    name = "guess-number"
+    version = "0.1.0"
+    system_prompt = NUMBER_SYSTEM_PROMPT
+    default_max_turns = 7
+
+    def __init__(
+        self, low: int = 1, high: int = 100, num_tasks: int = 1000, task_seed: int = 0, max_turns: int | None = None, **kwargs: Any
+    ) -> None:
+        if low > high:
+            raise EnvhubError(f"guess-number: low ({low}) must not exceed high ({high})")
+        self.low, self.high, self.num_tasks, self.task_seed = low, high, num_tasks, task_seed
+        needed = binary_search_turns(low, high)
+        super().__init__(max_turns=needed if max_turns is None else max_turns, **kwargs)
+        if self.max_turns < needed:
+            self.reference_policy = None  # binary search is no longer sure to win
+
+    def load_dataset(self) -> ProceduralTasks:
+        return number_tasks(self.low, self.high, self.num_tasks, self.task_seed)
+
+    async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        low, high, secret = state.info.get("low", self.low), state.info.get("high", self.high), state.answer
+        guess = parse_number(turn.message.content or "")
+        if guess is None:
+            hint = f"I found no number in your reply. Reply with one whole number from {low} to {high}."
+            return self.reject(state, f"{hint} ({self.guesses_left(state)})")
+        if not low <= guess <= high:
+            return self.reject(state, f"{guess} is not from {low} to {high}. ({self.guesses_left(state)})")
+        if guess == secret:
+            return self.win(state, f"Correct! The number is {secret}.")
+        direction = "low. Guess higher" if guess < secret else "high. Guess lower"
+        return [user(f"{guess} is too {direction}. ({self.guesses_left(state)})")]
+
+
+def binary_search_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """Guesses the middle of the range that the hints so far leave open."""
+    question, *replies = [m.content or "" for m in messages if m.role == "user"]
+    bounds = _RANGE.search(question)
+    if bounds is None:
+        return "I cannot tell the range of the secret."
+    low, high = int(bounds.group(1)), int(bounds.group(2))
+    for reply in replies:
+        for number, direction in _HINT.findall(reply):
+            if direction == "low":
+                low = max(low, int(number) + 1)
+            else:
+                high = min(high, int(number) - 1)
+    return str((low + high) // 2)
+
+
+GuessNumberEnv.reference_policy = staticmethod(binary_search_policy)
+
+
+# -- Wordle ---------------------------------------------------------------------------------
+
+WORDS_FILE = Path(__file__).parent / "data" / "wordle_words.txt"
+CORRECT, PRESENT, ABSENT = "G", "Y", "X"
+SOLVED = CORRECT * 5
+_GUESS_TAG = re.compile(r"<guess>(.*?)</guess>", re.IGNORECASE | re.DOTALL)
+_WORD = re.compile(r"[a-z]{5}")
+_FEEDBACK = re.compile(r"\b([A-Z]{5}): ([GYX]{5})\b")
+
+
+@functools.lru_cache(maxsize=1)
+def default_words() -> tuple[str, ...]:
+    """The shipped target words (lowercase, sorted)."""
+    lines = WORDS_FILE.read_text(encoding="utf-8").splitlines()
+    return tuple(sorted({w.strip() for w in lines if w.strip() and not w.startswith("#")}))
+
+
+def score_guess(guess: str, target: str) -> str:
+    """Wordle feedback, one letter per position: ``G`` right spot, ``Y`` elsewhere, ``X`` absent.
+
+    Two passes, so repeated letters are marked as in Wordle: exact matches first, then each
+    remaining letter of the guess is ``Y`` only while the target has unmatched copies of it.
+    """
+    pattern = [ABSENT] * len(guess)
+    unmatched: dict[str, int] = {}  # a plain dict: this runs ~10^6 times per minimax solve
+    for i, (g, t) in enumerate(zip(guess, target, strict=True)):
+        if g == t:
+            pattern[i] = CORRECT
+        else:
+            unmatched[t] = unmatched.get(t, 0) + 1
+    for i, g in enumerate(guess):
+        if pattern[i] != CORRECT and unmatched.get(g, 0) > 0:
+            pattern[i] = PRESENT
+            unmatched[g] -= 1
+    return "".join(pattern)
+
+
+def parse_word(text: str) -> str | None:
+    """The guess in a reply: the last ``<guess>...</guess>``, else the whole reply; 5 letters."""
+    tags = _GUESS_TAG.findall(text)
+    candidate = (tags[-1] if tags else text).strip().strip(".,;:!?\"'`*").lower()
+    return candidate if _WORD.fullmatch(candidate) else None
+
+
+WORDLE_SYSTEM_PROMPT = (
+    "Let's play Wordle. Find the secret five-letter English word. Each turn, reply with one guess "
+    "inside <guess></guess>, e.g. <guess>crane</guess>. After each guess I show your word and one "
+    "mark per letter: G = right letter in the right spot, Y = the letter is in the word but in "
+    "another spot, X = the letter is not in the word (or not that many times)."
+)
+
+
+class WordleEnv(GuessingGame):
+    """Wordle: find a five-letter word from per-letter feedback in six guesses.
+
+    Args:
+        words: Target words (default: the ~600 shipped common words). Guesses may be any five
+            letters, listed or not.
+        task_seed: Seed of the order of the targets (task ``i`` is the ``i``-th word of it).
+        max_turns: Guesses allowed (default 6).
+        **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
+    """
+
+    name = "wordle"
+    version = "0.1.0"
+    system_prompt = WORDLE_SYSTEM_PROMPT
+    default_max_turns = 6
+
+    def __init__(self, words: Sequence[str] | None = None, task_seed: int = 0, **kwargs: Any) -> None:
+        self.words = default_words() if words is None else _checked_words(words)
+        self.task_seed = task_seed
+        super().__init__(**kwargs)
+        if self.max_turns < 6 or not set(self.words) <= set(default_words()):
+            self.reference_policy = None  # its win is checked for the shipped words in 6 turns
+
+    def load_dataset(self) -> list[dict[str, Any]]:
+        order = list(self.words)
+        random.Random(f"wordle-{self.task_seed}").shuffle(order)
+        return [{"question": "Guess the secret word.", "answer": word, "info": {}} for word in order]
+
+    async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        guess = parse_word(turn.message.content or "")
+        if guess is None:
+            return self.reject(state, f"Reply with one five-letter word, e.g. <guess>crane</guess>. ({self.guesses_left(state)})")
+        pattern = score_guess(guess, state.answer)
+        if pattern == SOLVED:
+            return self.win(state, f"{guess.upper()}: {pattern} Solved!")
+        return [user(f"{guess.upper()}: {pattern} ({self.guesses_left(state)})")]
+
+
+def _checked_words(words: Sequence[str]) -> tuple[str, ...]:
+    cleaned = tuple(dict.fromkeys(w.strip().lower() for w in words))
+    bad = [w for w in cleaned if not _WORD.fullmatch(w)]
+    if bad or not cleaned:
+        raise EnvhubError(f"wordle: words must be five letters a-z; got {bad[:5] or 'none'}")
+    return cleaned
+
+
+@functools.lru_cache(maxsize=4096)
+def best_guess(history: tuple[tuple[str, str], ...]) -> str:
+    """The shipped word that splits the words still possible after ``history`` best.
+
+    "Best" is minimax: the guess whose largest group of still-possible words sharing one
+    feedback pattern is smallest (ties: a possible word first, then alphabetical order).
+    Over the shipped list this finds every word within 6 guesses (checked by the tests).
+    """
+    words = default_words()
+    possible = [w for w in words if all(score_guess(g, w) == p for g, p in history)]
+    if len(possible) <= 2:
+        return possible[0] if possible else words[0]
+    candidates = set(possible)
+
+    def worst_case(guess: str) -> tuple[int, bool, str]:
+        groups = Counter(score_guess(guess, w) for w in possible)
+        return max(groups.values()), guess not in candidates, guess
+
+    return min(words, key=worst_case)
+
+
+def minimax_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """Plays :func:`best_guess` on the feedback in the conversation."""
+    replies = [m.content or "" for m in messages if m.role == "user"]
+    history = tuple((word.lower(), pattern) for reply in replies for word, pattern in _FEEDBACK.findall(reply))
+    return f"<guess>{best_guess(history)}</guess>"
+
+
+WordleEnv.reference_policy = staticmethod(minimax_policy)

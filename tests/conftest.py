@@ -1,0 +1,78 @@
+"""Shared fixtures.
+
+``http_server`` starts a small HTTP server on 127.0.0.1 (stdlib ``http.server`` in a thread)
+whose answers come from a function the test writes. It speaks whatever protocol the test makes
+it speak (OpenAI-compatible here), so our real HTTP clients are tested against a real socket.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+Reply = tuple[int, Any]
+"""(status, body): a dict or list is sent as JSON, a str as plain text."""
+Handler = Callable[[str, str, Any], Reply]
+"""(method, path, decoded JSON body or None) -> reply."""
+
+
+@dataclass
+class Server:
+    url: str
+    requests: list[tuple[str, str, Any]] = field(default_factory=list)
+    """Every request in arrival order: (method, path, decoded JSON body or None)."""
+
+    def paths(self) -> list[str]:
+        return [f"{method} {path}" for method, path, _ in self.requests]
+
+
+def _handler_class(server: Server, handler: Handler, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: Any) -> None:  # keep test output clean
+            pass
+
+        def _handle(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            with lock:
+                server.requests.append((self.command, self.path, body))
+            status, reply = handler(self.command, self.path, body)
+            data = (reply if isinstance(reply, str) else json.dumps(reply)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain" if isinstance(reply, str) else "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_POST = _handle
+
+    return _Handler
+
+
+@pytest.fixture
+def http_server() -> Iterator[Callable[[Handler], Server]]:
+    """Start servers with ``http_server(handler)``; they stop when the test ends."""
+    running: list[ThreadingHTTPServer] = []
+
+    def start(handler: Handler) -> Server:
+        server = Server(url="")
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(server, handler, threading.Lock()))
+        httpd.daemon_threads = True
+        server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        running.append(httpd)
+        return server
+
+    yield start
+    for httpd in running:
+        httpd.shutdown()
+        httpd.server_close()
+

@@ -1,0 +1,223 @@
+"""The gymnasium text adapter, and FrozenLake played through it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import pytest
+from gymnasium.wrappers import TimeLimit
+
+from envhub.envs.gym_text import (
+    FrozenLakeTextEnv,
+    GymTextEnv,
+    lake_tasks,
+    read_lake,
+    shortest_path,
+    shortest_path_policy,
+)
+from envhub.errors import EnvhubError
+from envhub.types import assistant, user
+
+CLASSIC = ["SFFF", "FHFH", "FFFH", "HFFG"]
+CLASSIC_TASK = {"info": {"map": CLASSIC, "seed": 0}}
+
+
+class Corridor(gym.Env):
+    """Cells 0..length-1; action 1 walks right, 0 walks left; reward 1 at the last cell."""
+
+    def __init__(self, length: int = 4) -> None:
+        self.length = length
+        self.action_space = gym.spaces.Discrete(2)
+        self.observation_space = gym.spaces.Discrete(length)
+        self.reset_seeds: list[int | None] = []
+        self.closed = False
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[int, dict]:
+        super().reset(seed=seed)
+        self.reset_seeds.append(seed)
+        self.position = 0
+        return 0, {}
+
+    def step(self, action: int) -> tuple[int, float, bool, bool, dict]:
+        self.position = max(0, self.position + (1 if action == 1 else -1))
+        at_end = self.position == self.length - 1
+        return self.position, float(at_end), at_end, False, {}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def corridor_env(gym_env: Any, **kwargs: Any) -> GymTextEnv:
+    return GymTextEnv(gym_env, ["back", "forward"], render_observation=lambda cell: f"You are in cell {cell}.", instructions="Walk to the end.", **kwargs)
+
+
+def play(env: GymTextEnv, *actions: str) -> list[tuple[str, float, bool, bool]]:
+    out = []
+    for action in actions:
+        observation, reward, terminated, truncated, _ = env.step(action)
+        out.append((observation[0].content, reward, terminated, truncated))
+    return out
+
+
+# -- FrozenLake -----------------------------------------------------------------------------
+
+
+def test_a_walk_to_the_goal_on_the_classic_map() -> None:
+    env = FrozenLakeTextEnv()
+    prompt, _ = env.reset(seed=0, options={"task": CLASSIC_TASK})
+    assert [m.role for m in prompt] == ["system", "user"]
+    assert prompt[0].content.endswith("Actions: left, down, right, up. Each turn, reply with one action inside <action></action>, e.g. <action>left</action>.")
+    assert prompt[1].content == "P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1."
+    steps = play(env, "down", "<action>Down</action>", "I'll go RIGHT", "jump!", "<action>right</action>", "down", "right")
+    assert steps == [
+        ("S F F F\nP H F H\nF F F H\nH F F G\nYou are at row 2, column 1.", 0.0, False, False),
+        ("S F F F\nF H F H\nP F F H\nH F F G\nYou are at row 3, column 1.", 0.0, False, False),
+        ("S F F F\nF H F H\nF P F H\nH F F G\nYou are at row 3, column 2.", 0.0, False, False),
+        ("That is not an action. Reply with one of: left, down, right, up, e.g. <action>left</action>.", 0.0, False, False),
+        ("S F F F\nF H F H\nF F P H\nH F F G\nYou are at row 3, column 3.", 0.0, False, False),
+        ("S F F F\nF H F H\nF F F H\nH F P G\nYou are at row 4, column 3.", 0.0, False, False),
+        ("S F F F\nF H F H\nF F F H\nH F F P\nYou are at row 4, column 4. You reached the goal!", 1.0, True, False),
+    ]
+    assert dict(env.state.metrics) == {"invalid_actions": 1, "env_steps": 6}
+    assert env.state.reward_components == {"return": 1.0}
+
+
+def test_falling_in_a_hole_ends_the_episode_with_nothing() -> None:
+    env = FrozenLakeTextEnv()
+    env.reset(seed=0, options={"task": CLASSIC_TASK})
+    assert play(env, "left", "right", "down") == [
+        ("P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1.", 0.0, False, False),  # into the edge
+        ("S P F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 2.", 0.0, False, False),
+        ("S F F F\nF P F H\nF F F H\nH F F G\nYou are at row 2, column 2. You fell into a hole. Game over.", 0.0, True, False),
+    ]
+    assert env.state.stop_reason == "terminated"
+
+
+def test_only_invalid_replies_run_out_the_turns() -> None:
+    env = FrozenLakeTextEnv()
+    env.reset(seed=0, options={"task": CLASSIC_TASK})
+    outcome = play(env, *["I don't know"] * 16)
+    assert outcome[-1][1:] == (0.0, False, True)
+    assert dict(env.state.metrics) == {"invalid_actions": 16}
+    assert env.state.stop_reason == "max_turns"
+
+
+def test_maps_vary_by_task_and_always_have_a_path() -> None:
+    assert lake_tasks(4, 0.8, 10, 0)[0] == {"info": {"map": ["SFFH", "FFFF", "FFFF", "HFFG"], "seed": 865820368}}
+    tasks = lake_tasks(4, 0.8, 200, 0)
+    maps = [tuple(t["info"]["map"]) for t in tasks]
+    assert len(set(maps)) == 141  # with 80% ice, light maps repeat (all ice: 0.8**14, about 4%)
+    for lake in maps:
+        assert lake[0][0] == "S" and lake[3][3] == "G" and all(len(row) == 4 for row in lake)
+        path = shortest_path(["P" + lake[0][1:], *lake[1:]])
+        assert 6 <= len(path) <= 15
+    env = FrozenLakeTextEnv()
+    env.reset(seed=1, options={"task_index": 0})
+    first = env.state.prompt[-1].content
+    env.reset(seed=2, options={"task_index": 0})
+    assert env.state.prompt[-1].content == first == "P F F H\nF F F F\nF F F F\nH F F G\nYou are at row 1, column 1."
+
+
+def test_shortest_path_goes_around_holes() -> None:
+    assert shortest_path(["PFH", "FHF", "FFG"]) == ["down", "down", "right", "right"]
+    assert shortest_path(["PH", "HG"]) == []
+    messages = [user("F P\nH G\nYou are at row 1, column 2."), assistant("<action>left</action>"), user("That is not an action.")]
+    assert read_lake(messages) == ["FP", "HG"]
+    assert shortest_path_policy(messages, None) == "<action>down</action>"
+
+
+def test_reference_policy_only_where_it_is_sure_to_win() -> None:
+    assert FrozenLakeTextEnv().reference_policy is shortest_path_policy
+    assert FrozenLakeTextEnv(is_slippery=True).reference_policy is None
+    assert FrozenLakeTextEnv(max_turns=10).reference_policy is None
+    assert FrozenLakeTextEnv(size=5).max_turns == 25
+
+
+def test_slippery_lake_is_reproducible_under_the_task_seed() -> None:
+    def walk(seed: int) -> list[str]:
+        env = FrozenLakeTextEnv(is_slippery=True)
+        env.reset(seed=seed, options={"task_index": 3})
+        return [text for text, *_ in play(env, *["right", "down"] * 3)]
+
+    assert walk(0) == walk(1)
+
+
+# -- the generic adapter ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "action"),
+    [
+        ("forward", 1),
+        ("FORWARD!", 1),
+        ("<action> Back </action>", 0),
+        ("not back but forward", 1),
+        ("<action>forward</action> ... or back", 1),
+        ("forwards", None),
+        ("<action>jump</action> forward", None),
+        ("", None),
+    ],
+)
+def test_parse_action(text: str, action: int | None) -> None:
+    assert corridor_env(Corridor()).parse_action(text) == action
+
+
+def test_a_factory_env_is_reset_with_the_task_seed_and_closed_with_the_env() -> None:
+    made: list[Corridor] = []
+
+    def factory() -> Corridor:
+        made.append(Corridor())
+        return made[-1]
+
+    env = corridor_env(factory, num_tasks=5, task_seed=1)
+    seed = env.dataset[2]["info"]["seed"]
+    for episode_seed in (0, 1):
+        prompt, _ = env.reset(seed=episode_seed, options={"task_index": 2})
+        assert [m.content for m in prompt] == [
+            "Walk to the end.\n\nActions: back, forward. Each turn, reply with one action inside <action></action>, e.g. <action>back</action>.",
+            "You are in cell 0.",
+        ]
+    assert play(env, "forward", "back", "forward", "forward", "forward") == [
+        ("You are in cell 1.", 0.0, False, False),
+        ("You are in cell 0.", 0.0, False, False),
+        ("You are in cell 1.", 0.0, False, False),
+        ("You are in cell 2.", 0.0, False, False),
+        ("You are in cell 3.", 1.0, True, False),
+    ]
+    assert len(made) == 1 and made[0].reset_seeds == [seed, seed]
+    env.close()
+    assert made[0].closed
+
+
+def test_an_instance_is_used_but_not_closed() -> None:
+    corridor = Corridor()
+    env = corridor_env(corridor)
+    env.reset(seed=0, options={"task_index": 0})
+    env.close()
+    assert corridor.reset_seeds == [env.dataset[0]["info"]["seed"]] and not corridor.closed
+
+
+def test_the_wrapped_env_truncating_truncates_the_episode() -> None:
+    env = corridor_env(lambda: TimeLimit(Corridor(length=10), max_episode_steps=2))
+    env.reset(seed=0)
+    observation, reward, terminated, truncated, info = env.step("forward")
+    assert (terminated, truncated) == (False, False)
+    observation, reward, terminated, truncated, info = env.step("forward")
+    assert (observation[0].content, reward, terminated, truncated) == ("You are in cell 2.", 0.0, False, True)
+    assert info["stop_reason"] == "env_truncated"
+
+
+def test_a_gymnasium_id_with_make_kwargs() -> None:
+    env = GymTextEnv("FrozenLake-v1", ["left", "down", "right", "up"], gym_kwargs={"is_slippery": False}, reward_range=(0.0, 1.0))
+    env.reset(seed=0)
+    assert [c for c, *_ in play(env, "right")] == ["1"]  # the default rendering is str()
+
+
+def test_action_names_must_fit_the_action_space() -> None:
+    with pytest.raises(EnvhubError, match="Discrete\\(3\\)"):
+        GymTextEnv(Corridor(), ["a", "b", "c"]).reset(seed=0)
+    with pytest.raises(EnvhubError, match="Discrete\\(2\\)"):
+        GymTextEnv("Pendulum-v1", ["a", "b"]).reset(seed=0)
+    with pytest.raises(EnvhubError, match="distinct"):
+        GymTextEnv(Corridor(), ["go", "GO"])

@@ -1,0 +1,192 @@
+"""check_env: each kind of broken env fails the check that names the problem; calculator passes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import gymnasium as gym
+import pytest
+
+from envhub.checker import check_env
+from envhub.env import Env
+from envhub.envs.calculator import CalculatorEnv
+from envhub.errors import EnvCheckError
+from envhub.types import Message, user
+
+CHECKS = ["api", "reset", "determinism", "tool schemas", "episodes", "null policy at floor", "reference policy at top", "close"]
+
+
+class Good(Env):
+    """Guess the seeded number; "right" is always right. Reward 1 for right, else 0."""
+
+    name = "good"
+    reward_range = (0.0, 1.0)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+        gym.Env.reset(self, seed=seed)
+        return [user(f"task {self.prompt_number()}")], {}
+
+    def prompt_number(self) -> int:
+        return int(self.np_random.integers(1000))
+
+    def step(self, action: Any) -> tuple[list[Message], Any, bool, bool, dict[str, Any]]:
+        return [], self.score(action), True, False, {}
+
+    def score(self, action: Any) -> Any:
+        return 1.0 if action == "right" else 0.0
+
+    @staticmethod
+    def reference_policy(messages: list[Message], tools: Any) -> str:
+        return "right"
+
+
+def failures(env: Env, **kwargs: Any) -> dict[str, str]:
+    report = check_env(env, raise_on_failure=False, **kwargs)
+    assert [r.name for r in report.results] == CHECKS
+    return {r.name: r.detail for r in report.failures}
+
+
+def test_a_good_env_passes() -> None:
+    report = check_env(Good())
+    assert report.passed and report.failures == []
+    assert {r.name: r.detail for r in report.results} == {
+        "api": "Good v0.0.0",
+        "reset": "3 seeds",
+        "determinism": "3 seeds x (null, random) actions",
+        "tool schemas": "no tools",
+        "episodes": "random actions: rewards [0.0, 0.0, 0.0]",
+        "null policy at floor": "0.0",
+        "reference policy at top": "1.0",
+        "close": "idempotent",
+    }
+
+
+def test_calculator_passes() -> None:
+    report = check_env(CalculatorEnv(num_tasks=8), seeds=(0, 1))
+    assert report.passed, report.failures
+    assert {r.name: r.detail for r in report.results}["tool schemas"] == "calculate"
+
+
+class NondeterministicReset(Good):
+    def prompt_number(self) -> int:
+        return random.randrange(10**9)
+
+
+class OutOfRange(Good):
+    def score(self, action: Any) -> Any:
+        return 2.0
+
+
+class BoolReward(Good):
+    def score(self, action: Any) -> Any:
+        return action == "right"
+
+
+class NanReward(Good):
+    def score(self, action: Any) -> Any:
+        return float("nan")
+
+
+class NeverEnds(Good):
+    def step(self, action: Any) -> tuple[list[Message], Any, bool, bool, dict[str, Any]]:
+        return [user("more")], 0.0, False, False, {}
+
+
+class CloseTwiceFails(Good):
+    def close(self) -> None:
+        if getattr(self, "closed_once", False):
+            raise RuntimeError("already closed")
+        self.closed_once = True
+
+
+class RewardsSilence(Good):
+    def score(self, action: Any) -> Any:
+        return 1.0 if action in ("", "right") else 0.0
+
+
+class WrongReference(Good):
+    @staticmethod
+    def reference_policy(messages: list[Message], tools: Any) -> str:
+        return "wrong"
+
+
+def _schema(name: str, parameters: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": parameters}}
+
+
+class BadToolName(Good):
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return [_schema("bad name", {"type": "object", "properties": {}})]
+
+
+class BadToolParameters(Good):
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return [_schema("ok", {"type": "object", "properties": {"x": {"type": "integr"}}})]
+
+
+class RepeatedTools(Good):
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]] | None:
+        return [_schema("t", {"type": "object"}), _schema("t", {"type": "object"})]
+
+
+class PositionalReset(Good):
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:  # type: ignore[override]
+        return super().reset(seed=seed, options=options)
+
+
+@pytest.mark.parametrize(
+    ("env", "check", "detail"),
+    [
+        (NondeterministicReset(), "determinism", "seed 0: two runs with the same seed and actions differ"),
+        (OutOfRange(), "episodes", "seed 0: total reward 2.0 outside reward_range (0.0, 1.0)"),
+        (BoolReward(), "episodes", "reward must be a float, got bool"),
+        (NanReward(), "episodes", "reward must be finite, got nan"),
+        (NeverEnds(), "episodes", "episode (seed 0) did not end within 5 steps"),
+        (CloseTwiceFails(), "close", "RuntimeError: already closed"),
+        (RewardsSilence(), "null policy at floor", "seed 0: the empty answer scored 1.0, above the floor 0.0"),
+        (WrongReference(), "reference policy at top", "seed 0: the reference policy scored 0.0, not the top 1.0"),
+        (BadToolName(), "tool schemas", "tool name 'bad name' must match ^[a-zA-Z0-9_-]{1,64}$"),
+        (RepeatedTools(), "tool schemas", "tool names repeat: ['t', 't']"),
+        (PositionalReset(), "api", "reset() must take keyword-only `seed`"),
+    ],
+)
+def test_each_broken_env_fails_the_check_that_names_its_problem(env: Env, check: str, detail: str) -> None:
+    found = failures(env, max_steps=5)
+    assert found[check] == detail
+
+
+def test_an_invalid_parameters_schema_fails_the_tool_check() -> None:
+    detail = failures(BadToolParameters())["tool schemas"]
+    assert detail.startswith("SchemaError: 'integr' is not valid under any of the given schemas")
+
+
+def test_every_failure_is_reported_at_once() -> None:
+    assert set(failures(NeverEnds(), max_steps=5)) == {"determinism", "episodes", "null policy at floor", "reference policy at top"}
+    with pytest.raises(EnvCheckError) as info:
+        check_env(OutOfRange())
+    assert str(info.value) == (
+        "good fails 3 check(s):\n"
+        "  - episodes: seed 0: total reward 2.0 outside reward_range (0.0, 1.0)\n"
+        "  - null policy at floor: seed 0: the empty answer scored 2.0, above the floor 0.0\n"
+        "  - reference policy at top: seed 0: the reference policy scored 2.0, not the top 1.0"
+    )
+
+
+def test_an_env_without_a_finite_reward_range_skips_floor_and_top() -> None:
+    class Unbounded(Good):
+        reward_range = (float("-inf"), float("inf"))
+
+    report = check_env(Unbounded())
+    details = {r.name: r.detail for r in report.results}
+    assert (details["null policy at floor"], details["reference policy at top"]) == (
+        "no finite floor in reward_range",
+        "no finite top in reward_range",
+    )
+
+
+def test_a_plain_gymnasium_env_is_not_an_envhub_env() -> None:
+    assert failures(gym.make("CartPole-v1").unwrapped)["api"] == "CartPoleEnv is not an envhub.Env"
