@@ -7,7 +7,6 @@ never imports torch, vLLM or transformers.
 from __future__ import annotations
 
 import importlib
-import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -96,7 +95,5 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-# gymnasium no longer loads plugins by entry point; register `envhub/<name>` ids now if
-# gymnasium is already loaded (otherwise envhub.env does it when first imported).
-if "gymnasium" in sys.modules:
-    importlib.import_module("envhub.registry").register_gymnasium_envs()
+# gymnasium ids `envhub/<name>`: registered now if gymnasium is loaded, else when it is.
+importlib.import_module("envhub._gymnasium_hook").install()

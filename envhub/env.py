@@ -76,9 +76,10 @@ class Env(gym.Env[list[Message], Action]):
     """Bounds every episode's total reward stays within; ``check_env`` enforces them."""
     pass_threshold: float = 1.0
     """An episode whose reward reaches this counts as solved (for pass@k)."""
-    reference_policy: ClassVar[Callable[..., str] | None] = None
+    reference_policy: Callable[..., str] | None = None
     """A policy ``(messages, tools) -> str`` that solves every task, if the env has one;
-    ``check_env`` verifies that it reaches the top of ``reward_range``."""
+    ``check_env`` verifies that it reaches the top of ``reward_range``. An instance whose
+    settings void the guarantee (fewer turns, say) sets it to ``None``."""
 
     def __init__(self) -> None:
         self.observation_space = MessagesSpace()
@@ -161,6 +162,12 @@ class State:
     metrics: Counter[str] = field(default_factory=Counter)
     errors: list[ErrorRecord] = field(default_factory=list)
     reward_components: dict[str, float] = field(default_factory=dict)
+
+    def truncate(self, reason: str) -> None:
+        """End the episode as truncated (not solved, not failed: cut short) from a reply hook,
+        e.g. when a wrapped simulator hits its own time limit. ``reason`` becomes the
+        trajectory's ``stop_reason``."""
+        self.stop_reason = reason
 
     @property
     def completion(self) -> list[Message]:
@@ -367,11 +374,3 @@ def _as_sequence(dataset: Any) -> Sequence[dict[str, Any]]:
         return dataset if isinstance(dataset, Sequence) else _Sequence(dataset)
     return list(dataset)
 
-
-def _register_with_gymnasium() -> None:
-    from envhub.registry import register_gymnasium_envs
-
-    register_gymnasium_envs()
-
-
-_register_with_gymnasium()

@@ -2,9 +2,8 @@
 
 Envs are found through the ``envhub.envs`` entry-point group (built-in envs are declared there
 too, in envhub's own pyproject), plus anything registered in-process with :func:`register`.
-Every env is also registered with gymnasium as ``envhub/<name>`` (gymnasium 1.x no longer
-loads plugins itself): on ``import envhub`` when gymnasium is already loaded, else when
-``envhub.env`` is first imported, so ``gymnasium.make("envhub/<name>")`` works after either.
+Every env is also registered with gymnasium as ``envhub/<name>`` as soon as both envhub and
+gymnasium are imported, in either order (see ``envhub._gymnasium_hook``).
 """
 
 from __future__ import annotations

@@ -171,7 +171,8 @@ class Trajectory(BaseModel):
     terminated: bool = False
     truncated: bool = False
     stop_reason: str = "terminated"
-    """``terminated``, ``max_turns``, ``max_tokens``, ``length``, ``timeout`` or ``error``."""
+    """``terminated``; truncated by a budget: ``max_turns``, ``max_tokens``, ``max_context``, or
+    an env's own reason (``State.truncate``, e.g. ``env_truncated``); failed: ``timeout``, ``error``."""
     turns: list[TurnRecord] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
     errors: list[ErrorRecord] = Field(default_factory=list)

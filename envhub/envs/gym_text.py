@@ -168,7 +168,7 @@ class GymTextEnv(MultiTurnEnv):
         if terminated:
             state.done = True
         elif truncated:
-            state.stop_reason = "env_truncated"  # TaskEnv reports an episode with a stop reason as truncated
+            state.truncate("env_truncated")
         return [user(self.observation_text(observation, state))]
 
     def on_close(self) -> None:

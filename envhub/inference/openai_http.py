@@ -5,8 +5,8 @@ Two paths:
 - **tokens** (vLLM): the chat template is rendered by the server's ``/tokenize`` endpoint, and
   turns are generated with ``/v1/completions`` from token ids, returning the sampled ids and
   logprobs. The client needs no tokenizer, and what it records is exactly what was sampled.
-- **chat**: ``/v1/chat/completions`` with messages; token ids and logprobs are recorded when the
-  server returns them (vLLM's ``return_token_ids``). Works with any server.
+- **chat**: ``/v1/chat/completions`` with messages and only standard OpenAI fields, so it works
+  with any server, strict hosted APIs included. Text (and logprobs) only: no token record.
 
 ``mode="auto"`` picks tokens when the server has ``/tokenize``. Requests are limited to
 ``max_concurrency`` at a time and retried with backoff on connection errors, 429 and 5xx; a
@@ -89,6 +89,7 @@ class OpenAIEngine(InferenceEngine):
                 raise EngineError(f"{self.root} serves no models")
             self.model = models[0]["id"]
         if self.mode in ("auto", "tokens"):
+            # /tokenize marks a vLLM-style server, which takes token-id prompts.
             tokenizer = ServerChatTokenizer(self)
             supported = await tokenizer.probe()
             if not supported and self.mode == "tokens":
@@ -140,7 +141,6 @@ class OpenAIEngine(InferenceEngine):
         body: dict[str, Any] = {
             "model": self.model,
             "messages": [_wire_message(m) for m in request.messages],
-            "return_token_ids": True,
             **_sampling_body(request.sampling),
         }
         if request.tools:
@@ -202,13 +202,14 @@ class ServerChatTokenizer:
         return self._max_length
 
     async def probe(self) -> bool:
-        """True if the server can tokenise chats; also learns the context length."""
+        """True if the server tokenises chats as vLLM does; also learns the context length.
+        An unreachable server raises; any other failure means "not supported"."""
         try:
             await self.render([Message(role="user", content="hi")], None, True)
-        except EngineError as e:
-            if "404" in str(e) or "405" in str(e):
-                return False
+        except EngineUnavailableError:
             raise
+        except (EngineError, KeyError, TypeError, ValueError):
+            return False
         return True
 
     async def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:

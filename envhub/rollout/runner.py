@@ -265,6 +265,8 @@ class RolloutRunner:
             ep.trace.add_sampled(generation.token_ids, generation.logprobs)
 
     async def _truncate(self, env: Env, ep: _Episode, reason: str) -> None:
+        if ep.trace is not None:  # the env's last reply will never be answered: keep it out
+            ep.trace.trim_to_last_sampled()
         if isinstance(env, TaskEnv) and env.state is not None and env.state.stop_reason is None:
             reward, info = await env.atruncate(reason)
             self._finish(ep, reward, False, True, info)

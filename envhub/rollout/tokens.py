@@ -55,6 +55,15 @@ class TokenTrace:
         self.mask.extend([0] * len(token_ids))
         self.logprobs.extend([0.0] * len(token_ids))
 
+    def trim_to_last_sampled(self) -> None:
+        """Drop context after the last sampled token (an env reply that will never be answered,
+        e.g. when the episode is cut for lack of context). A record without sampled tokens is
+        left as it is."""
+        if 1 not in self.mask:
+            return
+        end = len(self.mask) - self.mask[::-1].index(1)
+        del self.ids[end:], self.mask[end:], self.logprobs[end:]
+
     def extend_to(self, full_prompt: list[int], turn: int) -> bool:
         """Extend to ``full_prompt`` (the prompt of turn ``turn``) if the record is its exact
         prefix; else record drift."""
@@ -82,10 +91,14 @@ async def append_env_turn(
     turn: int,
     stopped_on_eos: bool,
 ) -> None:
-    """Append the env's reply and the next generation prompt to ``trace`` (see module doc)."""
-    full = await tokenizer.render(messages, tools, add_generation_prompt=True)
-    if trace.extend_to(full, turn):
-        return
+    """Append the env's reply and the next generation prompt to ``trace`` (see module doc).
+
+    Drift is recorded once per episode: after the first, the record can no longer be a prefix
+    of any rendering, and every later turn goes straight to the dummy-conversation path."""
+    if not trace.drift:
+        full = await tokenizer.render(messages, tools, add_generation_prompt=True)
+        if trace.extend_to(full, turn):
+            return
     closing = await _turn_closing(tokenizer, tools)
     if stopped_on_eos and closing and trace.ids and closing[0] == trace.ids[-1]:
         closing = closing[1:]

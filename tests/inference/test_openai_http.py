@@ -161,7 +161,7 @@ def test_chat_request_and_vllm_style_chat_response(http_server: Any) -> None:
                 "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 2}'}}],
             },
         ],
-        "return_token_ids": True,
+        # only standard OpenAI fields: strict hosted APIs reject vLLM's extras
         "temperature": 0.7,
         "top_p": 0.9,
         "max_tokens": 64,

@@ -223,7 +223,7 @@ def test_the_envs_token_budget_truncates_and_the_rubric_still_scores() -> None:
     assert [(t.completion_tokens, t.finish_reason) for t in trajectory.turns] == [(10, "stop"), (10, "stop"), (5, "length")]
     assert (trajectory.terminated, trajectory.truncated, trajectory.stop_reason) == (False, True, "max_tokens")
     assert (trajectory.reward, trajectory.reward_components, trajectory.errors) == (0.3, {"turns": 0.3}, [])
-    assert sum(trajectory.loss_mask or []) == 25
+    assert sum(trajectory.loss_mask or []) == 25 and trajectory.loss_mask[-1] == 1
     assert trajectory.metrics["length_stopped_turns"] == 1.0
 
 
@@ -236,6 +236,9 @@ def test_the_context_length_truncates_and_the_rubric_still_scores() -> None:
     assert (trajectory.terminated, trajectory.truncated, trajectory.stop_reason) == (False, True, "max_context")
     assert (trajectory.reward, trajectory.reward_components, trajectory.errors) == (0.1, {"turns": 0.1}, [])
     assert trajectory.messages == [user("q0"), assistant("aaaaa"), user("go on")]
+    # The unanswered reply is not in the token record: it ends on the last sampled token.
+    assert trajectory.token_ids == prompt + list(b"aaaaa") and trajectory.loss_mask == [0] * len(prompt) + [1] * 5
+    assert len(trajectory.token_ids) <= len(prompt) + 5
 
 
 def test_the_turn_budget_is_the_smallest_of_sampling_env_and_context() -> None:

@@ -253,3 +253,19 @@ def test_closing_and_env_part_of_the_byte_template() -> None:
     assert asyncio.run(_turn_closing(tokenizer, tools)) == [IM_END, NL]
     env_part = asyncio.run(_env_part(tokenizer, [tool_message("7", "c1")], tools))
     assert env_part == message("tool", "7") + GEN
+
+
+def test_drift_is_recorded_once_per_episode() -> None:
+    # Three tool calls, each after a thinking block the template later strips: the record stops
+    # being a prefix at the first turn and stays broken, so one drift entry, not one per turn.
+    def policy(messages: list[Message], tools: Any) -> str:
+        calls = sum(m.role == "tool" for m in messages)
+        return THINK + (CALL if calls < 3 else FINAL)
+
+    engine = LoggingEngine(policy, ThinkStrippingTokenizer())
+    trajectory = rollout(engine)
+    assert len(trajectory.turns) == 4 and trajectory.reward == 1.0
+    assert trajectory.token_drift == [DRIFT]
+    sampled = [t for t, m in zip(trajectory.token_ids, trajectory.loss_mask, strict=True) if m]
+    turns = [text(THINK + CALL) + [IM_END]] * 3 + [text(THINK + FINAL) + [IM_END]]
+    assert sampled == [t for turn in turns for t in turn]
