@@ -47,6 +47,6 @@ def doctor_command(
         table.add_row(f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered))
     if findings:
         console.print(table)
-        console.print("[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory")
+        console.print("[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory", soft_wrap=True)
         raise typer.Exit(code=1)
-    console.print(f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)")
+    console.print(f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)", soft_wrap=True)

@@ -87,7 +87,7 @@ def _start_server(model: str):
     server = VLLMServer(path, served_model_name=model)
     with err_console.status(f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"):
         server.start()
-    err_console.print(f"vLLM ready at {server.base_url}")
+    err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
     return server
 
 
@@ -136,7 +136,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     (folder / "summary.json").write_text(summary.model_dump_json(indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
-    console.print(f"results: {folder}")
+    console.print(f"results: {folder}", soft_wrap=True)
     return folder
 
 

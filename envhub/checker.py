@@ -195,26 +195,24 @@ def _check_episodes(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
 
 
 def _check_floor(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
-    low = env.reward_range[0]
-    if not math.isfinite(low):
-        return "no finite floor in reward_range"
-    for seed in seeds:
-        total = _run(env, seed, null_policy, max_steps).total
-        assert math.isclose(total, low, abs_tol=1e-9), f"seed {seed}: the empty answer scored {total}, above the floor {low}"
-    return f"{low}"
+    return _check_policy_total(env, seeds, max_steps, null_policy, env.reward_range[0], "the empty answer", "floor")
 
 
 def _check_reference(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
     policy = getattr(env, "reference_policy", None)
     if policy is None:
         return "no reference policy declared"
-    high = env.reward_range[1]
-    if not math.isfinite(high):
-        return "no finite top in reward_range"
+    return _check_policy_total(env, seeds, max_steps, policy, env.reward_range[1], "the reference policy", "top")
+
+
+def _check_policy_total(env: Env, seeds: tuple[int, ...], max_steps: int, policy: Policy, target: float, who: str, where: str) -> str:
+    """Every seed's episode under ``policy`` totals exactly ``target`` (an end of reward_range)."""
+    if not math.isfinite(target):
+        return f"no finite {where} in reward_range"
     for seed in seeds:
         total = _run(env, seed, policy, max_steps).total
-        assert math.isclose(total, high, abs_tol=1e-9), f"seed {seed}: the reference policy scored {total}, not the top {high}"
-    return f"{high}"
+        assert math.isclose(total, target, abs_tol=1e-9), f"seed {seed}: {who} scored {total}; it must score the {where} of reward_range, {target}"
+    return f"{target}"
 
 
 def _check_close(env: Env) -> str:

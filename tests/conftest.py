@@ -8,6 +8,7 @@ it speak (OpenAI-compatible here), so our real HTTP clients are tested against a
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -76,3 +77,14 @@ def http_server() -> Iterator[Callable[[Handler], Server]]:
         httpd.shutdown()
         httpd.server_close()
 
+
+@pytest.fixture
+def unload():
+    """Undo what loading an env package from its folder (``envhub check FOLDER``) does to
+    ``sys.path`` and ``sys.modules``. Tests add the names of the modules they load; those (and
+    their submodules) are forgotten afterwards."""
+    path, modules = list(sys.path), []
+    yield modules
+    sys.path[:] = path
+    for name in [m for m in sys.modules if m.split(".")[0] in modules]:
+        del sys.modules[name]

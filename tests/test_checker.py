@@ -147,8 +147,8 @@ class PositionalReset(Good):
         (NanReward(), "episodes", "reward must be finite, got nan"),
         (NeverEnds(), "episodes", "episode (seed 0) did not end within 5 steps"),
         (CloseTwiceFails(), "close", "RuntimeError: already closed"),
-        (RewardsSilence(), "null policy at floor", "seed 0: the empty answer scored 1.0, above the floor 0.0"),
-        (WrongReference(), "reference policy at top", "seed 0: the reference policy scored 0.0, not the top 1.0"),
+        (RewardsSilence(), "null policy at floor", "seed 0: the empty answer scored 1.0; it must score the floor of reward_range, 0.0"),
+        (WrongReference(), "reference policy at top", "seed 0: the reference policy scored 0.0; it must score the top of reward_range, 1.0"),
         (BadToolName(), "tool schemas", "tool name 'bad name' must match ^[a-zA-Z0-9_-]{1,64}$"),
         (RepeatedTools(), "tool schemas", "tool names repeat: ['t', 't']"),
         (PositionalReset(), "api", "reset() must take keyword-only `seed`"),
@@ -171,8 +171,8 @@ def test_every_failure_is_reported_at_once() -> None:
     assert str(info.value) == (
         "good fails 3 check(s):\n"
         "  - episodes: seed 0: total reward 2.0 outside reward_range (0.0, 1.0)\n"
-        "  - null policy at floor: seed 0: the empty answer scored 2.0, above the floor 0.0\n"
-        "  - reference policy at top: seed 0: the reference policy scored 2.0, not the top 1.0"
+        "  - null policy at floor: seed 0: the empty answer scored 2.0; it must score the floor of reward_range, 0.0\n"
+        "  - reference policy at top: seed 0: the reference policy scored 2.0; it must score the top of reward_range, 1.0"
     )
 
 

@@ -62,16 +62,6 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {template: create_package(package_name(template), template, root) for template in TEMPLATES}
 
 
-@pytest.fixture
-def unload():
-    """Undo what loading a package from its folder does to ``sys.path`` and ``sys.modules``.
-    Tests add the names of the modules they load; those (and their submodules) are forgotten."""
-    path, modules = list(sys.path), []
-    yield modules
-    sys.path[:] = path
-    for name in [m for m in sys.modules if m.split(".")[0] in modules]:
-        del sys.modules[name]
-
 
 # -- names ------------------------------------------------------------------------------------
 

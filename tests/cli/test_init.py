@@ -25,16 +25,6 @@ def files_of(module: str) -> list[str]:
     return [".gitignore", "README.md", f"{module}/__init__.py", f"{module}/env.py", "pyproject.toml", "tests/test_env.py"]
 
 
-@pytest.fixture
-def unload():
-    """Undo what `envhub check FOLDER` does to ``sys.path`` and ``sys.modules`` in this process.
-    Tests add the names of the modules they load; those (and their submodules) are forgotten."""
-    path, modules = list(sys.path), []
-    yield modules
-    sys.path[:] = path
-    for name in [m for m in sys.modules if m.split(".")[0] in modules]:
-        del sys.modules[name]
-
 
 def envhub_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # A wide terminal: the test is about the message being one line, not about wrapping.
