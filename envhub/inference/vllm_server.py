@@ -26,7 +26,6 @@ import httpx
 from envhub.errors import EngineUnavailableError, MissingDependencyError
 
 
-
 def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
     """Settings for vLLM's CPU build (ignored by GPU builds); the user's environment wins.
 

@@ -1,0 +1,65 @@
+"""``envhub show``: look at saved results: the summary, or one episode turn by turn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("show")(show_command)
+
+
+def show_command(
+    results: Path = typer.Argument(..., help="A results folder written by `envhub eval`, or a trajectories.jsonl file."),
+    episode: int = typer.Option(None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."),
+    worst: bool = typer.Option(False, "--worst", help="Show the lowest-reward episode."),
+) -> None:
+    """Print the summary of saved results, or one episode's conversation with its rewards,
+    tool calls, errors and token counts.
+
+    Examples:
+        envhub show outputs/eval/calculator-smollm2-20261123-091258
+        envhub show outputs/eval/calculator-smollm2-20261123-091258 -e 3
+    """
+    from envhub.cli.console import console
+    from envhub.cli.eval import summary_table
+    from envhub.errors import ConfigError
+    from envhub.evaluation import summarize
+    from envhub.rollout.io import read_trajectories
+
+    file = results / "trajectories.jsonl" if results.is_dir() else results
+    if not file.is_file():
+        raise ConfigError(f"{results} holds no trajectories.jsonl; give a folder written by `envhub eval`")
+    trajectories = read_trajectories(file)
+    if not trajectories:
+        raise ConfigError(f"{file} is empty")
+    if episode is None and not worst:
+        console.print(summary_table(summarize(trajectories), str(file.parent)))
+        return
+    index = min(range(len(trajectories)), key=lambda i: trajectories[i].reward) if worst else episode
+    if not 0 <= index < len(trajectories):
+        raise ConfigError(f"--episode must be 0..{len(trajectories) - 1}")
+    render_episode(console, trajectories[index], index)
+
+
+def render_episode(console, trajectory, index: int) -> None:
+    """One episode: a header line, each message in a panel, then errors and drift."""
+    from rich.panel import Panel
+
+    t = trajectory
+    parts = ", ".join(f"{k} {v:g}" for k, v in t.reward_components.items())
+    console.print(
+        f"[bold]episode {index}[/]: {t.env.name} v{t.env.version} task {t.task_index} sample {t.sample_index} "
+        f"| reward {t.reward:g} ({parts}) | {t.stop_reason} | {len(t.turns)} turns, {t.num_completion_tokens} tokens",
+        soft_wrap=True,
+    )
+    styles = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
+    for m in t.messages:
+        title = m.role + (f" -> {m.name}" if m.name else "") + (f" ({len(m.tool_calls)} tool calls)" if m.tool_calls else "")
+        console.print(Panel(m.content or "", title=title, title_align="left", border_style=styles[m.role]), markup=False)
+    for e in t.errors:
+        console.print(f"[red]error[/] at {e.stage} (turn {e.turn}): {e.type}: {e.message}", soft_wrap=True)
+    for d in t.token_drift:
+        console.print(f"[yellow]token drift[/] at turn {d['turn']}, token {d['position']}", soft_wrap=True)

@@ -1,0 +1,74 @@
+"""`envhub eval` and `envhub show` through the CLI, against a local server speaking the OpenAI
+chat protocol whose answers come from the calculator's reference policy (so rewards are exact).
+The same command against real vLLM is tested in tests/e2e."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from envhub.cli.app import app
+from envhub.cli.eval import choose_tasks, parse_env_args
+from envhub.envs.calculator import CalculatorEnv, reference_policy
+from envhub.errors import ConfigError
+from envhub.rollout.io import read_trajectories
+from envhub.types import Message
+
+runner = CliRunner()
+
+
+def solver(method: str, path: str, body: Any) -> tuple[int, Any]:
+    """A chat server that answers like the reference policy; no /tokenize, so chat mode."""
+    if path == "/v1/models":
+        return 200, {"data": [{"id": "solver"}]}
+    if path == "/v1/chat/completions":
+        messages = [Message.model_validate(m) for m in body["messages"]]
+        text = reference_policy(messages, body.get("tools"))
+        return 200, {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+    return 404, {"error": {"message": f"no route {path}"}}
+
+
+def test_eval_then_show(http_server, tmp_path):
+    server = http_server(solver)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["eval", "calculator", "-u", f"{server.url}/v1", "-n", "3", "-r", "2", "-o", str(out), "-a", "num_tasks=50"])
+    assert result.exit_code == 0, result.output
+    trajectories = read_trajectories(out / "trajectories.jsonl")
+    assert len(trajectories) == 6 and all(t.reward == 1.0 and len(t.turns) == 2 for t in trajectories)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["reward_mean"], summary["pass_at"], summary["tool_validity"]) == (1.0, {"1": 1.0, "2": 1.0}, 1.0)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["model"], config["mode"], config["env_args"]) == ("solver", "chat", {"num_tasks": 50})
+    assert config["tasks"] == choose_tasks(CalculatorEnv(num_tasks=50), 3, 0)
+    assert "pass@2" in result.output and "1.000" in result.output
+
+    shown = runner.invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0 and "6 (3 tasks x 2)" in shown.output
+    episode = runner.invoke(app, ["show", str(out), "-e", "0"])
+    assert episode.exit_code == 0
+    assert f"task {trajectories[0].task_index}" in episode.output and "calculate" in episode.output
+    assert runner.invoke(app, ["show", str(out), "-e", "6"]).exit_code != 0
+
+
+def test_eval_needs_a_server_or_serve():
+    result = runner.invoke(app, ["eval", "calculator"])
+    assert isinstance(result.exception, ConfigError) and "--base-url" in str(result.exception)
+
+
+def test_parse_env_args():
+    assert parse_env_args(["k=1", "name=easy", "flag=true", "xs=[1, 2]", "s=a=b"]) == {
+        "k": 1, "name": "easy", "flag": True, "xs": [1, 2], "s": "a=b",
+    }  # fmt: skip
+    with pytest.raises(ConfigError):
+        parse_env_args(["novalue"])
+
+
+def test_choose_tasks_is_seeded_distinct_and_bounded():
+    env = CalculatorEnv(num_tasks=20)
+    first = choose_tasks(env, 5, seed=1)
+    assert first == choose_tasks(env, 5, seed=1) and len(set(first)) == 5 and first == sorted(first)
+    assert first != choose_tasks(env, 5, seed=2)
+    assert choose_tasks(env, 50, seed=0) == list(range(20))
