@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,11 +22,9 @@ import jsonschema
 
 from envhub.env import Env
 from envhub.errors import EnvCheckError
-from envhub.testing import null_policy
-from envhub.types import Message
-
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-Policy = Callable[[list[Message], Any], str]
+from envhub.testing import Policy, null_policy
+from envhub.tools.tool import TOOL_NAME_PATTERN
+from envhub.types import Message, as_message
 
 
 @dataclass
@@ -100,7 +97,7 @@ def check_env(
 
 
 def _dump(messages: list[Any]) -> list[dict[str, Any]]:
-    return [m.to_openai() if isinstance(m, Message) else Message.model_validate(m).to_openai() for m in messages]
+    return [as_message(m).to_openai() for m in messages]
 
 
 def _check_api(env: Env) -> str:
@@ -132,7 +129,7 @@ def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = Fa
     episode = _Episode([_dump(observation)], [], [])
     env.action_space.seed(seed)
     for _ in range(max_steps):
-        action = env.action_space.sample() if sampled else policy(list(map(_as_message, conversation)), env.tool_schemas)
+        action = env.action_space.sample() if sampled else policy(list(map(as_message, conversation)), env.tool_schemas)
         observation, reward, terminated, truncated, info = env.step(action)
         _check_step_types(env, observation, reward, terminated, truncated, info)
         conversation += [Message(role="assistant", content=action), *observation]
@@ -142,10 +139,6 @@ def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = Fa
         if terminated or truncated:
             return episode
     raise AssertionError(f"episode (seed {seed}) did not end within {max_steps} steps")
-
-
-def _as_message(m: Any) -> Message:
-    return m if isinstance(m, Message) else Message.model_validate(m)
 
 
 def _check_step_types(env: Env, observation: Any, reward: Any, terminated: Any, truncated: Any, info: Any) -> None:
@@ -174,7 +167,7 @@ def _check_tools(env: Env) -> str:
         assert schema.get("type") == "function", f"tool schema type must be 'function': {schema}"
         function = schema.get("function") or {}
         name = function.get("name", "")
-        assert isinstance(name, str) and _TOOL_NAME.fullmatch(name), f"tool name {name!r} must match {_TOOL_NAME.pattern}"
+        assert isinstance(name, str) and TOOL_NAME_PATTERN.fullmatch(name), f"tool name {name!r} must match {TOOL_NAME_PATTERN.pattern}"
         assert isinstance(function.get("description"), str) and function["description"], f"tool {name!r} needs a description"
         parameters = function.get("parameters")
         assert isinstance(parameters, dict) and parameters.get("type") == "object", f"tool {name!r}: parameters must be a JSON object schema"

@@ -38,6 +38,8 @@ class TokenTrace:
     logprobs: list[float] = field(default_factory=list)
     prompt_length: int = 0
     drift: list[dict[str, Any]] = field(default_factory=list)
+    closing: list[int] | None = None
+    """The template's tokens after an assistant turn, once drift has made them needed."""
     valid: bool = True
     """False once the record can no longer be token-exact (chat-level engines after drift)."""
 
@@ -99,7 +101,9 @@ async def append_env_turn(
         full = await tokenizer.render(messages, tools, add_generation_prompt=True)
         if trace.extend_to(full, turn):
             return
-    closing = await _turn_closing(tokenizer, tools)
+    if trace.closing is None:  # same tokenizer and tools all episode: render the dummy once
+        trace.closing = await _turn_closing(tokenizer, tools)
+    closing = trace.closing
     if stopped_on_eos and closing and trace.ids and closing[0] == trace.ids[-1]:
         closing = closing[1:]
     trace.add_context(closing + await _env_part(tokenizer, new_messages, tools))

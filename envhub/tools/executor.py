@@ -84,14 +84,13 @@ class ToolExecutor:
         if tool is None:
             return self._fail(call.id, call.name, UNKNOWN_TOOL, self._unknown_message(call.name))
         try:
-            arguments = _decode_arguments(call)
-            tool.validate(arguments)
+            validated = tool.validate(_decode_arguments(call))
         except ToolArgumentError as e:
             return self._fail(call.id, call.name, INVALID_ARGUMENTS, str(e))
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout
         # Not wait_for: a TimeoutError the tool raises itself (a socket, a subprocess) is the
         # tool's error, not our timeout, and the two must not be confused.
-        task = asyncio.ensure_future(tool.acall(arguments, context))
+        task = asyncio.ensure_future(tool.ainvoke(validated, context))
         try:
             done, _ = await asyncio.wait({task}, timeout=timeout)
         except asyncio.CancelledError:  # the step itself was cancelled: take the call with it

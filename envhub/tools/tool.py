@@ -21,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, Validation
 
 from envhub.errors import ToolDefinitionError
 
-_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+"""What OpenAI accepts as a function name."""
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,11 @@ class Tool:
 
     async def acall(self, arguments: dict[str, Any], context: dict[str, Any] | None = None) -> Any:
         """Validate ``arguments``, add injected ones from ``context``, and run the tool."""
-        kwargs = self.validate(arguments)
-        kwargs.update(self._injected_values(context or {}))
+        return await self.ainvoke(self.validate(arguments), context)
+
+    async def ainvoke(self, validated: dict[str, Any], context: dict[str, Any] | None = None) -> Any:
+        """Run the tool on arguments already returned by :meth:`validate`, plus injected ones."""
+        kwargs = {**validated, **self._injected_values(context or {})}
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
         if self.inline:
@@ -133,8 +137,8 @@ def make_tool(
     if isinstance(fn, Tool):
         return fn
     tool_name = name or fn.__name__
-    if not _NAME_PATTERN.fullmatch(tool_name):
-        raise ToolDefinitionError(f"tool name {tool_name!r} must match {_NAME_PATTERN.pattern}")
+    if not TOOL_NAME_PATTERN.fullmatch(tool_name):
+        raise ToolDefinitionError(f"tool name {tool_name!r} must match {TOOL_NAME_PATTERN.pattern}")
     doc = docstring_parser.parse(inspect.getdoc(fn) or "")
     arg_docs = {p.arg_name: p.description for p in doc.params}
     fields, injected = _fields_from_signature(fn, tool_name, arg_docs)

@@ -167,8 +167,8 @@ def test_a_sync_tool_hanging_past_its_timeout_returns_promptly() -> None:
     assert elapsed < 1.0
 
 
-def test_an_async_tool_past_its_timeout_is_cancelled() -> None:
-    cancelled = []
+def cancellable_sleeper(cancelled: list[bool]):
+    """An async tool that sleeps 10 s and notes in ``cancelled`` when it is cancelled."""
 
     @tool
     async def sleepy() -> str:
@@ -179,6 +179,13 @@ def test_an_async_tool_past_its_timeout_is_cancelled() -> None:
             cancelled.append(True)
             raise
         return "late"
+
+    return sleepy
+
+
+def test_an_async_tool_past_its_timeout_is_cancelled() -> None:
+    cancelled: list[bool] = []
+    sleepy = cancellable_sleeper(cancelled)
 
     async def main() -> tuple[list[ToolOutcome], float]:
         started = time.perf_counter()
@@ -194,17 +201,8 @@ def test_an_async_tool_past_its_timeout_is_cancelled() -> None:
 
 
 def test_cancelling_the_turn_cancels_the_running_tool() -> None:
-    cancelled = []
-
-    @tool
-    async def sleepy() -> str:
-        """Sleeps."""
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            cancelled.append(True)
-            raise
-        return "late"
+    cancelled: list[bool] = []
+    sleepy = cancellable_sleeper(cancelled)
 
     async def main() -> None:
         run = ToolExecutor({"sleepy": sleepy}).run(ParsedTurn("", [ToolCall.make("c1", "sleepy", {})]))
