@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from envhub.cli import check, doctor, eval, init, list, show
+from envhub.cli import check, doctor, eval, init, install, list, push, search, show, train
 
 app = typer.Typer(
     name="envhub",
@@ -17,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (init, list, check, eval, show, doctor):
+for module in (init, list, check, eval, show, doctor, train, push, install, search):
     module.register(app)
 
 

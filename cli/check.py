@@ -14,13 +14,20 @@ def register(app: typer.Typer) -> None:
 def check_command(
     target: str = typer.Argument(..., help="An env package folder, or the name of an installed env."),
     seeds: int = typer.Option(3, help="Seeds to check each env with."),
+    tests: bool = typer.Option(True, "--tests/--no-tests", help="Also run a package folder's own tests."),
 ) -> None:
     """Check that envs honour the env contract (determinism, schemas, rewards, budgets, close).
+
+    A package folder also passes the push gates: metadata, entry points, version, no answer
+    leak in prompts, and its own tests (what `envhub push` runs and puts on the Hub card).
 
     Examples:
         envhub check ./my-env
         envhub check calculator
     """
+    if Path(target).is_dir():
+        _check_package(Path(target), seeds, tests)
+        return
     from rich.table import Table
 
     from envhub.checker import check_env
@@ -52,3 +59,20 @@ def _construct(name: str, spec):
         return factory()
     except Exception as e:
         raise EnvLoadError(f"env {name!r} cannot be constructed without arguments: {type(e).__name__}: {e}") from e
+
+
+def _check_package(path: Path, seeds: int, tests: bool) -> None:
+    from rich.table import Table
+
+    from envhub.cli.console import console
+    from envhub.package_check import check_package
+
+    report = check_package(path, seeds=seeds, run_tests=tests)
+    table = Table(title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/] (version {report.version})", title_justify="left")
+    for column in ("gate", "result", "detail"):
+        table.add_column(column, overflow="fold")
+    for r in report.results:
+        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
+    console.print(table)
+    if not report.passed:
+        raise typer.Exit(code=1)

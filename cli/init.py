@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
 
 def init_command(
     name: str = typer.Argument(..., help="Package and env name: lowercase letters, digits and hyphens, e.g. my-env."),
-    template: str = typer.Option("single-turn", "--template", "-t", help="single-turn | multi-turn | tool."),
+    template: str = typer.Option("single-turn", "--template", "-t", help="single-turn | multi-turn | tool | code."),
     directory: Path = typer.Option(None, "--dir", help="Folder to create the package in (default: the current folder)."),
     force: bool = typer.Option(False, "--force", help="Write into an existing, non-empty folder: replace the template's files, keep the others."),
 ) -> None:

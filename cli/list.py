@@ -9,12 +9,20 @@ def register(app: typer.Typer) -> None:
     app.command("list")(list_command)
 
 
-def list_command() -> None:
+def list_command(
+    hub: bool = typer.Option(False, "--hub", help="List env packages on the Hub instead (repos tagged envhub)."),
+) -> None:
     """List installed envs: name, kind, tools, version and where each comes from.
 
     Examples:
         envhub list
+        envhub list --hub
     """
+    if hub:
+        from envhub.cli.search import print_hub_packages
+
+        print_hub_packages(None, None, 100, None)
+        return
     from rich.table import Table
 
     from envhub.cli.console import console

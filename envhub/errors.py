@@ -9,6 +9,14 @@
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
     ├── EngineError                  an inference engine failed
     │   └── EngineUnavailableError   the server is unreachable or died (after retries)
+    ├── SandboxError                 a sandbox failed to run code (not the code failing in it)
+    │   └── SandboxUnavailableError  no sandbox can run here: no bwrap, no user namespaces, no e2b
+    ├── HubError                     the Hub refused or failed a push, pull or install
+    │   ├── HubAuthError             no token, or a token the Hub rejects, for a private or own repo
+    │   ├── HubNotFoundError         no such repo or version (private repos look missing without a token)
+    │   ├── VersionConflictError     a version is already published with other content
+    │   └── PackageIntegrityError    a download does not match its recorded hashes, or is no env package
+    ├── CheckpointError              a checkpoint is missing, incomplete or corrupt; says what to do
     └── MissingDependencyError       an optional extra is needed; says what to install
 
 Errors raised *inside user code* (an env's step, a tool, a reward function) while rolling out
@@ -56,6 +64,38 @@ class EngineError(EnvhubError):
 
 class EngineUnavailableError(EngineError):
     """The inference server could not be reached, even after retries."""
+
+
+class SandboxError(EnvhubError):
+    """The sandbox itself failed; code that fails inside a sandbox is a result, not an error."""
+
+
+class SandboxUnavailableError(SandboxError):
+    """No sandbox of the requested kind can run on this machine (the message says how to get one)."""
+
+
+class CheckpointError(EnvhubError):
+    """A checkpoint cannot be used: missing, interrupted mid-save, corrupt, or from another model."""
+
+
+class HubError(EnvhubError):
+    """A Hub operation (push, pull, install, search) failed."""
+
+
+class HubAuthError(HubError):
+    """The Hub needs a token that was not given, or rejected the one given."""
+
+
+class HubNotFoundError(HubError, EnvNotFoundError):
+    """No such repo or version on the Hub (a private repo looks missing without its token)."""
+
+
+class VersionConflictError(HubError):
+    """The version is already published with different content; bump the version."""
+
+
+class PackageIntegrityError(HubError):
+    """Downloaded files do not match the hashes recorded at push time or in the lock file."""
 
 
 class MissingDependencyError(EnvhubError, ImportError):

@@ -109,10 +109,19 @@ def get_spec(name: str) -> EnvSpec:
 def make(name: str, **kwargs: Any) -> Any:
     """Construct the env registered as ``name`` with ``kwargs``.
 
+    ``name`` may be a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
+    a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
+    installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
+
     Raises:
         EnvNotFoundError: No such env (the message suggests close names).
         EnvLoadError: The env's package is broken or rejects the arguments.
     """
+    if "/" in name and name not in list_envs():
+        # The Hub client loads only when a Hub env is asked for.
+        from envhub.hub.load import make_from_hub
+
+        return make_from_hub(name, **kwargs)
     spec = get_spec(name)
     factory = spec.load()
     _check_kwargs(name, factory, kwargs)

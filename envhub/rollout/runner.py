@@ -373,7 +373,11 @@ class RolloutRunner:
             self._pool.put_nowait(None)
             raise
         self._created.append(env)
-        self._env_ref = self._env_ref or env.ref
+        if self._env_ref is None:
+            # With the commit its package was installed from, when it came from the Hub.
+            from envhub.hub.provenance import env_ref
+
+            self._env_ref = env_ref(env)
         return env
 
     def _release(self, env: Env, healthy: bool) -> None:

@@ -100,7 +100,7 @@ def test_help_lists_every_template_and_ends_with_examples():
         ),
         (
             ["init", "my-env", "--template", "tol"],
-            "error: unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool",
+            f"error: unknown template 'tol'. Did you mean 'tool'? Templates: {', '.join(TEMPLATES)}",
         ),
     ],
     ids=["bad-name", "unknown-template"],

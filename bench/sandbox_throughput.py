@@ -1,0 +1,100 @@
+"""Sandbox throughput and latency: executions/s and p50/p99 of ``print(1)`` and of a 10-case
+unit-test reward, sequential and with concurrency 2/8/32: the local bubblewrap sandbox, and the
+e2b backend through the real e2b SDK to envhub's local envd on 127.0.0.1 (which runs each
+command in the local sandbox, so its rows are the local ones plus the SDK and RPC), against a
+bare ``python3 -c`` on the host (the limit: no sandbox at all).
+
+    .venv/bin/python bench/sandbox_throughput.py [--runs 64] [--no-e2b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+
+from envhub.rewards.code import run_tests
+from envhub.sandbox import Limits, LocalSandbox, Sandbox
+
+ADD = "def add(a, b):\n    return a + b\n"
+CASES = [{"fn": "add", "args": [i, i], "expected": 2 * i} for i in range(5)] + [
+    f"assert add({i}, 1) == {i + 1}" for i in range(5)
+]
+
+
+async def bare_print() -> None:
+    # The interpreter the sandbox runs (a `python3` on PATH may be a slow pyenv shim).
+    proc = await asyncio.create_subprocess_exec(
+        "/usr/bin/python3", "-c", "print(1)", stdout=asyncio.subprocess.PIPE
+    )
+    await proc.communicate()
+
+
+async def measure(
+    job: Callable[[], Awaitable[object]], runs: int, concurrency: int
+) -> tuple[float, float, float]:
+    """(executions/s, p50 ms, p99 ms) of ``runs`` calls, ``concurrency`` at a time."""
+    latencies: list[float] = []
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one() -> None:
+        async with gate:
+            started = time.perf_counter()
+            await job()
+            latencies.append(time.perf_counter() - started)
+
+    await job()  # warm-up
+    started = time.perf_counter()
+    await asyncio.gather(*[one() for _ in range(runs)])
+    elapsed = time.perf_counter() - started
+    cuts = statistics.quantiles(latencies, n=100)
+    return runs / elapsed, 1000 * statistics.median(latencies), 1000 * cuts[98]
+
+
+def jobs_for(name: str, box: Sandbox) -> dict[str, Callable[[], Awaitable[object]]]:
+    async def printed() -> None:
+        result = await box.arun_python("print(1)")
+        assert result.stdout == "1\n", result
+
+    async def unit_tests() -> None:
+        report = await run_tests(box, ADD, CASES, timeout=5)
+        assert report.pass_rate == 1.0, report
+
+    return {f"{name} print(1)": printed, f"{name} 10-case reward": unit_tests}
+
+
+async def main(runs: int, e2b: bool) -> None:
+    local = LocalSandbox(Limits(wall_time=30), max_concurrency=32)
+    jobs: dict[str, Callable[[], Awaitable[object]]] = {
+        "host python -c print(1)": bare_print,
+        **jobs_for("local", local),
+    }
+    envd = contextlib.ExitStack()
+    if e2b:
+        from envhub.sandbox.e2b import E2BSandbox
+        from envhub.sandbox.envd_local import local_envd_process
+
+        url = envd.enter_context(local_envd_process())
+        remote = E2BSandbox(Limits(wall_time=30), debug=True, sandbox_url=url, http_version="1.1")
+        jobs.update(jobs_for("e2b->envd", remote))
+    print(f"{'what':26} {'conc':>4} {'exec/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    try:
+        for name, job in jobs.items():
+            for concurrency in (1, 2, 8, 32):
+                rate, p50, p99 = await measure(job, runs, concurrency)
+                print(
+                    f"{name:26} {concurrency:>4} {rate:>8.1f} {p50:>8.1f} {p99:>8.1f}", flush=True
+                )
+    finally:
+        envd.close()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=64)
+    parser.add_argument("--no-e2b", action="store_true", help="skip the e2b rows")
+    args = parser.parse_args()
+    asyncio.run(main(args.runs, not args.no_e2b))

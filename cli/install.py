@@ -1,0 +1,102 @@
+"""``envhub install`` and ``envhub pull``: env packages from the Hub, pinned to a commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command("install")(install_command)
+    app.command("pull")(pull_command)
+
+
+def install_command(
+    reference: str = typer.Argument(
+        None, help="owner/name[@version|@revision]; none: everything in the lock file."
+    ),
+    trust: bool = typer.Option(
+        False, "--trust", help="Install without asking (the package's code will run)."
+    ),
+    lock: Path = typer.Option(
+        Path("envhub.lock"), "--lock", help="Lock file to record the pin in, or to install from."
+    ),
+    offline: bool = typer.Option(
+        False, "--offline", help="pip uses only what is installed (no index, no build isolation)."
+    ),
+    python: str = typer.Option(
+        None, "--python", help="Interpreter to install for (default: this one)."
+    ),
+    token: str = typer.Option(
+        None, "--token", envvar="HF_TOKEN", help="Hub token (private repos)."
+    ),
+) -> None:
+    """Resolve to an exact commit, download, verify the hashes, install, and pin in envhub.lock.
+
+    Examples:
+        envhub install someone/capital-cities@0.1.0
+        envhub install someone/capital-cities --trust
+        envhub install            # everything envhub.lock pins, at the locked commits
+    """
+    import sys
+
+    from envhub.cli.console import console
+    from envhub.hub.install import install, install_locked
+
+    def confirm(plan: str) -> bool:
+        if not sys.stdin.isatty():
+            return False  # nobody to ask; the error shows the plan and says to pass --trust
+        console.print(plan, highlight=False, soft_wrap=True)
+        return typer.confirm("Install it?", default=False)
+
+    kwargs = {
+        "trust": trust,
+        "confirm": confirm,
+        "python": python,
+        "offline": offline,
+        "token": token,
+    }
+    results = (
+        [install(reference, lock_file=lock, **kwargs)]
+        if reference
+        else install_locked(lock, **kwargs)
+    )
+    for result in results:
+        e = result.entry
+        state = "already installed" if result.skipped_pip else "installed"
+        console.print(
+            f"{e.repo_id} {e.version} {state}: commit {e.commit}, envs {', '.join(result.envs)}",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if reference:
+        console.print(f"pinned in {lock}", highlight=False)
+
+
+def pull_command(
+    reference: str = typer.Argument(..., help="owner/name[@version|@revision]."),
+    show_versions: bool = typer.Option(
+        False, "--list", help="List the published versions instead."
+    ),
+    token: str = typer.Option(
+        None, "--token", envvar="HF_TOKEN", help="Hub token (private repos)."
+    ),
+) -> None:
+    """Download and verify a package without installing it; print where it is.
+
+    Examples:
+        envhub pull someone/capital-cities@0.1.0
+        envhub pull someone/capital-cities --list
+    """
+    from envhub.cli.console import console
+    from envhub.hub.client import parse_ref
+    from envhub.hub.install import list_versions, pull
+
+    if show_versions:
+        for version, commit in sorted(list_versions(parse_ref(reference).repo_id, token).items()):
+            console.print(f"{version}  {commit}", highlight=False)
+        return
+    pulled = pull(reference, token=token)
+    console.print(pulled.plan(), highlight=False, soft_wrap=True)
+    console.print(str(pulled.folder), highlight=False, soft_wrap=True)

@@ -1,0 +1,206 @@
+"""``envhub push``: publish an env package version on the Hub.
+
+A version is published in two steps: one commit holding every file (the Hub applies a commit
+whole or not at all), then a tag named after the version on that commit. Only a tag makes a
+version installable, so a push that fails in between leaves no half-published version; pushing
+again finds the commit on ``main`` with the same content and only adds the tag.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envhub.errors import ConfigError, EnvCheckError, VersionConflictError
+from envhub.hub import client
+from envhub.hub.card import render_card
+from envhub.hub.files import CARD, MANIFEST, Selection, build_manifest, file_hashes, select_files
+from envhub.package import package_env_specs, read_pyproject
+
+
+@dataclass
+class PushResult:
+    """What a push did."""
+
+    repo_id: str
+    version: str
+    commit: str
+    """The commit the version tag points at."""
+    content_hash: str
+    uploaded: list[str] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    """(path, reason) of what was left out."""
+    status: str = "published"
+    """``published``, ``tagged`` (the commit was already there) or ``unchanged`` (already published)."""
+    check_passed: bool | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{client.endpoint()}/{self.repo_id}/tree/{self.version}"
+
+
+def push(
+    path: str | Path = ".",
+    repo_id: str | None = None,
+    *,
+    private: bool = False,
+    version: str | None = None,
+    token: str | None = None,
+    check: bool = True,
+    run_tests: bool = True,
+) -> PushResult:
+    """Check the package at ``path``, upload it and tag the version.
+
+    Args:
+        path: The package folder.
+        repo_id: ``owner/name`` (default: the token's user / the package name).
+        private: Create the repo private (an existing repo keeps its visibility).
+        version: The version to publish; must equal pyproject's (default: pyproject's).
+        token: A Hub write token (default: ``HF_TOKEN`` or the saved login).
+        check: Run the package gates first and refuse to push when one fails.
+        run_tests: Include the package's own tests in the gates.
+
+    Raises:
+        EnvCheckError: A gate failed.
+        VersionConflictError: The version exists with different content.
+        HubAuthError, HubError: No or a rejected token; the Hub failed.
+    """
+    root = Path(path).resolve()
+    project = read_pyproject(root).get("project", {})
+    name, package_version = str(project.get("name", "")), str(project.get("version", ""))
+    if version is not None and version != package_version:
+        raise ConfigError(
+            f"--version {version} differs from pyproject.toml's version {package_version}; bump the version there"
+        )
+    report = _gate(root, check, run_tests)
+    token = client.require_token(token, "envhub push")
+    api = client.api(token)
+    if repo_id is None:
+        with client.hub_errors("who am I", "-"):
+            repo_id = f"{api.whoami()['name']}/{name}"
+    client.parse_ref(repo_id)
+    envs = {n: s.target_path for n, s in package_env_specs(root).items()}
+    selection = select_files(root)
+    with tempfile.TemporaryDirectory(prefix="envhub-push-") as tmp:
+        staging = Path(tmp)
+        manifest = _stage(root, staging, selection, repo_id, package_version, envs, report, project)
+        return _publish(api, staging, manifest, repo_id, private, selection, report)
+
+
+def _gate(root: Path, check: bool, run_tests: bool) -> Any:
+    if not check:
+        return None
+    from envhub.package_check import check_package
+
+    report = check_package(root, run_tests=run_tests)
+    if not report.passed:
+        lines = "\n".join(f"  - {r.name}: {r.detail}" for r in report.failures)
+        raise EnvCheckError(
+            f"not pushed: {report.name} fails {len(report.failures)} gate(s):\n{lines}"
+        )
+    return report
+
+
+def _stage(
+    root: Path,
+    staging: Path,
+    selection: Selection,
+    repo_id: str,
+    version: str,
+    envs: dict[str, str],
+    report: Any,
+    project: dict[str, Any],
+) -> dict[str, Any]:
+    """Copy the selected files to ``staging`` with the card and the manifest; return the manifest."""
+    for name in selection.files:
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / name, staging / name)
+    readme = (root / CARD).read_text(encoding="utf-8") if (root / CARD).is_file() else ""
+    card = render_card(readme, repo_id=repo_id, version=version, envs=envs, description=str(project.get("description", "")),
+                       report_markdown=report.to_markdown() if report else None)  # fmt: skip
+    (staging / CARD).write_text(card, encoding="utf-8")
+    files = sorted({*selection.files, CARD})
+    manifest = build_manifest(
+        str(project["name"]),
+        version,
+        envs,
+        file_hashes(staging, files),
+        report.to_dict() if report else {"skipped": True},
+    )
+    (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    return manifest
+
+
+def _publish(
+    api: Any,
+    staging: Path,
+    manifest: dict[str, Any],
+    repo_id: str,
+    private: bool,
+    selection: Selection,
+    report: Any,
+) -> PushResult:
+    version, digest = manifest["version"], manifest["content_hash"]
+    result = PushResult(repo_id, version, "", digest, sorted([*manifest["files"], MANIFEST]), selection.skipped,
+                        check_passed=report.passed if report else None)  # fmt: skip
+    refs = _refs_creating_repo(api, repo_id, private)
+    tags = {t.name: t.target_commit for t in refs.tags}
+    head = next(b.target_commit for b in refs.branches if b.name == "main")
+    if version in tags:
+        published = remote_manifest(api, repo_id, tags[version])
+        if (published or {}).get("content_hash") != digest:
+            raise VersionConflictError(
+                f"{repo_id}@{version} is already published with other content "
+                f"({(published or {}).get('content_hash', 'no envhub manifest')} != {digest}); bump the version in pyproject.toml"
+            )
+        result.commit, result.status = tags[version], "unchanged"
+        return result
+    on_main = remote_manifest(api, repo_id, head)
+    if on_main and (on_main.get("version"), on_main.get("content_hash")) == (version, digest):
+        result.commit, result.status = (
+            head,
+            "tagged",
+        )  # an earlier push committed, then failed to tag
+    else:
+        with client.hub_errors("upload", repo_id):
+            info = api.upload_folder(repo_id=repo_id, folder_path=staging, repo_type=client.REPO_TYPE, parent_commit=head,
+                                     commit_message=f"envhub push {manifest['name']} {version}", delete_patterns=["*", "**/*"])  # fmt: skip
+        result.commit = info.oid
+    with client.hub_errors("tag", repo_id):
+        api.create_tag(
+            repo_id,
+            tag=version,
+            revision=result.commit,
+            repo_type=client.REPO_TYPE,
+            tag_message=f"{manifest['name']} {version} {digest}",
+        )
+    return result
+
+
+def _refs_creating_repo(api: Any, repo_id: str, private: bool) -> Any:
+    """The repo's branches and tags; the repo is created first when it does not exist yet."""
+    from huggingface_hub import errors
+
+    with client.hub_errors("push", repo_id):
+        try:
+            return api.list_repo_refs(repo_id, repo_type=client.REPO_TYPE)
+        except errors.RepositoryNotFoundError:
+            api.create_repo(repo_id, repo_type=client.REPO_TYPE, private=private)
+            return api.list_repo_refs(repo_id, repo_type=client.REPO_TYPE)
+
+
+def remote_manifest(api: Any, repo_id: str, revision: str) -> dict[str, Any] | None:
+    """The ``envhub.json`` of ``repo_id`` at ``revision``, or ``None`` when it has none."""
+    from huggingface_hub import errors, hf_hub_download
+
+    with client.hub_errors("read the manifest", repo_id, revision):
+        try:
+            path = hf_hub_download(repo_id, MANIFEST, revision=revision, repo_type=client.REPO_TYPE, endpoint=api.endpoint,
+                                   token=api.token, cache_dir=tempfile.gettempdir() + "/envhub-manifests")  # fmt: skip
+        except errors.EntryNotFoundError:
+            return None
+    return json.loads(Path(path).read_text(encoding="utf-8"))

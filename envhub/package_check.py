@@ -1,0 +1,207 @@
+"""Gates an env package passes before it is pushed: ``envhub check PACKAGE`` and ``envhub push``.
+
+Each gate really runs; a failure in one does not hide the others.
+
+- **metadata**: pyproject names the package, gives a valid version and a description; README exists.
+- **entry points**: every ``envhub.envs`` entry point imports and constructs without arguments.
+- **version**: every env's ``version`` equals the package version (``owner/name@VERSION`` means one thing).
+- **contract**: :func:`envhub.check_env` on every env (determinism, schemas, finite rewards inside
+  ``reward_range``, the empty reply at the floor, the reference policy at the top, close).
+- **no answer leak**: the task's answer does not appear in the prompt. An answer can show up in a
+  prompt by coincidence ("what is 5 times 1?"), a leak shows up everywhere, so the gate fails when
+  the answer appears in at least half of the prompts checked (answers shorter than 2 characters
+  are not checked, they would match everywhere).
+- **package tests**: the package's own ``tests/`` run with pytest in a subprocess, with the
+  current interpreter, from the package folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envhub.checker import CheckResult, check_env
+from envhub.package import package_env_specs, read_pyproject
+
+LEAK_TASKS = 20
+"""Tasks per env the answer-leak gate looks at."""
+TEST_TIMEOUT = 600.0
+
+
+@dataclass
+class PackageReport:
+    """What :func:`check_package` found."""
+
+    name: str
+    version: str
+    results: list[CheckResult] = field(default_factory=list)
+    envs: dict[str, str] = field(default_factory=dict)
+    """Env name -> entry point target."""
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    @property
+    def failures(self) -> list[CheckResult]:
+        return [r for r in self.results if not r.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "results": [
+                {"check": r.name, "passed": r.passed, "detail": r.detail} for r in self.results
+            ],
+        }
+
+    def to_markdown(self) -> str:
+        """The report as the table that goes onto the Hub card."""
+        rows = "\n".join(
+            f"| {r.name} | {'pass' if r.passed else 'FAIL'} | {_cell(r.detail)} |"
+            for r in self.results
+        )
+        verdict = "passed every gate" if self.passed else f"failed {len(self.failures)} gate(s)"
+        return f"`envhub check` {verdict}:\n\n| gate | result | detail |\n|---|---|---|\n{rows}\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")[:300]
+
+
+def check_package(path: str | Path, *, seeds: int = 3, run_tests: bool = True) -> PackageReport:
+    """Run every gate on the package at ``path``.
+
+    Args:
+        path: The package folder (with its pyproject.toml).
+        seeds: Seeds for the env contract checks.
+        run_tests: Run the package's own tests (a subprocess; the slowest gate).
+    """
+    root = Path(path).resolve()
+    project = read_pyproject(root).get("project", {})
+    report = PackageReport(str(project.get("name", "")), str(project.get("version", "")))
+    report.results.append(_gate("metadata", lambda: _metadata(root, project)))
+    envs: dict[str, Any] = {}
+    report.results.append(_gate("entry points", lambda: _entry_points(root, envs, report)))
+    for name, env in envs.items():
+        report.results.append(
+            _gate(f"{name}: version", lambda env=env: _version(env, report.version))
+        )
+        for result in check_env(env, seeds=tuple(range(seeds)), raise_on_failure=False).results:
+            report.results.append(
+                CheckResult(f"{name}: {result.name}", result.passed, result.detail)
+            )
+        report.results.append(
+            _gate(f"{name}: no answer leak", lambda name=name: _no_leak(envs, name))
+        )
+    if run_tests:
+        report.results.append(_gate("package tests", lambda: run_package_tests(root)))
+    return report
+
+
+def _gate(name: str, gate: Callable[[], str]) -> CheckResult:
+    try:
+        return CheckResult(name, True, gate())
+    except Exception as e:  # each gate reports on its own
+        return CheckResult(
+            name, False, str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
+        )
+
+
+def _metadata(root: Path, project: dict[str, Any]) -> str:
+    from packaging.version import InvalidVersion, Version
+
+    assert project.get("name"), "pyproject.toml has no [project] name"
+    try:
+        Version(str(project.get("version", "")))
+    except InvalidVersion:
+        raise AssertionError(
+            f"pyproject.toml version {project.get('version')!r} is not a valid version (e.g. 0.1.0)"
+        ) from None
+    assert project.get("description"), "pyproject.toml has no description; the Hub card shows it"
+    assert (root / "README.md").is_file(), "README.md is missing; it becomes the Hub card"
+    return f"{project['name']} {project['version']}"
+
+
+def _entry_points(root: Path, envs: dict[str, Any], report: PackageReport) -> str:
+    specs = package_env_specs(root)
+    _forget_modules({spec.target_path.partition(":")[0].split(".")[0] for spec in specs.values()})
+    for name, spec in specs.items():
+        report.envs[name] = spec.target_path
+        factory = spec.load()
+        try:
+            envs[name] = factory()
+        except Exception as e:
+            raise AssertionError(
+                f"env {name!r} ({spec.target_path}) cannot be constructed without arguments: {type(e).__name__}: {e}"
+            ) from e
+    return ", ".join(f"{n} = {t}" for n, t in report.envs.items())
+
+
+def _forget_modules(tops: set[str]) -> None:
+    """Drop already imported modules of the package, so the check sees the files as they are now
+    (a second check or push in the same process would otherwise check the first one's code)."""
+    for module in [m for m in sys.modules if m.split(".")[0] in tops]:
+        del sys.modules[module]
+
+
+def _version(env: Any, version: str) -> str:
+    assert str(env.version) == version, (
+        f"{type(env).__name__}.version is {env.version!r} but pyproject.toml says {version!r}; make them agree"
+    )
+    return version
+
+
+def _no_leak(envs: dict[str, Any], name: str) -> str:
+    from envhub.types import as_message
+
+    env = envs[name]
+    dataset = getattr(env, "dataset", None)
+    if dataset is None:
+        return "no dataset to check"
+    checked = leaks = 0
+    example = ""
+    for index in range(min(len(dataset), LEAK_TASKS)):
+        observation, _ = env.reset(seed=index, options={"task_index": index})
+        answer = str(getattr(getattr(env, "state", None), "answer", None) or "").strip()
+        if len(answer) < 2:
+            continue
+        prompt = "\n".join(str(as_message(m).content or "") for m in observation)
+        checked += 1
+        if re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", prompt, re.IGNORECASE):
+            leaks += 1
+            example = example or f"task {index}: answer {answer!r}"
+    assert checked == 0 or leaks * 2 < checked, (
+        f"the answer appears in {leaks} of {checked} prompts ({example})"
+    )
+    return f"{checked} prompts checked, answer in {leaks}" if checked else "no answers to check"
+
+
+def run_package_tests(root: Path, timeout: float = TEST_TIMEOUT) -> str:
+    """Run the package's ``tests/`` with pytest, in a subprocess of this interpreter."""
+    tests = root / "tests"
+    assert tests.is_dir(), "the package has no tests/ folder; add tests (envhub init writes some)"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep
+        ),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]
+    try:
+        done = subprocess.run(
+            command, cwd=root, env=env, capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"the package tests did not finish within {timeout:.0f} s") from None
+    lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
+    summary = lines[-1] if lines else done.stderr.strip()[-300:]
+    assert done.returncode == 0, f"pytest exited {done.returncode}: {summary}"
+    return re.sub(r" in [0-9.]+s\b", "", summary).strip(
+        "= "
+    )  # the card should not change with the timing

@@ -1,0 +1,214 @@
+"""The e2b backend: runs in an e2b micro-VM through the official ``e2b`` SDK.
+
+One VM serves many runs: it is created on first use (``Sandbox.create``, network off unless
+``Limits.network``) and killed by :meth:`E2BSandbox.aclose`. Each run gets a fresh folder,
+its stdin from a file that is deleted before the command starts, and the same rlimits as the
+local backend through ``prlimit``; the wall time, output limit and stop reasons are enforced
+here, on the host, exactly as for the local backend.
+
+Differences from the local backend: runs share one VM (each in its own folder, as the VM's
+unprivileged user), so isolation *between runs* is weaker; ``disk_mb`` is not enforced (only
+``file_size_mb`` per file); the VM's own isolation replaces bubblewrap's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shlex
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from envhub.errors import MissingDependencyError, SandboxError
+from envhub.sandbox.base import (
+    Command,
+    ExecResult,
+    Files,
+    Limits,
+    Sandbox,
+    as_argv,
+    as_bytes,
+    check_relative,
+    classify_exit,
+)
+
+RUN_ROOT = "/tmp/envhub-runs"
+
+
+class E2BSandbox(Sandbox):
+    """Runs commands in an e2b micro-VM.
+
+    Args:
+        limits: Default limits of every run.
+        template: e2b template of the VM (default: e2b's base template).
+        api_key: e2b API key (default: ``E2B_API_KEY``).
+        api_url, sandbox_url, domain, debug, http_version: Where and how the SDK connects (see
+            e2b's docs; tests point them at :class:`~envhub.sandbox.envd_local.LocalEnvd`).
+        envd_port: Shorthand for ``sandbox_url=http://127.0.0.1:<port>``.
+        python: The Python inside the VM.
+    """
+
+    backend = "e2b"
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        template: str | None = None,
+        api_key: str | None = None,
+        api_url: str | None = None,
+        sandbox_url: str | None = None,
+        domain: str | None = None,
+        debug: bool | None = None,
+        envd_port: int | None = None,
+        http_version: str | None = None,
+        python: str = "python3",
+    ) -> None:
+        super().__init__(limits, python=python)
+        try:
+            import e2b  # noqa: F401  (fail now, not at the first run)
+        except ImportError as e:
+            raise MissingDependencyError.for_extra("e2b", "e2b") from e
+        self.template = template
+        options = {
+            "api_key": api_key,
+            "api_url": api_url,
+            "sandbox_url": sandbox_url,
+            "domain": domain,
+            "debug": debug,
+            "http_version": http_version,
+        }
+        self.connection = {k: v for k, v in options.items() if v is not None}
+        if sandbox_url is None and envd_port is not None:
+            self.connection["sandbox_url"] = f"http://127.0.0.1:{envd_port}"
+        self._vm: Any = None
+        self._lock: asyncio.Lock | None = None
+
+    async def _sandbox(self, network: bool) -> Any:
+        if self._vm is None:
+            from e2b import AsyncSandbox
+
+            try:
+                self._vm = await AsyncSandbox.create(
+                    self.template, allow_internet_access=network, **self.connection
+                )
+            except Exception as e:
+                raise SandboxError(f"cannot create an e2b sandbox: {type(e).__name__}: {e}") from e
+        return self._vm
+
+    async def arun(
+        self,
+        command: Command,
+        *,
+        stdin: str | bytes | None = None,
+        files: Files | None = None,
+        output_files: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        limits = limits or self.limits
+        argv = as_argv(command)
+        inputs = {check_relative(p): as_bytes(d) for p, d in (files or {}).items()}
+        wanted = [check_relative(p) for p in output_files]
+        vm = await self._sandbox(limits.network)
+        folder = f"{RUN_ROOT}/{uuid.uuid4().hex}"
+        try:
+            await _write(vm, folder, {**inputs, ".stdin": as_bytes(stdin or b"")})
+            result = await _execute(vm, _wrapped(argv, limits), folder, limits)
+            if wanted and result.stop_reason not in ("timeout", "output_limit"):
+                result = _with_files(result, await _read(vm, folder, wanted))
+            return result
+        except SandboxError:
+            raise
+        except Exception as e:
+            raise SandboxError(f"e2b: {type(e).__name__}: {e}") from e
+        finally:
+            with contextlib.suppress(Exception):
+                await vm.commands.run(f"rm -rf {shlex.quote(folder)}", timeout=30)
+
+    async def aclose(self) -> None:
+        vm, self._vm = self._vm, None
+        if vm is not None:
+            with contextlib.suppress(Exception):
+                await vm.kill()
+
+
+def _wrapped(argv: list[str], limits: Limits) -> str:
+    """The shell line that runs ``argv`` with the rlimits, stdin from a file that is gone
+    before the command starts (the program cannot read the harness's input back)."""
+    mib, cpu = 1 << 20, limits.cpu_seconds
+    prlimit = [
+        "prlimit", f"--as={limits.memory_mb * mib}", f"--cpu={cpu}:{cpu + 1}", f"--fsize={limits.file_size_mb * mib}",
+        f"--nproc={limits.processes}", f"--nofile={limits.open_files}", "--core=0", "--",
+    ]  # fmt: skip
+    return f"exec < .stdin && rm -f .stdin && exec {shlex.join(prlimit + argv)}"
+
+
+async def _write(vm: Any, folder: str, files: dict[str, bytes]) -> None:
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    await vm.files.write_files(
+        [WriteEntry(path=f"{folder}/{path}", data=data) for path, data in files.items()]
+    )
+
+
+async def _read(vm: Any, folder: str, wanted: list[str]) -> dict[str, bytes]:
+    found = {}
+    for path in wanted:
+        with contextlib.suppress(Exception):  # a missing file is simply not returned
+            found[path] = bytes(await vm.files.read(f"{folder}/{path}", format="bytes"))
+    return found
+
+
+async def _execute(vm: Any, line: str, folder: str, limits: Limits) -> ExecResult:
+    from e2b import CommandExitException
+
+    out, err, over = bytearray(), bytearray(), asyncio.Event()
+
+    def keep(buffer: bytearray) -> Any:
+        def on_data(text: str) -> None:
+            data = text.encode("utf-8", errors="replace")
+            room = limits.output_bytes - len(buffer)
+            buffer.extend(data[: max(room, 0)])
+            if len(data) > room:
+                over.set()
+
+        return on_data
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    handle = await vm.commands.run(
+        line, background=True, cwd=folder, on_stdout=keep(out), on_stderr=keep(err), timeout=0
+    )
+    waiter = asyncio.ensure_future(handle.wait())
+    watch = asyncio.ensure_future(over.wait())
+    exit_code, killed_for = None, None
+    try:
+        done, _ = await asyncio.wait(
+            {waiter, watch}, timeout=limits.wall_time, return_when=asyncio.FIRST_COMPLETED
+        )
+        if waiter in done:
+            try:
+                exit_code = waiter.result().exit_code
+            except CommandExitException as e:
+                exit_code = e.exit_code
+        else:
+            killed_for = "output_limit" if watch in done else "timeout"
+            with contextlib.suppress(Exception):  # it may have ended meanwhile
+                await handle.kill()
+    finally:
+        watch.cancel()
+        if not waiter.done():
+            waiter.cancel()
+    seconds = loop.time() - started
+    stdout, stderr = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    if exit_code is not None and exit_code < 0:  # envd reports death by signal n as -n
+        exit_code = 128 - exit_code
+    reason = killed_for or classify_exit(exit_code or 0, stderr)
+    return ExecResult(stdout, stderr, exit_code, reason, seconds)  # type: ignore[arg-type]
+
+
+def _with_files(result: ExecResult, files: dict[str, bytes]) -> ExecResult:
+    return ExecResult(
+        result.stdout, result.stderr, result.exit_code, result.stop_reason, result.wall_time, files
+    )

@@ -1,0 +1,386 @@
+"""The local backend: bubblewrap namespaces plus rlimits, as a non-root uid.
+
+Each run is ``prlimit <limits> -- setpriv --reuid U --regid U --clear-groups -- bwrap <flags> --
+<command>``: the rlimits are set first, then the process drops to an unprivileged uid of its
+own (RLIMIT_NPROC does not bind uid 0, so a fork bomb is only contained this way), then
+bubblewrap builds an empty world: new user, pid, network, ipc, uts and cgroup namespaces, the
+system's ``/usr`` read-only, a private size-limited tmpfs as the working folder (``/sandbox``,
+``/tmp`` points into it), no environment variables, no nested user namespaces, and every
+process killed when the run ends or the caller dies (``--die-with-parent``).
+
+Each concurrent run gets its own uid from a pool (``base_uid`` upwards), so the process limit of
+one run is not shared with another and no process of a finished run can survive unnoticed: a
+run's uid is only handed out again once it owns no process. When envhub is not root, runs use
+the caller's own uid (the process limit then counts the caller's processes too).
+
+``isolation="rlimits"`` is the documented weaker fallback for machines without user namespaces:
+rlimits and the uid drop only (memory, CPU, processes, file size, output and wall time are
+limited; host files and the network are NOT protected). It is never chosen automatically.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+from envhub.errors import ConfigError, SandboxUnavailableError
+from envhub.sandbox import _process
+from envhub.sandbox.base import (
+    WORKDIR,
+    Command,
+    ExecResult,
+    Files,
+    Limits,
+    Sandbox,
+    as_argv,
+    as_bytes,
+    check_relative,
+    classify_exit,
+)
+from envhub.sandbox.outputs import ALL_FILES, frame, init_script, parse_outputs
+
+Isolation = Literal["bwrap", "rlimits"]
+_RO_SYSTEM = ("/usr",)
+_RO_OPTIONAL = (
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+)
+_NET_FILES = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+)
+_LINKS = {"/lib": "usr/lib", "/lib64": "usr/lib64", "/bin": "usr/bin", "/sbin": "usr/sbin"}
+ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": WORKDIR,
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+_HINT = (
+    "install bubblewrap (`apt-get install bubblewrap`) on a kernel with unprivileged user "
+    "namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0), use "
+    "the e2b backend, or accept the weaker `LocalSandbox(isolation='rlimits')` (no file or "
+    "network isolation) explicitly"
+)
+
+
+@functools.lru_cache(maxsize=4)
+def bwrap_problem(bwrap: str = "bwrap") -> str | None:
+    """Why bubblewrap cannot sandbox here, or ``None`` when it can (checked once per process)."""
+    path = shutil.which(bwrap)
+    if path is None:
+        return f"`{bwrap}` is not installed"
+    links = [
+        x
+        for link, target in _LINKS.items()
+        if os.path.islink(link)
+        for x in ("--symlink", target, link)
+    ]
+    probe = [
+        path,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        *links,
+        "--",
+        "/usr/bin/true",
+    ]
+    try:
+        done = subprocess.run(probe, capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap failed to start: {e}"
+    if done.returncode != 0:
+        return f"bubblewrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+class LocalSandbox(Sandbox):
+    """Runs commands on this machine, each in a fresh bubblewrap sandbox with rlimits.
+
+    Args:
+        limits: Default limits of every run.
+        max_concurrency: Runs at once (each has its own uid); more calls wait for a free slot.
+        base_uid: Where the pool's uids start (used only when envhub runs as root): the pool
+            takes the first ``max_concurrency`` uids from here that no other envhub process on
+            the machine holds. Pick a range no user or service of the machine uses.
+        isolation: ``"bwrap"`` (the default), or ``"rlimits"``: the weaker fallback without
+            namespaces, for machines that cannot run bubblewrap (see the module docstring).
+        bwrap: The bubblewrap executable.
+        ro_binds: Extra host paths mounted read-only at the same place (an interpreter that
+            lives outside ``/usr``, a dataset).
+        python: The Python inside the sandbox (default: the system's ``python3`` in ``/usr``).
+
+    Raises:
+        SandboxUnavailableError: bubblewrap is missing or user namespaces are disabled.
+    """
+
+    backend = "local"
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        max_concurrency: int | None = None,
+        base_uid: int = 61000,
+        isolation: Isolation = "bwrap",
+        bwrap: str = "bwrap",
+        ro_binds: Sequence[str] = (),
+        python: str = "python3",
+    ) -> None:
+        super().__init__(limits, python=python)
+        if isolation not in ("bwrap", "rlimits"):
+            raise ConfigError(f"isolation must be 'bwrap' or 'rlimits', got {isolation!r}")
+        self.isolation = isolation
+        if isolation == "bwrap":
+            problem = bwrap_problem(bwrap)
+            if problem:
+                raise SandboxUnavailableError(f"the local sandbox cannot run: {problem}; {_HINT}")
+            self.bwrap = shutil.which(bwrap) or bwrap
+        for tool in ("prlimit", "setpriv"):
+            if shutil.which(tool) is None:
+                raise SandboxUnavailableError(
+                    f"the local sandbox needs `{tool}` (util-linux); install util-linux"
+                )
+        self.max_concurrency = max_concurrency or max(4, 4 * (os.cpu_count() or 1))
+        self.as_root = os.geteuid() == 0
+        # Not root: every run is the caller's uid; the pool then only bounds concurrency.
+        first, step = (base_uid, 1) if self.as_root else (os.getuid(), 0)
+        self.uids = _process.uid_pool(first, self.max_concurrency, step)
+        self.ro_binds = tuple(ro_binds)
+
+    async def arun(
+        self,
+        command: Command,
+        *,
+        stdin: str | bytes | None = None,
+        files: Files | None = None,
+        output_files: Sequence[str] = (),
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        limits = limits or self.limits
+        argv = as_argv(command)
+        inputs = {check_relative(path): as_bytes(data) for path, data in (files or {}).items()}
+        wanted = (
+            list(output_files)
+            if list(output_files) == [ALL_FILES]
+            else [check_relative(p) for p in output_files]
+        )
+        uid = await self.uids.acquire()
+        try:
+            if self.isolation == "bwrap":
+                outcome = await self._run_bwrap(uid, argv, stdin, inputs, wanted, limits)
+            else:
+                outcome = await self._run_rlimits(uid, argv, stdin, inputs, wanted, limits)
+        finally:
+            await self._release(uid)
+        return _result(outcome, wanted, limits)
+
+    async def _release(self, uid: int) -> None:
+        try:
+            if self.as_root:
+                await _process.wait_uid_gone(uid)
+        finally:
+            self.uids.release(uid)
+
+    def _prefix(self, uid: int, limits: Limits) -> list[str]:
+        """prlimit + setpriv: the limits, then the drop to ``uid``."""
+        mib = 1 << 20
+        nproc = limits.processes + (0 if self.as_root else len(_process.uid_processes(uid)))
+        cpu = limits.cpu_seconds
+        argv = [
+            "prlimit",
+            f"--as={limits.memory_mb * mib}",
+            f"--cpu={cpu}:{cpu + 1}",
+            f"--fsize={limits.file_size_mb * mib}",
+            f"--nproc={nproc}",
+            f"--nofile={limits.open_files}",
+            "--core=0",
+            "--",
+        ]
+        if self.as_root:
+            argv += [
+                "setpriv",
+                f"--reuid={uid}",
+                f"--regid={uid}",
+                "--clear-groups",
+                "--no-new-privs",
+                "--",
+            ]
+        return argv
+
+    async def _run_bwrap(
+        self,
+        uid: int,
+        argv: list[str],
+        stdin: str | bytes | None,
+        inputs: dict[str, bytes],
+        wanted: list[str],
+        limits: Limits,
+    ) -> _process.Outcome:
+        fds, flags = _input_files(inputs)
+        channel_read, channel = None, None
+        if wanted:
+            channel_read, channel_write = os.pipe()
+            os.fchown(channel_write, uid, uid)  # the sandbox reopens it through /proc as `uid`
+            fds.append(channel_write)
+            channel = f"/proc/self/fd/{channel_write}"
+        # sh is the sandbox's pid 1 (--as-pid-1): bubblewrap's own init would leave a zombie
+        # for the host's init to reap, holding a slot of the uid's process limit meanwhile.
+        init = ["/bin/sh", "-c", init_script(wanted, channel), "sh"]
+        # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
+        full = [
+            *self._prefix(uid, limits),
+            self.bwrap,
+            *self._bwrap_flags(limits),
+            *flags,
+            "--remount-ro",
+            "/",
+            "--",
+            *init,
+            *argv,
+        ]
+        return await _process.execute(
+            full,
+            stdin=as_bytes(stdin or b""),
+            output_cap=limits.output_bytes,
+            deadline=limits.wall_time,
+            pass_fds=fds,
+            channel_fd=channel_read,
+            channel_cap=(limits.disk_mb << 20) + (1 << 20),
+        )
+
+    def _bwrap_flags(self, limits: Limits) -> list[str]:
+        flags = [
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--as-pid-1",
+            "--hostname",
+            "sandbox",
+        ]
+        if limits.network:
+            flags += ["--share-net"]
+        for path in _RO_SYSTEM:
+            flags += ["--ro-bind", path, path]
+        for link, target in _LINKS.items():
+            if os.path.islink(link) or not os.path.exists(link):
+                flags += ["--symlink", target, link]
+            else:  # a system whose /lib is a real folder
+                flags += ["--ro-bind", link, link]
+        for path in (*_RO_OPTIONAL, *(_NET_FILES if limits.network else ()), *self.ro_binds):
+            flags += ["--ro-bind-try", path, path]
+        flags += ["--proc", "/proc", "--dev", "/dev"]
+        flags += [
+            "--size",
+            str(limits.disk_mb << 20),
+            "--tmpfs",
+            WORKDIR,
+            "--dir",
+            f"{WORKDIR}/.tmp",
+            "--symlink",
+            f"{WORKDIR}/.tmp",
+            "/tmp",
+        ]
+        flags += [
+            "--clearenv",
+            *[x for key, value in ENV.items() for x in ("--setenv", key, value)],
+            "--chdir",
+            WORKDIR,
+        ]
+        return flags
+
+    async def _run_rlimits(
+        self,
+        uid: int,
+        argv: list[str],
+        stdin: str | bytes | None,
+        inputs: dict[str, bytes],
+        wanted: list[str],
+        limits: Limits,
+    ) -> _process.Outcome:
+        with tempfile.TemporaryDirectory(prefix="envhub-sandbox-") as folder:
+            root = Path(folder)
+            for path, data in inputs.items():
+                (root / path).parent.mkdir(parents=True, exist_ok=True)
+                (root / path).write_bytes(data)
+            if self.as_root:
+                for path in [root, *root.rglob("*")]:
+                    os.chown(path, uid, uid)
+            env_argv = [
+                "env",
+                "-i",
+                *[f"{k}={v}" for k, v in {**ENV, "HOME": folder, "TMPDIR": folder}.items()],
+            ]
+            # As root the run has a uid of its own, so its init may kill all that uid's processes.
+            init = ["/bin/sh", "-c", init_script(kill_all=self.as_root), "sh"]
+            outcome = await _process.execute(
+                [*self._prefix(uid, limits), *env_argv, *init, *argv],
+                stdin=as_bytes(stdin or b""),
+                output_cap=limits.output_bytes,
+                deadline=limits.wall_time,
+                cwd=folder,
+                new_session=True,
+            )
+            outcome.channel = _read_back(root, wanted)
+            return outcome
+
+
+def _input_files(inputs: dict[str, bytes]) -> tuple[list[int], list[str]]:
+    """Each input file as a memfd bubblewrap copies into the sandbox (``--file FD DEST``)."""
+    fds, flags, made = [], [], set()
+    for path, data in inputs.items():
+        parts = path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            folder = "/".join(parts[:i])
+            if folder not in made:
+                made.add(folder)
+                flags += ["--dir", f"{WORKDIR}/{folder}"]
+        fd = os.memfd_create("envhub-input", 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+        fds.append(fd)
+        flags += ["--file", str(fd), f"{WORKDIR}/{path}"]
+    return fds, flags
+
+
+def _read_back(root: Path, wanted: list[str]) -> bytes:
+    found = {}
+    if wanted == [ALL_FILES]:
+        wanted = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+    for path in wanted:
+        target = root / path
+        if target.is_file() and not target.is_symlink():
+            found[path] = target.read_bytes()
+    return frame(found)
+
+
+def _result(outcome: _process.Outcome, wanted: list[str], limits: Limits) -> ExecResult:
+    stdout = outcome.stdout.decode("utf-8", errors="replace")
+    stderr = outcome.stderr.decode("utf-8", errors="replace")
+    if outcome.killed_for:
+        reason = outcome.killed_for
+    else:
+        reason = classify_exit(outcome.exit_code if outcome.exit_code is not None else 0, stderr)
+    files = parse_outputs(outcome.channel, wanted) if wanted and not outcome.killed_for else {}
+    return ExecResult(stdout, stderr, outcome.exit_code, reason, outcome.seconds, files)  # type: ignore[arg-type]

@@ -1,0 +1,43 @@
+"""What envhub's sandboxes protect against, and what they do not. (Documentation only.)
+
+The adversary is the code a policy writes: it may be buggy or hostile, and RL will find any
+shortcut to reward. The host is a researcher's workstation or a training node running envhub.
+
+Contained by the local backend (each item has a test in ``tests/sandbox/``):
+
+- **Resources** — wall time (killed), CPU time (RLIMIT_CPU), memory (RLIMIT_AS), processes
+  (RLIMIT_NPROC, as a non-root uid of its own: a fork bomb stops there), file size
+  (RLIMIT_FSIZE), scratch disk (a size-limited tmpfs), open files, stdout/stderr size (killed).
+- **The host's files** — only ``/usr`` (and a few ``/etc`` files the loader needs) is mounted,
+  read-only; the project tree, ``/root``, ``/etc/shadow``, other users' files are not there.
+  The root and everything outside the scratch tmpfs are read-only.
+- **Secrets in the environment** — the run starts with an empty environment (``--clearenv``).
+- **The network** — its own network namespace with only a loopback: the host's loopback
+  services (an inference server, a database) and the internet are unreachable (opt in with
+  ``Limits(network=True)``).
+- **Other processes** — its own pid namespace: it cannot see or signal the caller, the host or
+  other runs; init ignores its signals; no process survives the run (the namespace dies with
+  it, and a run's uid is reused only once it owns no process), nor the caller being killed
+  (``--die-with-parent``).
+- **Privilege** — a non-root uid, no capabilities, ``no_new_privs``, no nested user namespaces.
+- **Faked results** — code rewards never read a verdict from the program's stdout or files;
+  harness results carry a per-run nonce; expected values of call and stdin/stdout cases never
+  enter the sandbox (see :mod:`envhub.rewards.code`).
+
+Not contained (know these before you rely on it):
+
+- **Kernel exploits** — the sandbox shares the host kernel; a kernel bug (user namespaces are a
+  known attack surface) can break out. Use the e2b backend (a micro-VM per sandbox) or a VM for
+  code from sources you would not run yourself.
+- **In-process forgery of assert cases** — assert-style test cases run in the same interpreter
+  as the solution, so code that inspects the harness's memory can forge their results. Call and
+  stdin/stdout cases cannot be forged that way.
+- **Side channels and CPU contention** — runs share CPUs and caches with the host; a run can
+  slow others down within its CPU limit.
+- **The stop-reason diagnosis** — ``memory`` is read from the program's own stderr, so a program
+  can fake it; it is a diagnosis, never a reward input.
+- **The ``rlimits`` fallback** (``LocalSandbox(isolation="rlimits")``) contains resources only:
+  host files, environment and network are exposed. It is never chosen automatically.
+- **The e2b backend** shares one VM between the runs of one ``E2BSandbox`` (each in its own
+  folder); runs are isolated from the host by the VM, from each other only by folder and rlimits.
+"""

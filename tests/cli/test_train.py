@@ -1,0 +1,61 @@
+"""``envhub train`` on the command line: dry runs, overrides, one-line errors, a real short run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVHUB = Path(sys.executable).with_name("envhub")
+
+
+def envhub(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([str(ENVHUB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_prints_the_resolved_config_and_an_estimate() -> None:
+    result = envhub("train", "examples/quickstart.yaml", "--dry-run", "optimizer.lr=2e-6", "rollout.samples_per_task=4")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "lr: 2.0e-06" in out and "samples_per_task: 4" in out
+    assert "134.5M (134.5M trainable)" in out  # SmolLM2-135M, counted on the meta device
+    assert "32 (8 tasks x 4 samples)" in out
+    assert "total (rough)" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["examples/quickstart.yaml", "optimizer.lrr=1", "--dry-run"], "error: unknown config key 'optimizer.lrr' (did you mean 'lr'?)"),
+        (["examples/nope.yaml", "--dry-run"], "error: config file not found: examples/nope.yaml"),
+        (["examples/quickstart.yaml", "envs.0.name=arithmetc"], "error: no env named 'arithmetc'"),
+    ],
+)
+def test_bad_configs_fail_with_one_line_before_any_work(args: list[str], message: str, tmp_path: Path) -> None:
+    result = envhub("train", *args, f"logging.output_dir={tmp_path}")
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(tiny_model_dir: Path, tmp_path: Path) -> None:
+    result = envhub(
+        "train", "examples/quickstart.yaml", f"model.name={tiny_model_dir}", "steps=2", "rollout.tasks_per_step=2",
+        "rollout.samples_per_task=2", "rollout.max_tokens=6", f"logging.output_dir={tmp_path}", "logging.run_name=cli",
+        "backend.device=cpu",
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.strip().startswith(("1/2", "2/2"))]
+    assert len(rows) == 2
+    assert "reward" in result.stdout and "done: reward" in result.stdout
+    run = tmp_path / "cli"
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+    assert (run / "final" / "config.json").exists() and (run / "final" / "model.safetensors").exists()

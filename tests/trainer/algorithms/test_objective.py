@@ -1,0 +1,134 @@
+"""The assembled objective: one value and gradient by hand, and micro-batch invariance."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from envhub.errors import ConfigError
+from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
+
+LN = math.log
+
+
+def test_full_objective_by_hand(device: str, assert_close) -> None:
+    spec = ObjectiveSpec(
+        kl_beta=0.1, kl_estimator="k3", entropy_coef=0.01, mismatch="tis", mismatch_cap=2.0
+    )
+
+    def t(*probs: float) -> torch.Tensor:
+        return torch.tensor([[LN(p) for p in probs]], device=device)
+
+    logp = t(0.5, 0.5, 0.5).requires_grad_()
+    logp.data[0, 2] = float("nan")  # padding: garbage that must not leak
+    old = t(0.4, 0.5, 0.5)  # PPO ratios 1.25, 1.0 (inside [0.8, 1.28])
+    sampler = t(0.2, 0.5, 0.5)  # trainer/sampler 0.4/0.2 = 2 (= cap), 1 -> TIS weights 2, 1
+    ref = t(0.25, 0.5, 0.5)  # k3 with x = ref - logp: e^x - x - 1 = 0.5 + ln 2 - 1, then 0
+    entropy = torch.tensor([[1.0, 0.5, float("nan")]], device=device, requires_grad=True)
+    mask = torch.tensor([[1, 1, 0]], device=device)
+
+    loss, metrics = policy_objective(
+        spec, logprobs=logp, old_logprobs=old, advantages=torch.tensor([2.0], device=device),
+        mask=mask, num_tokens=2, num_sequences=1,
+        sampler_logprobs=sampler, ref_logprobs=ref, entropy=entropy,
+    )  # fmt: skip
+    k3 = 0.5 + LN(2) - 1  # 0.193147
+    token0 = 2 * -(1.25 * 2) + 0.1 * k3 - 0.01 * 1.0  # TIS weight * PPO + beta*KL - coef*H
+    token1 = 1 * -(1.0 * 2) + 0.1 * 0 - 0.01 * 0.5
+    assert loss.item() == pytest.approx((token0 + token1) / 2, abs=1e-6)  # token-mean over 2
+    loss.backward()
+    # d/dlogp: -w*A*ratio + beta*(1 - e^x), over num_tokens = 2:
+    #   token 0: (-2*2*1.25 + 0.1*(1 - 0.5)) / 2 = -2.475; token 1: (-1*2*1 + 0) / 2 = -1.
+    assert_close(logp.grad, [[-2.475, -1.0, 0.0]])
+    assert_close(entropy.grad, [[-0.005, -0.005, 0.0]])
+    got = {
+        k: metrics[k].item() for k in ("policy_loss", "kl", "entropy", "ratio_mean", "clip_frac")
+    }
+    assert got == pytest.approx(
+        {
+            "policy_loss": (-5.0 - 2.0) / 2,
+            "kl": k3 / 2,
+            "entropy": 0.75,
+            "ratio_mean": 1.125,
+            "clip_frac": 0.0,
+        }
+    )
+    assert metrics["mismatch_truncated_frac"].item() == 0.0  # 2.0 is not above the cap
+
+
+def test_without_old_logprobs_it_is_the_on_policy_gradient(assert_close) -> None:
+    logp = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]], requires_grad=True)
+    loss, metrics = policy_objective(
+        ObjectiveSpec(), logprobs=logp, old_logprobs=None, advantages=torch.tensor([1.0, -3.0]),
+        mask=torch.tensor([[1, 1], [1, 0]]), num_tokens=3, num_sequences=2,
+    )  # fmt: skip
+    # Ratio 1 everywhere: loss = -(1 + 1 - 3) / 3; gradient -A / num_tokens on kept tokens.
+    assert loss.item() == pytest.approx(1 / 3)
+    loss.backward()
+    assert_close(logp.grad, [[-1 / 3, -1 / 3], [1.0, 0.0]])
+    assert metrics["ratio_mean"].item() == 1.0 and "kl" not in metrics
+
+
+def _random_batch(seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    shape = (6, 5)
+    lengths = torch.tensor([5, 1, 3, 4, 2, 5])
+    old = -torch.rand(shape, generator=g, dtype=torch.float64) * 3
+    return {
+        "logprobs": (
+            old + 0.3 * torch.randn(shape, generator=g, dtype=torch.float64)
+        ).requires_grad_(),
+        "old_logprobs": old,
+        "sampler_logprobs": old + 0.5 * torch.randn(shape, generator=g, dtype=torch.float64),
+        "ref_logprobs": old + 0.2 * torch.randn(shape, generator=g, dtype=torch.float64),
+        "entropy": torch.rand(shape, generator=g, dtype=torch.float64, requires_grad=True),
+        "advantages": torch.randn(6, generator=g, dtype=torch.float64),
+        "mask": torch.arange(5)[None, :] < lengths[:, None],
+    }
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ObjectiveSpec(kl_beta=0.05, entropy_coef=0.01, dual_clip=3.0),
+        ObjectiveSpec(policy_loss="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean",
+                      mismatch="mask-sequence", kl_beta=0.1, kl_estimator="k2"),
+        ObjectiveSpec(aggregation="seq-mean-token-sum-norm", norm_length=8, mismatch="mask-token"),
+    ],
+    ids=["ppo-token-mean", "gspo-seq-mean", "dr-grpo-sum-norm"],
+)  # fmt: skip
+def test_micro_batch_invariance_of_the_whole_objective(spec: ObjectiveSpec, device: str) -> None:
+    batch = {
+        k: v.detach().to(device).requires_grad_(v.requires_grad) for k, v in _random_batch().items()
+    }
+    totals = {"num_tokens": int(batch["mask"].sum()), "num_sequences": 6}
+    leaves = [batch["logprobs"], batch["entropy"]]
+
+    whole, _ = policy_objective(spec, **batch, **totals)
+    whole_grads = torch.autograd.grad(whole, leaves, allow_unused=True, materialize_grads=True)
+    summed = 0.0
+    for part in (slice(0, 1), slice(1, 4), slice(4, 6)):
+        loss, _ = policy_objective(spec, **{k: v[part] for k, v in batch.items()}, **totals)
+        summed = summed + loss
+    split_grads = torch.autograd.grad(summed, leaves, allow_unused=True, materialize_grads=True)
+    assert summed.item() == pytest.approx(whole.item(), abs=1e-6)
+    for split, full in zip(split_grads, whole_grads, strict=True):
+        assert torch.allclose(split, full, atol=1e-6, rtol=0)
+    assert whole_grads[0].abs().sum() > 0  # the batch really trains
+
+
+def test_spec_and_call_errors_say_what_to_fix() -> None:
+    with pytest.raises(ConfigError, match="did you mean 'ppo_clip'"):
+        ObjectiveSpec(policy_loss="ppo-clip")
+    with pytest.raises(ConfigError, match="dual_clip must be > 1"):
+        ObjectiveSpec(dual_clip=0.5)
+    with pytest.raises(ConfigError, match="needs norm_length"):
+        ObjectiveSpec(aggregation="seq-mean-token-sum-norm")
+    x = torch.zeros(1, 2)
+    kwargs = {"logprobs": x, "old_logprobs": x, "advantages": torch.zeros(1), "mask": x + 1}
+    with pytest.raises(ConfigError, match="kl_beta > 0 needs ref_logprobs"):
+        policy_objective(ObjectiveSpec(kl_beta=0.1), **kwargs, num_tokens=2, num_sequences=1)
+    with pytest.raises(ConfigError, match="entropy_coef != 0 needs"):
+        policy_objective(ObjectiveSpec(entropy_coef=0.1), **kwargs, num_tokens=2, num_sequences=1)

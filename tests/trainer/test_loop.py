@@ -1,0 +1,178 @@
+"""Real training steps on a tiny random Llama: the update equals a hand-written GRPO step,
+the run's outputs are complete, and a run killed with SIGKILL resumes where it stopped.
+
+The reward of the test env is the share of letters ``e`` in the reply: continuous, so every
+group has variance and every step updates the model, even with random weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import envhub
+from envhub import registry
+from envhub.env import SingleTurnEnv
+from envhub.rewards.rubric import Rubric, reward
+from envhub.rollout.io import iter_trajectories
+from envhub.trainer.config import validate_config
+from envhub.trainer.loop import train
+
+
+@reward
+def letter_e_share(response: str) -> float:
+    return response.count("e") / max(len(response), 1)
+
+
+class LetterEnv(SingleTurnEnv):
+    """Write anything; more ``e`` is better."""
+
+    name = "trainer-test-letters"
+    version = "0.0.1"
+
+    def load_dataset(self) -> list[dict[str, Any]]:
+        return [{"question": f"Write a word ({i}).", "answer": ""} for i in range(6)]
+
+    def default_rubric(self) -> Rubric:
+        return Rubric([letter_e_share])
+
+
+@pytest.fixture(autouse=True)
+def letter_env() -> Any:
+    envhub.register(LetterEnv.name, LetterEnv, override=True)
+    yield
+    registry._registered.pop(LetterEnv.name, None)
+
+
+def _config(model_dir: Path, out: Path, **overrides: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "steps": 1,
+        "seed": 3,
+        "model": {"name": str(model_dir)},
+        "envs": [{"name": LetterEnv.name}],
+        "rollout": {"tasks_per_step": 2, "samples_per_task": 4, "max_tokens": 8},
+        "algorithm": {"mismatch": "none", "dynamic_sampling": True},
+        "optimizer": {"lr": 1e-3, "grad_clip": 1.0},
+        "backend": {"device": "cpu", "micro_batch_tokens": 64},
+        "logging": {"output_dir": str(out), "run_name": "run", "plot": True},
+        "checkpoint": {"every": 1, "keep_last": 2},
+    }
+    for key, value in overrides.items():
+        section, _, field = key.partition("__")
+        if field:
+            config[section][field] = value
+        else:
+            config[key] = value
+    return config
+
+
+def _grpo_reference_update(model_dir: Path, trajectories: list[Any], lr: float, clip: float) -> dict[str, torch.Tensor]:
+    """The same step written plainly: per-sequence forward (no padding, no micro-batches),
+    GRPO advantages, token-mean PPO loss at ratio 1, clipping, one AdamW step."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    groups: dict[str, list[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t.group_id, []).append(t.reward)
+    kept = [t for t in trajectories if len(set(groups[t.group_id])) > 1]
+    num_tokens = sum(sum(t.loss_mask[1:]) for t in kept)
+    for t in kept:
+        rewards = torch.tensor(groups[t.group_id], dtype=torch.float64)
+        advantage = float((t.reward - rewards.mean()) / (rewards.std() + 1e-6))
+        ids = torch.tensor([t.token_ids])
+        logits = model(input_ids=ids).logits[0, :-1].float()
+        logprobs = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
+        mask = torch.tensor(t.loss_mask[1:], dtype=torch.float32)
+        ratio = torch.exp(logprobs - logprobs.detach())
+        loss = -(advantage * ratio * mask).sum() / num_tokens
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    optimizer.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_one_step_equals_a_hand_written_grpo_update(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = validate_config(_config(tiny_model_dir, tmp_path))
+    result = train(config)
+    run = tmp_path / "run"
+    trajectories = list(iter_trajectories(run / "trajectories" / "step-000001.jsonl"))
+    assert len(trajectories) == 8 and all(t.token_ids and t.ok for t in trajectories)
+    expected = _grpo_reference_update(tiny_model_dir, trajectories, lr=1e-3, clip=1.0)
+    trained = AutoModelForCausalLM.from_pretrained(result.final_model, dtype=torch.float32).state_dict()
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    changed = 0
+    for name, value in expected.items():
+        # AdamW's first step moves every weight by ~lr * sign(grad); where a gradient is as small as
+        # Adam's eps, float rounding (padding, micro-batching) shifts it a little: allow 1% of lr
+        difference = (trained[name] - value).abs()
+        assert difference.max().item() < 1e-5, name
+        assert difference.mean().item() < 1e-7, name
+        changed += not torch.equal(trained[name], initial[name])
+    assert changed >= len(expected) - 1  # every weight moved (a rotary buffer may not exist)
+    row = result.history[0]
+    assert row["step"] == 1
+    assert row["batch/kept"] == 8.0 and row["train/micro_batches"] > 1  # 64-token micro-batches
+    assert row["reward/mean"] == pytest.approx(sum(t.reward for t in trajectories) / 8)
+
+
+def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = validate_config(_config(tiny_model_dir, tmp_path, steps=2, algorithm__mismatch="tis"))
+    result = train(config)
+    run = tmp_path / "run"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward/mean", "pass@1", "train/loss", "train/entropy", "train/grad_norm", "train/mismatch_kl", "time/rollout", "time/update", "throughput/rollout_tokens_per_s"):
+        assert key in rows[0], key
+    # the in-process engine samples from the very weights the trainer scores
+    assert rows[0]["train/mismatch_abs_logprob_diff_mean"] < 1e-4
+    assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step-000001.jsonl", "step-000002.jsonl"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-000001", "step-000002"]
+    assert result.plot == run / "reward.png" and result.plot.stat().st_size > 1000
+    reloaded = AutoModelForCausalLM.from_pretrained(result.final_model)
+    assert reloaded.config.num_hidden_layers == 2
+    assert json.loads((run / "config.json").read_text())["steps"] == 2
+
+
+def _task_order(run: Path) -> list[list[int]]:
+    files = sorted((run / "trajectories").glob("step-*.jsonl"))
+    return [[t.task_index for t in iter_trajectories(f)] for f in files]
+
+
+def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(tiny_model_dir: Path, tmp_path: Path) -> None:
+    straight = validate_config(_config(tiny_model_dir, tmp_path / "a", steps=4))
+    train(straight)
+    expected_order = _task_order(tmp_path / "a" / "run")
+
+    killed_cfg = _config(tiny_model_dir, tmp_path / "b", steps=4)
+    cfg_path = tmp_path / "b.json"
+    cfg_path.write_text(json.dumps(killed_cfg))
+    script = (
+        "import json, sys; from envhub.trainer.config import validate_config; from envhub.trainer.loop import train;"
+        "train(validate_config(json.load(open(sys.argv[1]))))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))  # the child imports this module for LetterEnv
+    process = subprocess.Popen([sys.executable, "-c", "import test_loop as t, envhub; envhub.register(t.LetterEnv.name, t.LetterEnv);" + script, str(cfg_path)], env=env)
+    checkpoint = tmp_path / "b" / "run" / "checkpoints" / "step-000002"
+    deadline = time.monotonic() + 300
+    while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process.poll() is None, "the run ended before it could be killed"
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    rows_before = (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()
+    assert 2 <= len(rows_before) < 4
+
+    result = train(validate_config(killed_cfg))
+    assert result.resumed_from is not None and result.resumed_from >= 2
+    assert [r["step"] for r in result.history] == [1, 2, 3, 4]
+    assert _task_order(tmp_path / "b" / "run") == expected_order

@@ -1,0 +1,45 @@
+"""The task schedule: weighted envs, epoch permutations, and resumption from cursors."""
+
+from __future__ import annotations
+
+from envhub.trainer.config import EnvSpec
+from envhub.trainer.tasks import TaskSchedule
+
+
+def _schedule(seed: int = 0) -> TaskSchedule:
+    specs = [EnvSpec(name="arithmetic", args={"num_tasks": 5}), EnvSpec(name="arithmetic", args={"num_tasks": 7, "difficulty": "hard"}, weight=3.0)]
+    return TaskSchedule.from_specs(specs, seed)
+
+
+def test_sizes_and_thresholds_come_from_the_envs() -> None:
+    schedule = _schedule()
+    assert [s.size for s in schedule.slots] == [5, 7]
+    assert [s.pass_threshold for s in schedule.slots] == [1.0, 1.0]
+
+
+def test_each_epoch_is_a_permutation_of_the_tasks() -> None:
+    schedule = TaskSchedule.from_specs([EnvSpec(name="arithmetic", args={"num_tasks": 5})], seed=1)
+    drawn = [schedule.draw(step, 5)[0] for step in range(3)]
+    assert all(sorted(epoch) == [0, 1, 2, 3, 4] for epoch in drawn)
+    assert drawn[0] != drawn[1]  # a fresh order every epoch (this seed)
+
+
+def test_draws_are_deterministic_and_resume_from_the_cursors() -> None:
+    straight = _schedule()
+    expected = [straight.draw(step, 4) for step in range(6)]
+    first = _schedule()
+    for step in range(3):
+        assert first.draw(step, 4) == expected[step]
+    resumed = _schedule()
+    resumed.load_state_dict(first.state_dict())
+    assert [resumed.draw(step, 4) for step in range(3, 6)] == expected[3:]
+
+
+def test_weights_split_the_slots() -> None:
+    schedule = _schedule(seed=3)
+    counts = [0, 0]
+    for step in range(50):
+        for env_index, tasks in enumerate(schedule.draw(step, 4)):
+            counts[env_index] += len(tasks)
+    assert sum(counts) == 200
+    assert 0.65 < counts[1] / 200 < 0.85  # weight 3 of 4

@@ -1,0 +1,48 @@
+"""The trainer's RL algorithms as small pure torch functions, each family behind a registry.
+
+    advantages      ADVANTAGE_ESTIMATORS   grpo, dr_grpo, rloo, reinforce++, reinforce++_baseline
+    policy_losses   POLICY_LOSSES          ppo_clip (decoupled clip, dual clip), gspo
+    aggregation     AGGREGATIONS           token-mean, seq-mean-token-mean, seq-mean-token-sum-norm
+    kl              KL_ESTIMATORS          k1, k2, k3
+    mismatch        MISMATCH_MODES         tis, mask-token, mask-sequence, none
+    entropy         token_entropy, selective_log_softmax
+    filtering       zero_variance_groups, overlong_penalty, overlong_filter_mask
+    objective       ObjectiveSpec, policy_objective: all of the above for one micro-batch
+
+Unknown names raise ``envhub.errors.ConfigError`` listing the valid ones. Adding an algorithm
+is adding a function and a registry entry.
+"""
+
+from __future__ import annotations
+
+from .advantages import ADVANTAGE_ESTIMATORS, compute_advantages, group_stats
+from .aggregation import AGGREGATIONS, aggregate
+from .entropy import selective_log_softmax, token_entropy
+from .filtering import overlong_filter_mask, overlong_penalty, zero_variance_groups
+from .kl import KL_ESTIMATORS, kl_penalty
+from .mismatch import MISMATCH_MODES, mismatch_weights
+from .objective import ObjectiveSpec, policy_objective
+from .policy_losses import POLICY_LOSSES, compute_policy_loss, gspo, ppo_clip
+
+__all__ = [
+    "ADVANTAGE_ESTIMATORS",
+    "AGGREGATIONS",
+    "KL_ESTIMATORS",
+    "MISMATCH_MODES",
+    "POLICY_LOSSES",
+    "ObjectiveSpec",
+    "aggregate",
+    "compute_advantages",
+    "compute_policy_loss",
+    "group_stats",
+    "gspo",
+    "kl_penalty",
+    "mismatch_weights",
+    "overlong_filter_mask",
+    "overlong_penalty",
+    "policy_objective",
+    "ppo_clip",
+    "selective_log_softmax",
+    "token_entropy",
+    "zero_variance_groups",
+]

@@ -1,0 +1,141 @@
+"""Per-sequence advantages from one scalar reward per sample.
+
+Every estimator takes flat ``rewards (N,)`` and ``group_ids (N,)``: samples of the same task share
+a group id (any integers; groups may differ in size). The advantage of a sequence is broadcast to
+all of its tokens by the policy loss. All estimators here are outcome-only: no value network and
+no per-token returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from ._common import lookup
+
+AdvantageEstimator = Callable[..., Tensor]
+
+
+def _check(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards and group_ids must both have shape (N,), got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    return rewards if rewards.is_floating_point() else rewards.float()
+
+
+def group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sample's group mean, unbiased group std (0 for a group of one) and group size.
+
+    Args:
+        rewards: ``(N,)`` float rewards.
+        group_ids: ``(N,)`` integer group ids.
+
+    Returns:
+        Three ``(N,)`` tensors: mean, std, size, each taken over the sample's own group.
+    """
+    rewards = _check(rewards, group_ids)
+    _, index = torch.unique(group_ids, return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    size = torch.zeros(groups, dtype=rewards.dtype, device=rewards.device).index_add_(
+        0, index, torch.ones_like(rewards)
+    )
+    mean = torch.zeros_like(size).index_add_(0, index, rewards) / size
+    squares = torch.zeros_like(size).index_add_(0, index, (rewards - mean[index]) ** 2)
+    # Bessel's correction (n - 1), like TRL and verl; a group of one has no spread.
+    std = (squares / (size - 1).clamp(min=1)).sqrt()
+    return mean[index], std[index], size[index]
+
+
+def grpo(
+    rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6, scale_by_std: bool = True
+) -> Tensor:
+    """GRPO: ``(r - group mean) / (group std + eps)``.
+
+    From "DeepSeekMath" (Shao et al., 2024), outcome supervision. The std is the unbiased one; a
+    group of one gets 0. ``scale_by_std=False`` drops the division, which is Dr.GRPO (see
+    :func:`dr_grpo`): dividing by the std up-weights groups that are almost all right or all wrong.
+    """
+    mean, std, size = group_stats(rewards, group_ids)
+    centred = rewards - mean
+    if not scale_by_std:
+        return centred
+    # A group of one is 0 even with eps=0 (its 0/0 would be NaN).
+    return torch.where(size > 1, centred / (std + eps), torch.zeros_like(centred))
+
+
+def dr_grpo(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """Dr.GRPO: ``r - group mean``.
+
+    From "Understanding R1-Zero-Like Training: A Critical Perspective" (Liu et al., 2025), which
+    removes GRPO's std scaling (and its length normalisation, which is the aggregation's job here:
+    ``seq-mean-token-sum-norm``).
+    """
+    mean, _, _ = group_stats(rewards, group_ids)
+    return rewards - mean
+
+
+def rloo(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """RLOO: ``r_i - mean of the other samples of the group`` = ``n/(n-1) (r_i - group mean)``.
+
+    From "Buy 4 REINFORCE Samples, Get a Baseline for Free!" (Kool et al., 2019) and "Back to
+    Basics: Revisiting REINFORCE Style Optimization" (Ahmadian et al., 2024). Leaving the sample
+    out keeps the baseline independent of it (an unbiased gradient); a group of one gets 0.
+    """
+    mean, _, size = group_stats(rewards, group_ids)
+    return (rewards - mean) * size / (size - 1).clamp(min=1)
+
+
+def _whiten(values: Tensor, eps: float) -> Tensor:
+    if values.numel() < 2:
+        return torch.zeros_like(values)
+    return (values - values.mean()) / (values.std() + eps)
+
+
+def reinforce_pp(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++: the rewards whitened over the whole batch, ``(r - mean) / (std + eps)``.
+
+    From "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models" (Hu,
+    2025). Simplified: the paper folds a per-token KL penalty into the return before whitening;
+    here the KL is a separate loss term (``kl_beta``), so only the outcome reward is whitened.
+    ``group_ids`` are ignored. The std is unbiased; a batch of one gets 0.
+    """
+    return _whiten(_check(rewards, group_ids), eps)
+
+
+def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++-baseline: subtract the group mean, then whiten over the whole batch.
+
+    From the REINFORCE++ paper's variant for reasoning tasks with several samples per prompt (Hu,
+    2025): the group mean removes the prompt's difficulty, the batch whitening sets the scale
+    without GRPO's per-group std. Same simplification as :func:`reinforce_pp` for the KL.
+    """
+    mean, _, _ = group_stats(rewards, group_ids)
+    return _whiten(rewards - mean, eps)
+
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
+    "grpo": grpo,
+    "dr_grpo": dr_grpo,
+    "rloo": rloo,
+    "reinforce++": reinforce_pp,
+    "reinforce++_baseline": reinforce_pp_baseline,
+}
+
+
+def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs: object) -> Tensor:
+    """Advantages by the estimator registered as ``name`` (see ``ADVANTAGE_ESTIMATORS``).
+
+    Args:
+        name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++`` or ``reinforce++_baseline``.
+        rewards: ``(N,)`` float rewards.
+        group_ids: ``(N,)`` integer group ids; samples of one task share an id.
+        **kwargs: Estimator options, e.g. ``eps`` or ``scale_by_std`` for ``grpo``.
+
+    Raises:
+        ConfigError: ``name`` is not registered.
+    """
+    return lookup(ADVANTAGE_ESTIMATORS, name, "advantage estimator")(rewards, group_ids, **kwargs)

@@ -1,0 +1,166 @@
+"""The whole RL objective of one micro-batch, assembled from the parts in this package.
+
+Order: mismatch correction (its weights multiply the per-token policy loss, its keep mask
+narrows the mask) -> policy loss -> ``+ kl_beta * KL`` -> ``- entropy_coef * entropy`` ->
+aggregation with the WHOLE batch's token and sequence counts, so the sum over micro-batches is
+the batch's loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from envhub.errors import ConfigError
+
+from ._common import as_bool_mask, lookup, masked_mean
+from .aggregation import AGGREGATIONS, Count, aggregate
+from .kl import KL_ESTIMATORS, kl_penalty
+from .mismatch import MISMATCH_MODES, mismatch_weights
+from .policy_losses import POLICY_LOSSES, check_clip_range
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """What :func:`policy_objective` computes; checked when it is built.
+
+    Attributes:
+        policy_loss: A name in ``POLICY_LOSSES``.
+        eps_low: Lower clip range (set ~3e-4 for ``gspo``).
+        eps_high: Upper clip range (set ~4e-4 for ``gspo``).
+        dual_clip: ``c > 1`` caps negative-advantage losses at ``-c*A``; ``None`` disables.
+        aggregation: A name in ``AGGREGATIONS``.
+        norm_length: The constant length for ``seq-mean-token-sum-norm``.
+        kl_beta: Weight of the KL penalty to the reference model; 0 needs no reference.
+        kl_estimator: A name in ``KL_ESTIMATORS``.
+        entropy_coef: Weight of the entropy bonus; non-zero needs ``entropy``.
+        mismatch: A name in ``MISMATCH_MODES``; applied when sampler log-probs are given.
+        mismatch_cap: Truncation of the ``tis`` weight.
+        mismatch_low: Lower accepted sampler/trainer ratio for the mask modes.
+        mismatch_high: Upper accepted ratio for the mask modes.
+    """
+
+    policy_loss: str = "ppo_clip"
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    dual_clip: float | None = None
+    aggregation: str = "token-mean"
+    norm_length: int | None = None
+    kl_beta: float = 0.0
+    kl_estimator: str = "k3"
+    entropy_coef: float = 0.0
+    mismatch: str = "tis"
+    mismatch_cap: float = 2.0
+    mismatch_low: float = 0.5
+    mismatch_high: float = 2.0
+
+    def __post_init__(self) -> None:
+        lookup(POLICY_LOSSES, self.policy_loss, "policy loss")
+        lookup(AGGREGATIONS, self.aggregation, "loss aggregation")
+        lookup(KL_ESTIMATORS, self.kl_estimator, "KL estimator")
+        lookup(MISMATCH_MODES, self.mismatch, "mismatch correction")
+        check_clip_range(self.eps_low, self.eps_high, self.dual_clip)
+        if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_length or 0) > 0:
+            raise ConfigError("aggregation 'seq-mean-token-sum-norm' needs norm_length > 0")
+        if self.kl_beta < 0:
+            raise ConfigError(f"kl_beta must be >= 0, got {self.kl_beta}")
+        if self.mismatch_cap <= 0 or not 0 <= self.mismatch_low <= 1 <= self.mismatch_high:
+            raise ConfigError("need mismatch_cap > 0 and 0 <= mismatch_low <= 1 <= mismatch_high")
+
+
+def policy_objective(
+    spec: ObjectiveSpec,
+    *,
+    logprobs: Tensor,
+    old_logprobs: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    num_tokens: Count,
+    num_sequences: Count,
+    sampler_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The scalar loss of one micro-batch and its metrics.
+
+    Args:
+        spec: The objective.
+        logprobs: ``(B,T)`` the trained policy's log-probs of the sampled tokens (with grad).
+        old_logprobs: ``(B,T)`` the trainer's log-probs before the update; ``None`` means a
+            single on-policy update (``logprobs.detach()``: ratio 1, the policy gradient).
+        advantages: ``(B,)`` or ``(B,T)``.
+        mask: ``(B,T)`` 1 on the tokens the policy sampled.
+        num_tokens: Loss tokens in the whole batch (counted on ``mask``, before mismatch masking:
+            dropped tokens count as zero loss).
+        num_sequences: Sequences in the whole batch.
+        sampler_logprobs: ``(B,T)`` the inference engine's log-probs; ``None`` skips the
+            mismatch correction.
+        ref_logprobs: ``(B,T)`` the reference model's log-probs; required when ``kl_beta > 0``.
+        entropy: ``(B,T)`` token entropies (with grad for a bonus); required when
+            ``entropy_coef != 0``.
+
+    Returns:
+        ``(loss, metrics)``. Metrics (detached, masked means): the policy loss's (``clip_frac``,
+        ``ratio_mean``, ...), the mismatch ones when corrected, ``policy_loss``, and ``kl`` /
+        ``entropy`` when their inputs are given.
+
+    Raises:
+        ConfigError: ``kl_beta > 0`` without ``ref_logprobs``, or ``entropy_coef != 0`` without
+            ``entropy``.
+    """
+    if spec.kl_beta > 0 and ref_logprobs is None:
+        raise ConfigError(
+            "kl_beta > 0 needs ref_logprobs (load a reference model or set kl_beta 0)"
+        )
+    if spec.entropy_coef != 0 and entropy is None:
+        raise ConfigError("entropy_coef != 0 needs the token entropies (pass entropy=...)")
+    mask = as_bool_mask(mask, logprobs)
+    old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
+    metrics: dict[str, Tensor] = {}
+    weights: Tensor | float = 1.0
+    if sampler_logprobs is not None:
+        weights, mask, mismatch_metrics = mismatch_weights(
+            old,
+            sampler_logprobs,
+            mask,
+            mode=spec.mismatch,
+            cap=spec.mismatch_cap,
+            low=spec.mismatch_low,
+            high=spec.mismatch_high,
+        )
+        metrics.update(mismatch_metrics)
+    policy = lookup(POLICY_LOSSES, spec.policy_loss, "policy loss")
+    token_loss, policy_metrics = policy(
+        logprobs,
+        old,
+        advantages,
+        mask,
+        eps_low=spec.eps_low,
+        eps_high=spec.eps_high,
+        dual_clip=spec.dual_clip,
+    )
+    token_loss = token_loss * weights
+    metrics.update(policy_metrics)
+    with torch.no_grad():
+        metrics["policy_loss"] = masked_mean(token_loss, mask)
+    if ref_logprobs is not None:
+        kl = kl_penalty(spec.kl_estimator, logprobs, ref_logprobs, mask)
+        metrics["kl"] = masked_mean(kl.detach(), mask)
+        if spec.kl_beta > 0:
+            token_loss = token_loss + spec.kl_beta * kl
+    if entropy is not None:
+        entropy = torch.where(mask, entropy, torch.zeros_like(entropy))
+        metrics["entropy"] = masked_mean(entropy.detach(), mask)
+        if spec.entropy_coef != 0:
+            token_loss = token_loss - spec.entropy_coef * entropy
+    loss = aggregate(
+        token_loss,
+        mask,
+        spec.aggregation,
+        num_tokens=num_tokens,
+        num_sequences=num_sequences,
+        norm_length=spec.norm_length,
+    )
+    return loss, metrics

@@ -1,0 +1,64 @@
+"""The train-backend interface the loop talks to.
+
+A backend owns the policy model and its optimizer. The loop hands it micro-batches of token
+sequences; it returns logprobs (before an update) and performs updates. Everything about devices,
+parallelism and model formats stays behind this interface, so a Megatron backend plugs in
+without changing the loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from envhub.trainer.algorithms import ObjectiveSpec
+from envhub.trainer.batch import MicroBatch
+
+
+@dataclass
+class StepResult:
+    """Metrics of one optimizer update (token-weighted means over its micro-batches)."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class TrainBackend(Protocol):
+    """What the training loop needs from a backend."""
+
+    tokenizer: Any
+    """The HF tokenizer of the policy (chat template, pad id)."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy module (the in-process engine generates with it)."""
+        ...
+
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False) -> list[torch.Tensor]:
+        """Per-target-token logprobs of each micro-batch under the current (or reference) policy,
+        without gradients, shaped like ``MicroBatch.loss_mask``."""
+        ...
+
+    def update(
+        self,
+        batches: list[MicroBatch],
+        spec: ObjectiveSpec,
+        *,
+        old_logprobs: list[torch.Tensor] | None,
+        ref_logprobs: list[torch.Tensor] | None,
+        num_tokens: int,
+        num_sequences: int,
+    ) -> StepResult:
+        """One optimizer update over ``batches`` (gradient accumulation), normalised by the
+        totals of the whole update so the result does not depend on the micro-batch split."""
+        ...
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: ``model``, ``optimizer``, ``scheduler``."""
+        ...
+
+    def export(self, target: Path) -> Path:
+        """Write the policy as an HF folder (safetensors) that vLLM and transformers load."""
+        ...

@@ -1,0 +1,226 @@
+"""The torch backend: one process, an HF transformers causal LM on the CPU or one GPU.
+
+Parameters and optimizer state stay in float32 (the master copy); on a GPU the forward pass
+runs under bfloat16 autocast when ``model.dtype`` is ``auto`` or ``bfloat16``. Micro-batches are
+accumulated into one optimizer update; the loss of each is normalised by the whole update's
+token/sequence totals, so the gradient is the same however the update is split.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envhub.errors import ConfigError, MissingDependencyError
+from envhub.trainer.algorithms import (
+    ObjectiveSpec,
+    policy_objective,
+    selective_log_softmax,
+    token_entropy,
+)
+from envhub.trainer.backends.base import StepResult
+from envhub.trainer.batch import MicroBatch
+from envhub.trainer.config import TrainConfig
+from envhub.trainer.models import resolve_model
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> the first CUDA GPU when there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"backend.device={name} but torch sees no CUDA GPU; use backend.device=cpu")
+    return device
+
+
+class TorchBackend:
+    """Trains an HF causal LM in this process (see the module docstring)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        if config.backend.threads:
+            torch.set_num_threads(config.backend.threads)
+        self.device = resolve_device(config.backend.device)
+        self.autocast_dtype = _autocast_dtype(config.model.dtype, self.device)
+        self.temperature = config.rollout.temperature
+        self.model_path = resolve_model(config.model.name)
+        self.tokenizer, self._model = _load(self.model_path, config, self.device)
+        self.reference = _load(self.model_path, config, self.device, frozen=True)[1] if config.algorithm.kl_beta > 0 else None
+        trainable = [p for p in self._model.parameters() if p.requires_grad]
+        opt = config.optimizer
+        self.optimizer = torch.optim.AdamW(trainable, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+        total_updates = config.steps * config.algorithm.updates_per_step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(opt.schedule, opt.warmup_steps, total_updates))
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self._model
+
+    @property
+    def pad_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.tokenizer.eos_token_id
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self._model.parameters() if p.requires_grad or not trainable_only)
+
+    # -- the two operations the loop needs ------------------------------------------------------
+
+    @torch.no_grad()
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False) -> list[torch.Tensor]:
+        model = self.reference if reference else self._model
+        if model is None:
+            raise ConfigError("reference logprobs need a reference model (set algorithm.kl_beta > 0)")
+        was_training = model.training
+        model.eval()
+        try:
+            return [self._token_logprobs(model, mb.to(self.device))[0].cpu() for mb in batches]
+        finally:
+            model.train(was_training)
+
+    def update(
+        self,
+        batches: list[MicroBatch],
+        spec: ObjectiveSpec,
+        *,
+        old_logprobs: list[torch.Tensor] | None,
+        ref_logprobs: list[torch.Tensor] | None,
+        num_tokens: int,
+        num_sequences: int,
+    ) -> StepResult:
+        self._model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        weight_sum = 0.0
+        for k, cpu_batch in enumerate(batches):
+            mb = cpu_batch.to(self.device)
+            logprobs, entropy = self._token_logprobs(self._model, mb, with_entropy=True)
+            loss, metrics = policy_objective(
+                spec,
+                logprobs=logprobs,
+                old_logprobs=old_logprobs[k].to(self.device) if old_logprobs else None,
+                advantages=mb.advantages,
+                mask=mb.loss_mask,
+                num_tokens=num_tokens,
+                num_sequences=num_sequences,
+                sampler_logprobs=mb.sampler_logprobs,
+                ref_logprobs=ref_logprobs[k].to(self.device) if ref_logprobs else None,
+                entropy=entropy,
+            )
+            loss.backward()
+            weight = float(mb.num_tokens)
+            weight_sum += weight
+            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+            for name, value in metrics.items():
+                totals[name] = totals.get(name, 0.0) + float(value) * weight
+        metrics = {name: (v if name == "loss" else v / max(weight_sum, 1.0)) for name, v in totals.items()}
+        metrics["grad_norm"] = self._clip_gradients()
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        return StepResult(metrics)
+
+    # -- checkpoints and export -----------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {"model": self._model, "optimizer": self.optimizer, "scheduler": self.scheduler, "tokenizer": self.tokenizer}
+
+    def export(self, target: Path) -> Path:
+        from envhub.trainer.checkpoint import export_hf
+
+        return export_hf(self._model, self.tokenizer, target)
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logprob of each target token under ``logits / temperature`` (the distribution the
+        engine sampled from), and optionally the entropy of that distribution."""
+        with self._autocast():
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+        logits = logits[:, :-1].float() / self.temperature
+        logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
+        entropy = None
+        if with_entropy:  # a metric always; a loss term only when entropy_coef != 0
+            entropy = token_entropy(logits) if self.config.algorithm.entropy_coef else token_entropy(logits.detach())
+        return logprobs, entropy
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
+
+    def _clip_gradients(self) -> float:
+        params = [p for p in self._model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        limit = self.config.optimizer.grad_clip
+        norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
+        return float(norm)
+
+
+def _autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
+    if dtype == "float32" or (dtype == "auto" and device.type == "cpu"):
+        return None
+    if dtype == "auto":
+        return torch.bfloat16
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+
+
+def _load(path: str, config: TrainConfig, device: torch.device, frozen: bool = False) -> tuple[Any, torch.nn.Module]:
+    """Tokenizer and fp32 model on ``device``; LoRA adapters and checkpointing as configured."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the trainer draws its own progress
+    kwargs: dict[str, Any] = {"dtype": torch.float32}
+    if config.model.attn_implementation:
+        kwargs["attn_implementation"] = config.model.attn_implementation
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+    except OSError as e:
+        raise ConfigError(f"cannot load model {config.model.name!r}: {e}") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if frozen:
+        model.requires_grad_(False)
+        return tokenizer, model.eval()
+    if config.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if config.model.lora is not None:
+        model = _with_lora(model, config)
+    return tokenizer, model
+
+
+def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise MissingDependencyError.for_extra("peft", "train") from e
+    lora = config.model.lora
+    assert lora is not None
+    peft_config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, peft_config)
+
+
+def _schedule(kind: str, warmup: int, total: int) -> Any:
+    """LR multiplier per update: linear warm-up, then constant, linear or cosine decay to 0."""
+
+    def multiplier(update: int) -> float:
+        if warmup and update < warmup:
+            return (update + 1) / warmup
+        if kind == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (update - warmup) / max(1, total - warmup))
+        return 1.0 - progress if kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier

