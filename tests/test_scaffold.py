@@ -34,11 +34,12 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATE_SOURCES = REPO / "templates"
 
 # Tests each rendered package ships (the count its own `pytest` run must report).
-OWN_TESTS = {"single-turn": 6, "multi-turn": 7, "tool": 7}
+OWN_TESTS = {"single-turn": 6, "multi-turn": 7, "tool": 7, "code": 6}
 TAGS = {
     "single-turn": ["envhub", "single-turn", "reinforcement-learning", "llm"],
     "multi-turn": ["envhub", "multi-turn", "game", "reinforcement-learning", "llm"],
     "tool": ["envhub", "tool", "tool-use", "reinforcement-learning", "llm"],
+    "code": ["envhub", "code", "reinforcement-learning", "llm"],
 }
 
 
@@ -66,8 +67,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # -- names ------------------------------------------------------------------------------------
 
 
-def test_templates_are_the_three_shipped_folders():
-    assert list(TEMPLATES) == ["single-turn", "multi-turn", "tool"]
+def test_templates_are_the_four_shipped_folders():
+    assert list(TEMPLATES) == ["single-turn", "multi-turn", "tool", "code"]
     assert sorted(p.name for p in TEMPLATE_SOURCES.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(TEMPLATES)
 
 
@@ -135,9 +136,9 @@ def test_invalid_name_writes_nothing(tmp_path):
 @pytest.mark.parametrize(
     ("template", "message"),
     [
-        ("tol", "unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool"),
-        ("multiturn", "unknown template 'multiturn'. Did you mean 'multi-turn'? Templates: single-turn, multi-turn, tool"),
-        ("rocket", "unknown template 'rocket'. Templates: single-turn, multi-turn, tool"),
+        ("tol", "unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool, code"),
+        ("multiturn", "unknown template 'multiturn'. Did you mean 'multi-turn'? Templates: single-turn, multi-turn, tool, code"),
+        ("rocket", "unknown template 'rocket'. Templates: single-turn, multi-turn, tool, code"),
     ],
 )
 def test_unknown_template_is_refused(tmp_path, template, message):
