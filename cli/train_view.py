@@ -9,30 +9,48 @@ from rich.table import Table
 
 from envhub.cli.console import console
 
-# (metric, column title, format) for the per-step row
+# (metric, column title, format, width, priority) of the per-step row. On a narrow terminal the
+# lowest priorities go first; output that is not a terminal (a log file) keeps every column.
 COLUMNS = [
-    ("reward/mean", "reward", "{:.3f}"),
-    ("reward/std", "±", "{:.2f}"),
-    ("pass@1", "pass@1", "{:.2f}"),
-    ("rollout/completion_tokens", "tokens", "{:.0f}"),
-    ("batch/kept", "kept", "{:.0f}"),
-    ("train/loss", "loss", "{:+.4f}"),
-    ("train/kl", "kl", "{:.4f}"),
-    ("train/entropy", "entropy", "{:.3f}"),
-    ("train/clip_frac", "clip", "{:.3f}"),
-    ("train/mismatch_kl", "mismatch", "{:.1e}"),
-    ("train/grad_norm", "|g|", "{:.2f}"),
-    ("throughput/rollout_tokens_per_s", "gen tok/s", "{:.0f}"),
-    ("time/rollout", "rollout s", "{:.1f}"),
-    ("time/update", "train s", "{:.1f}"),
-    ("time/step", "step s", "{:.1f}"),
+    ("reward/mean", "reward", "{:.3f}", 6, 0),
+    ("reward/std", "±", "{:.2f}", 4, 3),
+    ("pass@1", "pass@1", "{:.2f}", 6, 1),
+    ("rollout/completion_tokens", "tokens", "{:.0f}", 6, 2),
+    ("batch/kept", "kept", "{:.0f}", 4, 2),
+    ("train/loss", "loss", "{:+.4f}", 7, 1),
+    ("train/kl", "kl", "{:.4f}", 6, 3),
+    ("train/entropy", "entropy", "{:.3f}", 7, 2),
+    ("train/clip_frac", "clip", "{:.3f}", 5, 3),
+    ("train/mismatch_kl", "mismatch", "{:.1e}", 8, 3),
+    ("train/grad_norm", "|g|", "{:.2f}", 5, 3),
+    ("throughput/rollout_tokens_per_s", "gen tok/s", "{:.0f}", 9, 2),
+    ("time/rollout", "gen s", "{:.1f}", 5, 2),
+    ("time/update", "train s", "{:.1f}", 7, 2),
+    ("time/step", "step s", "{:.1f}", 6, 0),
 ]
+LOG_WIDTH = 200
+"""Width of the table when output goes to a file or pipe (rich would assume 80 columns)."""
+
+
+def columns_for(width: int, steps: int) -> list[tuple[str, str, str, int, int]]:
+    """The columns that fit in ``width`` characters, dropping low-priority ones first."""
+    chosen = list(COLUMNS)
+    used = len(f"{steps}/{steps}") + sum(c[3] + 1 for c in chosen)
+    for priority in (3, 2, 1):
+        for column in [c for c in reversed(chosen) if c[4] == priority]:
+            if used <= width:
+                return chosen
+            chosen.remove(column)
+            used -= column[3] + 1
+    return chosen
 
 
 class RichReporter:
     """Renders training progress on the terminal (see :class:`envhub.trainer.loop.Reporter`)."""
 
     def __init__(self) -> None:
+        if not console.is_terminal:
+            console.width = max(console.width, LOG_WIDTH)
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
         self._task: Any = None
         self._rows = 0
@@ -65,7 +83,8 @@ class RichReporter:
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
-        console.print(step_row(step, self.steps, metrics, header=self._rows % 20 == 0))
+        columns = columns_for(console.width, self.steps)
+        console.print(step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns))
         self._rows += 1
 
     def finish(self, result: Any) -> None:
@@ -82,14 +101,14 @@ class RichReporter:
                 console.print(f"{label}: {path}", soft_wrap=True)
 
 
-def step_row(step: int, steps: int, metrics: dict[str, float], header: bool) -> Table:
+def step_row(step: int, steps: int, metrics: dict[str, float], header: bool, columns: list[tuple[str, str, str, int, int]] = COLUMNS) -> Table:
     """One table row (with the header every 20 steps), fixed widths so rows line up."""
-    table = Table(show_header=header, box=None, pad_edge=False, padding=(0, 1))
-    table.add_column("step", justify="right", width=len(f"{steps}/{steps}"))
-    for _, title, _ in COLUMNS:
-        table.add_column(title, justify="right", width=max(len(title), 7))
+    table = Table(show_header=header, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    table.add_column("step", justify="right", width=len(f"{steps}/{steps}"), no_wrap=True)
+    for _, title, _, width, _ in columns:
+        table.add_column(title, justify="right", width=max(width, len(title)), no_wrap=True)
     cells = [f"{step}/{steps}"]
-    for key, _, fmt in COLUMNS:
+    for key, _, fmt, _, _ in columns:
         value = metrics.get(key)
         cells.append("-" if value is None else fmt.format(value))
     table.add_row(*cells)

@@ -113,10 +113,16 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
     except ImportError:
         return None
     steps = [r["step"] for r in rows]
+    rewards = [r.get("reward/mean") for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
-    ax.plot(steps, [r.get("reward/mean") for r in rows], marker="o", label="mean reward")
+    ax.plot(steps, rewards, marker="o", markersize=3, linewidth=0.8, alpha=0.6, label="mean reward")
+    # A step sees only a few tasks, so its mean is noisy: the trend is the moving average.
+    window = min(5, len(rows))
+    if window > 1 and all(r is not None for r in rewards):
+        averages = [sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rows))]
+        ax.plot(steps[window - 1 :], averages, linewidth=2.2, color="C0", label=f"mean reward, {window}-step average")
     if any("pass@1" in r for r in rows):
-        ax.plot(steps, [r.get("pass@1") for r in rows], marker=".", linestyle="--", label="pass@1")
+        ax.plot(steps, [r.get("pass@1") for r in rows], linewidth=0.8, linestyle="--", color="C1", label="pass@1")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)

@@ -59,3 +59,18 @@ def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(tiny_model_
     run = tmp_path / "cli"
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert (run / "final" / "config.json").exists() and (run / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(("width", "dropped"), [(200, []), (100, ["mismatch", "|g|"]), (80, ["±", "kl", "clip", "mismatch", "|g|"])])
+def test_the_step_row_fits_the_terminal_dropping_minor_columns_first(width: int, dropped: list[str]) -> None:
+    from rich.console import Console
+
+    from envhub.cli.train_view import COLUMNS, columns_for, step_row
+
+    columns = columns_for(width, steps=20)
+    assert [c[1] for c in COLUMNS if c not in columns] == dropped
+    console = Console(width=width, record=True)
+    console.print(step_row(3, 20, {"reward/mean": 0.25, "time/step": 31.5}, header=True, columns=columns))
+    header, row = console.export_text().splitlines()
+    assert len(header) <= width and "…" not in header + row
+    assert row.split()[:2] == ["3/20", "0.250"] and row.split()[-1] == "31.5"
