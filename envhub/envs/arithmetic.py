@@ -8,7 +8,9 @@ integer. The prompt is one short line, so even a 135M model sees little besides 
 - ``hard``: 3-4 operations with parentheses, operands up to 999 (factors up to 99), values
   within ±100000 (bigger ones are redrawn: they test patience more than arithmetic).
 
-Reward: 1.0 for the right answer (math-verify) plus 0.1 for giving it in ``\\boxed{}``.
+Reward: 1.0 for the right answer plus 0.1 for giving it in ``\\boxed{}``. The answer must be a
+number: math-verify would also accept the question's own expression (``\\boxed{99 + 68}``), and
+a GRPO run on SmolLM2-135M learned exactly that within 15 steps.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from envhub.envs.expressions import evaluate, format_number, make_problem
 from envhub.envs.procedural import ProceduralTasks
 from envhub.errors import EnvhubError
 from envhub.rewards.format import has_answer
-from envhub.rewards.math import math_answer
+from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
 from envhub.types import Message
 
@@ -120,7 +122,7 @@ class ArithmeticEnv(SingleTurnEnv):
         return problem_set(self.difficulty, self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
-        return Rubric([math_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")])
+        return Rubric([number_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")])
 
 
 _QUESTION = re.compile(r"What is (.+)\?\s*$")

@@ -11,6 +11,8 @@ from envhub.rewards.rubric import RewardFunction, reward
 _BOXED_OPEN = re.compile(r"\\boxed\{")
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _ANSWER_LINE = re.compile(r"(?im)^\s*(?:final\s+)?answer\s*[:：]\s*(.+?)\s*$")
+_NUMBER = re.compile(r"[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+_NUMBER_ONLY = re.compile(rf"\$?\s*({_NUMBER.pattern})\s*\$?\.?")
 
 
 def _boxed(text: str) -> list[str]:
@@ -57,3 +59,39 @@ def exact_match(weight: float = 1.0, name: str = "exact_match", extract: bool = 
         return float(normalize(candidate) == normalize(str(answer)))
 
     return reward(matches, weight=weight, name=name)
+
+
+def parse_number(text: str) -> float | None:
+    """The value of ``text`` when it is one number literal (``42``, ``-3.5``, ``1,000``, ``$7$``),
+    else ``None``: an expression such as ``99 + 68`` is not a number."""
+    match = _NUMBER_ONLY.fullmatch(text.strip())
+    if match is None:
+        return None
+    return float(match.group(1).replace(",", "").replace("−", "-"))
+
+
+def final_number(text: str) -> float | None:
+    """The response's final answer as a number: the extracted answer (:func:`extract_answer`)
+    when there is one, else the last number in the text."""
+    extracted = extract_answer(text or "")
+    if extracted is not None:
+        return parse_number(extracted)
+    numbers = _NUMBER.findall(text or "")
+    return parse_number(numbers[-1]) if numbers else None
+
+
+def number_answer(weight: float = 1.0, name: str = "correct", tolerance: float = 1e-9) -> RewardFunction:
+    """1.0 when the final answer is a number equal to ``answer`` (within ``tolerance``).
+
+    Stricter than :func:`~envhub.rewards.math.math_answer`, which evaluates expressions: where
+    computing the value is the task (arithmetic), a policy would otherwise learn to box the
+    question itself (``\\boxed{99 + 68}``) and be paid for it.
+    """
+
+    def correct(response: str, answer: Any) -> float:
+        value, gold = final_number(response), parse_number(str(answer)) if answer is not None else None
+        if value is None or gold is None:
+            return 0.0
+        return float(abs(value - gold) <= tolerance * max(1.0, abs(gold)))
+
+    return reward(correct, weight=weight, name=name)

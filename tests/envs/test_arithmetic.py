@@ -84,6 +84,11 @@ def test_task_seed_changes_the_problems() -> None:
         ("\\boxed{116}", 0.1, {"correct": 0.0, "format": 1.0}),
         ("115", 1.0, {"correct": 1.0, "format": 0.0}),
         ("", 0.0, {"correct": 0.0, "format": 0.0}),
+        ("79 + 36 = 115.", 1.0, {"correct": 1.0, "format": 0.0}),  # the last number counts
+        # the hack GRPO found: box the question; math-verify would evaluate it to 115
+        ("To find \\boxed{79 + 36}, we add.", 0.1, {"correct": 0.0, "format": 1.0}),
+        ("\\boxed{115.0}", 1.1, {"correct": 1.0, "format": 1.0}),
+        ("\\boxed{115} is wrong, it is 116", 1.1, {"correct": 1.0, "format": 1.0}),  # the boxed answer is final
     ],
 )
 def test_scoring(response: str, reward: float, components: dict[str, float]) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from envhub.env import State
 from envhub.rewards.format import has_answer, tool_call_validity, xml_tags
-from envhub.rewards.match import exact_match, extract_answer, normalize
+from envhub.rewards.match import exact_match, extract_answer, normalize, number_answer, parse_number
 from envhub.rewards.math import math_answer, verify_math
 from envhub.rewards.rubric import Rubric
 from envhub.types import assistant, user
@@ -126,3 +126,28 @@ def test_math_answer_reward() -> None:
     result = asyncio.run(rubric.score(make_state("\\boxed{\\frac{3}{4}}", "0.75")))
     assert (result.total, result.components, result.errors) == (2.0, {"correct": 1.0}, [])
     assert score(rubric, make_state("\\boxed{3}", "0.75")) == {"correct": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("42", 42.0), ("-3.5", -3.5), ("1,000", 1000.0), ("$7$", 7.0), ("55.", 55.0), ("−4", -4.0),
+     ("99 + 68", None), ("1,00", None), ("\\frac{1}{2}", None), ("x", None), ("", None)],
+)
+def test_parse_number_accepts_one_literal_only(text: str, expected: float | None) -> None:
+    assert parse_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "answer", "expected"),
+    [
+        ("so \\boxed{167}, then 3", "167", 1.0),  # the boxed answer, not the last number
+        ("34 + 21 = 55.", "55", 1.0),  # no boxed answer: the last number
+        ("\\boxed{99 + 68}", "167", 0.0),  # an expression is not an answer
+        ("Answer: 1,000", "1000", 1.0),
+        ("\\boxed{0.30000000000000004}", "0.3", 1.0),
+        ("no number here", "3", 0.0),
+        ("\\boxed{3}", None, 0.0),
+    ],
+)
+def test_number_answer(response: str, answer: Any, expected: float) -> None:
+    assert score(Rubric([number_answer()]), make_state(response, answer)) == {"correct": expected}
