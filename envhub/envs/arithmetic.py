@@ -3,6 +3,7 @@
 Tasks are generated from ``(task_seed, index)`` (no download). Every answer is an exact
 integer. The prompt is one short line, so even a 135M model sees little besides the problem.
 
+- ``tiny``: ``a + b`` or ``a - b`` with single-digit operands, never negative (126 distinct problems);
 - ``easy``: ``a + b`` or ``a - b`` with operands 1..99, never negative;
 - ``medium``: three operands with ``+ - *`` (a factor of ``*`` is 2..12), never negative;
 - ``hard``: 3-4 operations with parentheses, operands up to 999 (factors up to 99), values
@@ -47,6 +48,7 @@ class Level:
 
 
 LEVELS = {
+    "tiny": Level(operations=(1, 1), operators="+-", max_operand=9, max_factor=0, nested=False, value_bounds=(0, 18)),
     "easy": Level(operations=(1, 1), operators="+-", max_operand=99, max_factor=0, nested=False, value_bounds=(0, 198)),
     "medium": Level(operations=(2, 2), operators="+-*", max_operand=99, max_factor=12, nested=False, value_bounds=(0, 100_000)),
     "hard": Level(operations=(3, 4), operators="+-*", max_operand=999, max_factor=99, nested=True, value_bounds=(-100_000, 100_000)),
@@ -95,10 +97,10 @@ SYSTEM_PROMPT = "Solve the arithmetic problem. Give the final answer as \\boxed{
 
 
 class ArithmeticEnv(SingleTurnEnv):
-    """Integer arithmetic (easy/medium/hard), answered in \\boxed{}.
+    """Integer arithmetic (tiny/easy/medium/hard), answered in \\boxed{}.
 
     Args:
-        difficulty: ``"easy"`` (``a ± b``, two-digit operands), ``"medium"`` (three operands
+        difficulty: ``"tiny"`` (``a ± b``, single digits), ``"easy"`` (``a ± b``, two-digit operands), ``"medium"`` (three operands
             with ``+ - *``) or ``"hard"`` (3-4 operations with parentheses, three-digit operands).
         num_tasks: Size of the generated task set.
         task_seed: Seed of the task generator (different seeds, different problems).

@@ -27,6 +27,7 @@ def expression_of(task: dict) -> str:
 @pytest.mark.parametrize(
     ("difficulty", "questions", "answers"),
     [
+        ("tiny", ["3 + 3", "8 - 3", "4 - 2"], ["6", "5", "2"]),
         ("easy", ["79 + 36", "97 + 70", "98 - 35"], ["115", "167", "63"]),
         ("medium", ["3 * 11 * 3", "62 + 75 - 57", "57 + 65 * 9"], ["99", "80", "642"]),
         ("hard", ["125 - (238 + 895) * 64", "248 - (972 + (808 + 443))", "224 - (544 + 994 - 956)"], ["-72387", "-1975", "-358"]),
@@ -41,7 +42,7 @@ def test_first_tasks_are_exactly_these(difficulty: str, questions: list[str], an
     assert tasks[0]["info"] == {"expression": questions[0], "difficulty": difficulty}
 
 
-@pytest.mark.parametrize("difficulty", ["easy", "medium", "hard"])
+@pytest.mark.parametrize("difficulty", ["tiny", "easy", "medium", "hard"])
 def test_every_answer_matches_an_independent_computation(difficulty: str) -> None:
     tasks = problem_set(difficulty, size=300, seed=5)
     for task in tasks:
@@ -53,6 +54,12 @@ def test_easy_is_one_addition_or_subtraction_of_two_digit_numbers() -> None:
         a, op, b = re.fullmatch(r"(\d+) ([+-]) (\d+)", expression_of(task)).groups()
         assert 1 <= int(a) <= 99 and 1 <= int(b) <= 99
         assert 0 <= int(task["answer"]) <= 198
+
+
+def test_tiny_is_every_single_digit_sum_and_difference_and_nothing_else() -> None:
+    expressions = {expression_of(t) for t in problem_set("tiny", size=2000, seed=1)}
+    expected = {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)} | {f"{a} - {b}" for a in range(1, 10) for b in range(1, a + 1)}
+    assert expressions == expected  # 81 sums + 45 differences, all drawn in 2000 tasks
 
 
 def test_medium_has_three_operands_and_some_products() -> None:
@@ -100,17 +107,17 @@ def test_scoring(response: str, reward: float, components: dict[str, float]) -> 
     assert info["reward_components"] == components
 
 
-@pytest.mark.parametrize("difficulty", ["medium", "hard"])
+@pytest.mark.parametrize("difficulty", ["tiny", "medium", "hard"])
 def test_other_difficulties_pass_check_env(difficulty: str) -> None:
     assert check_env(ArithmeticEnv(difficulty=difficulty)).passed
 
 
 def test_reference_policy_answers_every_level() -> None:
-    for difficulty in ("easy", "medium", "hard"):
+    for difficulty in ("tiny", "easy", "medium", "hard"):
         for task in list(problem_set(difficulty, size=50, seed=9)):
             assert reference_policy([user(task["question"])], None) == f"\\boxed{{{task['answer']}}}"
 
 
 def test_unknown_difficulty_is_refused() -> None:
-    with pytest.raises(EnvhubError, match="easy, medium, hard"):
+    with pytest.raises(EnvhubError, match="tiny, easy, medium, hard"):
         ArithmeticEnv(difficulty="expert")
