@@ -209,8 +209,9 @@ def summary_table(summary: Any, title: str):
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
         ("episodes with errors", str(summary.episodes_with_errors) + (f" ({', '.join(f'{k} {v}' for k, v in summary.error_stages.items())})" if summary.error_stages else "")),
         ("token drift", f"{summary.token_drift_episodes} episodes"),
-        ("time", f"{summary.seconds:.1f} s ({summary.episodes / max(summary.seconds, 1e-9):.2f} episodes/s)"),
     ]
+    if summary.seconds > 0:  # unknown (0) for trajectories saved without a summary, e.g. by `envhub train`
+        rows.append(("time", f"{summary.seconds:.1f} s ({summary.episodes / summary.seconds:.2f} episodes/s)"))
     for name, value in rows:
         table.add_row(name, value)
     return table

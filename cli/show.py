@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
 
 
 def show_command(
-    results: Path = typer.Argument(..., help="A results folder written by `envhub eval`, or a trajectories.jsonl file."),
+    results: Path = typer.Argument(..., help="A results folder written by `envhub eval`, or a trajectories file (an eval's trajectories.jsonl, a training step's trajectories/step-N.jsonl)."),
     episode: int = typer.Option(None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."),
     worst: bool = typer.Option(False, "--worst", help="Show the lowest-reward episode."),
 ) -> None:
@@ -22,6 +22,7 @@ def show_command(
     Examples:
         envhub show outputs/eval/calculator-smollm2-20261123-091258
         envhub show outputs/eval/calculator-smollm2-20261123-091258 -e 3
+        envhub show outputs/train/quickstart/trajectories/step-000020.jsonl --worst
     """
     from envhub.cli.console import console
     from envhub.cli.eval import summary_table
@@ -36,12 +37,22 @@ def show_command(
     if not trajectories:
         raise ConfigError(f"{file} is empty")
     if episode is None and not worst:
-        console.print(summary_table(summarize(trajectories), str(file.parent)))
+        saved = _saved_summary(file)
+        summary = summarize(trajectories, saved.get("pass_threshold", 1.0), saved.get("seconds", 0.0))
+        console.print(summary_table(summary, str(file.parent if file.name == "trajectories.jsonl" else file)))
         return
     index = min(range(len(trajectories)), key=lambda i: trajectories[i].reward) if worst else episode
     if not 0 <= index < len(trajectories):
         raise ConfigError(f"--episode must be 0..{len(trajectories) - 1}")
     render_episode(console, trajectories[index], index)
+
+
+def _saved_summary(file: Path) -> dict:
+    """What `envhub eval` saved next to its trajectories (pass threshold, wall time), if anything."""
+    import json
+
+    path = file.with_name("summary.json")
+    return json.loads(path.read_text()) if file.name == "trajectories.jsonl" and path.is_file() else {}
 
 
 def render_episode(console, trajectory, index: int) -> None:

@@ -110,6 +110,7 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return None
     steps = [r["step"] for r in rows]
@@ -123,6 +124,7 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
         ax.plot(steps[window - 1 :], averages, linewidth=2.2, color="C0", label=f"mean reward, {window}-step average")
     if any("pass@1" in r for r in rows):
         ax.plot(steps, [r.get("pass@1") for r in rows], linewidth=0.8, linestyle="--", color="C1", label="pass@1")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)

@@ -47,6 +47,12 @@ def test_eval_then_show(http_server, tmp_path):
 
     shown = runner.invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "6 (3 tasks x 2)" in shown.output
+    assert "episodes/s" in shown.output  # the saved summary knows how long the eval took
+    # a bare trajectories file (what `envhub train` saves per step) has no timing to show
+    bare = tmp_path / "step-000001.jsonl"
+    bare.write_text((out / "trajectories.jsonl").read_text())
+    shown_bare = runner.invoke(app, ["show", str(bare)])
+    assert shown_bare.exit_code == 0 and "6 (3 tasks x 2)" in shown_bare.output and "episodes/s" not in shown_bare.output
     episode = runner.invoke(app, ["show", str(out), "-e", "0"])
     assert episode.exit_code == 0
     assert f"task {trajectories[0].task_index}" in episode.output and "calculate" in episode.output
