@@ -43,6 +43,24 @@ def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
     return defaults
 
 
+DEFAULT_CONTEXT = 4096
+"""Context vLLM allocates for by default: plenty for env episodes, small enough for a laptop's KV cache."""
+
+
+def default_context_length(model: str) -> int:
+    """``DEFAULT_CONTEXT``, or less for a local model whose config allows less (vLLM refuses a
+    ``--max-model-len`` beyond the model's positions)."""
+    import json
+
+    config = Path(model) / "config.json"
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return DEFAULT_CONTEXT  # a Hub id, or no readable config: vLLM says if it is too long
+    limits = [data.get(key) for key in ("max_position_embeddings", "n_positions", "max_sequence_length")]
+    return min([DEFAULT_CONTEXT, *(int(v) for v in limits if isinstance(v, (int, float)) and v > 0)])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -64,7 +82,8 @@ class VLLMServer:
         model: A local model folder or Hub id.
         served_model_name: Name clients request (defaults to ``model``).
         port: Port on 127.0.0.1 (default: a free one).
-        max_model_len: Context length to allocate for.
+        max_model_len: Context length to allocate for (default: 4096, or the model's own limit
+            when a local model allows less).
         seed: Engine seed (per-request seeds crash vLLM's CPU build).
         extra_args: More ``vllm serve`` arguments.
         env: Extra environment variables for the server.
@@ -77,7 +96,7 @@ class VLLMServer:
         *,
         served_model_name: str | None = None,
         port: int | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int | None = None,
         seed: int = 0,
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
@@ -86,7 +105,7 @@ class VLLMServer:
         self.model = model
         self.served_model_name = served_model_name or model
         self.port = port or free_port()
-        self.max_model_len = max_model_len
+        self.max_model_len = max_model_len or default_context_length(model)
         self.seed = seed
         self.extra_args = list(extra_args)
         self.env = env or {}

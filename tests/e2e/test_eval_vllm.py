@@ -103,12 +103,13 @@ def test_eval_multi_turn_env_against_vllm(vllm_server, tmp_path):
         check_token_contract(vllm_server, t)
 
 
-def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tmp_path):
+def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tiny_model_dir, tmp_path):
+    # The tiny model starts in a minute; SmolLM2 (served by the session fixture) takes about three.
     out = tmp_path / "served"
-    result = run_cli("eval", "arithmetic", "--serve", "-m", "smollm2-135m", "-n", "2", "-r", "1", "--max-tokens", "32", "-o", str(out))
+    result = run_cli("eval", "arithmetic", "--serve", "-m", str(tiny_model_dir), "-n", "2", "-r", "1", "--max-tokens", "32", "-o", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(read_trajectories(out / "trajectories.jsonl")) == 2
-    leftover = subprocess.run(["pgrep", "-f", "served-model-name smollm2-135m"], capture_output=True, text=True)
+    leftover = subprocess.run(["pgrep", "-f", f"served-model-name {tiny_model_dir}"], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "the vLLM server outlived `envhub eval --serve`"
 
 

@@ -26,3 +26,15 @@ def test_command_uses_the_api_server_module_on_loopback():
 
 def test_stop_without_start_is_a_no_op():
     VLLMServer("m", port=free_port()).stop()
+
+
+def test_the_context_defaults_to_4096_or_the_models_own_smaller_limit(tmp_path):
+    import json
+
+    short, long, bare = tmp_path / "short", tmp_path / "long", tmp_path / "bare"
+    for folder, config in ((short, {"max_position_embeddings": 1024}), (long, {"max_position_embeddings": 32768}), (bare, {})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    assert [VLLMServer(str(f)).max_model_len for f in (short, long, bare)] == [1024, 4096, 4096]
+    assert VLLMServer("Org/hub-model").max_model_len == 4096  # not local: vLLM checks it
+    assert VLLMServer(str(short), max_model_len=512).max_model_len == 512

@@ -115,7 +115,8 @@ def _metrics(
 ) -> dict[str, Tensor]:
     abs_diff = diff.abs()
     # Samples come from the sampler, so k3 with r = trainer / sampler estimates KL(sampler || trainer).
-    kl = ratio - log_ratio - 1
+    # k3 is never negative; float32 rounding of exp(x) - x - 1 for tiny x can be (-1e-9).
+    kl = (ratio - log_ratio - 1).clamp(min=0)
     dtype = ratio.dtype
     return {
         "mismatch_kl": masked_mean(kl, mask),
