@@ -16,8 +16,9 @@ def show_command(
     episode: int = typer.Option(None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."),
     worst: bool = typer.Option(False, "--worst", help="Show the lowest-reward episode."),
 ) -> None:
-    """Print the summary of saved results, or one episode's conversation with its rewards,
-    tool calls, errors and token counts.
+    """Print the summary of saved results, or one episode turn by turn.
+
+    An episode shows its conversation with its rewards, tool calls, errors and token counts.
 
     Examples:
         envhub show outputs/eval/calculator-smollm2-20261123-091258

@@ -16,8 +16,10 @@ def train_command(
     overrides: list[str] = typer.Argument(None, help="Overrides KEY=VALUE, e.g. optimizer.lr=1e-6 steps=50."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and a size/memory estimate, then stop."),
 ) -> None:
-    """Train a model on one or more envs; progress bar, a table row per step, metrics and
-    trajectories saved under the run folder, checkpoints that resume after a crash.
+    """Train a model on one or more envs with GRPO-family RL.
+
+    A progress bar per rollout, a table row per step; metrics, trajectories, checkpoints (a
+    crashed run resumes when started again) and the final HF model under the run folder.
 
     Examples:
         envhub train examples/quickstart.yaml
