@@ -99,28 +99,34 @@ def fenced(code: str) -> str:
 
 
 class _CodeTasks:
-    """Shared set-up of both code envs: the task source, the sandbox and the rubric."""
+    """Shared set-up of both code envs: the task source, the sandbox, the rubric and the
+    reference policy (each env says how its solutions are played, ``_reference_policy``)."""
 
-    def _setup(
+    def __init__(
         self,
-        source: str,
-        split: str,
-        data_files: str | Sequence[str] | None,
-        sandbox: Sandbox | None,
-        timeout: float,
+        source: str = "local",
+        split: str = "train",
+        data_files: str | Sequence[str] | None = None,
+        sandbox: Sandbox | None = None,
+        timeout: float = 5.0,
+        **kwargs: Any,
     ) -> None:
         self.source, self.split, self.timeout = source, split, timeout
         self.data_files = tuple(data_files) if isinstance(data_files, (list, tuple)) else data_files
         self.sandbox = sandbox
+        super().__init__(**kwargs)
+        answers = _solutions([self.dataset[i] for i in range(len(self.dataset))])
+        # Only a task set with a solution for every task has a policy that always wins.
+        self.reference_policy = self._reference_policy(answers) if len(answers) == len(self.dataset) else None
+
+    def _reference_policy(self, answers: dict[str, str]) -> Any:
+        raise NotImplementedError
 
     def load_dataset(self) -> tuple[dict[str, Any], ...]:
         return load_tasks(self.source, self.split, self.data_files)
 
     def default_rubric(self) -> Rubric:
         return Rubric([code_tests(self.sandbox, timeout=self.timeout)])
-
-    def _reference_answers(self, dataset: Sequence[dict[str, Any]]) -> dict[str, str]:
-        return _solutions([dataset[i] for i in range(len(dataset))])
 
 
 class CodeEnv(_CodeTasks, SingleTurnEnv):
@@ -140,21 +146,8 @@ class CodeEnv(_CodeTasks, SingleTurnEnv):
     system_prompt = SYSTEM_PROMPT
     reward_range = (0.0, 1.0)
 
-    def __init__(
-        self,
-        source: str = "local",
-        split: str = "train",
-        data_files: str | Sequence[str] | None = None,
-        sandbox: Sandbox | None = None,
-        timeout: float = 5.0,
-        **kwargs: Any,
-    ) -> None:
-        self._setup(source, split, data_files, sandbox, timeout)
-        super().__init__(**kwargs)
-        answers = self._reference_answers(self.dataset)
-        self.reference_policy = (
-            _single_turn_policy(answers) if len(answers) == len(self.dataset) else None
-        )
+    def _reference_policy(self, answers: dict[str, str]) -> Any:
+        return _single_turn_policy(answers)
 
 
 def _single_turn_policy(answers: dict[str, str]) -> Any:
@@ -201,23 +194,8 @@ class CodeFixEnv(_CodeTasks, ToolEnv):
     default_max_turns = 6
     reward_range = (0.0, 1.0)
 
-    def __init__(
-        self,
-        source: str = "local",
-        split: str = "train",
-        data_files: str | Sequence[str] | None = None,
-        sandbox: Sandbox | None = None,
-        timeout: float = 5.0,
-        **kwargs: Any,
-    ) -> None:
-        self._setup(source, split, data_files, sandbox, timeout)
-        super().__init__(**kwargs)
-        answers = self._reference_answers(self.dataset)
-        self.reference_policy = (
-            _fix_policy(answers)
-            if len(answers) == len(self.dataset) and self.max_turns >= 2
-            else None
-        )
+    def _reference_policy(self, answers: dict[str, str]) -> Any:
+        return _fix_policy(answers) if self.max_turns >= 2 else None  # it tests, then answers
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
         buggy = task["info"].get("buggy")
