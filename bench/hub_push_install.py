@@ -14,9 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -38,6 +36,7 @@ def timed(fn, runs: int = RUNS) -> float:
 
 def main() -> None:
     from hub_server import HubServer
+    from venvs import fresh_venv
 
     tmp = Path(tempfile.mkdtemp(prefix="envhub-bench-"))
     server = HubServer({"alice": "hf_alice"}).start()
@@ -74,22 +73,7 @@ def main() -> None:
         pull(f"alice/bench-env@0.{i + 1}.0")
 
     rows.append(("pull, cold cache (resolve + download + verify)", timed(cold_pull)))
-    venv = tmp / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    purelib = subprocess.run(
-        [
-            venv / "bin" / "python",
-            "-c",
-            "import sysconfig; print(sysconfig.get_paths()['purelib'])",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(purelib, "_parent.pth").write_text(
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-    )
-    python = str(venv / "bin" / "python")
+    python = str(fresh_venv(tmp / "venv"))
     rows.append(
         (
             "install into a fresh venv (pull + verify + pip)",

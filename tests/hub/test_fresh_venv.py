@@ -12,35 +12,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 from conftest import ALICE
 from hub_server import HubServer
+from venvs import fresh_venv
 
 from envhub.hub import push
 from envhub.hub.lock import read_lock
 from envhub.rollout.io import read_trajectories
 
 REPO = "alice/capital-cities"
-
-
-def fresh_venv(folder: Path) -> Path:
-    """A new venv whose only link to this one is a .pth line; returns its python."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
-    python = folder / "bin" / "python"
-    purelib = subprocess.run(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    Path(purelib, "_parent_env.pth").write_text(
-        f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
-    )
-    return python
 
 
 def run(python: Path, *args: str) -> subprocess.CompletedProcess[str]:
