@@ -1,4 +1,5 @@
-"""Tools for testing envs without a model: scripted policies and a byte-level tokenizer.
+"""Tools for testing envs without a model, and trainers without a trained one: scripted
+policies, a byte-level tokenizer, and an env whose reward even a random model varies on.
 
 A *policy* is a deterministic function ``(messages, tools) -> str`` that writes the next
 assistant turn. :class:`ScriptedEngine` wraps one as an inference engine, so the real rollout
@@ -12,7 +13,9 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from envhub.env import SingleTurnEnv
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine
+from envhub.rewards.rubric import Rubric, reward
 from envhub.types import Message
 
 Policy = Callable[[list[Message], list[dict[str, Any]] | None], str]
@@ -112,3 +115,28 @@ class ScriptedEngine(InferenceEngine):
             ids = ids[:limit]
             return Generation(text=self.tokenizer.decode(ids), token_ids=ids, logprobs=[0.0] * limit, finish_reason="length")
         return Generation(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
+
+
+
+@reward
+def letter_e_share(response: str) -> float:
+    """The share of the letter ``e`` in the reply."""
+    return response.count("e") / max(len(response), 1)
+
+
+class LetterEnv(SingleTurnEnv):
+    """Write anything; more ``e`` is better (reward: :func:`letter_e_share`).
+
+    The reward is continuous, so the samples of even a random model differ and every GRPO
+    group has signal: a trainer test on a tiny random model really updates the weights.
+    Not registered; tests register it as ``LetterEnv.name``.
+    """
+
+    name = "test-letters"
+    version = "0.0.1"
+
+    def load_dataset(self) -> list[dict[str, Any]]:
+        return [{"question": f"Write a word ({i}).", "answer": ""} for i in range(6)]
+
+    def default_rubric(self) -> Rubric:
+        return Rubric([letter_e_share])

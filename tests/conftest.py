@@ -91,6 +91,18 @@ def unload():
         del sys.modules[name]
 
 
+@pytest.fixture
+def letter_env() -> Iterator[str]:
+    """``envhub.testing.LetterEnv`` registered under its name for the test; yields the name."""
+    import envhub
+    from envhub import registry
+    from envhub.testing import LetterEnv
+
+    envhub.register(LetterEnv.name, LetterEnv, override=True)
+    yield LetterEnv.name
+    registry._registered.pop(LetterEnv.name, None)
+
+
 # -- models for trainer and CLI tests (torch imported only when a test asks for them) --------
 
 

@@ -2,7 +2,7 @@
 vLLM, and vLLM's logprobs of what it samples are the trainer's own (same weights, same math).
 
 The model is the tiny random Llama of ``tests/conftest.py`` (head_dim 64, which vLLM's CPU
-attention needs). It trains on an env whose reward is continuous (the share of the letter ``e``),
+attention needs). It trains on ``envhub.testing.LetterEnv``, whose reward is continuous (the share of ``e``),
 so a random model's groups have variance, and one GRPO step at a large learning rate moves its
 weights far enough that the logprobs of the untrained model would not match.
 """
@@ -18,11 +18,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import envhub
-from envhub import registry
-from envhub.env import SingleTurnEnv
 from envhub.inference.vllm_server import VLLMServer
-from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.io import read_trajectories
 from envhub.trainer.config import load_config
 from envhub.trainer.loop import train
@@ -30,31 +26,6 @@ from envhub.trainer.loop import train
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@reward
-def letter_e_share(response: str) -> float:
-    return response.count("e") / max(len(response), 1)
-
-
-class LetterEnv(SingleTurnEnv):
-    """Write anything; more ``e`` is better."""
-
-    name = "e2e-letters"
-    version = "0.0.1"
-
-    def load_dataset(self) -> list[dict[str, str]]:
-        return [{"question": f"Write a word ({i}).", "answer": ""} for i in range(4)]
-
-    def default_rubric(self) -> Rubric:
-        return Rubric([letter_e_share])
-
-
-@pytest.fixture
-def letter_env():
-    envhub.register(LetterEnv.name, LetterEnv, override=True)
-    yield LetterEnv.name
-    registry._registered.pop(LetterEnv.name, None)
 
 
 def hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:

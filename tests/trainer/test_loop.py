@@ -20,38 +20,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-import envhub
-from envhub import registry
-from envhub.env import SingleTurnEnv
-from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.io import iter_trajectories
+from envhub.testing import LetterEnv
 from envhub.trainer.config import validate_config
 from envhub.trainer.loop import train
 
-
-@reward
-def letter_e_share(response: str) -> float:
-    return response.count("e") / max(len(response), 1)
-
-
-class LetterEnv(SingleTurnEnv):
-    """Write anything; more ``e`` is better."""
-
-    name = "trainer-test-letters"
-    version = "0.0.1"
-
-    def load_dataset(self) -> list[dict[str, Any]]:
-        return [{"question": f"Write a word ({i}).", "answer": ""} for i in range(6)]
-
-    def default_rubric(self) -> Rubric:
-        return Rubric([letter_e_share])
-
-
-@pytest.fixture(autouse=True)
-def letter_env() -> Any:
-    envhub.register(LetterEnv.name, LetterEnv, override=True)
-    yield
-    registry._registered.pop(LetterEnv.name, None)
+pytestmark = pytest.mark.usefixtures("letter_env")
 
 
 def _config(model_dir: Path, out: Path, **overrides: Any) -> dict[str, Any]:
@@ -160,8 +134,8 @@ def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(tiny_model_d
         "import json, sys; from envhub.trainer.config import validate_config; from envhub.trainer.loop import train;"
         "train(validate_config(json.load(open(sys.argv[1]))))"
     )
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))  # the child imports this module for LetterEnv
-    process = subprocess.Popen([sys.executable, "-c", "import test_loop as t, envhub; envhub.register(t.LetterEnv.name, t.LetterEnv);" + script, str(cfg_path)], env=env)
+    register = "import envhub; from envhub.testing import LetterEnv; envhub.register(LetterEnv.name, LetterEnv);"
+    process = subprocess.Popen([sys.executable, "-c", register + script, str(cfg_path)])
     checkpoint = tmp_path / "b" / "run" / "checkpoints" / "step-000002"
     deadline = time.monotonic() + 300
     while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
