@@ -1,12 +1,26 @@
-"""Inference engines that live inside the trainer process.
+"""Inference engines driven by the trainer.
 
 :class:`HFEngine` samples with the trainer's own ``transformers`` module (colocated, CPU or one
-GPU); :class:`HFChatTokenizer` renders conversations with that model's chat template.
+GPU); :class:`HFChatTokenizer` renders conversations with that model's chat template;
+:class:`VLLMEngine` samples with vLLM (in process or a server) and receives the trainer's weights
+after each step. Imported lazily: vLLM loads ``shm_transfer`` from here in its own processes.
 """
 
 from __future__ import annotations
 
-from envhub.trainer.engines.hf import HFEngine
-from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+from importlib import import_module
+from typing import Any
 
-__all__ = ["HFChatTokenizer", "HFEngine"]
+_EXPORTS = {
+    "HFEngine": "envhub.trainer.engines.hf",
+    "HFChatTokenizer": "envhub.trainer.engines.hf_tokenizer",
+    "VLLMEngine": "envhub.trainer.engines.vllm",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)
