@@ -73,6 +73,9 @@ class RichReporter:
             soft_wrap=True,
         )
         console.print(f"run folder: {info['run_dir']}", soft_wrap=True)
+        if "sync/seconds" in info:
+            check = f", logprobs match to {info['sync/logprob_diff_max']:.1e}" if "sync/logprob_diff_max" in info else ""
+            console.print(f"rollout engine: {info.get('engine')} (initial weight sync {info['sync/seconds']:.2f} s{check})", soft_wrap=True)
 
     def rollout_progress(self, done: int, total: int) -> None:
         if self._task is None:

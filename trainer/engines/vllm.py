@@ -1,0 +1,282 @@
+"""vLLM as the rollout engine, receiving the trainer's weights after every optimizer step.
+
+:class:`VLLMEngine` is an :class:`~envhub.inference.base.InferenceEngine`: token ids in (rendered
+by the trainer's own tokenizer, so the rollout runner's token contract holds), sampled ids and
+their logprobs out. It runs vLLM either as a server (``mode="server"``: a ``vllm serve`` child
+process, or one at ``url``) or in process (``mode="inprocess"``: ``AsyncLLM``).
+
+- **Logprobs** come from vLLM with ``--logprobs-mode processed_logprobs``: the sampled token's
+  logprob after temperature (and top-k / top-p when set), which is what the trainer's mismatch
+  correction compares with its own ``log_softmax(logits / T)``. vLLM's default mode reports them
+  before temperature.
+- **Text** is decoded here from the sampled ids, special tokens kept and the final EOS left
+  out, as :class:`HFEngine` does, so the next turn's prompt re-tokenises to the sampled ids.
+- **Weight sync** (:meth:`update_weights`) goes through vLLM's weight-transfer mechanism (see
+  ``weight_sync``), then resets the prefix cache (cached KV was computed with the old weights)
+  and, when ``verify`` asks for it, checks vLLM's logprobs of a fixed sequence against the
+  trainer's: a sync whose mismatch exceeds the tolerance raises :class:`WeightSyncError`.
+- **Sampling seeds**: the engine is seeded once (per-request seeds crash vLLM's CPU build), so
+  a run is reproducible only up to vLLM's batching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from envhub.errors import ConfigError, EngineError
+from envhub.inference.base import GenerateRequest, Generation, InferenceEngine
+from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+from envhub.trainer.engines.vllm_transport import (
+    EngineSettings,
+    InProcessTransport,
+    ServerTransport,
+    Transport,
+    serve_args,
+)
+
+__all__ = ["VLLMEngine", "WeightSyncError", "serve_args"]
+
+VERIFY_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable rewards "
+    "trains a policy on environments whose answers can be checked: arithmetic, code that passes its "
+    "tests, games with a known winner. 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20."
+)
+"""The fixed text whose logprobs verification compares (long enough for ``verify_tokens``)."""
+
+
+class WeightSyncError(EngineError):
+    """vLLM's weights do not match the trainer's after a sync."""
+
+
+class VLLMEngine(InferenceEngine):
+    """Rollouts from vLLM with live weight sync (see the module docstring).
+
+    Args:
+        settings: How to start vLLM.
+        tokenizer: The policy's ``transformers`` tokenizer (chat template, EOS ids).
+        generation_config: The model's generation config (its EOS ids end turns too).
+        mode: ``server`` or ``inprocess``.
+        url: An already running server (``server`` mode).
+        bucket_bytes: Size of one weight-transfer bucket.
+        verify: ``every`` sync, only the ``first``, or ``off``.
+        verify_tolerance: Largest allowed |vLLM - trainer| logprob on the fixed sequence.
+        verify_tokens: Length of the fixed sequence.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        tokenizer: Any,
+        *,
+        generation_config: Any = None,
+        mode: str = "server",
+        url: str | None = None,
+        bucket_bytes: int = 256 << 20,
+        verify: str = "every",
+        verify_tolerance: float = 1e-3,
+        verify_tokens: int = 64,
+    ) -> None:
+        if mode not in ("server", "inprocess"):
+            raise ConfigError(f"vLLM mode must be server or inprocess, got {mode!r}")
+        if url is not None and mode != "server":
+            raise ConfigError("rollout.vllm.url needs mode=server")
+        self.settings = settings
+        self.mode = mode
+        self.transport: Transport = ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings)
+        self.tokenizer: HFChatTokenizer = HFChatTokenizer(tokenizer, max_length=settings.max_model_len, generation_config=generation_config)
+        self.bucket_bytes = bucket_bytes
+        self.verify = verify
+        self.verify_tolerance = verify_tolerance
+        self.verify_ids = _verify_ids(tokenizer, verify_tokens)
+        self.weights_version = 0
+        self._transfer: Any = None
+        self._started = False
+        self._asleep = False
+        self.reset_stats()
+
+    def __repr__(self) -> str:
+        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer})"
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start (or connect to) vLLM. Raises :class:`EngineUnavailableError` with vLLM's own
+        last log lines when it cannot start."""
+        if self._started:
+            return
+        await self.transport.start()
+        self._started = True
+
+    async def aclose(self) -> None:
+        if self._transfer is not None:
+            self._transfer.shutdown()
+            self._transfer = None
+        if self._started:
+            self._started = False
+            await self.transport.close()
+
+    async def check_alive(self) -> None:
+        """Raise :class:`EngineUnavailableError` if vLLM died (the loop calls this after a
+        rollout, whose per-episode engine errors would otherwise look like bad episodes)."""
+        await self.transport.check_alive()
+
+    async def sleep(self) -> None:
+        """Free vLLM's GPU memory while the trainer updates (when sleep mode is on)."""
+        if self.settings.sleep and self.settings.on_gpu and not self._asleep:
+            await self.transport.control("sleep")
+            self._asleep = True
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        if not self._started:
+            await self.start()
+        if self._asleep:
+            raise EngineError("vLLM is asleep; update_weights wakes it before the next rollout")
+        prompt_ids = request.prompt_ids
+        rendered = prompt_ids is None
+        if prompt_ids is None:
+            prompt_ids = await self.tokenizer.render(request.messages, request.tools, True)
+        sampling = request.sampling.model_copy(update={"seed": None}) if request.sampling.seed is not None else request.sampling
+        started = time.perf_counter()
+        out = await self.transport.generate(list(prompt_ids), sampling)
+        self.generate_seconds += time.perf_counter() - started
+        self.generated_tokens += len(out.token_ids)
+        self.requests += 1
+        eos = self.tokenizer.eos_token_ids
+        body = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in eos and out.finish_reason == "stop" else out.token_ids
+        return Generation(
+            text=self.tokenizer.decode(body),
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            finish_reason=out.finish_reason,
+            prompt_token_ids=list(prompt_ids) if rendered else None,
+        )
+
+    def reset_stats(self) -> None:
+        self.generated_tokens = 0
+        self.generate_seconds = 0.0
+        self.requests = 0
+
+    def stats(self) -> dict[str, float]:
+        return {"generated_tokens": float(self.generated_tokens), "requests": float(self.requests)}
+
+    # -- weight sync ------------------------------------------------------------------------
+
+    async def update_weights(self, backend: Any) -> dict[str, float]:
+        """Send ``backend``'s weights to vLLM, reset the prefix cache and (per ``verify``)
+        check the result. Returns ``sync/*`` metrics: seconds, buckets, bytes and, when
+        verified, the logprob mismatch on the fixed sequence."""
+        if not self._started:
+            await self.start()
+        metrics: dict[str, float] = {}
+        started = time.perf_counter()
+        if self._asleep:
+            await self.transport.control("wake_up", "weights")
+        if self._transfer is None:
+            self._transfer = await asyncio.to_thread(self._connect, backend, asyncio.get_running_loop())
+        await asyncio.to_thread(self._transfer.send_weights)
+        self.weights_version += 1
+        if self._asleep:
+            await self.transport.control("wake_up", "kv_cache")
+            self._asleep = False
+        await self.transport.control("reset_prefix_cache")
+        metrics["sync/seconds"] = time.perf_counter() - started
+        metrics["sync/buckets"] = float(getattr(self._transfer, "buckets_sent", 0))
+        metrics["sync/megabytes"] = getattr(self._transfer, "bytes_sent", 0) / 2**20
+        if self.verify == "every" or (self.verify == "first" and self.weights_version == 1):
+            metrics |= await self.check_weights(backend)
+        return metrics
+
+    def _connect(self, backend: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        from envhub.trainer.engines import weight_sync
+
+        client = weight_sync.ThreadSafeClient(loop, {
+            name: (lambda *a, _name=name: self.transport.control(_name, *a))
+            for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
+        })  # fmt: skip
+        nccl = None
+        if self.settings.weight_transfer == "nccl":
+            nccl = asyncio.run_coroutine_threadsafe(self._nccl_rendezvous(), loop).result()
+        info = weight_sync.trainer_init_info(self.settings.weight_transfer, bucket_bytes=self.bucket_bytes, nccl=nccl)
+        source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype))
+        return weight_sync.connect(info, client, source)
+
+    async def _nccl_rendezvous(self) -> dict[str, Any]:
+        from envhub.inference.vllm_server import free_port
+
+        return {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 1 + await self.transport.world_size()}
+
+    async def check_weights(self, backend: Any) -> dict[str, float]:
+        """Compare vLLM's and the trainer's logprobs of the fixed sequence (temperature 1).
+
+        Raises:
+            WeightSyncError: the largest difference exceeds ``verify_tolerance``.
+        """
+        from envhub.trainer.batch import Sample, collate
+
+        engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
+        sample = Sample(self.verify_ids, [1] * len(self.verify_ids), [0.0] * len(self.verify_ids), 0.0, 0)
+        batch = collate([sample], [0], pad_id=0)
+        trainer_logprobs = backend.logprobs([batch], temperature=1.0)[0][0].tolist()
+        diffs = [abs(a - b) for a, b in zip(engine_logprobs, trainer_logprobs, strict=True)]
+        worst, mean = max(diffs), sum(diffs) / len(diffs)
+        if worst > self.verify_tolerance:
+            raise WeightSyncError(
+                f"after weight sync {self.weights_version}, vLLM's logprobs differ from the trainer's by up to {worst:.3g} "
+                f"(mean {mean:.3g}) on a fixed {len(self.verify_ids)}-token sequence; the tolerance is {self.verify_tolerance:g}. "
+                "vLLM is not sampling from the policy being trained. Check that rollout.vllm.dtype matches the trainer "
+                "(float32 on the CPU) and that the engine serves the same model; raise rollout.vllm.verify_tolerance "
+                "only if the gap is rounding. The last checkpoint is intact: rerun the same command to resume."
+            )
+        return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
+
+
+def _verify_ids(tokenizer: Any, length: int) -> list[int]:
+    ids = list(tokenizer(VERIFY_TEXT, add_special_tokens=False)["input_ids"])
+    while len(ids) < length:
+        ids += ids
+    return ids[:length]
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return getattr(torch, name)
+
+
+def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettings:
+    """``EngineSettings`` from a ``TrainConfig`` (``rollout.vllm``) for the resolved model."""
+    from envhub.inference.vllm_server import default_context_length
+    from envhub.trainer.engines.weight_sync import choose_backend
+
+    v = config.rollout.vllm
+    dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and v.mode == "inprocess")
+    return EngineSettings(
+        model=model_path, dtype=dtype, max_model_len=v.max_model_len or default_context_length(model_path),
+        seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, inprocess=v.mode == "inprocess"),
+        gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
+        max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
+        extra_args=tuple(v.extra_args),
+    )  # fmt: skip
+
+
+def default_tolerance(dtype: str) -> float:
+    """1e-3 for a float32 engine (measured ~1e-6 against the trainer), 0.25 for 16-bit ones."""
+    return 1e-3 if dtype == "float32" else 0.25
+
+
+def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
+    """The engine ``rollout.engine: vllm`` asks for, for ``backend``'s model and device."""
+    on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
+    settings = resolve_settings(config, backend.model_path, on_gpu)
+    v = config.rollout.vllm
+    model = backend.model
+    return VLLMEngine(
+        settings, backend.tokenizer, generation_config=getattr(model, "generation_config", None), mode=v.mode, url=v.url,
+        bucket_bytes=v.bucket_mb << 20, verify=v.verify, verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
+        verify_tokens=v.verify_tokens,
+    )  # fmt: skip

