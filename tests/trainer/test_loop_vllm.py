@@ -49,7 +49,11 @@ class KillServerInStep:
             import psutil
 
             for child in psutil.Process().children(recursive=True):
-                if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline()):
+                try:
+                    command = " ".join(child.cmdline())
+                except psutil.Error:  # zombies and processes that just ended
+                    continue
+                if "vllm.entrypoints.openai.api_server" in command:
                     os.killpg(os.getpgid(child.pid), signal.SIGKILL)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:

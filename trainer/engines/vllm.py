@@ -172,6 +172,10 @@ class VLLMEngine(InferenceEngine):
         if not self._started:
             await self.start()
         metrics: dict[str, float] = {}
+        verify = self.verify == "every" or (self.verify == "first" and self.weights_version == 0)
+        if verify and self.weights_version > 0 and not self._asleep:
+            # How far the engine's policy lagged behind the trainer's: what a missed sync costs.
+            metrics["sync/stale_logprob_diff_max"] = (await self.logprob_mismatch(backend))[0]
         started = time.perf_counter()
         if self._asleep:
             await self.transport.control("wake_up", "weights")
@@ -186,7 +190,7 @@ class VLLMEngine(InferenceEngine):
         metrics["sync/seconds"] = time.perf_counter() - started
         metrics["sync/buckets"] = float(getattr(self._transfer, "buckets_sent", 0))
         metrics["sync/megabytes"] = getattr(self._transfer, "bytes_sent", 0) / 2**20
-        if self.verify == "every" or (self.verify == "first" and self.weights_version == 1):
+        if verify:
             metrics |= await self.check_weights(backend)
         return metrics
 
@@ -215,14 +219,7 @@ class VLLMEngine(InferenceEngine):
         Raises:
             WeightSyncError: the largest difference exceeds ``verify_tolerance``.
         """
-        from envhub.trainer.batch import Sample, collate
-
-        engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
-        sample = Sample(self.verify_ids, [1] * len(self.verify_ids), [0.0] * len(self.verify_ids), 0.0, 0)
-        batch = collate([sample], [0], pad_id=0)
-        trainer_logprobs = backend.logprobs([batch], temperature=1.0)[0][0].tolist()
-        diffs = [abs(a - b) for a, b in zip(engine_logprobs, trainer_logprobs, strict=True)]
-        worst, mean = max(diffs), sum(diffs) / len(diffs)
+        worst, mean = await self.logprob_mismatch(backend)
         if worst > self.verify_tolerance:
             raise WeightSyncError(
                 f"after weight sync {self.weights_version}, vLLM's logprobs differ from the trainer's by up to {worst:.3g} "
@@ -232,6 +229,18 @@ class VLLMEngine(InferenceEngine):
                 "only if the gap is rounding. The last checkpoint is intact: rerun the same command to resume."
             )
         return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
+
+
+    async def logprob_mismatch(self, backend: Any) -> tuple[float, float]:
+        """Largest and mean |vLLM - trainer| logprob over the fixed sequence (temperature 1)."""
+        from envhub.trainer.batch import Sample, collate
+
+        engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
+        sample = Sample(self.verify_ids, [1] * len(self.verify_ids), [0.0] * len(self.verify_ids), 0.0, 0)
+        batch = collate([sample], [0], pad_id=0)
+        trainer_logprobs = backend.logprobs([batch], temperature=1.0)[0][0].tolist()
+        diffs = [abs(a - b) for a, b in zip(engine_logprobs, trainer_logprobs, strict=True)]
+        return max(diffs), sum(diffs) / len(diffs)
 
 
 def _verify_ids(tokenizer: Any, length: int) -> list[int]:
@@ -247,10 +256,25 @@ def _torch_dtype(name: str) -> Any:
     return getattr(torch, name)
 
 
+SHM_BACKEND = "envhub_shm"
+"""``shm_transfer.BACKEND`` (that module imports vLLM; this one must not, at import time)."""
+
+
+def choose_backend(requested: str, *, on_gpu: bool, inprocess: bool) -> str:
+    """The weight-transfer backend for ``requested``; ``auto`` picks shared memory on the CPU,
+    CUDA IPC next to an in-process engine on a GPU, NCCL to a GPU server."""
+    if requested != "auto":
+        if requested in ("nccl", "ipc") and not on_gpu:
+            raise ConfigError(f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; on the CPU use envhub_shm (or auto)")
+        return requested
+    if not on_gpu:
+        return SHM_BACKEND
+    return "ipc" if inprocess else "nccl"
+
+
 def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettings:
     """``EngineSettings`` from a ``TrainConfig`` (``rollout.vllm``) for the resolved model."""
     from envhub.inference.vllm_server import default_context_length
-    from envhub.trainer.engines.weight_sync import choose_backend
 
     v = config.rollout.vllm
     dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if on_gpu else "float32")

@@ -74,17 +74,6 @@ class ThreadSafeClient:
         self._run("finish_weight_update", weight_version)
 
 
-def choose_backend(requested: str, *, on_gpu: bool, inprocess: bool) -> str:
-    """The transfer backend for ``requested`` (``auto`` picks by device and placement)."""
-    if requested != "auto":
-        if requested in ("nccl", "ipc") and not on_gpu:
-            raise ConfigError(f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; on the CPU use envhub_shm (or auto)")
-        return requested
-    if not on_gpu:
-        return shm_transfer.BACKEND
-    return "ipc" if inprocess else "nccl"
-
-
 def trainer_init_info(backend: str, *, bucket_bytes: int, nccl: dict[str, Any] | None = None) -> Any:
     """The trainer-side init info of ``backend``."""
     if backend == shm_transfer.BACKEND:

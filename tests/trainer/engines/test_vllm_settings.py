@@ -1,0 +1,70 @@
+"""How ``rollout.vllm`` resolves into engine settings (no vLLM needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from envhub.errors import ConfigError
+from envhub.trainer.config import validate_config
+from envhub.trainer.engines.vllm import choose_backend, default_tolerance, resolve_settings
+from envhub.trainer.engines.vllm_transport import serve_args
+
+
+def _config(**vllm: object) -> object:
+    return validate_config({"envs": [{"name": "arithmetic"}], "seed": 9, "rollout": {"engine": "vllm", "vllm": vllm}})
+
+
+@pytest.mark.parametrize(
+    ("requested", "on_gpu", "inprocess", "expected"),
+    [
+        ("auto", False, False, "envhub_shm"),
+        ("auto", False, True, "envhub_shm"),
+        ("auto", True, True, "ipc"),
+        ("auto", True, False, "nccl"),
+        ("envhub_shm", True, False, "envhub_shm"),
+        ("nccl", True, True, "nccl"),
+    ],
+)
+def test_auto_picks_the_transfer_backend_by_device_and_placement(requested: str, on_gpu: bool, inprocess: bool, expected: str) -> None:
+    assert choose_backend(requested, on_gpu=on_gpu, inprocess=inprocess) == expected
+
+
+@pytest.mark.parametrize("backend", ["nccl", "ipc"])
+def test_gpu_only_backends_are_refused_on_the_cpu(backend: str) -> None:
+    with pytest.raises(ConfigError, match="needs CUDA GPUs; on the CPU use envhub_shm"):
+        choose_backend(backend, on_gpu=False, inprocess=False)
+
+
+def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() -> None:
+    settings = resolve_settings(_config(), "/models/m", on_gpu=False)
+
+    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.seed) == ("float32", False, "envhub_shm", 9)
+    assert settings.max_model_len == 4096  # no config.json there: vLLM's default context
+    assert serve_args(settings) == [
+        "--dtype", "float32",
+        "--weight-transfer-config", '{"backend": "envhub_shm"}',
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    assert default_tolerance(settings.dtype) == 1e-3
+
+
+def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
+    settings = resolve_settings(_config(mode="inprocess", gpu_memory_utilization=0.3), "/models/m", on_gpu=True)
+
+    assert (settings.dtype, settings.sleep, settings.weight_transfer) == ("bfloat16", True, "ipc")
+    assert default_tolerance(settings.dtype) == 0.25
+    assert serve_args(settings)[-3:] == ["--gpu-memory-utilization", "0.3", "--enable-sleep-mode"]
+
+
+def test_a_gpu_server_sleeps_only_when_asked() -> None:
+    assert resolve_settings(_config(), "/m", on_gpu=True).sleep is False
+    assert resolve_settings(_config(sleep="on"), "/m", on_gpu=True).sleep is True
+
+
+def test_unknown_vllm_keys_and_bad_values_fail_before_anything_starts() -> None:
+    from envhub.trainer.config import load_config
+
+    with pytest.raises(ConfigError, match="did you mean 'bucket_mb'"):
+        load_config(None, ["envs=[{name: arithmetic}]", "rollout.vllm.bucket_mbs=3"])
+    with pytest.raises(ConfigError, match="rollout.vllm.mode"):
+        validate_config({"envs": [{"name": "arithmetic"}], "rollout": {"vllm": {"mode": "colocated"}}})
