@@ -69,7 +69,7 @@ def generation(prompts: int, new_tokens: int) -> None:
             await hf.aclose()
 
     tokens, seconds = asyncio.run(hf_run())
-    rows.append(("HF engine (batch %d)" % prompts, tokens, seconds))
+    rows.append((f"HF engine (batch {prompts})", tokens, seconds))
 
     async def vllm_run() -> list[tuple[str, int, float]]:
         engine = make_vllm_engine(config, backend)

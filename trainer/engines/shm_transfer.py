@@ -286,7 +286,10 @@ def _shared_directory(nbytes: int) -> Path:
 def register() -> None:
     """The ``vllm.general_plugins`` hook: make ``envhub_shm`` a weight-transfer backend in this
     process (vLLM calls it in its API server, engine core and worker processes)."""
-    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
+    from vllm.distributed.weight_transfer.factory import (
+        WeightTransferEngineFactory,
+        WeightTransferTrainerFactory,
+    )
 
     if BACKEND not in WeightTransferEngineFactory._registry:
         WeightTransferEngineFactory.register_engine(BACKEND, ShmWeightTransferEngine)

@@ -258,7 +258,10 @@ class InProcessTransport:
         return final
 
     async def control(self, call: str, *args: Any) -> None:
-        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest, WeightTransferUpdateRequest
+        from vllm.distributed.weight_transfer.base import (
+            WeightTransferInitRequest,
+            WeightTransferUpdateRequest,
+        )
 
         llm = self.llm
         if call == "init_weight_transfer_engine":

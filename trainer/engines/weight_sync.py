@@ -16,7 +16,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import torch
-from vllm.distributed.weight_transfer.base import ParamMeta, TrainerWeightTransferEngine, WeightSource
+from vllm.distributed.weight_transfer.base import (
+    ParamMeta,
+    TrainerWeightTransferEngine,
+    WeightSource,
+)
 from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
 
 from envhub.errors import ConfigError
