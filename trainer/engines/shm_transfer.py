@@ -259,12 +259,22 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
         a bucket of its own)."""
         if self.path is None:
             directory = self.directory or _shared_directory(max(nbytes, self.bucket_bytes))
+            _remove_orphans(directory)
             self.path = directory / f"envhub-weights-{os.getpid()}-{uuid.uuid4().hex[:8]}.bin"
             self.path.touch()
         if nbytes > self._file_bytes:
             os.truncate(self.path, nbytes)
             self._file_bytes = nbytes
         return self.path
+
+
+def _remove_orphans(directory: Path) -> None:
+    """Delete shared files left by trainers that were killed (their pid is gone): memory in
+    ``/dev/shm`` stays taken until someone does."""
+    for path in directory.glob("envhub-weights-*-*.bin"):
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            path.unlink(missing_ok=True)
 
 
 def _aligned(nbytes: int) -> int:

@@ -163,3 +163,17 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path, tiny_model_dir: Pa
     with pytest.raises(EngineUnavailableError, match="vLLM exited with code") as caught:
         asyncio.run(engine.start())
     assert "max" in str(caught.value).lower()
+
+
+def test_shared_files_of_killed_trainers_are_removed(tmp_path: Path) -> None:
+    from envhub.trainer.engines.shm_transfer import _remove_orphans
+
+    dead = tmp_path / "envhub-weights-999999999-abcd1234.bin"
+    alive = tmp_path / f"envhub-weights-{os.getpid()}-abcd1234.bin"
+    other = tmp_path / "unrelated.bin"
+    for path in (dead, alive, other):
+        path.write_bytes(b"x")
+
+    _remove_orphans(tmp_path)
+
+    assert not dead.exists() and alive.exists() and other.exists()
