@@ -26,6 +26,7 @@ COLUMNS = [
     ("throughput/rollout_tokens_per_s", "gen tok/s", "{:.0f}", 9, 2),
     ("time/rollout", "gen s", "{:.1f}", 5, 2),
     ("time/update", "train s", "{:.1f}", 7, 2),
+    ("time/sync", "sync s", "{:.2f}", 6, 2),
     ("time/step", "step s", "{:.1f}", 6, 0),
 ]
 LOG_WIDTH = 200

@@ -92,6 +92,10 @@ class VLLMConfig(_Part):
     """Largest allowed |vLLM - trainer| logprob on that sequence; default 1e-3 when the engine
     runs in float32 and 0.25 in 16-bit (rounding alone differs that much)."""
     verify_tokens: int = Field(64, ge=2)
+    enforce_eager: bool | None = None
+    """Skip vLLM's graph compilation. Default: eager on the CPU (SmolLM2-135M on 2 cores starts in
+    44 s instead of 139 s and generates 13% slower, a win for runs under ~100 steps), compiled
+    (torch.compile, CUDA graphs) on GPUs."""
     startup_timeout: float = Field(900.0, gt=0.0)
     extra_args: list[str] = Field(default_factory=list)
     """More ``vllm serve`` arguments (``server`` mode)."""

@@ -92,6 +92,8 @@ class VLLMEngine(InferenceEngine):
         self.verify_ids = _verify_ids(tokenizer, verify_tokens)
         self.weights_version = 0
         self._transfer: Any = None
+        self._engine_logprobs: list[float] | None = None
+        """vLLM's logprobs of the fixed sequence at the last verification (its weights since)."""
         self._started = False
         self._asleep = False
         self.reset_stats()
@@ -167,15 +169,19 @@ class VLLMEngine(InferenceEngine):
 
     async def update_weights(self, backend: Any) -> dict[str, float]:
         """Send ``backend``'s weights to vLLM, reset the prefix cache and (per ``verify``)
-        check the result. Returns ``sync/*`` metrics: seconds, buckets, bytes and, when
-        verified, the logprob mismatch on the fixed sequence."""
+        check the result. Returns ``sync/*`` metrics: seconds, buckets, megabytes and, when
+        verified, the logprob mismatch on the fixed sequence after the sync and before it
+        (``stale``: how far the sampler lagged the trainer, what a missed sync would cost)."""
         if not self._started:
             await self.start()
         metrics: dict[str, float] = {}
         verify = self.verify == "every" or (self.verify == "first" and self.weights_version == 0)
-        if verify and self.weights_version > 0 and not self._asleep:
-            # How far the engine's policy lagged behind the trainer's: what a missed sync costs.
-            metrics["sync/stale_logprob_diff_max"] = (await self.logprob_mismatch(backend))[0]
+        # The trainer's side first: vLLM's compute threads spin for a while after each request
+        # and would slow this forward pass 4x (measured on 2 cores).
+        trainer_logprobs = self._trainer_logprobs(backend) if verify else None
+        if trainer_logprobs is not None and self._engine_logprobs is not None:
+            # vLLM's weights have not changed since the last verified sync.
+            metrics["sync/stale_logprob_diff_max"] = _differences(self._engine_logprobs, trainer_logprobs)[0]
         started = time.perf_counter()
         if self._asleep:
             await self.transport.control("wake_up", "weights")
@@ -190,8 +196,8 @@ class VLLMEngine(InferenceEngine):
         metrics["sync/seconds"] = time.perf_counter() - started
         metrics["sync/buckets"] = float(getattr(self._transfer, "buckets_sent", 0))
         metrics["sync/megabytes"] = getattr(self._transfer, "bytes_sent", 0) / 2**20
-        if verify:
-            metrics |= await self.check_weights(backend)
+        if trainer_logprobs is not None:
+            metrics |= await self._verify(trainer_logprobs)
         return metrics
 
     def _connect(self, backend: Any, loop: asyncio.AbstractEventLoop) -> Any:
@@ -219,7 +225,11 @@ class VLLMEngine(InferenceEngine):
         Raises:
             WeightSyncError: the largest difference exceeds ``verify_tolerance``.
         """
-        worst, mean = await self.logprob_mismatch(backend)
+        return await self._verify(self._trainer_logprobs(backend))
+
+    async def _verify(self, trainer_logprobs: list[float]) -> dict[str, float]:
+        self._engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
+        worst, mean = _differences(self._engine_logprobs, trainer_logprobs)
         if worst > self.verify_tolerance:
             raise WeightSyncError(
                 f"after weight sync {self.weights_version}, vLLM's logprobs differ from the trainer's by up to {worst:.3g} "
@@ -230,17 +240,18 @@ class VLLMEngine(InferenceEngine):
             )
         return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
 
-
-    async def logprob_mismatch(self, backend: Any) -> tuple[float, float]:
-        """Largest and mean |vLLM - trainer| logprob over the fixed sequence (temperature 1)."""
+    def _trainer_logprobs(self, backend: Any) -> list[float]:
         from envhub.trainer.batch import Sample, collate
 
-        engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
-        sample = Sample(self.verify_ids, [1] * len(self.verify_ids), [0.0] * len(self.verify_ids), 0.0, 0)
-        batch = collate([sample], [0], pad_id=0)
-        trainer_logprobs = backend.logprobs([batch], temperature=1.0)[0][0].tolist()
-        diffs = [abs(a - b) for a, b in zip(engine_logprobs, trainer_logprobs, strict=True)]
-        return max(diffs), sum(diffs) / len(diffs)
+        ids = self.verify_ids
+        batch = collate([Sample(ids, [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
+        return backend.logprobs([batch], temperature=1.0)[0][0].tolist()
+
+
+def _differences(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Largest and mean absolute difference."""
+    diffs = [abs(x - y) for x, y in zip(a, b, strict=True)]
+    return max(diffs), sum(diffs) / len(diffs)
 
 
 def _verify_ids(tokenizer: Any, length: int) -> list[int]:
@@ -284,7 +295,7 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
         seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, inprocess=v.mode == "inprocess"),
         gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
         max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
-        extra_args=tuple(v.extra_args),
+        enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args),
     )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ class EngineSettings:
     max_concurrency: int
     startup_timeout: float
     on_gpu: bool
+    enforce_eager: bool = False
     extra_args: tuple[str, ...] = ()
 
 
@@ -75,6 +76,8 @@ def serve_args(settings: EngineSettings) -> list[str]:
         "--weight-transfer-config", f'{{"backend": "{settings.weight_transfer}"}}',
         "--logprobs-mode", "processed_logprobs",
     ]  # fmt: skip
+    if settings.enforce_eager:
+        args.append("--enforce-eager")
     if settings.on_gpu:
         args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
         if settings.sleep:
@@ -209,6 +212,7 @@ class InProcessTransport:
             model=s.model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len,
             weight_transfer_config={"backend": s.weight_transfer}, logprobs_mode="processed_logprobs",
             gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep and s.on_gpu,
+            enforce_eager=s.enforce_eager,
         )  # fmt: skip
         env = {} if s.on_gpu else {**cpu_defaults(), "VLLM_CPU_KVCACHE_SPACE": f"{s.kv_cache_gb:g}"}
         try:

@@ -44,6 +44,7 @@ def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() 
         "--dtype", "float32",
         "--weight-transfer-config", '{"backend": "envhub_shm"}',
         "--logprobs-mode", "processed_logprobs",
+        "--enforce-eager",  # start 3x faster on the CPU
     ]  # fmt: skip
     assert default_tolerance(settings.dtype) == 1e-3
 
@@ -51,7 +52,7 @@ def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() 
 def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
     settings = resolve_settings(_config(mode="inprocess", gpu_memory_utilization=0.3), "/models/m", on_gpu=True)
 
-    assert (settings.dtype, settings.sleep, settings.weight_transfer) == ("bfloat16", True, "ipc")
+    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.enforce_eager) == ("bfloat16", True, "ipc", False)
     assert default_tolerance(settings.dtype) == 0.25
     assert serve_args(settings)[-3:] == ["--gpu-memory-utilization", "0.3", "--enable-sleep-mode"]
 
