@@ -6,6 +6,7 @@ ids, score a fixed sequence, the weight-update control plane, sleep / wake, and 
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -160,6 +161,21 @@ class ServerTransport:
         else:  # start_weight_update, reset_prefix_cache
             await self._post(f"/{call}")
 
+    def _raise_if_exited(self, wait: float = 0.0) -> None:
+        """Raise with the exit code and the log's tail if the server this transport started is gone."""
+        process = self.server.process if self.server is not None else None
+        if process is None:
+            return
+        try:
+            code = process.wait(wait) if wait else process.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            assert self.server is not None
+            raise EngineUnavailableError(
+                f"the vLLM server exited with code {code}. Last log lines ({self.server.log_path}):\n{self.server.log_tail()}"
+            )
+
     async def world_size(self) -> int:
         assert self._control is not None
         response = await self._control.get("/get_world_size")
@@ -177,15 +193,12 @@ class ServerTransport:
         return response.json() if response.content else {}
 
     async def check_alive(self) -> None:
-        if self.server is not None and self.server.process is not None and self.server.process.poll() is not None:
-            raise EngineUnavailableError(
-                f"the vLLM server exited with code {self.server.process.returncode}. Last log lines "
-                f"({self.server.log_path}):\n{self.server.log_tail()}"
-            )
+        self._raise_if_exited()
         assert self._control is not None
         try:
             response = await self._control.get("/health", timeout=10.0)
         except httpx.TransportError as e:
+            self._raise_if_exited(wait=5.0)  # a server being killed stops answering first
             raise EngineUnavailableError(f"the vLLM server at {self.url} is unreachable: {type(e).__name__}: {e}") from e
         if response.status_code != 200:
             raise EngineUnavailableError(f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {response.status_code}")

@@ -142,6 +142,38 @@ def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_en
         assert max(diffs) < 1e-3
 
 
+def test_multi_turn_episodes_train_on_exactly_what_vllm_sampled(setup: Setup) -> None:
+    from envhub.envs.guessing import GuessNumberEnv
+
+    runner = RolloutRunner(setup.engine, lambda: GuessNumberEnv(max_turns=3), sampling=SamplingParams(temperature=1.0, max_tokens=6), seed=2)
+
+    trajectories = setup.run(runner.run([0, 1], 2))
+
+    assert not any(t.errors for t in trajectories)
+    assert sum(len(t.turns) == 3 for t in trajectories) >= 3  # a random model rarely wins early
+    for t in trajectories:
+        mask = t.loss_mask
+        spans = sum(1 for i in range(1, len(mask)) if mask[i] and not mask[i - 1])
+        assert spans == len(t.turns)  # one sampled span per turn, env replies masked out
+        trainer = _trainer_logprobs(setup, t.token_ids, temperature=1.0)
+        diffs = [abs(t.sampler_logprobs[i] - trainer[i - 1]) for i in range(1, len(mask)) if mask[i]]
+        assert max(diffs) < 1e-3
+
+
+def test_a_sync_invalidates_cached_prompts(setup: Setup) -> None:
+    """Generation from a prompt vLLM has cached must use the new weights after a sync."""
+    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content="A cached prompt, long enough to fill a block or two of KV cache.")], None, True))
+    greedy = GenerateRequest(messages=[], prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=4))
+    setup.run(setup.engine.generate(greedy))  # now in vLLM's prefix cache
+    _perturb(setup.backend.model, scale=0.2)
+    setup.run(setup.engine.update_weights(setup.backend))
+
+    out = setup.run(setup.engine.generate(greedy))
+
+    trainer = _trainer_logprobs(setup, prompt + out.token_ids, temperature=1.0)[len(prompt) - 1 :]
+    assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
+
+
 def test_a_dead_server_is_reported_with_its_exit(setup: Setup) -> None:
     server = setup.engine.transport.server
     os.killpg(os.getpgid(server.process.pid), signal.SIGKILL)
