@@ -162,7 +162,9 @@ def test_multi_turn_episodes_train_on_exactly_what_vllm_sampled(setup: Setup) ->
 
 def test_a_sync_invalidates_cached_prompts(setup: Setup) -> None:
     """Generation from a prompt vLLM has cached must use the new weights after a sync."""
-    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content="A cached prompt, long enough to fill a block or two of KV cache.")], None, True))
+    text = " ".join(f"item {i}" for i in range(150))  # ~450 tokens: full KV blocks (128 on the CPU) get cached
+    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content=text)], None, True))
+    assert len(prompt) > 256
     greedy = GenerateRequest(messages=[], prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=4))
     setup.run(setup.engine.generate(greedy))  # now in vLLM's prefix cache
     _perturb(setup.backend.model, scale=0.2)
