@@ -86,8 +86,14 @@ def serve_args(settings: EngineSettings) -> list[str]:
     return [*args, *settings.extra_args]
 
 
-SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1"}
-"""vLLM serves its weight-update and cache routes only in dev mode."""
+def server_env(settings: EngineSettings) -> dict[str, str]:
+    """Environment of a server the trainer starts: dev mode (vLLM serves its weight-update and
+    cache routes only then), the CPU KV cache size, and, for CUDA IPC over HTTP, permission to
+    unpickle the IPC handles (the trainer is the only client of a server on 127.0.0.1)."""
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"}
+    if settings.weight_transfer == "ipc":
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    return env
 
 
 class ServerTransport:
@@ -99,7 +105,7 @@ class ServerTransport:
         if url is None:
             self.server = VLLMServer(
                 settings.model, served_model_name="policy", max_model_len=settings.max_model_len, seed=settings.seed,
-                extra_args=serve_args(settings), env={**SERVER_ENV, "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"},
+                extra_args=serve_args(settings), env=server_env(settings),
                 startup_timeout=settings.startup_timeout,
             )  # fmt: skip
         self.url = url
@@ -151,7 +157,10 @@ class ServerTransport:
         if call == "init_weight_transfer_engine":
             await self._post("/init_weight_transfer_engine", {"init_info": args[0]})
         elif call == "update_weights":
-            await self._post("/update_weights", {"update_info": args[0]})
+            from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
+
+            # CUDA IPC handles are not JSON: vLLM's own HTTP client pickles them the same way.
+            await self._post("/update_weights", {"update_info": _json_safe_update_payload(args[0])})
         elif call == "finish_weight_update":
             await self._post("/finish_weight_update", {"weight_version": args[0]} if args and args[0] else None)
         elif call == "sleep":

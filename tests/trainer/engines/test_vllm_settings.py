@@ -69,3 +69,13 @@ def test_unknown_vllm_keys_and_bad_values_fail_before_anything_starts() -> None:
         load_config(None, ["envs=[{name: arithmetic}]", "rollout.vllm.bucket_mbs=3"])
     with pytest.raises(ConfigError, match="rollout.vllm.mode"):
         validate_config({"envs": [{"name": "arithmetic"}], "rollout": {"vllm": {"mode": "colocated"}}})
+
+
+def test_a_started_server_gets_dev_mode_and_ipc_handles_only_when_ipc_is_used() -> None:
+    from envhub.trainer.engines.vllm_transport import server_env
+
+    cpu = resolve_settings(_config(kv_cache_gb=1.5), "/m", on_gpu=False)
+    ipc = resolve_settings(_config(weight_transfer="ipc"), "/m", on_gpu=True)
+
+    assert server_env(cpu) == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1.5"}
+    assert server_env(ipc)["VLLM_ALLOW_INSECURE_SERIALIZATION"] == "1"
