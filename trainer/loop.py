@@ -141,8 +141,11 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
 async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: InferenceEngine, backend: TrainBackend, reporter: Reporter) -> dict[str, float]:
     """One step: roll out, score, build the batch, update the policy, sync the engine."""
     timer = PhaseTimer()
+    if hasattr(engine, "reset_stats"):
+        engine.reset_stats()
     with timer("rollout"):
         trajectories = await rollout(step, config, schedule, engine, reporter)
+    engine_metrics = {f"engine/{k}": v for k, v in engine.stats().items()} if hasattr(engine, "stats") else {}
     if config.logging.save_trajectories:
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
     if hasattr(engine, "check_alive"):  # a dead engine fails every episode: stop, don't train on it
@@ -154,7 +157,7 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
     update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend) or {}
-    metrics = rollout_metrics(trajectories, schedule) | batch.stats | update_metrics | sync_metrics | timer.metrics()
+    metrics = rollout_metrics(trajectories, schedule) | engine_metrics | batch.stats | update_metrics | sync_metrics | timer.metrics()
     completion_tokens = sum(t.num_completion_tokens for t in trajectories)
     metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(timer.seconds["rollout"], 1e-9)
     train_seconds = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)

@@ -14,5 +14,6 @@ def vllm_server(require_vllm):
     from envhub.inference.vllm_server import VLLMServer
     from envhub.trainer.models import resolve_model
 
-    with VLLMServer(resolve_model("smollm2-135m"), served_model_name=SERVED_NAME) as server:
+    # Eager: starts in ~45 s instead of ~140 s on 2 cores; the tests check behaviour, not speed.
+    with VLLMServer(resolve_model("smollm2-135m"), served_model_name=SERVED_NAME, extra_args=["--enforce-eager"]) as server:
         yield server

@@ -49,7 +49,7 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(require_vll
     assert final is not None and json.loads((final / "config.json").read_text())["num_hidden_layers"] == 2
 
     # fp32 like the trainer: vLLM's "auto" dtype would serve a float32 checkpoint in bfloat16
-    with VLLMServer(str(final), served_model_name="trained", extra_args=["--dtype", "float32"]) as server:
+    with VLLMServer(str(final), served_model_name="trained", extra_args=["--dtype", "float32", "--enforce-eager"]) as server:
         out = tmp_path / "eval"
         result = subprocess.run(
             [sys.executable, "-m", "envhub.cli", "eval", "arithmetic", "-u", f"{server.base_url}/v1", "-m", "trained",

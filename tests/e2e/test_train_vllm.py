@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(require_vllm, tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), "rollout.engine=vllm",
-         "steps=2", "rollout.tasks_per_step=4", "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
+         "steps=2", "rollout.tasks_per_step=4", "rollout.samples_per_task=2", "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
          "logging.run_name=run", "logging.plot=false", "checkpoint.export_hf=false"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
@@ -30,7 +30,7 @@ def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(require_vllm, t
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
-        assert row["rollout/errors"] == 0.0 and row["rollout/episodes"] == 16.0
+        assert row["rollout/errors"] == 0.0 and row["rollout/episodes"] == 8.0
         assert row["sync/logprob_diff_max"] < 1e-3  # fp32 on both sides: ~1e-5 measured
         if "train/mismatch_abs_logprob_diff_max" in row:  # a step whose groups all tied trains nothing
             assert row["train/mismatch_abs_logprob_diff_max"] < 1e-2

@@ -109,6 +109,10 @@ def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(tiny
         assert key in rows[0], key
     # the in-process engine samples from the very weights the trainer scores
     assert rows[0]["train/mismatch_abs_logprob_diff_mean"] < 1e-4
+    # its batching: 8 episodes of one turn each, in generate calls of at most 64 rows
+    assert rows[0]["engine/generated_tokens"] == pytest.approx(rows[0]["rollout/completion_tokens"] * 8)
+    assert rows[0]["engine/generate_calls"] >= 1
+    assert rows[0]["engine/mean_batch_size"] * rows[0]["engine/generate_calls"] == pytest.approx(8)
     assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step-000001.jsonl", "step-000002.jsonl"]
     assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-000001", "step-000002"]
     assert result.plot == run / "reward.png" and result.plot.stat().st_size > 1000

@@ -82,3 +82,4 @@ def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(tiny_model_d
     for row in rows:
         assert row["sync/logprob_diff_max"] < 1e-4 and row["sync/buckets"] == 1.0
         assert row["train/mismatch_abs_logprob_diff_max"] < 1e-3
+        assert row["engine/requests"] == 8.0  # 2 tasks x 4 samples, one turn each

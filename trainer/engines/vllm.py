@@ -163,7 +163,13 @@ class VLLMEngine(InferenceEngine):
         self.requests = 0
 
     def stats(self) -> dict[str, float]:
-        return {"generated_tokens": float(self.generated_tokens), "requests": float(self.requests)}
+        """Since the last :meth:`reset_stats` (the loop resets every step): tokens, requests and
+        the mean seconds a request took (queueing in vLLM included)."""
+        return {
+            "generated_tokens": float(self.generated_tokens),
+            "requests": float(self.requests),
+            "seconds_per_request": self.generate_seconds / self.requests if self.requests else 0.0,
+        }
 
     # -- weight sync ------------------------------------------------------------------------
 
