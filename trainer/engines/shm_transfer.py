@@ -98,13 +98,19 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
         with open(update_info.path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = torch.frombuffer(mapped, dtype=torch.uint8)
+        weights = list(_views(buffer, update_info))
+        self.model.load_weights(weights)
+        del weights, buffer
         try:
-            buffer = torch.frombuffer(mapped, dtype=torch.uint8)
-            weights = list(_views(buffer, update_info))
-            self.model.load_weights(weights)
-            del weights, buffer
-        finally:
             mapped.close()
+        except BufferError:
+            # vLLM still holds views: a layer whose weights are only partly in this bucket
+            # waits for the rest, and the trainer is about to overwrite the file.
+            raise ValueError(
+                "envhub_shm: a vLLM layer received only part of its weights in one bucket; buckets must hold "
+                f"whole layers (this one started with {update_info.names[0]!r})"
+            ) from None
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class synchronises the accelerator, which a CPU-only build does not have.
