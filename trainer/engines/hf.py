@@ -38,7 +38,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from envhub.errors import ConfigError, EngineError
-from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
+from envhub.inference.base import GenerateRequest, Generation, SamplingParams
+from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
 
 __all__ = ["HFEngine"]
@@ -73,7 +74,7 @@ class _RawBatch:
     logprobs: list[list[float]]
 
 
-class HFEngine(InferenceEngine):
+class HFEngine(RolloutEngine):
     """Generates with a ``transformers`` causal LM that the trainer trains in the same process.
 
     Args:
@@ -144,9 +145,9 @@ class HFEngine(InferenceEngine):
         self._ensure_worker().put_nowait(_Pending(prompt_ids, request.sampling, future, rendered))
         return await future
 
-    async def update_weights(self, named_tensors: Any = None) -> None:
+    async def update_weights(self, backend: Any = None) -> None:
         """Note that the policy changed. The engine samples with the trainer's module itself, so
-        the new weights are already in place: nothing is copied and ``named_tensors`` is ignored.
+        the new weights are already in place: nothing is copied and ``backend`` is not read.
         Only :attr:`weights_version` is bumped, for logging which policy sampled a batch."""
         self.weights_version += 1
 

@@ -26,7 +26,8 @@ import time
 from typing import Any
 
 from envhub.errors import ConfigError, EngineError
-from envhub.inference.base import GenerateRequest, Generation, InferenceEngine
+from envhub.inference.base import GenerateRequest, Generation
+from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
 from envhub.trainer.engines.vllm_transport import (
     EngineSettings,
@@ -50,7 +51,7 @@ class WeightSyncError(EngineError):
     """vLLM's weights do not match the trainer's after a sync."""
 
 
-class VLLMEngine(InferenceEngine):
+class VLLMEngine(RolloutEngine):
     """Rollouts from vLLM with live weight sync (see the module docstring).
 
     Args:
@@ -247,11 +248,9 @@ class VLLMEngine(InferenceEngine):
         return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
 
     def _trainer_logprobs(self, backend: Any) -> list[float]:
-        from envhub.trainer.batch import Sample, collate
+        from envhub.trainer.backends.base import sequence_logprobs
 
-        ids = self.verify_ids
-        batch = collate([Sample(ids, [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
-        return backend.logprobs([batch], temperature=1.0)[0][0].tolist()
+        return sequence_logprobs(backend, self.verify_ids, temperature=1.0)
 
 
 def _differences(a: list[float], b: list[float]) -> tuple[float, float]:

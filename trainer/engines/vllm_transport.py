@@ -5,6 +5,7 @@ ids, score a fixed sequence, the weight-update control plane, sleep / wake, and 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import uuid
@@ -113,8 +114,6 @@ class ServerTransport:
         self._control: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        import asyncio
-
         if self.server is not None:
             self.url = await asyncio.to_thread(self.server.start)
         assert self.url is not None
@@ -138,8 +137,6 @@ class ServerTransport:
         if self._control is not None:
             await self._control.aclose()
         if self.server is not None:
-            import asyncio
-
             await asyncio.to_thread(self.server.stop)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:

@@ -22,6 +22,7 @@ from envhub.errors import EngineError, EngineUnavailableError
 from envhub.inference.base import GenerateRequest, SamplingParams
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import LetterEnv
+from envhub.trainer.backends.base import sequence_logprobs
 from envhub.types import Message
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
@@ -71,13 +72,6 @@ def _perturb(model: torch.nn.Module, only: str | None = None, scale: float = 0.0
                 p.add_(torch.randn(p.shape, generator=generator) * scale)
 
 
-def _trainer_logprobs(setup: Setup, ids: list[int], temperature: float) -> list[float]:
-    from envhub.trainer.batch import Sample, collate
-
-    batch = collate([Sample(ids, [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
-    return setup.backend.logprobs([batch], temperature=temperature)[0][0].tolist()
-
-
 def test_the_first_sync_sends_every_weight_and_verifies_them(setup: Setup) -> None:
     metrics = setup.run(setup.engine.update_weights(setup.backend))
 
@@ -124,7 +118,7 @@ def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(s
     assert out.finish_reason == ("stop" if ended else "length")
     body = out.token_ids[:-1] if ended else out.token_ids
     assert out.text == setup.engine.tokenizer.decode(body)
-    trainer = _trainer_logprobs(setup, prompt + out.token_ids, temperature=0.7)[len(prompt) - 1 :]
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=0.7)[len(prompt) - 1 :]
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 
@@ -137,7 +131,7 @@ def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_en
     for t in trajectories:
         ids, mask, sampler = t.token_ids, t.loss_mask, t.sampler_logprobs
         assert len(ids) == len(mask) == len(sampler) and sum(mask) >= 1
-        trainer = _trainer_logprobs(setup, ids, temperature=1.0)
+        trainer = sequence_logprobs(setup.backend, ids, temperature=1.0)
         diffs = [abs(sampler[i] - trainer[i - 1]) for i in range(1, len(ids)) if mask[i]]
         assert max(diffs) < 1e-3
 
@@ -155,7 +149,7 @@ def test_multi_turn_episodes_train_on_exactly_what_vllm_sampled(setup: Setup) ->
         mask = t.loss_mask
         spans = sum(1 for i in range(1, len(mask)) if mask[i] and not mask[i - 1])
         assert spans == len(t.turns)  # one sampled span per turn, env replies masked out
-        trainer = _trainer_logprobs(setup, t.token_ids, temperature=1.0)
+        trainer = sequence_logprobs(setup.backend, t.token_ids, temperature=1.0)
         diffs = [abs(t.sampler_logprobs[i] - trainer[i - 1]) for i in range(1, len(mask)) if mask[i]]
         assert max(diffs) < 1e-3
 
@@ -172,7 +166,7 @@ def test_a_sync_invalidates_cached_prompts(setup: Setup) -> None:
 
     out = setup.run(setup.engine.generate(greedy))
 
-    trainer = _trainer_logprobs(setup, prompt + out.token_ids, temperature=1.0)[len(prompt) - 1 :]
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)[len(prompt) - 1 :]
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 
@@ -211,3 +205,10 @@ def test_shared_files_of_killed_trainers_are_removed(tmp_path: Path) -> None:
     _remove_orphans(tmp_path)
 
     assert not dead.exists() and alive.exists() and other.exists()
+
+
+def test_the_light_module_names_the_backend_the_plugin_registers() -> None:
+    from envhub.trainer.engines import shm_transfer
+    from envhub.trainer.engines.vllm import SHM_BACKEND
+
+    assert SHM_BACKEND == shm_transfer.BACKEND

@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
 
 
 def test_inprocess_engine_generates_syncs_and_verifies(tiny_model_dir: Path) -> None:
+    from envhub.trainer.backends.base import sequence_logprobs
     from envhub.trainer.backends.torch_backend import TorchBackend
-    from envhub.trainer.batch import Sample, collate
     from envhub.trainer.config import validate_config
     from envhub.trainer.engines.vllm import make_vllm_engine
 
@@ -46,8 +46,6 @@ def test_inprocess_engine_generates_syncs_and_verifies(tiny_model_dir: Path) -> 
 
     assert first["sync/logprob_diff_max"] < 1e-4 and second["sync/logprob_diff_max"] < 1e-4
     assert engine.weights_version == 2
-    ids = prompt + sampled
-    batch = collate([Sample(ids, [1] * len(ids), [0.0] * len(ids), 0.0, 0)], [0], pad_id=0)
-    trainer = backend.logprobs([batch], temperature=0.7)[0][0].tolist()[len(prompt) - 1 :]
+    trainer = sequence_logprobs(backend, prompt + sampled, temperature=0.7)[len(prompt) - 1 :]
     assert len(logprobs) == len(sampled) >= 1
     assert max(abs(a - b) for a, b in zip(logprobs, trainer, strict=True)) < 1e-3

@@ -1,0 +1,29 @@
+"""What the training loop needs from a rollout engine beyond generating turns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envhub.inference.base import InferenceEngine
+
+
+class RolloutEngine(InferenceEngine):
+    """An :class:`InferenceEngine` the trainer drives step by step. The hooks do nothing by
+    default; each engine overrides those that apply to it."""
+
+    async def update_weights(self, backend: Any = None) -> dict[str, float] | None:
+        """Make the engine sample from ``backend``'s current weights; return ``sync/*`` metrics."""
+        return None
+
+    async def check_alive(self) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Raise :class:`~envhub.errors.EngineUnavailableError` if the engine is gone."""
+
+    async def sleep(self) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Free accelerator memory while the trainer updates (the next sync wakes it)."""
+
+    def reset_stats(self) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Zero the counters :meth:`stats` reports (the loop does it every step)."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last :meth:`reset_stats` (logged as ``engine/*``)."""
+        return {}
