@@ -1,0 +1,60 @@
+"""One trainer rank for the Megatron worker tests (run under ``torchrun``).
+
+Builds the worker for the tiny model, records the HF weights it exports before training (the
+conversion round trip), the token logprobs, and the metrics and weights after two updates on
+the batch that ``test_worker.batch`` makes; saves what this rank holds to ``OUT/rank-R.pt``.
+Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from envhub.trainer.algorithms import ObjectiveSpec
+from envhub.trainer.batch import Batch, Sample, micro_batches
+from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
+
+VOCAB = 49152
+LENGTHS = (9, 14, 6, 11, 7)
+ADVANTAGES = (1.0, -0.5, 0.7, -1.2, 0.3)
+OPTIMIZER = {"lr": 1e-3, "grad_clip": 0.2, "weight_decay": 0.01, "schedule": "linear", "warmup_steps": 0, "total_updates": 4}
+TEMPERATURE = 0.7
+
+
+def batch() -> Batch:
+    """Five sequences of different lengths, prompts unmasked, random sampler logprobs."""
+    generator = torch.Generator().manual_seed(0)
+    samples = []
+    for i, (n, advantage) in enumerate(zip(LENGTHS, ADVANTAGES, strict=True)):
+        ids = torch.randint(0, VOCAB, (n,), generator=generator).tolist()
+        sampler = (-torch.rand(n, generator=generator) * 10).tolist()
+        samples.append(Sample(ids, [0] * 3 + [1] * (n - 3), sampler, advantage, i))
+    return Batch(samples)
+
+
+def packed(b: Batch) -> list:
+    return micro_batches(b, 30, pad_id=0)
+
+
+def main(model_dir: str, out: str, tp: int, pp: int) -> None:
+    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, **OPTIMIZER))
+    b = batch()
+    mbs = packed(b)
+    record = {"info": worker.rank_info(), "weights_before": worker.hf_state_dict(), "logprobs": worker.logprobs(mbs)}
+    spec = ObjectiveSpec()
+    record["metrics"] = [
+        worker.update(mbs, spec, old_logprobs=None, ref_logprobs=None, num_tokens=b.num_tokens, num_sequences=b.num_sequences)
+        for _ in range(2)
+    ]
+    record["weights_after"] = worker.hf_state_dict()
+    record["num_parameters"] = worker.num_parameters()
+    torch.save(record, Path(out) / f"rank-{os.environ['RANK']}.pt")
+    worker.shutdown()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))

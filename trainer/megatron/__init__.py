@@ -1,0 +1,1 @@
+"""The Megatron-core backend: megatron-core models trained by Ray workers."""

@@ -1,0 +1,309 @@
+"""One trainer rank of the Megatron backend: a megatron-core model shard and its optimizer.
+
+Every rank runs the same calls (the driver broadcasts them through Ray). The micro-batches of
+an update are dealt round-robin to the data-parallel ranks and pushed through megatron-core's
+pipeline schedule. The loss of each micro-batch is already normalised by the totals of the
+whole update (``algorithms.aggregation``), so ``calculate_per_token_loss`` keeps megatron-core
+from averaging it again, and data-parallel gradients are summed, not averaged: the update is
+the same for any tensor/pipeline/data split and micro-batch count.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
+from envhub.trainer.batch import MicroBatch
+from envhub.trainer.megatron.bridge import build_model, hf_weights, load_bridge
+from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_logprobs
+
+SETUP_ENV = "ENVHUB_MEGATRON_WORKER_SETUP"
+"""A Python file every rank runs before building anything (the tests' CPU compatibility)."""
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a rank needs to build its shard (plain values: it travels to Ray actors)."""
+
+    model_path: str
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    dtype: str = "float32"
+    seed: int = 0
+    temperature: float = 1.0
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    grad_clip: float | None = 1.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    total_updates: int = 1
+    entropy_coef: float = 0.0
+    reference: bool = False
+
+
+class MegatronWorker:
+    """A rank: sets up torch.distributed and Megatron's parallel state from the environment
+    (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), then builds its
+    model shard from the HF checkpoint."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        from megatron.core import parallel_state as mpu
+        from megatron.core import tensor_parallel
+
+        _run_setup_file()
+        self.spec = spec
+        self.device = _init_distributed()
+        mpu.initialize_model_parallel(spec.tensor_parallel, spec.pipeline_parallel)
+        tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
+        dtype = _DTYPES[spec.dtype]
+        self.bridge = load_bridge(spec.model_path, dtype, overrides={"calculate_per_token_loss": True})
+        self.model = self._wrap(self._load(spec.model_path))
+        self.optimizer = self._optimizer()
+        self.reference = self._load(spec.model_path).requires_grad_(False) if spec.reference else None
+        self.updates = 0
+        from envhub.trainer.backends.torch_backend import _schedule
+
+        self._lr_multiplier = _schedule(spec.schedule, spec.warmup_steps, spec.total_updates)
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _load(self, path: str) -> torch.nn.Module:
+        model = build_model(self.bridge).to(self.device)
+        self.bridge.load_weights([model], path)
+        return model
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+
+        config = self.bridge.config
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=self.device.type == "cuda")
+        wrapped = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+        config.no_sync_func = wrapped.no_sync
+        # Our losses are normalised already: finalize without megatron's division by tokens.
+        config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
+        return wrapped
+
+    def _optimizer(self) -> Any:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        spec = self.spec
+        config = OptimizerConfig(
+            optimizer="adam", lr=spec.lr, weight_decay=spec.weight_decay, adam_beta1=spec.betas[0], adam_beta2=spec.betas[1],
+            clip_grad=spec.grad_clip or 0.0, bf16=spec.dtype == "bfloat16", fp16=spec.dtype == "float16",
+            use_distributed_optimizer=self.device.type == "cuda",
+        )  # fmt: skip
+        # ``{}``: weight decay on every parameter, as the torch backend does.
+        return get_megatron_optimizer(config, [self.model], config_overrides={})
+
+    # -- what the driver calls ------------------------------------------------------------------
+
+    def rank_info(self) -> dict[str, Any]:
+        from megatron.core import parallel_state as mpu
+
+        return {
+            "rank": torch.distributed.get_rank(), "tp": mpu.get_tensor_model_parallel_rank(),
+            "pp": mpu.get_pipeline_model_parallel_rank(), "dp": mpu.get_data_parallel_rank(), "output": self._is_output_rank(),
+        }  # fmt: skip
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model (summed over tensor and pipeline shards)."""
+        from megatron.core import parallel_state as mpu
+
+        first_tp = mpu.get_tensor_model_parallel_rank() == 0
+        # A replicated parameter (the norms) is counted on the first tensor rank only.
+        local = torch.tensor([sum(p.numel() for p in self.model.parameters() if first_tp or getattr(p, "tensor_model_parallel", False))], dtype=torch.long)
+        torch.distributed.all_reduce(local, group=mpu.get_model_parallel_group())
+        if mpu.get_pipeline_model_parallel_world_size() > 1 and getattr(self.bridge.hf_config, "tie_word_embeddings", False):
+            local -= self.bridge.hf_config.vocab_size * self.bridge.hf_config.hidden_size  # the last stage's copy
+        return int(local)
+
+    @torch.no_grad()
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> dict[int, torch.Tensor] | None:
+        """Token logprobs of this data rank's share of ``batches``, keyed by micro-batch index, on
+        the first tensor rank of the last stage; ``None`` on the others (they still take part)."""
+        model = self.reference if reference else self.model
+        if model is None:
+            raise ValueError("reference logprobs need a reference model (algorithm.kl_beta > 0)")
+        scale = temperature or self.spec.temperature
+        mine = self._my_batches(batches)
+
+        def collect(k: int, mb: MicroBatch, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            logprobs = vocab_parallel_logprobs(output[:, :-1].float() / scale, mb.input_ids[:, 1:].to(output.device))
+            return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {"index": k, "logprobs": logprobs.cpu()}
+
+        model.eval()
+        try:
+            reports = self._schedule(model, mine, collect, forward_only=True)
+        finally:
+            model.train()
+        if not self._holds_output():
+            return None
+        return {r["index"]: r["logprobs"] for r in reports if r["index"] >= 0}
+
+    def update(
+        self,
+        batches: list[MicroBatch],
+        spec: ObjectiveSpec,
+        *,
+        old_logprobs: list[torch.Tensor] | None,
+        ref_logprobs: list[torch.Tensor] | None,
+        num_tokens: int,
+        num_sequences: int,
+    ) -> dict[str, float] | None:
+        """One optimizer update over ``batches``; its metrics on the output rank, else ``None``."""
+        from megatron.core import parallel_state as mpu
+
+        self.model.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss = partial(self._loss, spec, old_logprobs, ref_logprobs, num_tokens, num_sequences)
+        reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
+        totals = _sum_reports(reports)
+        if mpu.is_pipeline_last_stage(ignore_virtual=True):
+            torch.distributed.all_reduce(totals, group=mpu.get_data_parallel_group())
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.spec.lr * self._lr_multiplier(self.updates)
+        _, grad_norm, _ = self.optimizer.step()
+        self.updates += 1
+        if not self._is_output_rank():
+            return None
+        return _metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
+
+    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
+        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in hf_weights(self.bridge, [self.model.module])}
+        return weights if torch.distributed.get_rank() == 0 else None
+
+    def export(self, target: str) -> str | None:
+        """Save the model as an HF folder (safetensors, config, tokenizer) from rank 0."""
+        from envhub.trainer.megatron.bridge import save_hf_folder
+
+        weights = self.hf_state_dict()
+        if weights is None:
+            return None
+        return str(save_hf_folder(weights, self.spec.model_path, Path(target)))
+
+    def shutdown(self) -> None:
+        from megatron.core import parallel_state as mpu
+
+        mpu.destroy_model_parallel()
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _loss(
+        self, spec: ObjectiveSpec, old: list | None, ref: list | None, num_tokens: int, num_sequences: int,
+        k: int, mb: MicroBatch, output: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
+        mb = mb.to(output.device)
+        logits = output[:, :-1].float() / self.spec.temperature
+        logprobs = vocab_parallel_logprobs(logits, mb.input_ids[:, 1:])
+        entropy = vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach())
+        loss, metrics = policy_objective(
+            spec, logprobs=logprobs, old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
+            advantages=mb.advantages, mask=mb.loss_mask, num_tokens=num_tokens, num_sequences=num_sequences,
+            sampler_logprobs=mb.sampler_logprobs, ref_logprobs=ref[k].to(output.device) if ref and k >= 0 else None,
+            entropy=entropy,
+        )  # fmt: skip
+        weight = float(mb.num_tokens)
+        report = {"loss": float(loss.detach()), "weight": weight, **{name: float(v) * weight for name, v in metrics.items()}}
+        return loss, torch.tensor(1, dtype=torch.int), report
+
+    def _my_batches(self, batches: list[MicroBatch]) -> list[tuple[int, MicroBatch]]:
+        """This data rank's micro-batches, round-robin. Every data rank runs the same number of
+        them (a short rank repeats its first one with an empty loss mask, index -1), so the
+        pipeline schedules line up and a rank never runs zero micro-batches."""
+        from megatron.core import parallel_state as mpu
+
+        rank, size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
+        mine = [(k, batches[k]) for k in range(rank, len(batches), size)]
+        count = -(-len(batches) // size)
+        filler = _empty_like(batches[0])
+        return mine + [(-1, filler)] * (count - len(mine))
+
+    def _schedule(self, model: torch.nn.Module, batches: list[tuple[int, MicroBatch]], loss: Callable, *, forward_only: bool) -> list[dict[str, Any]]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
+            k, mb = next(data)
+            ids = mb.input_ids.to(self.device)
+            positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
+            return model(ids, positions, None), partial(loss, k, mb)
+
+        longest = max(mb.input_ids.shape[1] for _, mb in batches)
+        widest = max(mb.input_ids.shape[0] for _, mb in batches)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
+            seq_length=longest, micro_batch_size=widest, forward_only=forward_only,
+        )  # fmt: skip
+
+    def _holds_output(self) -> bool:
+        """The first tensor rank of the last pipeline stage (one per data-parallel rank)."""
+        from megatron.core import parallel_state as mpu
+
+        return mpu.is_pipeline_last_stage(ignore_virtual=True) and mpu.get_tensor_model_parallel_rank() == 0
+
+    def _is_output_rank(self) -> bool:
+        """The rank that reports a whole update's metrics."""
+        from megatron.core import parallel_state as mpu
+
+        return self._holds_output() and mpu.get_data_parallel_rank() == 0
+
+
+def _empty_like(mb: MicroBatch) -> MicroBatch:
+    zeros = torch.zeros_like(mb.loss_mask)
+    return MicroBatch(mb.input_ids, mb.attention_mask, zeros, torch.zeros_like(mb.sampler_logprobs), mb.advantages, [])
+
+
+def _sum_reports(reports: list[dict[str, Any]]) -> torch.Tensor:
+    """This rank's reports summed, as a tensor (keys in sorted order) for one all-reduce."""
+    keys = sorted(reports[0]) if reports else []
+    return torch.tensor([sum(r[key] for r in reports) for key in keys], dtype=torch.float64)
+
+
+def _metrics(totals: torch.Tensor, reports: list[dict[str, Any]], grad_norm: float | None, lr: float) -> dict[str, float]:
+    summed = dict(zip(sorted(reports[0]), totals.tolist(), strict=True))
+    weight = max(summed.pop("weight"), 1.0)
+    metrics = {name: (value if name == "loss" else value / weight) for name, value in summed.items()}
+    metrics["grad_norm"] = float(grad_norm or 0.0)
+    metrics["lr"] = lr
+    return metrics
+
+
+def _run_setup_file() -> None:
+    path = os.environ.get(SETUP_ENV)
+    if not path:
+        return
+    spec = importlib.util.spec_from_file_location("envhub_megatron_worker_setup", path)
+    if spec is None or spec.loader is None:
+        raise FileNotFoundError(f"{SETUP_ENV}={path} is not a Python file")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+def _init_distributed() -> torch.device:
+    """torch.distributed from the environment: NCCL on a GPU (``LOCAL_RANK``'s), else gloo."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend, init_method="env://")
+    return device
