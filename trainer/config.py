@@ -168,10 +168,37 @@ class OptimizerConfig(_Part):
     schedule: Literal["constant", "linear", "cosine"] = "constant"
 
 
+class MegatronConfig(_Part):
+    """The Megatron backend's parallel layout (``backend.kind: megatron``)."""
+
+    tensor_parallel: int = Field(1, ge=1)
+    """Ranks that split each layer's matrices (keep it within a node)."""
+    pipeline_parallel: int = Field(1, ge=1)
+    """Ranks that split the layers into consecutive stages."""
+    data_parallel: int | None = Field(None, ge=1)
+    """Model replicas; default: what the GPUs leave (``nodes * gpus_per_node / (tp * pp)``),
+    or 1 on CPU ranks."""
+
+
+class ClusterConfig(_Part):
+    """Where the Megatron backend's trainer ranks run (placed on Ray)."""
+
+    address: str | None = None
+    """An existing Ray cluster (``auto``, ``ray://host:10001``); default: a local one started
+    for the run (nothing to set up on one machine)."""
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int | None = Field(None, ge=0)
+    """GPUs per node for trainer ranks; default: every GPU torch sees here. 0 runs the ranks
+    on CPUs, which megatron-core supports only for tests (see ``tests/trainer/megatron``)."""
+
+
 class BackendConfig(_Part):
     """Where and how the train step runs."""
 
-    kind: Literal["torch"] = "torch"
+    kind: Literal["torch", "megatron"] = "torch"
+    """``torch``: this process, an HF model on the CPU or one GPU. ``megatron``: megatron-core
+    ranks on Ray (tensor, pipeline and data parallel), with ``rollout.engine: vllm``."""
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     device: str = "auto"
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
     micro_batch_tokens: int = Field(4096, ge=16)
@@ -217,6 +244,7 @@ class TrainConfig(_Part):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
@@ -229,7 +257,17 @@ class TrainConfig(_Part):
             raise ValueError("algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens")
         if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and self.rollout.samples_per_task < 2:
             raise ValueError(f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2")
+        if self.backend.kind == "megatron":
+            self._check_megatron()
         return self
+
+    def _check_megatron(self) -> None:
+        if self.rollout.engine != "vllm":
+            raise ValueError("backend.kind=megatron generates with vLLM: set rollout.engine=vllm")
+        if self.model.lora is not None:
+            raise ValueError("the Megatron backend trains all weights: remove model.lora (or use backend.kind=torch)")
+        if self.model.gradient_checkpointing:
+            raise ValueError("model.gradient_checkpointing is a torch-backend setting; the Megatron backend does not recompute yet")
 
     @property
     def run_name(self) -> str:

@@ -11,6 +11,7 @@ the same for any tensor/pipeline/data split and micro-batch count.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,6 +198,32 @@ class MegatronWorker:
         if weights is None:
             return None
         return str(save_hf_folder(weights, self.spec.model_path, Path(target)))
+
+    def save_checkpoint(self, folder: str) -> None:
+        """Model and optimizer shards in Megatron's distributed format (every rank writes its
+        part; ``folder`` must be on storage all nodes share), plus the update counter."""
+        from megatron.core import dist_checkpointing
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        dist_checkpointing.save(self._sharded_state(), folder)
+        if torch.distributed.get_rank() == 0:
+            (Path(folder) / "envhub_worker.json").write_text(json.dumps({"updates": self.updates}))
+        torch.distributed.barrier()
+
+    def load_checkpoint(self, folder: str) -> None:
+        """Fill the model and optimizer from :meth:`save_checkpoint`'s folder, for any layout
+        that splits the same model (the format is resharded on load)."""
+        from megatron.core import dist_checkpointing
+
+        loaded = dist_checkpointing.load(self._sharded_state(loading=True), folder)
+        self.model.module.load_state_dict(loaded["model"])
+        self.optimizer.load_state_dict(loaded["optimizer"])
+        self.updates = json.loads((Path(folder) / "envhub_worker.json").read_text())["updates"]
+
+    def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
+        state = {"model": self.model.module.sharded_state_dict()}
+        state["optimizer"] = self.optimizer.sharded_state_dict(state["model"], is_loading=loading)
+        return state
 
     def shutdown(self) -> None:
         from megatron.core import parallel_state as mpu

@@ -2,7 +2,8 @@
 
 Builds the worker for the tiny model, records the HF weights it exports before training (the
 conversion round trip), the token logprobs, and the metrics and weights after two updates on
-the batch that ``test_worker.batch`` makes; saves what this rank holds to ``OUT/rank-R.pt``.
+the batch that ``batch()`` makes, then reloads the checkpoint saved between the updates
+and repeats the second one; saves what this rank holds to ``OUT/rank-R.pt``.
 Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP``.
 """
 
@@ -46,11 +47,17 @@ def main(model_dir: str, out: str, tp: int, pp: int) -> None:
     mbs = packed(b)
     record = {"info": worker.rank_info(), "weights_before": worker.hf_state_dict(), "logprobs": worker.logprobs(mbs)}
     spec = ObjectiveSpec()
-    record["metrics"] = [
-        worker.update(mbs, spec, old_logprobs=None, ref_logprobs=None, num_tokens=b.num_tokens, num_sequences=b.num_sequences)
-        for _ in range(2)
-    ]
+
+    def update() -> dict | None:
+        return worker.update(mbs, spec, old_logprobs=None, ref_logprobs=None, num_tokens=b.num_tokens, num_sequences=b.num_sequences)
+
+    record["metrics"] = [update()]
+    worker.save_checkpoint(str(Path(out) / "checkpoint"))
+    record["metrics"].append(update())
     record["weights_after"] = worker.hf_state_dict()
+    worker.load_checkpoint(str(Path(out) / "checkpoint"))  # back to after the first update
+    record["metrics_resumed"] = update()
+    record["weights_resumed"] = worker.hf_state_dict()
     record["num_parameters"] = worker.num_parameters()
     torch.save(record, Path(out) / f"rank-{os.environ['RANK']}.pt")
     worker.shutdown()

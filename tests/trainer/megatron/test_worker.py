@@ -130,3 +130,14 @@ def test_two_updates_match_the_torch_backend(ranks: list[dict], reference: dict)
         assert (ours - theirs).abs().max() < 0.02 * rank_main.OPTIMIZER["lr"], name
         assert (ours - theirs).norm() < 2e-3 * theirs.norm(), name
         assert theirs.abs().max() > 0.5 * rank_main.OPTIMIZER["lr"], name  # every tensor moved
+
+
+def test_a_checkpoint_resumes_to_the_same_update(ranks: list[dict]) -> None:
+    """Megatron's distributed checkpoint (model and optimizer shards) saved after the first
+    update, loaded after the second: repeating the second gives the same weights and metrics."""
+    for r in ranks:
+        assert r["metrics_resumed"] == r["metrics"][1]
+    resumed, after = ranks[0]["weights_resumed"], ranks[0]["weights_after"]
+    assert set(resumed) == set(after)
+    for name, tensor in after.items():
+        assert torch.equal(resumed[name], tensor), name
