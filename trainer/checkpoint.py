@@ -116,7 +116,7 @@ class CheckpointManager:
         step: int,
         *,
         model: Any,
-        optimizer: Any,
+        optimizer: Any = None,
         scheduler: Any = None,
         trainer_state: dict[str, Any],
         tokenizer: Any = None,
@@ -125,8 +125,10 @@ class CheckpointManager:
 
         Args:
             step: The number of optimizer updates done; names the folder ``step-%06d``.
-            model: A transformers ``PreTrainedModel`` or a ``peft.PeftModel`` (adapter saved).
-            optimizer: A torch optimizer.
+            model: A transformers ``PreTrainedModel`` or a ``peft.PeftModel`` (adapter saved),
+                or a sharded model that saves itself (``save_checkpoint(folder)`` and
+                ``load_checkpoint(folder)``, with its optimizer: the Megatron backend's).
+            optimizer: A torch optimizer, or ``None`` when ``model`` holds it.
             scheduler: An LR scheduler, or ``None``.
             trainer_state: JSON-serialisable loop state; ``load`` returns it (tuples as lists).
             tokenizer: Saved into ``model/`` when given, making that folder servable.
@@ -146,7 +148,8 @@ class CheckpointManager:
         name = _step_name(step)
         with _staging(self.root / f".tmp-{name}-{os.getpid()}") as tmp:
             _save_model(model, tokenizer, tmp / "model")
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            if optimizer is not None:
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             if scheduler is not None:
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
             torch.save(rng, tmp / "rng.pt")
@@ -311,12 +314,18 @@ def _is_peft(model: Any) -> bool:
 
 
 def _save_model(model: Any, tokenizer: Any, folder: Path) -> None:
-    model.save_pretrained(folder)  # a PeftModel writes only its adapter and adapter_config.json
+    if hasattr(model, "save_checkpoint"):  # sharded: every rank writes its part
+        model.save_checkpoint(folder)
+    else:
+        model.save_pretrained(folder)  # a PeftModel writes only its adapter and adapter_config.json
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
 
 
 def _load_model(model: Any, folder: Path) -> None:
+    if hasattr(model, "load_checkpoint"):  # sharded: it checks the folder and raises CheckpointError
+        model.load_checkpoint(folder)
+        return
     has_adapter = (folder / "adapter_config.json").exists()
     if _is_peft(model) != has_adapter:
         saved, live = ("a LoRA adapter", "none") if has_adapter else ("a full model", "LoRA")

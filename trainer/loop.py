@@ -14,6 +14,7 @@ sampling). With one update per step the policy that sampled is the policy being 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import random
 import time
@@ -38,6 +39,7 @@ from envhub.trainer.batch import build_batch as build_training_batch
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.megatron.placement import WorkerError, WorkerGroupClosedError
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
 from envhub.types import Trajectory
@@ -99,6 +101,11 @@ class PhaseTimer:
         return {f"time/{k}": v for k, v in self.seconds.items()} | {"time/step": sum(self.seconds.values())}
 
 
+STEP_LOST = (EngineError, WorkerError, WorkerGroupClosedError)
+"""Failures that lose the step (a dead engine or trainer rank): the run stops and says how to
+resume from the last checkpoint."""
+
+
 def train(config: TrainConfig, reporter: Reporter | None = None) -> RunResult:
     """Run (or resume) the training run described by ``config``."""
     return asyncio.run(_train(config, reporter or SilentReporter()))
@@ -111,6 +118,18 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     seed_everything(config.seed)
     backend = make_backend(config)
+    try:
+        start = await _run_steps(config, schedule, backend, reporter)
+        result = _finish(config, backend, start)
+    finally:
+        backend.close()
+    reporter.finish(result)
+    return result
+
+
+async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: TrainBackend, reporter: Reporter) -> int:
+    """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
+    run_dir = config.run_dir
     engine = make_engine(config, backend)
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=config.checkpoint.keep_last)
     start = resume(config, checkpoints, backend, schedule, engine)
@@ -121,11 +140,11 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
         # run's, and a check that both sides compute the same logprobs) before any rollout.
         await engine.start()
         initial_sync = await engine.update_weights(backend) or {}
-        reporter.start(config, {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": str(backend.device), "engine": repr(engine)} | initial_sync)
+        reporter.start(config, {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": backend.describe(), "engine": repr(engine)} | initial_sync)
         for step in range(start, config.steps):
             try:
                 metrics = await train_step(step, config, schedule, engine, backend, reporter)
-            except EngineError as e:
+            except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
@@ -134,9 +153,7 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     finally:
         tracker.close()
         await engine.aclose()
-    result = _finish(config, backend, start)
-    reporter.finish(result)
-    return result
+    return start
 
 
 async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, backend: TrainBackend, reporter: Reporter) -> dict[str, float]:
@@ -272,10 +289,12 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> RolloutEngine:
     raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf, vllm")
 
 
-def _stopped(error: EngineError, step: int, checkpoint: Path | None) -> EngineError:
+def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     """``error`` with where the run stopped and how to go on (same class, so callers can tell)."""
     how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
-    return type(error)(f"{error}\nTraining stopped in step {step + 1}: {how}.")
+    stopped = copy.copy(error)  # keeps attributes such as a dead worker's rank and node
+    stopped.args = (f"{error}\nTraining stopped in step {step + 1}: {how}.",)
+    return stopped
 
 
 def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> Path:

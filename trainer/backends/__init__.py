@@ -11,6 +11,10 @@ def make_backend(config):  # noqa: ANN001, ANN201 - config is a TrainConfig; kep
         from envhub.trainer.backends.torch_backend import TorchBackend
 
         return TorchBackend(config)
+    if config.backend.kind == "megatron":
+        from envhub.trainer.megatron.backend import MegatronBackend
+
+        return MegatronBackend(config)
     from envhub.errors import ConfigError
 
-    raise ConfigError(f"unknown backend {config.backend.kind!r}; available: torch")
+    raise ConfigError(f"unknown backend {config.backend.kind!r}; available: torch, megatron")

@@ -65,11 +65,26 @@ class TrainBackend(Protocol):
         ...
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint holds: ``model``, ``optimizer``, ``scheduler``."""
+        """What a checkpoint holds: ``model``, ``optimizer``, ``scheduler`` (and ``tokenizer``),
+        as :meth:`CheckpointManager.save` takes them."""
         ...
 
     def export(self, target: Path) -> Path:
         """Write the policy as an HF folder (safetensors) that vLLM and transformers load."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's tensors live (``cuda`` when it trains on GPUs)."""
+        ...
+
+    def describe(self) -> str:
+        """Where the policy trains, for the run's header (``cpu``, ``cuda:0``,
+        ``megatron tp=2 pp=1 dp=4 (8 GPUs x 1 nodes)``)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds outside this process (workers); idempotent."""
         ...
 
 

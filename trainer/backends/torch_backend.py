@@ -143,6 +143,12 @@ class TorchBackend:
 
         return export_hf(self._model, self.tokenizer, target)
 
+    def describe(self) -> str:
+        return str(self.device)
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""
+
     # -- internals ------------------------------------------------------------------------------
 
     def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

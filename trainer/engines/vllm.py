@@ -314,9 +314,19 @@ def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     settings = resolve_settings(config, backend.model_path, on_gpu)
     v = config.rollout.vllm
-    model = backend.model
     return VLLMEngine(
-        settings, backend.tokenizer, generation_config=getattr(model, "generation_config", None), mode=v.mode, url=v.url,
+        settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url,
         bucket_bytes=v.bucket_mb << 20, verify=v.verify, verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
         verify_tokens=v.verify_tokens,
     )  # fmt: skip
+
+
+def _generation_config(model_path: str) -> Any:
+    """The model's generation config (its EOS ids), as transformers gives a loaded model: the
+    folder's ``generation_config.json``, else one derived from ``config.json``."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -28,6 +29,10 @@ from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_
 
 SETUP_ENV = "ENVHUB_MEGATRON_WORKER_SETUP"
 """A Python file every rank runs before building anything (the tests' CPU compatibility)."""
+
+WORKER_STATE = "envhub_worker.json"
+"""Written next to the distributed checkpoint: the update counter (and the mark of a
+complete Megatron checkpoint)."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -59,10 +64,13 @@ class MegatronWorker:
     model shard from the HF checkpoint."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        # Without Transformer Engine/Apex megatron-core warns once per module; the fallbacks are
+        # the point on machines without them (GPU runs with TE do not take them).
+        warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
+        _run_setup_file()
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
 
-        _run_setup_file()
         self.spec = spec
         self.device = _init_distributed()
         mpu.initialize_model_parallel(spec.tensor_parallel, spec.pipeline_parallel)
@@ -207,7 +215,7 @@ class MegatronWorker:
         Path(folder).mkdir(parents=True, exist_ok=True)
         dist_checkpointing.save(self._sharded_state(), folder)
         if torch.distributed.get_rank() == 0:
-            (Path(folder) / "envhub_worker.json").write_text(json.dumps({"updates": self.updates}))
+            (Path(folder) / WORKER_STATE).write_text(json.dumps({"updates": self.updates}))
         torch.distributed.barrier()
 
     def load_checkpoint(self, folder: str) -> None:
@@ -218,7 +226,7 @@ class MegatronWorker:
         loaded = dist_checkpointing.load(self._sharded_state(loading=True), folder)
         self.model.module.load_state_dict(loaded["model"])
         self.optimizer.load_state_dict(loaded["optimizer"])
-        self.updates = json.loads((Path(folder) / "envhub_worker.json").read_text())["updates"]
+        self.updates = json.loads((Path(folder) / WORKER_STATE).read_text())["updates"]
 
     def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
         state = {"model": self.model.module.sharded_state_dict()}

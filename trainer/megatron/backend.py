@@ -1,0 +1,166 @@
+"""The Megatron backend's driver: a :class:`TrainBackend` whose ranks are Ray actors.
+
+The training loop talks to it exactly as to the torch backend. Each call is broadcast to every
+rank (:class:`MegatronWorker`) and the answer is taken from the ranks that hold it: logprobs from
+the last pipeline stage of each data-parallel replica, metrics and weights from one rank.
+Rollouts never run in the ranks: environments and sandboxes stay in the driver's process (and
+its sandbox processes), vLLM in its own.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from envhub.errors import CheckpointError, ConfigError
+from envhub.trainer.algorithms import ObjectiveSpec
+from envhub.trainer.backends.base import StepResult
+from envhub.trainer.batch import MicroBatch
+from envhub.trainer.config import TrainConfig
+from envhub.trainer.megatron.placement import Placement, WorkerGroup
+from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
+from envhub.trainer.models import resolve_model
+
+
+class MegatronBackend:
+    """Trains with megatron-core ranks placed on Ray (see the module docstring)."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        from transformers import AutoTokenizer
+
+        self.config = config
+        self.model_path = resolve_model(config.model.name)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.placement, self.layout = plan(config)
+        check_layout(self.model_path, *self.layout[:2])
+        self.temperature = config.rollout.temperature
+        self.group = WorkerGroup(MegatronWorker, self.placement, env=_worker_env(config), args=(worker_spec(config, self.model_path, self.placement),), name="envhub-megatron")
+        self._num_parameters: int | None = None
+
+    @property
+    def model(self) -> torch.nn.Module:
+        raise ConfigError("the Megatron backend's model lives in its Ray workers; use rollout.engine=vllm")
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda" if self.placement.gpus_per_node else "cpu")
+
+    def describe(self) -> str:
+        tp, pp, dp = self.layout
+        where = f"{self.placement.gpus_per_node} GPUs x {self.placement.nodes} nodes" if self.placement.gpus_per_node else "CPU ranks"
+        return f"megatron tp={tp} pp={pp} dp={dp} ({where})"
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        if self._num_parameters is None:
+            self._num_parameters = int(self.group.call("num_parameters")[0])
+        return self._num_parameters
+
+    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
+        merged: dict[int, torch.Tensor] = {}
+        for part in self.group.call("logprobs", batches, reference, temperature):
+            merged |= part or {}
+        return [merged[k] for k in range(len(batches))]
+
+    def update(
+        self,
+        batches: list[MicroBatch],
+        spec: ObjectiveSpec,
+        *,
+        old_logprobs: list[torch.Tensor] | None,
+        ref_logprobs: list[torch.Tensor] | None,
+        num_tokens: int,
+        num_sequences: int,
+    ) -> StepResult:
+        results = self.group.call(
+            "update", batches, spec, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, num_tokens=num_tokens, num_sequences=num_sequences
+        )
+        return StepResult(next(r for r in results if r is not None))
+
+    @torch.no_grad()
+    def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Gathered from the shards by the ranks, handed over by rank 0 (through Ray's object
+        store); the GPU path that sends shards to vLLM directly over NCCL is not built yet."""
+        yield from self.group.call("hf_state_dict")[0].items()
+
+    def state(self) -> dict[str, Any]:
+        return {"model": ShardedCheckpoint(self.group), "optimizer": None, "scheduler": None, "tokenizer": self.tokenizer}
+
+    def export(self, target: Path) -> Path:
+        return Path(next(p for p in self.group.call("export", str(target)) if p is not None))
+
+    def close(self) -> None:
+        self.group.shutdown()
+
+
+class ShardedCheckpoint:
+    """What :class:`CheckpointManager` saves for this backend: each rank's model and optimizer
+    shards in megatron-core's distributed format (the run folder must be on storage every
+    node sees)."""
+
+    def __init__(self, group: WorkerGroup) -> None:
+        self.group = group
+
+    def save_checkpoint(self, folder: Path) -> None:
+        self.group.call("save_checkpoint", str(folder))
+
+    def load_checkpoint(self, folder: Path) -> None:
+        if not (Path(folder) / WORKER_STATE).exists():
+            raise CheckpointError(f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); resume with the settings it was saved with")
+        self.group.call("load_checkpoint", str(folder))
+
+
+def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
+    """Ranks and their (tp, pp, dp) layout from ``backend.megatron`` and ``cluster``."""
+    m, cluster = config.backend.megatron, config.cluster
+    gpus = cluster.gpus_per_node if cluster.gpus_per_node is not None else torch.cuda.device_count()
+    model_parallel = m.tensor_parallel * m.pipeline_parallel
+    if gpus == 0:
+        if not os.environ.get(SETUP_ENV):
+            raise ConfigError("backend.kind=megatron needs CUDA GPUs (none found); on a CPU use backend.kind=torch")
+        dp = m.data_parallel or 1
+        return Placement(world_size=model_parallel * dp, nodes=cluster.nodes, address=cluster.address), (m.tensor_parallel, m.pipeline_parallel, dp)
+    total = gpus * cluster.nodes
+    if total % model_parallel:
+        raise ConfigError(f"{total} GPUs cannot hold tensor_parallel x pipeline_parallel = {model_parallel} ranks evenly")
+    dp = m.data_parallel or total // model_parallel
+    if dp * model_parallel != total:
+        raise ConfigError(f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs ({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel")
+    return Placement(world_size=total, nodes=cluster.nodes, gpus_per_node=gpus, address=cluster.address), (m.tensor_parallel, m.pipeline_parallel, dp)
+
+
+def check_layout(model_path: str, tp: int, pp: int) -> None:
+    """Refuse, before any rank starts, a split that does not divide the model."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_path)
+    heads, kv_heads, layers = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads, hf.num_hidden_layers
+    if heads % tp or kv_heads % tp:
+        raise ConfigError(f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention and {kv_heads} key/value heads")
+    if layers % pp:
+        raise ConfigError(f"backend.megatron.pipeline_parallel={pp} must divide the model's {layers} layers")
+
+
+def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> WorkerSpec:
+    opt = config.optimizer
+    dtype = config.model.dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if placement.gpus_per_node else "float32"
+    return WorkerSpec(
+        model_path=model_path, tensor_parallel=config.backend.megatron.tensor_parallel, pipeline_parallel=config.backend.megatron.pipeline_parallel,
+        dtype=dtype, seed=config.seed, temperature=config.rollout.temperature, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip, schedule=opt.schedule, warmup_steps=opt.warmup_steps, total_updates=config.steps * config.algorithm.updates_per_step,
+        entropy_coef=config.algorithm.entropy_coef, reference=config.algorithm.kl_beta > 0,
+    )  # fmt: skip
+
+
+def _worker_env(config: TrainConfig) -> dict[str, str]:
+    env = {SETUP_ENV: os.environ[SETUP_ENV]} if os.environ.get(SETUP_ENV) else {}
+    if config.backend.threads:
+        env["OMP_NUM_THREADS"] = str(config.backend.threads)
+    return env
