@@ -33,7 +33,10 @@ def main() -> None:
     except EnvhubError as e:
         if debug:
             raise
+        from rich.markup import escape
+
         from envhub.cli.console import err_console
 
-        err_console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        # Messages quote other programs' text (paths, gloo's "[/path/pair.cc:537]"): never markup.
+        err_console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False, soft_wrap=True)
         raise SystemExit(1) from None

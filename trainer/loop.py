@@ -14,7 +14,6 @@ sampling). With one update per step the policy that sampled is the policy being 
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import random
 import time
@@ -292,8 +291,9 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> RolloutEngine:
 def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     """``error`` with where the run stopped and how to go on (same class, so callers can tell)."""
     how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
-    stopped = copy.copy(error)  # keeps attributes such as a dead worker's rank and node
+    stopped = type(error).__new__(type(error))  # not __init__: its signature is the class's own
     stopped.args = (f"{error}\nTraining stopped in step {step + 1}: {how}.",)
+    stopped.__dict__.update(error.__dict__)  # keeps attributes such as a dead worker's rank and node
     return stopped
 
 

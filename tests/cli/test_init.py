@@ -121,3 +121,10 @@ def test_existing_folder_error_through_the_script(tmp_path):
         "or use --force (force=True) to write into it"
     ]
     assert os.listdir(tmp_path / "my-env") == ["notes.txt"]
+
+
+def test_error_text_that_looks_like_markup_is_printed_as_is(tmp_path):
+    # Messages quote other programs' text; gloo's "[/path/pair.cc:537]" once crashed the printer.
+    result = envhub_script("init", "[/x]", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: invalid env name '[/x]': use lowercase letters")

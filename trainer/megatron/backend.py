@@ -160,7 +160,9 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
 
 
 def _worker_env(config: TrainConfig) -> dict[str, str]:
-    env = {SETUP_ENV: os.environ[SETUP_ENV]} if os.environ.get(SETUP_ENV) else {}
+    """``ENVHUB_*`` variables (``ENVHUB_MEGATRON_WORKER_SETUP`` and what tests give it) reach
+    the ranks even on a cluster started elsewhere; so do the backend's thread settings."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("ENVHUB_")}
     if config.backend.threads:
         env["OMP_NUM_THREADS"] = str(config.backend.threads)
     return env

