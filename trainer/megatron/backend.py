@@ -140,7 +140,7 @@ def check_layout(model_path: str, tp: int, pp: int) -> None:
 
     hf = AutoConfig.from_pretrained(model_path)
     heads, kv_heads, layers = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads, hf.num_hidden_layers
-    if heads % tp or kv_heads % tp:
+    if heads % tp or (kv_heads % tp and tp % kv_heads):  # fewer key/value heads than ranks: replicated
         raise ConfigError(f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention and {kv_heads} key/value heads")
     if layers % pp:
         raise ConfigError(f"backend.megatron.pipeline_parallel={pp} must divide the model's {layers} layers")

@@ -77,9 +77,12 @@ class MegatronWorker:
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
         dtype = _DTYPES[spec.dtype]
         self.bridge = load_bridge(spec.model_path, dtype, overrides={"calculate_per_token_loss": True})
-        self.model = self._wrap(self._load(spec.model_path))
-        self.optimizer = self._optimizer()
+        policy = self._load(spec.model_path)
+        # Built before _wrap puts process-group methods in the shared config, which the
+        # attention layer may deepcopy (fewer key/value heads than tensor ranks).
         self.reference = self._load(spec.model_path).requires_grad_(False) if spec.reference else None
+        self.model = self._wrap(policy)
+        self.optimizer = self._optimizer()
         self.updates = 0
         from envhub.trainer.backends.torch_backend import _schedule
 

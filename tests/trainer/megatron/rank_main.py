@@ -42,7 +42,7 @@ def packed(b: Batch) -> list:
 
 
 def main(model_dir: str, out: str, tp: int, pp: int) -> None:
-    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, **OPTIMIZER))
+    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, reference=True, **OPTIMIZER))
     b = batch()
     mbs = packed(b)
     record = {"info": worker.rank_info(), "weights_before": worker.hf_state_dict(), "logprobs": worker.logprobs(mbs)}
@@ -55,6 +55,7 @@ def main(model_dir: str, out: str, tp: int, pp: int) -> None:
     worker.save_checkpoint(str(Path(out) / "checkpoint"))
     record["metrics"].append(update())
     record["weights_after"] = worker.hf_state_dict()
+    record["reference_logprobs"] = worker.logprobs(mbs, reference=True)
     worker.load_checkpoint(str(Path(out) / "checkpoint"))  # back to after the first update
     record["metrics_resumed"] = update()
     record["weights_resumed"] = worker.hf_state_dict()

@@ -46,9 +46,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int) -> list[dict]:
-    """``rank_main.py`` under torchrun; each rank's record, in rank order."""
-    env = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": "1"}
+def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT) -> list[dict]:
+    """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs);
+    each rank's record, in rank order."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("ENVHUB_MEGATRON_WORKER_SETUP", None)
+    if setup is not None:
+        env["ENVHUB_MEGATRON_WORKER_SETUP"] = str(setup)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={_free_port()}",
                str(HERE / "rank_main.py"), str(model_dir), str(out), str(tp), str(pp)]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -141,3 +145,27 @@ def test_a_checkpoint_resumes_to_the_same_update(ranks: list[dict]) -> None:
     assert set(resumed) == set(after)
     for name, tensor in after.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None:
+    for r in ranks:
+        if r["logprobs"] is None:
+            assert r["reference_logprobs"] is None
+            continue
+        assert sorted(r["reference_logprobs"]) == sorted(r["logprobs"])
+        for k, before in r["logprobs"].items():
+            assert torch.equal(r["reference_logprobs"][k], before)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_one_gpu_rank_matches_the_torch_backend(tiny_model_dir: Path, tmp_path: Path, reference: dict) -> None:
+    """The GPU path: NCCL, megatron-core's distributed optimizer, no compatibility module."""
+    (rank,) = run_ranks(tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None)
+    for k, mb in enumerate(reference["mbs"]):
+        mask = mb.loss_mask.bool()
+        torch.testing.assert_close(rank["logprobs"][k][mask], reference["logprobs"][k][mask], atol=1e-4, rtol=0)
+    for ours, theirs in zip(rank["metrics"], reference["metrics"], strict=True):
+        for name in ("loss", "grad_norm", "entropy"):
+            assert ours[name] == pytest.approx(theirs[name], rel=1e-3, abs=1e-6), name
+    assert rank["metrics_resumed"] == rank["metrics"][1]

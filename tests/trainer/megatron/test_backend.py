@@ -1,0 +1,74 @@
+"""The Megatron backend's planning and config checks: what fails before any rank starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envhub.errors import ConfigError
+from envhub.trainer.config import validate_config
+from envhub.trainer.megatron.backend import check_layout, plan, worker_spec
+from envhub.trainer.megatron.worker import SETUP_ENV
+
+
+def _config(**parts: object) -> object:
+    base = {"envs": [{"name": "arithmetic"}], "backend": {"kind": "megatron"}, "rollout": {"engine": "vllm"}}
+    return validate_config(base | parts)
+
+
+def test_megatron_needs_vllm_rollouts_and_full_weights() -> None:
+    with pytest.raises(ConfigError, match="backend.kind=megatron generates with vLLM: set rollout.engine=vllm"):
+        _config(rollout={"engine": "hf"})
+    with pytest.raises(ConfigError, match=r"the Megatron backend trains all weights: remove model.lora"):
+        _config(model={"lora": {"rank": 4}})
+
+
+@pytest.mark.parametrize(
+    ("megatron", "cluster", "world", "layout"),
+    [
+        ({"tensor_parallel": 2, "pipeline_parallel": 2}, {"nodes": 2, "gpus_per_node": 8}, 16, (2, 2, 4)),
+        ({"tensor_parallel": 8}, {"gpus_per_node": 8}, 8, (8, 1, 1)),
+        ({}, {"gpus_per_node": 4}, 4, (1, 1, 4)),
+    ],
+)
+def test_data_parallel_fills_the_gpus(megatron: dict, cluster: dict, world: int, layout: tuple) -> None:
+    placement, got = plan(_config(backend={"kind": "megatron", "megatron": megatron}, cluster={"address": "auto", **cluster}))
+    assert (placement.world_size, placement.gpus_per_node, got) == (world, cluster["gpus_per_node"], layout)
+
+
+def test_splits_that_do_not_fit_the_gpus_fail_with_the_numbers() -> None:
+    with pytest.raises(ConfigError, match=r"^8 GPUs cannot hold tensor_parallel x pipeline_parallel = 3 ranks evenly$"):
+        plan(_config(backend={"kind": "megatron", "megatron": {"tensor_parallel": 3}}, cluster={"gpus_per_node": 8}))
+    with pytest.raises(ConfigError, match=r"^tp x pp x dp = 4 but the cluster has 8 GPUs \(1 x 8\); fix backend.megatron.data_parallel$"):
+        plan(_config(backend={"kind": "megatron", "megatron": {"tensor_parallel": 2, "data_parallel": 2}}, cluster={"gpus_per_node": 8}))
+
+
+def test_cpu_ranks_are_refused_outside_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SETUP_ENV, raising=False)
+    with pytest.raises(ConfigError, match=r"^backend.kind=megatron needs CUDA GPUs \(none found\); on a CPU use backend.kind=torch$"):
+        plan(_config(cluster={"gpus_per_node": 0}))
+    monkeypatch.setenv(SETUP_ENV, "/some/setup.py")
+    placement, layout = plan(_config(backend={"kind": "megatron", "megatron": {"pipeline_parallel": 2}}, cluster={"gpus_per_node": 0}))
+    assert (placement.world_size, placement.gpus_per_node, layout) == (2, 0, (1, 2, 1))
+
+
+def test_layout_must_divide_heads_and_layers(tiny_model_dir: Path) -> None:
+    check_layout(str(tiny_model_dir), 2, 2)  # 2 heads, 1 key/value head (replicated under TP=2), 2 layers
+    with pytest.raises(ConfigError, match=r"^backend.megatron.tensor_parallel=4 must divide the model's 2 attention and 1 key/value heads$"):
+        check_layout(str(tiny_model_dir), 4, 1)
+    with pytest.raises(ConfigError, match=r"^backend.megatron.pipeline_parallel=3 must divide the model's 2 layers$"):
+        check_layout(str(tiny_model_dir), 1, 3)
+
+
+def test_worker_spec_carries_the_run_settings() -> None:
+    config = _config(
+        steps=10, seed=3, rollout={"engine": "vllm", "temperature": 0.6}, algorithm={"updates_per_step": 2, "kl_beta": 0.01, "entropy_coef": 0.001},
+        optimizer={"lr": 2e-6, "weight_decay": 0.1, "grad_clip": 0.5, "schedule": "cosine", "warmup_steps": 3},
+        backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}},
+    )  # fmt: skip
+    placement, _ = plan(config.model_copy(update={"cluster": config.cluster.model_copy(update={"gpus_per_node": 2})}))
+    spec = worker_spec(config, "/models/m", placement)
+    assert (spec.tensor_parallel, spec.pipeline_parallel, spec.dtype, spec.seed, spec.temperature) == (2, 1, "bfloat16", 3, 0.6)
+    assert (spec.lr, spec.weight_decay, spec.grad_clip, spec.schedule, spec.warmup_steps, spec.total_updates) == (2e-6, 0.1, 0.5, "cosine", 3, 20)
+    assert (spec.entropy_coef, spec.reference) == (0.001, True)
