@@ -25,6 +25,9 @@ from envhub.trainer.megatron.placement import Placement, WorkerGroup
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
 
+WEIGHT_BUCKET_BYTES = 256 << 20
+"""How much of the model the driver holds at once while it hands weights to the engine."""
+
 
 class MegatronBackend:
     """Trains with megatron-core ranks placed on Ray (see the module docstring)."""
@@ -82,11 +85,13 @@ class MegatronBackend:
         )
         return StepResult(next(r for r in results if r is not None))
 
-    @torch.no_grad()
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Gathered from the shards by the ranks, handed over by rank 0 (through Ray's object
-        store); the GPU path that sends shards to vLLM directly over NCCL is not built yet."""
-        yield from self.group.call("hf_state_dict")[0].items()
+        """Streamed in buckets of about ``WEIGHT_BUCKET_BYTES``: the ranks gather each tensor
+        from its shards, rank 0 hands the bucket over through Ray's object store. (Ranks that
+        send their shards to vLLM directly over NCCL are not built yet.)"""
+        self.group.call("begin_weights")
+        while chunk := self.group.call("next_weights", WEIGHT_BUCKET_BYTES)[0]:
+            yield from chunk
 
     def state(self) -> dict[str, Any]:
         return {"model": ShardedCheckpoint(self.group), "optimizer": None, "scheduler": None, "tokenizer": self.tokenizer}
@@ -122,7 +127,7 @@ def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     model_parallel = m.tensor_parallel * m.pipeline_parallel
     if gpus == 0:
         if not os.environ.get(SETUP_ENV):
-            raise ConfigError("backend.kind=megatron needs CUDA GPUs (none found); on a CPU use backend.kind=torch")
+            raise ConfigError("backend.kind=megatron needs CUDA GPUs (none found here; for a Ray cluster set cluster.gpus_per_node); on a CPU use backend.kind=torch")
         dp = m.data_parallel or 1
         return Placement(world_size=model_parallel * dp, nodes=cluster.nodes, address=cluster.address), (m.tensor_parallel, m.pipeline_parallel, dp)
     total = gpus * cluster.nodes

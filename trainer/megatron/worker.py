@@ -14,7 +14,7 @@ import importlib.util
 import json
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -84,6 +84,7 @@ class MegatronWorker:
         self.model = self._wrap(policy)
         self.optimizer = self._optimizer()
         self.updates = 0
+        self._weight_stream = None
         from envhub.trainer.backends.torch_backend import _schedule
 
         self._lr_multiplier = _schedule(spec.schedule, spec.warmup_steps, spec.total_updates)
@@ -200,6 +201,28 @@ class MegatronWorker:
         """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
         weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in hf_weights(self.bridge, [self.model.module])}
         return weights if torch.distributed.get_rank() == 0 else None
+
+    def begin_weights(self) -> None:
+        """Start streaming the HF weights (see :meth:`next_weights`)."""
+        self._weight_stream: Iterator[tuple[str, torch.Tensor]] | None = hf_weights(self.bridge, [self.model.module])
+
+    def next_weights(self, max_bytes: int) -> list[tuple[str, torch.Tensor]] | None:
+        """The stream's next tensors, at least one and about ``max_bytes`` in all, on rank 0
+        (``None`` on the others); ``[]`` on every rank when the stream is done. Every rank must call it: each tensor is
+        gathered from its shards by collectives, so only one bucket is ever held at once."""
+        if self._weight_stream is None:
+            raise RuntimeError("call begin_weights first")
+        chunk: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self._weight_stream:  # the same tensors, in order, on every rank
+            chunk.append((name, tensor.detach().to("cpu", copy=True)))
+            size += tensor.numel() * tensor.element_size()
+            if size >= max_bytes:
+                break
+        if not chunk:
+            self._weight_stream = None
+            return []
+        return chunk if torch.distributed.get_rank() == 0 else None
 
     def export(self, target: str) -> str | None:
         """Save the model as an HF folder (safetensors, config, tokenizer) from rank 0."""

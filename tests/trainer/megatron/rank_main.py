@@ -38,7 +38,10 @@ def batch() -> Batch:
 
 
 def packed(b: Batch) -> list:
-    return micro_batches(b, 30, pad_id=0)
+    """Three micro-batches: under DP=2 one replica runs two, the other one and a filler."""
+    mbs = micro_batches(b, 24, pad_id=0)
+    assert len(mbs) == 3
+    return mbs
 
 
 def main(model_dir: str, out: str, tp: int, pp: int) -> None:
@@ -56,6 +59,10 @@ def main(model_dir: str, out: str, tp: int, pp: int) -> None:
     record["metrics"].append(update())
     record["weights_after"] = worker.hf_state_dict()
     record["reference_logprobs"] = worker.logprobs(mbs, reference=True)
+    worker.begin_weights()
+    record["weight_buckets"] = []
+    while (bucket := worker.next_weights(max_bytes=1 << 20)) != []:
+        record["weight_buckets"].append(bucket)
     worker.load_checkpoint(str(Path(out) / "checkpoint"))  # back to after the first update
     record["metrics_resumed"] = update()
     record["weights_resumed"] = worker.hf_state_dict()

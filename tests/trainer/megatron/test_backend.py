@@ -46,7 +46,7 @@ def test_splits_that_do_not_fit_the_gpus_fail_with_the_numbers() -> None:
 
 def test_cpu_ranks_are_refused_outside_the_tests(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(SETUP_ENV, raising=False)
-    with pytest.raises(ConfigError, match=r"^backend.kind=megatron needs CUDA GPUs \(none found\); on a CPU use backend.kind=torch$"):
+    with pytest.raises(ConfigError, match=r"^backend.kind=megatron needs CUDA GPUs \(none found here; for a Ray cluster set cluster.gpus_per_node\); on a CPU use backend.kind=torch$"):
         plan(_config(cluster={"gpus_per_node": 0}))
     monkeypatch.setenv(SETUP_ENV, "/some/setup.py")
     placement, layout = plan(_config(backend={"kind": "megatron", "megatron": {"pipeline_parallel": 2}}, cluster={"gpus_per_node": 0}))
