@@ -51,7 +51,7 @@ def estimate(config: TrainConfig) -> dict[str, str]:
     context = 1024 + rc.max_tokens
     kv_cache = min(rc.max_concurrency, episodes) * context * 2 * layers * kv_heads * head_dim * 4
     total = weights + optimizer + logits + activations + kv_cache
-    return {
+    figures = {
         "model": f"{config.model.name} ({hf.model_type}, {layers} layers, hidden {hidden}, vocab {vocab})",
         "parameters": f"{params / 1e6:,.1f}M ({trainable / 1e6:,.1f}M trainable)",
         "episodes per step": f"{episodes} ({rc.tasks_per_step} tasks x {rc.samples_per_task} samples), <= {rc.max_tokens} tokens per turn",
@@ -61,6 +61,17 @@ def estimate(config: TrainConfig) -> dict[str, str]:
         "generation KV cache": _gib(kv_cache),
         "total (rough)": _gib(total),
     }
+    if config.backend.kind == "megatron":
+        figures["per Megatron rank"] = _per_rank(config, weights + optimizer, logits + activations)
+    return figures
+
+
+def _per_rank(config: TrainConfig, state: float, activations: float) -> str:
+    """Weights and optimizer state split over tp x pp; activations over tp (a stage holds its
+    layers' share; the last one holds the logits, so this is rough)."""
+    m = config.backend.megatron
+    split = m.tensor_parallel * m.pipeline_parallel
+    return f"{_gib(state / split + activations / m.tensor_parallel)} (tp={m.tensor_parallel}, pp={m.pipeline_parallel}; vLLM apart)"
 
 
 def _trainable(params: int, hf: Any, config: TrainConfig) -> int:

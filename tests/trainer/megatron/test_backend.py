@@ -72,3 +72,13 @@ def test_worker_spec_carries_the_run_settings() -> None:
     assert (spec.tensor_parallel, spec.pipeline_parallel, spec.dtype, spec.seed, spec.temperature) == (2, 1, "bfloat16", 3, 0.6)
     assert (spec.lr, spec.weight_decay, spec.grad_clip, spec.schedule, spec.warmup_steps, spec.total_updates) == (2e-6, 0.1, 0.5, "cosine", 3, 20)
     assert (spec.entropy_coef, spec.reference) == (0.001, True)
+
+
+def test_dry_run_estimate_splits_the_state_over_the_ranks(tiny_model_dir: Path) -> None:
+    from envhub.trainer.estimate import estimate
+
+    config = _config(model={"name": str(tiny_model_dir)}, backend={"kind": "megatron", "megatron": {"pipeline_parallel": 2}})
+    # 6,587,008 parameters x (4 weight + 12 AdamW bytes) / 2 stages, plus one micro-batch of
+    # 4096 tokens: logits 4096 x 49152 x 12 B and activations 4096 x 128 x 2 layers x 34 x 4 B.
+    expected = (6_587_008 * 16 / 2 + 4096 * 49152 * 12 + 4096 * 128 * 2 * 34 * 4) / 2**30
+    assert estimate(config)["per Megatron rank"] == f"{expected:.2f} GiB (tp=1, pp=2; vLLM apart)"
