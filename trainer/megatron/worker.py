@@ -358,9 +358,10 @@ def _run_setup_file() -> None:
 
 
 def _init_distributed() -> torch.device:
-    """torch.distributed from the environment: NCCL on a GPU (``LOCAL_RANK``'s), else gloo."""
+    """torch.distributed from the environment: NCCL on this rank's GPU, else gloo."""
     if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        # Under Ray a rank sees only its own GPU (as cuda:0); under torchrun it sees the node's.
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
         torch.cuda.set_device(device)
         backend = "nccl"
     else:
