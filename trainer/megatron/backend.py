@@ -42,7 +42,6 @@ class MegatronBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.placement, self.layout = plan(config)
         check_layout(self.model_path, *self.layout[:2])
-        self.temperature = config.rollout.temperature
         self.group = WorkerGroup(MegatronWorker, self.placement, env=_worker_env(config), args=(worker_spec(config, self.model_path, self.placement),), name="envhub-megatron")
         self._num_parameters: int | None = None
 
