@@ -59,7 +59,7 @@ class TorchBackend:
         opt = config.optimizer
         self.optimizer = torch.optim.AdamW(trainable, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
         total_updates = config.steps * config.algorithm.updates_per_step
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _schedule(opt.schedule, opt.warmup_steps, total_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(opt.schedule, opt.warmup_steps, total_updates))
 
     @property
     def model(self) -> torch.nn.Module:
@@ -244,8 +244,9 @@ def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_config)
 
 
-def _schedule(kind: str, warmup: int, total: int) -> Any:
-    """LR multiplier per update: linear warm-up, then constant, linear or cosine decay to 0."""
+def lr_multiplier(kind: str, warmup: int, total: int) -> Any:
+    """LR multiplier per update: linear warm-up, then constant, linear or cosine decay to 0
+    (shared with the Megatron backend, which must follow the same schedule)."""
 
     def multiplier(update: int) -> float:
         if warmup and update < warmup:

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
+from envhub.trainer.backends.torch_backend import lr_multiplier
 from envhub.trainer.batch import MicroBatch
 from envhub.trainer.megatron.bridge import build_model, hf_weights, load_bridge
 from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_logprobs
@@ -85,9 +86,7 @@ class MegatronWorker:
         self.optimizer = self._optimizer()
         self.updates = 0
         self._weight_stream = None
-        from envhub.trainer.backends.torch_backend import _schedule
-
-        self._lr_multiplier = _schedule(spec.schedule, spec.warmup_steps, spec.total_updates)
+        self._lr_multiplier = lr_multiplier(spec.schedule, spec.warmup_steps, spec.total_updates)
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -208,8 +207,9 @@ class MegatronWorker:
 
     def next_weights(self, max_bytes: int) -> list[tuple[str, torch.Tensor]] | None:
         """The stream's next tensors, at least one and about ``max_bytes`` in all, on rank 0
-        (``None`` on the others); ``[]`` on every rank when the stream is done. Every rank must call it: each tensor is
-        gathered from its shards by collectives, so only one bucket is ever held at once."""
+        (``None`` on the others); ``[]`` on every rank when the stream is done. Every rank must
+        call it: each tensor is gathered from its shards by collectives, so only one bucket is
+        ever held at once."""
         if self._weight_stream is None:
             raise RuntimeError("call begin_weights first")
         chunk: list[tuple[str, torch.Tensor]] = []
