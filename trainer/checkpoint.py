@@ -251,11 +251,37 @@ def export_hf(
     dtype = getattr(torch, dtype, dtype) if isinstance(dtype, str) else dtype
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise ConfigError(f"export dtype must be a torch dtype or its name, got {dtype!r}")
+    return _write_atomically(target, lambda tmp: _write_hf(model, tokenizer, tmp, dtype))
+
+
+def export_hf_weights(weights: dict[str, torch.Tensor], source: str | Path, target: str | Path) -> Path:
+    """Write ``weights`` (HF names, tied ones once) as an HF folder next to the ``source``
+    model folder's config, generation config and tokenizer files; atomically, and refusing a
+    non-model folder at ``target``, as :func:`export_hf` does. For backends whose model is not
+    a transformers module (the Megatron backend's shards)."""
+
+    def write(folder: Path) -> None:
+        from safetensors.torch import save_file
+
+        for item in Path(source).iterdir():
+            if item.is_file() and not item.name.endswith(_WEIGHT_SUFFIXES) and item.name != "model.safetensors.index.json":
+                shutil.copy2(item, folder / item.name)
+        save_file({name: t.contiguous() for name, t in weights.items()}, folder / "model.safetensors", metadata={"format": "pt"})
+
+    return _write_atomically(Path(target), write)
+
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def _write_atomically(target: Path, write: Any) -> Path:
+    """Run ``write(folder)`` on a temporary folder next to ``target``, then rename it into
+    place (replacing a model folder there, refusing anything else)."""
     _check_replaceable(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(target.parent, f".tmp-*{target.name}-*")
     with _staging(target.parent / f".tmp-{target.name}-{os.getpid()}") as tmp:
-        _write_hf(model, tokenizer, tmp, dtype)
+        write(tmp)
         _fsync_tree(tmp)
         _replace_dir(tmp, target)
     return target

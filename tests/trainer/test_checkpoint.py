@@ -19,7 +19,13 @@ import transformers
 from safetensors import safe_open
 
 from envhub.errors import CheckpointError, ConfigError
-from envhub.trainer.checkpoint import CheckpointManager, capture_rng, export_hf, restore_rng
+from envhub.trainer.checkpoint import (
+    CheckpointManager,
+    capture_rng,
+    export_hf,
+    export_hf_weights,
+    restore_rng,
+)
 
 TEXT = "The capital of France is"
 
@@ -436,6 +442,27 @@ def test_export_refuses_to_replace_a_folder_that_is_not_a_model(
         export_hf(micro[0], None, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
+
+
+def test_export_of_bare_weights_is_the_source_folder_with_new_tensors(
+    tmp_path: Path, tiny_model_dir: Path, tokenizer: Any
+) -> None:
+    """What the Megatron backend exports: HF-named tensors next to the source's config and
+    tokenizer, through the same atomic staging as ``export_hf``."""
+    model = _model(tiny_model_dir)
+    with torch.no_grad():
+        model.model.norm.weight.add_(0.5)
+    weights = {name: p.detach() for name, p in model.named_parameters() if name != "lm_head.weight"}
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "keep.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="not a model folder"):
+        export_hf_weights(weights, tiny_model_dir, tmp_path / "notes")
+    target = export_hf_weights(weights, tiny_model_dir, tmp_path / "final")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "notes"]  # no temporary folder left
+    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(target)
+    assert torch.equal(_logits(reloaded, tokenizer), _logits(model, tokenizer))
+    assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
 
 def _lora(tiny_model_dir: Path, seed: int) -> Any:
     peft = pytest.importorskip("peft")

@@ -18,9 +18,7 @@ parallel state are set up.
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -103,20 +101,3 @@ def hf_weights(bridge: Any, chunks: list[torch.nn.Module]) -> Iterator[tuple[str
             seen.add(name)
             yield name, tensor
 
-
-def save_hf_folder(weights: dict[str, torch.Tensor], source: str, target: Path) -> Path:
-    """An HF folder at ``target``: ``weights`` as ``model.safetensors`` next to the source
-    model's config, generation config and tokenizer files (written to a temp folder, then
-    renamed, so a crash never leaves half a model)."""
-    from safetensors.torch import save_file
-
-    staging = target.with_name(f".tmp-{target.name}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    for item in Path(source).iterdir():
-        if item.is_file() and not item.name.endswith((".safetensors", ".bin", ".pt", ".gguf")) and item.name != "model.safetensors.index.json":
-            shutil.copy2(item, staging / item.name)
-    save_file({name: t.contiguous() for name, t in weights.items()}, staging / "model.safetensors", metadata={"format": "pt"})
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
-    return target

@@ -155,7 +155,7 @@ class MegatronWorker:
         mine = self._my_batches(batches)
 
         def collect(k: int, mb: MicroBatch, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            logprobs = vocab_parallel_logprobs(output[:, :-1].float() / scale, mb.input_ids[:, 1:].to(output.device))
+            logprobs = vocab_parallel_logprobs(*_scaled_logits_and_targets(output, mb, scale))
             return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {"index": k, "logprobs": logprobs.cpu()}
 
         model.eval()
@@ -226,12 +226,12 @@ class MegatronWorker:
 
     def export(self, target: str) -> str | None:
         """Save the model as an HF folder (safetensors, config, tokenizer) from rank 0."""
-        from envhub.trainer.megatron.bridge import save_hf_folder
+        from envhub.trainer.checkpoint import export_hf_weights
 
         weights = self.hf_state_dict()
         if weights is None:
             return None
-        return str(save_hf_folder(weights, self.spec.model_path, Path(target)))
+        return str(export_hf_weights(weights, self.spec.model_path, target))
 
     def save_checkpoint(self, folder: str) -> None:
         """Model and optimizer shards in Megatron's distributed format (every rank writes its
@@ -273,8 +273,8 @@ class MegatronWorker:
         k: int, mb: MicroBatch, output: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
         mb = mb.to(output.device)
-        logits = output[:, :-1].float() / self.spec.temperature
-        logprobs = vocab_parallel_logprobs(logits, mb.input_ids[:, 1:])
+        logits, targets = _scaled_logits_and_targets(output, mb, self.spec.temperature)
+        logprobs = vocab_parallel_logprobs(logits, targets)
         entropy = vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach())
         loss, metrics = policy_objective(
             spec, logprobs=logprobs, old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
@@ -325,6 +325,12 @@ class MegatronWorker:
         from megatron.core import parallel_state as mpu
 
         return self._holds_output() and mpu.get_data_parallel_rank() == 0
+
+
+def _scaled_logits_and_targets(output: torch.Tensor, mb: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float logits that predict each next token, over ``temperature``, and those tokens
+    (the distribution the engine sampled from, as the torch backend scores it)."""
+    return output[:, :-1].float() / temperature, mb.input_ids[:, 1:].to(output.device)
 
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:
