@@ -9,7 +9,7 @@ Engine and fused kernels, which stay GPU-only tests).
 Load it in every trainer process before Megatron builds anything: the tests point
 ``ENVHUB_MEGATRON_WORKER_SETUP`` at this file. ``apply()`` is idempotent and refuses other
 megatron-core versions (the patched call sites were read in 0.16.1);
-``test_cpu_compat_still_needed`` notices when upstream stops needing a patch.
+``test_cpu_compat.py`` notices when upstream stops needing the main ones.
 """
 
 from __future__ import annotations
