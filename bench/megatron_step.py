@@ -1,8 +1,9 @@
 """Megatron vs torch backend: time of one training step on the same model and batch (CPU).
 
 The model is a random-initialised Llama of a small shape (``--hidden``, ``--layers``, SmolLM2's
-49k vocabulary and tokenizer); the batch is ``--sequences`` sequences of 64-160 tokens packed
-into micro-batches of ``--micro-batch-tokens``. A step is what the loop runs when
+49k vocabulary and tokenizer); the batch is ``--sequences`` sequences of 64-160 tokens binned
+into micro-batches of ``--micro-batch-tokens``, as the loop bins them: right-padded for the torch
+backend, packed into one row each (no padding) for Megatron. A step is what the loop runs when
 ``updates_per_step`` > 1: the old-policy logprobs, then one optimizer update. The torch backend
 runs in this process; each Megatron layout runs as two (or one) gloo ranks under torchrun with
 the tests' CPU compatibility module. Torch threads: one per rank (two ranks share the two
@@ -48,7 +49,7 @@ def make_model(folder: Path, hidden: int, layers: int) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def make_batch(sequences: int, budget: int) -> tuple[Batch, list]:
+def make_batch(sequences: int, budget: int, packed: bool) -> tuple[Batch, list]:
     generator = torch.Generator().manual_seed(0)
     samples = []
     for i in range(sequences):
@@ -56,7 +57,7 @@ def make_batch(sequences: int, budget: int) -> tuple[Batch, list]:
         ids = torch.randint(0, 49152, (n,), generator=generator).tolist()
         samples.append(Sample(ids, [0] * 16 + [1] * (n - 16), [-1.0] * n, float(torch.randn(1, generator=generator)), i))
     batch = Batch(samples)
-    return batch, micro_batches(batch, budget, pad_id=0)
+    return batch, micro_batches(batch, budget, pad_id=0, packed=packed)
 
 
 def step(backend: object, batch: Batch, mbs: list) -> float:
@@ -71,7 +72,7 @@ def time_torch(model: Path, args: argparse.Namespace) -> list[float]:
     from envhub.trainer.config import validate_config
 
     backend = TorchBackend(validate_config({"model": {"name": str(model)}, "envs": [{"name": "arithmetic"}], "backend": {"device": "cpu"}}))
-    batch, mbs = make_batch(args.sequences, args.micro_batch_tokens)
+    batch, mbs = make_batch(args.sequences, args.micro_batch_tokens, packed=False)
     return [step(backend, batch, mbs) for _ in range(args.steps + 1)][1:]
 
 
@@ -80,7 +81,7 @@ def rank_main(model: str, tp: int, pp: int, args: argparse.Namespace) -> None:
     from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 
     worker = MegatronWorker(WorkerSpec(model, tp, pp, lr=1e-5))
-    batch, mbs = make_batch(args.sequences, args.micro_batch_tokens)
+    batch, mbs = make_batch(args.sequences, args.micro_batch_tokens, packed=True)
 
     def one() -> float:
         torch.distributed.barrier()
@@ -127,9 +128,11 @@ def main() -> None:
         torch.set_num_threads(2)
         rows = [("torch backend", time_torch(model, args))]
         rows += [(name, time_megatron(model, world, tp, pp, args)) for name, world, tp, pp in LAYOUTS]
-    batch, _ = make_batch(args.sequences, args.micro_batch_tokens)
+    batch, padded = make_batch(args.sequences, args.micro_batch_tokens, packed=False)
+    _, packed = make_batch(args.sequences, args.micro_batch_tokens, packed=True)
     tokens = sum(len(s) for s in batch.samples)
     print(f"model: Llama hidden={args.hidden} layers={args.layers} vocab=49152; batch: {args.sequences} sequences, {tokens} tokens")
+    print(f"torch: {len(padded)} padded micro-batches, {sum(mb.input_ids.numel() for mb in padded)} positions; megatron: {len(packed)} packed rows, {tokens} positions")
     print(f"{'backend':<18}{'median s/step':>14}{'min':>8}{'tokens/s':>10}")
     for name, times in rows:
         median = statistics.median(times)

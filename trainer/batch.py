@@ -3,16 +3,18 @@
 The token record of each trajectory is used exactly as sampled (``token_ids``, ``loss_mask``,
 ``sampler_logprobs``); nothing is re-tokenised. Trajectories that failed outside the policy's
 control (an env or engine error, recorded in ``errors``) or that carry no token record are kept
-out of the loss, and counted. Micro-batches are bins of whole sequences, right-padded, whose
-padded size stays within a token budget (first-fit decreasing), so that gradient accumulation
-over them equals one big batch (the loss normalisers are whole-batch totals, see
-``algorithms.aggregation``).
+out of the loss, and counted. Micro-batches are bins of whole sequences within a token budget
+(first-fit decreasing), so that gradient accumulation over them equals one big batch (the loss
+normalisers are whole-batch totals, see ``algorithms.aggregation``). A backend either runs a
+bin right-padded (its budget counts padded tokens) or packed end to end into one row without
+padding (its budget counts real tokens; :class:`Packing` says where each sequence sits).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -108,8 +110,9 @@ def build_batch(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, 
     return Batch(samples, stats)
 
 
-def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """Group sequence indices into bins whose padded size (count x longest) fits ``budget``.
+def pack(lengths: Sequence[int], budget: int, *, padded: bool = True) -> list[list[int]]:
+    """Group sequence indices into bins that fit ``budget`` tokens: counted padded (count x
+    longest) or, with ``padded=False``, packed end to end (the sum of the lengths).
 
     First-fit decreasing: longest sequences first, each into the first bin where it fits. A
     sequence longer than the budget gets a bin of its own (it cannot be split).
@@ -118,8 +121,7 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     bins: list[list[int]] = []
     for i in order:
         for b in bins:
-            longest = max(lengths[j] for j in b)  # b is sorted by length: b[0] is the longest
-            if (len(b) + 1) * max(longest, lengths[i]) <= budget:
+            if _size(b, lengths, i, padded) <= budget:
                 b.append(i)
                 break
         else:
@@ -127,10 +129,92 @@ def pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
     return bins
 
 
-def micro_batches(batch: Batch, budget: int, pad_id: int) -> list[MicroBatch]:
-    """The batch as right-padded micro-batches of at most ``budget`` padded tokens each."""
-    bins = pack([len(s) for s in batch.samples], budget)
+def _size(bin_: list[int], lengths: Sequence[int], extra: int, padded: bool) -> int:
+    """Tokens of ``bin_`` with sequence ``extra`` added."""
+    if padded:  # the bin is sorted by length: its first sequence is the longest
+        return (len(bin_) + 1) * max(lengths[bin_[0]], lengths[extra])
+    return sum(lengths[j] for j in bin_) + lengths[extra]
+
+
+def micro_batches(batch: Batch, budget: int, pad_id: int, *, packed: bool = False) -> list[MicroBatch]:
+    """The batch as micro-batches of at most ``budget`` tokens each (padded, or packed: see
+    :func:`pack`). The tensors are right-padded either way; a packing backend lays each one
+    out with :class:`Packing`."""
+    bins = pack([len(s) for s in batch.samples], budget, padded=not packed)
     return [collate([batch.samples[i] for i in b], b, pad_id) for b in bins]
+
+
+def bin_of_sequence(bins: Sequence[Sequence[int]]) -> dict[int, int]:
+    """Sequence index -> the index of its bin (micro-batch)."""
+    return {i: k for k, b in enumerate(bins) for i in b}
+
+
+@dataclass(frozen=True)
+class Packing:
+    """A micro-batch's sequences laid end to end in one row, without padding between them.
+
+    Sequence ``i`` fills ``[starts[i], starts[i] + lengths[i])`` of the row. The row is padded
+    at its end to a multiple of ``multiple`` (a tensor-parallel sequence split needs that); the
+    padding is one more segment that attends only to itself and is never scored. Each segment
+    attends causally within itself only, and positions restart at 0 in each.
+    """
+
+    lengths: tuple[int, ...]
+    multiple: int = 1
+
+    @classmethod
+    def of(cls, mb: MicroBatch, multiple: int = 1) -> Packing:
+        return cls(tuple(int(n) for n in mb.attention_mask.sum(1).tolist()), multiple)
+
+    @property
+    def starts(self) -> list[int]:
+        return [0, *accumulate(self.lengths)][:-1]
+
+    @property
+    def total(self) -> int:
+        """The row's length, padding included."""
+        used = sum(self.lengths)
+        return -(-used // self.multiple) * self.multiple
+
+    @property
+    def segments(self) -> list[int]:
+        """Lengths of the row's segments: the sequences, then the end padding if any."""
+        pad = self.total - sum(self.lengths)
+        return [*self.lengths, pad] if pad else list(self.lengths)
+
+    def cu_seqlens(self) -> torch.Tensor:
+        """Segment boundaries (``[0, end_0, end_1, ...]``, int32), as varlen attention takes them."""
+        return torch.tensor([0, *accumulate(self.segments)], dtype=torch.int32)
+
+    def row(self, input_ids: torch.Tensor, pad_id: int = 0) -> torch.Tensor:
+        """The right-padded ``[n, width]`` ids as one packed ``[1, total]`` row."""
+        row = torch.full((1, self.total), pad_id, dtype=input_ids.dtype)
+        for i, (start, length) in enumerate(zip(self.starts, self.lengths, strict=True)):
+            row[0, start : start + length] = input_ids[i, :length]
+        return row
+
+    def positions(self) -> torch.Tensor:
+        """``[1, total]`` position ids restarting at 0 in every segment."""
+        return torch.cat([torch.arange(n) for n in self.segments]).unsqueeze(0)
+
+    def blocked(self) -> torch.Tensor:
+        """``[1, 1, total, total]`` attention mask, ``True`` where a query may not look (a later
+        position or another segment): Megatron's convention."""
+        segment = torch.repeat_interleave(torch.arange(len(self.segments)), torch.tensor(self.segments))
+        causal = torch.ones(self.total, self.total, dtype=torch.bool).tril()
+        allowed = causal & (segment[:, None] == segment[None, :])
+        return (~allowed)[None, None]
+
+    def unpack(self, values: torch.Tensor, width: int) -> torch.Tensor:
+        """Per-target values of the packed row (``[..., total - 1]``: position ``t`` scores token
+        ``t + 1``) back to the right-padded ``[n, width - 1]`` layout of ``MicroBatch.loss_mask``.
+        Targets across a boundary are dropped; padded places are 0. Differentiable."""
+        flat = values.reshape(-1)
+        column = torch.arange(width - 1, device=flat.device)
+        starts = torch.tensor(self.starts, device=flat.device)[:, None]
+        valid = column[None, :] < (torch.tensor(self.lengths, device=flat.device)[:, None] - 1)
+        index = torch.where(valid, starts + column[None, :], 0)
+        return torch.where(valid, flat[index], flat.new_zeros(()))
 
 
 def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> MicroBatch:

@@ -202,7 +202,9 @@ class BackendConfig(_Part):
     device: str = "auto"
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
     micro_batch_tokens: int = Field(4096, ge=16)
-    """Padded tokens per micro-batch (gradient accumulation packs sequences up to this)."""
+    """Tokens per micro-batch (gradient accumulation bins sequences up to this): padded tokens on
+    the torch backend, which right-pads each bin; real tokens on the Megatron backend, which
+    packs each bin into one row without padding."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
 

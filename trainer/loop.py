@@ -221,7 +221,7 @@ def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, time
     updates = min(config.algorithm.updates_per_step, len(batch.samples))
     chunks = [Batch(batch.samples[i::updates]) for i in range(updates)]
     pad = backend.tokenizer.pad_token_id if backend.tokenizer.pad_token_id is not None else backend.tokenizer.eos_token_id
-    packed = [micro_batches(chunk, config.backend.micro_batch_tokens, pad) for chunk in chunks]
+    packed = [micro_batches(chunk, config.backend.micro_batch_tokens, pad, packed=backend.packs_sequences) for chunk in chunks]
     old = ref = None
     with timer("logprobs"):
         if updates > 1:  # later updates need the logprobs of the policy that sampled

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from envhub.trainer.batch import build_batch, collate, micro_batches, pack
+from envhub.trainer.batch import Packing, bin_of_sequence, build_batch, collate, micro_batches, pack
 from envhub.trainer.config import AlgorithmConfig, OverlongConfig
 from envhub.types import EnvRef, ErrorRecord, Message, Trajectory, TurnRecord
 
@@ -63,6 +63,91 @@ def test_pack_fits_the_budget_first_fit_decreasing() -> None:
     assert pack([12, 1], budget=10) == [[0], [1]]  # too long for any bin: alone
     bins = pack([7, 7, 3, 3, 3, 1], budget=14)
     assert sorted(i for b in bins for i in b) == list(range(6))
+
+
+def test_pack_without_padding_counts_real_tokens() -> None:
+    # 5 opens a bin, 4 joins it (9); 3 would make 12: a second bin; each 2 would make the
+    # first 11, so both join the second (5, then 7)
+    assert pack([5, 3, 4, 2, 2], budget=10, padded=False) == [[0, 2], [1, 3, 4]]
+    assert pack([6, 4, 3, 3], budget=10, padded=False) == [[0, 1], [2, 3]]  # 6+4 fills a bin exactly
+    assert pack([6, 4, 3, 3], budget=10) == [[0], [1, 2], [3]]  # padded: 2 x 6 > 10, then 3 x 4 > 10
+    assert bin_of_sequence([[0, 1], [2, 3]]) == {0: 0, 1: 0, 2: 1, 3: 1}
+
+
+def _packing_batch() -> tuple:
+    """Three sequences of lengths 4, 2 and 3, right-padded to width 4."""
+    trajectories = [
+        _traj("a", 1.0, [10, 11, 12, 13], [0, 0, 1, 1]), _traj("a", 0.0, [20, 21], [0, 1]), _traj("b", 1.0, [30, 31, 32], [0, 1, 1]),
+        _traj("b", 0.0, [40, 41], [0, 1]),
+    ]  # fmt: skip
+    batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=8)
+    mb = collate(batch.samples[:3], [0, 1, 2], pad_id=0)
+    return mb, Packing.of(mb)
+
+
+def test_packing_lays_sequences_end_to_end() -> None:
+    mb, packing = _packing_batch()
+    assert packing.lengths == (4, 2, 3)
+    assert packing.starts == [0, 4, 6]
+    assert packing.total == 9
+    assert packing.cu_seqlens().tolist() == [0, 4, 6, 9]
+    assert packing.row(mb.input_ids).tolist() == [[10, 11, 12, 13, 20, 21, 30, 31, 32]]
+    assert packing.positions().tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2]]
+
+
+def test_packing_pads_the_row_to_a_multiple_as_its_own_segment() -> None:
+    mb, _ = _packing_batch()
+    packing = Packing.of(mb, multiple=4)
+    assert packing.total == 12
+    assert packing.segments == [4, 2, 3, 3]
+    assert packing.cu_seqlens().tolist() == [0, 4, 6, 9, 12]
+    assert packing.row(mb.input_ids, pad_id=7).tolist() == [[10, 11, 12, 13, 20, 21, 30, 31, 32, 7, 7, 7]]
+    assert packing.positions().tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 1, 2]]
+
+
+def test_packed_attention_is_causal_within_each_sequence_only() -> None:
+    packing = Packing((2, 3))
+    allowed = (~packing.blocked()[0, 0]).int().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+
+
+def test_unpack_returns_each_sequences_targets_to_its_padded_row() -> None:
+    mb, packing = _packing_batch()
+    # a value per packed target position t (scores row token t + 1): t itself, to trace it
+    values = torch.arange(packing.total - 1, dtype=torch.float32).unsqueeze(0).requires_grad_()
+    unpacked = packing.unpack(values, width=mb.input_ids.shape[1])
+    # sequence 0 scores tokens 1..3 from positions 0..2; position 3 (13 -> 20) crosses into
+    # sequence 1 and is dropped; sequence 1 scores from 4; 5 (21 -> 30) is dropped; sequence 2 from 6, 7
+    assert unpacked.tolist() == [[0.0, 1.0, 2.0], [4.0, 0.0, 0.0], [6.0, 7.0, 0.0]]
+    assert unpacked.shape == mb.loss_mask.shape
+    unpacked.sum().backward()
+    assert values.grad.tolist() == [[1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]]
+
+
+def test_packed_row_scores_like_the_padded_batch() -> None:
+    """A real causal LM (tiny Llama) scoring the packed row, masked block-diagonally with
+    restarted positions, gives each sequence's padded logprobs."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    mb, packing = _packing_batch()
+    ids = mb.input_ids % 64
+    with torch.no_grad():
+        padded = torch.log_softmax(model(ids, attention_mask=mb.attention_mask).logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        row = packing.row(ids)
+        mask = torch.zeros(packing.blocked().shape).masked_fill(packing.blocked(), float("-inf"))
+        logits = model(row, attention_mask=mask, position_ids=packing.positions()).logits
+        packed = torch.log_softmax(logits[:, :-1], -1).gather(-1, row[:, 1:, None])[..., 0]
+    unpacked = packing.unpack(packed, ids.shape[1])
+    valid = mb.attention_mask[:, 1:].bool()
+    torch.testing.assert_close(unpacked[valid], padded[valid], rtol=0, atol=1e-5)
 
 
 def test_collate_aligns_masks_and_logprobs_with_targets() -> None:

@@ -33,6 +33,9 @@ class TrainBackend(Protocol):
     """The HF tokenizer of the policy (chat template, pad id)."""
     model_path: str
     """The local folder (or Hub id) the policy was loaded from; a vLLM engine starts from it."""
+    packs_sequences: bool
+    """Whether a micro-batch runs packed into one row (``batch.Packing``), so its token budget
+    counts real tokens, or right-padded, so the budget counts padding too."""
 
     @property
     def model(self) -> torch.nn.Module:

@@ -45,6 +45,8 @@ def resolve_device(name: str) -> torch.device:
 class TorchBackend:
     """Trains an HF causal LM in this process (see the module docstring)."""
 
+    packs_sequences = False
+
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
         if config.backend.threads:

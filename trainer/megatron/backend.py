@@ -32,6 +32,8 @@ WEIGHT_BUCKET_BYTES = 256 << 20
 class MegatronBackend:
     """Trains with megatron-core ranks placed on Ray (see the module docstring)."""
 
+    packs_sequences = True
+
     def __init__(self, config: TrainConfig) -> None:
         from transformers import AutoTokenizer
 

@@ -24,8 +24,13 @@ import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
 from envhub.trainer.backends.torch_backend import lr_multiplier
-from envhub.trainer.batch import MicroBatch
-from envhub.trainer.megatron.bridge import build_model, hf_weights, load_bridge
+from envhub.trainer.batch import MicroBatch, Packing
+from envhub.trainer.megatron.bridge import (
+    build_model,
+    have_transformer_engine,
+    hf_weights,
+    load_bridge,
+)
 from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_logprobs
 
 SETUP_ENV = "ENVHUB_MEGATRON_WORKER_SETUP"
@@ -154,8 +159,9 @@ class MegatronWorker:
         scale = temperature or self.spec.temperature
         mine = self._my_batches(batches)
 
-        def collect(k: int, mb: MicroBatch, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            logprobs = vocab_parallel_logprobs(*_scaled_logits_and_targets(output, mb, scale))
+        def collect(k: int, mb: MicroBatch, packing: Packing, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            logits, targets = _scaled_logits_and_targets(output, packing.row(mb.input_ids), scale)
+            logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1])
             return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {"index": k, "logprobs": logprobs.cpu()}
 
         model.eval()
@@ -270,12 +276,13 @@ class MegatronWorker:
 
     def _loss(
         self, spec: ObjectiveSpec, old: list | None, ref: list | None, num_tokens: int, num_sequences: int,
-        k: int, mb: MicroBatch, output: torch.Tensor,
+        k: int, mb: MicroBatch, packing: Packing, output: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
         mb = mb.to(output.device)
-        logits, targets = _scaled_logits_and_targets(output, mb, self.spec.temperature)
-        logprobs = vocab_parallel_logprobs(logits, targets)
-        entropy = vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach())
+        width = mb.input_ids.shape[1]
+        logits, targets = _scaled_logits_and_targets(output, packing.row(mb.input_ids.cpu()), self.spec.temperature)
+        logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), width)
+        entropy = packing.unpack(vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width)
         loss, metrics = policy_objective(
             spec, logprobs=logprobs, old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
             advantages=mb.advantages, mask=mb.loss_mask, num_tokens=num_tokens, num_sequences=num_sequences,
@@ -299,20 +306,41 @@ class MegatronWorker:
         return mine + [(-1, filler)] * (count - len(mine))
 
     def _schedule(self, model: torch.nn.Module, batches: list[tuple[int, MicroBatch]], loss: Callable, *, forward_only: bool) -> list[dict[str, Any]]:
+        """Run ``batches`` through the pipeline schedule, each packed into one row; ``loss`` gets
+        ``(k, mb, packing, output)``."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
-            k, mb = next(data)
-            ids = mb.input_ids.to(self.device)
-            positions = torch.arange(ids.shape[1], device=self.device).expand_as(ids)
-            return model(ids, positions, None), partial(loss, k, mb)
+        packings = [Packing.of(mb, multiple=self._row_multiple()) for _, mb in batches]
 
-        longest = max(mb.input_ids.shape[1] for _, mb in batches)
-        widest = max(mb.input_ids.shape[0] for _, mb in batches)
+        def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
+            (k, mb), packing = next(data)
+            return self._forward(model, mb, packing), partial(loss, k, mb, packing)
+
         return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(batches), model=[model], num_microbatches=len(batches),
-            seq_length=longest, micro_batch_size=widest, forward_only=forward_only,
+            forward_step_func=forward_step, data_iterator=zip(batches, packings, strict=True), model=[model], num_microbatches=len(batches),
+            seq_length=max(p.total for p in packings), micro_batch_size=1, forward_only=forward_only,
         )  # fmt: skip
+
+    def _forward(self, model: torch.nn.Module, mb: MicroBatch, packing: Packing) -> torch.Tensor:
+        """The packed row through the model. With Transformer Engine, varlen attention over the
+        segments (THD); without it, the local attention with a block-diagonal causal mask. RoPE
+        is relative, so the local path's row-wide positions score each sequence as if alone."""
+        ids = packing.row(mb.input_ids).to(self.device)
+        positions = packing.positions().to(self.device)
+        if not have_transformer_engine():
+            return model(ids, positions, packing.blocked().to(self.device))
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        bounds = packing.cu_seqlens().to(self.device)
+        longest = max(packing.segments)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=longest, max_seqlen_kv=longest)
+        return model(ids, positions, None, packed_seq_params=params)
+
+    def _row_multiple(self) -> int:
+        """A sequence-parallel split needs rows that divide among the tensor ranks."""
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_tensor_model_parallel_world_size() if self.bridge.config.sequence_parallel else 1
 
     def _holds_output(self) -> bool:
         """The first tensor rank of the last pipeline stage (one per data-parallel rank)."""
@@ -327,10 +355,11 @@ class MegatronWorker:
         return self._holds_output() and mpu.get_data_parallel_rank() == 0
 
 
-def _scaled_logits_and_targets(output: torch.Tensor, mb: MicroBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float logits that predict each next token, over ``temperature``, and those tokens
-    (the distribution the engine sampled from, as the torch backend scores it)."""
-    return output[:, :-1].float() / temperature, mb.input_ids[:, 1:].to(output.device)
+def _scaled_logits_and_targets(output: torch.Tensor, row: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The float logits of the packed ``row`` that predict each next token, over
+    ``temperature``, and those tokens (the distribution the engine sampled from, as the torch
+    backend scores it)."""
+    return output[:, :-1].float() / temperature, row[:, 1:].to(output.device)
 
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:

@@ -38,8 +38,9 @@ def batch() -> Batch:
 
 
 def packed(b: Batch) -> list:
-    """Three micro-batches: under DP=2 one replica runs two, the other one and a filler."""
-    mbs = micro_batches(b, 24, pad_id=0)
+    """Three packed micro-batches (14+6, 11+9, 7 tokens): under DP=2 one replica runs two, the
+    other one and a filler."""
+    mbs = micro_batches(b, 20, pad_id=0, packed=True)
     assert len(mbs) == 3
     return mbs
 
