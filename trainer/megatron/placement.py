@@ -141,18 +141,26 @@ def _ray() -> Any:
 
 def _init_ray(placement: Placement) -> bool:
     """Connects to or starts Ray; True when this call initialised it."""
+    return init_ray(placement.address, num_cpus=placement.world_size * placement.cpus_per_rank, num_gpus=placement.gpus_per_node)
+
+
+def init_ray(address: str | None = None, *, num_cpus: int = 0, num_gpus: int = 0) -> bool:
+    """Connects to the Ray cluster at ``address``, or starts a local one with at least
+    ``num_cpus`` logical CPUs (the machine's count if larger) and ``num_gpus`` GPUs; does
+    nothing if this process already initialised Ray. True when this call initialised it (the
+    caller then shuts it down).
+
+    A local cluster's CPUs are scheduling units: parts that take turns on the same cores (the
+    trainer ranks, a vLLM engine, rollout workers) each reserve one, so a run asks for what its
+    parts need rather than for what the machine has.
+    """
     ray = _ray()
     if ray.is_initialized():
         return False
-    if placement.address is not None:
-        ray.init(address=placement.address, log_to_driver=True)
+    if address is not None:
+        ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(
-            num_cpus=max(placement.world_size * placement.cpus_per_rank, os.cpu_count() or 1),
-            num_gpus=placement.gpus_per_node,
-            include_dashboard=False,
-            log_to_driver=True,
-        )
+        ray.init(num_cpus=max(num_cpus, os.cpu_count() or 1), num_gpus=num_gpus, include_dashboard=False, log_to_driver=True)
     return True
 
 
