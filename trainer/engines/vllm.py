@@ -58,8 +58,9 @@ class VLLMEngine(RolloutEngine):
         settings: How to start vLLM.
         tokenizer: The policy's ``transformers`` tokenizer (chat template, EOS ids).
         generation_config: The model's generation config (its EOS ids end turns too).
-        mode: ``server`` or ``inprocess``.
+        mode: ``server``, ``inprocess`` or ``ray`` (which needs ``transport``).
         url: An already running server (``server`` mode).
+        transport: How to reach vLLM, when the caller built it (``ray`` mode).
         bucket_bytes: Size of one weight-transfer bucket.
         verify: ``every`` sync, only the ``first``, or ``off``.
         verify_tolerance: Largest allowed |vLLM - trainer| logprob on the fixed sequence.
@@ -74,18 +75,19 @@ class VLLMEngine(RolloutEngine):
         generation_config: Any = None,
         mode: str = "server",
         url: str | None = None,
+        transport: Transport | None = None,
         bucket_bytes: int = 256 << 20,
         verify: str = "every",
         verify_tolerance: float = 1e-3,
         verify_tokens: int = 64,
     ) -> None:
-        if mode not in ("server", "inprocess"):
-            raise ConfigError(f"vLLM mode must be server or inprocess, got {mode!r}")
+        if mode not in ("server", "inprocess", "ray") or (mode == "ray" and transport is None):
+            raise ConfigError(f"vLLM mode must be server, inprocess or ray (with a transport), got {mode!r}")
         if url is not None and mode != "server":
             raise ConfigError("rollout.vllm.url needs mode=server")
         self.settings = settings
         self.mode = mode
-        self.transport: Transport = ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings)
+        self.transport: Transport = transport or (ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings))
         self.tokenizer: HFChatTokenizer = HFChatTokenizer(tokenizer, max_length=settings.max_model_len, generation_config=generation_config)
         self.bucket_bytes = bucket_bytes
         self.verify = verify
@@ -224,7 +226,8 @@ class VLLMEngine(RolloutEngine):
     async def _nccl_rendezvous(self) -> dict[str, Any]:
         from envhub.inference.vllm_server import free_port
 
-        return {"master_address": "127.0.0.1", "master_port": free_port(), "world_size": 1 + await self.transport.world_size()}
+        address = self.transport.trainer_address  # where vLLM's workers find the trainer
+        return {"master_address": address, "master_port": free_port(address), "world_size": 1 + await self.transport.world_size()}
 
     async def check_weights(self, backend: Any) -> dict[str, float]:
         """Compare vLLM's and the trainer's logprobs of the fixed sequence (temperature 1).
@@ -294,13 +297,14 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
 
     v = config.rollout.vllm
     dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
-    sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and v.mode == "inprocess")
+    shares_gpu = v.mode == "inprocess" or v.colocate
+    sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and shares_gpu)
     return EngineSettings(
         model=model_path, dtype=dtype, max_model_len=v.max_model_len or default_context_length(model_path),
         seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, inprocess=v.mode == "inprocess"),
         gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
         max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
-        enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args),
+        enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
     )  # fmt: skip
 
 
@@ -309,13 +313,22 @@ def default_tolerance(dtype: str) -> float:
     return 1e-3 if dtype == "float32" else 0.25
 
 
+def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:
+    return ("--tensor-parallel-size", str(tensor_parallel)) if tensor_parallel > 1 else ()
+
+
 def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
     """The engine ``rollout.engine: vllm`` asks for, for ``backend``'s model and device."""
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     settings = resolve_settings(config, backend.model_path, on_gpu)
     v = config.rollout.vllm
+    transport = None
+    if v.mode == "ray":
+        from envhub.trainer.engines.vllm_ray import RayServerTransport, engine_slot
+
+        transport = RayServerTransport(settings, engine_slot(config, backend), address=config.cluster.address)
     return VLLMEngine(
-        settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url,
+        settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url, transport=transport,
         bucket_bytes=v.bucket_mb << 20, verify=v.verify, verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
         verify_tokens=v.verify_tokens,
     )  # fmt: skip

@@ -48,6 +48,9 @@ class Sampled:
 
 
 class Transport(Protocol):
+    trainer_address: str
+    """Where vLLM's workers reach the trainer (the NCCL weight-transfer rendezvous)."""
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -100,6 +103,8 @@ def server_env(settings: EngineSettings) -> dict[str, str]:
 class ServerTransport:
     """A vLLM OpenAI-compatible server: started here (``url=None``) or already running."""
 
+    trainer_address = "127.0.0.1"
+
     def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
         self.settings = settings
         self.server: VLLMServer | None = None
@@ -114,9 +119,7 @@ class ServerTransport:
         self._control: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
-        if self.server is not None:
-            self.url = await asyncio.to_thread(self.server.start)
-        assert self.url is not None
+        self.url = await self._launch()
         self.http = OpenAIEngine(self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2)
         await self.http.start()
         self._control = httpx.AsyncClient(base_url=self.http.root, timeout=600.0)
@@ -136,6 +139,16 @@ class ServerTransport:
             await self.http.aclose()
         if self._control is not None:
             await self._control.aclose()
+        await self._shutdown()
+
+    async def _launch(self) -> str:
+        """Start the server (if this transport owns one); its base URL."""
+        if self.server is not None:
+            return await asyncio.to_thread(self.server.start)
+        assert self.url is not None
+        return self.url
+
+    async def _shutdown(self) -> None:
         if self.server is not None:
             await asyncio.to_thread(self.server.stop)
 
@@ -213,6 +226,8 @@ class ServerTransport:
 class InProcessTransport:
     """vLLM's ``AsyncLLM`` owned by the trainer process (its engine core runs in a child
     process that vLLM starts and stops with it)."""
+
+    trainer_address = "127.0.0.1"
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

@@ -4,7 +4,8 @@ The training loop talks to it exactly as to the torch backend. Each call is broa
 rank (:class:`MegatronWorker`) and the answer is taken from the ranks that hold it: logprobs from
 the last pipeline stage of each data-parallel replica, metrics and weights from one rank.
 Rollouts never run in the ranks: environments and sandboxes stay in the driver's process (and
-its sandbox processes), vLLM in its own.
+its sandbox processes), vLLM in its own, which with ``rollout.vllm.mode: ray`` Ray places in a
+bundle of its own or in the first rank's (``engines.vllm_ray``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends.base import StepResult
 from envhub.trainer.batch import MicroBatch
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
 from envhub.trainer.megatron.placement import Placement, WorkerGroup
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
@@ -123,8 +125,8 @@ class ShardedCheckpoint:
 
 def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     """Ranks and their (tp, pp, dp) layout from ``backend.megatron`` and ``cluster``."""
-    m, cluster = config.backend.megatron, config.cluster
-    gpus = cluster.gpus_per_node if cluster.gpus_per_node is not None else torch.cuda.device_count()
+    m, cluster, engine = config.backend.megatron, config.cluster, config.rollout.vllm
+    gpus = cluster.gpus_per_node if cluster.gpus_per_node is not None else _trainer_gpus_here(config)
     model_parallel = m.tensor_parallel * m.pipeline_parallel
     if gpus == 0:
         if not os.environ.get(SETUP_ENV):
@@ -137,7 +139,21 @@ def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     dp = m.data_parallel or total // model_parallel
     if dp * model_parallel != total:
         raise ConfigError(f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs ({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel")
-    return Placement(world_size=total, nodes=cluster.nodes, gpus_per_node=gpus, address=cluster.address), (m.tensor_parallel, m.pipeline_parallel, dp)
+    share = 1.0 - COLOCATED_GPU_SHARE if engine.mode == "ray" and engine.colocate else 1.0
+    return Placement(world_size=total, nodes=cluster.nodes, gpus_per_node=gpus, address=cluster.address, gpu_share=share), (m.tensor_parallel, m.pipeline_parallel, dp)
+
+
+def _trainer_gpus_here(config: TrainConfig) -> int:
+    """The GPUs torch sees, less those a split vLLM engine on Ray reserves for itself."""
+    engine = config.rollout.vllm
+    split_engine = engine.tensor_parallel if engine.mode == "ray" and not engine.colocate else 0
+    gpus = torch.cuda.device_count()
+    if gpus and gpus <= split_engine:
+        raise ConfigError(
+            f"the vLLM engine's own bundle takes {split_engine} of this node's {gpus} GPUs, leaving none for the trainer: "
+            "set rollout.vllm.colocate=true (or lower rollout.vllm.tensor_parallel)"
+        )
+    return gpus - split_engine
 
 
 def check_layout(model_path: str, tp: int, pp: int) -> None:

@@ -85,6 +85,9 @@ class Placement:
     starts a local one, or reuses Ray if this process already initialised it."""
     cpus_per_rank: int = 1
     """CPUs reserved for each rank."""
+    gpu_share: float = 1.0
+    """The share of its bundle's GPU each rank's actor takes (less than 1 leaves room for a
+    colocated vLLM engine on the same GPU)."""
     ready_timeout_s: float = 120.0
     """Seconds to wait for the cluster to grant every rank's resources."""
 
@@ -131,7 +134,8 @@ class _Rank:
         return getattr(self._worker, method)(*args, **kwargs)
 
 
-def _ray() -> Any:
+def import_ray() -> Any:
+    """The ``ray`` module, or an error naming the extra that installs it."""
     try:
         import ray
     except ImportError as e:
@@ -144,9 +148,10 @@ def _init_ray(placement: Placement) -> bool:
     return init_ray(placement.address, num_cpus=placement.world_size * placement.cpus_per_rank, num_gpus=placement.gpus_per_node)
 
 
-def init_ray(address: str | None = None, *, num_cpus: int = 0, num_gpus: int = 0) -> bool:
+def init_ray(address: str | None = None, *, num_cpus: int = 0, num_gpus: int | None = None) -> bool:
     """Connects to the Ray cluster at ``address``, or starts a local one with at least
-    ``num_cpus`` logical CPUs (the machine's count if larger) and ``num_gpus`` GPUs; does
+    ``num_cpus`` logical CPUs (the machine's count if larger) and ``num_gpus`` GPUs (None:
+    those Ray finds); does
     nothing if this process already initialised Ray. True when this call initialised it (the
     caller then shuts it down).
 
@@ -154,7 +159,7 @@ def init_ray(address: str | None = None, *, num_cpus: int = 0, num_gpus: int = 0
     trainer ranks, a vLLM engine, rollout workers) each reserve one, so a run asks for what its
     parts need rather than for what the machine has.
     """
-    ray = _ray()
+    ray = import_ray()
     if ray.is_initialized():
         return False
     if address is not None:
@@ -170,7 +175,7 @@ def _plain_resources(resources: dict[str, float]) -> dict[str, float]:
 
 def _reserve(placement: Placement, name: str) -> Any:
     """A ready placement group with one bundle per rank, or :class:`PlacementError`."""
-    ray = _ray()
+    ray = import_ray()
     from ray.util.placement_group import placement_group, remove_placement_group
 
     bundles = [placement.bundle()] * placement.world_size
@@ -189,7 +194,7 @@ def _reserve(placement: Placement, name: str) -> Any:
 
 def _bundle_nodes(pg: Any) -> tuple[list[str], list[str]]:
     """(node id, node IP) of each bundle, in bundle order."""
-    ray = _ray()
+    ray = import_ray()
     from ray.util.placement_group import placement_group_table
 
     by_bundle = placement_group_table(pg)["bundles_to_node_id"]
@@ -213,7 +218,7 @@ def rank_env(node_ids: list[str], env: dict[str, str]) -> list[dict[str, str]]:
     return out
 
 
-def _death_cause(err: Exception) -> str:
+def death_cause(err: Exception) -> str:
     """The useful part of Ray's actor-death message (the full text stays chained)."""
     text = str(getattr(err, "error_msg", None) or err)
     found = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common causes|$)", text, re.S)
@@ -224,9 +229,9 @@ def _death_cause(err: Exception) -> str:
 
 def _describe(err: Exception) -> str:
     """What went wrong in a rank, from the Ray error that reported it."""
-    ray = _ray()
+    ray = import_ray()
     if isinstance(err, ray.exceptions.RayActorError):
-        return f"died ({_death_cause(err)})"
+        return f"died ({death_cause(err)})"
     cause = getattr(err, "cause", None)
     if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
         return f"{type(cause).__name__}: {cause}"
@@ -285,7 +290,7 @@ class WorkerGroup:
             raise
 
     def _start(self, env: dict[str, str], args: tuple, kwargs: dict[str, Any], name: str) -> None:
-        ray = _ray()
+        ray = import_ray()
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._pg = _reserve(self.placement, name)
@@ -294,7 +299,7 @@ class WorkerGroup:
         for rank, rank_vars in enumerate(rank_env(node_ids, env)):
             self._actors.append(remote.options(
                 num_cpus=self.placement.cpus_per_rank,
-                num_gpus=1 if self.placement.gpus_per_node else 0,
+                num_gpus=self.placement.gpu_share if self.placement.gpus_per_node else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
                 runtime_env={"env_vars": rank_vars},
             ).remote())
@@ -332,6 +337,13 @@ class WorkerGroup:
         refs = [a.run.remote(method, tuple(a_args), kwargs) for a, a_args in zip(self._actors, per_rank_args, strict=True)]
         return self._gather(refs, method, timeout)
 
+    @property
+    def placement_group(self) -> Any:
+        """The ranks' Ray placement group (bundle ``i`` holds rank ``i``), for colocating other
+        actors with them."""
+        self._check_open()
+        return self._pg
+
     def ranks_info(self) -> list[dict[str, Any]]:
         """``{"rank", "node", "pid"}`` of every rank, for logs."""
         self._check_open()
@@ -343,7 +355,7 @@ class WorkerGroup:
         self._release("it was shut down")
         if self._started_ray:
             self._started_ray = False
-            _ray().shutdown()
+            import_ray().shutdown()
 
     def __enter__(self) -> WorkerGroup:
         return self
@@ -359,7 +371,7 @@ class WorkerGroup:
             )
 
     def _release(self, reason: str) -> None:
-        ray = _ray()
+        ray = import_ray()
         if self._closed is None:
             self._closed = reason
         if not ray.is_initialized():
@@ -376,7 +388,7 @@ class WorkerGroup:
 
     def _gather(self, refs: list[Any], method: str, timeout: float | None) -> list[Any]:
         """Every ref's result in order; the first failure closes the group and raises at once."""
-        ray = _ray()
+        ray = import_ray()
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         results: list[Any] = [None] * len(refs)
         pending = list(refs)
@@ -396,7 +408,7 @@ class WorkerGroup:
 
     def _fail(self, method: str, rank_of: dict[Any, int], failed: dict[int, Exception], pending: list[Any]) -> None:
         """Closes the group and raises the error of the rank that caused the failure."""
-        ray = _ray()
+        ray = import_ray()
         if pending and not any(isinstance(e, ray.exceptions.RayActorError) for e in failed.values()):
             done, _ = ray.wait(pending, num_returns=len(pending), timeout=_GRACE_S)
             for ref in done:
@@ -412,10 +424,10 @@ class WorkerGroup:
         raise error from failed[rank]
 
     def _error(self, rank: int, method: str, err: Exception, others: list[str]) -> WorkerError:
-        ray = _ray()
+        ray = import_ray()
         node = self._ips[rank]
         also = f" (then also {'; '.join(others)})" if others else ""
         if isinstance(err, ray.exceptions.RayActorError):
-            return WorkerDiedError(f"trainer rank {rank} on node {node} died: {_death_cause(err)}{also}", rank=rank, node=node)
+            return WorkerDiedError(f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}", rank=rank, node=node)
         message = f"trainer rank {rank} on node {node} failed in {method}: {_describe(err)}{also}"
         return WorkerError(message, rank=rank, node=node)

@@ -1,0 +1,196 @@
+"""A vLLM server placed on the Ray cluster (``rollout.vllm.mode: ray``).
+
+The server is a ``vllm serve`` process started by a Ray actor (:class:`EngineHost`) in a
+placement-group bundle, so Ray decides where the engine runs, next to or apart from the trainer:
+
+- **split** (default): a bundle of its own, ``{"CPU": 1, "GPU": tensor_parallel}`` on GPUs;
+- **colocated** (``rollout.vllm.colocate``): the bundle of the first trainer rank, sharing its
+  node and GPU (the rank takes half of the bundle's GPU, the engine the other half; vLLM sleeps
+  while the trainer updates).
+
+The trainer's driver then talks to it over HTTP exactly as to a server it started itself
+(:class:`~envhub.trainer.engines.vllm_transport.ServerTransport`). The server listens on its
+node's address so that a driver on another node reaches it; it runs in vLLM's dev mode, so the
+cluster's network must be trusted, as for Ray itself. Weights travel through vLLM's weight
+transfer: ``envhub_shm`` needs the engine on the driver's node (it is placed there, and checked),
+NCCL connects to the driver's node address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from envhub.errors import EngineError, EngineUnavailableError
+from envhub.inference.vllm_server import VLLMServer
+from envhub.trainer.engines.vllm_transport import (
+    EngineSettings,
+    ServerTransport,
+    serve_args,
+    server_env,
+)
+from envhub.trainer.megatron.placement import death_cause, import_ray, init_ray
+
+
+@dataclass(frozen=True)
+class EngineSlot:
+    """Where the engine's actor goes: a bundle of an existing placement group (colocated), or
+    a placement group of its own with one bundle of ``num_cpus`` and ``num_gpus``."""
+
+    num_cpus: float = 1
+    num_gpus: float = 0
+    placement_group: Any = None
+    bundle_index: int = 0
+    ready_timeout_s: float = 120.0
+
+
+class EngineHost:
+    """Runs in a Ray actor: owns one vLLM server process on the actor's node."""
+
+    def __init__(self, server_kwargs: dict[str, Any]) -> None:
+        import ray
+
+        self.node_ip = ray.util.get_node_ip_address()
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.server = VLLMServer(host=self.node_ip, **server_kwargs)
+
+    def start(self) -> str:
+        return self.server.start()
+
+    def where(self) -> dict[str, Any]:
+        """The node (id, address) and the server's process id."""
+        process = self.server.process
+        return {"node_id": self.node_id, "node_ip": self.node_ip, "pid": process.pid if process else None, "log": str(self.server.log_path)}
+
+    def exit_code(self, wait: float = 0.0) -> int | None:
+        """The server's exit code, or None while it runs (waiting up to ``wait`` s)."""
+        process = self.server.process
+        if process is None:
+            return None
+        try:
+            return process.wait(wait) if wait else process.poll()
+        except subprocess.TimeoutExpired:
+            return None
+
+    def log_tail(self) -> str:
+        return self.server.log_tail()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+class RayServerTransport(ServerTransport):
+    """A :class:`ServerTransport` whose server an :class:`EngineHost` actor starts in ``slot``."""
+
+    def __init__(self, settings: EngineSettings, slot: EngineSlot, *, address: str | None = None) -> None:
+        super().__init__(settings, url="ray")  # the URL is known once the actor has started it
+        self.slot = slot
+        self.address = address
+        self.actor: Any = None
+        self.host: dict[str, Any] = {}
+        self._own_group: Any = None
+        self._started_ray = False
+        self.trainer_address = "127.0.0.1"
+
+    async def _launch(self) -> str:
+        self._started_ray = init_ray(self.address, num_cpus=int(self.slot.num_cpus) + 1)
+        ray = import_ray()
+        self.trainer_address = ray.util.get_node_ip_address()
+        self.actor = await asyncio.to_thread(self._place)
+        try:
+            url = await asyncio.to_thread(ray.get, self.actor.start.remote())
+        except ray.exceptions.RayError as err:
+            raise self._failure("start", err) from err
+        self.host = await asyncio.to_thread(ray.get, self.actor.where.remote())
+        if self.settings.weight_transfer == "envhub_shm" and self.host["node_id"] != ray.get_runtime_context().get_node_id():
+            raise EngineError(
+                f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: weight_transfer=envhub_shm "
+                "shares memory within one node; on several nodes use GPUs (nccl)"
+            )
+        return url
+
+    def _place(self) -> Any:
+        ray = import_ray()
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = self.slot.placement_group
+        if group is None:
+            bundle = {"CPU": self.slot.num_cpus} | ({"GPU": self.slot.num_gpus} if self.slot.num_gpus else {})
+            here = ray.get_runtime_context().get_node_id() if self.settings.weight_transfer == "envhub_shm" else None
+            group = self._own_group = placement_group([bundle], strategy="STRICT_PACK", name=f"envhub-vllm-{uuid.uuid4().hex[:8]}", _soft_target_node_id=here)
+            try:
+                ray.get(group.ready(), timeout=self.slot.ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise EngineUnavailableError(
+                    f"Ray did not grant the vLLM engine {bundle} within {self.slot.ready_timeout_s:g} s; free resources: {ray.available_resources()}"
+                ) from None
+        server = {
+            "model": self.settings.model, "served_model_name": "policy", "max_model_len": self.settings.max_model_len,
+            "seed": self.settings.seed, "extra_args": serve_args(self.settings), "env": server_env(self.settings),
+            "startup_timeout": self.settings.startup_timeout,
+        }  # fmt: skip
+        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=self.slot.bundle_index)
+        remote = ray.remote(EngineHost).options(num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy, name=None)
+        return remote.remote(server)
+
+    def _failure(self, what: str, err: Exception) -> EngineUnavailableError:
+        ray = import_ray()
+        node = self.host.get("node_ip", "?")
+        if isinstance(err, ray.exceptions.RayActorError):
+            return EngineUnavailableError(f"the vLLM engine's Ray actor (node {node}) died: {death_cause(err)}")
+        cause = getattr(err, "cause", None) or err
+        return EngineUnavailableError(f"the vLLM engine on node {node} failed to {what}: {cause}")
+
+    def _raise_if_exited(self, wait: float = 0.0) -> None:
+        if self.actor is None:
+            return
+        ray = import_ray()
+        try:
+            code = ray.get(self.actor.exit_code.remote(wait), timeout=wait + 30.0)
+        except ray.exceptions.RayError as err:
+            raise self._failure("answer", err) from err
+        if code is not None:
+            tail = ray.get(self.actor.log_tail.remote(), timeout=30.0)
+            raise EngineUnavailableError(
+                f"the vLLM server on node {self.host.get('node_ip')} exited with code {code}. Last log lines ({self.host.get('log')}):\n{tail}"
+            )
+
+    async def _shutdown(self) -> None:
+        ray = import_ray()
+        if self.actor is not None and ray.is_initialized():
+            try:
+                await asyncio.to_thread(ray.get, self.actor.stop.remote(), timeout=60.0)
+            except ray.exceptions.RayError:
+                pass  # already dead: its server got SIGTERM with it (PR_SET_PDEATHSIG)
+            ray.kill(self.actor, no_restart=True)
+        self.actor = None
+        if self._own_group is not None and ray.is_initialized():
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._own_group)
+        self._own_group = None
+        if self._started_ray:
+            self._started_ray = False
+            ray.shutdown()
+
+
+def engine_slot(config: Any, backend: Any) -> EngineSlot:
+    """The engine's slot for ``rollout.vllm`` (colocated: the trainer's first bundle)."""
+    v = config.rollout.vllm
+    on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
+    if not v.colocate:
+        return EngineSlot(num_cpus=1, num_gpus=v.tensor_parallel if on_gpu else 0)
+    group = getattr(backend, "group", None)
+    if group is None:
+        raise EngineError("rollout.vllm.colocate needs trainer ranks on Ray (backend.kind=megatron)")
+    # The rank in bundle 0 took 1 - COLOCATED_GPU_SHARE of its GPU and all of its CPUs.
+    return EngineSlot(num_cpus=0, num_gpus=COLOCATED_GPU_SHARE if on_gpu else 0, placement_group=group.placement_group, bundle_index=0)
+
+
+COLOCATED_GPU_SHARE = 0.5
+"""The share of a colocated bundle's GPU that Ray hands the engine (Ray's GPU shares only
+decide placement and visibility; memory is split by ``gpu_memory_utilization`` and sleep)."""
