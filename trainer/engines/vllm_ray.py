@@ -95,6 +95,11 @@ class RayServerTransport(ServerTransport):
         self._started_ray = False
         self.trainer_address = "127.0.0.1"
 
+    @property
+    def where(self) -> str:  # type: ignore[override]
+        bundle = "in trainer rank 0's bundle" if self.slot.placement_group is not None else "in its own bundle"
+        return f"Ray actor on node {self.host.get('node_ip', '?')} {bundle}"
+
     async def _launch(self) -> str:
         self._started_ray = init_ray(self.address, num_cpus=int(self.slot.num_cpus) + 1)
         ray = import_ray()

@@ -50,6 +50,8 @@ class Sampled:
 class Transport(Protocol):
     trainer_address: str
     """Where vLLM's workers reach the trainer (the NCCL weight-transfer rendezvous)."""
+    where: str
+    """Where vLLM runs, for the run's log ("" when it is this machine, the usual case)."""
 
     async def start(self) -> None: ...
 
@@ -104,6 +106,7 @@ class ServerTransport:
     """A vLLM OpenAI-compatible server: started here (``url=None``) or already running."""
 
     trainer_address = "127.0.0.1"
+    where = ""
 
     def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
         self.settings = settings
@@ -228,6 +231,7 @@ class InProcessTransport:
     process that vLLM starts and stops with it)."""
 
     trainer_address = "127.0.0.1"
+    where = ""
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

@@ -148,7 +148,9 @@ def _trainer_gpus_here(config: TrainConfig) -> int:
     engine = config.rollout.vllm
     split_engine = engine.tensor_parallel if engine.mode == "ray" and not engine.colocate else 0
     gpus = torch.cuda.device_count()
-    if gpus and gpus <= split_engine:
+    if not gpus:
+        return 0
+    if gpus <= split_engine:
         raise ConfigError(
             f"the vLLM engine's own bundle takes {split_engine} of this node's {gpus} GPUs, leaving none for the trainer: "
             "set rollout.vllm.colocate=true (or lower rollout.vllm.tensor_parallel)"
