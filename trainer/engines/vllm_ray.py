@@ -104,12 +104,12 @@ class RayServerTransport(ServerTransport):
         self._started_ray = init_ray(self.address, num_cpus=int(self.slot.num_cpus) + 1)
         ray = import_ray()
         self.trainer_address = ray.util.get_node_ip_address()
-        self.actor = await asyncio.to_thread(self._place)
+        await asyncio.to_thread(self._place)
         try:
             url = await asyncio.to_thread(ray.get, self.actor.start.remote())
+            self.host = await asyncio.to_thread(ray.get, self.actor.where.remote())  # now with the server's pid
         except ray.exceptions.RayError as err:
             raise self._failure("start", err) from err
-        self.host = await asyncio.to_thread(ray.get, self.actor.where.remote())
         if self.settings.weight_transfer == "envhub_shm" and self.host["node_id"] != ray.get_runtime_context().get_node_id():
             raise EngineError(
                 f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: weight_transfer=envhub_shm "
@@ -117,7 +117,8 @@ class RayServerTransport(ServerTransport):
             )
         return url
 
-    def _place(self) -> Any:
+    def _place(self) -> None:
+        """Reserve the slot and start the actor there (not yet its server)."""
         ray = import_ray()
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -139,8 +140,12 @@ class RayServerTransport(ServerTransport):
             "startup_timeout": self.settings.startup_timeout,
         }  # fmt: skip
         strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=self.slot.bundle_index)
-        remote = ray.remote(EngineHost).options(num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy, name=None)
-        return remote.remote(server)
+        remote = ray.remote(EngineHost).options(num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy)
+        self.actor = remote.remote(server)
+        try:
+            self.host = ray.get(self.actor.where.remote(), timeout=self.slot.ready_timeout_s)
+        except ray.exceptions.RayError as err:
+            raise self._failure("start", err) from err
 
     def _failure(self, what: str, err: Exception) -> EngineUnavailableError:
         ray = import_ray()

@@ -82,3 +82,26 @@ def test_dry_run_estimate_splits_the_state_over_the_ranks(tiny_model_dir: Path) 
     # 4096 tokens: logits 4096 x 49152 x 12 B and activations 4096 x 128 x 2 layers x 34 x 4 B.
     expected = (6_587_008 * 16 / 2 + 4096 * 49152 * 12 + 4096 * 128 * 2 * 34 * 4) / 2**30
     assert estimate(config)["per Megatron rank"] == f"{expected:.2f} GiB (tp=1, pp=2; vLLM apart)"
+
+
+def test_a_split_vllm_engine_on_ray_leaves_the_trainer_the_other_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # a 4-GPU node, as far as planning goes
+    split = _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "tensor_parallel": 1}})
+    placement, layout = plan(split)
+    assert (placement.world_size, placement.gpus_per_node, placement.gpu_share, layout) == (3, 3, 1.0, (1, 1, 3))
+    colocated = _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "colocate": True}})
+    placement, layout = plan(colocated)
+    assert (placement.world_size, placement.gpus_per_node, placement.gpu_share, layout) == (4, 4, 0.5, (1, 1, 4))
+    with pytest.raises(ConfigError, match=r"^the vLLM engine's own bundle takes 4 of this node's 4 GPUs, leaving none for the trainer: set rollout.vllm.colocate=true"):
+        plan(_config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "tensor_parallel": 4}}))
+
+
+def test_vllm_placement_settings_that_contradict_each_other_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray"):
+        _config(rollout={"engine": "vllm", "vllm": {"colocate": True}})
+    with pytest.raises(ConfigError, match=r"rollout.vllm.tensor_parallel must be 1 \(or drop colocate\)"):
+        _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "colocate": True, "tensor_parallel": 2}})
+    with pytest.raises(ConfigError, match=r"rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"):
+        _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "url": "http://127.0.0.1:8000"}})
