@@ -77,6 +77,9 @@ class RichReporter:
         if "sync/seconds" in info:
             check = f", logprobs match to {info['sync/logprob_diff_max']:.1e}" if "sync/logprob_diff_max" in info else ""
             console.print(f"rollout engine: {info.get('engine')} (initial weight sync {info['sync/seconds']:.2f} s{check})", soft_wrap=True)
+        if info.get("rollout_workers"):
+            where = ", ".join(f"pid {w['pid']} on {w['node']}" for w in info["rollout_workers"])
+            console.print(f"rollout workers: {len(info['rollout_workers'])} Ray actors ({where})", soft_wrap=True)
 
     def rollout_progress(self, done: int, total: int) -> None:
         if self._task is None:

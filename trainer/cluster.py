@@ -23,7 +23,7 @@ def ray_cpus(config: TrainConfig) -> int:
     engine = config.rollout.vllm
     if config.rollout.engine == "vllm" and engine.mode == "ray" and not engine.colocate:
         cpus += 1
-    return cpus
+    return cpus + config.rollout.workers
 
 
 def start_ray(config: TrainConfig) -> bool:

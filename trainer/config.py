@@ -127,6 +127,12 @@ class RolloutConfig(_Part):
     """Episodes in flight at once (also the largest generation batch)."""
     step_timeout: float | None = 60.0
     episode_timeout: float | None = 600.0
+    workers: int = Field(0, ge=0)
+    """Ray actors (one CPU each) that run the episodes, so that env code, rewards and sandboxes
+    never share a process with the trainer; each step's groups are dealt to them and
+    ``max_concurrency`` is split between them. 0 runs episodes in the trainer's process. Needs
+    ``engine: vllm`` with a server (``vllm.mode``: ``server`` or ``ray``), which the actors reach
+    over HTTP; a Ray cluster (``cluster.address``, or a local one) is started for them."""
 
 
 class OverlongConfig(_Part):
@@ -269,7 +275,21 @@ class TrainConfig(_Part):
         if self.backend.kind == "megatron":
             self._check_megatron()
         self._check_vllm_placement()
+        if self.rollout.workers:
+            self._check_rollout_workers()
         return self
+
+    def _check_rollout_workers(self) -> None:
+        if self.rollout.engine != "vllm":
+            raise ValueError(
+                "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: set rollout.engine=vllm "
+                "(the hf engine lives in the trainer's process and cannot be shared), or rollout.workers=0"
+            )
+        if self.rollout.vllm.mode == "inprocess":
+            raise ValueError(
+                "rollout.workers needs a vLLM server the actors can reach: set rollout.vllm.mode=server (or ray); "
+                "an inprocess engine lives in the trainer's process"
+            )
 
     def _check_vllm_placement(self) -> None:
         v = self.rollout.vllm

@@ -28,9 +28,7 @@ import torch
 
 from envhub.errors import ConfigError, EngineError
 from envhub.evaluation import summarize
-from envhub.inference.base import SamplingParams
 from envhub.rollout.io import TrajectoryWriter
-from envhub.rollout.runner import RolloutRunner
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, micro_batches
@@ -40,6 +38,7 @@ from envhub.trainer.cluster import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.megatron.placement import WorkerError, WorkerGroupClosedError
+from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
 from envhub.types import Trajectory
@@ -139,15 +138,20 @@ async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: Train
     start = resume(config, checkpoints, backend, schedule, engine)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
+    workers: RolloutWorkers | None = None
     try:
         # The engine starts from the model on disk: give it the trainer's weights (a resumed
         # run's, and a check that both sides compute the same logprobs) before any rollout.
         await engine.start()
         initial_sync = await engine.update_weights(backend) or {}
-        reporter.start(config, {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": backend.describe(), "engine": repr(engine)} | initial_sync)
+        info = {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": backend.describe(), "engine": repr(engine)} | initial_sync
+        if config.rollout.workers:
+            workers = RolloutWorkers.for_run(config, engine)
+            info["rollout_workers"] = workers.info
+        reporter.start(config, info)
         for step in range(start, config.steps):
             try:
-                metrics = await train_step(step, config, schedule, engine, backend, reporter)
+                metrics = await train_step(step, config, schedule, engine, backend, reporter, workers)
             except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             tracker.log(step + 1, metrics)
@@ -156,17 +160,19 @@ async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: Train
                 save_checkpoint(step + 1, checkpoints, backend, schedule, engine)
     finally:
         tracker.close()
+        if workers is not None:
+            await workers.close()
         await engine.aclose()
     return start
 
 
-async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, backend: TrainBackend, reporter: Reporter) -> dict[str, float]:
+async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, backend: TrainBackend, reporter: Reporter, workers: RolloutWorkers | None = None) -> dict[str, float]:
     """One step: roll out, score, build the batch, update the policy, sync the engine."""
     timer = PhaseTimer()
     engine.reset_stats()
     with timer("rollout"):
-        trajectories = await rollout(step, config, schedule, engine, reporter)
-    engine_metrics = {f"engine/{k}": v for k, v in engine.stats().items()}
+        trajectories = await rollout(step, config, schedule, engine, reporter, workers)
+    engine_metrics = {f"engine/{k}": v for k, v in (workers.stats() if workers else engine.stats()).items()}
     if config.logging.save_trajectories:
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
@@ -185,12 +191,16 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
     return metrics
 
 
-async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, reporter: Reporter) -> list[Trajectory]:
-    """This step's episodes, from every env, concurrently; group ids made unique per step."""
+async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, reporter: Reporter, workers: RolloutWorkers | None = None) -> list[Trajectory]:
+    """This step's episodes, from every env, concurrently (in ``workers`` when given); group
+    ids made unique per step."""
     rc = config.rollout
-    sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_tokens=rc.max_tokens, logprobs=True)
+    options = RunnerOptions.from_config(rc)
     per_env = schedule.draw(step, rc.tasks_per_step)
     total = rc.tasks_per_step * rc.samples_per_task
+    jobs = [RolloutJob(i, tuple(tasks), seed=_runner_seed(config.seed, step, i), prefix=f"s{step + 1}e{i}") for i, tasks in enumerate(per_env) if tasks]
+    if workers is not None:
+        return await workers.run(jobs, options, on_progress=lambda done: reporter.rollout_progress(done, total))
     done = 0
 
     def progress(_: Trajectory) -> None:
@@ -198,26 +208,12 @@ async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine
         done += 1
         reporter.rollout_progress(done, total)
 
-    runs = []
-    for env_index, tasks in enumerate(per_env):
-        if not tasks:
-            continue
-        runner = RolloutRunner(
-            engine,
-            schedule.slots[env_index].factory(),
-            sampling=sampling,
-            max_concurrency=rc.max_concurrency,
-            step_timeout=rc.step_timeout,
-            episode_timeout=rc.episode_timeout,
-            seed=int(np.random.SeedSequence([config.seed, step, env_index]).generate_state(1)[0]),
-        )
-        runs.append(_tagged(runner.run(tasks, rc.samples_per_task, on_trajectory=progress), f"s{step + 1}e{env_index}"))
-    results = await asyncio.gather(*runs)
+    results = await asyncio.gather(*(run_job(engine, schedule.slots[job.env_index].factory(), job, options, progress) for job in jobs))
     return [t for group in results for t in group]
 
 
-async def _tagged(run: Any, prefix: str) -> list[Trajectory]:
-    return [t.model_copy(update={"group_id": f"{prefix}{t.group_id}"}) for t in await run]
+def _runner_seed(seed: int, step: int, env_index: int) -> int:
+    return int(np.random.SeedSequence([seed, step, env_index]).generate_state(1)[0])
 
 
 def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer) -> dict[str, float]:

@@ -1,0 +1,372 @@
+"""Where a step's episodes run: in the trainer's driver, or in Ray CPU actors (``rollout.workers``).
+
+Each step the loop turns the tasks it drew into one :class:`RolloutJob` per env: the tasks, the
+runner's seed and the prefix of the group ids. :func:`run_job` runs a job with the SDK's
+:class:`~envhub.rollout.runner.RolloutRunner`; the driver does that itself by default. With
+``rollout.workers: N``, :class:`RolloutWorkers` deals the groups of every job round-robin to N
+Ray actors (one logical CPU each), so that env code, reward functions and sandboxes never share
+a process with the trainer. Each actor runs :func:`run_job` on its share with the job's own seed
+and gives each group the id the driver would have given it (its position in the job), so the
+trajectories are the same wherever they ran, up to the engine's sampling; the driver puts them
+back in job, then task, order.
+
+The actors generate through their own client of the trainer's vLLM server (:class:`VLLMClient`:
+HTTP only, no weight sync, no server of their own): the driver keeps the engine, syncs its
+weights and checks its health after each rollout, as without workers.
+
+What stays the same: a failure inside an episode is recorded on its trajectory by the runner (a
+bad rollout is data, not a crash). What is new: a worker whose process dies (a segfaulting
+sandbox, an OOM kill, a lost node) fails the step with
+:class:`~envhub.trainer.megatron.placement.WorkerDiedError` naming the worker and its node, and
+any other failure of a worker (it cannot load an env) with
+:class:`~envhub.trainer.megatron.placement.WorkerError`; the loop stops the run and says how to
+resume.
+
+Envs reach the workers by name, as ``envhub.make`` finds them: installed packages and Hub
+references resolve in each worker; envs registered in the driver with ``envhub.register`` are
+registered again in each worker from the same target, which Ray pickles (by reference, so its
+module must be importable there, or registered with ``ray.cloudpickle.register_pickle_by_value``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+from urllib.parse import urlsplit
+
+import envhub
+from envhub.errors import ConfigError
+from envhub.inference.base import InferenceEngine, SamplingParams
+from envhub.registry import list_envs
+from envhub.rollout.runner import RolloutRunner
+from envhub.trainer.config import EnvSpec, RolloutConfig, TrainConfig
+from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.megatron.placement import (
+    WorkerDiedError,
+    WorkerError,
+    death_cause,
+    import_ray,
+    init_ray,
+)
+from envhub.types import Trajectory
+
+PROGRESS_S = 0.5
+"""How often the driver asks the workers how many episodes they have finished."""
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """One env's episodes of a step: what one :class:`RolloutRunner` runs."""
+
+    env_index: int
+    """Which of ``config.envs``."""
+    tasks: tuple[int, ...]
+    """Task indices, one GRPO group each."""
+    seed: int
+    """The runner's seed (each episode's seed derives from it, the task and the sample)."""
+    prefix: str
+    """Group ids are ``{prefix}g{position of the task in tasks}``."""
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """How every runner of a step samples and times out (from ``rollout``)."""
+
+    sampling: SamplingParams
+    samples_per_task: int
+    max_concurrency: int
+    step_timeout: float | None
+    episode_timeout: float | None
+
+    @classmethod
+    def from_config(cls, rc: RolloutConfig) -> RunnerOptions:
+        sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_tokens=rc.max_tokens, logprobs=True)
+        return cls(sampling, rc.samples_per_task, rc.max_concurrency, rc.step_timeout, rc.episode_timeout)
+
+
+async def run_job(
+    engine: InferenceEngine,
+    env_factory: Callable[[], Any],
+    job: RolloutJob,
+    options: RunnerOptions,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+    positions: Sequence[int] | None = None,
+) -> list[Trajectory]:
+    """Roll out ``job`` (or, with ``positions``, the groups of the job at those positions, whose
+    tasks ``job.tasks`` then lists) against ``engine``; group ids made unique per step."""
+    positions = range(len(job.tasks)) if positions is None else positions
+    runner = RolloutRunner(
+        engine, env_factory, sampling=options.sampling, max_concurrency=options.max_concurrency,
+        step_timeout=options.step_timeout, episode_timeout=options.episode_timeout, seed=job.seed,
+    )  # fmt: skip
+    trajectories = await runner.run(job.tasks, options.samples_per_task, on_trajectory=on_trajectory)
+    n = options.samples_per_task  # the runner returns them in task, then sample order
+    return [t.model_copy(update={"group_id": f"{job.prefix}g{positions[i // n]}"}) for i, t in enumerate(trajectories)]
+
+
+@dataclass(frozen=True)
+class VLLMClient:
+    """Builds, in a worker, a client of the trainer's running vLLM server: generation over HTTP
+    with the trainer's tokenizer and EOS ids; no weight sync, no server of its own."""
+
+    settings: Any
+    """The trainer engine's ``EngineSettings``."""
+    url: str
+    tokenizer: Any
+    """The policy's ``transformers`` tokenizer (pickled: no model folder needed on the worker's node)."""
+    eos_token_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, engine: Any, max_concurrency: int) -> VLLMClient:
+        """A client of the started ``VLLMEngine`` ``engine``, with ``max_concurrency`` requests in flight."""
+        url = getattr(engine.transport, "url", None)
+        if not url:
+            raise ConfigError(f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server")
+        settings = replace(engine.settings, max_concurrency=max_concurrency)
+        return cls(settings, url, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids))
+
+    def __call__(self) -> RolloutEngine:
+        from transformers import GenerationConfig
+
+        from envhub.trainer.engines.vllm import VLLMEngine
+
+        generation_config = GenerationConfig(eos_token_id=list(self.eos_token_ids))
+        return VLLMEngine(self.settings, self.tokenizer, generation_config=generation_config, mode="server", url=self.url, verify="off")
+
+
+def merge_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    """The workers' engine counters as one engine's: sums, and ``seconds_per_request`` averaged
+    over all requests."""
+    merged: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            merged[key] = merged.get(key, 0.0) + value
+    if "seconds_per_request" in merged:
+        requests = merged.get("requests", 0.0)
+        seconds = sum(p.get("seconds_per_request", 0.0) * p.get("requests", 0.0) for p in parts)
+        merged["seconds_per_request"] = seconds / requests if requests else 0.0
+    return merged
+
+
+@dataclass(frozen=True)
+class Part:
+    """A worker's groups of one job."""
+
+    job_index: int
+    job: RolloutJob
+    """The job, with only this part's tasks."""
+    positions: list[int]
+    """Where those tasks are in the whole job (the numbers of their groups)."""
+
+
+def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[Part]]:
+    """Each worker's share of ``jobs``. Groups go round-robin across all jobs, so shares differ
+    by at most one group."""
+    groups = [(j, position) for j, job in enumerate(jobs) for position in range(len(job.tasks))]
+    shares = []
+    for worker in range(workers):
+        mine = groups[worker::workers]
+        share = []
+        for j in dict.fromkeys(j for j, _ in mine):
+            positions = [position for k, position in mine if k == j]
+            share.append(Part(j, replace(jobs[j], tasks=tuple(jobs[j].tasks[p] for p in positions)), positions))
+        shares.append(share)
+    return shares
+
+
+class _Worker:
+    """Runs in a Ray actor (async: :meth:`progress` answers while :meth:`run` runs)."""
+
+    def __init__(self, engine_factory: Callable[[], InferenceEngine], envs: list[EnvSpec], registrations: dict[str, Any]) -> None:
+        for name, target in registrations.items():
+            envhub.register(name, target, override=True)
+        self.envs = envs
+        self.engine = engine_factory()
+        self.done = 0
+
+    def where(self) -> dict[str, Any]:
+        import ray
+
+        return {"node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    async def run(self, share: list[Part], options: RunnerOptions) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        """The trajectories of each part of the share, and the engine's counters for them."""
+        self.done = 0
+        await self.engine.start()  # once, before the runners (each would start it)
+        if isinstance(self.engine, RolloutEngine):
+            self.engine.reset_stats()
+        runs = [run_job(self.engine, self._factory(p.job.env_index), p.job, options, self._count, p.positions) for p in share]
+        results = list(await asyncio.gather(*runs))
+        return results, self.engine.stats() if isinstance(self.engine, RolloutEngine) else {}
+
+    def progress(self) -> int:
+        return self.done
+
+    async def close(self) -> None:
+        await self.engine.aclose()
+
+    def _count(self, _: Trajectory) -> None:
+        self.done += 1
+
+    def _factory(self, env_index: int) -> Callable[[], Any]:
+        spec = self.envs[env_index]
+        return lambda: envhub.make(spec.name, **spec.args)
+
+
+class RolloutWorkers:
+    """``count`` Ray actors that run a step's episodes (see the module docstring).
+
+    Args:
+        count: Number of actors, one logical CPU each.
+        engine_factory: Builds each actor's inference engine, in the actor (pickled by Ray).
+        envs: The run's envs (``config.envs``); jobs name them by index.
+        address: A Ray cluster to connect to when Ray is not initialised yet; None starts a
+            local one (stopped again by :meth:`close`).
+        here_only: Place every actor on this process's node (for an engine reachable only
+            from here, such as a server on 127.0.0.1).
+
+    Example::
+
+        workers = RolloutWorkers(2, partial(ScriptedEngine, null_policy), config.envs)
+        try:
+            trajectories = await workers.run(jobs, RunnerOptions.from_config(config.rollout))
+        finally:
+            await workers.close()
+    """
+
+    def __init__(
+        self, count: int, engine_factory: Callable[[], InferenceEngine], envs: Sequence[EnvSpec], *, address: str | None = None, here_only: bool = False
+    ) -> None:
+        ray = import_ray()
+        self._started_ray = init_ray(address, num_cpus=count)
+        self._stats: dict[str, float] = {}
+        self._nodes = ["?"] * count
+        strategy = "DEFAULT"
+        if here_only:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        remote = ray.remote(_Worker).options(num_cpus=1, max_concurrency=8, scheduling_strategy=strategy)
+        self._actors = [remote.remote(engine_factory, list(envs), _registrations(envs)) for _ in range(count)]
+        try:
+            self.info: list[dict[str, Any]] = [self._get(i, actor.where.remote(), "start") for i, actor in enumerate(self._actors)]
+            """``{"node", "pid"}`` of each worker."""
+        except BaseException:
+            self._kill()
+            if self._started_ray:
+                ray.shutdown()
+            raise
+        self._nodes = [w["node"] for w in self.info]
+
+    @classmethod
+    def for_run(cls, config: TrainConfig, engine: Any) -> RolloutWorkers:
+        """``rollout.workers`` actors that reach the run's started vLLM engine over HTTP, with
+        ``rollout.max_concurrency`` split between them; on this node when the server listens
+        on a loopback address."""
+        count = config.rollout.workers
+        client = VLLMClient.of(engine, max_concurrency=-(-config.rollout.max_concurrency // count))
+        loopback = urlsplit(client.url).hostname in ("127.0.0.1", "localhost", "::1")
+        return cls(count, client, config.envs, address=config.cluster.address, here_only=loopback)
+
+    async def run(self, jobs: Sequence[RolloutJob], options: RunnerOptions, on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+        """Run ``jobs`` on the workers, ``options.max_concurrency`` split between them;
+        trajectories in job, then task, then sample order, as :func:`run_job` gives them.
+        ``on_progress(episodes done)`` is called as the count grows.
+
+        Raises:
+            WorkerDiedError: A worker's process died (the others go on until :meth:`close`).
+            WorkerError: A worker failed outside its episodes.
+        """
+        shares = deal(jobs, len(self._actors))
+        options = replace(options, max_concurrency=-(-options.max_concurrency // len(self._actors)))
+        calls = {i: asyncio.ensure_future(self._actors[i].run.remote(share, options)) for i, share in enumerate(shares) if share}
+        results = await self._collect(calls, on_progress)
+        self._stats = merge_stats([stats for _, stats in results.values()])
+        n = options.samples_per_task
+        slots: list[list[Trajectory]] = [[None] * (len(job.tasks) * n) for job in jobs]  # type: ignore[list-item]
+        for i, (per_part, _) in results.items():
+            for part, trajectories in zip(shares[i], per_part, strict=True):
+                for k, t in enumerate(trajectories):
+                    slots[part.job_index][part.positions[k // n] * n + k % n] = t
+        return [t for per_job in slots for t in per_job]
+
+    def stats(self) -> dict[str, float]:
+        """The workers' engine counters (:func:`merge_stats`) for the last :meth:`run`."""
+        return dict(self._stats)
+
+    async def close(self) -> None:
+        """Close each worker's engine client, end the actors, and stop Ray if this started it.
+        Idempotent."""
+        ray = import_ray()
+        if self._actors and ray.is_initialized():
+            closing = [actor.close.remote() for actor in self._actors]
+            await asyncio.to_thread(ray.wait, closing, num_returns=len(closing), timeout=10.0)
+        self._kill()
+        if self._started_ray:
+            self._started_ray = False
+            ray.shutdown()
+
+    async def _collect(self, calls: dict[int, Any], on_progress: Callable[[int], None] | None) -> dict[int, Any]:
+        """Each call's result by worker; the first failure raises at once."""
+        ray = import_ray()
+        worker_of = {future: i for i, future in calls.items()}
+        results: dict[int, Any] = {}
+        pending, reported = set(worker_of), 0
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=PROGRESS_S, return_when=asyncio.FIRST_COMPLETED)
+                for future in done:
+                    try:
+                        results[worker_of[future]] = future.result()
+                    except ray.exceptions.RayError as err:
+                        raise self._error(worker_of[future], "rollout", err) from err
+                if on_progress is not None:
+                    count = await self._progress(results, [worker_of[f] for f in pending])
+                    if count > reported:
+                        reported = count
+                        on_progress(count)
+        finally:
+            for future in pending:  # after a failure: the others' results are not needed
+                future.cancel()
+                future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        return results
+
+    async def _progress(self, results: dict[int, Any], running: list[int]) -> int:
+        """Episodes finished: all of the finished shares, and what the running workers report
+        (a worker that cannot answer counts 0; its call reports why)."""
+        finished = sum(len(t) for per_part, _ in results.values() for t in per_part)
+        counts = await asyncio.gather(*(self._actors[i].progress.remote() for i in running), return_exceptions=True)
+        return finished + sum(c for c in counts if isinstance(c, int))
+
+    def _get(self, worker: int, ref: Any, what: str) -> Any:
+        ray = import_ray()
+        try:
+            return ray.get(ref)
+        except ray.exceptions.RayError as err:
+            raise self._error(worker, what, err) from err
+
+    def _error(self, worker: int, what: str, err: Exception) -> WorkerError:
+        ray = import_ray()
+        node = self._nodes[worker]
+        if isinstance(err, ray.exceptions.RayActorError):
+            return WorkerDiedError(f"rollout worker {worker} on node {node} died: {death_cause(err)}", rank=worker, node=node)
+        cause = getattr(err, "cause", None)
+        detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(err).strip().splitlines()[0]
+        return WorkerError(f"rollout worker {worker} on node {node} failed in {what}: {detail}", rank=worker, node=node)
+
+    def _kill(self) -> None:
+        ray = import_ray()
+        if ray.is_initialized():
+            for actor in self._actors:
+                ray.kill(actor, no_restart=True)
+        self._actors = []
+
+
+def _registrations(envs: Sequence[EnvSpec]) -> dict[str, Any]:
+    """Targets of the run's envs that were registered in this process (not installed), to
+    register again in each worker."""
+    known = list_envs()
+    return {e.name: known[e.name].target for e in envs if e.name in known and known[e.name].distribution is None}
