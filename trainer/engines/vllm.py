@@ -221,7 +221,8 @@ class VLLMEngine(RolloutEngine):
         if self.settings.weight_transfer == "nccl":
             nccl = asyncio.run_coroutine_threadsafe(self._nccl_rendezvous(), loop).result()
         info = weight_sync.trainer_init_info(self.settings.weight_transfer, bucket_bytes=self.bucket_bytes, nccl=nccl)
-        source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype))
+        device = "cuda" if self.settings.weight_transfer == "nccl" else None
+        source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype), device=device)
         return weight_sync.connect(info, client, source)
 
     async def _nccl_rendezvous(self) -> dict[str, Any]:

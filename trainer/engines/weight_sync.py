@@ -29,11 +29,16 @@ from envhub.trainer.engines import shm_transfer
 
 class BackendWeightSource(WeightSource):
     """A ``WeightSource`` over a train backend's :meth:`weights` (a fresh pass per sync),
-    floating-point tensors cast to the engine's ``dtype`` (bf16 engines get half the bytes)."""
+    floating-point tensors cast to the engine's ``dtype`` (bf16 engines get half the bytes) and
+    moved to ``device`` (NCCL sends from the GPU; the Megatron driver receives its buckets on
+    the CPU)."""
 
-    def __init__(self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]], dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, weights: Callable[[], Iterator[tuple[str, torch.Tensor]]], dtype: torch.dtype | None = None, device: str | None = None
+    ) -> None:
         self._weights = weights
         self._dtype = dtype
+        self._device = device
         self._metadata: list[ParamMeta] | None = None
 
     def metadata(self) -> list[ParamMeta]:
@@ -43,7 +48,7 @@ class BackendWeightSource(WeightSource):
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self._weights():
-            yield name, tensor.to(self._wire_dtype(tensor))
+            yield name, tensor.to(device=self._device, dtype=self._wire_dtype(tensor))
 
     def _wire_dtype(self, tensor: torch.Tensor) -> torch.dtype:
         return self._dtype if self._dtype is not None and tensor.is_floating_point() else tensor.dtype
