@@ -2,7 +2,9 @@
 
 Every rank runs the same calls (the driver broadcasts them through Ray). The micro-batches of
 an update are dealt round-robin to the data-parallel ranks and pushed through megatron-core's
-pipeline schedule. The loss of each micro-batch is already normalised by the totals of the
+pipeline schedule, each packed into one row without padding (``batch.Packing``): varlen
+attention over the sequences with Transformer Engine, a block-diagonal causal mask without it;
+logprobs are unpacked to the padded layout the losses take. The loss of each micro-batch is already normalised by the totals of the
 whole update (``algorithms.aggregation``), so ``calculate_per_token_loss`` keeps megatron-core
 from averaging it again, and data-parallel gradients are summed, not averaged: the update is
 the same for any tensor/pipeline/data split and micro-batch count.
