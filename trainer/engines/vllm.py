@@ -221,7 +221,7 @@ class VLLMEngine(RolloutEngine):
         if self.settings.weight_transfer == "nccl":
             nccl = asyncio.run_coroutine_threadsafe(self._nccl_rendezvous(), loop).result()
         info = weight_sync.trainer_init_info(self.settings.weight_transfer, bucket_bytes=self.bucket_bytes, nccl=nccl)
-        device = "cuda" if self.settings.weight_transfer == "nccl" else None
+        device = "cuda" if self.settings.weight_transfer in ("nccl", "ipc") else None
         source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype), device=device)
         return weight_sync.connect(info, client, source)
 
@@ -281,16 +281,17 @@ SHM_BACKEND = "envhub_shm"
 """``shm_transfer.BACKEND`` (that module imports vLLM; this one must not, at import time)."""
 
 
-def choose_backend(requested: str, *, on_gpu: bool, inprocess: bool) -> str:
+def choose_backend(requested: str, *, on_gpu: bool, shares_gpu: bool) -> str:
     """The weight-transfer backend for ``requested``; ``auto`` picks shared memory on the CPU,
-    CUDA IPC next to an in-process engine on a GPU, NCCL to a GPU server."""
+    CUDA IPC to an engine on the trainer's GPU (``shares_gpu``: in its process, or colocated;
+    NCCL cannot put two ranks on one GPU), NCCL to a GPU server of its own."""
     if requested != "auto":
         if requested in ("nccl", "ipc") and not on_gpu:
             raise ConfigError(f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; on the CPU use envhub_shm (or auto)")
         return requested
     if not on_gpu:
         return SHM_BACKEND
-    return "ipc" if inprocess else "nccl"
+    return "ipc" if shares_gpu else "nccl"
 
 
 def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettings:
@@ -303,7 +304,7 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
     sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and shares_gpu)
     return EngineSettings(
         model=model_path, dtype=dtype, max_model_len=v.max_model_len or default_context_length(model_path),
-        seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, inprocess=v.mode == "inprocess"),
+        seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, shares_gpu=shares_gpu),
         gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
         max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
         enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),

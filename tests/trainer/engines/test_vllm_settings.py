@@ -15,7 +15,7 @@ def _config(**vllm: object) -> object:
 
 
 @pytest.mark.parametrize(
-    ("requested", "on_gpu", "inprocess", "expected"),
+    ("requested", "on_gpu", "shares_gpu", "expected"),
     [
         ("auto", False, False, "envhub_shm"),
         ("auto", False, True, "envhub_shm"),
@@ -25,14 +25,14 @@ def _config(**vllm: object) -> object:
         ("nccl", True, True, "nccl"),
     ],
 )
-def test_auto_picks_the_transfer_backend_by_device_and_placement(requested: str, on_gpu: bool, inprocess: bool, expected: str) -> None:
-    assert choose_backend(requested, on_gpu=on_gpu, inprocess=inprocess) == expected
+def test_auto_picks_the_transfer_backend_by_device_and_placement(requested: str, on_gpu: bool, shares_gpu: bool, expected: str) -> None:
+    assert choose_backend(requested, on_gpu=on_gpu, shares_gpu=shares_gpu) == expected
 
 
 @pytest.mark.parametrize("backend", ["nccl", "ipc"])
 def test_gpu_only_backends_are_refused_on_the_cpu(backend: str) -> None:
     with pytest.raises(ConfigError, match="needs CUDA GPUs; on the CPU use envhub_shm"):
-        choose_backend(backend, on_gpu=False, inprocess=False)
+        choose_backend(backend, on_gpu=False, shares_gpu=False)
 
 
 def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() -> None:
@@ -55,6 +55,20 @@ def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
     assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.enforce_eager) == ("bfloat16", True, "ipc", False)
     assert default_tolerance(settings.dtype) == 0.25
     assert serve_args(settings)[-3:] == ["--gpu-memory-utilization", "0.3", "--enable-sleep-mode"]
+
+
+def test_an_engine_on_ray_shares_the_gpu_only_when_colocated() -> None:
+    def megatron(**vllm: object) -> object:
+        return validate_config({
+            "envs": [{"name": "arithmetic"}], "backend": {"kind": "megatron"}, "rollout": {"engine": "vllm", "vllm": {"mode": "ray", **vllm}},
+        })  # fmt: skip
+
+    colocated = resolve_settings(megatron(colocate=True), "/m", on_gpu=True)
+    assert (colocated.weight_transfer, colocated.sleep) == ("ipc", True)  # NCCL cannot join two ranks on one GPU
+    split = resolve_settings(megatron(tensor_parallel=2), "/m", on_gpu=True)
+    assert (split.weight_transfer, split.sleep) == ("nccl", False)
+    assert serve_args(split)[-2:] == ["--tensor-parallel-size", "2"]
+    assert resolve_settings(megatron(), "/m", on_gpu=False).weight_transfer == "envhub_shm"
 
 
 def test_a_gpu_server_sleeps_only_when_asked() -> None:
