@@ -3,9 +3,10 @@
 The training loop talks to it exactly as to the torch backend. Each call is broadcast to every
 rank (:class:`MegatronWorker`) and the answer is taken from the ranks that hold it: logprobs from
 the last pipeline stage of each data-parallel replica, metrics and weights from one rank.
-Rollouts never run in the ranks: environments and sandboxes stay in the driver's process (and
-its sandbox processes), vLLM in its own, which with ``rollout.vllm.mode: ray`` Ray places in a
-bundle of its own or in the first rank's (``engines.vllm_ray``).
+Rollouts never run in the ranks: environments and sandboxes run in the driver's process (and
+its sandbox processes), or with ``rollout.workers`` in Ray CPU actors (``rollout_workers``);
+vLLM runs in its own process, which with ``rollout.vllm.mode: ray`` Ray places in a bundle of
+its own or in the first rank's (``engines.vllm_ray``).
 """
 
 from __future__ import annotations
