@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from envhub.cli.app import app
-from envhub.cli.eval import choose_tasks, parse_env_args
+from envhub.cli.eval import choose_tasks, parse_env_args, serve_flags
 from envhub.envs.calculator import CalculatorEnv, reference_policy
 from envhub.errors import ConfigError
 from envhub.rollout.io import read_trajectories
@@ -62,6 +62,15 @@ def test_eval_then_show(http_server, tmp_path):
 def test_eval_needs_a_server_or_serve():
     result = runner.invoke(app, ["eval", "calculator"])
     assert isinstance(result.exception, ConfigError) and "--base-url" in str(result.exception)
+
+
+def test_serve_runs_vllm_eager_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert serve_flags() == ["--enforce-eager"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert serve_flags() == []
 
 
 def test_parse_env_args():
