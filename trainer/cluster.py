@@ -22,7 +22,7 @@ def ray_cpus(config: TrainConfig) -> int:
         cpus += placement.world_size * placement.cpus_per_rank
     engine = config.rollout.vllm
     if config.rollout.engine == "vllm" and engine.mode == "ray" and not engine.colocate:
-        cpus += 1
+        cpus += engine.engines
     return cpus + config.rollout.workers
 
 

@@ -67,6 +67,9 @@ class VLLMConfig(_Part):
     colocate: bool = False
     """``ray`` mode: put the engine in the first trainer rank's bundle (its node and GPU, shared;
     needs ``backend.kind: megatron``) instead of a bundle of its own."""
+    engines: int = Field(1, ge=1)
+    """``ray`` mode: vLLM engines serving the policy side by side (each in a bundle of its own,
+    all synced together); requests go to the least busy one."""
     tensor_parallel: int = Field(1, ge=1)
     """GPUs of one engine (vLLM's tensor parallelism). In ``ray`` mode, a split engine's bundle
     reserves them, and the trainer ranks get the node's other GPUs by default."""
@@ -297,6 +300,8 @@ class TrainConfig(_Part):
             raise ValueError("rollout.vllm.url names a running server: it needs rollout.vllm.mode=server")
         if v.colocate and (v.mode != "ray" or self.backend.kind != "megatron"):
             raise ValueError("rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray and backend.kind=megatron")
+        if v.engines > 1 and (v.mode != "ray" or v.colocate):
+            raise ValueError("several vLLM engines are placed by Ray, each in a bundle of its own: set rollout.vllm.mode=ray without colocate, or rollout.vllm.engines=1")
         if v.colocate and v.tensor_parallel > 1:
             raise ValueError("a colocated engine shares one rank's GPU: rollout.vllm.tensor_parallel must be 1 (or drop colocate)")
 

@@ -114,7 +114,8 @@ class VLLMClient:
 
     settings: Any
     """The trainer engine's ``EngineSettings``."""
-    url: str
+    urls: tuple[str, ...]
+    """Each engine's base URL (several with ``rollout.vllm.engines``)."""
     tokenizer: Any
     """The policy's ``transformers`` tokenizer (pickled: no model folder needed on the worker's node)."""
     eos_token_ids: tuple[int, ...]
@@ -122,11 +123,11 @@ class VLLMClient:
     @classmethod
     def of(cls, engine: Any, max_concurrency: int) -> VLLMClient:
         """A client of the started ``VLLMEngine`` ``engine``, with ``max_concurrency`` requests in flight."""
-        url = getattr(engine.transport, "url", None)
-        if not url:
+        urls = tuple(getattr(r, "url", None) for r in engine.transport.replicas)
+        if not all(urls):
             raise ConfigError(f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server")
         settings = replace(engine.settings, max_concurrency=max_concurrency)
-        return cls(settings, url, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids))
+        return cls(settings, urls, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids))
 
     def __call__(self) -> RolloutEngine:
         from transformers import GenerationConfig
@@ -134,7 +135,14 @@ class VLLMClient:
         from envhub.trainer.engines.vllm import VLLMEngine
 
         generation_config = GenerationConfig(eos_token_id=list(self.eos_token_ids))
-        return VLLMEngine(self.settings, self.tokenizer, generation_config=generation_config, mode="server", url=self.url, verify="off")
+        transport = None
+        if len(self.urls) > 1:
+            from envhub.trainer.engines.vllm_replicas import ReplicatedTransport
+            from envhub.trainer.engines.vllm_transport import ServerTransport
+
+            transport = ReplicatedTransport([ServerTransport(self.settings, url) for url in self.urls])
+        url = self.urls[0] if transport is None else None
+        return VLLMEngine(self.settings, self.tokenizer, generation_config=generation_config, mode="server", url=url, transport=transport, verify="off")
 
 
 def merge_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -268,7 +276,7 @@ class RolloutWorkers:
         on a loopback address."""
         count = config.rollout.workers
         client = VLLMClient.of(engine, max_concurrency=-(-config.rollout.max_concurrency // count))
-        loopback = urlsplit(client.url).hostname in ("127.0.0.1", "localhost", "::1")
+        loopback = any(urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") for url in client.urls)
         return cls(count, client, config.envs, address=config.cluster.address, here_only=loopback)
 
     async def run(self, jobs: Sequence[RolloutJob], options: RunnerOptions, on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:

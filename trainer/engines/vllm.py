@@ -165,15 +165,23 @@ class VLLMEngine(RolloutEngine):
         self.generated_tokens = 0
         self.generate_seconds = 0.0
         self.requests = 0
+        self._served_before = list(self._served())
+
+    def _served(self) -> list[int]:
+        """Requests each engine has answered so far (several engines only)."""
+        return list(getattr(self.transport, "served", []))
 
     def stats(self) -> dict[str, float]:
         """Since the last :meth:`reset_stats` (the loop resets every step): tokens, requests and
         the mean seconds a request took (queueing in vLLM included)."""
-        return {
+        stats = {
             "generated_tokens": float(self.generated_tokens),
             "requests": float(self.requests),
             "seconds_per_request": self.generate_seconds / self.requests if self.requests else 0.0,
         }
+        for i, (now, before) in enumerate(zip(self._served(), self._served_before, strict=True)):
+            stats[f"requests_engine{i}"] = float(now - before)
+        return stats
 
     # -- weight sync ------------------------------------------------------------------------
 
@@ -240,11 +248,17 @@ class VLLMEngine(RolloutEngine):
         return await self._verify(self._trainer_logprobs(backend))
 
     async def _verify(self, trainer_logprobs: list[float]) -> dict[str, float]:
-        self._engine_logprobs = await self.transport.prompt_logprobs(self.verify_ids)
-        worst, mean = _differences(self._engine_logprobs, trainer_logprobs)
+        """Every engine's logprobs of the fixed sequence against the trainer's; the worst counts."""
+        replicas = self.transport.replicas
+        each = await asyncio.gather(*(r.prompt_logprobs(self.verify_ids) for r in replicas))
+        gaps = [_differences(engine, trainer_logprobs) for engine in each]
+        k = max(range(len(each)), key=lambda i: gaps[i][0])
+        self._engine_logprobs = each[k]
+        worst, mean = gaps[k]
         if worst > self.verify_tolerance:
+            which = f" (engine {k} of {len(replicas)})" if len(replicas) > 1 else ""
             raise WeightSyncError(
-                f"after weight sync {self.weights_version}, vLLM's logprobs differ from the trainer's by up to {worst:.3g} "
+                f"after weight sync {self.weights_version}, vLLM's logprobs{which} differ from the trainer's by up to {worst:.3g} "
                 f"(mean {mean:.3g}) on a fixed {len(self.verify_ids)}-token sequence; the tolerance is {self.verify_tolerance:g}. "
                 "vLLM is not sampling from the policy being trained. Check that rollout.vllm.dtype matches the trainer "
                 "(float32 on the CPU) and that the engine serves the same model; raise rollout.vllm.verify_tolerance "
@@ -328,8 +342,11 @@ def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
     transport = None
     if v.mode == "ray":
         from envhub.trainer.engines.vllm_ray import RayServerTransport, engine_slot
+        from envhub.trainer.engines.vllm_replicas import ReplicatedTransport
 
-        transport = RayServerTransport(settings, engine_slot(config, backend), address=config.cluster.address)
+        slot = engine_slot(config, backend)
+        replicas = [RayServerTransport(settings, slot, address=config.cluster.address) for _ in range(v.engines)]
+        transport = replicas[0] if len(replicas) == 1 else ReplicatedTransport(replicas)
     return VLLMEngine(
         settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url, transport=transport,
         bucket_bytes=v.bucket_mb << 20, verify=v.verify, verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),

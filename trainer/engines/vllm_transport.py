@@ -53,6 +53,11 @@ class Transport(Protocol):
     where: str
     """Where vLLM runs, for the run's log ("" when it is this machine, the usual case)."""
 
+    @property
+    def replicas(self) -> list[Transport]:
+        """The engines behind this transport (itself, unless several serve one policy)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -107,6 +112,10 @@ class ServerTransport:
 
     trainer_address = "127.0.0.1"
     where = ""
+
+    @property
+    def replicas(self) -> list[Transport]:
+        return [self]
 
     def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
         self.settings = settings
@@ -232,6 +241,10 @@ class InProcessTransport:
 
     trainer_address = "127.0.0.1"
     where = ""
+
+    @property
+    def replicas(self) -> list[Transport]:
+        return [self]
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings

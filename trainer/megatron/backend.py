@@ -147,14 +147,14 @@ def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
 def _trainer_gpus_here(config: TrainConfig) -> int:
     """The GPUs torch sees, less those a split vLLM engine on Ray reserves for itself."""
     engine = config.rollout.vllm
-    split_engine = engine.tensor_parallel if engine.mode == "ray" and not engine.colocate else 0
+    split_engine = engine.engines * engine.tensor_parallel if engine.mode == "ray" and not engine.colocate else 0
     gpus = torch.cuda.device_count()
     if not gpus:
         return 0
     if gpus <= split_engine:
         raise ConfigError(
-            f"the vLLM engine's own bundle takes {split_engine} of this node's {gpus} GPUs, leaving none for the trainer: "
-            "set rollout.vllm.colocate=true (or lower rollout.vllm.tensor_parallel)"
+            f"the vLLM engines' own bundles take {split_engine} of this node's {gpus} GPUs, leaving none for the trainer: "
+            "set rollout.vllm.colocate=true (or lower rollout.vllm.engines / tensor_parallel)"
         )
     return gpus - split_engine
 

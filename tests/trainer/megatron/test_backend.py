@@ -91,10 +91,12 @@ def test_a_split_vllm_engine_on_ray_leaves_the_trainer_the_other_gpus(monkeypatc
     split = _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "tensor_parallel": 1}})
     placement, layout = plan(split)
     assert (placement.world_size, placement.gpus_per_node, placement.gpu_share, layout) == (3, 3, 1.0, (1, 1, 3))
+    two_engines = _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "engines": 2}})
+    assert plan(two_engines)[1] == (1, 1, 2)
     colocated = _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "colocate": True}})
     placement, layout = plan(colocated)
     assert (placement.world_size, placement.gpus_per_node, placement.gpu_share, layout) == (4, 4, 0.5, (1, 1, 4))
-    with pytest.raises(ConfigError, match=r"^the vLLM engine's own bundle takes 4 of this node's 4 GPUs, leaving none for the trainer: set rollout.vllm.colocate=true"):
+    with pytest.raises(ConfigError, match=r"^the vLLM engines' own bundles take 4 of this node's 4 GPUs, leaving none for the trainer: set rollout.vllm.colocate=true"):
         plan(_config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "tensor_parallel": 4}}))
 
 
@@ -103,5 +105,9 @@ def test_vllm_placement_settings_that_contradict_each_other_are_refused() -> Non
         _config(rollout={"engine": "vllm", "vllm": {"colocate": True}})
     with pytest.raises(ConfigError, match=r"rollout.vllm.tensor_parallel must be 1 \(or drop colocate\)"):
         _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "colocate": True, "tensor_parallel": 2}})
+    with pytest.raises(ConfigError, match=r"several vLLM engines are placed by Ray, each in a bundle of its own"):
+        _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "colocate": True, "engines": 2}})
+    with pytest.raises(ConfigError, match=r"several vLLM engines are placed by Ray, each in a bundle of its own"):
+        _config(rollout={"engine": "vllm", "vllm": {"engines": 2}})
     with pytest.raises(ConfigError, match=r"rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"):
         _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "url": "http://127.0.0.1:8000"}})
