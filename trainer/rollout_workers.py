@@ -257,7 +257,7 @@ class RolloutWorkers:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        remote = ray.remote(_Worker).options(num_cpus=1, max_concurrency=8, scheduling_strategy=strategy)
+        remote = ray.remote(_Worker).options(num_cpus=1, max_concurrency=8, scheduling_strategy=strategy, runtime_env={"env_vars": forwarded_env()})
         self._actors = [remote.remote(engine_factory, list(envs), _registrations(envs)) for _ in range(count)]
         try:
             self.info: list[dict[str, Any]] = [self._get(i, actor.where.remote(), "start") for i, actor in enumerate(self._actors)]
@@ -371,6 +371,18 @@ class RolloutWorkers:
             for actor in self._actors:
                 ray.kill(actor, no_restart=True)
         self._actors = []
+
+
+FORWARDED_PREFIXES = ("ENVHUB_", "E2B_", "HF_", "HUGGING_FACE_", "OPENAI_")
+"""Environment variables the workers get from the driver: envhub's own, and the credentials
+and endpoints that sandboxes (e2b), Hub envs and judge rewards read. A worker on another node
+does not inherit the driver's environment."""
+
+
+def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables that :data:`FORWARDED_PREFIXES` selects."""
+    source = os.environ if environ is None else environ
+    return {k: v for k, v in source.items() if k.startswith(FORWARDED_PREFIXES)}
 
 
 def _registrations(envs: Sequence[EnvSpec]) -> dict[str, Any]:

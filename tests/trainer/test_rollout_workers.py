@@ -36,6 +36,7 @@ from envhub.trainer.rollout_workers import (  # noqa: E402
     RolloutWorkers,
     RunnerOptions,
     deal,
+    forwarded_env,
     merge_stats,
 )
 from envhub.types import Trajectory  # noqa: E402
@@ -162,6 +163,11 @@ def test_engine_counters_add_up_and_the_mean_request_time_is_weighted() -> None:
     assert merged == {"generated_tokens": 40.0, "requests": 4.0, "seconds_per_request": 2.0}
     assert merge_stats([{"requests": 0.0, "seconds_per_request": 0.0}]) == {"requests": 0.0, "seconds_per_request": 0.0}
     assert merge_stats([]) == {}
+
+
+def test_workers_get_the_drivers_credentials_and_envhub_settings() -> None:
+    environ = {"E2B_API_KEY": "k", "HF_TOKEN": "t", "ENVHUB_CACHE": "/c", "OPENAI_API_KEY": "o", "HOME": "/root", "PATH": "/bin"}
+    assert forwarded_env(environ) == {"E2B_API_KEY": "k", "HF_TOKEN": "t", "ENVHUB_CACHE": "/c", "OPENAI_API_KEY": "o"}
 
 
 def test_trajectories_and_jobs_survive_pickling(cluster: None) -> None:
