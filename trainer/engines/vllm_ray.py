@@ -93,7 +93,6 @@ class RayServerTransport(ServerTransport):
         self.host: dict[str, Any] = {}
         self._own_group: Any = None
         self._started_ray = False
-        self.trainer_address = "127.0.0.1"
 
     @property
     def where(self) -> str:  # type: ignore[override]

@@ -161,8 +161,8 @@ class MegatronWorker:
         scale = temperature or self.spec.temperature
         mine = self._my_batches(batches)
 
-        def collect(k: int, mb: MicroBatch, packing: Packing, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            logits, targets = _scaled_logits_and_targets(output, packing.row(mb.input_ids), scale)
+        def collect(k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            logits, targets = _scaled_logits_and_targets(output, row, scale)
             logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1])
             return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {"index": k, "logprobs": logprobs.cpu()}
 
@@ -278,11 +278,11 @@ class MegatronWorker:
 
     def _loss(
         self, spec: ObjectiveSpec, old: list | None, ref: list | None, num_tokens: int, num_sequences: int,
-        k: int, mb: MicroBatch, packing: Packing, output: torch.Tensor,
+        k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
         mb = mb.to(output.device)
         width = mb.input_ids.shape[1]
-        logits, targets = _scaled_logits_and_targets(output, packing.row(mb.input_ids.cpu()), self.spec.temperature)
+        logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
         logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), width)
         entropy = packing.unpack(vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width)
         loss, metrics = policy_objective(
@@ -309,25 +309,26 @@ class MegatronWorker:
 
     def _schedule(self, model: torch.nn.Module, batches: list[tuple[int, MicroBatch]], loss: Callable, *, forward_only: bool) -> list[dict[str, Any]]:
         """Run ``batches`` through the pipeline schedule, each packed into one row; ``loss`` gets
-        ``(k, mb, packing, output)``."""
+        ``(k, mb, packing, row, output)`` (``row``: the packed token ids, built once per micro-batch)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         packings = [Packing.of(mb, multiple=self._row_multiple()) for _, mb in batches]
 
         def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
             (k, mb), packing = next(data)
-            return self._forward(model, mb, packing), partial(loss, k, mb, packing)
+            row = packing.row(mb.input_ids)
+            return self._forward(model, row, packing), partial(loss, k, mb, packing, row)
 
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=zip(batches, packings, strict=True), model=[model], num_microbatches=len(batches),
             seq_length=max(p.total for p in packings), micro_batch_size=1, forward_only=forward_only,
         )  # fmt: skip
 
-    def _forward(self, model: torch.nn.Module, mb: MicroBatch, packing: Packing) -> torch.Tensor:
-        """The packed row through the model. With Transformer Engine, varlen attention over the
+    def _forward(self, model: torch.nn.Module, row: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """The packed ``row`` through the model. With Transformer Engine, varlen attention over the
         segments (THD); without it, the local attention with a block-diagonal causal mask. RoPE
         is relative, so the local path's row-wide positions score each sequence as if alone."""
-        ids = packing.row(mb.input_ids).to(self.device)
+        ids = row.to(self.device)
         positions = packing.positions().to(self.device)
         if not have_transformer_engine():
             return model(ids, positions, packing.blocked().to(self.device))

@@ -15,13 +15,13 @@ from envhub.trainer.engines.vllm_transport import Sampled
 
 
 class Recording:
-    """A transport that answers after ``delay`` s and records what it was asked."""
+    """A transport that answers (once ``gate`` is open, if it has one) and records what it was asked."""
 
     trainer_address = "10.0.0.1"
     where = ""
 
-    def __init__(self, name: str, world_size: int = 1, delay: float = 0.0) -> None:
-        self.name, self.size, self.delay = name, world_size, delay
+    def __init__(self, name: str, world_size: int = 1, gate: asyncio.Event | None = None) -> None:
+        self.name, self.size, self.gate = name, world_size, gate
         self.calls: list[tuple[str, tuple]] = []
 
     @property
@@ -29,7 +29,8 @@ class Recording:
         return [self]
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
-        await asyncio.sleep(self.delay)
+        if self.gate is not None:
+            await self.gate.wait()
         return Sampled([ord(self.name)], [0.0], "stop")
 
     async def control(self, call: str, *args: Any) -> None:
@@ -54,17 +55,21 @@ def test_requests_go_round_robin_when_engines_are_idle() -> None:
 
 
 def test_a_burst_goes_to_the_least_busy_engine() -> None:
-    slow, fast = Recording("s", delay=0.2), Recording("f", delay=0.01)
-    transport = ReplicatedTransport([slow, fast])
-
-    async def burst() -> list[Sampled]:
+    async def burst() -> tuple[list[Sampled], list[int]]:
+        gate = asyncio.Event()
+        transport = ReplicatedTransport([Recording("s", gate=gate), Recording("f")])
         first = [asyncio.create_task(transport.generate([1], SamplingParams())) for _ in range(2)]  # one each
-        await asyncio.sleep(0.05)  # f is idle again, s still busy
-        later = [await transport.generate([1], SamplingParams()) for _ in range(3)]
-        return [*(await asyncio.gather(*first)), *later]
+        await asyncio.wait(first, timeout=0)  # let both start: f answers, s waits for its gate
+        await asyncio.sleep(0)
+        busy = list(transport.in_flight)
+        # s is still busy; a request routed to it anyway would wait for the gate and time out
+        later = [await asyncio.wait_for(transport.generate([1], SamplingParams()), 5) for _ in range(3)]
+        gate.set()
+        return [*(await asyncio.gather(*first)), *later], busy + transport.served + transport.in_flight
 
-    assert _names(asyncio.run(burst())) == "sffff"
-    assert transport.served == [1, 4] and transport.in_flight == [0, 0]
+    outs, counts = asyncio.run(burst())
+    assert _names(outs) == "sffff"
+    assert counts == [1, 0, 1, 4, 0, 0]  # in flight mid-burst, then served, then in flight at the end
 
 
 def test_one_sync_reaches_every_engine_with_its_own_nccl_ranks() -> None:
