@@ -46,6 +46,18 @@ def _free_cpus(expected: float) -> float:
     return free
 
 
+def _wait_until_dead(actor: object) -> None:
+    """Ray kills an actor asynchronously: a call made right after ``ray.kill`` can still be answered."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.exit_code.remote(), timeout=30)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.2)
+    raise AssertionError("the killed actor still answered after 30 s")
+
+
 def test_the_slot_follows_the_placement_settings() -> None:
     def config(**vllm: object) -> SimpleNamespace:
         return SimpleNamespace(rollout=SimpleNamespace(vllm=SimpleNamespace(**{"colocate": False, "tensor_parallel": 2} | vllm)))
@@ -79,6 +91,7 @@ def test_a_dead_engine_actor_is_reported_as_unavailable(cluster: None, tmp_path:
     assert ray.get(transport.actor.exit_code.remote()) is None
     assert _free_cpus(1.0) == 1.0
     ray.kill(transport.actor, no_restart=True)
+    _wait_until_dead(transport.actor)
     with pytest.raises(EngineUnavailableError, match=rf"^the vLLM engine's Ray actor \(node {ray.util.get_node_ip_address()}\) died: "):
         transport._raise_if_exited()
     asyncio.run(transport._shutdown())
