@@ -337,7 +337,9 @@ class RolloutWorkers:
                         reported = count
                         on_progress(count)
         finally:
-            for future in pending:  # after a failure: the others' results are not needed
+            # After a failure the other results are not needed: cancel what still runs, and
+            # retrieve every error (two can finish in one wait) so asyncio does not log it.
+            for future in worker_of:
                 future.cancel()
                 future.add_done_callback(lambda f: f.cancelled() or f.exception())
         return results
