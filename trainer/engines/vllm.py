@@ -165,11 +165,7 @@ class VLLMEngine(RolloutEngine):
         self.generated_tokens = 0
         self.generate_seconds = 0.0
         self.requests = 0
-        self._served_before = list(self._served())
-
-    def _served(self) -> list[int]:
-        """Requests each engine has answered so far (several engines only)."""
-        return list(getattr(self.transport, "served", []))
+        self._served_before = self.transport.requests_served()
 
     def stats(self) -> dict[str, float]:
         """Since the last :meth:`reset_stats` (the loop resets every step): tokens, requests and
@@ -179,7 +175,7 @@ class VLLMEngine(RolloutEngine):
             "requests": float(self.requests),
             "seconds_per_request": self.generate_seconds / self.requests if self.requests else 0.0,
         }
-        for i, (now, before) in enumerate(zip(self._served(), self._served_before, strict=True)):
+        for i, (now, before) in enumerate(zip(self.transport.requests_served(), self._served_before, strict=True)):
             stats[f"requests_engine{i}"] = float(now - before)
         return stats
 

@@ -46,6 +46,9 @@ class ReplicatedTransport:
         places = [r.where for r in self.replicas if r.where]
         return f"{len(self.replicas)} engines" + (f" ({'; '.join(places)})" if places else "")
 
+    def requests_served(self) -> list[int]:
+        return list(self.served)
+
     @property
     def urls(self) -> list[str]:
         """Each engine's base URL (for clients elsewhere, such as rollout workers)."""

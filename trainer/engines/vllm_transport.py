@@ -58,6 +58,11 @@ class Transport(Protocol):
         """The engines behind this transport (itself, unless several serve one policy)."""
         ...
 
+    def requests_served(self) -> list[int]:
+        """Requests each engine has answered so far, when several serve one policy (empty
+        otherwise: one engine's count is the engine's own)."""
+        ...
+
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
@@ -116,6 +121,9 @@ class ServerTransport:
     @property
     def replicas(self) -> list[Transport]:
         return [self]
+
+    def requests_served(self) -> list[int]:
+        return []
 
     def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
         self.settings = settings
@@ -245,6 +253,9 @@ class InProcessTransport:
     @property
     def replicas(self) -> list[Transport]:
         return [self]
+
+    def requests_served(self) -> list[int]:
+        return []
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
