@@ -294,7 +294,7 @@ def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
     stopped = type(error).__new__(type(error))  # not __init__: its signature is the class's own
     stopped.args = (f"{error}\nTraining stopped in step {step + 1}: {how}.",)
-    stopped.__dict__.update(error.__dict__)  # keeps attributes such as a dead worker's rank and node
+    stopped.__dict__.update(error.__dict__)  # keeps attributes such as a dead worker's index and node
     return stopped
 
 

@@ -362,10 +362,10 @@ class RolloutWorkers:
         ray = import_ray()
         node = self._nodes[worker]
         if isinstance(err, ray.exceptions.RayActorError):
-            return WorkerDiedError(f"rollout worker {worker} on node {node} died: {death_cause(err)}", rank=worker, node=node)
+            return WorkerDiedError(f"rollout worker {worker} on node {node} died: {death_cause(err)}", worker=worker, node=node)
         cause = getattr(err, "cause", None)
         detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(err).strip().splitlines()[0]
-        return WorkerError(f"rollout worker {worker} on node {node} failed in {what}: {detail}", rank=worker, node=node)
+        return WorkerError(f"rollout worker {worker} on node {node} failed in {what}: {detail}", worker=worker, node=node)
 
     def _kill(self) -> None:
         ray = import_ray()

@@ -228,19 +228,19 @@ def test_a_worker_that_dies_ends_the_step_naming_it_and_its_node(cluster: None) 
         asyncio.run(workers.close())
         asyncio.run(workers.close())  # idempotent
 
-    assert caught.value.node == node and caught.value.rank in (0, 1)
+    assert caught.value.node == node and caught.value.worker in (0, 1)
     assert ray.is_initialized()  # a Ray it did not start is left running
 
 
 def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(cluster: None, tmp_path: Path) -> None:
     from envhub.trainer.loop import STEP_LOST, _stopped
 
-    error = WorkerDiedError("rollout worker 1 on node 10.0.0.2 died: SYSTEM_ERROR: exit code 3", rank=1, node="10.0.0.2")
+    error = WorkerDiedError("rollout worker 1 on node 10.0.0.2 died: SYSTEM_ERROR: exit code 3", worker=1, node="10.0.0.2")
     stopped = _stopped(error, 4, tmp_path / "step-000004")
 
     assert isinstance(error, STEP_LOST) and isinstance(stopped, WorkerDiedError)
     assert str(stopped).endswith(f"Training stopped in step 5: rerun the same command to resume from {tmp_path / 'step-000004'}.")
-    assert (stopped.rank, stopped.node) == (1, "10.0.0.2")
+    assert (stopped.worker, stopped.node) == (1, "10.0.0.2")
 
 
 # -- config ---------------------------------------------------------------------------------------

@@ -50,16 +50,17 @@ collectives raise too, and the death is the cause worth reporting."""
 
 
 class WorkerError(EnvhubError, RuntimeError):
-    """A trainer rank failed; names the rank and the node (the Ray error is chained)."""
+    """A Ray worker failed: a trainer rank or a rollout worker. The message says which;
+    ``worker`` is its rank or index and ``node`` its node (the Ray error is chained)."""
 
-    def __init__(self, message: str, *, rank: int, node: str) -> None:
+    def __init__(self, message: str, *, worker: int, node: str) -> None:
         super().__init__(message)
-        self.rank = rank
+        self.worker = worker
         self.node = node
 
 
 class WorkerDiedError(WorkerError):
-    """A trainer worker died; names the rank and the node."""
+    """A Ray worker's process died (see :class:`WorkerError`)."""
 
 
 class WorkerGroupClosedError(EnvhubError, RuntimeError):
@@ -428,6 +429,6 @@ class WorkerGroup:
         node = self._ips[rank]
         also = f" (then also {'; '.join(others)})" if others else ""
         if isinstance(err, ray.exceptions.RayActorError):
-            return WorkerDiedError(f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}", rank=rank, node=node)
+            return WorkerDiedError(f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}", worker=rank, node=node)
         message = f"trainer rank {rank} on node {node} failed in {method}: {_describe(err)}{also}"
-        return WorkerError(message, rank=rank, node=node)
+        return WorkerError(message, worker=rank, node=node)

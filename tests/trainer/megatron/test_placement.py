@@ -150,7 +150,7 @@ def test_an_exception_in_a_rank_names_it_and_closes_the_group(cluster: str) -> N
     message = f"trainer rank 1 on node {cluster} failed in fail_on: ValueError: bad batch 7"
     assert str(caught.value) == message
     assert type(caught.value) is WorkerError
-    assert (caught.value.rank, caught.value.node) == (1, cluster)
+    assert (caught.value.worker, caught.value.node) == (1, cluster)
     assert isinstance(caught.value.__cause__, ray.exceptions.RayTaskError)
     assert _wait_gone(pids) == []
     with pytest.raises(WorkerGroupClosedError) as closed:
@@ -167,7 +167,7 @@ def test_a_dead_rank_is_reported_while_its_peer_waits_in_a_collective(cluster: s
     with pytest.raises(WorkerDiedError) as caught:
         group.call("die_on", 1)
     assert time.monotonic() - started < 10
-    assert (caught.value.rank, caught.value.node) == (1, cluster)
+    assert (caught.value.worker, caught.value.node) == (1, cluster)
     assert str(caught.value).startswith(f"trainer rank 1 on node {cluster} died: SYSTEM_ERROR: ")
     with pytest.raises(WorkerGroupClosedError, match=r"^the worker group is closed \(trainer rank 1 on node "):
         group.ranks_info()
@@ -178,7 +178,7 @@ def test_a_death_right_after_an_exception_is_reported_as_the_cause(cluster: str)
     group = WorkerGroup(Probe, Placement(world_size=2))
     with pytest.raises(WorkerDiedError) as caught:
         group.call("raise_then_die", 0.2)
-    assert caught.value.rank == 1
+    assert caught.value.worker == 1
     assert str(caught.value).endswith(" (then also rank 0: RuntimeError: peer connection closed)")
     group.shutdown()
 
