@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -61,9 +62,9 @@ def _handler_class(server: Server, handler: Handler, lock: threading.Lock) -> ty
     return _Handler
 
 
-@pytest.fixture
-def http_server() -> Iterator[Callable[[Handler], Server]]:
-    """Start servers with ``http_server(handler)``; they stop when the test ends."""
+@contextmanager
+def serving() -> Iterator[Callable[[Handler], Server]]:
+    """Start servers with the yielded ``start(handler)``; they stop when the block ends."""
     running: list[ThreadingHTTPServer] = []
 
     def start(handler: Handler) -> Server:
@@ -75,10 +76,26 @@ def http_server() -> Iterator[Callable[[Handler], Server]]:
         running.append(httpd)
         return server
 
-    yield start
-    for httpd in running:
-        httpd.shutdown()
-        httpd.server_close()
+    try:
+        yield start
+    finally:
+        for httpd in running:
+            httpd.shutdown()
+            httpd.server_close()
+
+
+@pytest.fixture
+def http_server() -> Iterator[Callable[[Handler], Server]]:
+    """Start servers with ``http_server(handler)``; they stop when the test ends."""
+    with serving() as start:
+        yield start
+
+
+@pytest.fixture(scope="module")
+def module_http_server() -> Iterator[Callable[[Handler], Server]]:
+    """``http_server`` for module-scoped fixtures: the servers stop with the module."""
+    with serving() as start:
+        yield start
 
 
 @pytest.fixture

@@ -123,8 +123,10 @@ class VLLMClient:
     @classmethod
     def of(cls, engine: Any, max_concurrency: int) -> VLLMClient:
         """A client of the started ``VLLMEngine`` ``engine``, with ``max_concurrency`` requests in flight."""
-        urls = tuple(getattr(r, "url", None) for r in engine.transport.replicas)
-        if not all(urls):
+        from envhub.trainer.engines.vllm import server_urls
+
+        urls = server_urls(engine.transport)
+        if not urls:
             raise ConfigError(f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server")
         settings = replace(engine.settings, max_concurrency=max_concurrency)
         return cls(settings, urls, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids))

@@ -53,6 +53,13 @@ class TrainBackend(Protocol):
         LoRA merged), one tensor at a time: what the rollout engine loads after each step."""
         ...
 
+    def weight_sender(self, plan: Any) -> Any:
+        """A sender of this backend's own (``send() -> (buckets, bytes)``, ``close()``,
+        ``description``) that moves the weights to the engines as ``plan``
+        (``weight_sync.TransferPlan``) says, from the processes that hold them; ``None`` when
+        the driver should send what :meth:`weights` yields."""
+        ...
+
     def update(
         self,
         batches: list[MicroBatch],

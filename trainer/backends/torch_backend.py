@@ -93,6 +93,10 @@ class TorchBackend:
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return hf_weights(self._model)
 
+    def weight_sender(self, plan: Any) -> None:
+        """None: the weights live in this process, which sends them."""
+        return None
+
     def update(
         self,
         batches: list[MicroBatch],

@@ -94,7 +94,8 @@ class VLLMEngine(RolloutEngine):
         self.verify_tolerance = verify_tolerance
         self.verify_ids = _verify_ids(tokenizer, verify_tokens)
         self.weights_version = 0
-        self._transfer: Any = None
+        self._sender: Any = None
+        """Sends each sync (``weight_sync.EngineSender`` or the backend's own), once connected."""
         self._engine_logprobs: list[float] | None = None
         """vLLM's logprobs of the fixed sequence at the last verification (its weights since)."""
         self._started = False
@@ -103,7 +104,8 @@ class VLLMEngine(RolloutEngine):
 
     def __repr__(self) -> str:
         where = f", {self.transport.where}" if self.transport.where else ""
-        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer}{where})"
+        sender = f", {self._sender.description}" if self._sender is not None else ""
+        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer}{sender}{where})"
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -116,9 +118,9 @@ class VLLMEngine(RolloutEngine):
         self._started = True
 
     async def aclose(self) -> None:
-        if self._transfer is not None:
-            self._transfer.shutdown()
-            self._transfer = None
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
         if self._started:
             self._started = False
             await self.transport.close()
@@ -199,24 +201,30 @@ class VLLMEngine(RolloutEngine):
         started = time.perf_counter()
         if self._asleep:
             await self.transport.control("wake_up", "weights")
-        if self._transfer is None:
-            self._transfer = await asyncio.to_thread(self._connect, backend, asyncio.get_running_loop())
-        await asyncio.to_thread(self._transfer.send_weights)
+        if self._sender is None:
+            self._sender = await asyncio.to_thread(self._connect, backend, asyncio.get_running_loop())
+        buckets, nbytes = await asyncio.to_thread(self._sender.send)
         self.weights_version += 1
         if self._asleep:
             await self.transport.control("wake_up", "kv_cache")
             self._asleep = False
         await self.transport.control("reset_prefix_cache")
         metrics["sync/seconds"] = time.perf_counter() - started
-        metrics["sync/buckets"] = float(getattr(self._transfer, "buckets_sent", 0))
-        metrics["sync/megabytes"] = getattr(self._transfer, "bytes_sent", 0) / 2**20
+        metrics["sync/buckets"] = float(buckets)
+        metrics["sync/megabytes"] = nbytes / 2**20
         if trainer_logprobs is not None:
             metrics |= await self._verify(trainer_logprobs)
         return metrics
 
     def _connect(self, backend: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        """The sender of every sync: the backend's own processes when it has them and they can
+        reach the engines (``TrainBackend.weight_sender``), else this process."""
         from envhub.trainer.engines import weight_sync
 
+        plan = weight_sync.TransferPlan(self.settings.weight_transfer, self.bucket_bytes, self.settings.dtype, server_urls(self.transport))
+        sender = backend.weight_sender(plan)
+        if sender is not None:
+            return sender
         client = weight_sync.ThreadSafeClient(loop, {
             name: (lambda *a, _name=name: self.transport.control(_name, *a))
             for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
@@ -227,7 +235,7 @@ class VLLMEngine(RolloutEngine):
         info = weight_sync.trainer_init_info(self.settings.weight_transfer, bucket_bytes=self.bucket_bytes, nccl=nccl)
         device = "cuda" if self.settings.weight_transfer in ("nccl", "ipc") else None
         source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype), device=device)
-        return weight_sync.connect(info, client, source)
+        return weight_sync.EngineSender(weight_sync.connect(info, client, source))
 
     async def _nccl_rendezvous(self) -> dict[str, Any]:
         from envhub.inference.vllm_server import free_port
@@ -266,6 +274,13 @@ class VLLMEngine(RolloutEngine):
         from envhub.trainer.backends.base import sequence_logprobs
 
         return sequence_logprobs(backend, self.verify_ids, temperature=1.0)
+
+
+def server_urls(transport: Transport) -> tuple[str, ...]:
+    """Each engine's base URL when all are servers (clients in other processes reach them
+    there); empty when an engine lives in this process."""
+    urls = tuple(getattr(r, "url", None) or "" for r in transport.replicas)
+    return urls if all(urls) else ()
 
 
 def _differences(a: list[float], b: list[float]) -> tuple[float, float]:

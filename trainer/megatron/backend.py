@@ -11,10 +11,12 @@ its own or in the first rank's (``engines.vllm_ray``).
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import torch
 
@@ -23,10 +25,16 @@ from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends.base import StepResult
 from envhub.trainer.batch import MicroBatch
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.engines.vllm import SHM_BACKEND
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
 from envhub.trainer.megatron.placement import Placement, WorkerGroup
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
+
+if TYPE_CHECKING:
+    from envhub.trainer.engines.weight_sync import TransferPlan
+
+log = logging.getLogger(__name__)
 
 WEIGHT_BUCKET_BYTES = 256 << 20
 """How much of the model the driver holds at once while it hands weights to the engine."""
@@ -91,11 +99,22 @@ class MegatronBackend:
 
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Streamed in buckets of about ``WEIGHT_BUCKET_BYTES``: the ranks gather each tensor
-        from its shards, rank 0 hands the bucket over through Ray's object store. (Ranks that
-        send their shards to vLLM directly over NCCL are not built yet.)"""
+        from its shards, rank 0 hands the bucket over through Ray's object store (the relay
+        :meth:`weight_sender` falls back to)."""
         self.group.call("begin_weights")
         while chunk := self.group.call("next_weights", WEIGHT_BUCKET_BYTES)[0]:
             yield from chunk
+
+    def weight_sender(self, plan: TransferPlan) -> RankWeightSender | None:
+        """Rank 0 sends straight to the engines (the other ranks gather with it), when it can
+        reach them; else ``None`` and the driver relays :meth:`weights` (logged, with why)."""
+        rank0 = self.group.ranks_info()[0]
+        reason = relay_reason(plan, rank0["node"], _driver_node())
+        if reason:
+            log.warning("vLLM weight sync: the driver relays the weights from trainer rank 0 because %s", reason)
+            return None
+        self.group.call("connect_weight_transfer", plan)
+        return RankWeightSender(self.group, f"sent by trainer rank 0 on node {rank0['node']} (pid {rank0['pid']})")
 
     def state(self) -> dict[str, Any]:
         return {"model": ShardedCheckpoint(self.group), "optimizer": None, "scheduler": None, "tokenizer": self.tokenizer}
@@ -105,6 +124,45 @@ class MegatronBackend:
 
     def close(self) -> None:
         self.group.shutdown()
+
+
+class RankWeightSender:
+    """Syncs run by the ranks (``MegatronWorker.send_weights``): rank 0 sends, all gather."""
+
+    def __init__(self, group: WorkerGroup, description: str) -> None:
+        self.group = group
+        self.description = description
+
+    def send(self) -> tuple[int, int]:
+        return tuple(self.group.call("send_weights")[0])  # type: ignore[return-value]
+
+    def close(self) -> None:
+        if not self.group.closed:
+            self.group.call("close_weight_transfer")
+
+
+def relay_reason(plan: TransferPlan, rank0_node: str, driver_node: str) -> str | None:
+    """Why rank 0 cannot send ``plan`` itself (``None`` when it can): an engine in the driver's
+    process has no URL, a server on the driver's loopback is out of reach from another node,
+    and the shared file of ``envhub_shm`` must be on the engines' node, which is the driver's."""
+    if not plan.urls:
+        return "the engine runs inside the driver's process"
+    if rank0_node == driver_node:
+        return None
+    if any(urlsplit(url).hostname in _LOOPBACK for url in plan.urls):
+        return f"the vLLM server listens on the driver's loopback address and rank 0 is on node {rank0_node}"
+    if plan.backend == SHM_BACKEND:
+        return f"envhub_shm shares memory on the engines' node ({driver_node}) and rank 0 is on node {rank0_node}"
+    return None
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def _driver_node() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
 
 
 class ShardedCheckpoint:

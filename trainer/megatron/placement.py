@@ -345,6 +345,11 @@ class WorkerGroup:
         self._check_open()
         return self._pg
 
+    @property
+    def closed(self) -> bool:
+        """Whether the group was shut down or lost a rank (its calls raise then)."""
+        return self._closed is not None
+
     def ranks_info(self) -> list[dict[str, Any]]:
         """``{"rank", "node", "pid"}`` of every rank, for logs."""
         self._check_open()

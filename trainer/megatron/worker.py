@@ -93,6 +93,8 @@ class MegatronWorker:
         self.optimizer = self._optimizer()
         self.updates = 0
         self._weight_stream = None
+        self._transfer: Any = None
+        """This rank's side of the weight transfer to vLLM, once connected."""
         self._lr_multiplier = lr_multiplier(spec.schedule, spec.warmup_steps, spec.total_updates)
 
     # -- set-up ---------------------------------------------------------------------------------
@@ -232,6 +234,36 @@ class MegatronWorker:
             return []
         return chunk if torch.distributed.get_rank() == 0 else None
 
+    def connect_weight_transfer(self, plan: Any) -> dict[str, Any] | None:
+        """Join the weight transfer that ``plan`` (``weight_sync.TransferPlan``) describes: rank 0
+        sends straight to the engines (NCCL rendezvous on its node, CUDA IPC from its GPU, or the
+        shared file on its host); every rank gathers the weights with it on each
+        :meth:`send_weights`. Rank 0 returns where it sends from; the others ``None``."""
+        from envhub.trainer.engines import weight_sync
+
+        self.close_weight_transfer()
+        rank = torch.distributed.get_rank()
+        address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0's node, where it listens
+        self._transfer = weight_sync.connect_rank(plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address)
+        return {"rank": rank, "node": address, "pid": os.getpid()} if rank == 0 else None
+
+    def send_weights(self) -> tuple[int, int] | None:
+        """One sync over the connected transfer (every rank takes part); on rank 0 the buckets
+        and bytes it sent, else ``None``."""
+        from envhub.trainer.engines.weight_sync import sent_counts
+
+        if self._transfer is None:
+            raise RuntimeError("call connect_weight_transfer first")
+        self._transfer.send_weights()
+        return sent_counts(self._transfer) if torch.distributed.get_rank() == 0 else None
+
+    def close_weight_transfer(self) -> None:
+        """Leave the transfer (its shared file, communicator and HTTP clients); idempotent."""
+        if self._transfer is not None:
+            self._transfer.shutdown()
+            self._transfer.client.close()
+            self._transfer = None
+
     def export(self, target: str) -> str | None:
         """Save the model as an HF folder (safetensors, config, tokenizer) from rank 0."""
         from envhub.trainer.checkpoint import export_hf_weights
@@ -270,6 +302,7 @@ class MegatronWorker:
     def shutdown(self) -> None:
         from megatron.core import parallel_state as mpu
 
+        self.close_weight_transfer()
         mpu.destroy_model_parallel()
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -2,7 +2,8 @@
 
 Builds the worker for the tiny model, records the HF weights it exports before training (the
 conversion round trip), the token logprobs, and the metrics and weights after two updates on
-the batch that ``batch()`` makes, then reloads the checkpoint saved between the updates
+the batch that ``batch()`` makes, syncs those weights to the engines named in
+``ENVHUB_TEST_ENGINE_URLS`` (when set), then reloads the checkpoint saved between the updates
 and repeats the second one; saves what this rank holds to ``OUT/rank-R.pt``.
 Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP``.
 """
@@ -24,6 +25,8 @@ LENGTHS = (9, 14, 6, 11, 7)
 ADVANTAGES = (1.0, -0.5, 0.7, -1.2, 0.3)
 OPTIMIZER = {"lr": 1e-3, "grad_clip": 0.2, "weight_decay": 0.01, "schedule": "linear", "warmup_steps": 0, "total_updates": 4}
 TEMPERATURE = 0.7
+ENGINES_ENV = "ENVHUB_TEST_ENGINE_URLS"
+"""Comma-separated URLs of weight-transfer engines the ranks sync to after training."""
 
 
 def batch() -> Batch:
@@ -45,6 +48,20 @@ def packed(b: Batch) -> list:
     return mbs
 
 
+def sync_to_engines(worker: MegatronWorker, urls: list[str]) -> dict:
+    """Two weight syncs straight from the ranks to the engines at ``urls`` (``envhub_shm``,
+    buckets of about 1 MB), over one connection; what each rank reports, and whether rank 0's
+    shared file is gone after closing."""
+    from envhub.trainer.engines.weight_sync import TransferPlan
+
+    plan = TransferPlan("envhub_shm", bucket_bytes=1 << 20, dtype="float32", urls=tuple(urls))
+    sender = worker.connect_weight_transfer(plan)
+    sent = [worker.send_weights(), worker.send_weights()]
+    shared_file = worker._transfer.path
+    worker.close_weight_transfer()
+    return {"sender": sender, "sent": sent, "shared_file_left": shared_file is not None and shared_file.exists()}
+
+
 def main(model_dir: str, out: str, tp: int, pp: int) -> None:
     worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, reference=True, **OPTIMIZER))
     b = batch()
@@ -64,6 +81,8 @@ def main(model_dir: str, out: str, tp: int, pp: int) -> None:
     record["weight_buckets"] = []
     while (bucket := worker.next_weights(max_bytes=1 << 20)) != []:
         record["weight_buckets"].append(bucket)
+    if urls := os.environ.get(ENGINES_ENV):
+        record |= sync_to_engines(worker, urls.split(","))
     worker.load_checkpoint(str(Path(out) / "checkpoint"))  # back to after the first update
     record["metrics_resumed"] = update()
     record["weights_resumed"] = worker.hf_state_dict()

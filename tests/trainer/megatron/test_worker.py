@@ -46,11 +46,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT) -> list[dict]:
-    """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs);
-    each rank's record, in rank order."""
+def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT, engine_urls: list[str] = ()) -> list[dict]:
+    """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
+    ``engine_urls``: weight-transfer engines to sync to); each rank's record, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ENVHUB_MEGATRON_WORKER_SETUP", None)
+    if engine_urls:
+        env[rank_main.ENGINES_ENV] = ",".join(engine_urls)
     if setup is not None:
         env["ENVHUB_MEGATRON_WORKER_SETUP"] = str(setup)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={_free_port()}",
@@ -83,9 +85,17 @@ LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def ranks(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+def layout_run(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, shm_engines) -> tuple[list[dict], list]:
+    """Each layout's ranks, and the two engines they synced their trained weights to."""
     tp, pp = LAYOUTS[request.param]
-    return run_ranks(tiny_model_dir, tmp_path_factory.mktemp(request.param), world=2, tp=tp, pp=pp)
+    engines = shm_engines(2)
+    records = run_ranks(tiny_model_dir, tmp_path_factory.mktemp(request.param), world=2, tp=tp, pp=pp, engine_urls=[url for url, _ in engines])
+    return records, [engine for _, engine in engines]
+
+
+@pytest.fixture(scope="module")
+def ranks(layout_run: tuple[list[dict], list]) -> list[dict]:
+    return layout_run[0]
 
 
 def test_layout_of_the_ranks(ranks: list[dict]) -> None:
@@ -185,3 +195,26 @@ def test_weights_stream_in_buckets_of_whole_tensors(ranks: list[dict]) -> None:
     assert all(sum(t.numel() * t.element_size() for _, t in b[:-1]) < 1 << 20 for b in buckets)
     for r in ranks[1:]:
         assert r["weight_buckets"] == [None] * len(buckets)
+
+
+def test_rank_0_sends_the_trained_weights_straight_to_every_engine(layout_run: tuple[list[dict], list]) -> None:
+    """The Megatron sync path: every rank gathers, rank 0 alone drives both engines over
+    HTTP (one init, then start / a bucket per call / finish for each sync), and each engine
+    reads the trained weights, bit for bit, in buckets of whole layers."""
+    ranks, engines = layout_run
+    after = ranks[0]["weights_after"]
+    assert ranks[0]["sender"]["rank"] == 0 and [r["sender"] for r in ranks[1:]] == [None]
+    buckets, nbytes = ranks[0]["sent"][0]
+    assert ranks[0]["sent"] == [(buckets, nbytes)] * 2 and [r["sent"] for r in ranks[1:]] == [[None, None]]
+    one_sync = ["start_weight_update"] + ["update_weights"] * buckets + ["finish_weight_update"]
+    for engine in engines:
+        assert engine.calls == ["init_weight_transfer_engine"] + one_sync * 2
+        assert set(engine.received) == set(after)
+        for name, tensor in after.items():
+            assert torch.equal(engine.received[name], tensor), name
+        # A bucket holds whole layers: embedding alone (25 MB), then each decoder layer and the final norm.
+        first = engine.buckets[: len(engine.buckets) // 2]
+        layers = [{n.split(".")[2] for n in bucket if n.startswith("model.layers.")} for bucket in first]
+        assert first[0] == ["model.embed_tokens.weight"] and all(len(s) <= 1 for s in layers)
+    assert nbytes == sum(-(-t.numel() * 4 // 64) * 64 for t in after.values())  # float32, each tensor 64-byte aligned
+    assert not ranks[0]["shared_file_left"]
