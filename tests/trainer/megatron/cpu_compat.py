@@ -1,8 +1,8 @@
 """Test-only: lets megatron-core 0.16 train on a CPU torch over gloo.
 
 megatron-core assumes CUDA in a few places that do not matter to the maths: buffers created
-on ``torch.cuda.current_device()`` or ``device="cuda"``, ``.cuda()`` moves, CUDA streams and the
-CUDA RNG tracker. Each patch below redirects one of those to the CPU. Nothing here changes
+on ``torch.cuda.current_device()`` or ``device="cuda"``, ``.cuda()`` moves, CUDA streams, the
+CUDA RNG tracker and the CUDA generator state that activation recomputation saves. Each patch below redirects one of those to the CPU. Nothing here changes
 a computation, so a CPU run checks the same code paths a GPU run takes (minus Transformer
 Engine and fused kernels, which stay GPU-only tests).
 
@@ -81,6 +81,13 @@ def _clip_by_total_norm(parameters: Any, max_norm: float, total_norm: float, use
         torch._foreach_mul_(grads, coeff)
 
 
+def _no_cuda_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+    """Patch 7: activation recomputation saves and restores the CUDA generator's state around
+    each recomputed layer; with no CUDA there is none (the CPU generator's state is saved
+    beside it, so recomputed dropout still replays)."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
 def apply() -> None:
     """Install the patches (once) and enter the device mode for the rest of the process."""
     global _applied
@@ -105,6 +112,8 @@ def apply() -> None:
     mp_random.CudaRNGStatesTracker.fork = _no_fork
     mp_random.CudaRNGStatesTracker.add = _add_seed
     mp_optimizer.clip_grad_by_total_norm_fp32 = _clip_by_total_norm
+    mp_random._get_cuda_rng_state = _no_cuda_rng_state
+    mp_random._set_cuda_rng_state = lambda *a, **k: None
     CudaToCpu().__enter__()
     _applied = True
 

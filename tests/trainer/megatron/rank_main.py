@@ -5,7 +5,7 @@ conversion round trip), the token logprobs, and the metrics and weights after tw
 the batch that ``batch()`` makes, syncs those weights to the engines named in
 ``ENVHUB_TEST_ENGINE_URLS`` (when set), then reloads the checkpoint saved between the updates
 and repeats the second one; saves what this rank holds to ``OUT/rank-R.pt``.
-Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP``.
+Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP [recompute]``.
 """
 
 from __future__ import annotations
@@ -62,11 +62,12 @@ def sync_to_engines(worker: MegatronWorker, urls: list[str]) -> dict:
     return {"sender": sender, "sent": sent, "shared_file_left": shared_file is not None and shared_file.exists()}
 
 
-def main(model_dir: str, out: str, tp: int, pp: int) -> None:
-    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, reference=True, **OPTIMIZER))
+def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) -> None:
+    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, reference=True, recompute=recompute, **OPTIMIZER))
     b = batch()
     mbs = packed(b)
     record = {"info": worker.rank_info(), "weights_before": worker.hf_state_dict(), "logprobs": worker.logprobs(mbs)}
+    record["recompute"] = worker.bridge.config.recompute_granularity
     spec = ObjectiveSpec()
 
     def update() -> dict | None:
@@ -92,4 +93,4 @@ def main(model_dir: str, out: str, tp: int, pp: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), recompute=sys.argv[5:] == ["recompute"])

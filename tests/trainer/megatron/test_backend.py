@@ -65,13 +65,13 @@ def test_worker_spec_carries_the_run_settings() -> None:
     config = _config(
         steps=10, seed=3, rollout={"engine": "vllm", "temperature": 0.6}, algorithm={"updates_per_step": 2, "kl_beta": 0.01, "entropy_coef": 0.001},
         optimizer={"lr": 2e-6, "weight_decay": 0.1, "grad_clip": 0.5, "schedule": "cosine", "warmup_steps": 3},
-        backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}},
+        backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}}, model={"gradient_checkpointing": True},
     )  # fmt: skip
     placement, _ = plan(config.model_copy(update={"cluster": config.cluster.model_copy(update={"gpus_per_node": 2})}))
     spec = worker_spec(config, "/models/m", placement)
     assert (spec.tensor_parallel, spec.pipeline_parallel, spec.dtype, spec.seed, spec.temperature) == (2, 1, "bfloat16", 3, 0.6)
     assert (spec.lr, spec.weight_decay, spec.grad_clip, spec.schedule, spec.warmup_steps, spec.total_updates) == (2e-6, 0.1, 0.5, "cosine", 3, 20)
-    assert (spec.entropy_coef, spec.reference) == (0.001, True)
+    assert (spec.entropy_coef, spec.reference, spec.recompute) == (0.001, True, True)
 
 
 def test_dry_run_estimate_splits_the_state_over_the_ranks(tiny_model_dir: Path) -> None:

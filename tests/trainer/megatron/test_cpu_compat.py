@@ -1,5 +1,6 @@
 """The CPU compatibility module is still needed: megatron-core's own code fails these on a CPU
-torch without it (the CUDA RNG tracker asserts CUDA; grad clipping asserts CUDA gradients).
+torch without it (the CUDA RNG tracker and the generator state that activation recomputation
+saves assert CUDA; grad clipping asserts CUDA gradients).
 When one of these starts passing, upstream fixed that call site: drop the matching patch."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ pytest.importorskip("megatron.core")
 
 CHECKS = {
     "patch 4, RNG tracker": "from megatron.core.tensor_parallel.random import CudaRNGStatesTracker\nCudaRNGStatesTracker().add('x', 1)",
+    "patch 7, recomputation's RNG state": "from megatron.core.tensor_parallel.random import _get_cuda_rng_state\n_get_cuda_rng_state()",
     "patch 6, grad clipping": (
         "import torch\nfrom megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32\n"
         "p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)\nclip_grad_by_total_norm_fp32([p], 1.0, 10.0)"

@@ -46,9 +46,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT, engine_urls: list[str] = ()) -> list[dict]:
+def run_ranks(
+    model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT, recompute: bool = False, engine_urls: list[str] = ()
+) -> list[dict]:
     """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
-    ``engine_urls``: weight-transfer engines to sync to); each rank's record, in rank order."""
+    ``recompute``: activation recomputation; ``engine_urls``: weight-transfer engines to sync
+    to); each rank's record, in rank order."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("ENVHUB_MEGATRON_WORKER_SETUP", None)
     if engine_urls:
@@ -56,7 +59,7 @@ def run_ranks(model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup
     if setup is not None:
         env["ENVHUB_MEGATRON_WORKER_SETUP"] = str(setup)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={_free_port()}",
-               str(HERE / "rank_main.py"), str(model_dir), str(out), str(tp), str(pp)]  # fmt: skip
+               str(HERE / "rank_main.py"), str(model_dir), str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
@@ -81,15 +84,17 @@ def reference(tiny_model_dir: Path) -> dict:
     return {"mbs": mbs, "logprobs": logprobs, "metrics": metrics, "weights": dict(backend.weights()), "num_parameters": backend.num_parameters()}
 
 
-LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+LAYOUTS = {"tp2": (2, 1, False), "pp2": (1, 2, True), "dp2": (1, 1, False)}
+"""tp, pp and activation recomputation (the pipeline layout recomputes: the same update)."""
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
 def layout_run(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, shm_engines) -> tuple[list[dict], list]:
     """Each layout's ranks, and the two engines they synced their trained weights to."""
-    tp, pp = LAYOUTS[request.param]
+    tp, pp, recompute = LAYOUTS[request.param]
     engines = shm_engines(2)
-    records = run_ranks(tiny_model_dir, tmp_path_factory.mktemp(request.param), world=2, tp=tp, pp=pp, engine_urls=[url for url, _ in engines])
+    urls = [url for url, _ in engines]
+    records = run_ranks(tiny_model_dir, tmp_path_factory.mktemp(request.param), world=2, tp=tp, pp=pp, recompute=recompute, engine_urls=urls)
     return records, [engine for _, engine in engines]
 
 
@@ -100,6 +105,8 @@ def ranks(layout_run: tuple[list[dict], list]) -> list[dict]:
 
 def test_layout_of_the_ranks(ranks: list[dict]) -> None:
     infos = [r["info"] for r in ranks]
+    pipeline = max(i["pp"] for i in infos) == 1
+    assert [r["recompute"] for r in ranks] == ["full" if pipeline else None] * 2  # the pipeline layout recomputes
     assert [i["rank"] for i in infos] == [0, 1]
     tp = max(i["tp"] for i in infos) + 1
     pp = max(i["pp"] for i in infos) + 1
