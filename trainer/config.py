@@ -39,7 +39,9 @@ class ModelConfig(_Part):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype; ``auto`` is float32 on CPU and bfloat16 on GPU."""
     gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    """Recompute activations in the backward pass: less memory, ~30% more compute (HF
+    gradient checkpointing in the torch backend, megatron-core's full recomputation of each
+    layer in the Megatron backend)."""
     attn_implementation: str | None = None
     """Passed to transformers (e.g. ``sdpa``, ``flash_attention_2``); default: its choice."""
     lora: LoraConfig | None = None

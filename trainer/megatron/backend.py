@@ -6,7 +6,9 @@ the last pipeline stage of each data-parallel replica, metrics and weights from 
 Rollouts never run in the ranks: environments and sandboxes run in the driver's process (and
 its sandbox processes), or with ``rollout.workers`` in Ray CPU actors (``rollout_workers``);
 vLLM runs in its own process, which with ``rollout.vllm.mode: ray`` Ray places in a bundle of
-its own or in the first rank's (``engines.vllm_ray``).
+its own or in the first rank's (``engines.vllm_ray``). Weights go from the ranks to vLLM
+directly (:meth:`MegatronBackend.weight_sender`: rank 0 sends, every rank gathers), relayed
+through the driver only where rank 0 cannot reach the engines.
 """
 
 from __future__ import annotations
