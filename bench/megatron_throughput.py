@@ -1,0 +1,195 @@
+"""Megatron backend throughput on a real architecture's shape: training tokens/s, TFLOP/s and MFU
+per GPU, and what a weight sync costs the trainer (gathering every HF tensor from the shards).
+
+The model is randomly initialised from the shape of a real one (``--shape``: Qwen2.5-0.5B or
+-1.5B; ``tiny`` is a 2-layer Qwen2 for checking the script on a CPU). The batch is random token
+ids in sequences of ``--seq``/2 to ``--seq`` tokens, ``--tokens`` in all, packed into micro-batches
+of ``--micro-batch-tokens`` as the training loop packs them. One update = forward, backward and
+the optimizer step over every micro-batch (what ``envhub train`` runs per update); the logprobs
+pass (forward only) is timed on its own.
+
+Model FLOPs per update: 6 x (matmul parameters, LM head included) per token, plus causal
+attention 3 x 4 x layers x q_dim x L(L+1)/2 per sequence of L tokens (fwd + 2 x bwd; no
+recomputation counted). MFU = achieved model FLOP/s per GPU / ``--peak-tflops`` (default: dense
+bf16 of an H100/H200 SXM, 989 TFLOP/s; pass your card's figure).
+
+    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-0.5b               # one GPU
+    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-1.5b --tp 2        # two GPUs
+    .venv/bin/python bench/megatron_throughput.py --shape tiny --tokens 4096         # CPU check (gloo)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPAT = ROOT / "tests" / "trainer" / "megatron" / "cpu_compat.py"
+SHAPES = {
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936},
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 4096},
+}  # fmt: skip
+H100_BF16_TFLOPS = 989.0
+
+
+def make_model(folder: Path, shape: str) -> None:
+    """A randomly initialised Qwen2 of ``shape`` (tied embeddings, as the small Qwen2.5s), saved in bf16."""
+    import transformers
+
+    config = transformers.Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
+
+
+def make_batch(shape: str, tokens: int, seq: int, budget: int) -> tuple[object, list]:
+    from envhub.trainer.batch import Batch, Sample, micro_batches
+
+    generator = torch.Generator().manual_seed(0)
+    vocab, samples, total = SHAPES[shape]["vocab_size"], [], 0
+    while total < tokens:
+        n = min(int(torch.randint(seq // 2, seq + 1, (1,), generator=generator)), tokens - total)
+        if n < 2:
+            break
+        ids = torch.randint(0, vocab, (n,), generator=generator).tolist()
+        samples.append(Sample(ids, [0] * (n // 8) + [1] * (n - n // 8), [-1.0] * n, float(torch.randn(1, generator=generator)), len(samples)))
+        total += n
+    batch = Batch(samples)
+    return batch, micro_batches(batch, budget, pad_id=0, packed=True)
+
+
+def model_flops(shape: str, lengths: list[int]) -> float:
+    """Model FLOPs of one update (forward + backward) over sequences of ``lengths`` (see the docstring)."""
+    s = SHAPES[shape]
+    h, layers, heads, kv = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], s["num_key_value_heads"]
+    head_dim = h // heads
+    per_layer = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * s["intermediate_size"]  # q, o, k, v; gate, up, down
+    matmul_params = layers * per_layer + s["vocab_size"] * h
+    attention = sum(3 * 4 * layers * heads * head_dim * n * (n + 1) / 2 for n in lengths)
+    return 6.0 * matmul_params * sum(lengths) + attention
+
+
+def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
+    """One rank (under torchrun): rank 0 prints its timings as JSON."""
+    from envhub.trainer.algorithms import ObjectiveSpec
+    from envhub.trainer.megatron.bridge import hf_weights
+    from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
+
+    gpu = torch.cuda.is_available()
+    worker = MegatronWorker(WorkerSpec(model, args.tp, args.pp, dtype="bfloat16" if gpu else "float32", lr=1e-6, recompute=args.recompute))
+    batch, mbs = make_batch(shape, args.tokens, args.seq, args.micro_batch_tokens)
+
+    def timed(call: object) -> float:
+        torch.distributed.barrier()
+        if gpu:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        if gpu:
+            torch.cuda.synchronize()
+        torch.distributed.barrier()
+        return time.perf_counter() - start
+
+    def update() -> None:
+        worker.update(mbs, ObjectiveSpec(), old_logprobs=None, ref_logprobs=None, num_tokens=batch.num_tokens, num_sequences=batch.num_sequences)
+
+    def gather() -> None:
+        for _ in hf_weights(worker.bridge, [worker.model.module]):
+            pass
+
+    updates = [timed(update) for _ in range(args.steps + 1)][1:]  # the first warms up
+    logprobs = [timed(lambda: worker.logprobs(mbs)) for _ in range(2)][1:]
+    gathers = [timed(gather) for _ in range(3)][1:]
+    weight_bytes = sum(t.numel() * t.element_size() for _, t in hf_weights(worker.bridge, [worker.model.module]))
+    parameters = worker.num_parameters()  # a collective: every rank
+    if torch.distributed.get_rank() == 0:
+        memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
+        report = {
+            "updates": updates, "logprobs": logprobs, "gathers": gathers, "weight_bytes": weight_bytes, "lengths": [len(s) for s in batch.samples],
+            "micro_batches": len(mbs), "parameters": parameters, "device": torch.cuda.get_device_name() if gpu else "cpu", "max_memory_gib": memory,
+        }  # fmt: skip
+        print("REPORT " + json.dumps(report), flush=True)
+    worker.shutdown()
+
+
+def run_ranks(model: Path, args: argparse.Namespace) -> dict:
+    world = args.tp * args.pp
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env |= {"ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // world))}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={port}", __file__,
+               "--rank", str(model), *_forwarded(args)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
+    if line is None:
+        raise RuntimeError(result.stderr[-4000:])
+    return json.loads(line.removeprefix("REPORT "))
+
+
+def _forwarded(args: argparse.Namespace) -> list[str]:
+    flags = ["--shape", args.shape, "--tp", str(args.tp), "--pp", str(args.pp), "--tokens", str(args.tokens), "--seq", str(args.seq),
+             "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps)]  # fmt: skip
+    return [*flags, "--recompute"] if args.recompute else flags
+
+
+def print_report(report: dict, args: argparse.Namespace) -> None:
+    world = args.tp * args.pp
+    tokens = sum(report["lengths"])
+    update = statistics.median(report["updates"])
+    flops = model_flops(args.shape, report["lengths"])
+    per_gpu = flops / update / world / 1e12
+    gather = statistics.median(report["gathers"])
+    print(f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x {report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})")
+    print(f"batch: {len(report['lengths'])} sequences, {tokens} tokens, {report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens")
+    rows = [
+        ("update s (median)", f"{update:.3f}"),
+        ("training tokens/s", f"{tokens / update:,.0f}"),
+        ("training tokens/s per device", f"{tokens / update / world:,.0f}"),
+        ("model TFLOP/s per device", f"{per_gpu:.3g}"),
+        ("MFU", f"{per_gpu / args.peak_tflops:.1%}" if report["device"] != "cpu" else "n/a on the CPU"),
+        ("logprobs pass s", f"{statistics.median(report['logprobs']):.3f}"),
+        ("weight gather s (per sync)", f"{gather:.3f}  ({report['weight_bytes'] / 2**30:.2f} GiB, {report['weight_bytes'] / gather / 2**30:.1f} GiB/s)"),
+        ("peak memory GiB (rank 0)", f"{report['max_memory_gib']:.1f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
+    parser.add_argument("--tp", type=int, default=1)
+    parser.add_argument("--pp", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=65536, help="tokens per update")
+    parser.add_argument("--seq", type=int, default=2048, help="longest sequence")
+    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--recompute", action="store_true", help="activation recomputation (model.gradient_checkpointing)")
+    parser.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS, help="the card's dense bf16 peak")
+    parser.add_argument("--rank", metavar="MODEL")
+    args = parser.parse_args()
+    if args.rank:
+        return rank_main(args.rank, args.shape, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / args.shape
+        make_model(model, args.shape)
+        report = run_ranks(model, args)
+    print_report(report, args)
+
+
+if __name__ == "__main__":
+    main()
