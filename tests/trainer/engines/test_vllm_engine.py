@@ -97,14 +97,16 @@ def test_stale_weights_fail_verification_and_a_sync_fixes_them(setup: Setup) -> 
 
 def test_small_buckets_split_on_decoder_layer_boundaries(setup: Setup) -> None:
     _perturb(setup.backend.model)
-    setup.engine._transfer.bucket_bytes = 1  # every layer group alone in its bucket
-
-    metrics = setup.run(setup.engine.update_weights(setup.backend))
+    transfer = setup.engine._sender.transfer  # the driver's: the torch backend's weights live here
+    transfer.bucket_bytes = 1  # every layer group alone in its bucket
+    try:
+        metrics = setup.run(setup.engine.update_weights(setup.backend))
+    finally:
+        transfer.bucket_bytes = 256 << 20
 
     # embeddings | layer 0 | layer 1 | final norm
     assert metrics["sync/buckets"] == 4.0
     assert metrics["sync/logprob_diff_max"] < 1e-4
-    setup.engine._transfer.bucket_bytes = 256 << 20
 
 
 def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(setup: Setup) -> None:
