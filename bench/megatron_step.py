@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torchrun_ranks import run_ranks
 
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.batch import Batch, Sample, micro_batches
@@ -98,13 +97,7 @@ def rank_main(model: str, tp: int, pp: int, args: argparse.Namespace) -> None:
 
 def time_megatron(model: Path, world: int, tp: int, pp: int, args: argparse.Namespace) -> list[float]:
     env = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": str(max(1, 2 // world))}
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", "--master-port=29581", __file__,
-               "--rank", str(model), str(tp), str(pp), *_common(args)]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
-    line = next((line for line in result.stdout.splitlines() if line.startswith("TIMES ")), None)
-    if line is None:
-        raise RuntimeError(result.stderr[-3000:])
-    return json.loads(line.removeprefix("TIMES "))
+    return run_ranks(__file__, world, ["--rank", str(model), str(tp), str(pp), *_common(args)], env=env, marker="TIMES", timeout=1800)
 
 
 def _common(args: argparse.Namespace) -> list[str]:

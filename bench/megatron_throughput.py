@@ -23,15 +23,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from torchrun_ranks import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "tests" / "trainer" / "megatron" / "cpu_compat.py"
@@ -122,21 +120,12 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
     worker.shutdown()
 
 
-def run_ranks(model: Path, args: argparse.Namespace) -> dict:
+def measure(model: Path, args: argparse.Namespace) -> dict:
     world = args.tp * args.pp
     env = dict(os.environ)
     if not torch.cuda.is_available():
         env |= {"ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // world))}
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={port}", __file__,
-               "--rank", str(model), *_forwarded(args)]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
-    line = next((line for line in result.stdout.splitlines() if line.startswith("REPORT ")), None)
-    if line is None:
-        raise RuntimeError(result.stderr[-4000:])
-    return json.loads(line.removeprefix("REPORT "))
+    return run_ranks(__file__, world, ["--rank", str(model), *_forwarded(args)], env=env, marker="REPORT", timeout=3600)
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -187,7 +176,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(tmp) / args.shape
         make_model(model, args.shape)
-        report = run_ranks(model, args)
+        report = measure(model, args)
     print_report(report, args)
 
 
