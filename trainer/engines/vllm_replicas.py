@@ -101,8 +101,14 @@ class ReplicatedTransport:
         return self._world_sizes
 
     async def _rank_offsets(self, first: int) -> list[int]:
-        offsets, offset = [], first
-        for size in await self._sizes():
-            offsets.append(offset)
-            offset += size
-        return offsets
+        return nccl_rank_offsets(first, await self._sizes())
+
+
+def nccl_rank_offsets(first: int, world_sizes: list[int]) -> list[int]:
+    """Each engine's first rank in one NCCL group whose engines' workers follow each other
+    from rank ``first`` (the trainer's ranks come before)."""
+    offsets, offset = [], first
+    for size in world_sizes:
+        offsets.append(offset)
+        offset += size
+    return offsets

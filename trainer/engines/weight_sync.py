@@ -179,10 +179,9 @@ class EngineControlClient:
         if "rank_offset" not in init_info:
             self._each("POST", "/init_weight_transfer_engine", {"init_info": init_info})
             return
-        offsets, offset = [], int(init_info["rank_offset"])
-        for size in self.world_sizes():
-            offsets.append(offset)
-            offset += size
+        from envhub.trainer.engines.vllm_replicas import nccl_rank_offsets
+
+        offsets = nccl_rank_offsets(int(init_info["rank_offset"]), self.world_sizes())
         self._each("POST", "/init_weight_transfer_engine", bodies=[{"init_info": {**init_info, "rank_offset": o}} for o in offsets])
 
     def start_weight_update(self) -> None:
