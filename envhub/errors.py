@@ -6,9 +6,11 @@
     ├── EnvLoadError                 an env package is broken: entry point, import, constructor
     ├── EnvCheckError                ``check_env`` found a contract violation
     ├── ToolDefinitionError          a ``@tool`` function cannot become a tool (bad signature)
+    ├── ToolArgumentError            the model's arguments do not fit a tool (a tool message)
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
     ├── EngineError                  an inference engine failed
-    │   └── EngineUnavailableError   the server is unreachable or died (after retries)
+    │   ├── EngineUnavailableError   the server is unreachable or died (after retries)
+    │   └── WeightSyncError          after a weight sync, vLLM does not compute the trainer's logprobs
     ├── SandboxError                 a sandbox failed to run code (not the code failing in it)
     │   └── SandboxUnavailableError  no sandbox can run here: no bwrap, no user namespaces, no e2b
     ├── HubError                     the Hub refused or failed a push, pull or install
@@ -17,11 +19,22 @@
     │   ├── VersionConflictError     a version is already published with other content
     │   └── PackageIntegrityError    a download does not match its recorded hashes, or is no env package
     ├── CheckpointError              a checkpoint is missing, incomplete or corrupt; says what to do
-    └── MissingDependencyError       an optional extra is needed; says what to install
+    ├── MissingDependencyError       an optional extra is needed; says what to install
+    ├── WorkerError                  a Ray worker (trainer rank, rollout worker) failed; names it and its node
+    │   └── WorkerDiedError          its process died (crash, OOM kill, lost node)
+    ├── WorkerGroupClosedError       a worker group was shut down or ended by a failure; start a new one
+    └── PlacementError               the Ray cluster did not grant the resources asked for in time
 
-Errors raised *inside user code* (an env's step, a tool, a reward function) while rolling out
-are not propagated: they are caught at that boundary and recorded on the trajectory as an
-``ErrorRecord``, and the batch goes on.
+The last six are raised only by the trainer (``envhub.trainer``); they live here so that the
+tree is whole and importable without torch. Errors raised *inside user code* (an env's step, a
+tool, a reward function) while rolling out are not propagated: they are caught at that boundary
+and recorded on the trajectory as an ``ErrorRecord``, and the batch goes on.
+
+Not in the tree, on purpose: ``CaseTimeout`` in ``envhub.rewards.code_harness`` is a
+``BaseException`` that never leaves the sandbox (the harness runs there on the standard library
+alone, so that a solution's ``except Exception`` cannot swallow its timer); a per-case timeout
+reaches the host as a case result. A call with a ``timeout`` that expires on a
+``WorkerGroup`` raises the built-in :class:`TimeoutError`.
 """
 
 from __future__ import annotations
@@ -54,6 +67,10 @@ class ToolDefinitionError(EnvhubError, TypeError):
     """A function cannot be turned into a tool."""
 
 
+class ToolArgumentError(EnvhubError, ValueError):
+    """The model's arguments do not fit the tool's signature."""
+
+
 class RewardDefinitionError(EnvhubError, TypeError):
     """A reward function's signature cannot be satisfied."""
 
@@ -64,6 +81,10 @@ class EngineError(EnvhubError):
 
 class EngineUnavailableError(EngineError):
     """The inference server could not be reached, even after retries."""
+
+
+class WeightSyncError(EngineError):
+    """vLLM's weights do not match the trainer's after a sync."""
 
 
 class SandboxError(EnvhubError):
@@ -104,3 +125,31 @@ class MissingDependencyError(EnvhubError, ImportError):
     @classmethod
     def for_extra(cls, package: str, extra: str) -> MissingDependencyError:
         return cls(f"{package} is not installed; run `pip install 'envhub[{extra}]'`")
+
+
+class WorkerError(EnvhubError, RuntimeError):
+    """A Ray worker failed: a trainer rank or a rollout worker.
+
+    The message says which; the Ray error is chained.
+
+    Attributes:
+        worker: The rank, or the rollout worker's index.
+        node: The worker's node address.
+    """
+
+    def __init__(self, message: str, *, worker: int, node: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.node = node
+
+
+class WorkerDiedError(WorkerError):
+    """A Ray worker's process died (see :class:`WorkerError`)."""
+
+
+class WorkerGroupClosedError(EnvhubError, RuntimeError):
+    """The worker group was shut down, or ended by a failure; start a new one."""
+
+
+class PlacementError(EnvhubError, RuntimeError):
+    """The cluster did not grant the resources the job asked for in time."""

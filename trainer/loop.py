@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from envhub.errors import ConfigError, EngineError
+from envhub.errors import ConfigError, EngineError, WorkerError, WorkerGroupClosedError
 from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
 from envhub.trainer.algorithms import ObjectiveSpec
@@ -34,10 +34,9 @@ from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, micro_batches
 from envhub.trainer.batch import build_batch as build_training_batch
 from envhub.trainer.checkpoint import CheckpointManager
-from envhub.trainer.cluster import start_ray, stop_ray
+from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.megatron.placement import WorkerError, WorkerGroupClosedError
 from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics

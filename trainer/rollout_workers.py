@@ -17,9 +17,9 @@ weights and checks its health after each rollout, as without workers.
 What stays the same: a failure inside an episode is recorded on its trajectory by the runner (a
 bad rollout is data, not a crash). What is new: a worker whose process dies (a segfaulting
 sandbox, an OOM kill, a lost node) fails the step with
-:class:`~envhub.trainer.megatron.placement.WorkerDiedError` naming the worker and its node, and
+:class:`~envhub.errors.WorkerDiedError` naming the worker and its node, and
 any other failure of a worker (it cannot load an env) with
-:class:`~envhub.trainer.megatron.placement.WorkerError`; the loop stops the run and says how to
+:class:`~envhub.errors.WorkerError`; the loop stops the run and says how to
 resume.
 
 Envs reach the workers by name, as ``envhub.make`` finds them: installed packages and Hub
@@ -38,19 +38,13 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import envhub
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, WorkerDiedError, WorkerError
 from envhub.inference.base import InferenceEngine, SamplingParams
 from envhub.registry import list_envs
 from envhub.rollout.runner import RolloutRunner
+from envhub.trainer.cluster.ray_runtime import death_cause, import_ray, init_ray
 from envhub.trainer.config import EnvSpec, RolloutConfig, TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.megatron.placement import (
-    WorkerDiedError,
-    WorkerError,
-    death_cause,
-    import_ray,
-    init_ray,
-)
 from envhub.types import Trajectory
 
 PROGRESS_S = 0.5

@@ -19,7 +19,7 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 import docstring_parser
 from pydantic import BaseModel, ConfigDict, Field, PydanticUserError, ValidationError, create_model
 
-from envhub.errors import ToolDefinitionError
+from envhub.errors import ToolArgumentError, ToolDefinitionError
 
 TOOL_NAME_PATTERN = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """What OpenAI accepts as a function name."""
@@ -34,10 +34,6 @@ class Injected:
     """
 
     key: str | None = None
-
-
-class ToolArgumentError(ValueError):
-    """The model's arguments do not fit the tool's signature."""
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ from typing import Any
 
 from envhub.errors import EngineError, EngineUnavailableError
 from envhub.inference.vllm_server import VLLMServer
+from envhub.trainer.cluster.ray_runtime import death_cause, import_ray, init_ray
 from envhub.trainer.engines.vllm_transport import (
     EngineSettings,
     ServerTransport,
     serve_args,
     server_env,
 )
-from envhub.trainer.megatron.placement import death_cause, import_ray, init_ray
 
 
 @dataclass(frozen=True)

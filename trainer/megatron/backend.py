@@ -26,10 +26,10 @@ from envhub.errors import CheckpointError, ConfigError
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends.base import StepResult
 from envhub.trainer.batch import MicroBatch
+from envhub.trainer.cluster.placement import Placement, WorkerGroup
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.vllm import SHM_BACKEND
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
-from envhub.trainer.megatron.placement import Placement, WorkerGroup
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
 

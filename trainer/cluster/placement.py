@@ -14,13 +14,11 @@ How the environment reaches a rank:
   rank 0's process runs, so each rank sets them in ``os.environ`` before it builds the worker;
 - ``CUDA_VISIBLE_DEVICES`` is Ray's: each GPU rank sees its one GPU as ``cuda:0``.
 
-Errors (all under :class:`~envhub.errors.EnvhubError`; they live here, not in
-``envhub/errors.py``, because only this backend raises them)::
-
-    WorkerError               a rank's method raised; names the rank, its node and the exception
-    └── WorkerDiedError       a rank's process died (crash, OOM kill, lost node)
-    WorkerGroupClosedError    the group was shut down or failed earlier; start a new one
-    PlacementError            the cluster cannot host the job in time (names asked vs. present)
+Errors (in ``envhub.errors``): :class:`~envhub.errors.WorkerError` when a rank's method
+raises (naming the rank, its node and the exception), :class:`~envhub.errors.WorkerDiedError`
+when a rank's process dies (crash, OOM kill, lost node), :class:`~envhub.errors.WorkerGroupClosedError`
+once the group was shut down or failed, :class:`~envhub.errors.PlacementError` when the cluster
+cannot host the job in time (naming what was asked and what is there).
 
 A call with a ``timeout`` that expires raises the built-in :class:`TimeoutError` and also ends
 the group.
@@ -29,14 +27,20 @@ the group.
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.errors import ConfigError, EnvhubError, MissingDependencyError
+from envhub.errors import (
+    ConfigError,
+    PlacementError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerGroupClosedError,
+)
+from envhub.trainer.cluster.ray_runtime import death_cause, describe_failure, import_ray, init_ray
 
 RESERVED_ENV = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -47,28 +51,6 @@ RESERVED_ENV = (
 _GRACE_S = 2.0
 """After a rank raises, how long to look for a rank that died: a dead peer makes the others'
 collectives raise too, and the death is the cause worth reporting."""
-
-
-class WorkerError(EnvhubError, RuntimeError):
-    """A Ray worker failed: a trainer rank or a rollout worker. The message says which;
-    ``worker`` is its rank or index and ``node`` its node (the Ray error is chained)."""
-
-    def __init__(self, message: str, *, worker: int, node: str) -> None:
-        super().__init__(message)
-        self.worker = worker
-        self.node = node
-
-
-class WorkerDiedError(WorkerError):
-    """A Ray worker's process died (see :class:`WorkerError`)."""
-
-
-class WorkerGroupClosedError(EnvhubError, RuntimeError):
-    """The worker group was shut down, or ended by a failure; start a new one."""
-
-
-class PlacementError(EnvhubError, RuntimeError):
-    """The cluster did not grant the resources the job asked for in time."""
 
 
 @dataclass(frozen=True)
@@ -135,39 +117,9 @@ class _Rank:
         return getattr(self._worker, method)(*args, **kwargs)
 
 
-def import_ray() -> Any:
-    """The ``ray`` module, or an error naming the extra that installs it."""
-    try:
-        import ray
-    except ImportError as e:
-        raise MissingDependencyError.for_extra("ray", "megatron") from e
-    return ray
-
-
 def _init_ray(placement: Placement) -> bool:
     """Connects to or starts Ray; True when this call initialised it."""
     return init_ray(placement.address, num_cpus=placement.world_size * placement.cpus_per_rank, num_gpus=placement.gpus_per_node)
-
-
-def init_ray(address: str | None = None, *, num_cpus: int = 0, num_gpus: int | None = None) -> bool:
-    """Connects to the Ray cluster at ``address``, or starts a local one with at least
-    ``num_cpus`` logical CPUs (the machine's count if larger) and ``num_gpus`` GPUs (None:
-    those Ray finds); does
-    nothing if this process already initialised Ray. True when this call initialised it (the
-    caller then shuts it down).
-
-    A local cluster's CPUs are scheduling units: parts that take turns on the same cores (the
-    trainer ranks, a vLLM engine, rollout workers) each reserve one, so a run asks for what its
-    parts need rather than for what the machine has.
-    """
-    ray = import_ray()
-    if ray.is_initialized():
-        return False
-    if address is not None:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(num_cpus=max(num_cpus, os.cpu_count() or 1), num_gpus=num_gpus, include_dashboard=False, log_to_driver=True)
-    return True
 
 
 def _plain_resources(resources: dict[str, float]) -> dict[str, float]:
@@ -217,32 +169,6 @@ def rank_env(node_ids: list[str], env: dict[str, str]) -> list[dict[str, str]]:
         }
         out.append({**env, **{k: str(v) for k, v in local.items()}})
     return out
-
-
-def death_cause(err: Exception) -> str:
-    """The useful part of Ray's actor-death message (the full text stays chained)."""
-    text = str(getattr(err, "error_msg", None) or err)
-    found = re.search(r"Worker exit type: (\S+) Worker exit detail: (.*?)(?: Some common causes|$)", text, re.S)
-    if found:
-        return f"{found.group(1)}: {found.group(2).strip()}"
-    return text.strip().splitlines()[0] if text.strip() else type(err).__name__
-
-
-def _describe(err: Exception) -> str:
-    """What went wrong in a rank, from the Ray error that reported it."""
-    ray = import_ray()
-    if isinstance(err, ray.exceptions.RayActorError):
-        return f"died ({death_cause(err)})"
-    cause = getattr(err, "cause", None)
-    if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
-        return f"{type(cause).__name__}: {cause}"
-    first = (str(cause or err).strip().splitlines() or [""])[0]
-    if "No module named" in first:
-        first += (
-            "; Ray's workers cannot import the worker class: install its package on every node, "
-            "or call ray.cloudpickle.register_pickle_by_value(its module) before starting the group"
-        )
-    return f"{type(cause or err).__name__}: {first}"
 
 
 class WorkerGroup:
@@ -424,7 +350,7 @@ class WorkerGroup:
                     failed[rank_of[ref]] = err
         deaths = [r for r, e in failed.items() if isinstance(e, ray.exceptions.RayActorError)]
         rank = deaths[0] if deaths else next(iter(failed))
-        others = [f"rank {r}: {_describe(e)[:200]}" for r, e in failed.items() if r != rank]
+        others = [f"rank {r}: {describe_failure(e)[:200]}" for r, e in failed.items() if r != rank]
         error = self._error(rank, method, failed[rank], others)
         self._release(str(error))
         raise error from failed[rank]
@@ -435,5 +361,5 @@ class WorkerGroup:
         also = f" (then also {'; '.join(others)})" if others else ""
         if isinstance(err, ray.exceptions.RayActorError):
             return WorkerDiedError(f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}", worker=rank, node=node)
-        message = f"trainer rank {rank} on node {node} failed in {method}: {_describe(err)}{also}"
+        message = f"trainer rank {rank} on node {node} failed in {method}: {describe_failure(err)}{also}"
         return WorkerError(message, worker=rank, node=node)

@@ -9,6 +9,7 @@ when that is more than the machine's core count.
 
 from __future__ import annotations
 
+from envhub.trainer.cluster.ray_runtime import import_ray, init_ray
 from envhub.trainer.config import TrainConfig
 
 
@@ -32,14 +33,10 @@ def start_ray(config: TrainConfig) -> bool:
     cpus = ray_cpus(config)
     if not cpus:
         return False
-    from envhub.trainer.megatron.placement import init_ray
-
     return init_ray(config.cluster.address, num_cpus=cpus)
 
 
 def stop_ray(started: bool) -> None:
     """Stop the local cluster that :func:`start_ray` started (``started``)."""
     if started:
-        from envhub.trainer.megatron.placement import import_ray
-
         import_ray().shutdown()

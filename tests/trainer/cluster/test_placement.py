@@ -20,16 +20,15 @@ import pytest
 ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 
-from envhub.errors import ConfigError, MissingDependencyError  # noqa: E402
-from envhub.trainer.megatron.placement import (  # noqa: E402
-    Placement,
+from envhub.errors import (  # noqa: E402
+    ConfigError,
+    MissingDependencyError,
     PlacementError,
     WorkerDiedError,
     WorkerError,
-    WorkerGroup,
     WorkerGroupClosedError,
-    rank_env,
 )
+from envhub.trainer.cluster.placement import Placement, WorkerGroup, rank_env  # noqa: E402
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROBE")
 
@@ -281,6 +280,6 @@ def test_missing_ray_asks_for_the_extra(monkeypatch: pytest.MonkeyPatch) -> None
 
 
 def test_the_module_imports_without_ray() -> None:
-    probe = "import sys, envhub.trainer.megatron.placement; print('ray' in sys.modules)"
+    probe = "import sys, envhub.trainer.cluster.placement; print('ray' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr
