@@ -32,8 +32,8 @@ def check_command(
 
     from envhub.checker import check_env
     from envhub.cli.console import console
+    from envhub.loader import get_spec
     from envhub.package import package_env_specs
-    from envhub.registry import get_spec
 
     specs = package_env_specs(target) if Path(target).is_dir() else {target: get_spec(target)}
     failed = 0

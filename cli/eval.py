@@ -107,11 +107,11 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     import asyncio
     import time
 
+    from envhub import make
     from envhub.cli.console import console
     from envhub.evaluation import summarize
     from envhub.inference.base import SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
-    from envhub.registry import make
     from envhub.rollout.io import TrajectoryWriter
     from envhub.rollout.runner import RolloutRunner
 

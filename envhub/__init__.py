@@ -32,7 +32,7 @@ _EXPORTS = {
     "reward": "envhub.rewards.rubric",
     "group_reward": "envhub.rewards.rubric",
     # registry, checker, rollouts
-    "make": "envhub.registry",
+    "make": "envhub.loader",
     "register": "envhub.registry",
     "list_envs": "envhub.registry",
     "check_env": "envhub.checker",
@@ -74,8 +74,9 @@ if TYPE_CHECKING:
     from envhub.env import Env, SingleTurnEnv, State, TaskEnv
     from envhub.inference.base import InferenceEngine, SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
+    from envhub.loader import make
     from envhub.multiturn import MultiTurnEnv, ToolEnv
-    from envhub.registry import list_envs, make, register
+    from envhub.registry import list_envs, register
     from envhub.rewards.rubric import Rubric, group_reward, reward
     from envhub.rollout.runner import RolloutRunner
     from envhub.tools.tool import Injected, Tool, tool

@@ -4,6 +4,9 @@ Envs are found through the ``envhub.envs`` entry-point group (built-in envs are 
 too, in envhub's own pyproject), plus anything registered in-process with :func:`register`.
 Every env is also registered with gymnasium as ``envhub/<name>`` as soon as both envhub and
 gymnasium are imported, in either order (see ``envhub._gymnasium_hook``).
+
+This module knows only local envs (registered or installed). The public ``envhub.make`` lives
+above it, in ``envhub.loader``, which imports this module and never the other way round.
 """
 
 from __future__ import annotations
@@ -92,36 +95,42 @@ def list_envs() -> dict[str, EnvSpec]:
 
 
 def get_spec(name: str) -> EnvSpec:
-    """The spec of ``name``, or :class:`EnvNotFoundError` with the nearest names."""
+    """The spec of the env ``name``.
+
+    Args:
+        name: A registered or installed env's name.
+
+    Returns:
+        Where the env comes from.
+
+    Raises:
+        EnvNotFoundError: No such env (the message suggests close names).
+    """
     envs = list_envs()
     if name in envs:
         return envs[name]
-    if "/" in name:
-        raise EnvNotFoundError(
-            f"{name!r} looks like a Hub reference (owner/name[@version]); no installed env has that "
-            f"name. Install the package first, then use its env name. Installed: {', '.join(sorted(envs)) or 'none'}"
-        )
     close = difflib.get_close_matches(name, list(envs), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise EnvNotFoundError(f"no env named {name!r}.{hint} Run `envhub list` to see all {len(envs)} envs.")
 
 
 def make(name: str, **kwargs: Any) -> Any:
-    """Construct the env registered as ``name`` with ``kwargs``.
+    """Construct the env registered or installed as ``name`` with ``kwargs``.
 
-    ``name`` may be a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
-    a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
-    installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
+    Local envs only: ``envhub.make`` (in ``envhub.loader``) also takes other kinds of name and
+    calls this for local ones.
+
+    Args:
+        name: A registered or installed env's name.
+        **kwargs: Arguments for the env's constructor.
+
+    Returns:
+        The new env.
 
     Raises:
         EnvNotFoundError: No such env (the message suggests close names).
         EnvLoadError: The env's package is broken or rejects the arguments.
     """
-    if "/" in name and name not in list_envs():
-        # The Hub client loads only when a Hub env is asked for.
-        from envhub.hub.load import make_from_hub
-
-        return make_from_hub(name, **kwargs)
     spec = get_spec(name)
     factory = spec.load()
     _check_kwargs(name, factory, kwargs)

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gymnasium
 import pytest
 
 import envhub
-from envhub import registry
+from envhub import loader, registry
 from envhub.env import SingleTurnEnv
 from envhub.envs.calculator import CalculatorEnv
 from envhub.errors import EnvLoadError, EnvNotFoundError
@@ -53,6 +55,53 @@ def test_unknown_names_suggest_the_nearest() -> None:
 
 
 # Hub references (owner/name@rev) are resolved by envhub.hub: see tests/hub/test_make.py.
+
+
+def test_the_registry_imports_nothing_from_the_hub() -> None:
+    """The loader sits above both; ``envhub.hub`` imports the registry, never the other way."""
+    imported: list[str] = []  # at any depth; `from envhub import hub` and `from . import hub` too
+    for node in ast.walk(ast.parse(Path(registry.__file__).read_text())):
+        if isinstance(node, ast.Import):
+            imported += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = ".".join(["envhub"] * bool(node.level) + [node.module or ""]).strip(".")
+            imported += [module, *(f"{module}.{alias.name}" for alias in node.names)]
+    assert "envhub.errors" in imported  # the walk sees the imports
+    assert [m for m in imported if m == "envhub.hub" or m.startswith("envhub.hub.")] == []
+
+
+def test_make_is_the_loader_and_the_registry_is_local_only() -> None:
+    assert envhub.make is loader.make
+    count = len(registry.list_envs())
+    with pytest.raises(EnvNotFoundError) as info:
+        registry.make("someone/mystery-env@v1")  # no Hub lookup: an unknown local name
+    assert str(info.value) == (
+        f"no env named 'someone/mystery-env@v1'. Run `envhub list` to see all {count} envs."
+    )
+
+
+def test_get_spec_of_a_hub_reference_says_to_install_it() -> None:
+    installed = ", ".join(sorted(registry.list_envs()))
+    with pytest.raises(EnvNotFoundError) as info:
+        loader.get_spec("someone/mystery-env@v1")
+    assert str(info.value) == (
+        "'someone/mystery-env@v1' looks like a Hub reference (owner/name[@version]); no installed "
+        "env has that name. Install the package first, then use its env name. "
+        f"Installed: {installed}"
+    )
+    assert loader.get_spec("calculator") is registry.get_spec("calculator")
+    with pytest.raises(EnvNotFoundError, match=r"^no env named 'calcultor'. Did you mean 'calc"):
+        loader.get_spec("calcultor")
+
+
+def test_make_of_a_local_env_leaves_the_hub_client_unloaded() -> None:
+    result = _python(
+        "import sys, envhub\n"
+        "envhub.make('arithmetic')\n"
+        "print(sorted(m for m in ('huggingface_hub', 'envhub.hub') if m in sys.modules))"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]"]
 
 
 def test_unknown_arguments_list_the_accepted_ones(clean_registry: None) -> None:

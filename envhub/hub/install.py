@@ -30,6 +30,7 @@ from envhub.hub.client import HubRef
 from envhub.hub.files import MANIFEST, content_hash, read_manifest, sha256_file
 from envhub.hub.lock import LOCK_FILE, LockEntry, read_lock, write_entry
 from envhub.paths import cache_dir
+from envhub.registry import refresh
 
 _ALLOWED_EXTRA = {".gitattributes"}
 """Files a repo may hold beyond the manifest's: the Hub's own."""
@@ -255,8 +256,6 @@ def install(
     if lock_file is not None:
         write_entry(entry, lock_file)
     if python == sys.executable:
-        from envhub.registry import refresh
-
         refresh()
     return InstallResult(entry, pulled.folder, skipped, sorted(pulled.manifest["envs"]))
 

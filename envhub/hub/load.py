@@ -10,12 +10,12 @@ from __future__ import annotations
 from importlib import metadata
 from typing import Any
 
+from envhub import registry
 from envhub.errors import ConfigError, EnvNotFoundError
 from envhub.hub import client
 from envhub.hub.install import Resolved, install, resolve
 from envhub.hub.lock import LOCK_FILE, read_lock
 from envhub.hub.provenance import install_source
-from envhub.registry import ENTRY_POINT_GROUP
 
 
 def make_from_hub(
@@ -23,10 +23,24 @@ def make_from_hub(
 ) -> Any:
     """Construct the env of Hub package ``reference`` with ``kwargs`` (see the module docstring).
 
-    ``owner/name@rev:env`` picks one env of a package that has several.
-    """
-    from envhub.registry import make
+    Args:
+        reference: ``owner/name[@version|@commit]``; ``owner/name@rev:env`` picks one env of a
+            package that has several.
+        trust_remote_code: Install the package if that commit is not installed yet (installing
+            runs its code).
+        token: Hugging Face token, for private repos.
+        **kwargs: Arguments for the env's constructor.
 
+    Returns:
+        The new env.
+
+    Raises:
+        HubNotFoundError: No such repo or version on the Hub.
+        ConfigError: ``reference`` is malformed, or its commit is not installed and
+            ``trust_remote_code`` is not set, or the package has several envs and ``reference``
+            names none.
+        EnvNotFoundError: The package has no env of the name asked for.
+    """
     text, _, env_name = reference.partition(":")
     ref = client.parse_ref(text)
     locked = read_lock(LOCK_FILE).get(ref.repo_id)
@@ -53,7 +67,7 @@ def make_from_hub(
             expected_hash=expected,
         )
         distribution = result.entry.distribution
-    return make(_pick_env(distribution, env_name, ref.repo_id), **kwargs)
+    return registry.make(_pick_env(distribution, env_name, ref.repo_id), **kwargs)
 
 
 def _installed_distribution(resolved: Resolved) -> str | None:
@@ -69,7 +83,7 @@ def _pick_env(distribution: str, wanted: str, repo_id: str) -> str:
     names = sorted(
         ep.name
         for ep in metadata.distribution(distribution).entry_points
-        if ep.group == ENTRY_POINT_GROUP
+        if ep.group == registry.ENTRY_POINT_GROUP
     )
     if wanted:
         if wanted not in names:

@@ -1,0 +1,80 @@
+"""``envhub.make``: an env by local name or by Hub reference.
+
+A name that is registered or installed is made by :func:`envhub.registry.make`. Any other name
+with a ``/`` in it is a Hub reference, ``owner/name[@version|@commit][:env]``, and goes to
+:func:`envhub.hub.load.make_from_hub`. The imports run one way: this module sits above both,
+``envhub.hub`` imports the registry, and the registry knows nothing of the Hub. The Hub code is
+imported only when a Hub env is asked for, so ``import envhub`` and local envs never load the
+Hub client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from envhub import registry
+from envhub.errors import EnvNotFoundError
+from envhub.registry import EnvSpec
+
+
+def is_hub_reference(name: str) -> bool:
+    """Whether ``name`` goes to the Hub: it has a ``/`` and no local env has that name.
+
+    Args:
+        name: An env name or a Hub reference.
+
+    Returns:
+        True for a Hub reference, False for a name the registry answers for.
+    """
+    return "/" in name and name not in registry.list_envs()
+
+
+def make(name: str, **kwargs: Any) -> Any:
+    """Construct the env ``name`` with ``kwargs``, from the local registry or from the Hub.
+
+    ``name`` may be a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
+    a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
+    installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
+
+    Args:
+        name: A registered or installed env's name, or a Hub reference.
+        **kwargs: Arguments for the env's constructor (and, for a Hub reference,
+            ``trust_remote_code`` and ``token``).
+
+    Returns:
+        The new env.
+
+    Raises:
+        EnvNotFoundError: No such env (the message suggests close names), or no such Hub package
+            or version (a ``HubNotFoundError``).
+        EnvLoadError: The env's package is broken or rejects the arguments.
+        ConfigError: A malformed Hub reference, or one not installed yet and no
+            ``trust_remote_code``.
+    """
+    if is_hub_reference(name):
+        from envhub.hub.load import make_from_hub  # the Hub client loads only for Hub envs
+
+        return make_from_hub(name, **kwargs)
+    return registry.make(name, **kwargs)
+
+
+def get_spec(name: str) -> EnvSpec:
+    """The spec of the installed env ``name``, with a hint when ``name`` is a Hub reference.
+
+    Args:
+        name: A registered or installed env's name.
+
+    Returns:
+        Where the env comes from.
+
+    Raises:
+        EnvNotFoundError: No such env; for a Hub reference, the message says to install the
+            package first, else it suggests close names.
+    """
+    if not is_hub_reference(name):
+        return registry.get_spec(name)
+    installed = ", ".join(sorted(registry.list_envs())) or "none"
+    raise EnvNotFoundError(
+        f"{name!r} looks like a Hub reference (owner/name[@version]); no installed env has that "
+        f"name. Install the package first, then use its env name. Installed: {installed}"
+    )
