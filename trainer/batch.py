@@ -78,24 +78,82 @@ class Batch:
 
 
 def build_batch(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int) -> Batch:
-    """Score, compute advantages per group, filter and return the step's samples.
+    """The step's samples: :func:`score`, then :func:`estimate_advantages`, then :func:`select`.
 
     Args:
         trajectories: The step's rollouts (groups share ``group_id``).
         algorithm: Advantage estimator, dynamic sampling and overlong handling.
         max_tokens: The per-turn token budget (for the overlong penalty).
     """
+    scored = score(trajectories, algorithm, max_tokens)
+    return select(scored, estimate_advantages(scored, algorithm), algorithm)
+
+
+@dataclass
+class Scored:
+    """The step's rollouts with the reward and group of each one the loss can use."""
+
+    trajectories: Sequence[Trajectory]
+    """All of the step's rollouts, usable or not."""
+    usable: list[int]
+    """Indices of the trajectories the loss can use (a token record, no outside failure)."""
+    rewards: torch.Tensor
+    """``(len(usable),)`` float64 rewards, the overlong soft penalty included."""
+    groups: torch.Tensor
+    """``(len(usable),)`` group numbers (0, 1, ... in order of first appearance)."""
+
+
+def score(
+    trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int
+) -> Scored:
+    """Rewards of the usable trajectories and their groups.
+
+    Args:
+        trajectories: The step's rollouts (groups share ``group_id``).
+        algorithm: Its ``overlong.soft_penalty_buffer`` shapes the rewards (DAPO) when set.
+        max_tokens: The per-turn token budget (for the overlong penalty).
+    """
     usable = [i for i, t in enumerate(trajectories) if _trainable(t)]
-    stats = {"batch/trajectories": float(len(trajectories)), "batch/unusable": float(len(trajectories) - len(usable))}
-    if not usable:
-        return Batch([], stats | _empty_stats())
     rewards = torch.tensor([trajectories[i].reward for i in usable], dtype=torch.float64)
     buffer = algorithm.overlong.soft_penalty_buffer
-    if buffer is not None:
+    if buffer is not None and usable:
         longest_turn = torch.tensor([_longest_turn(trajectories[i]) for i in usable], dtype=torch.float64)
         rewards = rewards + overlong_penalty(longest_turn, max_tokens, buffer)
     groups = _group_index([trajectories[i].group_id for i in usable])
-    advantages = compute_advantages(algorithm.advantage, rewards, groups)
+    return Scored(trajectories, usable, rewards, groups)
+
+
+def estimate_advantages(scored: Scored, algorithm: AlgorithmConfig) -> torch.Tensor:
+    """``(len(scored.usable),)`` advantages by ``algorithm.advantage``, per group.
+
+    Args:
+        scored: The step's rewards and groups (:func:`score`).
+        algorithm: Names the advantage estimator.
+    """
+    if not scored.usable:
+        return torch.zeros(0, dtype=torch.float64)
+    return compute_advantages(algorithm.advantage, scored.rewards, scored.groups)
+
+
+def select(scored: Scored, advantages: torch.Tensor, algorithm: AlgorithmConfig) -> Batch:
+    """The samples that stay in the loss, with ``batch/*`` stats of what was dropped.
+
+    Dynamic sampling drops the groups whose rewards are all equal; the overlong filter drops
+    trajectories cut at the length limit. Both only when ``algorithm`` asks for them.
+
+    Args:
+        scored: The step's rewards and groups (:func:`score`).
+        advantages: One per usable trajectory (:func:`estimate_advantages`).
+        algorithm: ``dynamic_sampling`` and ``overlong.filter``.
+    """
+    trajectories, usable = scored.trajectories, scored.usable
+    rewards, groups = scored.rewards, scored.groups
+    stats = {
+        "batch/trajectories": float(len(trajectories)),
+        "batch/unusable": float(len(trajectories) - len(usable)),
+    }
+    if not usable:
+        return Batch([], stats | _empty_stats())
     keep = torch.ones(len(usable), dtype=torch.bool)
     if algorithm.dynamic_sampling:
         keep &= zero_variance_groups(rewards, groups)

@@ -31,8 +31,7 @@ from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
-from envhub.trainer.batch import Batch, micro_batches
-from envhub.trainer.batch import build_batch as build_training_batch
+from envhub.trainer.batch import Batch, estimate_advantages, score, select
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
@@ -160,7 +159,7 @@ async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: Train
     finally:
         tracker.close()
         if workers is not None:
-            await workers.close()
+            await workers.aclose()
         await engine.aclose()
     return start
 
@@ -176,7 +175,9 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
-        batch = build_training_batch(trajectories, config.algorithm, config.rollout.max_tokens)
+        scored = score(trajectories, config.algorithm, config.rollout.max_tokens)  # rewards
+        advantages = estimate_advantages(scored, config.algorithm)
+        batch = select(scored, advantages, config.algorithm)  # dynamic sampling, overlong filter
     await engine.sleep()
     update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
     with timer("sync"):
@@ -216,12 +217,12 @@ def _runner_seed(seed: int, step: int, env_index: int) -> int:
 
 
 def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer) -> dict[str, float]:
-    """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches."""
+    """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches, each cut
+    into micro-batches by the backend."""
     spec = objective_spec(config)
     updates = min(config.algorithm.updates_per_step, len(batch.samples))
     chunks = [Batch(batch.samples[i::updates]) for i in range(updates)]
-    pad = backend.tokenizer.pad_token_id if backend.tokenizer.pad_token_id is not None else backend.tokenizer.eos_token_id
-    packed = [micro_batches(chunk, config.backend.micro_batch_tokens, pad, packed=backend.packs_sequences) for chunk in chunks]
+    packed = [backend.micro_batches(chunk) for chunk in chunks]
     old = ref = None
     with timer("logprobs"):
         if updates > 1:  # later updates need the logprobs of the policy that sampled
@@ -298,7 +299,7 @@ def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
 
 
 def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> Path:
-    trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": _engine_state(engine)}
+    trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": engine.state_dict()}
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 
@@ -313,13 +314,9 @@ def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBa
     state = backend.state()
     trainer_state = checkpoints.load(path, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"])
     schedule.load_state_dict(trainer_state["schedule"])
-    if trainer_state.get("engine") is not None and hasattr(engine, "load_state_dict"):
+    if trainer_state.get("engine") is not None:
         engine.load_state_dict(trainer_state["engine"])
     return int(trainer_state["step"])
-
-
-def _engine_state(engine: RolloutEngine) -> Any:
-    return engine.state_dict() if hasattr(engine, "state_dict") else None
 
 
 def _finish(config: TrainConfig, backend: TrainBackend, start: int) -> RunResult:

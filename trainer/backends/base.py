@@ -1,9 +1,10 @@
 """The train-backend interface the loop talks to.
 
-A backend owns the policy model and its optimizer. The loop hands it micro-batches of token
-sequences; it returns logprobs (before an update) and performs updates. Everything about devices,
-parallelism and model formats stays behind this interface, so a Megatron backend plugs in
-without changing the loop.
+A backend owns the policy model and its optimizer. It cuts each update's batch into
+micro-batches of token sequences (padded or packed, as it runs them), returns their logprobs
+(before an update) and performs updates. Everything about devices, parallelism, padding and
+model formats stays behind this interface, so a Megatron backend plugs in without changing the
+loop.
 """
 
 from __future__ import annotations
@@ -11,12 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec
-from envhub.trainer.batch import MicroBatch, Sample, collate
+from envhub.trainer.batch import Batch, MicroBatch, Sample, collate
+
+if TYPE_CHECKING:
+    from envhub.trainer.weight_sync import TransferPlan, WeightSender
 
 
 @dataclass
@@ -33,13 +37,15 @@ class TrainBackend(Protocol):
     """The HF tokenizer of the policy (chat template, pad id)."""
     model_path: str
     """The local folder (or Hub id) the policy was loaded from; a vLLM engine starts from it."""
-    packs_sequences: bool
-    """Whether a micro-batch runs packed into one row (``batch.Packing``), so its token budget
-    counts real tokens, or right-padded, so the budget counts padding too."""
 
     @property
     def model(self) -> torch.nn.Module:
         """The policy module (the in-process engine generates with it)."""
+        ...
+
+    def micro_batches(self, batch: Batch) -> list[MicroBatch]:
+        """This update's micro-batches, padded or packed (``batch.Packing``) as this backend runs
+        them, each within ``backend.micro_batch_tokens`` (padding counted when padded)."""
         ...
 
     def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
@@ -53,11 +59,10 @@ class TrainBackend(Protocol):
         LoRA merged), one tensor at a time: what the rollout engine loads after each step."""
         ...
 
-    def weight_sender(self, plan: Any) -> Any:
-        """A sender of this backend's own (``send() -> (buckets, bytes)``, ``close()``,
-        ``description``) that moves the weights to the engines as ``plan``
-        (``weight_sync.TransferPlan``) says, from the processes that hold them; ``None`` when
-        the driver should send what :meth:`weights` yields."""
+    def weight_sender(self, plan: TransferPlan) -> WeightSender | None:
+        """A sender of this backend's own that moves the weights to the engines as ``plan``
+        says, from the processes that hold them; ``None`` when the driver should send what
+        :meth:`weights` yields (see ``trainer/weight_sync/``)."""
         ...
 
     def update(

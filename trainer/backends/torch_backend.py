@@ -13,7 +13,7 @@ import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -25,9 +25,12 @@ from envhub.trainer.algorithms import (
     token_entropy,
 )
 from envhub.trainer.backends.base import StepResult
-from envhub.trainer.batch import MicroBatch
+from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.models import resolve_model
+
+if TYPE_CHECKING:
+    from envhub.trainer.weight_sync import TransferPlan
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +47,6 @@ def resolve_device(name: str) -> torch.device:
 
 class TorchBackend:
     """Trains an HF causal LM in this process (see the module docstring)."""
-
-    packs_sequences = False
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config
@@ -75,7 +76,12 @@ class TorchBackend:
     def num_parameters(self, trainable_only: bool = False) -> int:
         return sum(p.numel() for p in self._model.parameters() if p.requires_grad or not trainable_only)
 
-    # -- the two operations the loop needs ------------------------------------------------------
+    # -- the operations the loop needs ----------------------------------------------------------
+
+    def micro_batches(self, batch: Batch) -> list[MicroBatch]:
+        """Right-padded micro-batches of at most ``backend.micro_batch_tokens`` tokens, padding
+        counted (the model runs each one as a padded ``[n, width]`` batch)."""
+        return micro_batches(batch, self.config.backend.micro_batch_tokens, self.pad_id)
 
     @torch.no_grad()
     def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
@@ -93,7 +99,7 @@ class TorchBackend:
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return hf_weights(self._model)
 
-    def weight_sender(self, plan: Any) -> None:
+    def weight_sender(self, plan: TransferPlan) -> None:
         """None: the weights live in this process, which sends them."""
         return None
 

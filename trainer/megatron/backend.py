@@ -18,23 +18,22 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 import torch
 
 from envhub.errors import CheckpointError, ConfigError
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends.base import StepResult
-from envhub.trainer.batch import MicroBatch
+from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.cluster.placement import Placement, WorkerGroup
+from envhub.trainer.cluster.ray_runtime import node_ip
 from envhub.trainer.config import TrainConfig
-from envhub.trainer.engines.vllm import SHM_BACKEND
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
 
 if TYPE_CHECKING:
-    from envhub.trainer.engines.weight_sync import TransferPlan
+    from envhub.trainer.weight_sync import TransferPlan, WeightSender
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +43,6 @@ WEIGHT_BUCKET_BYTES = 256 << 20
 
 class MegatronBackend:
     """Trains with megatron-core ranks placed on Ray (see the module docstring)."""
-
-    packs_sequences = True
 
     def __init__(self, config: TrainConfig) -> None:
         from transformers import AutoTokenizer
@@ -78,6 +75,18 @@ class MegatronBackend:
             self._num_parameters = int(self.group.call("num_parameters")[0])
         return self._num_parameters
 
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's pad id (its end-of-sequence id when it has none)."""
+        pad = self.tokenizer.pad_token_id
+        return pad if pad is not None else self.tokenizer.eos_token_id
+
+    def micro_batches(self, batch: Batch) -> list[MicroBatch]:
+        """Micro-batches of at most ``backend.micro_batch_tokens`` real tokens: the ranks run
+        each one packed into a single row without padding (``batch.Packing``)."""
+        budget = self.config.backend.micro_batch_tokens
+        return micro_batches(batch, budget, self.pad_id, packed=True)
+
     def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
         merged: dict[int, torch.Tensor] = {}
         for part in self.group.call("logprobs", batches, reference, temperature):
@@ -107,16 +116,17 @@ class MegatronBackend:
         while chunk := self.group.call("next_weights", WEIGHT_BUCKET_BYTES)[0]:
             yield from chunk
 
-    def weight_sender(self, plan: TransferPlan) -> RankWeightSender | None:
+    def weight_sender(self, plan: TransferPlan) -> WeightSender | None:
         """Rank 0 sends straight to the engines (the other ranks gather with it), when it can
         reach them; else ``None`` and the driver relays :meth:`weights` (logged, with why)."""
+        from envhub.trainer.weight_sync.ranks import RankSender, relay_reason
+
         rank0 = self.group.ranks_info()[0]
-        reason = relay_reason(plan, rank0["node"], _driver_node())
+        reason = relay_reason(plan, rank0["node"], node_ip())
         if reason:
             log.warning("vLLM weight sync: the driver relays the weights from trainer rank 0 because %s", reason)
             return None
-        self.group.call("connect_weight_transfer", plan)
-        return RankWeightSender(self.group, f"sent by trainer rank 0 on node {rank0['node']} (pid {rank0['pid']})")
+        return RankSender.connect(self.group, plan, f"sent by trainer rank 0 on node {rank0['node']} (pid {rank0['pid']})")
 
     def state(self) -> dict[str, Any]:
         return {"model": ShardedCheckpoint(self.group), "optimizer": None, "scheduler": None, "tokenizer": self.tokenizer}
@@ -126,45 +136,6 @@ class MegatronBackend:
 
     def close(self) -> None:
         self.group.shutdown()
-
-
-class RankWeightSender:
-    """Syncs run by the ranks (``MegatronWorker.send_weights``): rank 0 sends, all gather."""
-
-    def __init__(self, group: WorkerGroup, description: str) -> None:
-        self.group = group
-        self.description = description
-
-    def send(self) -> tuple[int, int]:
-        return tuple(self.group.call("send_weights")[0])  # type: ignore[return-value]
-
-    def close(self) -> None:
-        if not self.group.closed:
-            self.group.call("close_weight_transfer")
-
-
-def relay_reason(plan: TransferPlan, rank0_node: str, driver_node: str) -> str | None:
-    """Why rank 0 cannot send ``plan`` itself (``None`` when it can): an engine in the driver's
-    process has no URL, a server on the driver's loopback is out of reach from another node,
-    and the shared file of ``envhub_shm`` must be on the engines' node, which is the driver's."""
-    if not plan.urls:
-        return "the engine runs inside the driver's process"
-    if rank0_node == driver_node:
-        return None
-    if any(urlsplit(url).hostname in _LOOPBACK for url in plan.urls):
-        return f"the vLLM server listens on the driver's loopback address and rank 0 is on node {rank0_node}"
-    if plan.backend == SHM_BACKEND:
-        return f"envhub_shm shares memory on the engines' node ({driver_node}) and rank 0 is on node {rank0_node}"
-    return None
-
-
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def _driver_node() -> str:
-    import ray
-
-    return ray.util.get_node_ip_address()
 
 
 class ShardedCheckpoint:
