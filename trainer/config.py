@@ -12,7 +12,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from envhub.errors import ConfigError
 
@@ -92,8 +92,9 @@ class VLLMConfig(_Part):
     sleep: Literal["auto", "on", "off"] = "auto"
     """Put vLLM to sleep (weights offloaded, KV cache freed) while the trainer updates, and
     wake it for rollouts. ``auto``: on for ``inprocess`` runs on a GPU. CPU builds ignore it."""
-    weight_transfer: Literal["auto", "envhub_shm", "nccl", "ipc"] = "auto"
-    """vLLM weight-transfer backend. ``auto``: ``envhub_shm`` (shared memory) on the CPU,
+    weight_transfer: str = "auto"
+    """vLLM weight-transfer backend (a module of ``trainer/weight_sync/transfers``):
+    ``envhub_shm``, ``nccl`` or ``ipc``. ``auto``: ``envhub_shm`` (shared memory) on the CPU,
     ``ipc`` for ``inprocess`` on a GPU, ``nccl`` for a GPU server."""
     bucket_mb: int = Field(256, ge=1)
     """Weights are sent in buckets of about this size (whole layers)."""
@@ -111,6 +112,15 @@ class VLLMConfig(_Part):
     startup_timeout: float = Field(900.0, gt=0.0)
     extra_args: list[str] = Field(default_factory=list)
     """More ``vllm serve`` arguments (``server`` mode)."""
+
+    @field_validator("weight_transfer")
+    @classmethod
+    def _known_transfer(cls, value: str) -> str:
+        from envhub.trainer.weight_sync import transfers  # light: names only, no torch or vLLM
+
+        if value != transfers.AUTO:
+            transfers.get(value)  # raises with the known names
+        return value
 
 
 class RolloutConfig(_Part):

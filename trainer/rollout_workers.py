@@ -209,7 +209,8 @@ class _Worker:
     def progress(self) -> int:
         return self.done
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close this worker's engine client."""
         await self.engine.aclose()
 
     def _count(self, _: Trajectory) -> None:
@@ -228,7 +229,7 @@ class RolloutWorkers:
         engine_factory: Builds each actor's inference engine, in the actor (pickled by Ray).
         envs: The run's envs (``config.envs``); jobs name them by index.
         address: A Ray cluster to connect to when Ray is not initialised yet; None starts a
-            local one (stopped again by :meth:`close`).
+            local one (stopped again by :meth:`aclose`).
         here_only: Place every actor on this process's node (for an engine reachable only
             from here, such as a server on 127.0.0.1).
 
@@ -238,7 +239,7 @@ class RolloutWorkers:
         try:
             trajectories = await workers.run(jobs, RunnerOptions.from_config(config.rollout))
         finally:
-            await workers.close()
+            await workers.aclose()
     """
 
     def __init__(
@@ -301,12 +302,12 @@ class RolloutWorkers:
         """The workers' engine counters (:func:`merge_stats`) for the last :meth:`run`."""
         return dict(self._stats)
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
         """Close each worker's engine client, end the actors, and stop Ray if this started it.
         Idempotent."""
         ray = import_ray()
         if self._actors and ray.is_initialized():
-            closing = [actor.close.remote() for actor in self._actors]
+            closing = [actor.aclose.remote() for actor in self._actors]
             await asyncio.to_thread(ray.wait, closing, num_returns=len(closing), timeout=10.0)
         self._kill()
         if self._started_ray:

@@ -42,7 +42,7 @@ class ShmEngine:
     def _receive(self, update: dict[str, Any]) -> None:
         import torch
 
-        from envhub.trainer.engines.shm_transfer import ShmUpdateInfo, _views
+        from envhub.trainer.weight_sync.shm_backend import ShmUpdateInfo, _views
 
         info = ShmUpdateInfo(**update)
         with open(info.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:

@@ -192,7 +192,7 @@ def test_workers_give_the_trajectories_the_driver_gives_from_their_own_processes
         here, here_progress = _rollout(config, 1, None)
         there, there_progress = _rollout(config, 1, workers)
     finally:
-        asyncio.run(workers.close())
+        asyncio.run(workers.aclose())
 
     assert [_comparable(t) for t in there] == [_comparable(t) for t in here]
     assert len({t.group_id for t in there}) == 5 and all(t.group_id.startswith("s2e") for t in there)
@@ -210,7 +210,7 @@ def test_a_failing_episode_in_a_worker_is_recorded_and_the_step_goes_on(cluster:
     try:
         trajectories, _ = _rollout(config, 0, workers)
     finally:
-        asyncio.run(workers.close())
+        asyncio.run(workers.aclose())
 
     assert len(trajectories) == 10
     assert {(e.stage, e.type, e.message) for t in trajectories for e in t.errors} == {("env.reset", "ValueError", "no such task")}
@@ -224,8 +224,8 @@ def test_a_worker_that_dies_ends_the_step_naming_it_and_its_node(cluster: None) 
         with pytest.raises(WorkerDiedError, match=rf"^rollout worker [01] on node {node} died: ") as caught:
             _rollout(config, 0, workers)
     finally:
-        asyncio.run(workers.close())
-        asyncio.run(workers.close())  # idempotent
+        asyncio.run(workers.aclose())
+        asyncio.run(workers.aclose())  # idempotent
 
     assert caught.value.node == node and caught.value.worker in (0, 1)
     assert ray.is_initialized()  # a Ray it did not start is left running

@@ -3,7 +3,7 @@
 :class:`HFEngine` samples with the trainer's own ``transformers`` module (colocated, CPU or one
 GPU); :class:`HFChatTokenizer` renders conversations with that model's chat template;
 :class:`VLLMEngine` samples with vLLM (in process or a server) and receives the trainer's weights
-after each step. Imported lazily: vLLM loads ``shm_transfer`` from here in its own processes.
+after each step (the weights' path to it is ``trainer/weight_sync/``). Imported lazily.
 """
 
 from __future__ import annotations

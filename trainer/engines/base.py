@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.inference.base import InferenceEngine
+
+if TYPE_CHECKING:
+    from envhub.trainer.backends.base import TrainBackend
 
 
 class RolloutEngine(InferenceEngine):
     """An :class:`InferenceEngine` the trainer drives step by step. The hooks do nothing by
     default; each engine overrides those that apply to it."""
 
-    async def update_weights(self, backend: Any = None) -> dict[str, float] | None:
+    async def update_weights(self, backend: TrainBackend) -> dict[str, float] | None:
         """Make the engine sample from ``backend``'s current weights; return ``sync/*`` metrics."""
         return None
 
@@ -27,3 +30,10 @@ class RolloutEngine(InferenceEngine):
     def stats(self) -> dict[str, float]:
         """Counters since the last :meth:`reset_stats` (logged as ``engine/*``)."""
         return {}
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """Sampling state a checkpoint keeps (None: nothing to keep)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: B027 - an optional hook, empty by default
+        """Restore :meth:`state_dict`'s state on resume."""

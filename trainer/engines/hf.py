@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+
+if TYPE_CHECKING:
+    from envhub.trainer.backends.base import TrainBackend
 
 __all__ = ["HFEngine"]
 
@@ -145,7 +148,7 @@ class HFEngine(RolloutEngine):
         self._ensure_worker().put_nowait(_Pending(prompt_ids, request.sampling, future, rendered))
         return await future
 
-    async def update_weights(self, backend: Any = None) -> None:
+    async def update_weights(self, backend: TrainBackend | None = None) -> None:
         """Note that the policy changed. The engine samples with the trainer's module itself, so
         the new weights are already in place: nothing is copied and ``backend`` is not read.
         Only :attr:`weights_version` is bumped, for logging which policy sampled a batch."""

@@ -11,10 +11,11 @@ process, or one at ``url``) or in process (``mode="inprocess"``: ``AsyncLLM``).
   before temperature.
 - **Text** is decoded here from the sampled ids, special tokens kept and the final EOS left
   out, as :class:`HFEngine` does, so the next turn's prompt re-tokenises to the sampled ids.
-- **Weight sync** (:meth:`update_weights`) goes through vLLM's weight-transfer mechanism (see
-  ``weight_sync``), then resets the prefix cache (cached KV was computed with the old weights)
-  and, when ``verify`` asks for it, checks vLLM's logprobs of a fixed sequence against the
-  trainer's: a sync whose mismatch exceeds the tolerance raises :class:`WeightSyncError`.
+- **Weight sync** (:meth:`update_weights`) goes through vLLM's weight-transfer mechanism (the
+  whole path is ``trainer/weight_sync/``), then resets the prefix cache (cached KV was computed
+  with the old weights) and, when ``verify`` asks for it, checks vLLM's logprobs of a fixed
+  sequence against the trainer's: a sync whose mismatch exceeds the tolerance raises
+  :class:`~envhub.errors.WeightSyncError`.
 - **Sampling seeds**: the engine is seeded once (per-request seeds crash vLLM's CPU build), so
   a run is reproducible only up to vLLM's batching.
 """
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation
@@ -36,19 +37,13 @@ from envhub.trainer.engines.vllm_transport import (
     Transport,
     serve_args,
 )
+from envhub.trainer.weight_sync import TransferPlan, WeightSender, transfers
+from envhub.trainer.weight_sync.verify import Verifier, default_tolerance
 
-__all__ = ["VLLMEngine", "WeightSyncError", "serve_args"]
+if TYPE_CHECKING:
+    from envhub.trainer.backends.base import TrainBackend
 
-VERIFY_TEXT = (
-    "The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable rewards "
-    "trains a policy on environments whose answers can be checked: arithmetic, code that passes its "
-    "tests, games with a known winner. 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20."
-)
-"""The fixed text whose logprobs verification compares (long enough for ``verify_tokens``)."""
-
-
-class WeightSyncError(EngineError):
-    """vLLM's weights do not match the trainer's after a sync."""
+__all__ = ["VLLMEngine", "serve_args"]
 
 
 class VLLMEngine(RolloutEngine):
@@ -90,14 +85,11 @@ class VLLMEngine(RolloutEngine):
         self.transport: Transport = transport or (ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings))
         self.tokenizer: HFChatTokenizer = HFChatTokenizer(tokenizer, max_length=settings.max_model_len, generation_config=generation_config)
         self.bucket_bytes = bucket_bytes
-        self.verify = verify
-        self.verify_tolerance = verify_tolerance
-        self.verify_ids = _verify_ids(tokenizer, verify_tokens)
+        self.verifier = Verifier(tokenizer, verify, verify_tolerance, verify_tokens)
         self.weights_version = 0
-        self._sender: Any = None
-        """Sends each sync (``weight_sync.EngineSender`` or the backend's own), once connected."""
-        self._engine_logprobs: list[float] | None = None
-        """vLLM's logprobs of the fixed sequence at the last verification (its weights since)."""
+        """Syncs done: the version of the weights vLLM samples from."""
+        self._sender: WeightSender | None = None
+        """Sends each sync (the driver, or the backend's own processes), once connected."""
         self._started = False
         self._asleep = False
         self.reset_stats()
@@ -118,12 +110,13 @@ class VLLMEngine(RolloutEngine):
         self._started = True
 
     async def aclose(self) -> None:
+        """Leave the weight transfer and stop vLLM (if this engine started it)."""
         if self._sender is not None:
             self._sender.close()
             self._sender = None
         if self._started:
             self._started = False
-            await self.transport.close()
+            await self.transport.aclose()
 
     async def check_alive(self) -> None:
         """Raise :class:`EngineUnavailableError` if vLLM died (the loop calls this after a
@@ -133,12 +126,13 @@ class VLLMEngine(RolloutEngine):
     async def sleep(self) -> None:
         """Free vLLM's GPU memory while the trainer updates (when sleep mode is on)."""
         if self.settings.sleep and self.settings.on_gpu and not self._asleep:
-            await self.transport.control("sleep")
+            await self.transport.sleep()
             self._asleep = True
 
     # -- generation -------------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> Generation:
+        """One turn, token ids in and out (rendered with the policy's template if needed)."""
         if not self._started:
             await self.start()
         if self._asleep:
@@ -164,6 +158,7 @@ class VLLMEngine(RolloutEngine):
         )
 
     def reset_stats(self) -> None:
+        """Zero the per-step counters."""
         self.generated_tokens = 0
         self.generate_seconds = 0.0
         self.requests = 0
@@ -183,140 +178,62 @@ class VLLMEngine(RolloutEngine):
 
     # -- weight sync ------------------------------------------------------------------------
 
-    async def update_weights(self, backend: Any) -> dict[str, float]:
+    async def update_weights(self, backend: TrainBackend) -> dict[str, float]:
         """Send ``backend``'s weights to vLLM, reset the prefix cache and (per ``verify``)
         check the result. Returns ``sync/*`` metrics: seconds, buckets, megabytes and, when
         verified, the logprob mismatch on the fixed sequence after the sync and before it
         (``stale``: how far the sampler lagged the trainer, what a missed sync would cost)."""
         if not self._started:
             await self.start()
-        metrics: dict[str, float] = {}
-        verify = self.verify == "every" or (self.verify == "first" and self.weights_version == 0)
         # The trainer's side first: vLLM's compute threads spin for a while after each request
         # and would slow this forward pass 4x (measured on 2 cores).
-        trainer_logprobs = self._trainer_logprobs(backend) if verify else None
-        if trainer_logprobs is not None and self._engine_logprobs is not None:
-            # vLLM's weights have not changed since the last verified sync.
-            metrics["sync/stale_logprob_diff_max"] = _differences(self._engine_logprobs, trainer_logprobs)[0]
+        verify = self.verifier.due(self.weights_version)
+        trainer_logprobs = self.verifier.trainer_logprobs(backend) if verify else None
+        metrics = self.verifier.staleness(trainer_logprobs)
         started = time.perf_counter()
         if self._asleep:
-            await self.transport.control("wake_up", "weights")
+            await self.transport.wake_up("weights")
         if self._sender is None:
             self._sender = await asyncio.to_thread(self._connect, backend, asyncio.get_running_loop())
-        buckets, nbytes = await asyncio.to_thread(self._sender.send)
+        sent = await asyncio.to_thread(self._sender.send)
         self.weights_version += 1
         if self._asleep:
-            await self.transport.control("wake_up", "kv_cache")
+            await self.transport.wake_up("kv_cache")
             self._asleep = False
-        await self.transport.control("reset_prefix_cache")
+        await self.transport.reset_prefix_cache()
         metrics["sync/seconds"] = time.perf_counter() - started
-        metrics["sync/buckets"] = float(buckets)
-        metrics["sync/megabytes"] = nbytes / 2**20
+        metrics["sync/buckets"] = float(sent.buckets)
+        metrics["sync/megabytes"] = sent.bytes / 2**20
         if trainer_logprobs is not None:
-            metrics |= await self._verify(trainer_logprobs)
+            metrics |= await self.verifier.check(self.transport.replicas, trainer_logprobs, self.weights_version)
         return metrics
 
-    def _connect(self, backend: Any, loop: asyncio.AbstractEventLoop) -> Any:
+    def _connect(self, backend: TrainBackend, loop: asyncio.AbstractEventLoop) -> WeightSender:
         """The sender of every sync: the backend's own processes when it has them and they can
-        reach the engines (``TrainBackend.weight_sender``), else this process."""
-        from envhub.trainer.engines import weight_sync
+        reach the engines (``TrainBackend.weight_sender``), else this process (blocking)."""
+        from envhub.trainer.weight_sync.driver import connect_driver
 
-        plan = weight_sync.TransferPlan(self.settings.weight_transfer, self.bucket_bytes, self.settings.dtype, server_urls(self.transport))
+        plan = TransferPlan(self.settings.weight_transfer, self.bucket_bytes, self.settings.dtype, server_urls(self.transport))
         sender = backend.weight_sender(plan)
         if sender is not None:
             return sender
-        client = weight_sync.ThreadSafeClient(loop, {
-            name: (lambda *a, _name=name: self.transport.control(_name, *a))
-            for name in ("init_weight_transfer_engine", "start_weight_update", "update_weights", "finish_weight_update")
-        })  # fmt: skip
-        nccl = None
-        if self.settings.weight_transfer == "nccl":
-            nccl = asyncio.run_coroutine_threadsafe(self._nccl_rendezvous(), loop).result()
-        info = weight_sync.trainer_init_info(self.settings.weight_transfer, bucket_bytes=self.bucket_bytes, nccl=nccl)
-        device = "cuda" if self.settings.weight_transfer in ("nccl", "ipc") else None
-        source = weight_sync.BackendWeightSource(backend.weights, dtype=_torch_dtype(self.settings.dtype), device=device)
-        return weight_sync.EngineSender(weight_sync.connect(info, client, source))
+        return connect_driver(plan, backend.weights, self.transport.replicas, loop, self.transport.trainer_address)
 
-    async def _nccl_rendezvous(self) -> dict[str, Any]:
-        from envhub.inference.vllm_server import free_port
-
-        address = self.transport.trainer_address  # where vLLM's workers find the trainer
-        return {"master_address": address, "master_port": free_port(address), "world_size": 1 + await self.transport.world_size()}
-
-    async def check_weights(self, backend: Any) -> dict[str, float]:
+    async def check_weights(self, backend: TrainBackend) -> dict[str, float]:
         """Compare vLLM's and the trainer's logprobs of the fixed sequence (temperature 1).
 
         Raises:
-            WeightSyncError: the largest difference exceeds ``verify_tolerance``.
+            WeightSyncError: The largest difference exceeds ``verify_tolerance``.
         """
-        return await self._verify(self._trainer_logprobs(backend))
-
-    async def _verify(self, trainer_logprobs: list[float]) -> dict[str, float]:
-        """Every engine's logprobs of the fixed sequence against the trainer's; the worst counts."""
-        replicas = self.transport.replicas
-        each = await asyncio.gather(*(r.prompt_logprobs(self.verify_ids) for r in replicas))
-        gaps = [_differences(engine, trainer_logprobs) for engine in each]
-        k = max(range(len(each)), key=lambda i: gaps[i][0])
-        self._engine_logprobs = each[k]
-        worst, mean = gaps[k]
-        if worst > self.verify_tolerance:
-            which = f" (engine {k} of {len(replicas)})" if len(replicas) > 1 else ""
-            raise WeightSyncError(
-                f"after weight sync {self.weights_version}, vLLM's logprobs{which} differ from the trainer's by up to {worst:.3g} "
-                f"(mean {mean:.3g}) on a fixed {len(self.verify_ids)}-token sequence; the tolerance is {self.verify_tolerance:g}. "
-                "vLLM is not sampling from the policy being trained. Check that rollout.vllm.dtype matches the trainer "
-                "(float32 on the CPU) and that the engine serves the same model; raise rollout.vllm.verify_tolerance "
-                "only if the gap is rounding. The last checkpoint is intact: rerun the same command to resume."
-            )
-        return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
-
-    def _trainer_logprobs(self, backend: Any) -> list[float]:
-        from envhub.trainer.backends.base import sequence_logprobs
-
-        return sequence_logprobs(backend, self.verify_ids, temperature=1.0)
+        trainer_logprobs = self.verifier.trainer_logprobs(backend)
+        return await self.verifier.check(self.transport.replicas, trainer_logprobs, self.weights_version)
 
 
 def server_urls(transport: Transport) -> tuple[str, ...]:
     """Each engine's base URL when all are servers (clients in other processes reach them
     there); empty when an engine lives in this process."""
-    urls = tuple(getattr(r, "url", None) or "" for r in transport.replicas)
+    urls = tuple(r.url or "" for r in transport.replicas)
     return urls if all(urls) else ()
-
-
-def _differences(a: list[float], b: list[float]) -> tuple[float, float]:
-    """Largest and mean absolute difference."""
-    diffs = [abs(x - y) for x, y in zip(a, b, strict=True)]
-    return max(diffs), sum(diffs) / len(diffs)
-
-
-def _verify_ids(tokenizer: Any, length: int) -> list[int]:
-    ids = list(tokenizer(VERIFY_TEXT, add_special_tokens=False)["input_ids"])
-    while len(ids) < length:
-        ids += ids
-    return ids[:length]
-
-
-def _torch_dtype(name: str) -> Any:
-    import torch
-
-    return getattr(torch, name)
-
-
-SHM_BACKEND = "envhub_shm"
-"""``shm_transfer.BACKEND`` (that module imports vLLM; this one must not, at import time)."""
-
-
-def choose_backend(requested: str, *, on_gpu: bool, shares_gpu: bool) -> str:
-    """The weight-transfer backend for ``requested``; ``auto`` picks shared memory on the CPU,
-    CUDA IPC to an engine on the trainer's GPU (``shares_gpu``: in its process, or colocated;
-    NCCL cannot put two ranks on one GPU), NCCL to a GPU server of its own."""
-    if requested != "auto":
-        if requested in ("nccl", "ipc") and not on_gpu:
-            raise ConfigError(f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; on the CPU use envhub_shm (or auto)")
-        return requested
-    if not on_gpu:
-        return SHM_BACKEND
-    return "ipc" if shares_gpu else "nccl"
 
 
 def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettings:
@@ -329,16 +246,11 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
     sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and shares_gpu)
     return EngineSettings(
         model=model_path, dtype=dtype, max_model_len=v.max_model_len or default_context_length(model_path),
-        seed=config.seed, weight_transfer=choose_backend(v.weight_transfer, on_gpu=on_gpu, shares_gpu=shares_gpu),
+        seed=config.seed, weight_transfer=transfers.choose(v.weight_transfer, on_gpu=on_gpu, shares_gpu=shares_gpu),
         gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
         max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
         enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
     )  # fmt: skip
-
-
-def default_tolerance(dtype: str) -> float:
-    """1e-3 for a float32 engine (measured ~1e-6 against the trainer), 0.25 for 16-bit ones."""
-    return 1e-3 if dtype == "float32" else 0.25
 
 
 def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:

@@ -33,6 +33,7 @@ from envhub.trainer.engines.vllm_transport import (
     serve_args,
     server_env,
 )
+from envhub.trainer.weight_sync import transfers
 
 
 @dataclass(frozen=True)
@@ -109,12 +110,17 @@ class RayServerTransport(ServerTransport):
             self.host = await asyncio.to_thread(ray.get, self.actor.where.remote())  # now with the server's pid
         except ray.exceptions.RayError as err:
             raise self._failure("start", err) from err
-        if self.settings.weight_transfer == "envhub_shm" and self.host["node_id"] != ray.get_runtime_context().get_node_id():
+        if self._on_driver_host and self.host["node_id"] != ray.get_runtime_context().get_node_id():
             raise EngineError(
-                f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: weight_transfer=envhub_shm "
+                f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: weight_transfer={self.settings.weight_transfer} "
                 "shares memory within one node; on several nodes use GPUs (nccl)"
             )
         return url
+
+    @property
+    def _on_driver_host(self) -> bool:
+        """Whether the weight transfer needs the engine on the driver's node (shared memory)."""
+        return transfers.get(self.settings.weight_transfer).engines_on_driver_host
 
     def _place(self) -> None:
         """Reserve the slot and start the actor there (not yet its server)."""
@@ -125,7 +131,7 @@ class RayServerTransport(ServerTransport):
         group = self.slot.placement_group
         if group is None:
             bundle = {"CPU": self.slot.num_cpus} | ({"GPU": self.slot.num_gpus} if self.slot.num_gpus else {})
-            here = ray.get_runtime_context().get_node_id() if self.settings.weight_transfer == "envhub_shm" else None
+            here = ray.get_runtime_context().get_node_id() if self._on_driver_host else None
             group = self._own_group = placement_group([bundle], strategy="STRICT_PACK", name=f"envhub-vllm-{uuid.uuid4().hex[:8]}", _soft_target_node_id=here)
             try:
                 ray.get(group.ready(), timeout=self.slot.ready_timeout_s)

@@ -4,30 +4,24 @@ rollouts.
 :class:`ReplicatedTransport` is a :class:`~envhub.trainer.engines.vllm_transport.Transport` over
 several servers. Generation goes to the engine with the fewest requests in flight (episodes are
 independent, so any engine serves any request; the prefix cache of a multi-turn episode is the
-price). Every control call goes to every engine at once and returns when all are done, so one
-weight sync reaches them all:
-
-- ``envhub_shm``: each bucket is written once to shared memory and every engine loads it before
-  the trainer writes the next;
-- NCCL: one group joins the trainer (rank 0) and every engine's workers; engine ``i`` gets the
-  ranks after those of engines ``0..i-1`` (``rank_offset``).
-
-Verification checks every engine (``VLLMEngine`` scores the fixed sequence on each replica).
+price). Starting, stopping, sleeping, waking and resetting the prefix cache go to every engine at
+once. A weight sync reaches every engine through its ``replicas`` (``weight_sync`` fans each call
+out: one shared-memory write, or one NCCL group with each engine's ranks after the previous
+one's), and verification checks every engine.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from envhub.inference.base import SamplingParams
-from envhub.trainer.engines.vllm_transport import Sampled, Transport
+from envhub.trainer.engines.vllm_transport import EngineTransport, Sampled
 
 
 class ReplicatedTransport:
     """``replicas`` (started, stopped, synced together) behind one transport."""
 
-    def __init__(self, replicas: list[Transport]) -> None:
+    def __init__(self, replicas: list[EngineTransport]) -> None:
         if not replicas:
             raise ValueError("ReplicatedTransport needs at least one replica")
         self.replicas = replicas
@@ -35,32 +29,32 @@ class ReplicatedTransport:
         self.served = [0] * len(replicas)
         """Requests each engine answered (never reset: the engine's stats take differences)."""
         self._next = 0
-        self._world_sizes: list[int] | None = None
 
     @property
     def trainer_address(self) -> str:
+        """The first engine's view of the trainer (they share a trainer)."""
         return self.replicas[0].trainer_address
 
     @property
     def where(self) -> str:
+        """How many engines, and where those that say so run."""
         places = [r.where for r in self.replicas if r.where]
         return f"{len(self.replicas)} engines" + (f" ({'; '.join(places)})" if places else "")
 
     def requests_served(self) -> list[int]:
+        """Requests each engine has answered since the start."""
         return list(self.served)
 
-    @property
-    def urls(self) -> list[str]:
-        """Each engine's base URL (for clients elsewhere, such as rollout workers)."""
-        return [getattr(r, "url", None) or "" for r in self.replicas]
-
     async def start(self) -> None:
+        """Start every engine at once."""
         await asyncio.gather(*(r.start() for r in self.replicas))
 
-    async def close(self) -> None:
-        await asyncio.gather(*(r.close() for r in self.replicas), return_exceptions=True)
+    async def aclose(self) -> None:
+        """Stop every engine (one failing to stop does not keep the others running)."""
+        await asyncio.gather(*(r.aclose() for r in self.replicas), return_exceptions=True)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        """Sample on the least busy engine."""
         i = self._pick()
         self.in_flight[i] += 1
         try:
@@ -79,36 +73,21 @@ class ReplicatedTransport:
         return choice
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """The first engine's (verification asks each replica itself)."""
         return await self.replicas[0].prompt_logprobs(ids)
 
-    async def control(self, call: str, *args: Any) -> None:
-        if call == "init_weight_transfer_engine" and "rank_offset" in (args[0] or {}):
-            offsets = await self._rank_offsets(int(args[0]["rank_offset"]))
-            await asyncio.gather(*(r.control(call, {**args[0], "rank_offset": o}) for r, o in zip(self.replicas, offsets, strict=True)))
-            return
-        await asyncio.gather(*(r.control(call, *args) for r in self.replicas))
+    async def reset_prefix_cache(self) -> None:
+        """Every engine drops its cached KV."""
+        await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
 
-    async def world_size(self) -> int:
-        """All engines' workers together (the NCCL group has them all, after the trainer)."""
-        return sum(await self._sizes())
+    async def sleep(self) -> None:
+        """Every engine sleeps."""
+        await asyncio.gather(*(r.sleep() for r in self.replicas))
+
+    async def wake_up(self, tags: str | None = None) -> None:
+        """Every engine wakes."""
+        await asyncio.gather(*(r.wake_up(tags) for r in self.replicas))
 
     async def check_alive(self) -> None:
+        """Raise if any engine is gone."""
         await asyncio.gather(*(r.check_alive() for r in self.replicas))
-
-    async def _sizes(self) -> list[int]:
-        if self._world_sizes is None:
-            self._world_sizes = list(await asyncio.gather(*(r.world_size() for r in self.replicas)))
-        return self._world_sizes
-
-    async def _rank_offsets(self, first: int) -> list[int]:
-        return nccl_rank_offsets(first, await self._sizes())
-
-
-def nccl_rank_offsets(first: int, world_sizes: list[int]) -> list[int]:
-    """Each engine's first rank in one NCCL group whose engines' workers follow each other
-    from rank ``first`` (the trainer's ranks come before)."""
-    offsets, offset = [], first
-    for size in world_sizes:
-        offsets.append(offset)
-        offset += size
-    return offsets

@@ -1,6 +1,8 @@
 """How :class:`~envhub.trainer.engines.vllm.VLLMEngine` reaches vLLM: a server over HTTP, or an
 ``AsyncLLM`` inside the trainer process. Both offer the same small surface: generate from token
-ids, score a fixed sequence, the weight-update control plane, sleep / wake, and a health check.
+ids, score a fixed sequence, sleep / wake and the prefix cache, a health check, and vLLM's
+weight-update calls (each is a ``weight_sync.WeightReceiver``: the weights' path is
+``trainer/weight_sync/``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from envhub.errors import EngineError, EngineUnavailableError, MissingDependency
 from envhub.inference.base import GenerateRequest, SamplingParams
 from envhub.inference.openai_http import OpenAIEngine
 from envhub.inference.vllm_server import VLLMServer, cpu_defaults
+from envhub.trainer.weight_sync import WeightReceiver, transfers
+from envhub.trainer.weight_sync.routes import VLLMRoutes
 
 
 @dataclass(frozen=True)
@@ -42,19 +46,23 @@ class EngineSettings:
 
 @dataclass(frozen=True)
 class Sampled:
+    """One generation: the sampled ids, their logprobs and why it stopped."""
+
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str
 
 
 class Transport(Protocol):
+    """How the engine reaches vLLM: one engine (``replicas == [self]``) or several."""
+
     trainer_address: str
     """Where vLLM's workers reach the trainer (the NCCL weight-transfer rendezvous)."""
     where: str
     """Where vLLM runs, for the run's log ("" when it is this machine, the usual case)."""
 
     @property
-    def replicas(self) -> list[Transport]:
+    def replicas(self) -> list[EngineTransport]:
         """The engines behind this transport (itself, unless several serve one policy)."""
         ...
 
@@ -63,26 +71,41 @@ class Transport(Protocol):
         otherwise: one engine's count is the engine's own)."""
         ...
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Start vLLM (or connect to it)."""
+        ...
 
-    async def close(self) -> None: ...
+    async def aclose(self) -> None:
+        """Stop what :meth:`start` started; idempotent."""
+        ...
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled: ...
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        """Sample a continuation of ``prompt_ids``."""
+        ...
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """Logprob of each token of ``ids`` after the first, at temperature 1."""
         ...
 
-    async def control(self, call: str, *args: Any) -> None:
-        """One weight-update control call (``init_weight_transfer_engine``, ``start_weight_update``,
-        ``update_weights``, ``finish_weight_update``, ``reset_prefix_cache``, ``sleep``, ``wake_up``)."""
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached KV (computed with the weights before a sync)."""
         ...
 
-    async def world_size(self) -> int: ...
+    async def sleep(self) -> None:
+        """Offload the weights and free the KV cache (vLLM's sleep level 1)."""
+        ...
+
+    async def wake_up(self, tags: str | None = None) -> None:
+        """Reload what :meth:`sleep` freed: ``weights``, ``kv_cache``, or both (None)."""
+        ...
 
     async def check_alive(self) -> None:
         """Raise :class:`EngineUnavailableError` (with what is known) if vLLM is gone."""
         ...
+
+
+class EngineTransport(Transport, WeightReceiver, Protocol):
+    """One engine: a :class:`Transport` that also receives weights (``url`` None in process)."""
 
 
 def serve_args(settings: EngineSettings) -> list[str]:
@@ -104,26 +127,22 @@ def serve_args(settings: EngineSettings) -> list[str]:
 
 def server_env(settings: EngineSettings) -> dict[str, str]:
     """Environment of a server the trainer starts: dev mode (vLLM serves its weight-update and
-    cache routes only then), the CPU KV cache size, and, for CUDA IPC over HTTP, permission to
-    unpickle the IPC handles (the trainer is the only client of a server on 127.0.0.1)."""
+    cache routes only then), the CPU KV cache size, and what the weight transfer asks for (CUDA
+    IPC over HTTP: permission to unpickle the IPC handles; the trainer is the only client of a
+    server on 127.0.0.1)."""
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"}
-    if settings.weight_transfer == "ipc":
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
-    return env
+    return env | dict(transfers.get(settings.weight_transfer).server_env)
 
 
 class ServerTransport:
-    """A vLLM OpenAI-compatible server: started here (``url=None``) or already running."""
+    """A vLLM OpenAI-compatible server: started here (``url=None``) or already running.
+
+    Generation goes through the OpenAI client of ``envhub.inference`` (token ids in and out);
+    everything else through the server's control routes (``weight_sync.routes.VLLMRoutes``).
+    """
 
     trainer_address = "127.0.0.1"
     where = ""
-
-    @property
-    def replicas(self) -> list[Transport]:
-        return [self]
-
-    def requests_served(self) -> list[int]:
-        return []
 
     def __init__(self, settings: EngineSettings, url: str | None = None) -> None:
         self.settings = settings
@@ -135,30 +154,44 @@ class ServerTransport:
                 startup_timeout=settings.startup_timeout,
             )  # fmt: skip
         self.url = url
+        """The server's base URL (known once started, when this transport starts it)."""
         self.http: OpenAIEngine | None = None
-        self._control: httpx.AsyncClient | None = None
+        self._routes: VLLMRoutes | None = None
+
+    @property
+    def replicas(self) -> list[EngineTransport]:
+        """Just this engine."""
+        return [self]
+
+    def requests_served(self) -> list[int]:
+        """Empty: the engine counts its own requests."""
+        return []
+
+    @property
+    def routes(self) -> VLLMRoutes:
+        """The server's control routes (once started)."""
+        if self._routes is None:
+            raise EngineUnavailableError("the vLLM server is not started")
+        return self._routes
 
     async def start(self) -> None:
+        """Start the server (or connect to it) and check it serves the weight-update routes."""
         self.url = await self._launch()
         self.http = OpenAIEngine(self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2)
         await self.http.start()
-        self._control = httpx.AsyncClient(base_url=self.http.root, timeout=600.0)
-        await self._check_dev_routes()
-
-    async def _check_dev_routes(self) -> None:
-        assert self._control is not None
-        response = await self._control.get("/weight_info")
-        if response.status_code == 404:
+        self._routes = VLLMRoutes(self.http.root, on_unreachable=self.check_alive)
+        if not await self._routes.serves_weight_routes():
             raise EngineError(
                 f"{self.url} does not serve vLLM's weight-update routes. Start it with VLLM_SERVER_DEV_MODE=1 and "
                 + " ".join(serve_args(self.settings))
             )
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Close the clients and stop the server if this transport started it."""
         if self.http is not None:
             await self.http.aclose()
-        if self._control is not None:
-            await self._control.aclose()
+        if self._routes is not None:
+            await self._routes.aclose()
         await self._shutdown()
 
     async def _launch(self) -> str:
@@ -173,32 +206,49 @@ class ServerTransport:
             await asyncio.to_thread(self.server.stop)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        """Sample through the OpenAI completions route, token ids in and out."""
         assert self.http is not None
         out = await self.http.generate(GenerateRequest(messages=[], prompt_ids=prompt_ids, sampling=sampling))
         return Sampled(list(out.token_ids or ()), list(out.logprobs) if out.logprobs is not None else None, out.finish_reason)
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """vLLM's prompt logprobs of ``ids`` (temperature 1)."""
         body = {"model": "policy", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
-        data = await self._post("/v1/completions", body)
+        data = await self.routes.call("POST", "/v1/completions", body)
         entries = data["choices"][0]["prompt_logprobs"]
         return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)]
 
-    async def control(self, call: str, *args: Any) -> None:
-        if call == "init_weight_transfer_engine":
-            await self._post("/init_weight_transfer_engine", {"init_info": args[0]})
-        elif call == "update_weights":
-            from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
+    async def world_size(self) -> int:
+        """The server's workers."""
+        return await self.routes.world_size()
 
-            # CUDA IPC handles are not JSON: vLLM's own HTTP client pickles them the same way.
-            await self._post("/update_weights", {"update_info": _json_safe_update_payload(args[0])})
-        elif call == "finish_weight_update":
-            await self._post("/finish_weight_update", {"weight_version": args[0]} if args and args[0] else None)
-        elif call == "sleep":
-            await self._post("/sleep?level=1")
-        elif call == "wake_up":
-            await self._post("/wake_up" + (f"?tags={args[0]}" if args and args[0] else ""))
-        else:  # start_weight_update, reset_prefix_cache
-            await self._post(f"/{call}")
+    async def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight transfer."""
+        await self.routes.init_weight_transfer_engine(init_info)
+
+    async def start_weight_update(self) -> None:
+        """Begin receiving one sync."""
+        await self.routes.start_weight_update()
+
+    async def update_weights(self, update_info: Any) -> None:
+        """Receive one bucket."""
+        await self.routes.update_weights(update_info)
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """Finish the sync."""
+        await self.routes.finish_weight_update(weight_version)
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached KV."""
+        await self.routes.reset_prefix_cache()
+
+    async def sleep(self) -> None:
+        """Sleep level 1."""
+        await self.routes.sleep()
+
+    async def wake_up(self, tags: str | None = None) -> None:
+        """Reload what sleep freed (``tags``: ``weights`` or ``kv_cache``; None: both)."""
+        await self.routes.wake_up(tags)
 
     def _raise_if_exited(self, wait: float = 0.0) -> None:
         """Raise with the exit code and the log's tail if the server this transport started is gone."""
@@ -215,32 +265,17 @@ class ServerTransport:
                 f"the vLLM server exited with code {code}. Last log lines ({self.server.log_path}):\n{self.server.log_tail()}"
             )
 
-    async def world_size(self) -> int:
-        assert self._control is not None
-        response = await self._control.get("/get_world_size")
-        return int(response.json()["world_size"])
-
-    async def _post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        assert self._control is not None
-        try:
-            response = await self._control.post(path, json=body)
-        except httpx.TransportError as e:
-            await self.check_alive()
-            raise EngineUnavailableError(f"vLLM at {self.url} did not answer {path}: {type(e).__name__}: {e}") from e
-        if response.status_code != 200:
-            raise EngineError(f"vLLM {path} -> HTTP {response.status_code}: {response.text[:500]}")
-        return response.json() if response.content else {}
-
     async def check_alive(self) -> None:
+        """Raise :class:`EngineUnavailableError` with the exit code and log when the server died,
+        or when it does not answer ``/health`` with 200."""
         self._raise_if_exited()
-        assert self._control is not None
         try:
-            response = await self._control.get("/health", timeout=10.0)
+            status = await self.routes.healthy()
         except httpx.TransportError as e:
             self._raise_if_exited(wait=5.0)  # a server being killed stops answering first
             raise EngineUnavailableError(f"the vLLM server at {self.url} is unreachable: {type(e).__name__}: {e}") from e
-        if response.status_code != 200:
-            raise EngineUnavailableError(f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {response.status_code}")
+        if status != 200:
+            raise EngineUnavailableError(f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {status}")
 
 
 class InProcessTransport:
@@ -249,19 +284,24 @@ class InProcessTransport:
 
     trainer_address = "127.0.0.1"
     where = ""
-
-    @property
-    def replicas(self) -> list[Transport]:
-        return [self]
-
-    def requests_served(self) -> list[int]:
-        return []
+    url = None
+    """No URL: other processes cannot reach this engine."""
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
         self.llm: Any = None
 
+    @property
+    def replicas(self) -> list[EngineTransport]:
+        """Just this engine."""
+        return [self]
+
+    def requests_served(self) -> list[int]:
+        """Empty: the engine counts its own requests."""
+        return []
+
     async def start(self) -> None:
+        """Start ``AsyncLLM`` in this process (its engine core in a child process)."""
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -283,12 +323,14 @@ class InProcessTransport:
         except Exception as e:
             raise EngineUnavailableError(f"vLLM failed to start in process: {type(e).__name__}: {e}") from e
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:
+        """Shut the engine down; idempotent."""
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
+        """Sample with vLLM's own sampling parameters."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         params = VLLMSamplingParams(
@@ -303,6 +345,7 @@ class InProcessTransport:
         return Sampled(token_ids, logprobs, "length" if out.finish_reason == "length" else "stop")
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
+        """vLLM's prompt logprobs of ``ids`` (temperature 1)."""
         from vllm import SamplingParams as VLLMSamplingParams
 
         final = await self._run(ids, VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
@@ -323,30 +366,49 @@ class InProcessTransport:
             raise EngineError("vLLM returned no output")
         return final
 
-    async def control(self, call: str, *args: Any) -> None:
-        from vllm.distributed.weight_transfer.base import (
-            WeightTransferInitRequest,
-            WeightTransferUpdateRequest,
-        )
-
-        llm = self.llm
-        if call == "init_weight_transfer_engine":
-            await llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=args[0]))
-        elif call == "update_weights":
-            await llm.update_weights(WeightTransferUpdateRequest(update_info=args[0]))
-        elif call == "finish_weight_update":
-            await llm.finish_weight_update(args[0] if args else None)
-        elif call == "wake_up":
-            await llm.wake_up([args[0]] if args and args[0] else None)
-        elif call == "sleep":
-            await llm.sleep(level=1)
-        else:  # start_weight_update, reset_prefix_cache
-            await getattr(llm, call)()
-
     async def world_size(self) -> int:
-        return int(self.llm.vllm_config.parallel_config.world_size_across_dp)
+        """The engine's workers across tensor, pipeline and data parallelism."""
+        return int(self._llm().vllm_config.parallel_config.world_size_across_dp)
+
+    async def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's weight transfer."""
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        await self._llm().init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+
+    async def start_weight_update(self) -> None:
+        """Begin receiving one sync."""
+        await self._llm().start_weight_update()
+
+    async def update_weights(self, update_info: Any) -> None:
+        """Receive one bucket."""
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        await self._llm().update_weights(WeightTransferUpdateRequest(update_info=update_info))
+
+    async def finish_weight_update(self, weight_version: str | None = None) -> None:
+        """Finish the sync."""
+        await self._llm().finish_weight_update(weight_version)
+
+    async def reset_prefix_cache(self) -> None:
+        """Drop cached KV."""
+        await self._llm().reset_prefix_cache()
+
+    async def sleep(self) -> None:
+        """Sleep level 1."""
+        await self._llm().sleep(level=1)
+
+    async def wake_up(self, tags: str | None = None) -> None:
+        """Reload what sleep freed (``tags``: ``weights`` or ``kv_cache``; None: both)."""
+        await self._llm().wake_up([tags] if tags else None)
+
+    def _llm(self) -> Any:
+        if self.llm is None:
+            raise EngineUnavailableError("the in-process vLLM engine is not running")
+        return self.llm
 
     async def check_alive(self) -> None:
+        """Raise :class:`EngineUnavailableError` if the engine died."""
         if self.llm is None or self.llm.errored:
             raise EngineUnavailableError("the in-process vLLM engine died; see the log above for its error")
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,6 +34,10 @@ from envhub.trainer.megatron.bridge import (
     load_bridge,
 )
 from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_logprobs
+from envhub.trainer.weight_sync.plan import TransferPlan
+
+if TYPE_CHECKING:
+    from envhub.trainer.weight_sync.ranks import RankTransfer
 
 SETUP_ENV = "ENVHUB_MEGATRON_WORKER_SETUP"
 """A Python file every rank runs before building anything (the tests' CPU compatibility)."""
@@ -101,7 +105,7 @@ class MegatronWorker:
         self.optimizer = self._optimizer()
         self.updates = 0
         self._weight_stream = None
-        self._transfer: Any = None
+        self._transfer: RankTransfer | None = None
         """This rank's side of the weight transfer to vLLM, once connected."""
         self._lr_multiplier = lr_multiplier(spec.schedule, spec.warmup_steps, spec.total_updates)
 
@@ -242,34 +246,31 @@ class MegatronWorker:
             return []
         return chunk if torch.distributed.get_rank() == 0 else None
 
-    def connect_weight_transfer(self, plan: Any) -> dict[str, Any] | None:
-        """Join the weight transfer that ``plan`` (``weight_sync.TransferPlan``) describes: rank 0
+    def connect_weight_transfer(self, plan: TransferPlan) -> dict[str, Any] | None:
+        """Join the weight transfer that ``plan`` describes (``weight_sync.ranks``): rank 0
         sends straight to the engines (NCCL rendezvous on its node, CUDA IPC from its GPU, or the
         shared file on its host); every rank gathers the weights with it on each
         :meth:`send_weights`. Rank 0 returns where it sends from; the others ``None``."""
-        from envhub.trainer.engines import weight_sync
+        from envhub.trainer.weight_sync.ranks import RankTransfer
 
         self.close_weight_transfer()
         rank = torch.distributed.get_rank()
         address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0's node, where it listens
-        self._transfer = weight_sync.connect_rank(plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address)
+        self._transfer = RankTransfer.connect(plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address)
         return {"rank": rank, "node": address, "pid": os.getpid()} if rank == 0 else None
 
     def send_weights(self) -> tuple[int, int] | None:
         """One sync over the connected transfer (every rank takes part); on rank 0 the buckets
-        and bytes it sent, else ``None``."""
-        from envhub.trainer.engines.weight_sync import sent_counts
-
+        and bytes it sent (plain ints: they travel over Ray), else ``None``."""
         if self._transfer is None:
             raise RuntimeError("call connect_weight_transfer first")
-        self._transfer.send_weights()
-        return sent_counts(self._transfer) if torch.distributed.get_rank() == 0 else None
+        sent = self._transfer.send()
+        return (sent.buckets, sent.bytes) if sent is not None else None
 
     def close_weight_transfer(self) -> None:
         """Leave the transfer (its shared file, communicator and HTTP clients); idempotent."""
         if self._transfer is not None:
-            self._transfer.shutdown()
-            self._transfer.client.close()
+            self._transfer.close()
             self._transfer = None
 
     def export(self, target: str) -> str | None:

@@ -1,4 +1,4 @@
-"""``envhub_shm``: a vLLM weight-transfer backend for engines that share the trainer's host.
+"""``envhub_shm`` as a vLLM weight-transfer backend: both sides, loaded by vLLM as a plugin.
 
 vLLM's own backends move weights over NCCL (between GPUs and nodes) or CUDA IPC (colocated on a
 GPU); neither runs on a CPU. This backend plugs into the same mechanism
@@ -16,7 +16,8 @@ through one shared-memory file:
   all its weights have arrived, so the file can be overwritten by the next bucket.
 
 vLLM loads this module in each of its processes through the ``vllm.general_plugins`` entry point
-(``register``); select it with ``--weight-transfer-config '{"backend": "envhub_shm"}'``.
+(``register``); select it with ``--weight-transfer-config '{"backend": "envhub_shm"}'``. How
+envhub itself uses it (where the sender must run) is ``transfers/envhub_shm.py``.
 """
 
 from __future__ import annotations

@@ -196,7 +196,7 @@ def test_an_engine_that_cannot_start_says_why(tmp_path: Path, tiny_model_dir: Pa
 
 
 def test_shared_files_of_killed_trainers_are_removed(tmp_path: Path) -> None:
-    from envhub.trainer.engines.shm_transfer import _remove_orphans
+    from envhub.trainer.weight_sync.shm_backend import _remove_orphans
 
     dead = tmp_path / "envhub-weights-999999999-abcd1234.bin"
     alive = tmp_path / f"envhub-weights-{os.getpid()}-abcd1234.bin"
@@ -210,7 +210,6 @@ def test_shared_files_of_killed_trainers_are_removed(tmp_path: Path) -> None:
 
 
 def test_the_light_module_names_the_backend_the_plugin_registers() -> None:
-    from envhub.trainer.engines import shm_transfer
-    from envhub.trainer.engines.vllm import SHM_BACKEND
+    from envhub.trainer.weight_sync import shm_backend, transfers
 
-    assert SHM_BACKEND == shm_transfer.BACKEND
+    assert transfers.get("envhub_shm").name == shm_backend.BACKEND

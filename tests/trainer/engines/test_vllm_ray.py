@@ -79,7 +79,7 @@ def test_a_server_that_cannot_start_is_reported_with_its_node_and_log(require_vl
     message = str(caught.value)
     assert message.startswith(f"the vLLM engine on node {ray.util.get_node_ip_address()} failed to start: ")
     assert "vLLM exited with code" in message and "Last log lines" in message
-    asyncio.run(transport.close())
+    asyncio.run(transport.aclose())
     assert transport.actor is None and transport._own_group is None
     assert _free_cpus(2.0) == 2.0  # the actor and its bundle were given back
 

@@ -1,6 +1,7 @@
-"""``ReplicatedTransport``'s own logic: which engine serves a request, and how one weight sync
-reaches every engine. The replicas here are small recording transports; real vLLM engines behind
-it run in ``tests/e2e/test_train_megatron.py`` (two engines on Ray, every sync verified on both)."""
+"""``ReplicatedTransport``'s own logic: which engine serves a request, and what every engine gets
+at once. The replicas here are small recording transports; how one weight sync reaches every
+engine is tested in ``tests/trainer/weight_sync/test_clients.py``; real vLLM engines behind it
+run in ``tests/e2e/test_train_megatron.py`` (two engines on Ray, every sync verified on both)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ class Recording:
             await self.gate.wait()
         return Sampled([ord(self.name)], [0.0], "stop")
 
-    async def control(self, call: str, *args: Any) -> None:
-        self.calls.append((call, args))
+    async def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache", ()))
 
-    async def world_size(self) -> int:
-        return self.size
+    async def wake_up(self, tags: str | None = None) -> None:
+        self.calls.append(("wake_up", (tags,)))
 
 
 def _names(outs: list[Sampled]) -> str:
@@ -72,24 +73,17 @@ def test_a_burst_goes_to_the_least_busy_engine() -> None:
     assert counts == [1, 0, 1, 4, 0, 0]  # in flight mid-burst, then served, then in flight at the end
 
 
-def test_one_sync_reaches_every_engine_with_its_own_nccl_ranks() -> None:
-    a, b = Recording("a", world_size=2), Recording("b", world_size=3)
-    transport = ReplicatedTransport([a, b])
-    assert asyncio.run(transport.world_size()) == 5  # the trainer's group: 1 + 5 ranks
-    init = {"master_address": "10.0.0.1", "master_port": 29500, "rank_offset": 1, "world_size": 6}
-    asyncio.run(transport.control("init_weight_transfer_engine", init))
-    assert a.calls == [("init_weight_transfer_engine", ({**init, "rank_offset": 1},))]
-    assert b.calls == [("init_weight_transfer_engine", ({**init, "rank_offset": 3},))]  # after a's two workers
-    asyncio.run(transport.control("update_weights", {"names": ["w"]}))
-    assert a.calls[-1] == b.calls[-1] == ("update_weights", ({"names": ["w"]},))
-    shm = {"path": "/dev/shm/x"}  # no ranks: the same info for every engine
-    asyncio.run(transport.control("init_weight_transfer_engine", shm))
-    assert a.calls[-1] == b.calls[-1] == ("init_weight_transfer_engine", (shm,))
-
-
 def test_the_trainer_address_and_urls_come_from_the_engines() -> None:
     transport = ReplicatedTransport([Recording("a"), Recording("b")])
     assert transport.trainer_address == "10.0.0.1"
     assert transport.where == "2 engines"
     with pytest.raises(ValueError, match="at least one replica"):
         ReplicatedTransport([])
+
+
+def test_waking_and_resetting_the_cache_reach_every_engine() -> None:
+    a, b = Recording("a"), Recording("b")
+    transport = ReplicatedTransport([a, b])
+    asyncio.run(transport.wake_up("weights"))
+    asyncio.run(transport.reset_prefix_cache())
+    assert a.calls == b.calls == [("wake_up", ("weights",)), ("reset_prefix_cache", ())]

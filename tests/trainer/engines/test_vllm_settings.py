@@ -6,8 +6,10 @@ import pytest
 
 from envhub.errors import ConfigError
 from envhub.trainer.config import validate_config
-from envhub.trainer.engines.vllm import choose_backend, default_tolerance, resolve_settings
+from envhub.trainer.engines.vllm import resolve_settings
 from envhub.trainer.engines.vllm_transport import serve_args
+from envhub.trainer.weight_sync.transfers import choose as choose_backend
+from envhub.trainer.weight_sync.verify import default_tolerance
 
 
 def _config(**vllm: object) -> object:

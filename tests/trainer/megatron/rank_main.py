@@ -52,12 +52,12 @@ def sync_to_engines(worker: MegatronWorker, urls: list[str]) -> dict:
     """Two weight syncs straight from the ranks to the engines at ``urls`` (``envhub_shm``,
     buckets of about 1 MB), over one connection; what each rank reports, and whether rank 0's
     shared file is gone after closing."""
-    from envhub.trainer.engines.weight_sync import TransferPlan
+    from envhub.trainer.weight_sync import TransferPlan
 
     plan = TransferPlan("envhub_shm", bucket_bytes=1 << 20, dtype="float32", urls=tuple(urls))
     sender = worker.connect_weight_transfer(plan)
     sent = [worker.send_weights(), worker.send_weights()]
-    shared_file = worker._transfer.path
+    shared_file = worker._transfer.transfer.path  # the envhub_shm trainer engine's file
     worker.close_weight_transfer()
     return {"sender": sender, "sent": sent, "shared_file_left": shared_file is not None and shared_file.exists()}
 

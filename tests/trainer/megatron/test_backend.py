@@ -111,23 +111,3 @@ def test_vllm_placement_settings_that_contradict_each_other_are_refused() -> Non
         _config(rollout={"engine": "vllm", "vllm": {"engines": 2}})
     with pytest.raises(ConfigError, match=r"rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"):
         _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "url": "http://127.0.0.1:8000"}})
-
-
-@pytest.mark.parametrize(
-    ("backend", "urls", "rank0", "why"),
-    [
-        ("nccl", ["http://10.0.0.3:8000"], "10.0.0.2", None),  # NCCL to an engine on Ray: from any node
-        ("envhub_shm", ["http://127.0.0.1:8000"], "10.0.0.1", None),  # all on the driver's node
-        ("ipc", ["http://10.0.0.1:8000"], "10.0.0.1", None),
-        ("nccl", [], "10.0.0.1", "the engine runs inside the driver's process"),
-        ("nccl", ["http://127.0.0.1:8000"], "10.0.0.2", "the vLLM server listens on the driver's loopback address and rank 0 is on node 10.0.0.2"),
-        ("envhub_shm", ["http://10.0.0.1:8000"], "10.0.0.2", "envhub_shm shares memory on the engines' node (10.0.0.1) and rank 0 is on node 10.0.0.2"),
-    ],
-)
-def test_rank_0_sends_itself_unless_it_cannot_reach_the_engines(backend: str, urls: list[str], rank0: str, why: str | None) -> None:
-    pytest.importorskip("vllm")
-    from envhub.trainer.engines.weight_sync import TransferPlan
-    from envhub.trainer.megatron.backend import relay_reason
-
-    plan = TransferPlan(backend, bucket_bytes=1 << 20, dtype="bfloat16", urls=tuple(urls))
-    assert relay_reason(plan, rank0, driver_node="10.0.0.1") == why
