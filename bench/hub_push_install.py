@@ -41,7 +41,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="envhub-bench-"))
     server = HubServer({"alice": "hf_alice"}).start()
     os.environ.update(
-        HF_ENDPOINT=server.url, HF_HOME=str(tmp / "hf"), ENVHUB_CACHE=str(tmp / "cache"),
+        HF_ENDPOINT=server.url,
+        HF_HOME=str(tmp / "hf"),
+        ENVHUB_CACHE=str(tmp / "cache"),
         HF_HUB_DISABLE_PROGRESS_BARS="1",  # keep the table readable
     )
     os.chdir(tmp)

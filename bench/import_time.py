@@ -1,6 +1,6 @@
 """Time to `import envhub` (and what it pulls in), median of fresh interpreters.
 
-    .venv/bin/python bench/import_time.py
+.venv/bin/python bench/import_time.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ PROBE = "import sys, time; t = time.perf_counter(); {code}; print(time.perf_coun
 def measure(code: str, runs: int = 15) -> tuple[float, bool]:
     times, heavy = [], False
     for _ in range(runs):
-        out = subprocess.run([sys.executable, "-c", PROBE.format(code=code)], capture_output=True, text=True, check=True).stdout.split()
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE.format(code=code)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
         times.append(float(out[0]))
         heavy |= out[1] == "1"
     return statistics.median(times), heavy

@@ -30,7 +30,12 @@ from envhub.trainer.batch import Batch, Sample, micro_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "tests" / "trainer" / "megatron" / "cpu_compat.py"
-LAYOUTS = [("megatron 1 rank", 1, 1, 1), ("megatron tp=2", 2, 2, 1), ("megatron pp=2", 2, 1, 2), ("megatron dp=2", 2, 1, 1)]
+LAYOUTS = [
+    ("megatron 1 rank", 1, 1, 1),
+    ("megatron tp=2", 2, 2, 1),
+    ("megatron pp=2", 2, 1, 2),
+    ("megatron dp=2", 2, 1, 1),
+]
 
 
 def make_model(folder: Path, hidden: int, layers: int) -> None:
@@ -54,7 +59,15 @@ def make_batch(sequences: int, budget: int, packed: bool) -> tuple[Batch, list]:
     for i in range(sequences):
         n = int(torch.randint(64, 161, (1,), generator=generator))
         ids = torch.randint(0, 49152, (n,), generator=generator).tolist()
-        samples.append(Sample(ids, [0] * 16 + [1] * (n - 16), [-1.0] * n, float(torch.randn(1, generator=generator)), i))
+        samples.append(
+            Sample(
+                ids,
+                [0] * 16 + [1] * (n - 16),
+                [-1.0] * n,
+                float(torch.randn(1, generator=generator)),
+                i,
+            )
+        )
     batch = Batch(samples)
     return batch, micro_batches(batch, budget, pad_id=0, packed=packed)
 
@@ -62,7 +75,14 @@ def make_batch(sequences: int, budget: int, packed: bool) -> tuple[Batch, list]:
 def step(backend: object, batch: Batch, mbs: list) -> float:
     start = time.perf_counter()
     backend.logprobs(mbs)
-    backend.update(mbs, ObjectiveSpec(), old_logprobs=None, ref_logprobs=None, num_tokens=batch.num_tokens, num_sequences=batch.num_sequences)
+    backend.update(
+        mbs,
+        ObjectiveSpec(),
+        old_logprobs=None,
+        ref_logprobs=None,
+        num_tokens=batch.num_tokens,
+        num_sequences=batch.num_sequences,
+    )
     return time.perf_counter() - start
 
 
@@ -70,7 +90,15 @@ def time_torch(model: Path, args: argparse.Namespace) -> list[float]:
     from envhub.trainer.backends.torch_backend import TorchBackend
     from envhub.trainer.config import validate_config
 
-    backend = TorchBackend(validate_config({"model": {"name": str(model)}, "envs": [{"name": "arithmetic"}], "backend": {"device": "cpu"}}))
+    backend = TorchBackend(
+        validate_config(
+            {
+                "model": {"name": str(model)},
+                "envs": [{"name": "arithmetic"}],
+                "backend": {"device": "cpu"},
+            }
+        )
+    )
     batch, mbs = make_batch(args.sequences, args.micro_batch_tokens, packed=False)
     return [step(backend, batch, mbs) for _ in range(args.steps + 1)][1:]
 
@@ -86,7 +114,14 @@ def rank_main(model: str, tp: int, pp: int, args: argparse.Namespace) -> None:
         torch.distributed.barrier()
         start = time.perf_counter()
         worker.logprobs(mbs)
-        worker.update(mbs, ObjectiveSpec(), old_logprobs=None, ref_logprobs=None, num_tokens=batch.num_tokens, num_sequences=batch.num_sequences)
+        worker.update(
+            mbs,
+            ObjectiveSpec(),
+            old_logprobs=None,
+            ref_logprobs=None,
+            num_tokens=batch.num_tokens,
+            num_sequences=batch.num_sequences,
+        )
         torch.distributed.barrier()
         return time.perf_counter() - start
 
@@ -95,13 +130,33 @@ def rank_main(model: str, tp: int, pp: int, args: argparse.Namespace) -> None:
         print("TIMES " + json.dumps(times), flush=True)
 
 
-def time_megatron(model: Path, world: int, tp: int, pp: int, args: argparse.Namespace) -> list[float]:
-    env = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": str(max(1, 2 // world))}
-    return run_ranks(__file__, world, ["--rank", str(model), str(tp), str(pp), *_common(args)], env=env, marker="TIMES", timeout=1800)
+def time_megatron(
+    model: Path, world: int, tp: int, pp: int, args: argparse.Namespace
+) -> list[float]:
+    env = {
+        **os.environ,
+        "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT),
+        "OMP_NUM_THREADS": str(max(1, 2 // world)),
+    }
+    return run_ranks(
+        __file__,
+        world,
+        ["--rank", str(model), str(tp), str(pp), *_common(args)],
+        env=env,
+        marker="TIMES",
+        timeout=1800,
+    )
 
 
 def _common(args: argparse.Namespace) -> list[str]:
-    return ["--sequences", str(args.sequences), "--steps", str(args.steps), "--micro-batch-tokens", str(args.micro_batch_tokens)]
+    return [
+        "--sequences",
+        str(args.sequences),
+        "--steps",
+        str(args.steps),
+        "--micro-batch-tokens",
+        str(args.micro_batch_tokens),
+    ]
 
 
 def main() -> None:
@@ -120,12 +175,18 @@ def main() -> None:
         make_model(model, args.hidden, args.layers)
         torch.set_num_threads(2)
         rows = [("torch backend", time_torch(model, args))]
-        rows += [(name, time_megatron(model, world, tp, pp, args)) for name, world, tp, pp in LAYOUTS]
+        rows += [
+            (name, time_megatron(model, world, tp, pp, args)) for name, world, tp, pp in LAYOUTS
+        ]
     batch, padded = make_batch(args.sequences, args.micro_batch_tokens, packed=False)
     _, packed = make_batch(args.sequences, args.micro_batch_tokens, packed=True)
     tokens = sum(len(s) for s in batch.samples)
-    print(f"model: Llama hidden={args.hidden} layers={args.layers} vocab=49152; batch: {args.sequences} sequences, {tokens} tokens")
-    print(f"torch: {len(padded)} padded micro-batches, {sum(mb.input_ids.numel() for mb in padded)} positions; megatron: {len(packed)} packed rows, {tokens} positions")
+    print(
+        f"model: Llama hidden={args.hidden} layers={args.layers} vocab=49152; batch: {args.sequences} sequences, {tokens} tokens"
+    )
+    print(
+        f"torch: {len(padded)} padded micro-batches, {sum(mb.input_ids.numel() for mb in padded)} positions; megatron: {len(packed)} packed rows, {tokens} positions"
+    )
     print(f"{'backend':<18}{'median s/step':>14}{'min':>8}{'tokens/s':>10}")
     for name, times in rows:
         median = statistics.median(times)

@@ -45,7 +45,13 @@ def make_model(folder: Path, shape: str) -> None:
     """A randomly initialised Qwen2 of ``shape`` (tied embeddings, as the small Qwen2.5s), saved in bf16."""
     import transformers
 
-    config = transformers.Qwen2Config(**SHAPES[shape], tie_word_embeddings=True, max_position_embeddings=32768, rope_theta=1e6, torch_dtype="bfloat16")
+    config = transformers.Qwen2Config(
+        **SHAPES[shape],
+        tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)
     transformers.Qwen2ForCausalLM(config).to(torch.bfloat16).save_pretrained(folder)
 
@@ -60,7 +66,15 @@ def make_batch(shape: str, tokens: int, seq: int, budget: int) -> tuple[object, 
         if n < 2:
             break
         ids = torch.randint(0, vocab, (n,), generator=generator).tolist()
-        samples.append(Sample(ids, [0] * (n // 8) + [1] * (n - n // 8), [-1.0] * n, float(torch.randn(1, generator=generator)), len(samples)))
+        samples.append(
+            Sample(
+                ids,
+                [0] * (n // 8) + [1] * (n - n // 8),
+                [-1.0] * n,
+                float(torch.randn(1, generator=generator)),
+                len(samples),
+            )
+        )
         total += n
     batch = Batch(samples)
     return batch, micro_batches(batch, budget, pad_id=0, packed=True)
@@ -69,9 +83,16 @@ def make_batch(shape: str, tokens: int, seq: int, budget: int) -> tuple[object, 
 def model_flops(shape: str, lengths: list[int]) -> float:
     """Model FLOPs of one update (forward + backward) over sequences of ``lengths`` (see the docstring)."""
     s = SHAPES[shape]
-    h, layers, heads, kv = s["hidden_size"], s["num_hidden_layers"], s["num_attention_heads"], s["num_key_value_heads"]
+    h, layers, heads, kv = (
+        s["hidden_size"],
+        s["num_hidden_layers"],
+        s["num_attention_heads"],
+        s["num_key_value_heads"],
+    )
     head_dim = h // heads
-    per_layer = h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * s["intermediate_size"]  # q, o, k, v; gate, up, down
+    per_layer = (
+        h * heads * head_dim * 2 + h * kv * head_dim * 2 + 3 * h * s["intermediate_size"]
+    )  # q, o, k, v; gate, up, down
     matmul_params = layers * per_layer + s["vocab_size"] * h
     attention = sum(3 * 4 * layers * heads * head_dim * n * (n + 1) / 2 for n in lengths)
     return 6.0 * matmul_params * sum(lengths) + attention
@@ -84,7 +105,16 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
     from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 
     gpu = torch.cuda.is_available()
-    worker = MegatronWorker(WorkerSpec(model, args.tp, args.pp, dtype="bfloat16" if gpu else "float32", lr=1e-6, recompute=args.recompute))
+    worker = MegatronWorker(
+        WorkerSpec(
+            model,
+            args.tp,
+            args.pp,
+            dtype="bfloat16" if gpu else "float32",
+            lr=1e-6,
+            recompute=args.recompute,
+        )
+    )
     batch, mbs = make_batch(shape, args.tokens, args.seq, args.micro_batch_tokens)
 
     def timed(call: object) -> float:
@@ -99,7 +129,14 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
         return time.perf_counter() - start
 
     def update() -> None:
-        worker.update(mbs, ObjectiveSpec(), old_logprobs=None, ref_logprobs=None, num_tokens=batch.num_tokens, num_sequences=batch.num_sequences)
+        worker.update(
+            mbs,
+            ObjectiveSpec(),
+            old_logprobs=None,
+            ref_logprobs=None,
+            num_tokens=batch.num_tokens,
+            num_sequences=batch.num_sequences,
+        )
 
     def gather() -> None:
         for _ in hf_weights(worker.bridge, [worker.model.module]):
@@ -108,7 +145,9 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
     updates = [timed(update) for _ in range(args.steps + 1)][1:]  # the first warms up
     logprobs = [timed(lambda: worker.logprobs(mbs)) for _ in range(2)][1:]
     gathers = [timed(gather) for _ in range(3)][1:]
-    weight_bytes = sum(t.numel() * t.element_size() for _, t in hf_weights(worker.bridge, [worker.model.module]))
+    weight_bytes = sum(
+        t.numel() * t.element_size() for _, t in hf_weights(worker.bridge, [worker.model.module])
+    )
     parameters = worker.num_parameters()  # a collective: every rank
     if torch.distributed.get_rank() == 0:
         memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
@@ -124,8 +163,18 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
     world = args.tp * args.pp
     env = dict(os.environ)
     if not torch.cuda.is_available():
-        env |= {"ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT), "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // world))}
-    return run_ranks(__file__, world, ["--rank", str(model), *_forwarded(args)], env=env, marker="REPORT", timeout=3600)
+        env |= {
+            "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT),
+            "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 2) // world)),
+        }
+    return run_ranks(
+        __file__,
+        world,
+        ["--rank", str(model), *_forwarded(args)],
+        env=env,
+        marker="REPORT",
+        timeout=3600,
+    )
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
@@ -141,16 +190,26 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
     flops = model_flops(args.shape, report["lengths"])
     per_gpu = flops / update / world / 1e12
     gather = statistics.median(report["gathers"])
-    print(f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x {report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})")
-    print(f"batch: {len(report['lengths'])} sequences, {tokens} tokens, {report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens")
+    print(
+        f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x {report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})"
+    )
+    print(
+        f"batch: {len(report['lengths'])} sequences, {tokens} tokens, {report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens"
+    )
     rows = [
         ("update s (median)", f"{update:.3f}"),
         ("training tokens/s", f"{tokens / update:,.0f}"),
         ("training tokens/s per device", f"{tokens / update / world:,.0f}"),
         ("model TFLOP/s per device", f"{per_gpu:.3g}"),
-        ("MFU", f"{per_gpu / args.peak_tflops:.1%}" if report["device"] != "cpu" else "n/a on the CPU"),
+        (
+            "MFU",
+            f"{per_gpu / args.peak_tflops:.1%}" if report["device"] != "cpu" else "n/a on the CPU",
+        ),
         ("logprobs pass s", f"{statistics.median(report['logprobs']):.3f}"),
-        ("weight gather s (per sync)", f"{gather:.3f}  ({report['weight_bytes'] / 2**30:.2f} GiB, {report['weight_bytes'] / gather / 2**30:.1f} GiB/s)"),
+        (
+            "weight gather s (per sync)",
+            f"{gather:.3f}  ({report['weight_bytes'] / 2**30:.2f} GiB, {report['weight_bytes'] / gather / 2**30:.1f} GiB/s)",
+        ),
         ("peak memory GiB (rank 0)", f"{report['max_memory_gib']:.1f}"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -167,8 +226,14 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=2048, help="longest sequence")
     parser.add_argument("--micro-batch-tokens", type=int, default=16384)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--recompute", action="store_true", help="activation recomputation (model.gradient_checkpointing)")
-    parser.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS, help="the card's dense bf16 peak")
+    parser.add_argument(
+        "--recompute",
+        action="store_true",
+        help="activation recomputation (model.gradient_checkpointing)",
+    )
+    parser.add_argument(
+        "--peak-tflops", type=float, default=H100_BF16_TFLOPS, help="the card's dense bf16 peak"
+    )
     parser.add_argument("--rank", metavar="MODEL")
     args = parser.parse_args()
     if args.rank:

@@ -48,7 +48,13 @@ def plain_loop(episodes: int, reward: str) -> float:
 
 def runner(episodes: int, concurrency: int, tokens: bool, reward: str) -> float:
     engine = ScriptedEngine(reference_policy, ByteChatTokenizer() if tokens else None)
-    run = RolloutRunner(engine, lambda: make_env(reward), max_concurrency=concurrency, step_timeout=None, episode_timeout=None)
+    run = RolloutRunner(
+        engine,
+        lambda: make_env(reward),
+        max_concurrency=concurrency,
+        step_timeout=None,
+        episode_timeout=None,
+    )
     started = time.perf_counter()
     tasks = [i % 1000 for i in range(episodes)]  # the env has 1000 tasks
     trajectories = asyncio.run(run.run(tasks, samples_per_task=1))
@@ -73,7 +79,9 @@ def main() -> None:
         for tokens in (False, True):
             for concurrency in (1, 64, 1024):
                 rate = best_of(args.repeats, runner, args.episodes, concurrency, tokens, reward)
-                label = f"runner, {'token' if tokens else 'message'} level, concurrency {concurrency}"
+                label = (
+                    f"runner, {'token' if tokens else 'message'} level, concurrency {concurrency}"
+                )
                 print(f"{reward:<7} {label:<42} {rate:>11.0f} {rate / limit:>8.2f}")
 
 

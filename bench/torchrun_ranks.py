@@ -13,14 +13,26 @@ import sys
 from typing import Any
 
 
-def run_ranks(script: str, world: int, args: list[str], *, env: dict[str, str], marker: str, timeout: float) -> Any:
+def run_ranks(
+    script: str, world: int, args: list[str], *, env: dict[str, str], marker: str, timeout: float
+) -> Any:
     """``script args`` in ``world`` processes on this machine (a free rendezvous port)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={port}", script, *args]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={world}",
+        f"--master-port={port}",
+        script,
+        *args,
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    line = next((line for line in result.stdout.splitlines() if line.startswith(marker + " ")), None)
+    line = next(
+        (line for line in result.stdout.splitlines() if line.startswith(marker + " ")), None
+    )
     if line is None:
         raise RuntimeError(result.stderr[-4000:])
     return json.loads(line.removeprefix(marker + " "))

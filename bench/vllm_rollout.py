@@ -29,7 +29,16 @@ from envhub.trainer.config import validate_config
 from envhub.types import user
 
 ROOT = Path(__file__).resolve().parents[1]
-TOPICS = ["the sea", "a city at night", "bread", "the moon", "trains", "winter", "a library", "rivers"]
+TOPICS = [
+    "the sea",
+    "a city at night",
+    "bread",
+    "the moon",
+    "trains",
+    "winter",
+    "a library",
+    "rivers",
+]
 
 
 def requests(tokenizer, n: int, new_tokens: int) -> list[GenerateRequest]:
@@ -37,7 +46,13 @@ def requests(tokenizer, n: int, new_tokens: int) -> list[GenerateRequest]:
     out = []
     for i in range(n):
         messages = [user(f"Write a long story about {TOPICS[i % len(TOPICS)]} (version {i}).")]
-        out.append(GenerateRequest(messages=messages, prompt_ids=tokenizer.render_sync(messages, None, True), sampling=sampling))
+        out.append(
+            GenerateRequest(
+                messages=messages,
+                prompt_ids=tokenizer.render_sync(messages, None, True),
+                sampling=sampling,
+            )
+        )
     return out
 
 
@@ -101,8 +116,12 @@ def training(steps: int) -> None:
     subprocess.run(command, check=True)
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in (out / "vllm" / "metrics.jsonl").read_text().splitlines()]
-    print(f"\nenvhub train quickstart, rollout.engine=vllm, {steps} steps, {wall:.0f} s wall (with engine start)")
-    print(f"{'step':>4} {'reward':>7} {'rollout s':>9} {'tok/s':>7} {'update s':>8} {'sync s':>7} {'sync %':>7} {'Δlp before':>11} {'Δlp after':>10} {'TIS Δlp max':>11}")
+    print(
+        f"\nenvhub train quickstart, rollout.engine=vllm, {steps} steps, {wall:.0f} s wall (with engine start)"
+    )
+    print(
+        f"{'step':>4} {'reward':>7} {'rollout s':>9} {'tok/s':>7} {'update s':>8} {'sync s':>7} {'sync %':>7} {'Δlp before':>11} {'Δlp after':>10} {'TIS Δlp max':>11}"
+    )
     for r in rows:
         share = 100 * r["time/sync"] / r["time/step"]
         print(

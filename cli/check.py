@@ -12,9 +12,13 @@ def register(app: typer.Typer) -> None:
 
 
 def check_command(
-    target: str = typer.Argument(..., help="An env package folder, or the name of an installed env."),
+    target: str = typer.Argument(
+        ..., help="An env package folder, or the name of an installed env."
+    ),
     seeds: int = typer.Option(3, help="Seeds to check each env with."),
-    tests: bool = typer.Option(True, "--tests/--no-tests", help="Also run a package folder's own tests."),
+    tests: bool = typer.Option(
+        True, "--tests/--no-tests", help="Also run a package folder's own tests."
+    ),
 ) -> None:
     """Check that envs honour the env contract (determinism, schemas, rewards, budgets, close).
 
@@ -38,8 +42,13 @@ def check_command(
     specs = package_env_specs(target) if Path(target).is_dir() else {target: get_spec(target)}
     failed = 0
     for name, spec in specs.items():
-        report = check_env(_construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False)
-        table = Table(title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}", title_justify="left")
+        report = check_env(
+            _construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False
+        )
+        table = Table(
+            title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}",
+            title_justify="left",
+        )
         table.add_column("check")
         table.add_column("result")
         table.add_column("detail", overflow="fold")
@@ -58,7 +67,9 @@ def _construct(name: str, spec):
     try:
         return factory()
     except Exception as e:
-        raise EnvLoadError(f"env {name!r} cannot be constructed without arguments: {type(e).__name__}: {e}") from e
+        raise EnvLoadError(
+            f"env {name!r} cannot be constructed without arguments: {type(e).__name__}: {e}"
+        ) from e
 
 
 def _check_package(path: Path, seeds: int, tests: bool) -> None:
@@ -68,7 +79,10 @@ def _check_package(path: Path, seeds: int, tests: bool) -> None:
     from envhub.package_check import check_package
 
     report = check_package(path, seeds=seeds, run_tests=tests)
-    table = Table(title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/] (version {report.version})", title_justify="left")
+    table = Table(
+        title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/] (version {report.version})",
+        title_justify="left",
+    )
     for column in ("gate", "result", "detail"):
         table.add_column(column, overflow="fold")
     for r in report.results:

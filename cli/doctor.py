@@ -10,8 +10,12 @@ def register(app: typer.Typer) -> None:
 
 
 def doctor_command(
-    base_url: str = typer.Option(..., "--base-url", "-u", help="A vLLM server (its /tokenize renders the template)."),
-    model: str = typer.Option(None, "--model", "-m", help="Model name on the server (default: its first)."),
+    base_url: str = typer.Option(
+        ..., "--base-url", "-u", help="A vLLM server (its /tokenize renders the template)."
+    ),
+    model: str = typer.Option(
+        None, "--model", "-m", help="Model name on the server (default: its first)."
+    ),
 ) -> None:
     """Check that each turn's prompt is an exact token prefix of the next, on synthetic
     plain, tool-calling and reasoning conversations. Exits 1 if the template rewrites history.
@@ -40,13 +44,30 @@ def doctor_command(
         served, (checked, findings) = asyncio.run(run())
     except EngineError as e:
         raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
-    table = Table(title=f"chat template of {served}: {checked} turn boundaries in {len(CONVERSATIONS)} conversations", title_justify="left")
-    for column in ("conversation", "turn", "first differing token", "history as rendered", "next prompt as rendered"):
+    table = Table(
+        title=f"chat template of {served}: {checked} turn boundaries in {len(CONVERSATIONS)} conversations",
+        title_justify="left",
+    )
+    for column in (
+        "conversation",
+        "turn",
+        "first differing token",
+        "history as rendered",
+        "next prompt as rendered",
+    ):
         table.add_column(column)
     for f in findings:
-        table.add_row(f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered))
+        table.add_row(
+            f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered)
+        )
     if findings:
         console.print(table)
-        console.print("[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory", soft_wrap=True)
+        console.print(
+            "[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory",
+            soft_wrap=True,
+        )
         raise typer.Exit(code=1)
-    console.print(f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)", soft_wrap=True)
+    console.print(
+        f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)",
+        soft_wrap=True,
+    )

@@ -17,19 +17,41 @@ def register(app: typer.Typer) -> None:
 
 def eval_command(
     env: str = typer.Argument(..., help="Name of an installed env (see `envhub list`)."),
-    model: str = typer.Option(None, "--model", "-m", help=f"Model to query; with --serve, the model to serve (default {DEFAULT_MODEL})."),
-    base_url: str = typer.Option(None, "--base-url", "-u", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."),
-    serve: bool = typer.Option(False, "--serve", help="Start a local vLLM server for --model, and stop it afterwards."),
-    num_tasks: int = typer.Option(10, "-n", "--num-tasks", min=1, help="Tasks to evaluate (drawn with --seed)."),
-    rollouts: int = typer.Option(3, "-r", "--rollouts", min=1, help="Samples per task (pass@k uses them)."),
+    model: str = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help=f"Model to query; with --serve, the model to serve (default {DEFAULT_MODEL}).",
+    ),
+    base_url: str = typer.Option(
+        None, "--base-url", "-u", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
+    ),
+    serve: bool = typer.Option(
+        False, "--serve", help="Start a local vLLM server for --model, and stop it afterwards."
+    ),
+    num_tasks: int = typer.Option(
+        10, "-n", "--num-tasks", min=1, help="Tasks to evaluate (drawn with --seed)."
+    ),
+    rollouts: int = typer.Option(
+        3, "-r", "--rollouts", min=1, help="Samples per task (pass@k uses them)."
+    ),
     max_tokens: int = typer.Option(512, help="Tokens per assistant turn."),
     temperature: float = typer.Option(0.7, help="Sampling temperature."),
     top_p: float = typer.Option(1.0, help="Nucleus sampling."),
     concurrency: int = typer.Option(32, help="Episodes in flight at once."),
-    env_args: list[str] = typer.Option([], "--env-arg", "-a", help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); repeatable."),
-    mode: str = typer.Option("auto", help="auto | tokens (token-in/token-out, vLLM) | chat (any OpenAI server)."),
+    env_args: list[str] = typer.Option(
+        [],
+        "--env-arg",
+        "-a",
+        help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); repeatable.",
+    ),
+    mode: str = typer.Option(
+        "auto", help="auto | tokens (token-in/token-out, vLLM) | chat (any OpenAI server)."
+    ),
     seed: int = typer.Option(0, help="Seed for task choice and env randomness."),
-    output: Path = typer.Option(None, "--output", "-o", help="Folder for results (default outputs/eval/ENV-MODEL-TIME)."),
+    output: Path = typer.Option(
+        None, "--output", "-o", help="Folder for results (default outputs/eval/ENV-MODEL-TIME)."
+    ),
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the server."),
     step_timeout: float = typer.Option(60.0, help="Seconds an env step may take."),
     episode_timeout: float = typer.Option(900.0, help="Seconds an episode may take."),
@@ -44,7 +66,9 @@ def eval_command(
     from envhub.errors import ConfigError
 
     if not base_url and not serve:
-        raise ConfigError("give --base-url URL of an OpenAI-compatible server, or --serve to start vLLM locally")
+        raise ConfigError(
+            "give --base-url URL of an OpenAI-compatible server, or --serve to start vLLM locally"
+        )
     if base_url and serve:
         raise ConfigError("--base-url and --serve exclude each other")
     kwargs = parse_env_args(env_args)
@@ -94,7 +118,9 @@ def _start_server(model: str):
 
     path = resolve_model(model)
     server = VLLMServer(path, served_model_name=model, extra_args=serve_flags())
-    with err_console.status(f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"):
+    with err_console.status(
+        f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"
+    ):
         server.start()
     err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
     return server
@@ -126,7 +152,10 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     )  # fmt: skip
     folder = output or default_output(env_name, model or "server")
     started = time.perf_counter()
-    with TrajectoryWriter(folder / "trajectories.jsonl") as writer, _progress(len(indices) * rollouts) as advance:
+    with (
+        TrajectoryWriter(folder / "trajectories.jsonl") as writer,
+        _progress(len(indices) * rollouts) as advance,
+    ):
 
         def record(trajectory: Any) -> None:
             writer.write(trajectory)
@@ -192,7 +221,9 @@ class _progress:
 
     def advance(self, reward: float) -> None:
         self.total, self.count = self.total + reward, self.count + 1
-        self.bar.update(self.task, advance=1, description=f"mean reward {self.total / self.count:.3f}")
+        self.bar.update(
+            self.task, advance=1, description=f"mean reward {self.total / self.count:.3f}"
+        )
 
     def __exit__(self, *exc: object) -> None:
         self.bar.stop()
@@ -211,16 +242,34 @@ def summary_table(summary: Any, title: str):
         *((f"  {name}", f"{value:.3f}") for name, value in summary.components.items()),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
         ("tool calls / episode", f"{summary.tool_calls:.2f}"),
-        ("tool-call validity", "-" if summary.tool_validity is None else f"{summary.tool_validity:.1%}"),
+        (
+            "tool-call validity",
+            "-" if summary.tool_validity is None else f"{summary.tool_validity:.1%}",
+        ),
         *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
-        ("episodes with errors", str(summary.episodes_with_errors) + (f" ({', '.join(f'{k} {v}' for k, v in summary.error_stages.items())})" if summary.error_stages else "")),
+        (
+            "episodes with errors",
+            str(summary.episodes_with_errors)
+            + (
+                f" ({', '.join(f'{k} {v}' for k, v in summary.error_stages.items())})"
+                if summary.error_stages
+                else ""
+            ),
+        ),
         ("token drift", f"{summary.token_drift_episodes} episodes"),
     ]
-    if summary.seconds > 0:  # unknown (0) for trajectories saved without a summary, e.g. by `envhub train`
-        rows.append(("time", f"{summary.seconds:.1f} s ({summary.episodes / summary.seconds:.2f} episodes/s)"))
+    if (
+        summary.seconds > 0
+    ):  # unknown (0) for trajectories saved without a summary, e.g. by `envhub train`
+        rows.append(
+            (
+                "time",
+                f"{summary.seconds:.1f} s ({summary.episodes / summary.seconds:.2f} episodes/s)",
+            )
+        )
     for name, value in rows:
         table.add_row(name, value)
     return table

@@ -12,10 +12,20 @@ def register(app: typer.Typer) -> None:
 
 
 def init_command(
-    name: str = typer.Argument(..., help="Package and env name: lowercase letters, digits and hyphens, e.g. my-env."),
-    template: str = typer.Option("single-turn", "--template", "-t", help="single-turn | multi-turn | tool | code."),
-    directory: Path = typer.Option(None, "--dir", help="Folder to create the package in (default: the current folder)."),
-    force: bool = typer.Option(False, "--force", help="Write into an existing, non-empty folder: replace the template's files, keep the others."),
+    name: str = typer.Argument(
+        ..., help="Package and env name: lowercase letters, digits and hyphens, e.g. my-env."
+    ),
+    template: str = typer.Option(
+        "single-turn", "--template", "-t", help="single-turn | multi-turn | tool | code."
+    ),
+    directory: Path = typer.Option(
+        None, "--dir", help="Folder to create the package in (default: the current folder)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Write into an existing, non-empty folder: replace the template's files, keep the others.",
+    ),
 ) -> None:
     """Create an env package from a template: a working env, its tests and a README to edit.
 
@@ -41,7 +51,11 @@ def _print_summary(name: str, template: str, path: Path, files: list[str]) -> No
     from envhub.cli.console import console
 
     # soft_wrap: paths and commands stay on one line (copyable), however narrow the terminal.
-    console.print(f"[green]Created[/] {name} from the {template} template in {escape(str(path))}", highlight=False, soft_wrap=True)
+    console.print(
+        f"[green]Created[/] {name} from the {template} template in {escape(str(path))}",
+        highlight=False,
+        soft_wrap=True,
+    )
     for file in files:
         console.print(f"  {escape(file)}", highlight=False, soft_wrap=True)
     steps = [
@@ -55,4 +69,6 @@ def _print_summary(name: str, template: str, path: Path, files: list[str]) -> No
     console.print("\n[bold]Next steps[/]", highlight=False, soft_wrap=True)
     for command, note in steps:
         comment = f"  [dim]# {escape(note)}[/]" if note else ""
-        console.print(f"  {escape(command.ljust(width))}{comment}".rstrip(), highlight=False, soft_wrap=True)
+        console.print(
+            f"  {escape(command.ljust(width))}{comment}".rstrip(), highlight=False, soft_wrap=True
+        )

@@ -10,7 +10,9 @@ def register(app: typer.Typer) -> None:
 
 
 def list_command(
-    hub: bool = typer.Option(False, "--hub", help="List env packages on the Hub instead (repos tagged envhub)."),
+    hub: bool = typer.Option(
+        False, "--hub", help="List env packages on the Hub instead (repos tagged envhub)."
+    ),
 ) -> None:
     """List installed envs: name, kind, tools, version and where each comes from.
 
@@ -49,8 +51,16 @@ def describe(spec) -> tuple[str, str, str, str, str]:
         target = spec.load()
     except EnvLoadError as e:
         return "[red]broken[/]", "", spec.version or "", origin, str(e)
-    kinds = [(ToolEnv, "tool"), (MultiTurnEnv, "multi-turn"), (SingleTurnEnv, "single-turn"), (Env, "custom")]
-    kind = next((label for cls, label in kinds if inspect.isclass(target) and issubclass(target, cls)), "factory")
+    kinds = [
+        (ToolEnv, "tool"),
+        (MultiTurnEnv, "multi-turn"),
+        (SingleTurnEnv, "single-turn"),
+        (Env, "custom"),
+    ]
+    kind = next(
+        (label for cls, label in kinds if inspect.isclass(target) and issubclass(target, cls)),
+        "factory",
+    )
     tools = ", ".join(getattr(t, "name", str(t)) for t in getattr(target, "tools", ()))
     version = getattr(target, "version", None) or spec.version or ""
     doc = (inspect.getdoc(target) or "").split("\n")[0]

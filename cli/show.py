@@ -12,8 +12,13 @@ def register(app: typer.Typer) -> None:
 
 
 def show_command(
-    results: Path = typer.Argument(..., help="A results folder written by `envhub eval`, or a trajectories file (an eval's trajectories.jsonl, a training step's trajectories/step-N.jsonl)."),
-    episode: int = typer.Option(None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."),
+    results: Path = typer.Argument(
+        ...,
+        help="A results folder written by `envhub eval`, or a trajectories file (an eval's trajectories.jsonl, a training step's trajectories/step-N.jsonl).",
+    ),
+    episode: int = typer.Option(
+        None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."
+    ),
     worst: bool = typer.Option(False, "--worst", help="Show the lowest-reward episode."),
 ) -> None:
     """Print the summary of saved results, or one episode turn by turn.
@@ -33,16 +38,24 @@ def show_command(
 
     file = results / "trajectories.jsonl" if results.is_dir() else results
     if not file.is_file():
-        raise ConfigError(f"{results} holds no trajectories.jsonl; give a folder written by `envhub eval`")
+        raise ConfigError(
+            f"{results} holds no trajectories.jsonl; give a folder written by `envhub eval`"
+        )
     trajectories = read_trajectories(file)
     if not trajectories:
         raise ConfigError(f"{file} is empty")
     if episode is None and not worst:
         saved = _saved_summary(file)
-        summary = summarize(trajectories, saved.get("pass_threshold", 1.0), saved.get("seconds", 0.0))
-        console.print(summary_table(summary, str(file.parent if file.name == "trajectories.jsonl" else file)))
+        summary = summarize(
+            trajectories, saved.get("pass_threshold", 1.0), saved.get("seconds", 0.0)
+        )
+        console.print(
+            summary_table(summary, str(file.parent if file.name == "trajectories.jsonl" else file))
+        )
         return
-    index = min(range(len(trajectories)), key=lambda i: trajectories[i].reward) if worst else episode
+    index = (
+        min(range(len(trajectories)), key=lambda i: trajectories[i].reward) if worst else episode
+    )
     if not 0 <= index < len(trajectories):
         raise ConfigError(f"--episode must be 0..{len(trajectories) - 1}")
     render_episode(console, trajectories[index], index)
@@ -53,7 +66,9 @@ def _saved_summary(file: Path) -> dict:
     import json
 
     path = file.with_name("summary.json")
-    return json.loads(path.read_text()) if file.name == "trajectories.jsonl" and path.is_file() else {}
+    return (
+        json.loads(path.read_text()) if file.name == "trajectories.jsonl" and path.is_file() else {}
+    )
 
 
 def render_episode(console, trajectory, index: int) -> None:
@@ -69,9 +84,20 @@ def render_episode(console, trajectory, index: int) -> None:
     )
     styles = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
     for m in t.messages:
-        title = m.role + (f" -> {m.name}" if m.name else "") + (f" ({len(m.tool_calls)} tool calls)" if m.tool_calls else "")
-        console.print(Panel(m.content or "", title=title, title_align="left", border_style=styles[m.role]), markup=False)
+        title = (
+            m.role
+            + (f" -> {m.name}" if m.name else "")
+            + (f" ({len(m.tool_calls)} tool calls)" if m.tool_calls else "")
+        )
+        console.print(
+            Panel(m.content or "", title=title, title_align="left", border_style=styles[m.role]),
+            markup=False,
+        )
     for e in t.errors:
-        console.print(f"[red]error[/] at {e.stage} (turn {e.turn}): {e.type}: {e.message}", soft_wrap=True)
+        console.print(
+            f"[red]error[/] at {e.stage} (turn {e.turn}): {e.type}: {e.message}", soft_wrap=True
+        )
     for d in t.token_drift:
-        console.print(f"[yellow]token drift[/] at turn {d['turn']}, token {d['position']}", soft_wrap=True)
+        console.print(
+            f"[yellow]token drift[/] at turn {d['turn']}, token {d['position']}", soft_wrap=True
+        )

@@ -12,9 +12,15 @@ def register(app: typer.Typer) -> None:
 
 
 def train_command(
-    config: Path = typer.Argument(..., help="YAML config (see examples/; e.g. examples/quickstart.yaml)."),
-    overrides: list[str] = typer.Argument(None, help="Overrides KEY=VALUE, e.g. optimizer.lr=1e-6 steps=50."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the resolved config and a size/memory estimate, then stop."),
+    config: Path = typer.Argument(
+        ..., help="YAML config (see examples/; e.g. examples/quickstart.yaml)."
+    ),
+    overrides: list[str] = typer.Argument(
+        None, help="Overrides KEY=VALUE, e.g. optimizer.lr=1e-6 steps=50."
+    ),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Print the resolved config and a size/memory estimate, then stop."
+    ),
 ) -> None:
     """Train a model on one or more envs with GRPO-family RL.
 

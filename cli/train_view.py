@@ -52,7 +52,14 @@ class RichReporter:
     def __init__(self) -> None:
         if not console.is_terminal:
             console.width = max(console.width, LOG_WIDTH)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        )
         self._task: Any = None
         self._rows = 0
         self.steps = 0
@@ -75,11 +82,21 @@ class RichReporter:
         )
         console.print(f"run folder: {info['run_dir']}", soft_wrap=True)
         if "sync/seconds" in info:
-            check = f", logprobs match to {info['sync/logprob_diff_max']:.1e}" if "sync/logprob_diff_max" in info else ""
-            console.print(f"rollout engine: {info.get('engine')} (initial weight sync {info['sync/seconds']:.2f} s{check})", soft_wrap=True)
+            check = (
+                f", logprobs match to {info['sync/logprob_diff_max']:.1e}"
+                if "sync/logprob_diff_max" in info
+                else ""
+            )
+            console.print(
+                f"rollout engine: {info.get('engine')} (initial weight sync {info['sync/seconds']:.2f} s{check})",
+                soft_wrap=True,
+            )
         if info.get("rollout_workers"):
             where = ", ".join(f"pid {w['pid']} on {w['node']}" for w in info["rollout_workers"])
-            console.print(f"rollout workers: {len(info['rollout_workers'])} Ray actors ({where})", soft_wrap=True)
+            console.print(
+                f"rollout workers: {len(info['rollout_workers'])} Ray actors ({where})",
+                soft_wrap=True,
+            )
 
     def rollout_progress(self, done: int, total: int) -> None:
         if self._task is None:
@@ -91,7 +108,9 @@ class RichReporter:
             self.progress.remove_task(self._task)
             self._task = None
         columns = columns_for(console.width, self.steps)
-        console.print(step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns))
+        console.print(
+            step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns)
+        )
         self._rows += 1
 
     def finish(self, result: Any) -> None:
@@ -103,14 +122,26 @@ class RichReporter:
                 f"{last.get('reward/mean', 0):.3f} (step {last['step']}); best {max(r.get('reward/mean', 0) for r in history):.3f}",
                 soft_wrap=True,
             )
-        for label, path in (("metrics", result.run_dir / "metrics.jsonl"), ("reward plot", result.plot), ("final model", result.final_model)):
+        for label, path in (
+            ("metrics", result.run_dir / "metrics.jsonl"),
+            ("reward plot", result.plot),
+            ("final model", result.final_model),
+        ):
             if path is not None:
                 console.print(f"{label}: {path}", soft_wrap=True)
 
 
-def step_row(step: int, steps: int, metrics: dict[str, float], header: bool, columns: list[tuple[str, str, str, int, int]] = COLUMNS) -> Table:
+def step_row(
+    step: int,
+    steps: int,
+    metrics: dict[str, float],
+    header: bool,
+    columns: list[tuple[str, str, str, int, int]] = COLUMNS,
+) -> Table:
     """One table row (with the header every 20 steps), fixed widths so rows line up."""
-    table = Table(show_header=header, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold")
+    table = Table(
+        show_header=header, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold"
+    )
     table.add_column("step", justify="right", width=len(f"{steps}/{steps}"), no_wrap=True)
     for _, title, _, width, _ in columns:
         table.add_column(title, justify="right", width=max(width, len(title)), no_wrap=True)
@@ -127,7 +158,13 @@ def show_dry_run(config: Any, estimate: dict[str, Any]) -> None:
     import yaml
     from rich.syntax import Syntax
 
-    console.print(Syntax(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), "yaml", theme="ansi_dark"))
+    console.print(
+        Syntax(
+            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
+            "yaml",
+            theme="ansi_dark",
+        )
+    )
     table = Table(title="estimate", show_header=False)
     for key, value in estimate.items():
         table.add_row(key, value)

@@ -89,7 +89,13 @@ def check_env(
         try:
             report.results.append(CheckResult(name, True, check()))
         except Exception as e:  # each check reports on its own
-            report.results.append(CheckResult(name, False, f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e)))
+            report.results.append(
+                CheckResult(
+                    name,
+                    False,
+                    f"{type(e).__name__}: {e}" if not isinstance(e, AssertionError) else str(e),
+                )
+            )
     if raise_on_failure and not report.passed:
         lines = "\n".join(f"  - {r.name}: {r.detail}" for r in report.failures)
         raise EnvCheckError(f"{report.env_name} fails {len(report.failures)} check(s):\n{lines}")
@@ -105,7 +111,9 @@ def _check_api(env: Env) -> str:
     assert isinstance(env.name, str) and env.name, "env.name must be a non-empty string"
     params = inspect.signature(env.reset).parameters
     for arg in ("seed", "options"):
-        assert arg in params and params[arg].kind == inspect.Parameter.KEYWORD_ONLY, f"reset() must take keyword-only `{arg}`"
+        assert arg in params and params[arg].kind == inspect.Parameter.KEYWORD_ONLY, (
+            f"reset() must take keyword-only `{arg}`"
+        )
     low, high = env.reward_range
     assert low <= high, f"reward_range {env.reward_range} is empty"
     return f"{type(env).__name__} v{env.version}"
@@ -114,12 +122,18 @@ def _check_api(env: Env) -> str:
 def _check_reset(env: Env, seeds: tuple[int, ...]) -> str:
     for seed in seeds:
         result = env.reset(seed=seed)
-        assert isinstance(result, tuple) and len(result) == 2, "reset() must return (observation, info)"
+        assert isinstance(result, tuple) and len(result) == 2, (
+            "reset() must return (observation, info)"
+        )
         observation, info = result
         assert isinstance(info, dict), f"reset() info must be a dict, got {type(info).__name__}"
-        assert env.observation_space.contains(observation), f"reset() observation is not a list of messages: {observation!r:.200}"
+        assert env.observation_space.contains(observation), (
+            f"reset() observation is not a list of messages: {observation!r:.200}"
+        )
         assert observation, "reset() returned no messages"
-        assert _dump(observation)[-1]["role"] in ("user", "system", "tool"), "the prompt must not end with an assistant message"
+        assert _dump(observation)[-1]["role"] in ("user", "system", "tool"), (
+            "the prompt must not end with an assistant message"
+        )
     return f"{len(seeds)} seeds"
 
 
@@ -129,7 +143,11 @@ def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = Fa
     episode = _Episode([_dump(observation)], [], [])
     env.action_space.seed(seed)
     for _ in range(max_steps):
-        action = env.action_space.sample() if sampled else policy(list(map(as_message, conversation)), env.tool_schemas)
+        action = (
+            env.action_space.sample()
+            if sampled
+            else policy(list(map(as_message, conversation)), env.tool_schemas)
+        )
         observation, reward, terminated, truncated, info = env.step(action)
         _check_step_types(env, observation, reward, terminated, truncated, info)
         conversation += [Message(role="assistant", content=action), *observation]
@@ -141,11 +159,19 @@ def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = Fa
     raise AssertionError(f"episode (seed {seed}) did not end within {max_steps} steps")
 
 
-def _check_step_types(env: Env, observation: Any, reward: Any, terminated: Any, truncated: Any, info: Any) -> None:
-    assert env.observation_space.contains(observation), f"step() observation is not a list of messages: {observation!r:.200}"
-    assert isinstance(reward, (int, float)) and not isinstance(reward, bool), f"reward must be a float, got {type(reward).__name__}"
+def _check_step_types(
+    env: Env, observation: Any, reward: Any, terminated: Any, truncated: Any, info: Any
+) -> None:
+    assert env.observation_space.contains(observation), (
+        f"step() observation is not a list of messages: {observation!r:.200}"
+    )
+    assert isinstance(reward, (int, float)) and not isinstance(reward, bool), (
+        f"reward must be a float, got {type(reward).__name__}"
+    )
     assert math.isfinite(reward), f"reward must be finite, got {reward}"
-    assert isinstance(terminated, bool) and isinstance(truncated, bool), "terminated and truncated must be bools"
+    assert isinstance(terminated, bool) and isinstance(truncated, bool), (
+        "terminated and truncated must be bools"
+    )
     assert isinstance(info, dict), "step() info must be a dict"
 
 
@@ -167,10 +193,16 @@ def _check_tools(env: Env) -> str:
         assert schema.get("type") == "function", f"tool schema type must be 'function': {schema}"
         function = schema.get("function") or {}
         name = function.get("name", "")
-        assert isinstance(name, str) and TOOL_NAME_PATTERN.fullmatch(name), f"tool name {name!r} must match {TOOL_NAME_PATTERN.pattern}"
-        assert isinstance(function.get("description"), str) and function["description"], f"tool {name!r} needs a description"
+        assert isinstance(name, str) and TOOL_NAME_PATTERN.fullmatch(name), (
+            f"tool name {name!r} must match {TOOL_NAME_PATTERN.pattern}"
+        )
+        assert isinstance(function.get("description"), str) and function["description"], (
+            f"tool {name!r} needs a description"
+        )
         parameters = function.get("parameters")
-        assert isinstance(parameters, dict) and parameters.get("type") == "object", f"tool {name!r}: parameters must be a JSON object schema"
+        assert isinstance(parameters, dict) and parameters.get("type") == "object", (
+            f"tool {name!r}: parameters must be a JSON object schema"
+        )
         jsonschema.Draft202012Validator.check_schema(parameters)
         names.append(name)
     assert len(set(names)) == len(names), f"tool names repeat: {names}"
@@ -182,29 +214,45 @@ def _check_episodes(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
     totals = []
     for seed in seeds:
         episode = _run(env, seed, null_policy, max_steps, sampled=True)
-        assert low - 1e-9 <= episode.total <= high + 1e-9, f"seed {seed}: total reward {episode.total} outside reward_range {env.reward_range}"
+        assert low - 1e-9 <= episode.total <= high + 1e-9, (
+            f"seed {seed}: total reward {episode.total} outside reward_range {env.reward_range}"
+        )
         totals.append(episode.total)
     return f"random actions: rewards {totals}"
 
 
 def _check_floor(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
-    return _check_policy_total(env, seeds, max_steps, null_policy, env.reward_range[0], "the empty answer", "floor")
+    return _check_policy_total(
+        env, seeds, max_steps, null_policy, env.reward_range[0], "the empty answer", "floor"
+    )
 
 
 def _check_reference(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
     policy = getattr(env, "reference_policy", None)
     if policy is None:
         return "no reference policy declared"
-    return _check_policy_total(env, seeds, max_steps, policy, env.reward_range[1], "the reference policy", "top")
+    return _check_policy_total(
+        env, seeds, max_steps, policy, env.reward_range[1], "the reference policy", "top"
+    )
 
 
-def _check_policy_total(env: Env, seeds: tuple[int, ...], max_steps: int, policy: Policy, target: float, who: str, where: str) -> str:
+def _check_policy_total(
+    env: Env,
+    seeds: tuple[int, ...],
+    max_steps: int,
+    policy: Policy,
+    target: float,
+    who: str,
+    where: str,
+) -> str:
     """Every seed's episode under ``policy`` totals exactly ``target`` (an end of reward_range)."""
     if not math.isfinite(target):
         return f"no finite {where} in reward_range"
     for seed in seeds:
         total = _run(env, seed, policy, max_steps).total
-        assert math.isclose(total, target, abs_tol=1e-9), f"seed {seed}: {who} scored {total}; it must score the {where} of reward_range, {target}"
+        assert math.isclose(total, target, abs_tol=1e-9), (
+            f"seed {seed}: {who} scored {total}; it must score the {where} of reward_range, {target}"
+        )
     return f"{target}"
 
 

@@ -22,19 +22,32 @@ _TOOL = {
     "function": {
         "name": "calculate",
         "description": "Evaluate an arithmetic expression.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
     },
 }
 
 CONVERSATIONS: dict[str, tuple[list[Message], list[dict[str, Any]] | None]] = {
     "plain multi-turn": (
-        [system("You are terse."), user("Pick a number."), assistant("7"), user("Higher."), assistant("9"), user("Correct!")],
+        [
+            system("You are terse."),
+            user("Pick a number."),
+            assistant("7"),
+            user("Higher."),
+            assistant("9"),
+            user("Correct!"),
+        ],
         None,
     ),
     "tool calls": (
         [
             user("What is 12 * 34?"),
-            assistant('<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'),
+            assistant(
+                '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
+            ),
             tool_message("408", "call_1", "calculate"),
             assistant("It is 408."),
             user("And plus 2?"),
@@ -42,7 +55,13 @@ CONVERSATIONS: dict[str, tuple[list[Message], list[dict[str, Any]] | None]] = {
         [_TOOL],
     ),
     "reasoning": (
-        [user("2+2?"), assistant("<think>2 and 2 make 4.</think>4"), user("3+3?"), assistant("<think>Easy.</think>6"), user("ok")],
+        [
+            user("2+2?"),
+            assistant("<think>2 and 2 make 4.</think>4"),
+            user("3+3?"),
+            assistant("<think>Easy.</think>6"),
+            user("ok"),
+        ],
         None,
     ),
 }
@@ -59,7 +78,9 @@ class PrefixFinding:
     rendered: list[int]
 
 
-async def check_prefix_property(tokenizer: ChatTokenizer, conversations: dict[str, Any] | None = None) -> tuple[int, list[PrefixFinding]]:
+async def check_prefix_property(
+    tokenizer: ChatTokenizer, conversations: dict[str, Any] | None = None
+) -> tuple[int, list[PrefixFinding]]:
     """Render each conversation turn by turn; report every turn whose prompt plus assistant
     turn is not an exact prefix of the next turn's prompt. Returns (turns checked, findings)."""
     findings, checked = [], 0
@@ -69,15 +90,21 @@ async def check_prefix_property(tokenizer: ChatTokenizer, conversations: dict[st
             if index + 1 >= len(messages):
                 continue
             opened = await tokenizer.render(messages[:index], tools, add_generation_prompt=True)
-            closed = await tokenizer.render(messages[: index + 1], tools, add_generation_prompt=False)
-            following = await tokenizer.render(messages[: next_prompt_end(messages, index)], tools, add_generation_prompt=True)
+            closed = await tokenizer.render(
+                messages[: index + 1], tools, add_generation_prompt=False
+            )
+            following = await tokenizer.render(
+                messages[: next_prompt_end(messages, index)], tools, add_generation_prompt=True
+            )
             checked += 1
             # The generation prompt must open the turn as history renders it, and the history
             # must stay as it was once the env replies.
             for before, after in ((opened, closed), (closed, following)):
                 at = common_prefix_length(before, after)
                 if at < len(before):
-                    findings.append(PrefixFinding(name, number, at, before[at : at + 8], after[at : at + 8]))
+                    findings.append(
+                        PrefixFinding(name, number, at, before[at : at + 8], after[at : at + 8])
+                    )
                     break
     return checked, findings
 

@@ -103,12 +103,16 @@ class Env(gym.Env[list[Message], Action]):
 
     # -- sync/async bridging: subclasses override one side of each pair ------------------------
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         if type(self).areset is Env.areset:
             raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
         return run_sync(self.areset(seed=seed, options=options))
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         if type(self).reset is Env.reset:
             raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
         return await asyncio.to_thread(lambda: self.reset(seed=seed, options=options))
@@ -241,7 +245,9 @@ class TaskEnv(Env):
             return [as_message(m) for m in task["prompt"]]
         text = task.get("prompt") or task.get("question")
         if text is None:
-            raise EnvhubError(f"{self.name}: task has neither 'prompt' nor 'question' ({sorted(task)})")
+            raise EnvhubError(
+                f"{self.name}: task has neither 'prompt' nor 'question' ({sorted(task)})"
+            )
         head = [system(self.instructions)] if self.instructions else []
         return [*head, user(str(text))]
 
@@ -262,7 +268,9 @@ class TaskEnv(Env):
             return None
         return max(0, self.max_tokens - self.state.tokens)
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         gym.Env.reset(self, seed=seed)
         index, task = self._choose_task(options or {})
         prompt = self.format_prompt(task)
@@ -270,7 +278,9 @@ class TaskEnv(Env):
         await self.setup_state(self.state)
         return list(self.state.prompt), {"task_index": index}
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         return run_sync(self.areset(seed=seed, options=options))
 
     async def astep(self, action: Action) -> StepResult:
@@ -287,7 +297,13 @@ class TaskEnv(Env):
         if not terminated:
             truncated = self._budget_exhausted(state)
         reward = await self._finish(state) if (terminated or truncated) else 0.0
-        return observation, reward, terminated, truncated, self._step_info(state, terminated or truncated)
+        return (
+            observation,
+            reward,
+            terminated,
+            truncated,
+            self._step_info(state, terminated or truncated),
+        )
 
     def step(self, action: Action) -> StepResult:
         return run_sync(self.astep(action))
@@ -313,7 +329,9 @@ class TaskEnv(Env):
         if "task_index" in options:
             index = int(options["task_index"])
             if not 0 <= index < len(self.dataset):
-                raise EnvhubError(f"{self.name}: task_index {index} is outside 0..{len(self.dataset) - 1}")
+                raise EnvhubError(
+                    f"{self.name}: task_index {index} is outside 0..{len(self.dataset) - 1}"
+                )
         else:
             index = int(self.np_random.integers(len(self.dataset)))
         return index, dict(self.dataset[index])
@@ -322,7 +340,9 @@ class TaskEnv(Env):
         if self.state is None:
             raise EnvhubError(f"{self.name}: call reset() before step()")
         if self.state.stop_reason is not None:
-            raise EnvhubError(f"{self.name}: the episode has ended ({self.state.stop_reason}); call reset()")
+            raise EnvhubError(
+                f"{self.name}: the episode has ended ({self.state.stop_reason}); call reset()"
+            )
         return self.state
 
     def _budget_exhausted(self, state: State) -> bool:
@@ -373,4 +393,3 @@ def _as_sequence(dataset: Any) -> Sequence[dict[str, Any]]:
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
         return dataset if isinstance(dataset, Sequence) else _Sequence(dataset)
     return list(dataset)
-

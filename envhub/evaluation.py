@@ -86,7 +86,9 @@ def _tool_stats(trajectories: Sequence[Trajectory]) -> tuple[float, float | None
     return calls / max(len(trajectories), 1), validity, dict(kinds)
 
 
-def summarize(trajectories: Sequence[Trajectory], pass_threshold: float = 1.0, seconds: float = 0.0) -> EvalSummary:
+def summarize(
+    trajectories: Sequence[Trajectory], pass_threshold: float = 1.0, seconds: float = 0.0
+) -> EvalSummary:
     """Aggregate ``trajectories`` (groups are told apart by ``group_id``)."""
     rewards = [t.reward for t in trajectories]
     names = sorted({name for t in trajectories for name in t.reward_components})
@@ -98,7 +100,10 @@ def summarize(trajectories: Sequence[Trajectory], pass_threshold: float = 1.0, s
         samples_per_task=len(trajectories) // max(len(groups), 1),
         reward_mean=_mean(rewards),
         reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
-        components={n: _mean([t.reward_components[n] for t in trajectories if n in t.reward_components]) for n in names},
+        components={
+            n: _mean([t.reward_components[n] for t in trajectories if n in t.reward_components])
+            for n in names
+        },
         pass_at=_pass_at(trajectories, pass_threshold),
         pass_threshold=pass_threshold,
         tool_calls=calls,

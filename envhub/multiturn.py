@@ -50,7 +50,9 @@ class ToolEnv(MultiTurnEnv):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
-        self.toolset: dict[str, Tool] = {t.name: t for t in (make_tool(f) for f in (tools if tools is not None else self.tools))}
+        self.toolset: dict[str, Tool] = {
+            t.name: t for t in (make_tool(f) for f in (tools if tools is not None else self.tools))
+        }
         self.tool_parser = tool_parser
         self._parse = get_parser(tool_parser)
         self.executor = ToolExecutor(self.toolset, default_timeout=tool_timeout)

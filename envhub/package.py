@@ -21,7 +21,9 @@ def read_pyproject(path: Path) -> dict:
     """The parsed pyproject.toml of the package at ``path``."""
     file = path / "pyproject.toml"
     if not file.is_file():
-        raise EnvLoadError(f"{path} is not an env package: it has no pyproject.toml (create one with `envhub init`)")
+        raise EnvLoadError(
+            f"{path} is not an env package: it has no pyproject.toml (create one with `envhub init`)"
+        )
     try:
         return tomllib.loads(file.read_text())
     except tomllib.TOMLDecodeError as e:

@@ -53,7 +53,9 @@ class EnvSpec:
                 obj = getattr(obj, part)
         except Exception as e:
             origin = f" (from {self.distribution} {self.version})" if self.distribution else ""
-            raise EnvLoadError(f"cannot load env {self.name!r} from {self.target}{origin}: {type(e).__name__}: {e}") from e
+            raise EnvLoadError(
+                f"cannot load env {self.name!r} from {self.target}{origin}: {type(e).__name__}: {e}"
+            ) from e
         return obj
 
 
@@ -69,7 +71,9 @@ def register(name: str, target: str | Callable[..., Any], *, override: bool = Fa
         override: Replace an env of the same name instead of raising.
     """
     if not override and name in list_envs():
-        raise EnvLoadError(f"an env named {name!r} is already registered; pass override=True to replace it")
+        raise EnvLoadError(
+            f"an env named {name!r} is already registered; pass override=True to replace it"
+        )
     _registered[name] = EnvSpec(name, target)
     _gym_register(name, _registered[name])
 
@@ -79,7 +83,9 @@ def _entry_point_specs() -> dict[str, EnvSpec]:
     specs: dict[str, EnvSpec] = {}
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = getattr(ep, "dist", None)
-        specs[ep.name] = EnvSpec(ep.name, ep.value, dist.name if dist else None, dist.version if dist else None)
+        specs[ep.name] = EnvSpec(
+            ep.name, ep.value, dist.name if dist else None, dist.version if dist else None
+        )
     return specs
 
 
@@ -111,7 +117,9 @@ def get_spec(name: str) -> EnvSpec:
         return envs[name]
     close = difflib.get_close_matches(name, list(envs), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    raise EnvNotFoundError(f"no env named {name!r}.{hint} Run `envhub list` to see all {len(envs)} envs.")
+    raise EnvNotFoundError(
+        f"no env named {name!r}.{hint} Run `envhub list` to see all {len(envs)} envs."
+    )
 
 
 def make(name: str, **kwargs: Any) -> Any:
@@ -140,20 +148,32 @@ def make(name: str, **kwargs: Any) -> Any:
         hint = ""
         if isinstance(e, TypeError) and "unexpected keyword argument" in str(e):
             hint = f"; it accepts: {', '.join(_accepted_kwargs(factory)) or 'nothing'}"
-        raise EnvLoadError(f"env {name!r} failed to construct: {type(e).__name__}: {e}{hint}") from e
+        raise EnvLoadError(
+            f"env {name!r} failed to construct: {type(e).__name__}: {e}{hint}"
+        ) from e
 
 
 def _accepted_kwargs(factory: Callable[..., Any]) -> list[str]:
     """Keyword arguments of ``factory``, following ``**kwargs`` up a class's ``__init__`` chain."""
     is_class = inspect.isclass(factory)
-    inits = [vars(c)["__init__"] for c in factory.__mro__ if "__init__" in vars(c)] if is_class else [factory]
+    inits = (
+        [vars(c)["__init__"] for c in factory.__mro__ if "__init__" in vars(c)]
+        if is_class
+        else [factory]
+    )
     accepted: list[str] = []
     for init in inits:
         try:
-            params = list(inspect.signature(init).parameters.values())[1 if is_class else 0 :]  # drop self
+            params = list(inspect.signature(init).parameters.values())[
+                1 if is_class else 0 :
+            ]  # drop self
         except (TypeError, ValueError):
             break
-        accepted += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in accepted]
+        accepted += [
+            p.name
+            for p in params
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in accepted
+        ]
         if not any(p.kind == p.VAR_KEYWORD for p in params):
             break
     return accepted
@@ -171,7 +191,9 @@ def _check_kwargs(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]
     accepted = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     unknown = [k for k in kwargs if k not in accepted]
     if unknown:
-        raise EnvLoadError(f"env {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {', '.join(accepted) or 'nothing'}")
+        raise EnvLoadError(
+            f"env {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {', '.join(accepted) or 'nothing'}"
+        )
 
 
 def register_gymnasium_envs() -> None:
@@ -190,6 +212,8 @@ def _gym_register(name: str, spec: EnvSpec) -> None:
         del gymnasium.registry[env_id]
     target = spec.target if isinstance(spec.target, str) else spec.load()
     try:
-        gymnasium.register(id=env_id, entry_point=target, disable_env_checker=True, order_enforce=False)
+        gymnasium.register(
+            id=env_id, entry_point=target, disable_env_checker=True, order_enforce=False
+        )
     except gymnasium.error.Error:
         gymnasium.registry.pop(env_id, None)

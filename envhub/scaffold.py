@@ -81,7 +81,9 @@ def validate_name(name: str) -> None:
     module = module_name(name)
     clash = _module_clash(module)
     if clash:
-        raise ConfigError(f"invalid env name {name!r}: its module {module!r} would clash with {clash}; try {name + '-env'!r}")
+        raise ConfigError(
+            f"invalid env name {name!r}: its module {module!r} would clash with {clash}; try {name + '-env'!r}"
+        )
 
 
 def _module_clash(module: str) -> str | None:
@@ -106,7 +108,12 @@ def template_values(name: str) -> dict[str, str]:
     """What each ``{{placeholder}}`` of a template becomes for package ``name``."""
     from envhub import __version__
 
-    return {"name": name, "module": module_name(name), "class_name": class_name(name), "envhub_version": __version__}
+    return {
+        "name": name,
+        "module": module_name(name),
+        "class_name": class_name(name),
+        "envhub_version": __version__,
+    }
 
 
 def render_text(text: str, values: dict[str, str]) -> str:
@@ -128,7 +135,9 @@ def template_root(template: str) -> Traversable:
         raise ConfigError(f"unknown template {template!r}.{hint} Templates: {', '.join(TEMPLATES)}")
     root = resources.files("envhub.templates") / template
     if not root.is_dir():
-        raise ConfigError(f"template {template!r} is missing from this envhub install; reinstall envhub")
+        raise ConfigError(
+            f"template {template!r} is missing from this envhub install; reinstall envhub"
+        )
     return root
 
 
@@ -138,7 +147,13 @@ def template_files(name: str, template: str = "single-turn") -> list[str]:
     return sorted(str(path) for _, path in _plan(template_root(template), template_values(name)))
 
 
-def create_package(name: str, template: str = "single-turn", directory: str | Path | None = None, *, force: bool = False) -> Path:
+def create_package(
+    name: str,
+    template: str = "single-turn",
+    directory: str | Path | None = None,
+    *,
+    force: bool = False,
+) -> Path:
     """Write a new env package ``directory/name`` from ``template``.
 
     Args:
@@ -163,7 +178,9 @@ def create_package(name: str, template: str = "single-turn", directory: str | Pa
         destination.parent.mkdir(parents=True, exist_ok=True)
         staging.mkdir()
     except OSError as e:
-        raise ConfigError(f"cannot create a package in {destination.parent}: {e.strerror or e}") from e
+        raise ConfigError(
+            f"cannot create a package in {destination.parent}: {e.strerror or e}"
+        ) from e
     try:
         _render_tree(source, staging, template_values(name))
         _move_into_place(staging, destination)
@@ -180,10 +197,14 @@ def _check_destination(destination: Path, force: bool) -> None:
     if not destination.is_dir():
         raise ConfigError(f"{destination} exists and is not a folder")
     if any(destination.iterdir()) and not force:
-        raise ConfigError(f"{destination} already exists and is not empty; choose another name or folder, or use --force (force=True) to write into it")
+        raise ConfigError(
+            f"{destination} already exists and is not empty; choose another name or folder, or use --force (force=True) to write into it"
+        )
 
 
-def _plan(source: Traversable, values: dict[str, str], prefix: PurePosixPath = PurePosixPath()) -> Iterator[tuple[Traversable, PurePosixPath]]:
+def _plan(
+    source: Traversable, values: dict[str, str], prefix: PurePosixPath = PurePosixPath()
+) -> Iterator[tuple[Traversable, PurePosixPath]]:
     """Each file of a template with the path it is written to, in name order."""
     for entry in sorted(source.iterdir(), key=lambda e: e.name):
         if entry.name in _SKIPPED or entry.name.endswith(".pyc"):
@@ -216,7 +237,9 @@ def _move_into_place(staging: Path, destination: Path) -> None:
     files = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
     blocked = [str(f) for f in files if _in_the_way(destination, f)]
     if blocked:
-        raise ConfigError(f"cannot write {', '.join(blocked)} into {destination}: something of that name is in the way")
+        raise ConfigError(
+            f"cannot write {', '.join(blocked)} into {destination}: something of that name is in the way"
+        )
     for file in files:
         (destination / file).parent.mkdir(parents=True, exist_ok=True)
         os.replace(staging / file, destination / file)
@@ -226,4 +249,8 @@ def _in_the_way(destination: Path, file: Path) -> bool:
     """True when ``file`` cannot be written: a folder has its name, or a file one of its folders'."""
     if (destination / file).is_dir():
         return True
-    return any((destination / p).exists() and not (destination / p).is_dir() for p in file.parents if p != Path("."))
+    return any(
+        (destination / p).exists() and not (destination / p).is_dir()
+        for p in file.parents
+        if p != Path(".")
+    )

@@ -50,7 +50,9 @@ class MessagesSpace(spaces.Space[list]):
 class AssistantTurnSpace(spaces.Space[Any]):
     """An assistant turn: text, an assistant ``Message``, or an ``AssistantTurn``."""
 
-    def __init__(self, max_length: int = 256, seed: int | np.random.Generator | None = None) -> None:
+    def __init__(
+        self, max_length: int = 256, seed: int | np.random.Generator | None = None
+    ) -> None:
         super().__init__(shape=None, dtype=None, seed=seed)
         self._text = spaces.Text(max_length=max_length, seed=seed)
 

@@ -71,22 +71,39 @@ class ByteChatTokenizer:
         out.append(buffer.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def render_sync(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:
+    def render_sync(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
         ids: list[int] = []
         rendered = list(messages)
         if tools:
             block = "# Tools\n" + "\n".join(json.dumps(t, sort_keys=True) for t in tools)
             if rendered and rendered[0].role == "system":
-                rendered[0] = rendered[0].model_copy(update={"content": f"{rendered[0].content}\n\n{block}"})
+                rendered[0] = rendered[0].model_copy(
+                    update={"content": f"{rendered[0].content}\n\n{block}"}
+                )
             else:
                 rendered.insert(0, Message(role="system", content=block))
         for m in rendered:
-            ids += [self.IM_START, *self.encode(f"{m.role}\n{m.content or ''}"), self.IM_END, *self.encode("\n")]
+            ids += [
+                self.IM_START,
+                *self.encode(f"{m.role}\n{m.content or ''}"),
+                self.IM_END,
+                *self.encode("\n"),
+            ]
         if add_generation_prompt:
             ids += [self.IM_START, *self.encode("assistant\n")]
         return ids
 
-    async def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:
+    async def render(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
         return self.render_sync(messages, tools, add_generation_prompt)
 
 
@@ -113,9 +130,13 @@ class ScriptedEngine(InferenceEngine):
         limit = request.sampling.max_tokens
         if len(ids) > limit:
             ids = ids[:limit]
-            return Generation(text=self.tokenizer.decode(ids), token_ids=ids, logprobs=[0.0] * limit, finish_reason="length")
+            return Generation(
+                text=self.tokenizer.decode(ids),
+                token_ids=ids,
+                logprobs=[0.0] * limit,
+                finish_reason="length",
+            )
         return Generation(text=text, token_ids=ids, logprobs=[0.0] * len(ids))
-
 
 
 @reward

@@ -77,7 +77,9 @@ def user(content: str) -> Message:
 
 
 def assistant(content: str, tool_calls: list[ToolCall] | None = None) -> Message:
-    return Message(role="assistant", content=content, tool_calls=tuple(tool_calls) if tool_calls else None)
+    return Message(
+        role="assistant", content=content, tool_calls=tuple(tool_calls) if tool_calls else None
+    )
 
 
 def tool_message(content: str, tool_call_id: str, name: str | None = None) -> Message:

@@ -41,9 +41,9 @@ def _people(names: str, he: str, him: str, his: str) -> list[Person]:
     return [Person(n, he, him, his, he.capitalize(), his.capitalize()) for n in names.split()]
 
 
-PEOPLE = _people("Maya Lena Sofia Priya Hannah Grace Amara Julia Nora Rosa", "she", "her", "her") + _people(
-    "Omar Lucas Ben Diego Kenji Samuel Tariq Felix Noah Ivan", "he", "him", "his"
-)
+PEOPLE = _people(
+    "Maya Lena Sofia Priya Hannah Grace Amara Julia Nora Rosa", "she", "her", "her"
+) + _people("Omar Lucas Ben Diego Kenji Samuel Tariq Felix Noah Ivan", "he", "him", "his")
 
 
 @dataclass
@@ -59,7 +59,9 @@ class Solution:
         if exact.denominator != 1:
             raise ValueError(f"{expression} = {exact} is not a whole number")
         self.value = int(exact)
-        self.lines.append(f"{before} {expression} = <<{expression}={self.value}>>{self.value} {after}".strip())
+        self.lines.append(
+            f"{before} {expression} = <<{expression}={self.value}>>{self.value} {after}".strip()
+        )
         return self.value
 
     def text(self) -> str:
@@ -70,7 +72,9 @@ Template = Callable[[random.Random, Person], tuple[str, Solution]]
 
 
 def shopping_change(rng: random.Random, p: Person) -> tuple[str, Solution]:
-    first, second = rng.sample(["notebooks", "pens", "apples", "candles", "stickers", "mugs", "bagels"], 2)
+    first, second = rng.sample(
+        ["notebooks", "pens", "apples", "candles", "stickers", "mugs", "bagels"], 2
+    )
     n1, n2, p1, p2 = rng.randint(2, 6), rng.randint(2, 6), rng.randint(2, 9), rng.randint(1, 5)
     bill = next(b for b in (20, 50, 100) if b > n1 * p1 + n2 * p2)
     question = (
@@ -115,7 +119,10 @@ def ages(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 def class_sports(rng: random.Random, p: Person) -> tuple[str, Solution]:
     while True:
-        denominator, part = rng.choice([(3, "third"), (4, "quarter"), (5, "fifth")]), rng.randint(4, 10)
+        denominator, part = (
+            rng.choice([(3, "third"), (4, "quarter"), (5, "fifth")]),
+            rng.randint(4, 10),
+        )
         students = denominator[0] * part
         if (students - part) % 2 == 0:
             break
@@ -178,8 +185,19 @@ def savings_goal(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def discount(rng: random.Random, p: Person) -> tuple[str, Solution]:
-    one, many = rng.choice([("backpack", "backpacks"), ("lamp", "lamps"), ("jacket", "jackets"), ("board game", "board games")])
-    price, percent, count = rng.randrange(20, 220, 20), rng.choice([10, 20, 25, 50]), rng.randint(2, 5)
+    one, many = rng.choice(
+        [
+            ("backpack", "backpacks"),
+            ("lamp", "lamps"),
+            ("jacket", "jackets"),
+            ("board game", "board games"),
+        ]
+    )
+    price, percent, count = (
+        rng.randrange(20, 220, 20),
+        rng.choice([10, 20, 25, 50]),
+        rng.randint(2, 5),
+    )
     question = (
         f"A {one} usually costs ${price}. This week it is {percent}% off. {p.name} buys {count} {many}. "
         f"How much does {p.he} pay?"
@@ -254,7 +272,12 @@ def leaky_tank(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def bake_sale(rng: random.Random, p: Person) -> tuple[str, Solution]:
-    cakes, cake_price, pies, pie_price = rng.randint(5, 20), rng.randint(8, 20), rng.randint(4, 15), rng.randint(5, 12)
+    cakes, cake_price, pies, pie_price = (
+        rng.randint(5, 20),
+        rng.randint(8, 20),
+        rng.randint(4, 15),
+        rng.randint(5, 12),
+    )
     revenue = cakes * cake_price + pies * pie_price
     costs = rng.randint(revenue // 4, revenue // 2)
     question = (
@@ -319,8 +342,22 @@ def pizza_party(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 TEMPLATES: list[Template] = [
-    shopping_change, road_trip, ages, class_sports, weekly_pay, recipe, savings_goal, discount,
-    sharing_fruit, garden_boxes, reading, leaky_tank, bake_sale, running, town_bikes, pizza_party,
+    shopping_change,
+    road_trip,
+    ages,
+    class_sports,
+    weekly_pay,
+    recipe,
+    savings_goal,
+    discount,
+    sharing_fruit,
+    garden_boxes,
+    reading,
+    leaky_tank,
+    bake_sale,
+    running,
+    town_bikes,
+    pizza_party,
 ]
 
 

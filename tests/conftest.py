@@ -37,7 +37,9 @@ class Server:
         return [f"{method} {path}" for method, path, _ in self.requests]
 
 
-def _handler_class(server: Server, handler: Handler, lock: threading.Lock) -> type[BaseHTTPRequestHandler]:
+def _handler_class(
+    server: Server, handler: Handler, lock: threading.Lock
+) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -52,7 +54,9 @@ def _handler_class(server: Server, handler: Handler, lock: threading.Lock) -> ty
             status, reply = handler(self.command, self.path, body)
             data = (reply if isinstance(reply, str) else json.dumps(reply)).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "text/plain" if isinstance(reply, str) else "application/json")
+            self.send_header(
+                "Content-Type", "text/plain" if isinstance(reply, str) else "application/json"
+            )
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -69,10 +73,14 @@ def serving() -> Iterator[Callable[[Handler], Server]]:
 
     def start(handler: Handler) -> Server:
         server = Server(url="")
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler_class(server, handler, threading.Lock()))
+        httpd = ThreadingHTTPServer(
+            ("127.0.0.1", 0), _handler_class(server, handler, threading.Lock())
+        )
         httpd.daemon_threads = True
         server.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True).start()
+        threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        ).start()
         running.append(httpd)
         return server
 

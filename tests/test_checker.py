@@ -14,7 +14,16 @@ from envhub.envs.calculator import CalculatorEnv
 from envhub.errors import EnvCheckError
 from envhub.types import Message, user
 
-CHECKS = ["api", "reset", "determinism", "tool schemas", "episodes", "null policy at floor", "reference policy at top", "close"]
+CHECKS = [
+    "api",
+    "reset",
+    "determinism",
+    "tool schemas",
+    "episodes",
+    "null policy at floor",
+    "reference policy at top",
+    "close",
+]
 
 
 class Good(Env):
@@ -23,7 +32,9 @@ class Good(Env):
     name = "good"
     reward_range = (0.0, 1.0)
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         gym.Env.reset(self, seed=seed)
         return [user(f"task {self.prompt_number()}")], {}
 
@@ -112,7 +123,10 @@ class WrongReference(Good):
 
 
 def _schema(name: str, parameters: Any) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": "A tool.", "parameters": parameters}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "A tool.", "parameters": parameters},
+    }
 
 
 class BadToolName(Good):
@@ -134,27 +148,43 @@ class RepeatedTools(Good):
 
 
 class PositionalReset(Good):
-    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:  # type: ignore[override]
+    def reset(
+        self, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:  # type: ignore[override]
         return super().reset(seed=seed, options=options)
 
 
 @pytest.mark.parametrize(
     ("env", "check", "detail"),
     [
-        (NondeterministicReset(), "determinism", "seed 0: two runs with the same seed and actions differ"),
+        (
+            NondeterministicReset(),
+            "determinism",
+            "seed 0: two runs with the same seed and actions differ",
+        ),
         (OutOfRange(), "episodes", "seed 0: total reward 2.0 outside reward_range (0.0, 1.0)"),
         (BoolReward(), "episodes", "reward must be a float, got bool"),
         (NanReward(), "episodes", "reward must be finite, got nan"),
         (NeverEnds(), "episodes", "episode (seed 0) did not end within 5 steps"),
         (CloseTwiceFails(), "close", "RuntimeError: already closed"),
-        (RewardsSilence(), "null policy at floor", "seed 0: the empty answer scored 1.0; it must score the floor of reward_range, 0.0"),
-        (WrongReference(), "reference policy at top", "seed 0: the reference policy scored 0.0; it must score the top of reward_range, 1.0"),
+        (
+            RewardsSilence(),
+            "null policy at floor",
+            "seed 0: the empty answer scored 1.0; it must score the floor of reward_range, 0.0",
+        ),
+        (
+            WrongReference(),
+            "reference policy at top",
+            "seed 0: the reference policy scored 0.0; it must score the top of reward_range, 1.0",
+        ),
         (BadToolName(), "tool schemas", "tool name 'bad name' must match ^[a-zA-Z0-9_-]{1,64}$"),
         (RepeatedTools(), "tool schemas", "tool names repeat: ['t', 't']"),
         (PositionalReset(), "api", "reset() must take keyword-only `seed`"),
     ],
 )
-def test_each_broken_env_fails_the_check_that_names_its_problem(env: Env, check: str, detail: str) -> None:
+def test_each_broken_env_fails_the_check_that_names_its_problem(
+    env: Env, check: str, detail: str
+) -> None:
     found = failures(env, max_steps=5)
     assert found[check] == detail
 
@@ -165,7 +195,12 @@ def test_an_invalid_parameters_schema_fails_the_tool_check() -> None:
 
 
 def test_every_failure_is_reported_at_once() -> None:
-    assert set(failures(NeverEnds(), max_steps=5)) == {"determinism", "episodes", "null policy at floor", "reference policy at top"}
+    assert set(failures(NeverEnds(), max_steps=5)) == {
+        "determinism",
+        "episodes",
+        "null policy at floor",
+        "reference policy at top",
+    }
     with pytest.raises(EnvCheckError) as info:
         check_env(OutOfRange())
     assert str(info.value) == (

@@ -12,8 +12,13 @@ class ThinkStrippingTokenizer(ByteChatTokenizer):
     def render_sync(self, messages, tools, add_generation_prompt):
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)
         kept = [
-            m.model_copy(update={"content": re.sub(r"<think>.*?</think>", "", m.content or "", flags=re.DOTALL)})
-            if m.role == "assistant" and i < last_user else m
+            m.model_copy(
+                update={
+                    "content": re.sub(r"<think>.*?</think>", "", m.content or "", flags=re.DOTALL)
+                }
+            )
+            if m.role == "assistant" and i < last_user
+            else m
             for i, m in enumerate(messages)
         ]
         return super().render_sync(kept, tools, add_generation_prompt)
@@ -37,5 +42,14 @@ def test_history_rewriting_template_is_reported_at_the_rewritten_turns():
 
 
 def test_custom_conversations():
-    convo = {"one": ([Message(role="user", content="a"), Message(role="assistant", content="b"), Message(role="user", content="c")], None)}
+    convo = {
+        "one": (
+            [
+                Message(role="user", content="a"),
+                Message(role="assistant", content="b"),
+                Message(role="user", content="c"),
+            ],
+            None,
+        )
+    }
     assert asyncio.run(check_prefix_property(ByteChatTokenizer(), convo)) == (1, [])

@@ -63,7 +63,13 @@ def test_single_turn_step_ends_the_episode_with_the_reward() -> None:
     env.reset(options={"task_index": 7})
     observation, reward_value, terminated, truncated, info = env.step("7")
     assert (observation, reward_value, terminated, truncated) == ([], 1.0, True, False)
-    assert info == {"turn": 1, "stop_reason": "terminated", "reward_components": {"exact_match": 1.0}, "metrics": {}, "errors": []}
+    assert info == {
+        "turn": 1,
+        "stop_reason": "terminated",
+        "reward_components": {"exact_match": 1.0},
+        "metrics": {},
+        "errors": [],
+    }
     assert env.state is not None and env.state.messages == [user("Say 7"), assistant("7")]
 
 
@@ -81,17 +87,24 @@ def test_seeding_is_deterministic() -> None:
 
 def test_options_choose_the_task() -> None:
     env = quiz()
-    assert env.reset(options={"task": {"question": "Custom?", "answer": "x"}}) == ([user("Custom?")], {"task_index": -1})
+    assert env.reset(options={"task": {"question": "Custom?", "answer": "x"}}) == (
+        [user("Custom?")],
+        {"task_index": -1},
+    )
     with pytest.raises(EnvhubError, match=r"^env: task_index 50 is outside 0\.\.49$"):
         env.reset(options={"task_index": 50})
 
 
 def test_prompt_formats() -> None:
     chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-    env = SingleTurnEnv([{"prompt": chat}, {"prompt": "text prompt"}, {"answer": "1"}], system_prompt="sys")
+    env = SingleTurnEnv(
+        [{"prompt": chat}, {"prompt": "text prompt"}, {"answer": "1"}], system_prompt="sys"
+    )
     assert env.reset(options={"task_index": 0})[0] == [system("S"), user("U")]
     assert env.reset(options={"task_index": 1})[0] == [system("sys"), user("text prompt")]
-    with pytest.raises(EnvhubError, match=r"^env: task has neither 'prompt' nor 'question' \(\['answer'\]\)$"):
+    with pytest.raises(
+        EnvhubError, match=r"^env: task has neither 'prompt' nor 'question' \(\['answer'\]\)$"
+    ):
         env.reset(options={"task_index": 2})
 
 
@@ -107,11 +120,18 @@ def test_dataset_errors_and_iterables() -> None:
 
 def test_actions_in_every_form() -> None:
     env = quiz()
-    for action in ("3", assistant("3"), {"role": "assistant", "content": "3"}, AssistantTurn(message=assistant("3"))):
+    for action in (
+        "3",
+        assistant("3"),
+        {"role": "assistant", "content": "3"},
+        AssistantTurn(message=assistant("3")),
+    ):
         env.reset(options={"task_index": 3})
         assert env.step(action)[1] == 1.0
     env.reset()
-    with pytest.raises(EnvhubError, match="^an action must be an assistant message, got role 'user'$"):
+    with pytest.raises(
+        EnvhubError, match="^an action must be an assistant message, got role 'user'$"
+    ):
         env.step(user("3"))
     assert as_turn("x") == AssistantTurn(message=assistant("x"))
 
@@ -122,7 +142,9 @@ def test_step_before_reset_and_after_the_end_raise() -> None:
         env.step("1")
     env.reset()
     env.step("1")
-    with pytest.raises(EnvhubError, match=r"^env: the episode has ended \(terminated\); call reset\(\)$"):
+    with pytest.raises(
+        EnvhubError, match=r"^env: the episode has ended \(terminated\); call reset\(\)$"
+    ):
         env.step("1")
 
 
@@ -160,9 +182,16 @@ def test_truncated_by_max_tokens_counted_from_assistant_turns() -> None:
         result = env.step(AssistantTurn(message=assistant("go"), num_tokens=4))
         assert result[2:4] == (False, False)
         remaining.append(env.remaining_tokens)
-    _, reward_value, terminated, truncated, info = env.step(AssistantTurn(message=assistant("go"), num_tokens=4, finish_reason="length"))
+    _, reward_value, terminated, truncated, info = env.step(
+        AssistantTurn(message=assistant("go"), num_tokens=4, finish_reason="length")
+    )
     assert remaining + [env.remaining_tokens] == [10, 6, 2, 0]
-    assert (reward_value, terminated, truncated, info["stop_reason"]) == (0.3, False, True, "max_tokens")
+    assert (reward_value, terminated, truncated, info["stop_reason"]) == (
+        0.3,
+        False,
+        True,
+        "max_tokens",
+    )
     assert info["metrics"] == {"length_stopped_turns": 1}
     assert env.state is not None and env.state.tokens == 12
 
@@ -191,7 +220,9 @@ def test_reward_errors_are_in_the_final_info() -> None:
     env.reset()
     _, reward_value, _, _, info = env.step("x")
     assert reward_value == 0.0
-    assert info["errors"] == [ErrorRecord(stage="reward:broken", type="RuntimeError", message="judge down")]
+    assert info["errors"] == [
+        ErrorRecord(stage="reward:broken", type="RuntimeError", message="judge down")
+    ]
     assert info["reward_components"] == {"broken": 0.0}
 
 
@@ -201,7 +232,13 @@ def test_atruncate_ends_the_episode_from_outside_and_scores_it() -> None:
     env.step("go")
     reward_value, info = asyncio.run(env.atruncate("max_context"))
     assert reward_value == 0.1
-    assert info == {"turn": 1, "stop_reason": "max_context", "reward_components": {"turns": 0.1}, "metrics": {}, "errors": []}
+    assert info == {
+        "turn": 1,
+        "stop_reason": "max_context",
+        "reward_components": {"turns": 0.1},
+        "metrics": {},
+        "errors": [],
+    }
     with pytest.raises(EnvhubError, match=r"the episode has ended \(max_context\)"):
         env.step("go")
 
@@ -224,7 +261,9 @@ class SyncOnly(Env):
         super().__init__()
         self.threads: list[int] = []
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         self.threads.append(threading.get_ident())
         return [user("hi")], {"seed": seed}
 
@@ -236,7 +275,9 @@ class SyncOnly(Env):
 class AsyncOnly(Env):
     name = "async-only"
 
-    async def areset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[list[Message], dict[str, Any]]:
+    async def areset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
         await asyncio.sleep(0)
         return [user("hi")], {"seed": seed}
 
@@ -251,7 +292,10 @@ def test_a_sync_only_env_works_through_the_async_methods_in_a_worker_thread() ->
     async def main() -> tuple[Any, Any]:
         return await env.areset(seed=4), await env.astep("x")
 
-    assert asyncio.run(main()) == (([user("hi")], {"seed": 4}), ([], 1.0, True, False, {"action": "x"}))
+    assert asyncio.run(main()) == (
+        ([user("hi")], {"seed": 4}),
+        ([], 1.0, True, False, {"action": "x"}),
+    )
     assert threading.get_ident() not in env.threads
 
 
@@ -270,7 +314,10 @@ def test_an_async_only_env_works_through_the_sync_methods_inside_a_running_loop(
     gc.collect()  # earlier tests' garbage must not be blamed on this one
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert asyncio.run(main()) == (([user("hi")], {"seed": 2}), ([], 0.5, True, False, {"action": "y"}))
+        assert asyncio.run(main()) == (
+            ([user("hi")], {"seed": 2}),
+            ([], 0.5, True, False, {"action": "y"}),
+        )
         gc.collect()
     # each call ran on a helper thread's own event loop, which must be closed, not leaked
     assert [str(w.message) for w in caught if "unclosed event loop" in str(w.message)] == []
@@ -281,9 +328,13 @@ def test_an_env_with_neither_method_says_what_to_implement() -> None:
         pass
 
     env = Nothing()
-    with pytest.raises(NotImplementedError, match=r"^Nothing must implement reset\(\) or areset\(\)$"):
+    with pytest.raises(
+        NotImplementedError, match=r"^Nothing must implement reset\(\) or areset\(\)$"
+    ):
         env.reset()
-    with pytest.raises(NotImplementedError, match=r"^Nothing must implement step\(\) or astep\(\)$"):
+    with pytest.raises(
+        NotImplementedError, match=r"^Nothing must implement step\(\) or astep\(\)$"
+    ):
         asyncio.run(env.astep("x"))
 
 
@@ -326,7 +377,12 @@ def test_seeded_spaces_sample_reproducibly(space: Any) -> None:
 
 def test_state_views() -> None:
     prompt = [user("q")]
-    state = State(task={"answer": 3, "info": {"k": 1}}, task_index=0, prompt=prompt, messages=[*prompt, assistant("a"), user("b")])
+    state = State(
+        task={"answer": 3, "info": {"k": 1}},
+        task_index=0,
+        prompt=prompt,
+        messages=[*prompt, assistant("a"), user("b")],
+    )
     assert (state.response, state.answer, state.info) == ("a", 3, {"k": 1})
     assert state.completion == [assistant("a"), user("b")]
     assert State(task={}, task_index=0, prompt=prompt, messages=prompt).response == ""
@@ -336,6 +392,11 @@ def test_state_views() -> None:
 def test_task_env_metadata() -> None:
     env = quiz()
     assert isinstance(env, TaskEnv)
-    assert (env.ref.name, env.ref.version, env.reward_range, env.max_turns) == ("env", "0.0.0", (0.0, 1.0), 1)
+    assert (env.ref.name, env.ref.version, env.reward_range, env.max_turns) == (
+        "env",
+        "0.0.0",
+        (0.0, 1.0),
+        1,
+    )
     assert Echo(TASKS).max_turns == 10
     assert env.tool_schemas is None

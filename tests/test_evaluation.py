@@ -8,8 +8,13 @@ from envhub.types import EnvRef, ErrorRecord, Message, Trajectory, TurnRecord
 
 def traj(group: str, reward: float, **kwargs) -> Trajectory:
     return Trajectory(
-        env=EnvRef(name="e"), task_index=0, group_id=group, messages=[Message(role="user", content="q")],
-        prompt_length=1, reward=reward, **kwargs,
+        env=EnvRef(name="e"),
+        task_index=0,
+        group_id=group,
+        messages=[Message(role="user", content="q")],
+        prompt_length=1,
+        reward=reward,
+        **kwargs,
     )
 
 
@@ -43,25 +48,48 @@ def test_k_values():
 
 def test_summarize_groups_components_tools_and_errors():
     trajectories = [
-        traj("g0", 1.0, reward_components={"correct": 1.0}, metrics={"tool_calls": 2, "tool_errors": 1, "tool_error/parse_error": 1},
-             turns=[TurnRecord(completion_tokens=10), TurnRecord(completion_tokens=6)]),
-        traj("g0", 0.0, reward_components={"correct": 0.0}, turns=[TurnRecord(completion_tokens=4)], stop_reason="max_turns"),
-        traj("g1", 0.0, reward_components={"correct": 0.0}, metrics={"tool_calls": 2},
-             errors=[ErrorRecord(stage="env.step", type="ValueError", message="x")], stop_reason="error",
-             token_drift=[{"turn": 0, "position": 3}]),
+        traj(
+            "g0",
+            1.0,
+            reward_components={"correct": 1.0},
+            metrics={"tool_calls": 2, "tool_errors": 1, "tool_error/parse_error": 1},
+            turns=[TurnRecord(completion_tokens=10), TurnRecord(completion_tokens=6)],
+        ),
+        traj(
+            "g0",
+            0.0,
+            reward_components={"correct": 0.0},
+            turns=[TurnRecord(completion_tokens=4)],
+            stop_reason="max_turns",
+        ),
+        traj(
+            "g1",
+            0.0,
+            reward_components={"correct": 0.0},
+            metrics={"tool_calls": 2},
+            errors=[ErrorRecord(stage="env.step", type="ValueError", message="x")],
+            stop_reason="error",
+            token_drift=[{"turn": 0, "position": 3}],
+        ),
         traj("g1", 0.5, reward_components={"correct": 0.5}),
     ]
     s = summarize(trajectories, pass_threshold=1.0)
     assert (s.episodes, s.tasks, s.samples_per_task) == (4, 2, 2)
     assert s.reward_mean == 0.375
-    assert math.isclose(s.reward_std, math.sqrt(((1 - .375) ** 2 + 2 * .375**2 + (.5 - .375) ** 2) / 4))
+    assert math.isclose(
+        s.reward_std, math.sqrt(((1 - 0.375) ** 2 + 2 * 0.375**2 + (0.5 - 0.375) ** 2) / 4)
+    )
     assert s.components == {"correct": 0.375}
     # g0: one of two passes; g1: none. pass@1 = (0.5 + 0) / 2, pass@2 = (1 + 0) / 2
     assert s.pass_at == {1: 0.25, 2: 0.5}
     assert s.tool_calls == 1.0 and s.tool_validity == 0.75 and s.tool_errors == {"parse_error": 1}
     assert s.turns_mean == 0.75 and s.completion_tokens_mean == 5.0
     assert s.stop_reasons == {"terminated": 2, "max_turns": 1, "error": 1}
-    assert (s.episodes_with_errors, s.error_stages, s.token_drift_episodes) == (1, {"env.step": 1}, 1)
+    assert (s.episodes_with_errors, s.error_stages, s.token_drift_episodes) == (
+        1,
+        {"env.step": 1},
+        1,
+    )
 
 
 def test_summarize_without_tool_calls_reports_no_validity():

@@ -24,7 +24,11 @@ print(json.dumps(loaded))
 
 
 def test_the_sdk_imports_without_heavy_dependencies() -> None:
-    result = subprocess.run([sys.executable, "-c", _PROBE % {"heavy": HEAVY}], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _PROBE % {"heavy": HEAVY}],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"import envhub": [], "envhub.Env": [], "whole SDK": []}
-

@@ -71,7 +71,9 @@ def test_a_tool_call_gets_a_tool_message_and_the_turn_records_the_parsed_call() 
     assert observation == [tool_message("5", "call_1_1", "add")]
     assert (reward_value, terminated, truncated, info) == (0.0, False, False, {"turn": 1})
     assert env.state is not None
-    assert env.state.messages[-2] == assistant(text, [ToolCall.make("call_1_1", "add", {"a": 2, "b": 3})])
+    assert env.state.messages[-2] == assistant(
+        text, [ToolCall.make("call_1_1", "add", {"a": 2, "b": 3})]
+    )
     assert env.state.messages[-2].content == text  # the raw sampled text is kept
 
 
@@ -106,7 +108,14 @@ def test_every_kind_of_failure_is_answered_and_counted() -> None:
         "Error: hang did not finish within 0.02 s",
         "2",
     ]
-    assert [m.tool_call_id for m in observation] == ["call_1_4", "call_1_1", "call_1_2", "call_1_3", "call_1_5", "call_1_6"]
+    assert [m.tool_call_id for m in observation] == [
+        "call_1_4",
+        "call_1_1",
+        "call_1_2",
+        "call_1_3",
+        "call_1_5",
+        "call_1_6",
+    ]
     _, reward_value, terminated, _, info = env.step("\\boxed{4}")
     assert (reward_value, terminated) == (0.0, True)
     assert info["metrics"] == {
@@ -125,7 +134,9 @@ def test_a_turn_of_only_malformed_calls_continues_the_episode() -> None:
     env = Adder(TASKS)
     env.reset(seed=0)
     observation, _, terminated, _, _ = env.step("<tool_call>{")
-    assert observation == [tool_message("Error: unterminated <tool_call> block (missing </tool_call>)", "call_1_1")]
+    assert observation == [
+        tool_message("Error: unterminated <tool_call> block (missing </tool_call>)", "call_1_1")
+    ]
     assert not terminated
     assert env.state is not None and env.state.messages[-2] == assistant("<tool_call>{")
 
@@ -133,10 +144,15 @@ def test_a_turn_of_only_malformed_calls_continues_the_episode() -> None:
 def test_structured_calls_from_the_server_are_used_as_given() -> None:
     env = Adder(TASKS)
     env.reset(seed=0)
-    calls = [ToolCall.make("srv-1", "add", {"a": 4, "b": 4}), ToolCall.make("srv-2", "add", '{"a": ')]
+    calls = [
+        ToolCall.make("srv-1", "add", {"a": 4, "b": 4}),
+        ToolCall.make("srv-2", "add", '{"a": '),
+    ]
     observation = env.step(AssistantTurn(message=assistant("", calls)))[0]
     assert observation == [
-        tool_message("Error: arguments of 'add' are not valid JSON (Expecting value)", "srv-2", "add"),
+        tool_message(
+            "Error: arguments of 'add' are not valid JSON (Expecting value)", "srv-2", "add"
+        ),
         tool_message("8", "srv-1", "add"),
     ]
     assert env.state is not None and env.state.messages[-3] == assistant("", calls)
@@ -146,9 +162,16 @@ def test_max_turns_truncates_while_the_model_keeps_calling_tools() -> None:
     env = Adder(TASKS, max_turns=2)
     env.reset(seed=0)
     env.step(hermes("add", {"a": 1, "b": 1}))
-    observation, reward_value, terminated, truncated, info = env.step(hermes("add", {"a": 2, "b": 2}))
+    observation, reward_value, terminated, truncated, info = env.step(
+        hermes("add", {"a": 2, "b": 2})
+    )
     assert observation == [tool_message("4", "call_2_1", "add")]
-    assert (reward_value, terminated, truncated, info["stop_reason"]) == (0.0, False, True, "max_turns")
+    assert (reward_value, terminated, truncated, info["stop_reason"]) == (
+        0.0,
+        False,
+        True,
+        "max_turns",
+    )
     assert info["metrics"] == {"tool_calls": 2}
 
 

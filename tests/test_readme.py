@@ -18,7 +18,11 @@ def test_python_example_runs():
 def test_ci_runs_the_readme_test_command():
     ci = (ROOT / ".ci" / "run").read_text()
     extracted = subprocess.run(
-        ["bash", "-c", re.search(r"cmd=\$\((awk .*?)\)\n", ci).group(1)], cwd=ROOT, capture_output=True, text=True, check=True
+        ["bash", "-c", re.search(r"cmd=\$\((awk .*?)\)\n", ci).group(1)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert extracted == ".venv/bin/python -m pytest"
     assert f"```bash\n{extracted}\n```" in README

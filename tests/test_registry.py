@@ -47,7 +47,9 @@ def test_unknown_names_suggest_the_nearest() -> None:
     with pytest.raises(EnvNotFoundError) as info:
         envhub.make("calcultor")
     message = str(info.value)
-    assert message.startswith("no env named 'calcultor'. Did you mean 'calculator'? Run `envhub list` to see all ")
+    assert message.startswith(
+        "no env named 'calcultor'. Did you mean 'calculator'? Run `envhub list` to see all "
+    )
     assert message.endswith(" envs.")
     with pytest.raises(EnvNotFoundError) as info:
         envhub.make("zzzzzzzz")
@@ -123,7 +125,10 @@ def test_unknown_arguments_to_an_env_that_forwards_kwargs_list_the_whole_chain()
 def test_register_override_and_gymnasium_ids(clean_registry: None) -> None:
     envhub.register("tiny", Tiny)
     assert envhub.make("tiny", size=3).dataset[2] == {"question": "x2", "answer": "2"}
-    with pytest.raises(EnvLoadError, match=r"^an env named 'tiny' is already registered; pass override=True to replace it$"):
+    with pytest.raises(
+        EnvLoadError,
+        match=r"^an env named 'tiny' is already registered; pass override=True to replace it$",
+    ):
         envhub.register("tiny", Tiny)
     envhub.register("tiny", lambda: Tiny(5, label="y"), override=True)
     assert len(envhub.make("tiny").dataset) == 5
@@ -155,7 +160,9 @@ def test_a_constructor_that_raises_is_a_load_error(clean_registry: None) -> None
         raise RuntimeError("missing data file")
 
     envhub.register("fails", factory)
-    with pytest.raises(EnvLoadError, match=r"^env 'fails' failed to construct: RuntimeError: missing data file$"):
+    with pytest.raises(
+        EnvLoadError, match=r"^env 'fails' failed to construct: RuntimeError: missing data file$"
+    ):
         envhub.make("fails")
 
 

@@ -49,7 +49,14 @@ def package_name(template: str) -> str:
 
 
 def expected_files(module: str) -> list[str]:
-    return [".gitignore", "README.md", f"{module}/__init__.py", f"{module}/env.py", "pyproject.toml", "tests/test_env.py"]
+    return [
+        ".gitignore",
+        "README.md",
+        f"{module}/__init__.py",
+        f"{module}/env.py",
+        "pyproject.toml",
+        "tests/test_env.py",
+    ]
 
 
 def listing(folder: Path) -> list[str]:
@@ -60,8 +67,9 @@ def listing(folder: Path) -> list[str]:
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each template rendered once for this module."""
     root = tmp_path_factory.mktemp("rendered")
-    return {template: create_package(package_name(template), template, root) for template in TEMPLATES}
-
+    return {
+        template: create_package(package_name(template), template, root) for template in TEMPLATES
+    }
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -69,7 +77,9 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def test_templates_are_the_four_shipped_folders():
     assert list(TEMPLATES) == ["single-turn", "multi-turn", "tool", "code"]
-    assert sorted(p.name for p in TEMPLATE_SOURCES.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(TEMPLATES)
+    assert sorted(
+        p.name for p in TEMPLATE_SOURCES.iterdir() if p.is_dir() and p.name != "__pycache__"
+    ) == sorted(TEMPLATES)
 
 
 @pytest.mark.parametrize(
@@ -123,7 +133,10 @@ def test_invalid_names_are_refused_with_a_suggestion(name, suggestion):
 def test_names_whose_module_would_hide_another_are_refused(name, clash):
     with pytest.raises(ConfigError) as raised:
         validate_name(name)
-    assert str(raised.value) == f"invalid env name {name!r}: its module {name!r} would clash with {clash}; try '{name}-env'"
+    assert (
+        str(raised.value)
+        == f"invalid env name {name!r}: its module {name!r} would clash with {clash}; try '{name}-env'"
+    )
     validate_name(f"{name}-env")
 
 
@@ -136,8 +149,14 @@ def test_invalid_name_writes_nothing(tmp_path):
 @pytest.mark.parametrize(
     ("template", "message"),
     [
-        ("tol", "unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool, code"),
-        ("multiturn", "unknown template 'multiturn'. Did you mean 'multi-turn'? Templates: single-turn, multi-turn, tool, code"),
+        (
+            "tol",
+            "unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool, code",
+        ),
+        (
+            "multiturn",
+            "unknown template 'multiturn'. Did you mean 'multi-turn'? Templates: single-turn, multi-turn, tool, code",
+        ),
         ("rocket", "unknown template 'rocket'. Templates: single-turn, multi-turn, tool, code"),
     ],
 )
@@ -178,9 +197,17 @@ def test_readme_has_hub_metadata_and_the_commands(rendered, template):
     name = package_name(template)
     text = (rendered[template] / "README.md").read_text()
     _, front_matter, body = text.split("---\n", 2)
-    assert yaml.safe_load(front_matter) == {"license": "apache-2.0", "pretty_name": name, "tags": TAGS[template]}
+    assert yaml.safe_load(front_matter) == {
+        "license": "apache-2.0",
+        "pretty_name": name,
+        "tags": TAGS[template],
+    }
     commands = re.findall(r"```bash\n(.*?)```", body, re.DOTALL)
-    assert [c.splitlines()[-1].split(" --")[0] for c in commands] == ["envhub check .", "pytest", f"envhub eval {name}"]
+    assert [c.splitlines()[-1].split(" --")[0] for c in commands] == [
+        "envhub check .",
+        "pytest",
+        f"envhub eval {name}",
+    ]
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -199,7 +226,9 @@ def test_templates_use_only_known_placeholders():
         if file.suffix == ".tmpl":
             assert used <= known, f"{file}: unknown placeholders {used - known}"
         else:
-            assert not used, f"{file} has placeholders but no .tmpl suffix, so they stay as they are"
+            assert not used, (
+                f"{file} has placeholders but no .tmpl suffix, so they stay as they are"
+            )
 
 
 # -- destinations -----------------------------------------------------------------------------
@@ -243,7 +272,10 @@ def test_directory_that_is_a_file_is_refused(tmp_path):
     assert str(raised.value) == f"{tmp_path / 'envs'} is not a folder"
     with pytest.raises(ConfigError) as raised:
         create_package("my-env", directory=tmp_path / "envs" / "deeper")
-    assert str(raised.value) == f"cannot create a package in {tmp_path / 'envs' / 'deeper'}: Not a directory"
+    assert (
+        str(raised.value)
+        == f"cannot create a package in {tmp_path / 'envs' / 'deeper'}: Not a directory"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["envs"]
 
 
@@ -273,7 +305,9 @@ def test_forced_write_blocked_by_a_folder_changes_nothing(tmp_path):
     (path / "README.md").unlink()
     (path / "README.md").mkdir()
     (path / "pyproject.toml").write_text("mine")
-    with pytest.raises(ConfigError, match="cannot write README.md into .*: something of that name is in the way"):
+    with pytest.raises(
+        ConfigError, match="cannot write README.md into .*: something of that name is in the way"
+    ):
         create_package("my-env", "single-turn", tmp_path, force=True)
     assert (path / "pyproject.toml").read_text() == "mine"
     assert [p.name for p in tmp_path.iterdir()] == ["my-env"]
@@ -287,7 +321,9 @@ def test_rendered_env_passes_check_env(rendered, template, unload):
     name = package_name(template)
     unload.append(module_name(name))
     specs = package_env_specs(rendered[template])
-    assert specs == {name: EnvSpec(name, f"{module_name(name)}.env:{class_name(name)}", name, "0.1.0")}
+    assert specs == {
+        name: EnvSpec(name, f"{module_name(name)}.env:{class_name(name)}", name, "0.1.0")
+    }
     env = specs[name].load()()
     report = check_env(env)
     details = {r.name: r.detail for r in report.results}
@@ -322,7 +358,9 @@ def test_wheel_ships_every_template_file(tmp_path):
         if (REPO / file).exists():
             shutil.copy(REPO / file, source / file)
     for folder in set(read_pyproject(REPO)["tool"]["setuptools"]["package-dir"].values()):
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(
+            REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
         check=True, capture_output=True, timeout=300,

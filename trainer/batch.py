@@ -56,7 +56,16 @@ class MicroBatch:
         return int(self.loss_mask.sum().item())
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        moved = {name: getattr(self, name).to(device) for name in ("input_ids", "attention_mask", "loss_mask", "sampler_logprobs", "advantages")}
+        moved = {
+            name: getattr(self, name).to(device)
+            for name in (
+                "input_ids",
+                "attention_mask",
+                "loss_mask",
+                "sampler_logprobs",
+                "advantages",
+            )
+        }
         return MicroBatch(**moved, samples=self.samples)
 
 
@@ -77,7 +86,9 @@ class Batch:
         return len(self.samples)
 
 
-def build_batch(trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int) -> Batch:
+def build_batch(
+    trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int
+) -> Batch:
     """The step's samples: :func:`score`, then :func:`estimate_advantages`, then :func:`select`.
 
     Args:
@@ -117,7 +128,9 @@ def score(
     rewards = torch.tensor([trajectories[i].reward for i in usable], dtype=torch.float64)
     buffer = algorithm.overlong.soft_penalty_buffer
     if buffer is not None and usable:
-        longest_turn = torch.tensor([_longest_turn(trajectories[i]) for i in usable], dtype=torch.float64)
+        longest_turn = torch.tensor(
+            [_longest_turn(trajectories[i]) for i in usable], dtype=torch.float64
+        )
         rewards = rewards + overlong_penalty(longest_turn, max_tokens, buffer)
     groups = _group_index([trajectories[i].group_id for i in usable])
     return Scored(trajectories, usable, rewards, groups)
@@ -159,10 +172,14 @@ def select(scored: Scored, advantages: torch.Tensor, algorithm: AlgorithmConfig)
         keep &= zero_variance_groups(rewards, groups)
     if algorithm.overlong.filter:
         keep &= torch.tensor([not _hit_length(trajectories[i]) for i in usable])
-    samples = [_sample(trajectories[i], float(advantages[k]), i) for k, i in enumerate(usable) if keep[k]]
+    samples = [
+        _sample(trajectories[i], float(advantages[k]), i) for k, i in enumerate(usable) if keep[k]
+    ]
     stats |= {
         "batch/kept": float(len(samples)),
-        "batch/zero_variance_groups": float(_dropped_groups(rewards, groups)) if algorithm.dynamic_sampling else 0.0,
+        "batch/zero_variance_groups": float(_dropped_groups(rewards, groups))
+        if algorithm.dynamic_sampling
+        else 0.0,
         "batch/advantage_abs_mean": float(advantages.abs().mean()),
     }
     return Batch(samples, stats)
@@ -194,7 +211,9 @@ def _size(bin_: list[int], lengths: Sequence[int], extra: int, padded: bool) -> 
     return sum(lengths[j] for j in bin_) + lengths[extra]
 
 
-def micro_batches(batch: Batch, budget: int, pad_id: int, *, packed: bool = False) -> list[MicroBatch]:
+def micro_batches(
+    batch: Batch, budget: int, pad_id: int, *, packed: bool = False
+) -> list[MicroBatch]:
     """The batch as micro-batches of at most ``budget`` tokens each (padded, or packed: see
     :func:`pack`). The tensors are right-padded either way; a packing backend lays each one
     out with :class:`Packing`."""
@@ -258,7 +277,9 @@ class Packing:
     def blocked(self) -> torch.Tensor:
         """``[1, 1, total, total]`` attention mask, ``True`` where a query may not look (a later
         position or another segment): Megatron's convention."""
-        segment = torch.repeat_interleave(torch.arange(len(self.segments)), torch.tensor(self.segments))
+        segment = torch.repeat_interleave(
+            torch.arange(len(self.segments)), torch.tensor(self.segments)
+        )
         causal = torch.ones(self.total, self.total, dtype=torch.bool).tril()
         allowed = causal & (segment[:, None] == segment[None, :])
         return (~allowed)[None, None]

@@ -168,7 +168,9 @@ class AlgorithmConfig(_Part):
     eps_high: float = Field(0.28, ge=0.0)
     """Upper clip range; larger than ``eps_low`` is DAPO's clip-higher."""
     dual_clip: float | None = Field(None, gt=1.0)
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
     kl_beta: float = Field(0.0, ge=0.0)
     """KL penalty to the initial model; 0 loads no reference model."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -284,9 +286,16 @@ class TrainConfig(_Part):
             raise ValueError("algorithm.mismatch_low must be below algorithm.mismatch_high")
         buffer = self.algorithm.overlong.soft_penalty_buffer
         if buffer is not None and buffer >= self.rollout.max_tokens:
-            raise ValueError("algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens")
-        if self.algorithm.advantage in ("grpo", "dr_grpo", "rloo") and self.rollout.samples_per_task < 2:
-            raise ValueError(f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2")
+            raise ValueError(
+                "algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens"
+            )
+        if (
+            self.algorithm.advantage in ("grpo", "dr_grpo", "rloo")
+            and self.rollout.samples_per_task < 2
+        ):
+            raise ValueError(
+                f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2"
+            )
         if self.backend.kind == "megatron":
             self._check_megatron()
         self._check_vllm_placement()
@@ -309,19 +318,29 @@ class TrainConfig(_Part):
     def _check_vllm_placement(self) -> None:
         v = self.rollout.vllm
         if v.url is not None and v.mode != "server":
-            raise ValueError("rollout.vllm.url names a running server: it needs rollout.vllm.mode=server")
+            raise ValueError(
+                "rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"
+            )
         if v.colocate and (v.mode != "ray" or self.backend.kind != "megatron"):
-            raise ValueError("rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray and backend.kind=megatron")
+            raise ValueError(
+                "rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray and backend.kind=megatron"
+            )
         if v.engines > 1 and (v.mode != "ray" or v.colocate):
-            raise ValueError("several vLLM engines are placed by Ray, each in a bundle of its own: set rollout.vllm.mode=ray without colocate, or rollout.vllm.engines=1")
+            raise ValueError(
+                "several vLLM engines are placed by Ray, each in a bundle of its own: set rollout.vllm.mode=ray without colocate, or rollout.vllm.engines=1"
+            )
         if v.colocate and v.tensor_parallel > 1:
-            raise ValueError("a colocated engine shares one rank's GPU: rollout.vllm.tensor_parallel must be 1 (or drop colocate)")
+            raise ValueError(
+                "a colocated engine shares one rank's GPU: rollout.vllm.tensor_parallel must be 1 (or drop colocate)"
+            )
 
     def _check_megatron(self) -> None:
         if self.rollout.engine != "vllm":
             raise ValueError("backend.kind=megatron generates with vLLM: set rollout.engine=vllm")
         if self.model.lora is not None:
-            raise ValueError("the Megatron backend trains all weights: remove model.lora (or use backend.kind=torch)")
+            raise ValueError(
+                "the Megatron backend trains all weights: remove model.lora (or use backend.kind=torch)"
+            )
 
     @property
     def run_name(self) -> str:
@@ -338,7 +357,9 @@ class TrainConfig(_Part):
 # -- loading ----------------------------------------------------------------------------------
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+) -> TrainConfig:
     """Read a YAML config, apply ``key=value`` overrides, validate.
 
     Raises:
@@ -357,7 +378,9 @@ def validate_config(data: dict[str, Any]) -> TrainConfig:
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError("invalid training config:\n" + "\n".join(_describe(err) for err in e.errors())) from None
+        raise ConfigError(
+            "invalid training config:\n" + "\n".join(_describe(err) for err in e.errors())
+        ) from None
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -372,7 +395,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping of config sections, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path} must hold a mapping of config sections, got {type(data).__name__}"
+        )
     return data
 
 
@@ -381,7 +406,9 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} must look like section.key=value (e.g. optimizer.lr=1e-6)")
+        raise ConfigError(
+            f"override {text!r} must look like section.key=value (e.g. optimizer.lr=1e-6)"
+        )
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
@@ -397,7 +424,9 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
         last = i == len(parts) - 1
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
-                raise ConfigError(f"override {key}: {'.'.join(parts[:i]) or part} has no item {part}")
+                raise ConfigError(
+                    f"override {key}: {'.'.join(parts[:i]) or part} has no item {part}"
+                )
             if last:
                 node[int(part)] = value
             else:

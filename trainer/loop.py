@@ -95,7 +95,9 @@ class PhaseTimer:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
-        return {f"time/{k}": v for k, v in self.seconds.items()} | {"time/step": sum(self.seconds.values())}
+        return {f"time/{k}": v for k, v in self.seconds.items()} | {
+            "time/step": sum(self.seconds.values())
+        }
 
 
 STEP_LOST = (EngineError, WorkerError, WorkerGroupClosedError)
@@ -128,7 +130,9 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     return result
 
 
-async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: TrainBackend, reporter: Reporter) -> int:
+async def _run_steps(
+    config: TrainConfig, schedule: TaskSchedule, backend: TrainBackend, reporter: Reporter
+) -> int:
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
     run_dir = config.run_dir
     engine = make_engine(config, backend)
@@ -142,14 +146,22 @@ async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: Train
         # run's, and a check that both sides compute the same logprobs) before any rollout.
         await engine.start()
         initial_sync = await engine.update_weights(backend) or {}
-        info = {"run_dir": str(run_dir), "resumed_from": start or None, "parameters": backend.num_parameters(), "device": backend.describe(), "engine": repr(engine)} | initial_sync
+        info = {
+            "run_dir": str(run_dir),
+            "resumed_from": start or None,
+            "parameters": backend.num_parameters(),
+            "device": backend.describe(),
+            "engine": repr(engine),
+        } | initial_sync
         if config.rollout.workers:
             workers = RolloutWorkers.for_run(config, engine)
             info["rollout_workers"] = workers.info
         reporter.start(config, info)
         for step in range(start, config.steps):
             try:
-                metrics = await train_step(step, config, schedule, engine, backend, reporter, workers)
+                metrics = await train_step(
+                    step, config, schedule, engine, backend, reporter, workers
+                )
             except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             tracker.log(step + 1, metrics)
@@ -164,15 +176,27 @@ async def _run_steps(config: TrainConfig, schedule: TaskSchedule, backend: Train
     return start
 
 
-async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, backend: TrainBackend, reporter: Reporter, workers: RolloutWorkers | None = None) -> dict[str, float]:
+async def train_step(
+    step: int,
+    config: TrainConfig,
+    schedule: TaskSchedule,
+    engine: RolloutEngine,
+    backend: TrainBackend,
+    reporter: Reporter,
+    workers: RolloutWorkers | None = None,
+) -> dict[str, float]:
     """One step: roll out, score, build the batch, update the policy, sync the engine."""
     timer = PhaseTimer()
     engine.reset_stats()
     with timer("rollout"):
         trajectories = await rollout(step, config, schedule, engine, reporter, workers)
-    engine_metrics = {f"engine/{k}": v for k, v in (workers.stats() if workers else engine.stats()).items()}
+    engine_metrics = {
+        f"engine/{k}": v for k, v in (workers.stats() if workers else engine.stats()).items()
+    }
     if config.logging.save_trajectories:
-        save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories)
+        save_trajectories(
+            config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories
+        )
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
         scored = score(trajectories, config.algorithm, config.rollout.max_tokens)  # rewards
@@ -182,25 +206,51 @@ async def train_step(step: int, config: TrainConfig, schedule: TaskSchedule, eng
     update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend) or {}
-    metrics = rollout_metrics(trajectories, schedule) | engine_metrics | batch.stats | update_metrics | sync_metrics | timer.metrics()
+    metrics = (
+        rollout_metrics(trajectories, schedule)
+        | engine_metrics
+        | batch.stats
+        | update_metrics
+        | sync_metrics
+        | timer.metrics()
+    )
     completion_tokens = sum(t.num_completion_tokens for t in trajectories)
-    metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(timer.seconds["rollout"], 1e-9)
+    metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(
+        timer.seconds["rollout"], 1e-9
+    )
     train_seconds = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)
     if train_seconds:
-        metrics["throughput/train_tokens_per_s"] = sum(len(s) for s in batch.samples) / train_seconds
+        metrics["throughput/train_tokens_per_s"] = (
+            sum(len(s) for s in batch.samples) / train_seconds
+        )
     return metrics
 
 
-async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine: RolloutEngine, reporter: Reporter, workers: RolloutWorkers | None = None) -> list[Trajectory]:
+async def rollout(
+    step: int,
+    config: TrainConfig,
+    schedule: TaskSchedule,
+    engine: RolloutEngine,
+    reporter: Reporter,
+    workers: RolloutWorkers | None = None,
+) -> list[Trajectory]:
     """This step's episodes, from every env, concurrently (in ``workers`` when given); group
     ids made unique per step."""
     rc = config.rollout
     options = RunnerOptions.from_config(rc)
     per_env = schedule.draw(step, rc.tasks_per_step)
     total = rc.tasks_per_step * rc.samples_per_task
-    jobs = [RolloutJob(i, tuple(tasks), seed=_runner_seed(config.seed, step, i), prefix=f"s{step + 1}e{i}") for i, tasks in enumerate(per_env) if tasks]
+    jobs = [
+        RolloutJob(
+            i, tuple(tasks), seed=_runner_seed(config.seed, step, i), prefix=f"s{step + 1}e{i}"
+        )
+        for i, tasks in enumerate(per_env)
+        if tasks
+    ]
     if workers is not None:
-        return await workers.run(jobs, options, on_progress=lambda done: reporter.rollout_progress(done, total))
+        return await workers.run(
+            jobs, options, on_progress=lambda done: reporter.rollout_progress(done, total)
+        )
     done = 0
 
     def progress(_: Trajectory) -> None:
@@ -208,7 +258,12 @@ async def rollout(step: int, config: TrainConfig, schedule: TaskSchedule, engine
         done += 1
         reporter.rollout_progress(done, total)
 
-    results = await asyncio.gather(*(run_job(engine, schedule.slots[job.env_index].factory(), job, options, progress) for job in jobs))
+    results = await asyncio.gather(
+        *(
+            run_job(engine, schedule.slots[job.env_index].factory(), job, options, progress)
+            for job in jobs
+        )
+    )
     return [t for group in results for t in group]
 
 
@@ -216,7 +271,9 @@ def _runner_seed(seed: int, step: int, env_index: int) -> int:
     return int(np.random.SeedSequence([seed, step, env_index]).generate_state(1)[0])
 
 
-def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer) -> dict[str, float]:
+def update_policy(
+    batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer
+) -> dict[str, float]:
     """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches, each cut
     into micro-batches by the backend."""
     spec = objective_spec(config)
@@ -233,8 +290,12 @@ def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, time
     with timer("update"):
         for k, (chunk, mbs) in enumerate(zip(chunks, packed, strict=True)):
             result = backend.update(
-                mbs, spec, old_logprobs=old[k] if old else None, ref_logprobs=ref[k] if ref else None,
-                num_tokens=chunk.num_tokens, num_sequences=chunk.num_sequences,
+                mbs,
+                spec,
+                old_logprobs=old[k] if old else None,
+                ref_logprobs=ref[k] if ref else None,
+                num_tokens=chunk.num_tokens,
+                num_sequences=chunk.num_sequences,
             )
             for name, value in result.metrics.items():
                 totals[f"train/{name}"] = totals.get(f"train/{name}", 0.0) + value / updates
@@ -245,10 +306,19 @@ def update_policy(batch: Batch, config: TrainConfig, backend: TrainBackend, time
 def objective_spec(config: TrainConfig) -> ObjectiveSpec:
     a = config.algorithm
     return ObjectiveSpec(
-        policy_loss=a.policy_loss, eps_low=a.eps_low, eps_high=a.eps_high, dual_clip=a.dual_clip,
-        aggregation=a.aggregation, norm_length=config.rollout.max_tokens,
-        kl_beta=a.kl_beta, kl_estimator=a.kl_estimator, entropy_coef=a.entropy_coef,
-        mismatch=a.mismatch, mismatch_cap=a.mismatch_cap, mismatch_low=a.mismatch_low, mismatch_high=a.mismatch_high,
+        policy_loss=a.policy_loss,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        dual_clip=a.dual_clip,
+        aggregation=a.aggregation,
+        norm_length=config.rollout.max_tokens,
+        kl_beta=a.kl_beta,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        mismatch=a.mismatch,
+        mismatch_cap=a.mismatch_cap,
+        mismatch_low=a.mismatch_low,
+        mismatch_high=a.mismatch_high,
     )
 
 
@@ -256,7 +326,11 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
     """Reward (mean, std, per component), pass@1, tool use, lengths and failures of the step."""
     threshold = min(slot.pass_threshold for slot in schedule.slots)
     s = summarize(trajectories, pass_threshold=threshold)
-    metrics = {"reward/mean": s.reward_mean, "reward/std": s.reward_std, "pass@1": s.pass_at.get(1, 0.0)}
+    metrics = {
+        "reward/mean": s.reward_mean,
+        "reward/std": s.reward_std,
+        "pass@1": s.pass_at.get(1, 0.0),
+    }
     metrics |= {f"reward/{name}": value for name, value in s.components.items()}
     metrics |= {
         "rollout/episodes": float(s.episodes),
@@ -265,7 +339,8 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
         "rollout/tool_calls": s.tool_calls,
         "rollout/errors": float(s.episodes_with_errors),
         "rollout/token_drift": float(s.token_drift_episodes),
-        "rollout/truncated": float(sum(t.truncated for t in trajectories)) / max(len(trajectories), 1),
+        "rollout/truncated": float(sum(t.truncated for t in trajectories))
+        / max(len(trajectories), 1),
     }
     if s.tool_validity is not None:
         metrics["rollout/tool_validity"] = s.tool_validity
@@ -281,7 +356,12 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> RolloutEngine:
     if config.rollout.engine == "hf":
         from envhub.trainer.engines.hf import HFEngine
 
-        return HFEngine(backend.model, backend.tokenizer, max_batch_size=config.rollout.max_concurrency, seed=config.seed)
+        return HFEngine(
+            backend.model,
+            backend.tokenizer,
+            max_batch_size=config.rollout.max_concurrency,
+            seed=config.seed,
+        )
     if config.rollout.engine == "vllm":
         from envhub.trainer.engines.vllm import make_vllm_engine  # imports vLLM only when it starts
 
@@ -291,19 +371,37 @@ def make_engine(config: TrainConfig, backend: TrainBackend) -> RolloutEngine:
 
 def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     """``error`` with where the run stopped and how to go on (same class, so callers can tell)."""
-    how = f"rerun the same command to resume from {checkpoint}" if checkpoint else "no checkpoint was saved yet; rerunning starts over"
+    how = (
+        f"rerun the same command to resume from {checkpoint}"
+        if checkpoint
+        else "no checkpoint was saved yet; rerunning starts over"
+    )
     stopped = type(error).__new__(type(error))  # not __init__: its signature is the class's own
     stopped.args = (f"{error}\nTraining stopped in step {step + 1}: {how}.",)
-    stopped.__dict__.update(error.__dict__)  # keeps attributes such as a dead worker's index and node
+    stopped.__dict__.update(
+        error.__dict__
+    )  # keeps attributes such as a dead worker's index and node
     return stopped
 
 
-def save_checkpoint(step: int, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> Path:
+def save_checkpoint(
+    step: int,
+    checkpoints: CheckpointManager,
+    backend: TrainBackend,
+    schedule: TaskSchedule,
+    engine: RolloutEngine,
+) -> Path:
     trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": engine.state_dict()}
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 
-def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBackend, schedule: TaskSchedule, engine: RolloutEngine) -> int:
+def resume(
+    config: TrainConfig,
+    checkpoints: CheckpointManager,
+    backend: TrainBackend,
+    schedule: TaskSchedule,
+    engine: RolloutEngine,
+) -> int:
     """Load the checkpoint to continue from, if any; returns the first step to run."""
     choice = config.checkpoint.resume
     if choice == "never":
@@ -312,7 +410,9 @@ def resume(config: TrainConfig, checkpoints: CheckpointManager, backend: TrainBa
     if path is None:
         return 0
     state = backend.state()
-    trainer_state = checkpoints.load(path, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"])
+    trainer_state = checkpoints.load(
+        path, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"]
+    )
     schedule.load_state_dict(trainer_state["schedule"])
     if trainer_state.get("engine") is not None:
         engine.load_state_dict(trainer_state["engine"])
@@ -324,8 +424,14 @@ def _finish(config: TrainConfig, backend: TrainBackend, start: int) -> RunResult
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path) if metrics_path.exists() else []
     final = backend.export(run_dir / "final") if config.checkpoint.export_hf else None
-    plot = plot_rewards(history, run_dir / "reward.png", config.run_name) if config.logging.plot and history else None
-    return RunResult(run_dir=run_dir, history=history, final_model=final, plot=plot, resumed_from=start or None)
+    plot = (
+        plot_rewards(history, run_dir / "reward.png", config.run_name)
+        if config.logging.plot and history
+        else None
+    )
+    return RunResult(
+        run_dir=run_dir, history=history, final_model=final, plot=plot, resumed_from=start or None
+    )
 
 
 def save_trajectories(path: Path, trajectories: list[Trajectory]) -> None:
@@ -339,7 +445,11 @@ def _forget_steps_after(path: Path, start: int) -> None:
     """A resumed run repeats the steps after its checkpoint: drop their old metric rows."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= start]
+    rows = [
+        line
+        for line in path.read_text().splitlines()
+        if line.strip() and json.loads(line)["step"] <= start
+    ]
     path.write_text("".join(row + "\n" for row in rows))
 
 

@@ -67,9 +67,13 @@ def prepare_from_gguf(gguf: Path, target: Path) -> Path:
         raise MissingDependencyError.for_extra("torch/transformers", "train") from e
     log.info("converting %s to %s (once)", gguf.name, target)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    quantized = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+    )
     # A GGUF-loaded model refuses save_pretrained; rebuild it from a plain config instead.
-    config = AutoConfig.for_model(**{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"})
+    config = AutoConfig.for_model(
+        **{k: v for k, v in quantized.config.to_dict().items() if k != "quantization_config"}
+    )
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(quantized.state_dict())
     model.generation_config = quantized.generation_config

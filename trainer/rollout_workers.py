@@ -77,8 +77,16 @@ class RunnerOptions:
 
     @classmethod
     def from_config(cls, rc: RolloutConfig) -> RunnerOptions:
-        sampling = SamplingParams(temperature=rc.temperature, top_p=rc.top_p, top_k=rc.top_k, max_tokens=rc.max_tokens, logprobs=True)
-        return cls(sampling, rc.samples_per_task, rc.max_concurrency, rc.step_timeout, rc.episode_timeout)
+        sampling = SamplingParams(
+            temperature=rc.temperature,
+            top_p=rc.top_p,
+            top_k=rc.top_k,
+            max_tokens=rc.max_tokens,
+            logprobs=True,
+        )
+        return cls(
+            sampling, rc.samples_per_task, rc.max_concurrency, rc.step_timeout, rc.episode_timeout
+        )
 
 
 async def run_job(
@@ -96,9 +104,14 @@ async def run_job(
         engine, env_factory, sampling=options.sampling, max_concurrency=options.max_concurrency,
         step_timeout=options.step_timeout, episode_timeout=options.episode_timeout, seed=job.seed,
     )  # fmt: skip
-    trajectories = await runner.run(job.tasks, options.samples_per_task, on_trajectory=on_trajectory)
+    trajectories = await runner.run(
+        job.tasks, options.samples_per_task, on_trajectory=on_trajectory
+    )
     n = options.samples_per_task  # the runner returns them in task, then sample order
-    return [t.model_copy(update={"group_id": f"{job.prefix}g{positions[i // n]}"}) for i, t in enumerate(trajectories)]
+    return [
+        t.model_copy(update={"group_id": f"{job.prefix}g{positions[i // n]}"})
+        for i, t in enumerate(trajectories)
+    ]
 
 
 @dataclass(frozen=True)
@@ -121,9 +134,13 @@ class VLLMClient:
 
         urls = server_urls(engine.transport)
         if not urls:
-            raise ConfigError(f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server")
+            raise ConfigError(
+                f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server"
+            )
         settings = replace(engine.settings, max_concurrency=max_concurrency)
-        return cls(settings, urls, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids))
+        return cls(
+            settings, urls, engine.tokenizer.tokenizer, tuple(engine.tokenizer.eos_token_ids)
+        )
 
     def __call__(self) -> RolloutEngine:
         from transformers import GenerationConfig
@@ -136,9 +153,19 @@ class VLLMClient:
             from envhub.trainer.engines.vllm_replicas import ReplicatedTransport
             from envhub.trainer.engines.vllm_transport import ServerTransport
 
-            transport = ReplicatedTransport([ServerTransport(self.settings, url) for url in self.urls])
+            transport = ReplicatedTransport(
+                [ServerTransport(self.settings, url) for url in self.urls]
+            )
         url = self.urls[0] if transport is None else None
-        return VLLMEngine(self.settings, self.tokenizer, generation_config=generation_config, mode="server", url=url, transport=transport, verify="off")
+        return VLLMEngine(
+            self.settings,
+            self.tokenizer,
+            generation_config=generation_config,
+            mode="server",
+            url=url,
+            transport=transport,
+            verify="off",
+        )
 
 
 def merge_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -176,7 +203,11 @@ def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[Part]]:
         share = []
         for j in dict.fromkeys(j for j, _ in mine):
             positions = [position for k, position in mine if k == j]
-            share.append(Part(j, replace(jobs[j], tasks=tuple(jobs[j].tasks[p] for p in positions)), positions))
+            share.append(
+                Part(
+                    j, replace(jobs[j], tasks=tuple(jobs[j].tasks[p] for p in positions)), positions
+                )
+            )
         shares.append(share)
     return shares
 
@@ -184,7 +215,12 @@ def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[Part]]:
 class _Worker:
     """Runs in a Ray actor (async: :meth:`progress` answers while :meth:`run` runs)."""
 
-    def __init__(self, engine_factory: Callable[[], InferenceEngine], envs: list[EnvSpec], registrations: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        engine_factory: Callable[[], InferenceEngine],
+        envs: list[EnvSpec],
+        registrations: dict[str, Any],
+    ) -> None:
         for name, target in registrations.items():
             envhub.register(name, target, override=True)
         self.envs = envs
@@ -196,13 +232,25 @@ class _Worker:
 
         return {"node": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
-    async def run(self, share: list[Part], options: RunnerOptions) -> tuple[list[list[Trajectory]], dict[str, float]]:
+    async def run(
+        self, share: list[Part], options: RunnerOptions
+    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
         """The trajectories of each part of the share, and the engine's counters for them."""
         self.done = 0
         await self.engine.start()  # once, before the runners (each would start it)
         if isinstance(self.engine, RolloutEngine):
             self.engine.reset_stats()
-        runs = [run_job(self.engine, self._factory(p.job.env_index), p.job, options, self._count, p.positions) for p in share]
+        runs = [
+            run_job(
+                self.engine,
+                self._factory(p.job.env_index),
+                p.job,
+                options,
+                self._count,
+                p.positions,
+            )
+            for p in share
+        ]
         results = list(await asyncio.gather(*runs))
         return results, self.engine.stats() if isinstance(self.engine, RolloutEngine) else {}
 
@@ -243,7 +291,13 @@ class RolloutWorkers:
     """
 
     def __init__(
-        self, count: int, engine_factory: Callable[[], InferenceEngine], envs: Sequence[EnvSpec], *, address: str | None = None, here_only: bool = False
+        self,
+        count: int,
+        engine_factory: Callable[[], InferenceEngine],
+        envs: Sequence[EnvSpec],
+        *,
+        address: str | None = None,
+        here_only: bool = False,
     ) -> None:
         ray = import_ray()
         self._started_ray = init_ray(address, num_cpus=count)
@@ -253,11 +307,22 @@ class RolloutWorkers:
         if here_only:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-            strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        remote = ray.remote(_Worker).options(num_cpus=1, max_concurrency=8, scheduling_strategy=strategy, runtime_env={"env_vars": forwarded_env()})
-        self._actors = [remote.remote(engine_factory, list(envs), _registrations(envs)) for _ in range(count)]
+            strategy = NodeAffinitySchedulingStrategy(
+                ray.get_runtime_context().get_node_id(), soft=False
+            )
+        remote = ray.remote(_Worker).options(
+            num_cpus=1,
+            max_concurrency=8,
+            scheduling_strategy=strategy,
+            runtime_env={"env_vars": forwarded_env()},
+        )
+        self._actors = [
+            remote.remote(engine_factory, list(envs), _registrations(envs)) for _ in range(count)
+        ]
         try:
-            self.info: list[dict[str, Any]] = [self._get(i, actor.where.remote(), "start") for i, actor in enumerate(self._actors)]
+            self.info: list[dict[str, Any]] = [
+                self._get(i, actor.where.remote(), "start") for i, actor in enumerate(self._actors)
+            ]
             """``{"node", "pid"}`` of each worker."""
         except BaseException:
             self._kill()
@@ -273,10 +338,17 @@ class RolloutWorkers:
         on a loopback address."""
         count = config.rollout.workers
         client = VLLMClient.of(engine, max_concurrency=-(-config.rollout.max_concurrency // count))
-        loopback = any(urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") for url in client.urls)
+        loopback = any(
+            urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") for url in client.urls
+        )
         return cls(count, client, config.envs, address=config.cluster.address, here_only=loopback)
 
-    async def run(self, jobs: Sequence[RolloutJob], options: RunnerOptions, on_progress: Callable[[int], None] | None = None) -> list[Trajectory]:
+    async def run(
+        self,
+        jobs: Sequence[RolloutJob],
+        options: RunnerOptions,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[Trajectory]:
         """Run ``jobs`` on the workers, ``options.max_concurrency`` split between them;
         trajectories in job, then task, then sample order, as :func:`run_job` gives them.
         ``on_progress(episodes done)`` is called as the count grows.
@@ -287,7 +359,11 @@ class RolloutWorkers:
         """
         shares = deal(jobs, len(self._actors))
         options = replace(options, max_concurrency=-(-options.max_concurrency // len(self._actors)))
-        calls = {i: asyncio.ensure_future(self._actors[i].run.remote(share, options)) for i, share in enumerate(shares) if share}
+        calls = {
+            i: asyncio.ensure_future(self._actors[i].run.remote(share, options))
+            for i, share in enumerate(shares)
+            if share
+        }
         results = await self._collect(calls, on_progress)
         self._stats = merge_stats([stats for _, stats in results.values()])
         n = options.samples_per_task
@@ -314,7 +390,9 @@ class RolloutWorkers:
             self._started_ray = False
             ray.shutdown()
 
-    async def _collect(self, calls: dict[int, Any], on_progress: Callable[[int], None] | None) -> dict[int, Any]:
+    async def _collect(
+        self, calls: dict[int, Any], on_progress: Callable[[int], None] | None
+    ) -> dict[int, Any]:
         """Each call's result by worker; the first failure raises at once."""
         ray = import_ray()
         worker_of = {future: i for i, future in calls.items()}
@@ -322,7 +400,9 @@ class RolloutWorkers:
         pending, reported = set(worker_of), 0
         try:
             while pending:
-                done, pending = await asyncio.wait(pending, timeout=PROGRESS_S, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await asyncio.wait(
+                    pending, timeout=PROGRESS_S, return_when=asyncio.FIRST_COMPLETED
+                )
                 for future in done:
                     try:
                         results[worker_of[future]] = future.result()
@@ -345,7 +425,9 @@ class RolloutWorkers:
         """Episodes finished: all of the finished shares, and what the running workers report
         (a worker that cannot answer counts 0; its call reports why)."""
         finished = sum(len(t) for per_part, _ in results.values() for t in per_part)
-        counts = await asyncio.gather(*(self._actors[i].progress.remote() for i in running), return_exceptions=True)
+        counts = await asyncio.gather(
+            *(self._actors[i].progress.remote() for i in running), return_exceptions=True
+        )
         return finished + sum(c for c in counts if isinstance(c, int))
 
     def _get(self, worker: int, ref: Any, what: str) -> Any:
@@ -359,10 +441,22 @@ class RolloutWorkers:
         ray = import_ray()
         node = self._nodes[worker]
         if isinstance(err, ray.exceptions.RayActorError):
-            return WorkerDiedError(f"rollout worker {worker} on node {node} died: {death_cause(err)}", worker=worker, node=node)
+            return WorkerDiedError(
+                f"rollout worker {worker} on node {node} died: {death_cause(err)}",
+                worker=worker,
+                node=node,
+            )
         cause = getattr(err, "cause", None)
-        detail = f"{type(cause).__name__}: {cause}" if isinstance(cause, BaseException) else str(err).strip().splitlines()[0]
-        return WorkerError(f"rollout worker {worker} on node {node} failed in {what}: {detail}", worker=worker, node=node)
+        detail = (
+            f"{type(cause).__name__}: {cause}"
+            if isinstance(cause, BaseException)
+            else str(err).strip().splitlines()[0]
+        )
+        return WorkerError(
+            f"rollout worker {worker} on node {node} failed in {what}: {detail}",
+            worker=worker,
+            node=node,
+        )
 
     def _kill(self) -> None:
         ray = import_ray()
@@ -388,4 +482,8 @@ def _registrations(envs: Sequence[EnvSpec]) -> dict[str, Any]:
     """Targets of the run's envs that were registered in this process (not installed), to
     register again in each worker."""
     known = list_envs()
-    return {e.name: known[e.name].target for e in envs if e.name in known and known[e.name].distribution is None}
+    return {
+        e.name: known[e.name].target
+        for e in envs
+        if e.name in known and known[e.name].distribution is None
+    }

@@ -87,6 +87,8 @@ class TaskSchedule:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         cursors = state["cursors"]
         if len(cursors) != len(self.slots):
-            raise ConfigError(f"the checkpoint was made with {len(cursors)} envs, the config has {len(self.slots)}")
+            raise ConfigError(
+                f"the checkpoint was made with {len(cursors)} envs, the config has {len(self.slots)}"
+            )
         for slot, cursor in zip(self.slots, cursors, strict=True):
             slot.cursor = int(cursor)

@@ -43,7 +43,9 @@ class TensorBoardSink:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise MissingDependencyError("logging.tensorboard needs the tensorboard package: pip install tensorboard") from e
+            raise MissingDependencyError(
+                "logging.tensorboard needs the tensorboard package: pip install tensorboard"
+            ) from e
         self._writer = SummaryWriter(str(log_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -58,13 +60,17 @@ class TensorBoardSink:
 class ModuleSink:
     """W&B and trackio share one API: ``init(project=, name=, config=)``, ``log(dict, step=)``, ``finish()``."""
 
-    def __init__(self, module_name: str, project: str, run_name: str, config: dict[str, Any]) -> None:
+    def __init__(
+        self, module_name: str, project: str, run_name: str, config: dict[str, Any]
+    ) -> None:
         import importlib
 
         try:
             self._module = importlib.import_module(module_name)
         except ImportError as e:
-            raise MissingDependencyError(f"logging.{module_name}_project needs {module_name}: pip install {module_name}") from e
+            raise MissingDependencyError(
+                f"logging.{module_name}_project needs {module_name}: pip install {module_name}"
+            ) from e
         self._module.init(project=project, name=run_name, config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -86,7 +92,9 @@ class MetricsLogger:
         if settings.wandb_project:
             self.sinks.append(ModuleSink("wandb", settings.wandb_project, config.run_name, plain))
         if settings.trackio_project:
-            self.sinks.append(ModuleSink("trackio", settings.trackio_project, config.run_name, plain))
+            self.sinks.append(
+                ModuleSink("trackio", settings.trackio_project, config.run_name, plain)
+            )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for sink in self.sinks:
@@ -120,10 +128,25 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
     # A step sees only a few tasks, so its mean is noisy: the trend is the moving average.
     window = min(5, len(rows))
     if window > 1 and all(r is not None for r in rewards):
-        averages = [sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rows))]
-        ax.plot(steps[window - 1 :], averages, linewidth=2.2, color="C0", label=f"mean reward, {window}-step average")
+        averages = [
+            sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rows))
+        ]
+        ax.plot(
+            steps[window - 1 :],
+            averages,
+            linewidth=2.2,
+            color="C0",
+            label=f"mean reward, {window}-step average",
+        )
     if any("pass@1" in r for r in rows):
-        ax.plot(steps, [r.get("pass@1") for r in rows], linewidth=0.8, linestyle="--", color="C1", label="pass@1")
+        ax.plot(
+            steps,
+            [r.get("pass@1") for r in rows],
+            linewidth=0.8,
+            linestyle="--",
+            color="C1",
+            label="pass@1",
+        )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("reward")

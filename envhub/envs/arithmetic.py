@@ -48,10 +48,38 @@ class Level:
 
 
 LEVELS = {
-    "tiny": Level(operations=(1, 1), operators="+-", max_operand=9, max_factor=0, nested=False, value_bounds=(0, 18)),
-    "easy": Level(operations=(1, 1), operators="+-", max_operand=99, max_factor=0, nested=False, value_bounds=(0, 198)),
-    "medium": Level(operations=(2, 2), operators="+-*", max_operand=99, max_factor=12, nested=False, value_bounds=(0, 100_000)),
-    "hard": Level(operations=(3, 4), operators="+-*", max_operand=999, max_factor=99, nested=True, value_bounds=(-100_000, 100_000)),
+    "tiny": Level(
+        operations=(1, 1),
+        operators="+-",
+        max_operand=9,
+        max_factor=0,
+        nested=False,
+        value_bounds=(0, 18),
+    ),
+    "easy": Level(
+        operations=(1, 1),
+        operators="+-",
+        max_operand=99,
+        max_factor=0,
+        nested=False,
+        value_bounds=(0, 198),
+    ),
+    "medium": Level(
+        operations=(2, 2),
+        operators="+-*",
+        max_operand=99,
+        max_factor=12,
+        nested=False,
+        value_bounds=(0, 100_000),
+    ),
+    "hard": Level(
+        operations=(3, 4),
+        operators="+-*",
+        max_operand=999,
+        max_factor=99,
+        nested=True,
+        value_bounds=(-100_000, 100_000),
+    ),
 }
 
 
@@ -60,7 +88,9 @@ def flat_problem(rng: random.Random, operations: int, level: Level) -> str:
     parts = [str(rng.randint(1, level.max_operand))]
     for _ in range(operations):
         op = rng.choice(level.operators)
-        operand = rng.randint(2, level.max_factor) if op == "*" else rng.randint(1, level.max_operand)
+        operand = (
+            rng.randint(2, level.max_factor) if op == "*" else rng.randint(1, level.max_operand)
+        )
         parts += [op, str(operand)]
     return " ".join(parts)
 
@@ -70,7 +100,9 @@ def draw_problem(rng: random.Random, level: Level) -> str:
     while True:
         operations = rng.randint(*level.operations)
         if level.nested:
-            expression = make_problem(rng, operations, level.max_operand, level.max_factor, level.operators)
+            expression = make_problem(
+                rng, operations, level.max_operand, level.max_factor, level.operators
+            )
         else:
             expression = flat_problem(rng, operations, level)
         low, high = level.value_bounds
@@ -114,9 +146,13 @@ class ArithmeticEnv(SingleTurnEnv):
     reward_range = (0.0, 1.1)
     pass_threshold = 1.0
 
-    def __init__(self, difficulty: str = "easy", num_tasks: int = 1000, task_seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, difficulty: str = "easy", num_tasks: int = 1000, task_seed: int = 0, **kwargs: Any
+    ) -> None:
         if difficulty not in LEVELS:
-            raise EnvhubError(f"arithmetic: difficulty must be one of {', '.join(LEVELS)}, got {difficulty!r}")
+            raise EnvhubError(
+                f"arithmetic: difficulty must be one of {', '.join(LEVELS)}, got {difficulty!r}"
+            )
         self.difficulty, self.num_tasks, self.task_seed = difficulty, num_tasks, task_seed
         super().__init__(**kwargs)
 
@@ -124,7 +160,9 @@ class ArithmeticEnv(SingleTurnEnv):
         return problem_set(self.difficulty, self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
-        return Rubric([number_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")])
+        return Rubric(
+            [number_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")]
+        )
 
 
 _QUESTION = re.compile(r"What is (.+)\?\s*$")

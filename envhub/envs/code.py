@@ -117,7 +117,9 @@ class _CodeTasks:
         super().__init__(**kwargs)
         answers = _solutions([self.dataset[i] for i in range(len(self.dataset))])
         # Only a task set with a solution for every task has a policy that always wins.
-        self.reference_policy = self._reference_policy(answers) if len(answers) == len(self.dataset) else None
+        self.reference_policy = (
+            self._reference_policy(answers) if len(answers) == len(self.dataset) else None
+        )
 
     def _reference_policy(self, answers: dict[str, str]) -> Any:
         raise NotImplementedError

@@ -11,7 +11,12 @@ import operator
 import random
 from fractions import Fraction
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+}
 _MAX_EXPRESSION = 200
 
 
@@ -24,7 +29,11 @@ def evaluate(expression: str) -> Fraction:
 
 
 def _eval(node: ast.AST) -> Fraction:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+    if (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, (int, float))
+        and not isinstance(node.value, bool)
+    ):
         return Fraction(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
         value = _eval(node.operand)
@@ -34,7 +43,9 @@ def _eval(node: ast.AST) -> Fraction:
         if isinstance(node.op, ast.Div) and right == 0:
             raise ZeroDivisionError("division by zero")
         return _BINARY[type(node.op)](left, right)
-    raise ValueError(f"unsupported syntax: {ast.unparse(node)!r}; use numbers, + - * / and parentheses")
+    raise ValueError(
+        f"unsupported syntax: {ast.unparse(node)!r}; use numbers, + - * / and parentheses"
+    )
 
 
 def format_number(value: Fraction) -> str:
@@ -61,5 +72,9 @@ def make_problem(
     for _ in range(operations):
         op = rng.choice(operators)
         operand = rng.randint(2, max_multiplier) if op == "*" else rng.randint(2, max_operand)
-        expression = f"({expression}) {op} {operand}" if rng.random() < 0.5 else f"{operand} {op} ({expression})"
+        expression = (
+            f"({expression}) {op} {operand}"
+            if rng.random() < 0.5
+            else f"{operand} {op} ({expression})"
+        )
     return ast.unparse(ast.parse(expression, mode="eval"))

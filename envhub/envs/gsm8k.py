@@ -60,16 +60,27 @@ def final_answer(solution: str) -> str:
 
 def to_task(row: dict[str, Any]) -> dict[str, Any]:
     """A task from one GSM8K row (``question``, ``answer``)."""
-    return {"question": row["question"], "answer": final_answer(row["answer"]), "info": {"solution": row["answer"]}}
+    return {
+        "question": row["question"],
+        "answer": final_answer(row["answer"]),
+        "info": {"solution": row["answer"]},
+    }
 
 
 def load_tasks(
-    source: str = "local", split: str = "train", data_files: DataFiles | None = None, config: str | None = None
+    source: str = "local",
+    split: str = "train",
+    data_files: DataFiles | None = None,
+    config: str | None = None,
 ) -> tuple[dict[str, Any], ...]:
     """Every task of one split (cached: later calls with the same arguments are free)."""
     if data_files is not None and source != "local":
         raise EnvhubError(f"gsm8k: pass either source= ({source!r}) or data_files=, not both")
-    files = _files_key(data_files if data_files is not None else {"train": str(SHIPPED_FILE)}) if source == "local" else None
+    files = (
+        _files_key(data_files if data_files is not None else {"train": str(SHIPPED_FILE)})
+        if source == "local"
+        else None
+    )
     return _load_tasks(source, config or HUB_CONFIGS.get(source), split, files)
 
 
@@ -90,7 +101,9 @@ def _mtime(path: str | os.PathLike[str]) -> int | None:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_tasks(source: str, config: str | None, split: str, files: _FilesKey | None) -> tuple[dict[str, Any], ...]:
+def _load_tasks(
+    source: str, config: str | None, split: str, files: _FilesKey | None
+) -> tuple[dict[str, Any], ...]:
     import datasets
 
     try:
@@ -100,11 +113,17 @@ def _load_tasks(source: str, config: str | None, split: str, files: _FilesKey | 
         else:
             rows = datasets.load_dataset(source, config, split=split)
     except Exception as e:
-        where = source if files is None else ", ".join(path for _, paths in files for path, _ in paths)
-        raise EnvhubError(f"gsm8k: cannot load split {split!r} of {where}: {type(e).__name__}: {e}") from e
+        where = (
+            source if files is None else ", ".join(path for _, paths in files for path, _ in paths)
+        )
+        raise EnvhubError(
+            f"gsm8k: cannot load split {split!r} of {where}: {type(e).__name__}: {e}"
+        ) from e
     missing = {"question", "answer"} - set(rows.column_names)
     if missing:
-        raise EnvhubError(f"gsm8k: rows need 'question' and 'answer' columns; missing {sorted(missing)} (have {rows.column_names})")
+        raise EnvhubError(
+            f"gsm8k: rows need 'question' and 'answer' columns; missing {sorted(missing)} (have {rows.column_names})"
+        )
     tasks = []
     for index, row in enumerate(zip(rows["question"], rows["answer"], strict=True)):
         try:
@@ -114,7 +133,9 @@ def _load_tasks(source: str, config: str | None, split: str, files: _FilesKey | 
     return tuple(tasks)
 
 
-SYSTEM_PROMPT = "Solve the math word problem step by step. Give the final answer as \\boxed{NUMBER}."
+SYSTEM_PROMPT = (
+    "Solve the math word problem step by step. Give the final answer as \\boxed{NUMBER}."
+)
 
 
 class GSM8KEnv(SingleTurnEnv):
@@ -151,4 +172,6 @@ class GSM8KEnv(SingleTurnEnv):
         return load_tasks(self.source, self.split, self.data_files, self.config)
 
     def default_rubric(self) -> Rubric:
-        return Rubric([math_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")])
+        return Rubric(
+            [math_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")]
+        )

@@ -112,7 +112,13 @@ class GuessNumberEnv(GuessingGame):
     default_max_turns = 7
 
     def __init__(
-        self, low: int = 1, high: int = 100, num_tasks: int = 1000, task_seed: int = 0, max_turns: int | None = None, **kwargs: Any
+        self,
+        low: int = 1,
+        high: int = 100,
+        num_tasks: int = 1000,
+        task_seed: int = 0,
+        max_turns: int | None = None,
+        **kwargs: Any,
     ) -> None:
         if low > high:
             raise EnvhubError(f"guess-number: low ({low}) must not exceed high ({high})")
@@ -126,13 +132,19 @@ class GuessNumberEnv(GuessingGame):
         return number_tasks(self.low, self.high, self.num_tasks, self.task_seed)
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
-        low, high, secret = state.info.get("low", self.low), state.info.get("high", self.high), state.answer
+        low, high, secret = (
+            state.info.get("low", self.low),
+            state.info.get("high", self.high),
+            state.answer,
+        )
         guess = parse_number(turn.message.content or "")
         if guess is None:
             hint = f"I found no number in your reply. Reply with one whole number from {low} to {high}."
             return self.reject(state, f"{hint} ({self.guesses_left(state)})")
         if not low <= guess <= high:
-            return self.reject(state, f"{guess} is not from {low} to {high}. ({self.guesses_left(state)})")
+            return self.reject(
+                state, f"{guess} is not from {low} to {high}. ({self.guesses_left(state)})"
+            )
         if guess == secret:
             return self.win(state, f"Correct! The number is {secret}.")
         direction = "low. Guess higher" if guess < secret else "high. Guess lower"
@@ -226,7 +238,9 @@ class WordleEnv(GuessingGame):
     system_prompt = WORDLE_SYSTEM_PROMPT
     default_max_turns = 6
 
-    def __init__(self, words: Sequence[str] | None = None, task_seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self, words: Sequence[str] | None = None, task_seed: int = 0, **kwargs: Any
+    ) -> None:
         self.words = default_words() if words is None else _checked_words(words)
         self.task_seed = task_seed
         super().__init__(**kwargs)
@@ -236,12 +250,17 @@ class WordleEnv(GuessingGame):
     def load_dataset(self) -> list[dict[str, Any]]:
         order = list(self.words)
         random.Random(f"wordle-{self.task_seed}").shuffle(order)
-        return [{"question": "Guess the secret word.", "answer": word, "info": {}} for word in order]
+        return [
+            {"question": "Guess the secret word.", "answer": word, "info": {}} for word in order
+        ]
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
         guess = parse_word(turn.message.content or "")
         if guess is None:
-            return self.reject(state, f"Reply with one five-letter word, e.g. <guess>crane</guess>. ({self.guesses_left(state)})")
+            return self.reject(
+                state,
+                f"Reply with one five-letter word, e.g. <guess>crane</guess>. ({self.guesses_left(state)})",
+            )
         pattern = score_guess(guess, state.answer)
         if pattern == SOLVED:
             return self.win(state, f"{guess.upper()}: {pattern} Solved!")
@@ -280,7 +299,9 @@ def best_guess(history: tuple[tuple[str, str], ...]) -> str:
 def minimax_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
     """Plays :func:`best_guess` on the feedback in the conversation."""
     replies = [m.content or "" for m in messages if m.role == "user"]
-    history = tuple((word.lower(), pattern) for reply in replies for word, pattern in _FEEDBACK.findall(reply))
+    history = tuple(
+        (word.lower(), pattern) for reply in replies for word, pattern in _FEEDBACK.findall(reply)
+    )
     return f"<guess>{best_guess(history)}</guess>"
 
 

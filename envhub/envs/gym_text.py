@@ -41,7 +41,9 @@ def episode_return(state: State) -> float:
 
 def seed_tasks(size: int, seed: int) -> ProceduralTasks:
     """``size`` tasks, each only a reset seed for the wrapped env."""
-    return ProceduralTasks("gym-text", lambda rng: {"info": {"seed": rng.randrange(2**31)}}, size, seed)
+    return ProceduralTasks(
+        "gym-text", lambda rng: {"info": {"seed": rng.randrange(2**31)}}, size, seed
+    )
 
 
 class GymTextEnv(MultiTurnEnv):
@@ -80,7 +82,9 @@ class GymTextEnv(MultiTurnEnv):
     ) -> None:
         self.action_names = _checked_names(action_names)
         self._action_index = {n.lower(): i for i, n in enumerate(self.action_names)}
-        alternatives = "|".join(re.escape(n) for n in sorted(self.action_names, key=len, reverse=True))
+        alternatives = "|".join(
+            re.escape(n) for n in sorted(self.action_names, key=len, reverse=True)
+        )
         self._action_pattern = re.compile(rf"(?<!\w)({alternatives})(?!\w)", re.IGNORECASE)
         self.source, self.gym_kwargs = gym_env, dict(gym_kwargs or {})
         self.render_observation = render_observation
@@ -130,7 +134,9 @@ class GymTextEnv(MultiTurnEnv):
         space = made.action_space
         if not isinstance(space, gym.spaces.Discrete) or int(space.n) != len(self.action_names):
             expected = f"Discrete({len(self.action_names)})"
-            raise EnvhubError(f"{self.name}: the wrapped env's action space is {space}; expected {expected}, one action per name")
+            raise EnvhubError(
+                f"{self.name}: the wrapped env's action space is {space}; expected {expected}, one action per name"
+            )
         if made is not self.source:
             self._made.append(made)
         return made
@@ -159,9 +165,15 @@ class GymTextEnv(MultiTurnEnv):
         if action is None:
             state.metrics["invalid_actions"] += 1
             names = ", ".join(self.action_names)
-            return [user(f"That is not an action. Reply with one of: {names}, e.g. <action>{self.action_names[0]}</action>.")]
+            return [
+                user(
+                    f"That is not an action. Reply with one of: {names}, e.g. <action>{self.action_names[0]}</action>."
+                )
+            ]
         gym_env: gym.Env = state.data["gym_env"]
-        observation, step_reward, terminated, truncated, _ = gym_env.step(int(gym_env.action_space.start) + action)
+        observation, step_reward, terminated, truncated, _ = gym_env.step(
+            int(gym_env.action_space.start) + action
+        )
         state.data["observation"] = observation
         state.data["episode_return"] += float(step_reward)
         state.metrics["env_steps"] += 1
@@ -180,8 +192,14 @@ class GymTextEnv(MultiTurnEnv):
 
 def _checked_names(names: Sequence[str]) -> tuple[str, ...]:
     cleaned = tuple(str(n).strip() for n in names)
-    if not cleaned or any(not n for n in cleaned) or len({n.lower() for n in cleaned}) != len(cleaned):
-        raise EnvhubError(f"action_names must be non-empty and distinct (ignoring case), got {list(names)}")
+    if (
+        not cleaned
+        or any(not n for n in cleaned)
+        or len({n.lower() for n in cleaned}) != len(cleaned)
+    ):
+        raise EnvhubError(
+            f"action_names must be non-empty and distinct (ignoring case), got {list(names)}"
+        )
     return cleaned
 
 
@@ -202,7 +220,10 @@ LAKE_INSTRUCTIONS = (
 def draw_lake(lake: Sequence[str], position: int) -> str:
     """The map as rows of space-separated tiles, with ``P`` where the agent stands."""
     here = divmod(position, len(lake[0]))
-    return "\n".join(" ".join("P" if (r, c) == here else tile for c, tile in enumerate(row)) for r, row in enumerate(lake))
+    return "\n".join(
+        " ".join("P" if (r, c) == here else tile for c, tile in enumerate(row))
+        for r, row in enumerate(lake)
+    )
 
 
 def lake_tasks(size: int, frozen_probability: float, count: int, seed: int) -> ProceduralTasks:
@@ -277,7 +298,9 @@ class FrozenLakeTextEnv(GymTextEnv):
     def observation_text(self, observation: Any, state: State) -> str:
         lake = state.info["map"]
         row, col = divmod(int(observation), len(lake[0]))
-        outcome = {"H": " You fell into a hole. Game over.", "G": " You reached the goal!"}.get(lake[row][col], "")
+        outcome = {"H": " You fell into a hole. Game over.", "G": " You reached the goal!"}.get(
+            lake[row][col], ""
+        )
         return f"{draw_lake(lake, int(observation))}\nYou are at row {row + 1}, column {col + 1}.{outcome}"
 
     def on_close(self) -> None:
@@ -288,7 +311,11 @@ class FrozenLakeTextEnv(GymTextEnv):
 def read_lake(messages: list[Message]) -> list[str] | None:
     """The most recent map drawn in the conversation, as rows of tiles."""
     for message in reversed(messages):
-        rows = [line.replace(" ", "") for line in (message.content or "").splitlines() if _GRID_ROW.match(line)]
+        rows = [
+            line.replace(" ", "")
+            for line in (message.content or "").splitlines()
+            if _GRID_ROW.match(line)
+        ]
         if message.role != "assistant" and rows:
             return rows
     return None
@@ -312,7 +339,9 @@ def shortest_path(lake: Sequence[str]) -> list[str]:
     return []
 
 
-def _walk_back(came_from: dict[tuple[int, int], tuple[tuple[int, int], str] | None], cell: tuple[int, int]) -> list[str]:
+def _walk_back(
+    came_from: dict[tuple[int, int], tuple[tuple[int, int], str] | None], cell: tuple[int, int]
+) -> list[str]:
     moves = []
     while (step := came_from[cell]) is not None:
         cell, move = step

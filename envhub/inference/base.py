@@ -68,7 +68,12 @@ class Generation(BaseModel):
 class ChatTokenizer(Protocol):
     """Renders a conversation to token ids with the model's chat template."""
 
-    async def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:
+    async def render(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
         """Token ids of ``messages`` rendered with the chat template."""
         ...
 

@@ -71,9 +71,13 @@ class OpenAIEngine(InferenceEngine):
             "base_url": self.root,
             "headers": {"Authorization": f"Bearer {api_key or 'EMPTY'}"},
             "timeout": timeout,
-            "limits": httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency),
+            "limits": httpx.Limits(
+                max_connections=max_concurrency, max_keepalive_connections=max_concurrency
+            ),
         }
-        self._bound: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]]
+        self._bound: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, asyncio.Semaphore]
+        ]
         self._bound = weakref.WeakKeyDictionary()
         self._started = False
 
@@ -94,7 +98,9 @@ class OpenAIEngine(InferenceEngine):
             tokenizer = ServerChatTokenizer(self)
             supported = await tokenizer.probe()
             if not supported and self.mode == "tokens":
-                raise EngineError(f"{self.root} has no /tokenize endpoint; use mode='chat' (or serve with vLLM)")
+                raise EngineError(
+                    f"{self.root} has no /tokenize endpoint; use mode='chat' (or serve with vLLM)"
+                )
             self.tokenizer = tokenizer if supported else None
             self.mode = "tokens" if supported else "chat"
         self._started = True
@@ -111,7 +117,10 @@ class OpenAIEngine(InferenceEngine):
         loop = asyncio.get_running_loop()
         bound = self._bound.get(loop)
         if bound is None:
-            bound = self._bound[loop] = (httpx.AsyncClient(**self._client_options), asyncio.Semaphore(self.max_concurrency))
+            bound = self._bound[loop] = (
+                httpx.AsyncClient(**self._client_options),
+                asyncio.Semaphore(self.max_concurrency),
+            )
         return bound
 
     async def generate(self, request: GenerateRequest) -> Generation:
@@ -124,17 +133,26 @@ class OpenAIEngine(InferenceEngine):
     # -- the two paths ------------------------------------------------------------------------
 
     async def _complete_tokens(self, prompt_ids: list[int], sampling: SamplingParams) -> Generation:
-        body = {"model": self.model, "prompt": prompt_ids, "return_token_ids": True, **_sampling_body(sampling)}
+        body = {
+            "model": self.model,
+            "prompt": prompt_ids,
+            "return_token_ids": True,
+            **_sampling_body(sampling),
+        }
         if sampling.logprobs:
             body["logprobs"] = 0  # the sampled token's own logprob
         choice = (await self._request("POST", "/v1/completions", body))["choices"][0]
         token_ids = choice.get("token_ids")
         if token_ids is None:
-            raise EngineError(f"{self.root} did not return token ids; a vLLM server is needed for mode='tokens'")
+            raise EngineError(
+                f"{self.root} did not return token ids; a vLLM server is needed for mode='tokens'"
+            )
         return Generation(
             text=choice.get("text") or "",
             token_ids=list(token_ids),
-            logprobs=_token_logprobs(choice.get("logprobs"), len(token_ids)) if sampling.logprobs else None,
+            logprobs=_token_logprobs(choice.get("logprobs"), len(token_ids))
+            if sampling.logprobs
+            else None,
             finish_reason=_finish_reason(choice.get("finish_reason")),
         )
 
@@ -154,7 +172,9 @@ class OpenAIEngine(InferenceEngine):
         token_ids = choice.get("token_ids")
         logprobs = _chat_logprobs(choice.get("logprobs"))
         if token_ids is not None and logprobs is not None and len(logprobs) != len(token_ids):
-            raise EngineError(f"server returned {len(logprobs)} logprobs for {len(token_ids)} tokens")
+            raise EngineError(
+                f"server returned {len(logprobs)} logprobs for {len(token_ids)} tokens"
+            )
         return Generation(
             text=message.get("content") or "",
             token_ids=list(token_ids) if token_ids is not None else None,
@@ -166,7 +186,9 @@ class OpenAIEngine(InferenceEngine):
 
     # -- HTTP with retries --------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         last: str = ""
         client, limit = self._bind()
         async with limit:
@@ -182,7 +204,9 @@ class OpenAIEngine(InferenceEngine):
                     last = f"HTTP {response.status_code}: {_error_text(response)}"
                     continue
                 if response.status_code >= 400:
-                    raise EngineError(f"{method} {path} -> HTTP {response.status_code}: {_error_text(response)}")
+                    raise EngineError(
+                        f"{method} {path} -> HTTP {response.status_code}: {_error_text(response)}"
+                    )
                 return _json_body(response, method, path)
         raise EngineUnavailableError(
             f"{self.root}{path} failed after {self.max_retries + 1} attempts ({last}). "
@@ -213,7 +237,12 @@ class ServerChatTokenizer:
             return False
         return True
 
-    async def render(self, messages: list[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:
+    async def render(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
         body: dict[str, Any] = {
             "model": self.engine.model,
             "messages": [_wire_message(m, for_template=True) for m in messages],
@@ -228,7 +257,11 @@ class ServerChatTokenizer:
 
 
 def _sampling_body(s: SamplingParams) -> dict[str, Any]:
-    body: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens}
+    body: dict[str, Any] = {
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "max_tokens": s.max_tokens,
+    }
     if s.top_k is not None:
         body["top_k"] = s.top_k
     if s.stop:
@@ -270,7 +303,9 @@ def _json_body(response: httpx.Response, method: str, path: str) -> dict[str, An
     try:
         data = response.json()
     except ValueError:
-        raise EngineError(f"{method} {path} -> HTTP {response.status_code} but not JSON: {response.text[:200]!r}") from None
+        raise EngineError(
+            f"{method} {path} -> HTTP {response.status_code} but not JSON: {response.text[:200]!r}"
+        ) from None
     if not isinstance(data, dict):
         raise EngineError(f"{method} {path} -> expected a JSON object, got {type(data).__name__}")
     return data

@@ -36,8 +36,14 @@ def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
     core list per rank, ``|``-separated).
     """
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "2"}
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    parallel = any(a.startswith(("--tensor-parallel", "--pipeline-parallel", "-tp", "-pp")) for a in extra_args)
+    cores = (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
+    parallel = any(
+        a.startswith(("--tensor-parallel", "--pipeline-parallel", "-tp", "-pp")) for a in extra_args
+    )
     if len(cores) <= 8 and not parallel:
         defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
     return defaults
@@ -57,8 +63,12 @@ def default_context_length(model: str) -> int:
         data = json.loads(config.read_text())
     except (OSError, ValueError):
         return DEFAULT_CONTEXT  # a Hub id, or no readable config: vLLM says if it is too long
-    limits = [data.get(key) for key in ("max_position_embeddings", "n_positions", "max_sequence_length")]
-    return min([DEFAULT_CONTEXT, *(int(v) for v in limits if isinstance(v, (int, float)) and v > 0)])
+    limits = [
+        data.get(key) for key in ("max_position_embeddings", "n_positions", "max_sequence_length")
+    ]
+    return min(
+        [DEFAULT_CONTEXT, *(int(v) for v in limits if isinstance(v, (int, float)) and v > 0)]
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -164,7 +174,9 @@ class VLLMServer:
                 pass
             time.sleep(1.0)
         self.stop()
-        raise EngineUnavailableError(f"vLLM did not become ready within {self.startup_timeout:g} s; log: {self.log_path}")
+        raise EngineUnavailableError(
+            f"vLLM did not become ready within {self.startup_timeout:g} s; log: {self.log_path}"
+        )
 
     def log_tail(self, lines: int = 25) -> str:
         try:

@@ -79,12 +79,16 @@ def judge_reward(
         scale: ``None`` for a yes/no verdict, else the top of a 0..scale score.
         engine: Reuse an existing engine instead of opening a new connection.
     """
-    judge = engine or OpenAIEngine(base_url, model, api_key=api_key, mode="chat", max_concurrency=16)
+    judge = engine or OpenAIEngine(
+        base_url, model, api_key=api_key, mode="chat", max_concurrency=16
+    )
     text = template or (DEFAULT_TEMPLATE if scale is None else SCORE_TEMPLATE)
     sampling = SamplingParams(temperature=0.0, max_tokens=8, logprobs=False)
 
     async def judged(prompt: list[Message], response: str, answer: Any) -> float:
-        content = text.format(question=_question(prompt), answer=answer, response=response, scale=scale)
+        content = text.format(
+            question=_question(prompt), answer=answer, response=response, scale=scale
+        )
         messages = [system("You are a strict grader."), user(content)]
         generation = await judge.generate(GenerateRequest(messages=messages, sampling=sampling))
         return parse_verdict(generation.text, scale)

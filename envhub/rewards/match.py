@@ -44,7 +44,9 @@ def normalize(text: str) -> str:
     return text.strip(" .,;:!?\"'`")
 
 
-def exact_match(weight: float = 1.0, name: str = "exact_match", extract: bool = True) -> RewardFunction:
+def exact_match(
+    weight: float = 1.0, name: str = "exact_match", extract: bool = True
+) -> RewardFunction:
     """1.0 when the (extracted, normalised) response equals the normalised ``answer``.
 
     Args:
@@ -80,7 +82,9 @@ def final_number(text: str) -> float | None:
     return parse_number(numbers[-1]) if numbers else None
 
 
-def number_answer(weight: float = 1.0, name: str = "correct", tolerance: float = 1e-9) -> RewardFunction:
+def number_answer(
+    weight: float = 1.0, name: str = "correct", tolerance: float = 1e-9
+) -> RewardFunction:
     """1.0 when the final answer is a number equal to ``answer`` (within ``tolerance``).
 
     Stricter than :func:`~envhub.rewards.math.math_answer`, which evaluates expressions: where
@@ -89,7 +93,10 @@ def number_answer(weight: float = 1.0, name: str = "correct", tolerance: float =
     """
 
     def correct(response: str, answer: Any) -> float:
-        value, gold = final_number(response), parse_number(str(answer)) if answer is not None else None
+        value, gold = (
+            final_number(response),
+            parse_number(str(answer)) if answer is not None else None,
+        )
         if value is None or gold is None:
             return 0.0
         return float(abs(value - gold) <= tolerance * max(1.0, abs(gold)))

@@ -48,13 +48,17 @@ class RewardFunction:
         return self.fn(*args, **kwargs)
 
 
-def _declared_params(fn: Callable[..., Any], allowed: Sequence[str], kind: str) -> tuple[tuple[str, ...], bool]:
+def _declared_params(
+    fn: Callable[..., Any], allowed: Sequence[str], kind: str
+) -> tuple[tuple[str, ...], bool]:
     params, takes_all = [], False
     for p in inspect.signature(fn).parameters.values():
         if p.kind == p.VAR_KEYWORD:
             takes_all = True
         elif p.kind == p.VAR_POSITIONAL:
-            raise RewardDefinitionError(f"{kind} {fn.__name__!r}: *args is not supported; name the arguments you need")
+            raise RewardDefinitionError(
+                f"{kind} {fn.__name__!r}: *args is not supported; name the arguments you need"
+            )
         elif p.name in allowed:
             params.append(p.name)
         elif p.default is p.empty:
@@ -73,14 +77,26 @@ def _make(fn: Callable[..., Any], weight: float, name: str | None, group: bool) 
     return RewardFunction(fn, name or fn.__name__, float(weight), group, params, takes_all)
 
 
-def reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None) -> Any:
+def reward(
+    fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None
+) -> Any:
     """Declare a per-episode reward function: ``@reward`` or ``@reward(weight=0.2)``."""
-    return _make(fn, weight, name, group=False) if fn is not None else (lambda f: _make(f, weight, name, False))
+    return (
+        _make(fn, weight, name, group=False)
+        if fn is not None
+        else (lambda f: _make(f, weight, name, False))
+    )
 
 
-def group_reward(fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None) -> Any:
+def group_reward(
+    fn: Callable[..., Any] | None = None, *, weight: float = 1.0, name: str | None = None
+) -> Any:
     """Declare a group reward function (plural arguments, one float per sample)."""
-    return _make(fn, weight, name, group=True) if fn is not None else (lambda f: _make(f, weight, name, True))
+    return (
+        _make(fn, weight, name, group=True)
+        if fn is not None
+        else (lambda f: _make(f, weight, name, True))
+    )
 
 
 @dataclass
@@ -129,7 +145,9 @@ class Rubric:
         weights: Optional weights for plain functions, in order (default 1.0 each).
     """
 
-    def __init__(self, funcs: Sequence[Callable[..., Any]] = (), weights: Sequence[float] | None = None) -> None:
+    def __init__(
+        self, funcs: Sequence[Callable[..., Any]] = (), weights: Sequence[float] | None = None
+    ) -> None:
         weights = list(weights) if weights is not None else [None] * len(funcs)
         if len(weights) != len(funcs):
             raise RewardDefinitionError(f"{len(funcs)} reward functions but {len(weights)} weights")
@@ -160,7 +178,9 @@ class Rubric:
             try:
                 value = _as_float(await _invoke(func, available), func.name)
             except Exception as e:  # user code: record, score 0, go on
-                score.errors.append(ErrorRecord(stage=f"reward:{func.name}", type=type(e).__name__, message=str(e)))
+                score.errors.append(
+                    ErrorRecord(stage=f"reward:{func.name}", type=type(e).__name__, message=str(e))
+                )
                 value = 0.0
             score.components[func.name] = value
             score.total += func.weight * value
@@ -180,11 +200,15 @@ class Rubric:
                     score.errors.append(error)
         return scores
 
-    async def _group_values(self, func: RewardFunction, available: dict[str, Any], n: int) -> tuple[list[float], ErrorRecord | None]:
+    async def _group_values(
+        self, func: RewardFunction, available: dict[str, Any], n: int
+    ) -> tuple[list[float], ErrorRecord | None]:
         try:
             values = list(await _invoke(func, available))
             if len(values) != n:
                 raise ValueError(f"returned {len(values)} values for a group of {n}")
             return [_as_float(v, func.name) for v in values], None
         except Exception as e:
-            return [0.0] * n, ErrorRecord(stage=f"reward:{func.name}", type=type(e).__name__, message=str(e))
+            return [0.0] * n, ErrorRecord(
+                stage=f"reward:{func.name}", type=type(e).__name__, message=str(e)
+            )

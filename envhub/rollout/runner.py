@@ -65,7 +65,9 @@ class _Episode:
     def fail(self, stage: str, error: BaseException | str, turn: int | None = None) -> None:
         timed_out = isinstance(error, (asyncio.TimeoutError, TimeoutError))
         kind = "timeout" if timed_out else type(error).__name__
-        self.errors.append(ErrorRecord(stage=stage, type=kind, message=str(error) or kind, turn=turn))
+        self.errors.append(
+            ErrorRecord(stage=stage, type=kind, message=str(error) or kind, turn=turn)
+        )
         self.stop_reason = "timeout" if timed_out else "error"
         self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
 
@@ -146,9 +148,14 @@ class RolloutRunner:
             self._close_pool()
         return [traj for group in results for traj in group]
 
-    async def _run_group(self, number: int, task_index: int, n: int, callback: Callable[[Trajectory], None] | None) -> list[Trajectory]:
+    async def _run_group(
+        self, number: int, task_index: int, n: int, callback: Callable[[Trajectory], None] | None
+    ) -> list[Trajectory]:
         group_id = f"g{number}"
-        episodes = [_Episode(task_index, i, group_id, episode_seed(self.seed, task_index, i)) for i in range(n)]
+        episodes = [
+            _Episode(task_index, i, group_id, episode_seed(self.seed, task_index, i))
+            for i in range(n)
+        ]
         rubric_env = await asyncio.gather(*(self._run_episode(ep) for ep in episodes))
         await self._score_group(episodes, next((e for e in rubric_env if e is not None), None))
         trajectories = [self._trajectory(ep) for ep in episodes]
@@ -171,9 +178,14 @@ class RolloutRunner:
             else:
                 await asyncio.wait_for(self._drive(env, ep), self.episode_timeout)
         except (asyncio.TimeoutError, TimeoutError):
-            ep.fail("episode", TimeoutError(f"the episode did not finish within {self.episode_timeout:g} s"))
+            ep.fail(
+                "episode",
+                TimeoutError(f"the episode did not finish within {self.episode_timeout:g} s"),
+            )
             ep.discard_env = True
-        except Exception as e:  # anything not attributed above is still this episode's, not the batch's
+        except (
+            Exception
+        ) as e:  # anything not attributed above is still this episode's, not the batch's
             ep.fail("episode", e)
             ep.discard_env = True
         finally:
@@ -182,16 +194,26 @@ class RolloutRunner:
 
     async def _drive(self, env: Env, ep: _Episode) -> None:
         try:
-            observation, _ = await self._timed(env.areset(seed=ep.seed, options={"task_index": ep.task_index}))
+            observation, _ = await self._timed(
+                env.areset(seed=ep.seed, options={"task_index": ep.task_index})
+            )
         except Exception as e:
             return ep.fail("env.reset", e)
-        ep.messages, ep.prompt_length, ep.tools = _as_messages(observation), len(observation), env.tool_schemas
+        ep.messages, ep.prompt_length, ep.tools = (
+            _as_messages(observation),
+            len(observation),
+            env.tool_schemas,
+        )
         ep.state = env.state if isinstance(env, TaskEnv) else None
         tokenizer = self.engine.tokenizer
         if tokenizer is not None:
             try:
-                prompt_ids = await tokenizer.render(ep.messages, ep.tools, add_generation_prompt=True)
-            except Exception as e:  # the tokenizer belongs to the engine (e.g. a server's /tokenize)
+                prompt_ids = await tokenizer.render(
+                    ep.messages, ep.tools, add_generation_prompt=True
+                )
+            except (
+                Exception
+            ) as e:  # the tokenizer belongs to the engine (e.g. a server's /tokenize)
                 return ep.fail("engine", e, 0)
             ep.trace = TokenTrace()
             ep.trace.start(prompt_ids)
@@ -215,7 +237,9 @@ class RolloutRunner:
             )
             tools_before, started = _tool_counts(ep), time.perf_counter()
             try:
-                observation, reward, terminated, truncated, info = await self._timed(env.astep(action))
+                observation, reward, terminated, truncated, info = await self._timed(
+                    env.astep(action)
+                )
             except Exception as e:
                 ep.messages.append(action.message)
                 return ep.fail("env.step", e, turn)
@@ -223,19 +247,37 @@ class RolloutRunner:
             ep.messages.append(action.message)
             ep.messages.extend(observation)
             env_seconds = time.perf_counter() - started
-            ep.turns.append(self._turn_record(ep, request, generation, action, tools_before, gen_seconds, env_seconds))
+            ep.turns.append(
+                self._turn_record(
+                    ep, request, generation, action, tools_before, gen_seconds, env_seconds
+                )
+            )
             if terminated or truncated:
                 return self._finish(ep, reward, terminated, truncated, info)
             if tokenizer is not None and ep.trace is not None and ep.trace.valid:
                 try:  # drift is recorded against the next turn, whose prompt this builds
-                    await append_env_turn(ep.trace, tokenizer, ep.messages, observation, ep.tools, turn + 1, generation.finish_reason == "stop")
+                    await append_env_turn(
+                        ep.trace,
+                        tokenizer,
+                        ep.messages,
+                        observation,
+                        ep.tools,
+                        turn + 1,
+                        generation.finish_reason == "stop",
+                    )
                 except Exception as e:
                     return ep.fail("engine", e, turn + 1)
 
     def _request(self, ep: _Episode, max_tokens: int) -> GenerateRequest:
         sampling = self.sampling.model_copy(update={"max_tokens": max_tokens})
-        prompt_ids = list(ep.trace.ids) if ep.trace is not None and self.engine.tokenizer is not None else None
-        return GenerateRequest(messages=ep.messages, tools=ep.tools, prompt_ids=prompt_ids, sampling=sampling)
+        prompt_ids = (
+            list(ep.trace.ids)
+            if ep.trace is not None and self.engine.tokenizer is not None
+            else None
+        )
+        return GenerateRequest(
+            messages=ep.messages, tools=ep.tools, prompt_ids=prompt_ids, sampling=sampling
+        )
 
     def _turn_budget(self, env: Env, ep: _Episode) -> tuple[int, str]:
         limit, reason = self.sampling.max_tokens, ""
@@ -273,7 +315,9 @@ class RolloutRunner:
         else:
             ep.truncated, ep.stop_reason = True, reason
 
-    def _finish(self, ep: _Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]) -> None:
+    def _finish(
+        self, ep: _Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]
+    ) -> None:
         ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
         ep.stop_reason = info.get("stop_reason") or ("terminated" if terminated else "truncated")
         ep.components = dict(info.get("reward_components", {}))
@@ -290,8 +334,12 @@ class RolloutRunner:
         gen_s: float,
         env_s: float,
     ) -> TurnRecord:
-        calls, errors = (after - before for after, before in zip(_tool_counts(ep), tools_before, strict=True))
-        prompt = request.prompt_ids if request.prompt_ids is not None else generation.prompt_token_ids
+        calls, errors = (
+            after - before for after, before in zip(_tool_counts(ep), tools_before, strict=True)
+        )
+        prompt = (
+            request.prompt_ids if request.prompt_ids is not None else generation.prompt_token_ids
+        )
         return TurnRecord(
             prompt_tokens=len(prompt) if prompt is not None else None,
             completion_tokens=action.num_tokens,
@@ -326,7 +374,11 @@ class RolloutRunner:
 
     def _trajectory(self, ep: _Episode) -> Trajectory:
         state = ep.state
-        messages = list(state.messages) if state is not None and len(state.messages) >= len(ep.messages) else ep.messages
+        messages = (
+            list(state.messages)
+            if state is not None and len(state.messages) >= len(ep.messages)
+            else ep.messages
+        )
         trace = ep.trace if ep.trace is not None and ep.trace.valid else None
         return Trajectory(
             env=self._env_ref or EnvRef(name="unknown"),

@@ -44,7 +44,11 @@ class TokenTrace:
     """False once the record can no longer be token-exact (chat-level engines after drift)."""
 
     def start(self, prompt_ids: list[int]) -> None:
-        self.ids, self.mask, self.logprobs = list(prompt_ids), [0] * len(prompt_ids), [0.0] * len(prompt_ids)
+        self.ids, self.mask, self.logprobs = (
+            list(prompt_ids),
+            [0] * len(prompt_ids),
+            [0.0] * len(prompt_ids),
+        )
         self.prompt_length = len(prompt_ids)
 
     def add_sampled(self, token_ids: list[int], logprobs: list[float] | None) -> None:
@@ -118,7 +122,9 @@ async def _turn_closing(tokenizer: ChatTokenizer, tools: list[dict[str, Any]] | 
     return closed[len(opened) + 1 :]  # skip the single token of the dummy text "y"
 
 
-async def _env_part(tokenizer: ChatTokenizer, new_messages: list[Message], tools: list[dict[str, Any]] | None) -> list[int]:
+async def _env_part(
+    tokenizer: ChatTokenizer, new_messages: list[Message], tools: list[dict[str, Any]] | None
+) -> list[int]:
     base = await tokenizer.render(_DUMMY, tools, add_generation_prompt=False)
     full = await tokenizer.render([*_DUMMY, *new_messages], tools, add_generation_prompt=True)
     return full[common_prefix_length(base, full) :]

@@ -54,7 +54,9 @@ def _decode_arguments(call: ToolCall) -> dict[str, Any]:
     except json.JSONDecodeError as e:
         raise ToolArgumentError(f"arguments of {call.name} are not valid JSON ({e.msg})") from None
     if not isinstance(value, dict):
-        raise ToolArgumentError(f"arguments of {call.name} must be a JSON object, got {type(value).__name__}")
+        raise ToolArgumentError(
+            f"arguments of {call.name} must be a JSON object, got {type(value).__name__}"
+        )
     return value
 
 
@@ -67,14 +69,21 @@ class ToolExecutor:
         max_output_chars: Longer results are cut, with a note, so one call cannot flood the context.
     """
 
-    def __init__(self, tools: Mapping[str, Tool], default_timeout: float = 30.0, max_output_chars: int = 8000) -> None:
+    def __init__(
+        self, tools: Mapping[str, Tool], default_timeout: float = 30.0, max_output_chars: int = 8000
+    ) -> None:
         self.tools = dict(tools)
         self.default_timeout = default_timeout
         self.max_output_chars = max_output_chars
 
-    async def run(self, parsed: ParsedTurn, context: dict[str, Any] | None = None) -> list[ToolOutcome]:
+    async def run(
+        self, parsed: ParsedTurn, context: dict[str, Any] | None = None
+    ) -> list[ToolOutcome]:
         """Outcomes in call order: first the malformed calls, then the well-formed ones."""
-        outcomes = [self._fail(err.id or "call_invalid", err.name, PARSE_ERROR, err.message) for err in parsed.errors]
+        outcomes = [
+            self._fail(err.id or "call_invalid", err.name, PARSE_ERROR, err.message)
+            for err in parsed.errors
+        ]
         for call in parsed.calls:
             outcomes.append(await self._run_one(call, context or {}))
         return outcomes
@@ -98,20 +107,26 @@ class ToolExecutor:
             raise
         if not done:
             task.cancel()
-            return self._fail(call.id, call.name, TIMEOUT, f"{call.name} did not finish within {timeout:g} s")
+            return self._fail(
+                call.id, call.name, TIMEOUT, f"{call.name} did not finish within {timeout:g} s"
+            )
         try:
             text = _format_result(task.result(), self.max_output_chars)
         except ToolDefinitionError:  # the env author's bug, not the model's: let the env record it
             raise
         except Exception as e:  # the tool's own bug or refusal: report it to the model
-            return self._fail(call.id, call.name, TOOL_ERROR, f"{call.name} raised {type(e).__name__}: {e}")
+            return self._fail(
+                call.id, call.name, TOOL_ERROR, f"{call.name} raised {type(e).__name__}: {e}"
+            )
         return ToolOutcome(tool_message(text, call.id, call.name))
 
     def _unknown_message(self, name: str) -> str:
         names = sorted(self.tools)
         close = difflib.get_close_matches(name, names, n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
-        return f"there is no tool named {name!r}.{hint} Available tools: {', '.join(names) or 'none'}"
+        return (
+            f"there is no tool named {name!r}.{hint} Available tools: {', '.join(names) or 'none'}"
+        )
 
     @staticmethod
     def _fail(call_id: str, name: str | None, kind: str, detail: str) -> ToolOutcome:

@@ -65,11 +65,18 @@ class _Ids:
         return f"{self.prefix}{self.count}"
 
 
-def _call_from_object(obj: Any, ids: _Ids, raw: str, args_keys: Sequence[str]) -> ToolCall | ToolCallError:
+def _call_from_object(
+    obj: Any, ids: _Ids, raw: str, args_keys: Sequence[str]
+) -> ToolCall | ToolCallError:
     """Validate one decoded ``{"name": ..., "arguments": ...}`` object."""
     call_id = ids.next()
     if not isinstance(obj, dict):
-        return ToolCallError(PARSE_ERROR, f"a tool call must be a JSON object, got {type(obj).__name__}", raw, call_id)
+        return ToolCallError(
+            PARSE_ERROR,
+            f"a tool call must be a JSON object, got {type(obj).__name__}",
+            raw,
+            call_id,
+        )
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCallError(PARSE_ERROR, 'a tool call needs a "name" string', raw, call_id)
@@ -83,10 +90,17 @@ def _decode(text: str, ids: _Ids, what: str) -> Any | ToolCallError:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        return ToolCallError(PARSE_ERROR, f"{what} is not valid JSON ({e.msg} at char {e.pos})", text.strip(), ids.next())
+        return ToolCallError(
+            PARSE_ERROR,
+            f"{what} is not valid JSON ({e.msg} at char {e.pos})",
+            text.strip(),
+            ids.next(),
+        )
 
 
-def _objects_to_calls(decoded: Any, ids: _Ids, raw: str, args_keys: Sequence[str]) -> list[ToolCall | ToolCallError]:
+def _objects_to_calls(
+    decoded: Any, ids: _Ids, raw: str, args_keys: Sequence[str]
+) -> list[ToolCall | ToolCallError]:
     items = decoded if isinstance(decoded, list) else [decoded]
     if not items:
         return [ToolCallError(PARSE_ERROR, "empty list of tool calls", raw, ids.next())]
@@ -110,7 +124,14 @@ def parse_hermes(text: str, id_prefix: str = "call_") -> ParsedTurn:
         last = match.end()
         body, closed = match.group(1).strip(), bool(match.group(2))
         if not closed:
-            results.append(ToolCallError(PARSE_ERROR, "unterminated <tool_call> block (missing </tool_call>)", body, ids.next()))
+            results.append(
+                ToolCallError(
+                    PARSE_ERROR,
+                    "unterminated <tool_call> block (missing </tool_call>)",
+                    body,
+                    ids.next(),
+                )
+            )
             continue
         decoded = _decode(body, ids, "the <tool_call> body")
         if isinstance(decoded, ToolCallError):
@@ -189,7 +210,11 @@ def parse_mistral(text: str, id_prefix: str = "call_") -> ParsedTurn:
             if isinstance(decoded, ToolCallError):
                 results.append(decoded)
             else:
-                results.append(_call_from_object({"name": name.strip(), "arguments": decoded}, ids, segment, ("arguments",)))
+                results.append(
+                    _call_from_object(
+                        {"name": name.strip(), "arguments": decoded}, ids, segment, ("arguments",)
+                    )
+                )
             continue
         decoded = _decode(segment, ids, "the [TOOL_CALLS] list")
         if isinstance(decoded, ToolCallError):
@@ -216,7 +241,15 @@ def check_openai_calls(content: str | None, tool_calls: Sequence[ToolCall]) -> P
         try:
             json.loads(call.function.arguments or "{}")
         except json.JSONDecodeError as e:
-            errors.append(ToolCallError(PARSE_ERROR, f"arguments of {call.name!r} are not valid JSON ({e.msg})", call.function.arguments, call.id, call.name))
+            errors.append(
+                ToolCallError(
+                    PARSE_ERROR,
+                    f"arguments of {call.name!r} are not valid JSON ({e.msg})",
+                    call.function.arguments,
+                    call.id,
+                    call.name,
+                )
+            )
             continue
         calls.append(call)
     return ParsedTurn((content or "").strip(), calls, errors)
@@ -238,4 +271,6 @@ def get_parser(name: str) -> Callable[[str, str], ParsedTurn]:
     try:
         return PARSERS[name]
     except KeyError:
-        raise ConfigError(f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}") from None
+        raise ConfigError(
+            f"unknown tool-call parser {name!r}; choose one of {sorted(PARSERS)}"
+        ) from None

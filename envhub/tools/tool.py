@@ -57,13 +57,19 @@ class Tool:
         """The tool in OpenAI ``tools`` format."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
         }
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check the model's arguments; return them converted to the annotated types."""
         if not isinstance(arguments, dict):
-            raise ToolArgumentError(f"arguments must be a JSON object, got {type(arguments).__name__}")
+            raise ToolArgumentError(
+                f"arguments must be a JSON object, got {type(arguments).__name__}"
+            )
         try:
             model = self.arguments_model.model_validate(arguments)
         except ValidationError as e:
@@ -74,7 +80,9 @@ class Tool:
         """Validate ``arguments``, add injected ones from ``context``, and run the tool."""
         return await self.ainvoke(self.validate(arguments), context)
 
-    async def ainvoke(self, validated: dict[str, Any], context: dict[str, Any] | None = None) -> Any:
+    async def ainvoke(
+        self, validated: dict[str, Any], context: dict[str, Any] | None = None
+    ) -> Any:
         """Run the tool on arguments already returned by :meth:`validate`, plus injected ones."""
         kwargs = {**validated, **self._injected_values(context or {})}
         if inspect.iscoroutinefunction(self.fn):
@@ -139,7 +147,9 @@ def make_tool(
     arg_docs = {p.arg_name: p.description for p in doc.params}
     fields, injected = _fields_from_signature(fn, tool_name, arg_docs)
     try:
-        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        model = create_model(
+            f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
+        )
         parameters = _clean_schema(model.model_json_schema())
     except PydanticUserError as e:  # e.g. an annotation pydantic cannot describe
         raise ToolDefinitionError(f"tool {tool_name!r}: {str(e).splitlines()[0]}") from e
@@ -162,12 +172,16 @@ def _fields_from_signature(
     try:
         hints = get_type_hints(fn, include_extras=True)
     except Exception as e:  # a forward reference that does not resolve
-        raise ToolDefinitionError(f"tool {tool_name!r}: cannot resolve its type annotations ({type(e).__name__}: {e})") from e
+        raise ToolDefinitionError(
+            f"tool {tool_name!r}: cannot resolve its type annotations ({type(e).__name__}: {e})"
+        ) from e
     fields: dict[str, Any] = {}
     injected: dict[str, str] = {}
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ToolDefinitionError(f"tool {tool_name!r}: *args/**kwargs cannot be described to a model")
+            raise ToolDefinitionError(
+                f"tool {tool_name!r}: *args/**kwargs cannot be described to a model"
+            )
         if param.name not in hints:
             raise ToolDefinitionError(
                 f"tool {tool_name!r}: parameter {param.name!r} needs a type annotation"
@@ -219,5 +233,7 @@ def _describe_validation_error(tool_name: str, error: ValidationError) -> str:
         elif kind == "extra_forbidden":
             parts.append(f"unexpected argument {where!r}")
         else:
-            parts.append(f"argument {where!r}: {item['msg']} (got {json.dumps(item.get('input'), default=str)[:80]})")
+            parts.append(
+                f"argument {where!r}: {item['msg']} (got {json.dumps(item.get('input'), default=str)[:80]})"
+            )
     return f"invalid arguments for {tool_name}: " + "; ".join(parts)

@@ -27,21 +27,51 @@ def solver(method: str, path: str, body: Any) -> tuple[int, Any]:
     if path == "/v1/chat/completions":
         messages = [Message.model_validate(m) for m in body["messages"]]
         text = reference_policy(messages, body.get("tools"))
-        return 200, {"choices": [{"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]}
+        return 200, {
+            "choices": [
+                {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            ]
+        }
     return 404, {"error": {"message": f"no route {path}"}}
 
 
 def test_eval_then_show(http_server, tmp_path):
     server = http_server(solver)
     out = tmp_path / "run"
-    result = runner.invoke(app, ["eval", "calculator", "-u", f"{server.url}/v1", "-n", "3", "-r", "2", "-o", str(out), "-a", "num_tasks=50"])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "calculator",
+            "-u",
+            f"{server.url}/v1",
+            "-n",
+            "3",
+            "-r",
+            "2",
+            "-o",
+            str(out),
+            "-a",
+            "num_tasks=50",
+        ],
+    )
     assert result.exit_code == 0, result.output
     trajectories = read_trajectories(out / "trajectories.jsonl")
-    assert len(trajectories) == 6 and all(t.reward == 1.0 and len(t.turns) == 2 for t in trajectories)
+    assert len(trajectories) == 6 and all(
+        t.reward == 1.0 and len(t.turns) == 2 for t in trajectories
+    )
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["reward_mean"], summary["pass_at"], summary["tool_validity"]) == (1.0, {"1": 1.0, "2": 1.0}, 1.0)
+    assert (summary["reward_mean"], summary["pass_at"], summary["tool_validity"]) == (
+        1.0,
+        {"1": 1.0, "2": 1.0},
+        1.0,
+    )
     config = json.loads((out / "config.json").read_text())
-    assert (config["model"], config["mode"], config["env_args"]) == ("solver", "chat", {"num_tasks": 50})
+    assert (config["model"], config["mode"], config["env_args"]) == (
+        "solver",
+        "chat",
+        {"num_tasks": 50},
+    )
     assert config["tasks"] == choose_tasks(CalculatorEnv(num_tasks=50), 3, 0)
     assert "pass@2" in result.output and "1.000" in result.output
 
@@ -52,7 +82,11 @@ def test_eval_then_show(http_server, tmp_path):
     bare = tmp_path / "step-000001.jsonl"
     bare.write_text((out / "trajectories.jsonl").read_text())
     shown_bare = runner.invoke(app, ["show", str(bare)])
-    assert shown_bare.exit_code == 0 and "6 (3 tasks x 2)" in shown_bare.output and "episodes/s" not in shown_bare.output
+    assert (
+        shown_bare.exit_code == 0
+        and "6 (3 tasks x 2)" in shown_bare.output
+        and "episodes/s" not in shown_bare.output
+    )
     episode = runner.invoke(app, ["show", str(out), "-e", "0"])
     assert episode.exit_code == 0
     assert f"task {trajectories[0].task_index}" in episode.output and "calculate" in episode.output

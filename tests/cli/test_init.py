@@ -22,14 +22,22 @@ runner = CliRunner()
 
 
 def files_of(module: str) -> list[str]:
-    return [".gitignore", "README.md", f"{module}/__init__.py", f"{module}/env.py", "pyproject.toml", "tests/test_env.py"]
-
+    return [
+        ".gitignore",
+        "README.md",
+        f"{module}/__init__.py",
+        f"{module}/env.py",
+        "pyproject.toml",
+        "tests/test_env.py",
+    ]
 
 
 def envhub_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     # A wide terminal: the test is about the message being one line, not about wrapping.
     env = {**os.environ, "COLUMNS": "300", "NO_COLOR": "1"}
-    return subprocess.run([str(ENVHUB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(ENVHUB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

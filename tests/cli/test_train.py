@@ -18,11 +18,19 @@ ENVHUB = Path(sys.executable).with_name("envhub")
 
 def envhub(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([str(ENVHUB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [str(ENVHUB), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_dry_run_prints_the_resolved_config_and_an_estimate() -> None:
-    result = envhub("train", "examples/quickstart.yaml", "--dry-run", "optimizer.lr=2e-6", "rollout.samples_per_task=4")
+    result = envhub(
+        "train",
+        "examples/quickstart.yaml",
+        "--dry-run",
+        "optimizer.lr=2e-6",
+        "rollout.samples_per_task=4",
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "lr: 2.0e-06" in out and "samples_per_task: 4" in out
@@ -34,22 +42,36 @@ def test_dry_run_prints_the_resolved_config_and_an_estimate() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["examples/quickstart.yaml", "optimizer.lrr=1", "--dry-run"], "error: unknown config key 'optimizer.lrr' (did you mean 'lr'?)"),
+        (
+            ["examples/quickstart.yaml", "optimizer.lrr=1", "--dry-run"],
+            "error: unknown config key 'optimizer.lrr' (did you mean 'lr'?)",
+        ),
         (["examples/nope.yaml", "--dry-run"], "error: config file not found: examples/nope.yaml"),
         (["examples/quickstart.yaml", "envs.0.name=arithmetc"], "error: no env named 'arithmetc'"),
     ],
 )
-def test_bad_configs_fail_with_one_line_before_any_work(args: list[str], message: str, tmp_path: Path) -> None:
+def test_bad_configs_fail_with_one_line_before_any_work(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
     result = envhub("train", *args, f"logging.output_dir={tmp_path}")
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     result = envhub(
-        "train", "examples/quickstart.yaml", f"model.name={tiny_model_dir}", "steps=2", "rollout.tasks_per_step=2",
-        "rollout.samples_per_task=2", "rollout.max_tokens=6", f"logging.output_dir={tmp_path}", "logging.run_name=cli",
+        "train",
+        "examples/quickstart.yaml",
+        f"model.name={tiny_model_dir}",
+        "steps=2",
+        "rollout.tasks_per_step=2",
+        "rollout.samples_per_task=2",
+        "rollout.max_tokens=6",
+        f"logging.output_dir={tmp_path}",
+        "logging.run_name=cli",
         "backend.device=cpu",
     )
     assert result.returncode == 0, result.stderr
@@ -57,12 +79,25 @@ def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(tiny_model_
     assert len(rows) == 2
     assert "reward" in result.stdout and "done: reward" in result.stdout
     run = tmp_path / "cli"
-    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert (run / "final" / "config.json").exists() and (run / "final" / "model.safetensors").exists()
+    assert [
+        json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
+    ] == [1, 2]
+    assert (run / "final" / "config.json").exists() and (
+        run / "final" / "model.safetensors"
+    ).exists()
 
 
-@pytest.mark.parametrize(("width", "dropped"), [(200, []), (100, ["clip", "mismatch", "|g|"]), (80, ["±", "kl", "clip", "mismatch", "|g|", "sync s"])])
-def test_the_step_row_fits_the_terminal_dropping_minor_columns_first(width: int, dropped: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("width", "dropped"),
+    [
+        (200, []),
+        (100, ["clip", "mismatch", "|g|"]),
+        (80, ["±", "kl", "clip", "mismatch", "|g|", "sync s"]),
+    ],
+)
+def test_the_step_row_fits_the_terminal_dropping_minor_columns_first(
+    width: int, dropped: list[str]
+) -> None:
     from rich.console import Console
 
     from envhub.cli.train_view import COLUMNS, columns_for, step_row
@@ -70,7 +105,9 @@ def test_the_step_row_fits_the_terminal_dropping_minor_columns_first(width: int,
     columns = columns_for(width, steps=20)
     assert [c[1] for c in COLUMNS if c not in columns] == dropped
     console = Console(width=width, record=True)
-    console.print(step_row(3, 20, {"reward/mean": 0.25, "time/step": 31.5}, header=True, columns=columns))
+    console.print(
+        step_row(3, 20, {"reward/mean": 0.25, "time/step": 31.5}, header=True, columns=columns)
+    )
     header, row = console.export_text().splitlines()
     assert len(header) <= width and "…" not in header + row
     assert row.split()[:2] == ["3/20", "0.250"] and row.split()[-1] == "31.5"

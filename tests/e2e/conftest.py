@@ -15,5 +15,7 @@ def vllm_server(require_vllm):
     from envhub.trainer.models import resolve_model
 
     # Eager: starts in ~45 s instead of ~140 s on 2 cores; the tests check behaviour, not speed.
-    with VLLMServer(resolve_model("smollm2-135m"), served_model_name=SERVED_NAME, extra_args=["--enforce-eager"]) as server:
+    with VLLMServer(
+        resolve_model("smollm2-135m"), served_model_name=SERVED_NAME, extra_args=["--enforce-eager"]
+    ) as server:
         yield server

@@ -22,19 +22,27 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
 
 def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "envhub.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "envhub.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def render(server, messages, tools, add_generation_prompt: bool) -> list[int]:
-    body = {"model": "smollm2", "messages": [_wire_message(m, for_template=True) for m in messages],
-            "add_generation_prompt": add_generation_prompt, "add_special_tokens": False}
+    body = {
+        "model": "smollm2",
+        "messages": [_wire_message(m, for_template=True) for m in messages],
+        "add_generation_prompt": add_generation_prompt,
+        "add_special_tokens": False,
+    }
     if tools:
         body["tools"] = tools
     return httpx.post(f"{server.base_url}/tokenize", json=body, timeout=60).json()["tokens"]
 
 
 def detokenize(server, ids: list[int]) -> str:
-    return httpx.post(f"{server.base_url}/detokenize", json={"model": "smollm2", "tokens": ids}, timeout=60).json()["prompt"]
+    return httpx.post(
+        f"{server.base_url}/detokenize", json={"model": "smollm2", "tokens": ids}, timeout=60
+    ).json()["prompt"]
 
 
 def sampled_runs(mask: list[int]) -> list[tuple[int, int]]:
@@ -58,36 +66,72 @@ def check_token_contract(server, trajectory) -> None:
     assert ids is not None and len(ids) == len(mask) == len(logprobs)
     prompt = trajectory.messages[: trajectory.prompt_length]
     assert ids[: trajectory.prompt_token_count] == render(server, prompt, trajectory.tools, True)
-    assert sum(mask) == trajectory.num_completion_tokens == sum(t.completion_tokens for t in trajectory.turns)
-    assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m) and all(lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m)
+    assert (
+        sum(mask)
+        == trajectory.num_completion_tokens
+        == sum(t.completion_tokens for t in trajectory.turns)
+    )
+    assert all(lp <= 0.0 for lp, m in zip(logprobs, mask, strict=True) if m) and all(
+        lp == 0.0 for lp, m in zip(logprobs, mask, strict=True) if not m
+    )
     runs = sampled_runs(mask)
     replies = [m for m in trajectory.completion if m.role == "assistant"]
     assert len(runs) == len(replies) == len(trajectory.turns)
     for (start, end), reply, turn in zip(runs, replies, trajectory.turns, strict=True):
-        assert detokenize(server, ids[start:end]) == reply.content + ("<|im_end|>" if turn.finish_reason == "stop" else "")
+        assert detokenize(server, ids[start:end]) == reply.content + (
+            "<|im_end|>" if turn.finish_reason == "stop" else ""
+        )
     if not trajectory.token_drift:
         last_turn = runs[-1][0]
-        assert render(server, trajectory.messages, trajectory.tools, False)[:last_turn] == ids[:last_turn]
+        assert (
+            render(server, trajectory.messages, trajectory.tools, False)[:last_turn]
+            == ids[:last_turn]
+        )
 
 
 def eval_and_load(server, tmp_path, env: str, *extra: str):
     out = tmp_path / env
-    result = run_cli("eval", env, "-u", f"{server.base_url}/v1", "-m", "smollm2", "-o", str(out), "--seed", "3", *extra)
+    result = run_cli(
+        "eval",
+        env,
+        "-u",
+        f"{server.base_url}/v1",
+        "-m",
+        "smollm2",
+        "-o",
+        str(out),
+        "--seed",
+        "3",
+        *extra,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     trajectories = read_trajectories(out / "trajectories.jsonl")
     saved = json.loads((out / "summary.json").read_text())
     recomputed = summarize(trajectories, saved["pass_threshold"]).model_dump(mode="json")
-    for key in ("episodes", "reward_mean", "components", "pass_at", "tool_calls", "turns_mean", "stop_reasons", "token_drift_episodes"):
+    for key in (
+        "episodes",
+        "reward_mean",
+        "components",
+        "pass_at",
+        "tool_calls",
+        "turns_mean",
+        "stop_reasons",
+        "token_drift_episodes",
+    ):
         assert saved[key] == recomputed[key], key
     return result, trajectories, json.loads((out / "config.json").read_text())
 
 
 def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
-    result, trajectories, config = eval_and_load(vllm_server, tmp_path, "calculator", "-n", "4", "-r", "2", "--max-tokens", "96")
+    result, trajectories, config = eval_and_load(
+        vllm_server, tmp_path, "calculator", "-n", "4", "-r", "2", "--max-tokens", "96"
+    )
     assert "pass@2" in result.stdout and "tool-call validity" in result.stdout
     assert len(trajectories) == 8 and config["mode"] == "tokens" and len(config["tasks"]) == 4
     # streamed as groups finish, so in completion order; every (group, sample) exactly once
-    assert sorted((t.group_id, t.sample_index) for t in trajectories) == [(f"g{i}", s) for i in range(4) for s in range(2)]
+    assert sorted((t.group_id, t.sample_index) for t in trajectories) == [
+        (f"g{i}", s) for i in range(4) for s in range(2)
+    ]
     assert len({t.task_index for t in trajectories}) == 4
     for t in trajectories:
         assert t.env.name == "calculator" and t.env.version == "0.1.0"
@@ -96,8 +140,12 @@ def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
 
 
 def test_eval_multi_turn_env_against_vllm(vllm_server, tmp_path):
-    _, trajectories, _ = eval_and_load(vllm_server, tmp_path, "guess-number", "-n", "3", "-r", "2", "--max-tokens", "24")
-    assert max(len(t.turns) for t in trajectories) > 1  # the game answers and the model guesses again
+    _, trajectories, _ = eval_and_load(
+        vllm_server, tmp_path, "guess-number", "-n", "3", "-r", "2", "--max-tokens", "24"
+    )
+    assert (
+        max(len(t.turns) for t in trajectories) > 1
+    )  # the game answers and the model guesses again
     for t in trajectories:
         assert len(t.turns) == sum(m.role == "assistant" for m in t.messages)
         check_token_contract(vllm_server, t)
@@ -106,10 +154,26 @@ def test_eval_multi_turn_env_against_vllm(vllm_server, tmp_path):
 def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tiny_model_dir, tmp_path):
     # The tiny model starts in a minute; SmolLM2 (served by the session fixture) takes about three.
     out = tmp_path / "served"
-    result = run_cli("eval", "arithmetic", "--serve", "-m", str(tiny_model_dir), "-n", "2", "-r", "1", "--max-tokens", "32", "-o", str(out))
+    result = run_cli(
+        "eval",
+        "arithmetic",
+        "--serve",
+        "-m",
+        str(tiny_model_dir),
+        "-n",
+        "2",
+        "-r",
+        "1",
+        "--max-tokens",
+        "32",
+        "-o",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(read_trajectories(out / "trajectories.jsonl")) == 2
-    leftover = subprocess.run(["pgrep", "-f", f"served-model-name {tiny_model_dir}"], capture_output=True, text=True)
+    leftover = subprocess.run(
+        ["pgrep", "-f", f"served-model-name {tiny_model_dir}"], capture_output=True, text=True
+    )
     assert leftover.stdout.strip() == "", "the vLLM server outlived `envhub eval --serve`"
 
 
@@ -122,9 +186,13 @@ def test_doctor_finds_smollm2_template_prefix_safe(vllm_server):
 def test_serve_with_a_model_that_cannot_load_fails_clearly(require_vllm, tmp_path):
     missing = tmp_path / "no-such-model"
     missing.mkdir()  # a folder without config.json: vLLM exits while starting
-    result = run_cli("eval", "arithmetic", "--serve", "-m", str(missing), "-n", "1", "-r", "1", timeout=600)
+    result = run_cli(
+        "eval", "arithmetic", "--serve", "-m", str(missing), "-n", "1", "-r", "1", timeout=600
+    )
     assert result.returncode == 1
     first_line = result.stderr.strip().splitlines()[0] if result.stderr.strip() else ""
-    assert "error:" in result.stderr and "vLLM exited with code" in result.stderr, result.stderr[-2000:]
+    assert "error:" in result.stderr and "vLLM exited with code" in result.stderr, result.stderr[
+        -2000:
+    ]
     assert "Traceback" not in result.stderr
     assert first_line  # the reason comes first, then the server's last log lines

@@ -37,7 +37,9 @@ def hf_logprobs(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     return torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
 
 
-def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(require_vllm, letter_env: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(
+    require_vllm, letter_env: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
     config = load_config(ROOT / "examples" / "quickstart.yaml", [
         f"envs.0.name={letter_env}", "envs.0.args={}", f"model.name={tiny_model_dir}", "steps=1", "rollout.tasks_per_step=2", "rollout.samples_per_task=4",
         "rollout.max_tokens=8", "optimizer.lr=1e-2", "algorithm.dynamic_sampling=false", "backend.device=cpu",
@@ -46,10 +48,17 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(require_vll
     run = train(config)
     assert run.history[0]["batch/kept"] == 8 and run.history[0]["train/grad_norm"] > 0
     final = run.final_model
-    assert final is not None and json.loads((final / "config.json").read_text())["num_hidden_layers"] == 2
+    assert (
+        final is not None
+        and json.loads((final / "config.json").read_text())["num_hidden_layers"] == 2
+    )
 
     # fp32 like the trainer: vLLM's "auto" dtype would serve a float32 checkpoint in bfloat16
-    with VLLMServer(str(final), served_model_name="trained", extra_args=["--dtype", "float32", "--enforce-eager"]) as server:
+    with VLLMServer(
+        str(final),
+        served_model_name="trained",
+        extra_args=["--dtype", "float32", "--enforce-eager"],
+    ) as server:
         out = tmp_path / "eval"
         result = subprocess.run(
             [sys.executable, "-m", "envhub.cli", "eval", "arithmetic", "-u", f"{server.base_url}/v1", "-m", "trained",
@@ -65,7 +74,13 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(require_vll
         assert positions, "nothing was sampled"
         sampled = torch.tensor([t.sampler_logprobs[i + 1] for i in positions])
         trained_diffs.append((hf_logprobs(final, t.token_ids)[positions] - sampled).abs())
-        untrained_diffs.append((hf_logprobs(tiny_model_dir, t.token_ids)[positions] - sampled).abs())
+        untrained_diffs.append(
+            (hf_logprobs(tiny_model_dir, t.token_ids)[positions] - sampled).abs()
+        )
     trained, untrained = torch.cat(trained_diffs), torch.cat(untrained_diffs)
-    assert trained.max().item() < 1e-3, f"vLLM does not serve the exported weights: max |diff| {trained.max():.2e}"
-    assert untrained.mean().item() > 100 * trained.mean().item()  # the step really changed the model
+    assert trained.max().item() < 1e-3, (
+        f"vLLM does not serve the exported weights: max |diff| {trained.max():.2e}"
+    )
+    assert (
+        untrained.mean().item() > 100 * trained.mean().item()
+    )  # the step really changed the model

@@ -40,13 +40,25 @@ def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.Co
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)
 
 
-def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_dir: Path, tmp_path: Path) -> None:
-    crashed = _train(tiny_model_dir, tmp_path, "rollout.vllm.engines=2", "rollout.workers=2", ENVHUB_TEST_CRASH_RANK="1", ENVHUB_TEST_CRASH_UPDATE="2")
+def test_megatron_run_survives_a_dead_rank_by_resuming(
+    require_vllm, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    crashed = _train(
+        tiny_model_dir,
+        tmp_path,
+        "rollout.vllm.engines=2",
+        "rollout.workers=2",
+        ENVHUB_TEST_CRASH_RANK="1",
+        ENVHUB_TEST_CRASH_UPDATE="2",
+    )
 
     assert crashed.returncode == 1, crashed.stdout[-2000:] + crashed.stderr[-3000:]
     checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
     assert "error: trainer rank 1 on node " in crashed.stdout + crashed.stderr
-    assert f"Training stopped in step 2: rerun the same command to resume from {checkpoint}." in crashed.stdout + crashed.stderr
+    assert (
+        f"Training stopped in step 2: rerun the same command to resume from {checkpoint}."
+        in crashed.stdout + crashed.stderr
+    )
     assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
     # the weights go from trainer rank 0 straight to both engines, not through the driver
     assert "mode=ray, transfer=envhub_shm, sent by trainer rank 0 on node " in crashed.stdout
@@ -61,7 +73,9 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
     assert " in trainer rank 0's bundle" in resumed.stdout
     assert "transfer=envhub_shm, sent by trainer rank 0 on node " in resumed.stdout
     assert "rollout workers: 2 Ray actors (pid " in resumed.stdout
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2]
     # step 1: 4 episodes from two workers, each spreading its two over both engines
     assert rows[0]["engine/requests_engine0"] == rows[0]["engine/requests_engine1"] == 2.0
@@ -70,7 +84,15 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(require_vllm, tiny_model_
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
         assert row["train/grad_norm"] > 0
     final = tmp_path / "run" / "final"
-    assert sorted(p.name for p in final.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
-    exported, start = load_file(final / "model.safetensors"), load_file(tiny_model_dir / "model.safetensors")
+    assert sorted(p.name for p in final.iterdir()) == sorted(
+        p.name for p in tiny_model_dir.iterdir()
+    )
+    exported, start = (
+        load_file(final / "model.safetensors"),
+        load_file(tiny_model_dir / "model.safetensors"),
+    )
     assert set(exported) == set(start) - {"lm_head.weight"}  # tied: saved once, as HF does
-    assert not torch.equal(exported["model.layers.1.mlp.down_proj.weight"], start["model.layers.1.mlp.down_proj.weight"])
+    assert not torch.equal(
+        exported["model.layers.1.mlp.down_proj.weight"],
+        start["model.layers.1.mlp.down_proj.weight"],
+    )

@@ -17,7 +17,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.model]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(require_vllm, tmp_path: Path) -> None:
+def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(
+    require_vllm, tmp_path: Path
+) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), "rollout.engine=vllm",
          "steps=2", "rollout.tasks_per_step=4", "rollout.samples_per_task=4", "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
@@ -27,7 +29,9 @@ def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(require_vllm, t
 
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "rollout engine: VLLMEngine(" in result.stdout and "transfer=envhub_shm" in result.stdout
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2]
     for row in rows:
         assert row["rollout/errors"] == 0.0 and row["rollout/episodes"] == 16.0

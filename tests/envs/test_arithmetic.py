@@ -30,10 +30,16 @@ def expression_of(task: dict) -> str:
         ("tiny", ["3 + 3", "8 - 3", "4 - 2"], ["6", "5", "2"]),
         ("easy", ["79 + 36", "97 + 70", "98 - 35"], ["115", "167", "63"]),
         ("medium", ["3 * 11 * 3", "62 + 75 - 57", "57 + 65 * 9"], ["99", "80", "642"]),
-        ("hard", ["125 - (238 + 895) * 64", "248 - (972 + (808 + 443))", "224 - (544 + 994 - 956)"], ["-72387", "-1975", "-358"]),
+        (
+            "hard",
+            ["125 - (238 + 895) * 64", "248 - (972 + (808 + 443))", "224 - (544 + 994 - 956)"],
+            ["-72387", "-1975", "-358"],
+        ),
     ],
 )
-def test_first_tasks_are_exactly_these(difficulty: str, questions: list[str], answers: list[str]) -> None:
+def test_first_tasks_are_exactly_these(
+    difficulty: str, questions: list[str], answers: list[str]
+) -> None:
     # Worked by hand: 57 + 65*9 = 57 + 585 = 642; 125 - 1133*64 = 125 - 72512 = -72387;
     # 248 - 2223 = -1975; 224 - (1538 - 956) = 224 - 582 = -358.
     tasks = problem_set(difficulty, size=10, seed=0)
@@ -58,7 +64,9 @@ def test_easy_is_one_addition_or_subtraction_of_two_digit_numbers() -> None:
 
 def test_tiny_is_every_single_digit_sum_and_difference_and_nothing_else() -> None:
     expressions = {expression_of(t) for t in problem_set("tiny", size=2000, seed=1)}
-    expected = {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)} | {f"{a} - {b}" for a in range(1, 10) for b in range(1, a + 1)}
+    expected = {f"{a} + {b}" for a in range(1, 10) for b in range(1, 10)} | {
+        f"{a} - {b}" for a in range(1, 10) for b in range(1, a + 1)
+    }
     assert expressions == expected  # 81 sums + 45 differences, all drawn in 2000 tasks
 
 
@@ -95,13 +103,20 @@ def test_task_seed_changes_the_problems() -> None:
         # the hack GRPO found: box the question; math-verify would evaluate it to 115
         ("To find \\boxed{79 + 36}, we add.", 0.1, {"correct": 0.0, "format": 1.0}),
         ("\\boxed{115.0}", 1.1, {"correct": 1.0, "format": 1.0}),
-        ("\\boxed{115} is wrong, it is 116", 1.1, {"correct": 1.0, "format": 1.0}),  # the boxed answer is final
+        (
+            "\\boxed{115} is wrong, it is 116",
+            1.1,
+            {"correct": 1.0, "format": 1.0},
+        ),  # the boxed answer is final
     ],
 )
 def test_scoring(response: str, reward: float, components: dict[str, float]) -> None:
     env = ArithmeticEnv()
     prompt, _ = env.reset(seed=0, options={"task_index": 0})
-    assert [m.content for m in prompt] == ["Solve the arithmetic problem. Give the final answer as \\boxed{NUMBER}.", "What is 79 + 36?"]
+    assert [m.content for m in prompt] == [
+        "Solve the arithmetic problem. Give the final answer as \\boxed{NUMBER}.",
+        "What is 79 + 36?",
+    ]
     _, got, terminated, truncated, info = env.step(response)
     assert (got, terminated, truncated) == (pytest.approx(reward), True, False)
     assert info["reward_components"] == components
@@ -115,7 +130,9 @@ def test_other_difficulties_pass_check_env(difficulty: str) -> None:
 def test_reference_policy_answers_every_level() -> None:
     for difficulty in ("tiny", "easy", "medium", "hard"):
         for task in list(problem_set(difficulty, size=50, seed=9)):
-            assert reference_policy([user(task["question"])], None) == f"\\boxed{{{task['answer']}}}"
+            assert (
+                reference_policy([user(task["question"])], None) == f"\\boxed{{{task['answer']}}}"
+            )
 
 
 def test_unknown_difficulty_is_refused() -> None:

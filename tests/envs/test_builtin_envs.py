@@ -18,15 +18,36 @@ WITH_REFERENCE = [name for name in BUILTIN if envhub.make(name).reference_policy
 
 
 def test_the_catalog_lists_every_builtin_env() -> None:
-    assert BUILTIN == ["arithmetic", "calculator", "code", "code-fix", "frozenlake", "gsm8k", "guess-number", "wordle"]
-    assert WITH_REFERENCE == ["arithmetic", "calculator", "code", "code-fix", "frozenlake", "guess-number", "wordle"]
+    assert BUILTIN == [
+        "arithmetic",
+        "calculator",
+        "code",
+        "code-fix",
+        "frozenlake",
+        "gsm8k",
+        "guess-number",
+        "wordle",
+    ]
+    assert WITH_REFERENCE == [
+        "arithmetic",
+        "calculator",
+        "code",
+        "code-fix",
+        "frozenlake",
+        "guess-number",
+        "wordle",
+    ]
 
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_builtin_env_passes_check_env(name: str) -> None:
     report = check_env(envhub.make(name))
     assert report.passed, report.failures
-    expected = "no reference policy declared" if name not in WITH_REFERENCE else str(envhub.make(name).reward_range[1])
+    expected = (
+        "no reference policy declared"
+        if name not in WITH_REFERENCE
+        else str(envhub.make(name).reward_range[1])
+    )
     assert next(r.detail for r in report.results if r.name == "reference policy at top") == expected
 
 

@@ -17,9 +17,18 @@ from envhub.errors import EnvhubError
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [
-    {"question": "Ann has 3 bags of 4 apples. How many apples?", "answer": "3*4 = <<3*4=12>>12\n#### 12"},
-    {"question": "A car costs $1,200 more than a bike that costs $34. What does the car cost?", "answer": "1200+34 = <<1200+34=1234>>1234\n#### 1,234"},
-    {"question": "It is 2 degrees and gets 7 degrees colder. What is the temperature?", "answer": "2-7 = <<2-7=-5>>-5\n#### -5"},
+    {
+        "question": "Ann has 3 bags of 4 apples. How many apples?",
+        "answer": "3*4 = <<3*4=12>>12\n#### 12",
+    },
+    {
+        "question": "A car costs $1,200 more than a bike that costs $34. What does the car cost?",
+        "answer": "1200+34 = <<1200+34=1234>>1234\n#### 1,234",
+    },
+    {
+        "question": "It is 2 degrees and gets 7 degrees colder. What is the temperature?",
+        "answer": "2-7 = <<2-7=-5>>-5\n#### -5",
+    },
 ]
 
 
@@ -30,7 +39,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 @pytest.mark.parametrize(
     ("solution", "number"),
-    [("so 12\n#### 12", "12"), ("#### 1,234", "1234"), ("#### -5", "-5"), ("#### 2.5 ", "2.5"), ("#### $30", "30"), ("#### 1\n#### 2", "2")],
+    [
+        ("so 12\n#### 12", "12"),
+        ("#### 1,234", "1234"),
+        ("#### -5", "-5"),
+        ("#### 2.5 ", "2.5"),
+        ("#### $30", "30"),
+        ("#### 1\n#### 2", "2"),
+    ],
 )
 def test_final_answer_reads_the_number_after_the_last_marker(solution: str, number: str) -> None:
     assert final_answer(solution) == number
@@ -46,17 +62,31 @@ def test_a_local_jsonl_file_becomes_exactly_these_tasks(tmp_path: Path) -> None:
     env = GSM8KEnv(data_files=str(write_jsonl(tmp_path / "mine.jsonl", ROWS)))
     assert list(env.dataset) == [
         {"question": ROWS[0]["question"], "answer": "12", "info": {"solution": ROWS[0]["answer"]}},
-        {"question": ROWS[1]["question"], "answer": "1234", "info": {"solution": ROWS[1]["answer"]}},
+        {
+            "question": ROWS[1]["question"],
+            "answer": "1234",
+            "info": {"solution": ROWS[1]["answer"]},
+        },
         {"question": ROWS[2]["question"], "answer": "-5", "info": {"solution": ROWS[2]["answer"]}},
     ]
     prompt, _ = env.reset(seed=0, options={"task_index": 1})
-    assert [(m.role, m.content) for m in prompt] == [("system", GSM8KEnv.system_prompt), ("user", ROWS[1]["question"])]
+    assert [(m.role, m.content) for m in prompt] == [
+        ("system", GSM8KEnv.system_prompt),
+        ("user", ROWS[1]["question"]),
+    ]
     _, reward, terminated, _, info = env.step("1200 + 34 = 1234, so the car costs \\boxed{1234}.")
-    assert (reward, terminated, info["reward_components"]) == (pytest.approx(1.1), True, {"correct": 1.0, "format": 1.0})
+    assert (reward, terminated, info["reward_components"]) == (
+        pytest.approx(1.1),
+        True,
+        {"correct": 1.0, "format": 1.0},
+    )
 
 
 def test_splits_come_from_a_dict_of_files_and_slices(tmp_path: Path) -> None:
-    train, test = write_jsonl(tmp_path / "train.json", ROWS[:2]), write_jsonl(tmp_path / "test.json", ROWS[2:])
+    train, test = (
+        write_jsonl(tmp_path / "train.json", ROWS[:2]),
+        write_jsonl(tmp_path / "test.json", ROWS[2:]),
+    )
     files = {"train": str(train), "test": str(test)}
     assert [t["answer"] for t in GSM8KEnv(data_files=files, split="test").dataset] == ["-5"]
     assert [t["answer"] for t in GSM8KEnv(data_files=files, split="train[1:]").dataset] == ["1234"]
@@ -72,7 +102,9 @@ def test_loading_is_cached_until_the_file_changes(tmp_path: Path) -> None:
 
 
 def test_bad_rows_and_arguments_are_reported(tmp_path: Path) -> None:
-    bad = write_jsonl(tmp_path / "bad.jsonl", [*ROWS, {"question": "q", "answer": "no marker here"}])
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl", [*ROWS, {"question": "q", "answer": "no marker here"}]
+    )
     with pytest.raises(EnvhubError, match="row 3"):
         load_tasks(data_files=str(bad))
     renamed = write_jsonl(tmp_path / "renamed.jsonl", [{"problem": "q", "answer": "#### 1"}])
@@ -88,7 +120,10 @@ def test_the_shipped_set_loads_by_default() -> None:
     env = GSM8KEnv()
     assert len(env.dataset) == 300
     # By hand: 2*9 + 4*4 = 34 dollars spent, 50 - 34 = 16 dollars back.
-    assert env.dataset[0]["question"] == "Ben buys 2 bagels for $9 each and 4 candles for $4 each. He pays with a $50 bill. How much change does he get back?"
+    assert (
+        env.dataset[0]["question"]
+        == "Ben buys 2 bagels for $9 each and 4 candles for $4 each. He pays with a $50 bill. How much change does he get back?"
+    )
     assert env.dataset[0]["answer"] == "16"
     assert [len(GSM8KEnv(split=s).dataset) for s in ("train[:80%]", "train[80%:]")] == [240, 60]
 
@@ -109,9 +144,13 @@ def test_the_shipped_file_is_small_and_every_solution_checks_out() -> None:
 
 
 def test_the_shipped_file_is_what_the_generator_writes(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("make_gsm8k_style", ROOT / "scripts" / "make_gsm8k_style.py")
+    spec = importlib.util.spec_from_file_location(
+        "make_gsm8k_style", ROOT / "scripts" / "make_gsm8k_style.py"
+    )
     generator = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, generator)  # dataclasses look their module up there
     spec.loader.exec_module(generator)
-    assert generator.to_jsonl(generator.generate(300, seed=0)) == SHIPPED_FILE.read_text(encoding="utf-8")
+    assert generator.to_jsonl(generator.generate(300, seed=0)) == SHIPPED_FILE.read_text(
+        encoding="utf-8"
+    )
     assert len(generator.TEMPLATES) == 16

@@ -19,7 +19,11 @@ from envhub.envs.guessing import (
 from envhub.errors import EnvhubError
 from envhub.types import assistant
 
-SECRET_37 = {"question": "I am thinking of a whole number from 1 to 100. Guess it.", "answer": 37, "info": {"low": 1, "high": 100}}
+SECRET_37 = {
+    "question": "I am thinking of a whole number from 1 to 100. Guess it.",
+    "answer": 37,
+    "info": {"low": 1, "high": 100},
+}
 
 
 def replies(env, *actions: str) -> list[tuple[str, float, bool, bool]]:
@@ -48,11 +52,19 @@ def test_secrets_come_from_the_task_not_the_reset_seed() -> None:
 def test_feedback_sequence_for_a_known_secret() -> None:
     env = GuessNumberEnv()
     prompt, _ = env.reset(seed=0, options={"task": SECRET_37})
-    assert prompt[-1].content == "I am thinking of a whole number from 1 to 100. Guess it. You have 7 guesses."
+    assert (
+        prompt[-1].content
+        == "I am thinking of a whole number from 1 to 100. Guess it. You have 7 guesses."
+    )
     assert replies(env, "My first guess is 50.", "25", "hmm", "I say 150", "37") == [
         ("50 is too high. Guess lower. (6 guesses left)", 0.0, False, False),
         ("25 is too low. Guess higher. (5 guesses left)", 0.0, False, False),
-        ("I found no number in your reply. Reply with one whole number from 1 to 100. (4 guesses left)", 0.0, False, False),
+        (
+            "I found no number in your reply. Reply with one whole number from 1 to 100. (4 guesses left)",
+            0.0,
+            False,
+            False,
+        ),
         ("150 is not from 1 to 100. (3 guesses left)", 0.0, False, False),
         ("Correct! The number is 37.", 1.0, True, False),
     ]
@@ -69,13 +81,23 @@ def test_running_out_of_guesses_scores_zero() -> None:
     assert env.state.stop_reason == "max_turns"
 
 
-@pytest.mark.parametrize(("text", "number"), [("42", 42), ("between 10 and 20: 15", 15), ("-3", -3), ("no idea", None)])
+@pytest.mark.parametrize(
+    ("text", "number"), [("42", 42), ("between 10 and 20: 15", 15), ("-3", -3), ("no idea", None)]
+)
 def test_parse_number_takes_the_last_whole_number(text: str, number: int | None) -> None:
     assert parse_number(text) == number
 
 
 def test_turn_budget_fits_binary_search() -> None:
-    assert [binary_search_turns(1, h) for h in (1, 2, 3, 100, 127, 128, 1000)] == [1, 2, 2, 7, 7, 8, 10]
+    assert [binary_search_turns(1, h) for h in (1, 2, 3, 100, 127, 128, 1000)] == [
+        1,
+        2,
+        2,
+        7,
+        7,
+        8,
+        10,
+    ]
     assert GuessNumberEnv().max_turns == 7
     assert GuessNumberEnv(low=1, high=1000).max_turns == 10
     assert GuessNumberEnv(max_turns=6).reference_policy is None
@@ -87,7 +109,12 @@ def test_turn_budget_fits_binary_search() -> None:
 def test_binary_search_finds_every_secret_in_time(low: int, high: int) -> None:
     env = GuessNumberEnv(low=low, high=high)
     for secret in range(low, high + 1):
-        task = {**SECRET_37, "question": f"I am thinking of a whole number from {low} to {high}. Guess it.", "answer": secret, "info": {"low": low, "high": high}}
+        task = {
+            **SECRET_37,
+            "question": f"I am thinking of a whole number from {low} to {high}. Guess it.",
+            "answer": secret,
+            "info": {"low": low, "high": high},
+        }
         messages, _ = env.reset(seed=0, options={"task": task})
         while True:
             guess = binary_search_policy(messages, None)
@@ -140,11 +167,19 @@ def test_parse_word(text: str, word: str | None) -> None:
 
 def test_wordle_episode_with_an_invalid_guess() -> None:
     env = WordleEnv()
-    prompt, _ = env.reset(seed=0, options={"task": {"question": "Guess the secret word.", "answer": "sheep", "info": {}}})
+    prompt, _ = env.reset(
+        seed=0,
+        options={"task": {"question": "Guess the secret word.", "answer": "sheep", "info": {}}},
+    )
     assert prompt[-1].content == "Guess the secret word. You have 6 guesses."
     assert replies(env, "<guess>eerie</guess>", "hello there", "<guess>SHEEP</guess>") == [
         ("EERIE: YYXXX (5 guesses left)", 0.0, False, False),
-        ("Reply with one five-letter word, e.g. <guess>crane</guess>. (4 guesses left)", 0.0, False, False),
+        (
+            "Reply with one five-letter word, e.g. <guess>crane</guess>. (4 guesses left)",
+            0.0,
+            False,
+            False,
+        ),
         ("SHEEP: GGGGG Solved!", 1.0, True, False),
     ]
     assert dict(env.state.metrics) == {"invalid_guesses": 1}

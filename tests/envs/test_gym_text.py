@@ -33,7 +33,9 @@ class Corridor(gym.Env):
         self.reset_seeds: list[int | None] = []
         self.closed = False
 
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[int, dict]:
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[int, dict]:
         super().reset(seed=seed)
         self.reset_seeds.append(seed)
         self.position = 0
@@ -49,7 +51,13 @@ class Corridor(gym.Env):
 
 
 def corridor_env(gym_env: Any, **kwargs: Any) -> GymTextEnv:
-    return GymTextEnv(gym_env, ["back", "forward"], render_observation=lambda cell: f"You are in cell {cell}.", instructions="Walk to the end.", **kwargs)
+    return GymTextEnv(
+        gym_env,
+        ["back", "forward"],
+        render_observation=lambda cell: f"You are in cell {cell}.",
+        instructions="Walk to the end.",
+        **kwargs,
+    )
 
 
 def play(env: GymTextEnv, *actions: str) -> list[tuple[str, float, bool, bool]]:
@@ -67,17 +75,38 @@ def test_a_walk_to_the_goal_on_the_classic_map() -> None:
     env = FrozenLakeTextEnv()
     prompt, _ = env.reset(seed=0, options={"task": CLASSIC_TASK})
     assert [m.role for m in prompt] == ["system", "user"]
-    assert prompt[0].content.endswith("Actions: left, down, right, up. Each turn, reply with one action inside <action></action>, e.g. <action>left</action>.")
+    assert prompt[0].content.endswith(
+        "Actions: left, down, right, up. Each turn, reply with one action inside <action></action>, e.g. <action>left</action>."
+    )
     assert prompt[1].content == "P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1."
-    steps = play(env, "down", "<action>Down</action>", "I'll go RIGHT", "jump!", "<action>right</action>", "down", "right")
+    steps = play(
+        env,
+        "down",
+        "<action>Down</action>",
+        "I'll go RIGHT",
+        "jump!",
+        "<action>right</action>",
+        "down",
+        "right",
+    )
     assert steps == [
         ("S F F F\nP H F H\nF F F H\nH F F G\nYou are at row 2, column 1.", 0.0, False, False),
         ("S F F F\nF H F H\nP F F H\nH F F G\nYou are at row 3, column 1.", 0.0, False, False),
         ("S F F F\nF H F H\nF P F H\nH F F G\nYou are at row 3, column 2.", 0.0, False, False),
-        ("That is not an action. Reply with one of: left, down, right, up, e.g. <action>left</action>.", 0.0, False, False),
+        (
+            "That is not an action. Reply with one of: left, down, right, up, e.g. <action>left</action>.",
+            0.0,
+            False,
+            False,
+        ),
         ("S F F F\nF H F H\nF F P H\nH F F G\nYou are at row 3, column 3.", 0.0, False, False),
         ("S F F F\nF H F H\nF F F H\nH F P G\nYou are at row 4, column 3.", 0.0, False, False),
-        ("S F F F\nF H F H\nF F F H\nH F F P\nYou are at row 4, column 4. You reached the goal!", 1.0, True, False),
+        (
+            "S F F F\nF H F H\nF F F H\nH F F P\nYou are at row 4, column 4. You reached the goal!",
+            1.0,
+            True,
+            False,
+        ),
     ]
     assert dict(env.state.metrics) == {"invalid_actions": 1, "env_steps": 6}
     assert env.state.reward_components == {"return": 1.0}
@@ -87,9 +116,19 @@ def test_falling_in_a_hole_ends_the_episode_with_nothing() -> None:
     env = FrozenLakeTextEnv()
     env.reset(seed=0, options={"task": CLASSIC_TASK})
     assert play(env, "left", "right", "down") == [
-        ("P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1.", 0.0, False, False),  # into the edge
+        (
+            "P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1.",
+            0.0,
+            False,
+            False,
+        ),  # into the edge
         ("S P F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 2.", 0.0, False, False),
-        ("S F F F\nF P F H\nF F F H\nH F F G\nYou are at row 2, column 2. You fell into a hole. Game over.", 0.0, True, False),
+        (
+            "S F F F\nF P F H\nF F F H\nH F F G\nYou are at row 2, column 2. You fell into a hole. Game over.",
+            0.0,
+            True,
+            False,
+        ),
     ]
     assert env.state.stop_reason == "terminated"
 
@@ -104,7 +143,9 @@ def test_only_invalid_replies_run_out_the_turns() -> None:
 
 
 def test_maps_vary_by_task_and_always_have_a_path() -> None:
-    assert lake_tasks(4, 0.8, 10, 0)[0] == {"info": {"map": ["SFFH", "FFFF", "FFFF", "HFFG"], "seed": 865820368}}
+    assert lake_tasks(4, 0.8, 10, 0)[0] == {
+        "info": {"map": ["SFFH", "FFFF", "FFFF", "HFFG"], "seed": 865820368}
+    }
     tasks = lake_tasks(4, 0.8, 200, 0)
     maps = [tuple(t["info"]["map"]) for t in tasks]
     assert len(set(maps)) == 141  # with 80% ice, light maps repeat (all ice: 0.8**14, about 4%)
@@ -116,13 +157,21 @@ def test_maps_vary_by_task_and_always_have_a_path() -> None:
     env.reset(seed=1, options={"task_index": 0})
     first = env.state.prompt[-1].content
     env.reset(seed=2, options={"task_index": 0})
-    assert env.state.prompt[-1].content == first == "P F F H\nF F F F\nF F F F\nH F F G\nYou are at row 1, column 1."
+    assert (
+        env.state.prompt[-1].content
+        == first
+        == "P F F H\nF F F F\nF F F F\nH F F G\nYou are at row 1, column 1."
+    )
 
 
 def test_shortest_path_goes_around_holes() -> None:
     assert shortest_path(["PFH", "FHF", "FFG"]) == ["down", "down", "right", "right"]
     assert shortest_path(["PH", "HG"]) == []
-    messages = [user("F P\nH G\nYou are at row 1, column 2."), assistant("<action>left</action>"), user("That is not an action.")]
+    messages = [
+        user("F P\nH G\nYou are at row 1, column 2."),
+        assistant("<action>left</action>"),
+        user("That is not an action."),
+    ]
     assert read_lake(messages) == ["FP", "HG"]
     assert shortest_path_policy(messages, None) == "<action>down</action>"
 
@@ -204,12 +253,22 @@ def test_the_wrapped_env_truncating_truncates_the_episode() -> None:
     observation, reward, terminated, truncated, info = env.step("forward")
     assert (terminated, truncated) == (False, False)
     observation, reward, terminated, truncated, info = env.step("forward")
-    assert (observation[0].content, reward, terminated, truncated) == ("You are in cell 2.", 0.0, False, True)
+    assert (observation[0].content, reward, terminated, truncated) == (
+        "You are in cell 2.",
+        0.0,
+        False,
+        True,
+    )
     assert info["stop_reason"] == "env_truncated"
 
 
 def test_a_gymnasium_id_with_make_kwargs() -> None:
-    env = GymTextEnv("FrozenLake-v1", ["left", "down", "right", "up"], gym_kwargs={"is_slippery": False}, reward_range=(0.0, 1.0))
+    env = GymTextEnv(
+        "FrozenLake-v1",
+        ["left", "down", "right", "up"],
+        gym_kwargs={"is_slippery": False},
+        reward_range=(0.0, 1.0),
+    )
     env.reset(seed=0)
     assert [c for c, *_ in play(env, "right")] == ["1"]  # the default rendering is str()
 

@@ -18,7 +18,9 @@ def _draw(rng) -> dict:
 def test_tasks_are_a_pure_function_of_name_seed_and_index() -> None:
     tasks = ProceduralTasks("demo", _draw, size=50, seed=3)
     assert len(tasks) == 50
-    assert [tasks[i] for i in (7, 0, 7)] == [ProceduralTasks("demo", _draw, 50, 3)[i] for i in (7, 0, 7)]
+    assert [tasks[i] for i in (7, 0, 7)] == [
+        ProceduralTasks("demo", _draw, 50, 3)[i] for i in (7, 0, 7)
+    ]
     assert tasks[7] != ProceduralTasks("demo", _draw, 50, 4)[7]
     assert tasks[7] != ProceduralTasks("other", _draw, 50, 3)[7]
     assert len({t["question"] for t in tasks}) == 50

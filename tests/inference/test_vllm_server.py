@@ -16,7 +16,14 @@ def test_cpu_defaults_bind_every_core_on_small_machines_unless_parallel():
 
 
 def test_command_uses_the_api_server_module_on_loopback():
-    server = VLLMServer("/models/m", served_model_name="m", port=1234, max_model_len=2048, seed=7, extra_args=["--dtype", "float32"])
+    server = VLLMServer(
+        "/models/m",
+        served_model_name="m",
+        port=1234,
+        max_model_len=2048,
+        seed=7,
+        extra_args=["--dtype", "float32"],
+    )
     assert server.command() == [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m", "--served-model-name", "m",
         "--host", "127.0.0.1", "--port", "1234", "--max-model-len", "2048", "--seed", "7", "--dtype", "float32",
@@ -32,7 +39,11 @@ def test_the_context_defaults_to_4096_or_the_models_own_smaller_limit(tmp_path):
     import json
 
     short, long, bare = tmp_path / "short", tmp_path / "long", tmp_path / "bare"
-    for folder, config in ((short, {"max_position_embeddings": 1024}), (long, {"max_position_embeddings": 32768}), (bare, {})):
+    for folder, config in (
+        (short, {"max_position_embeddings": 1024}),
+        (long, {"max_position_embeddings": 32768}),
+        (bare, {}),
+    ):
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps(config))
     assert [VLLMServer(str(f)).max_model_len for f in (short, long, bare)] == [1024, 4096, 4096]

@@ -55,7 +55,15 @@ def test_parse_verdict_is_strict(text: str, scale: int | None, message: str) -> 
 
 
 def _completion(content: str) -> dict[str, Any]:
-    return {"choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": content},
+                "finish_reason": "stop",
+            }
+        ]
+    }
 
 
 def _judge_server(http_server: Any, verdict: str) -> Any:
@@ -71,7 +79,12 @@ def _judge_server(http_server: Any, verdict: str) -> Any:
 
 def _state(response: str) -> State:
     prompt = [system("Be brief."), user("What is the capital of France?")]
-    return State(task={"question": "q", "answer": "Paris"}, task_index=0, prompt=prompt, messages=[*prompt, assistant(response)])
+    return State(
+        task={"question": "q", "answer": "Paris"},
+        task_index=0,
+        prompt=prompt,
+        messages=[*prompt, assistant(response)],
+    )
 
 
 def test_judge_reward_end_to_end(http_server: Any) -> None:
@@ -82,7 +95,12 @@ def test_judge_reward_end_to_end(http_server: Any) -> None:
 
     assert server.paths() == ["GET /v1/models", "POST /v1/chat/completions"]
     body = server.requests[1][2]
-    expected_prompt = DEFAULT_TEMPLATE.format(question="What is the capital of France?", answer="Paris", response="It is Paris.", scale=None)
+    expected_prompt = DEFAULT_TEMPLATE.format(
+        question="What is the capital of France?",
+        answer="Paris",
+        response="It is Paris.",
+        scale=None,
+    )
     assert body["messages"] == [
         {"role": "system", "content": "You are a strict grader."},
         {"role": "user", "content": expected_prompt},
@@ -113,7 +131,13 @@ def test_an_unparseable_verdict_is_recorded_and_scores_zero(http_server: Any) ->
     server = _judge_server(http_server, "It depends.")
     score = asyncio.run(Rubric([judge_reward(server.url, "m")]).score(_state("Paris")))
     assert (score.total, score.components) == (0.0, {"judge": 0.0})
-    assert score.errors == [ErrorRecord(stage="reward:judge", type="ValueError", message="judge answered 'It depends.', expected yes or no")]
+    assert score.errors == [
+        ErrorRecord(
+            stage="reward:judge",
+            type="ValueError",
+            message="judge answered 'It depends.', expected yes or no",
+        )
+    ]
 
 
 def test_an_unreachable_judge_is_recorded_and_scores_zero(http_server: Any) -> None:

@@ -88,12 +88,24 @@ def test_exact_match(response: str, answer: Any, extract: bool, expected: float)
 def test_has_answer_and_xml_tags() -> None:
     rubric = Rubric([has_answer(), xml_tags(["think", "answer"])])
     assert rubric.weights == {"format": 0.1, "xml_format": 0.1}
-    assert score(rubric, make_state("<think>a</think><answer>b</answer>")) == {"format": 1.0, "xml_format": 1.0}
-    assert score(rubric, make_state("<think>a</think><think>b</think><answer>c")) == {"format": 0.0, "xml_format": 0.0}
-    assert score(rubric, make_state("<think>a</think> \\boxed{1}")) == {"format": 1.0, "xml_format": 0.5}
+    assert score(rubric, make_state("<think>a</think><answer>b</answer>")) == {
+        "format": 1.0,
+        "xml_format": 1.0,
+    }
+    assert score(rubric, make_state("<think>a</think><think>b</think><answer>c")) == {
+        "format": 0.0,
+        "xml_format": 0.0,
+    }
+    assert score(rubric, make_state("<think>a</think> \\boxed{1}")) == {
+        "format": 1.0,
+        "xml_format": 0.5,
+    }
 
 
-@pytest.mark.parametrize(("metrics", "expected"), [({}, 1.0), ({"tool_calls": 4}, 1.0), ({"tool_calls": 4, "tool_errors": 1}, 0.75)])
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [({}, 1.0), ({"tool_calls": 4}, 1.0), ({"tool_calls": 4, "tool_errors": 1}, 0.75)],
+)
 def test_tool_call_validity(metrics: dict[str, int], expected: float) -> None:
     rubric = Rubric([tool_call_validity()])
     assert rubric.weights == {"tool_validity": 0.0}
@@ -130,8 +142,19 @@ def test_math_answer_reward() -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [("42", 42.0), ("-3.5", -3.5), ("1,000", 1000.0), ("$7$", 7.0), ("55.", 55.0), ("−4", -4.0),
-     ("99 + 68", None), ("1,00", None), ("\\frac{1}{2}", None), ("x", None), ("", None)],
+    [
+        ("42", 42.0),
+        ("-3.5", -3.5),
+        ("1,000", 1000.0),
+        ("$7$", 7.0),
+        ("55.", 55.0),
+        ("−4", -4.0),
+        ("99 + 68", None),
+        ("1,00", None),
+        ("\\frac{1}{2}", None),
+        ("x", None),
+        ("", None),
+    ],
 )
 def test_parse_number_accepts_one_literal_only(text: str, expected: float | None) -> None:
     assert parse_number(text) == expected

@@ -18,14 +18,23 @@ from envhub.types import ErrorRecord, Message, assistant, tool_message, user
 def make_state(response: str = "42", answer: Any = "42", **task: Any) -> State:
     prompt = [user("What is 6 * 7?")]
     messages = [*prompt, assistant("Let me think."), tool_message("ok", "c1"), assistant(response)]
-    return State(task={"question": "What is 6 * 7?", "answer": answer, **task}, task_index=0, prompt=prompt, messages=messages)
+    return State(
+        task={"question": "What is 6 * 7?", "answer": answer, **task},
+        task_index=0,
+        prompt=prompt,
+        messages=messages,
+    )
 
 
 def test_episode_arguments() -> None:
     state = make_state(info={"level": 2})
     args = episode_arguments(state)
     assert args["prompt"] == [user("What is 6 * 7?")]
-    assert args["completion"] == [assistant("Let me think."), tool_message("ok", "c1"), assistant("42")]
+    assert args["completion"] == [
+        assistant("Let me think."),
+        tool_message("ok", "c1"),
+        assistant("42"),
+    ]
     assert args["response"] == "42"
     assert args["answer"] == "42"
     assert args["info"] == {"level": 2}
@@ -67,7 +76,9 @@ def test_rubric_construction_errors() -> None:
 
     with pytest.raises(RewardDefinitionError, match=r"^1 reward functions but 2 weights$"):
         Rubric([one], weights=[1.0, 2.0])
-    with pytest.raises(RewardDefinitionError, match=r"^reward names must be unique, got \['one', 'one'\]$"):
+    with pytest.raises(
+        RewardDefinitionError, match=r"^reward names must be unique, got \['one', 'one'\]$"
+    ):
         Rubric([one, one])
 
 
@@ -145,7 +156,9 @@ def test_var_positional_is_rejected() -> None:
         ([1.0], "returned [1.0]; a reward must be a finite number"),
     ],
 )
-def test_non_finite_or_non_numeric_returns_score_zero_and_are_recorded(value: Any, error: str) -> None:
+def test_non_finite_or_non_numeric_returns_score_zero_and_are_recorded(
+    value: Any, error: str
+) -> None:
     @reward
     def broken() -> Any:
         return value
@@ -157,7 +170,9 @@ def test_non_finite_or_non_numeric_returns_score_zero_and_are_recorded(value: An
     score = asyncio.run(Rubric([broken, fine]).score(make_state()))
     assert score.components == {"broken": 0.0, "fine": 1.0}
     assert score.total == 1.0
-    assert score.errors == [ErrorRecord(stage="reward:broken", type="TypeError", message=f"broken {error}")]
+    assert score.errors == [
+        ErrorRecord(stage="reward:broken", type="TypeError", message=f"broken {error}")
+    ]
 
 
 def test_a_raising_reward_scores_zero_and_scoring_goes_on() -> None:
@@ -172,10 +187,15 @@ def test_a_raising_reward_scores_zero_and_scoring_goes_on() -> None:
     score = asyncio.run(Rubric([crashes, fine]).score(make_state()))
     assert score.components == {"crashes": 0.0, "fine": 0.5}
     assert score.total == 0.5
-    assert score.errors == [ErrorRecord(stage="reward:crashes", type="KeyError", message="'missing field'")]
+    assert score.errors == [
+        ErrorRecord(stage="reward:crashes", type="KeyError", message="'missing field'")
+    ]
 
 
-@pytest.mark.parametrize(("value", "expected"), [(True, 1.0), (False, 0.0), (np.float32(0.5), 0.5), (np.int64(3), 3.0), (2, 2.0)])
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(True, 1.0), (False, 0.0), (np.float32(0.5), 0.5), (np.int64(3), 3.0), (2, 2.0)],
+)
 def test_bools_ints_and_numpy_scalars_are_numbers(value: Any, expected: float) -> None:
     score = asyncio.run(Rubric([reward(lambda: value, name="r")]).score(make_state()))
     assert score.components == {"r": expected}
@@ -204,12 +224,33 @@ def test_group_rewards_score_every_sample() -> None:
 @pytest.mark.parametrize(
     ("result", "error"),
     [
-        ([1.0], ErrorRecord(stage="reward:spread", type="ValueError", message="returned 1 values for a group of 2")),
-        ([1.0, float("nan")], ErrorRecord(stage="reward:spread", type="TypeError", message="spread returned nan; a reward must be a finite number")),
-        (0.5, ErrorRecord(stage="reward:spread", type="TypeError", message="'float' object is not iterable")),
+        (
+            [1.0],
+            ErrorRecord(
+                stage="reward:spread",
+                type="ValueError",
+                message="returned 1 values for a group of 2",
+            ),
+        ),
+        (
+            [1.0, float("nan")],
+            ErrorRecord(
+                stage="reward:spread",
+                type="TypeError",
+                message="spread returned nan; a reward must be a finite number",
+            ),
+        ),
+        (
+            0.5,
+            ErrorRecord(
+                stage="reward:spread", type="TypeError", message="'float' object is not iterable"
+            ),
+        ),
     ],
 )
-def test_bad_group_results_score_zero_for_everyone_and_are_recorded(result: Any, error: ErrorRecord) -> None:
+def test_bad_group_results_score_zero_for_everyone_and_are_recorded(
+    result: Any, error: ErrorRecord
+) -> None:
     @group_reward
     def spread(states: list[State]) -> Any:
         return result

@@ -43,7 +43,9 @@ def logprobs(n: int) -> list[float]:
 def assert_tokens(actual: Sequence[Any] | None, expected: Sequence[Any]) -> None:
     assert actual is not None
     for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
-        assert a == e, f"position {i}: got {a!r}, expected {expected[i]!r} (context {list(expected[max(0, i - 5) : i + 5])})"
+        assert a == e, (
+            f"position {i}: got {a!r}, expected {expected[i]!r} (context {list(expected[max(0, i - 5) : i + 5])})"
+        )
     assert len(actual) == len(expected)
 
 
@@ -66,8 +68,18 @@ class ThinkStrippingTokenizer(ByteChatTokenizer):
 
     _THINK = re.compile(r"<think>.*?</think>\n*", re.DOTALL)
 
-    def render_sync(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, add_generation_prompt: bool) -> list[int]:
-        stripped = [m.model_copy(update={"content": self._THINK.sub("", m.content or "")}) if m.role == "assistant" else m for m in messages]
+    def render_sync(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        stripped = [
+            m.model_copy(update={"content": self._THINK.sub("", m.content or "")})
+            if m.role == "assistant"
+            else m
+            for m in messages
+        ]
         return super().render_sync(stripped, tools, add_generation_prompt)
 
 
@@ -76,7 +88,12 @@ def thinking(policy: Policy) -> Policy:
 
 
 def rollout(engine: InferenceEngine, max_tokens: int = 512) -> Trajectory:
-    runner = RolloutRunner(engine, lambda: CalculatorEnv(num_tasks=4), sampling=SamplingParams(max_tokens=max_tokens), max_concurrency=1)
+    runner = RolloutRunner(
+        engine,
+        lambda: CalculatorEnv(num_tasks=4),
+        sampling=SamplingParams(max_tokens=max_tokens),
+        max_concurrency=1,
+    )
     (trajectory,) = asyncio.run(runner.run([0]))
     return trajectory
 
@@ -85,14 +102,21 @@ TASK = CalculatorEnv(num_tasks=4).dataset[0]
 EXPRESSION = TASK["question"].removeprefix("Compute: ")
 ANSWER = TASK["answer"]
 PROMPT = (
-    message("system", SYSTEM_PROMPT + "\n\n# Tools\n" + json.dumps(calculate.schema, sort_keys=True))
+    message(
+        "system", SYSTEM_PROMPT + "\n\n# Tools\n" + json.dumps(calculate.schema, sort_keys=True)
+    )
     + message("user", TASK["question"])
     + GEN
 )
 CALL = f'<tool_call>\n{{"name": "calculate", "arguments": {{"expression": "{EXPRESSION}"}}}}\n</tool_call>'
 FINAL = f"The result is \\boxed{{{ANSWER}}}."
 # where "<think>..." (sampled) and "<tool_call>..." (re-rendered without the think block) part
-DRIFT = {"turn": 1, "position": len(PROMPT) + len("<t"), "recorded": text("hink>Use"), "rendered": text("ool_call")}
+DRIFT = {
+    "turn": 1,
+    "position": len(PROMPT) + len("<t"),
+    "recorded": text("hink>Use"),
+    "rendered": text("ool_call"),
+}
 
 
 def test_the_hand_built_pieces_are_what_the_policy_and_env_produce() -> None:
@@ -104,31 +128,51 @@ def test_the_hand_built_pieces_are_what_the_policy_and_env_produce() -> None:
 def test_a_tool_episode_token_by_token() -> None:
     engine = LoggingEngine(reference_policy, ByteChatTokenizer())
     trajectory = rollout(engine)
-    assert (trajectory.reward, trajectory.stop_reason, trajectory.errors, trajectory.token_drift) == (1.0, "terminated", [], [])
+    assert (
+        trajectory.reward,
+        trajectory.stop_reason,
+        trajectory.errors,
+        trajectory.token_drift,
+    ) == (1.0, "terminated", [], [])
 
     turn1 = text(CALL) + [IM_END]
     glue = [NL]  # what the template writes after <|im_end|> of an assistant turn
     tool = message("tool", ANSWER)
     turn2 = text(FINAL) + [IM_END]
     assert_tokens(trajectory.token_ids, PROMPT + turn1 + glue + tool + GEN + turn2)
-    assert_tokens(trajectory.loss_mask, [0] * len(PROMPT) + [1] * len(turn1) + [0] * len(glue + tool + GEN) + [1] * len(turn2))
+    assert_tokens(
+        trajectory.loss_mask,
+        [0] * len(PROMPT) + [1] * len(turn1) + [0] * len(glue + tool + GEN) + [1] * len(turn2),
+    )
     assert_tokens(
         trajectory.sampler_logprobs,
-        [0.0] * len(PROMPT) + logprobs(len(turn1)) + [0.0] * len(glue + tool + GEN) + logprobs(len(turn2)),
+        [0.0] * len(PROMPT)
+        + logprobs(len(turn1))
+        + [0.0] * len(glue + tool + GEN)
+        + logprobs(len(turn2)),
     )
     assert trajectory.prompt_token_count == len(PROMPT)
 
     # the engine generated each turn from exactly the recorded tokens
     assert engine.prompts == [PROMPT, PROMPT + turn1 + glue + tool + GEN]
-    assert [(t.prompt_tokens, t.completion_tokens, t.finish_reason, t.tool_calls, t.tool_errors) for t in trajectory.turns] == [
+    assert [
+        (t.prompt_tokens, t.completion_tokens, t.finish_reason, t.tool_calls, t.tool_errors)
+        for t in trajectory.turns
+    ] == [
         (len(PROMPT), len(turn1), "stop", 1, 0),
         (len(PROMPT + turn1 + glue + tool + GEN), len(turn2), "stop", 0, 0),
     ]
     assert trajectory.metrics["total_tokens"] == len(trajectory.token_ids or [])
-    assert trajectory.metrics["completion_tokens"] == len(turn1) + len(turn2) == sum(trajectory.loss_mask or [])
+    assert (
+        trajectory.metrics["completion_tokens"]
+        == len(turn1) + len(turn2)
+        == sum(trajectory.loss_mask or [])
+    )
 
 
-def test_a_template_that_rewrites_past_turns_is_recorded_as_drift_and_the_tokens_stay_exact() -> None:
+def test_a_template_that_rewrites_past_turns_is_recorded_as_drift_and_the_tokens_stay_exact() -> (
+    None
+):
     engine = LoggingEngine(thinking(reference_policy), ThinkStrippingTokenizer())
     trajectory = rollout(engine)
     assert (trajectory.reward, trajectory.errors) == (1.0, [])
@@ -139,10 +183,16 @@ def test_a_template_that_rewrites_past_turns_is_recorded_as_drift_and_the_tokens
     assert trajectory.token_drift == [DRIFT]
     # the sampled tokens, <think> included, are kept exactly; the env's part is rendered apart
     assert_tokens(trajectory.token_ids, PROMPT + turn1 + [NL] + tool + GEN + turn2)
-    assert_tokens(trajectory.loss_mask, [0] * len(PROMPT) + [1] * len(turn1) + [0] * len([NL] + tool + GEN) + [1] * len(turn2))
+    assert_tokens(
+        trajectory.loss_mask,
+        [0] * len(PROMPT) + [1] * len(turn1) + [0] * len([NL] + tool + GEN) + [1] * len(turn2),
+    )
     assert_tokens(
         trajectory.sampler_logprobs,
-        [0.0] * len(PROMPT) + logprobs(len(turn1)) + [0.0] * len([NL] + tool + GEN) + logprobs(len(turn2)),
+        [0.0] * len(PROMPT)
+        + logprobs(len(turn1))
+        + [0.0] * len([NL] + tool + GEN)
+        + logprobs(len(turn2)),
     )
     assert engine.prompts[1] == PROMPT + turn1 + [NL] + tool + GEN
 
@@ -157,8 +207,16 @@ def test_a_length_cut_turn_gets_the_templates_closing_as_context() -> None:
     assert [t.finish_reason for t in trajectory.turns] == ["length", "length"]
     assert trajectory.token_drift == []
     assert_tokens(trajectory.token_ids, PROMPT + cut1 + [IM_END, NL] + tool + GEN + cut2)
-    assert_tokens(trajectory.loss_mask, [0] * len(PROMPT) + [1] * 24 + [0] * len([IM_END, NL] + tool + GEN) + [1] * 24)
-    assert (trajectory.reward, trajectory.stop_reason, trajectory.metrics["tool_calls"], trajectory.metrics["tool_errors"]) == (
+    assert_tokens(
+        trajectory.loss_mask,
+        [0] * len(PROMPT) + [1] * 24 + [0] * len([IM_END, NL] + tool + GEN) + [1] * 24,
+    )
+    assert (
+        trajectory.reward,
+        trajectory.stop_reason,
+        trajectory.metrics["tool_calls"],
+        trajectory.metrics["tool_errors"],
+    ) == (
         0.0,
         "terminated",
         1.0,
@@ -175,7 +233,10 @@ def test_a_length_cut_turn_after_drift_also_gets_the_closing() -> None:
     tool = message("tool", error)
     assert [d["turn"] for d in trajectory.token_drift] == [1]
     assert_tokens(trajectory.token_ids, PROMPT + cut1 + [IM_END, NL] + tool + GEN + cut2)
-    assert_tokens(trajectory.loss_mask, [0] * len(PROMPT) + [1] * 40 + [0] * len([IM_END, NL] + tool + GEN) + [1] * 40)
+    assert_tokens(
+        trajectory.loss_mask,
+        [0] * len(PROMPT) + [1] * 40 + [0] * len([IM_END, NL] + tool + GEN) + [1] * 40,
+    )
 
 
 # -- the chat-level path: engines that report each turn's prompt ids -------------------------------
@@ -193,7 +254,9 @@ class ChatLevelEngine(InferenceEngine):
         text_out = self.policy(list(request.messages), request.tools)
         ids = self.template.encode(text_out) + [self.template.eos_token_id]
         prompt = self.template.render_sync(request.messages, request.tools, True)
-        return Generation(text=text_out, token_ids=ids, logprobs=logprobs(len(ids)), prompt_token_ids=prompt)
+        return Generation(
+            text=text_out, token_ids=ids, logprobs=logprobs(len(ids)), prompt_token_ids=prompt
+        )
 
 
 def test_chat_level_engine_with_consistent_prefixes_gives_a_valid_trace() -> None:
@@ -202,22 +265,41 @@ def test_chat_level_engine_with_consistent_prefixes_gives_a_valid_trace() -> Non
     context = [NL] + message("tool", ANSWER) + GEN
     assert trajectory.token_drift == []
     assert_tokens(trajectory.token_ids, PROMPT + turn1 + context + turn2)
-    assert_tokens(trajectory.loss_mask, [0] * len(PROMPT) + [1] * len(turn1) + [0] * len(context) + [1] * len(turn2))
-    assert_tokens(trajectory.sampler_logprobs, [0.0] * len(PROMPT) + logprobs(len(turn1)) + [0.0] * len(context) + logprobs(len(turn2)))
+    assert_tokens(
+        trajectory.loss_mask,
+        [0] * len(PROMPT) + [1] * len(turn1) + [0] * len(context) + [1] * len(turn2),
+    )
+    assert_tokens(
+        trajectory.sampler_logprobs,
+        [0.0] * len(PROMPT) + logprobs(len(turn1)) + [0.0] * len(context) + logprobs(len(turn2)),
+    )
     assert trajectory.prompt_token_count == len(PROMPT)
-    assert [t.prompt_tokens for t in trajectory.turns] == [len(PROMPT), len(PROMPT + turn1 + context)]
+    assert [t.prompt_tokens for t in trajectory.turns] == [
+        len(PROMPT),
+        len(PROMPT + turn1 + context),
+    ]
 
 
 def test_chat_level_engine_with_an_inconsistent_prefix_invalidates_the_token_fields() -> None:
     trajectory = rollout(ChatLevelEngine(thinking(reference_policy), ThinkStrippingTokenizer()))
-    assert (trajectory.token_ids, trajectory.loss_mask, trajectory.sampler_logprobs, trajectory.prompt_token_count) == (None, None, None, None)
+    assert (
+        trajectory.token_ids,
+        trajectory.loss_mask,
+        trajectory.sampler_logprobs,
+        trajectory.prompt_token_count,
+    ) == (None, None, None, None)
     assert trajectory.token_drift == [DRIFT]
     assert (trajectory.reward, trajectory.stop_reason, trajectory.errors) == (1.0, "terminated", [])
 
 
 def test_text_only_engines_record_no_tokens() -> None:
     trajectory = rollout(ScriptedEngine(reference_policy))
-    assert (trajectory.token_ids, trajectory.loss_mask, trajectory.sampler_logprobs, trajectory.token_drift) == (None, None, None, [])
+    assert (
+        trajectory.token_ids,
+        trajectory.loss_mask,
+        trajectory.sampler_logprobs,
+        trajectory.token_drift,
+    ) == (None, None, None, [])
     assert [t.completion_tokens for t in trajectory.turns] == [None, None]
     assert trajectory.reward == 1.0
 
@@ -238,11 +320,18 @@ def test_token_trace() -> None:
     trace.add_sampled([3, 4], [-0.5, -0.25])
     trace.add_sampled([5], None)
     trace.add_context([6])
-    assert (trace.ids, trace.mask, trace.logprobs, trace.prompt_length) == ([1, 2, 3, 4, 5, 6], [0, 0, 1, 1, 1, 0], [0.0, 0.0, -0.5, -0.25, 0.0, 0.0], 2)
+    assert (trace.ids, trace.mask, trace.logprobs, trace.prompt_length) == (
+        [1, 2, 3, 4, 5, 6],
+        [0, 0, 1, 1, 1, 0],
+        [0.0, 0.0, -0.5, -0.25, 0.0, 0.0],
+        2,
+    )
     assert trace.extend_to([1, 2, 3, 4, 5, 6, 7, 8], turn=1)
     assert (trace.ids[-2:], trace.mask[-2:]) == ([7, 8], [0, 0])
     assert not trace.extend_to([1, 2, 9, 9, 9, 9, 9, 9, 9, 9, 9], turn=2)
-    assert trace.drift == [{"turn": 2, "position": 2, "recorded": [3, 4, 5, 6, 7, 8], "rendered": [9] * 8}]
+    assert trace.drift == [
+        {"turn": 2, "position": 2, "recorded": [3, 4, 5, 6, 7, 8], "rendered": [9] * 8}
+    ]
     assert trace.ids == [1, 2, 3, 4, 5, 6, 7, 8]
 
 

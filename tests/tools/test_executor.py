@@ -52,10 +52,14 @@ def secret(key: Annotated[str, Injected()]) -> str:
     return key
 
 
-EXECUTOR = ToolExecutor({t.name: t for t in (add, divide, fetch, report, essay, secret)}, max_output_chars=10)
+EXECUTOR = ToolExecutor(
+    {t.name: t for t in (add, divide, fetch, report, essay, secret)}, max_output_chars=10
+)
 
 
-def run_one(name: str, arguments: dict[str, Any] | str, executor: ToolExecutor = EXECUTOR) -> ToolOutcome:
+def run_one(
+    name: str, arguments: dict[str, Any] | str, executor: ToolExecutor = EXECUTOR
+) -> ToolOutcome:
     outcomes = asyncio.run(executor.run(ParsedTurn("", [ToolCall.make("c1", name, arguments)])))
     assert len(outcomes) == 1
     return outcomes[0]
@@ -66,7 +70,13 @@ def failed(kind: str, detail: str, name: str | None, call_id: str = "c1") -> Too
 
 
 def test_error_kinds() -> None:
-    assert ERROR_KINDS == ("parse_error", "unknown_tool", "invalid_arguments", "tool_error", "timeout")
+    assert ERROR_KINDS == (
+        "parse_error",
+        "unknown_tool",
+        "invalid_arguments",
+        "tool_error",
+        "timeout",
+    )
 
 
 def test_successful_call() -> None:
@@ -84,9 +94,14 @@ def test_unknown_tool_suggests_the_nearest_name() -> None:
 
 
 def test_unknown_tool_without_a_close_name_and_without_tools() -> None:
-    detail = "there is no tool named 'zzz'. Available tools: add, divide, essay, fetch, report, secret"
+    detail = (
+        "there is no tool named 'zzz'. Available tools: add, divide, essay, fetch, report, secret"
+    )
     assert run_one("zzz", {}) == failed("unknown_tool", detail, "zzz")
-    assert run_one("add", {}, ToolExecutor({})).detail == "there is no tool named 'add'. Available tools: none"
+    assert (
+        run_one("add", {}, ToolExecutor({})).detail
+        == "there is no tool named 'add'. Available tools: none"
+    )
 
 
 @pytest.mark.parametrize(
@@ -95,7 +110,10 @@ def test_unknown_tool_without_a_close_name_and_without_tools() -> None:
         ({"a": 1}, "invalid arguments for add: missing required argument 'b'"),
         ({"a": 1, "b": 2, "c": 3}, "invalid arguments for add: unexpected argument 'c'"),
         ("[1, 2]", "arguments of add must be a JSON object, got list"),
-        ("{bad", "arguments of add are not valid JSON (Expecting property name enclosed in double quotes)"),
+        (
+            "{bad",
+            "arguments of add are not valid JSON (Expecting property name enclosed in double quotes)",
+        ),
         ('"not json inside"', "arguments of add are not valid JSON (Expecting value)"),
     ],
 )
@@ -104,7 +122,9 @@ def test_invalid_arguments(arguments: dict[str, Any] | str, detail: str) -> None
 
 
 def test_double_encoded_argument_json_is_decoded() -> None:
-    assert run_one("add", '"{\\"a\\": 1, \\"b\\": 2}"') == ToolOutcome(tool_message("3", "c1", "add"))
+    assert run_one("add", '"{\\"a\\": 1, \\"b\\": 2}"') == ToolOutcome(
+        tool_message("3", "c1", "add")
+    )
 
 
 def test_empty_arguments_text_means_no_arguments() -> None:
@@ -129,7 +149,10 @@ def test_parse_errors_come_first_then_calls_in_order() -> None:
     parsed = ParsedTurn(
         "",
         [ToolCall.make("call_1_2", "add", {"a": 1, "b": 1})],
-        [ToolCallError(PARSE_ERROR, "bad JSON", "{", "call_1_1"), ToolCallError(PARSE_ERROR, "no id", "")],
+        [
+            ToolCallError(PARSE_ERROR, "bad JSON", "{", "call_1_1"),
+            ToolCallError(PARSE_ERROR, "no id", ""),
+        ],
     )
     outcomes = asyncio.run(EXECUTOR.run(parsed))
     assert outcomes == [
@@ -142,7 +165,9 @@ def test_parse_errors_come_first_then_calls_in_order() -> None:
 def test_a_missing_injected_value_propagates_as_the_env_authors_error() -> None:
     with pytest.raises(ToolDefinitionError, match=r"tool 'secret' needs \['key'\] injected"):
         run_one("secret", {})
-    outcome = asyncio.run(EXECUTOR.run(ParsedTurn("", [ToolCall.make("c1", "secret", {})]), {"key": "k"}))
+    outcome = asyncio.run(
+        EXECUTOR.run(ParsedTurn("", [ToolCall.make("c1", "secret", {})]), {"key": "k"})
+    )
     assert outcome == [ToolOutcome(tool_message("k", "c1", "secret"))]
 
 
@@ -158,7 +183,9 @@ def test_a_sync_tool_hanging_past_its_timeout_returns_promptly() -> None:
     async def main() -> tuple[list[ToolOutcome], float]:
         started = time.perf_counter()
         try:
-            return await ToolExecutor({"hang": hang}).run(ParsedTurn("", [ToolCall.make("c1", "hang", {})])), time.perf_counter() - started
+            return await ToolExecutor({"hang": hang}).run(
+                ParsedTurn("", [ToolCall.make("c1", "hang", {})])
+            ), time.perf_counter() - started
         finally:
             release.set()  # let the worker thread finish so the loop can shut down
 
@@ -189,7 +216,9 @@ def test_an_async_tool_past_its_timeout_is_cancelled() -> None:
 
     async def main() -> tuple[list[ToolOutcome], float]:
         started = time.perf_counter()
-        outcomes = await ToolExecutor({"sleepy": sleepy}, default_timeout=0.05).run(ParsedTurn("", [ToolCall.make("c1", "sleepy", {})]))
+        outcomes = await ToolExecutor({"sleepy": sleepy}, default_timeout=0.05).run(
+            ParsedTurn("", [ToolCall.make("c1", "sleepy", {})])
+        )
         elapsed = time.perf_counter() - started
         await asyncio.sleep(0)  # let the cancellation be delivered
         return outcomes, elapsed
@@ -205,7 +234,9 @@ def test_cancelling_the_turn_cancels_the_running_tool() -> None:
     sleepy = cancellable_sleeper(cancelled)
 
     async def main() -> None:
-        run = ToolExecutor({"sleepy": sleepy}).run(ParsedTurn("", [ToolCall.make("c1", "sleepy", {})]))
+        run = ToolExecutor({"sleepy": sleepy}).run(
+            ParsedTurn("", [ToolCall.make("c1", "sleepy", {})])
+        )
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(run, 0.05)
         await asyncio.sleep(0)

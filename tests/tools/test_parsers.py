@@ -48,7 +48,9 @@ def test_hermes_several_blocks_keep_the_text_around_them() -> None:
 def test_hermes_list_inside_one_block_and_parameters_key() -> None:
     text = '<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "parameters": {"y": 2}}, {"name": "c"}]</tool_call>'
     assert parse_hermes(text) == ParsedTurn(
-        "", [call("call_1", "a", {"x": 1}), call("call_2", "b", {"y": 2}), call("call_3", "c", {})], []
+        "",
+        [call("call_1", "a", {"x": 1}), call("call_2", "b", {"y": 2}), call("call_3", "c", {})],
+        [],
     )
 
 
@@ -58,7 +60,13 @@ def test_hermes_unterminated_block(tail: str) -> None:
     assert parse_hermes(text) == ParsedTurn(
         "Sure.",
         [],
-        [error("call_1", "unterminated <tool_call> block (missing </tool_call>)", '{"name": "a", "arguments": {"x": 1}}')],
+        [
+            error(
+                "call_1",
+                "unterminated <tool_call> block (missing </tool_call>)",
+                '{"name": "a", "arguments": {"x": 1}}',
+            )
+        ],
     )
 
 
@@ -74,7 +82,11 @@ def test_hermes_bad_json_and_bad_shapes_each_become_an_error_with_its_own_id() -
         "",
         [call("call_5", "ok", {})],
         [
-            error("call_1", "the <tool_call> body is not valid JSON (Expecting ',' delimiter at char 35)", '{"name": "a", "arguments": {"x": 1}'),
+            error(
+                "call_1",
+                "the <tool_call> body is not valid JSON (Expecting ',' delimiter at char 35)",
+                '{"name": "a", "arguments": {"x": 1}',
+            ),
             error("call_2", 'a tool call needs a "name" string', '{"arguments": {"x": 1}}'),
             error("call_3", "empty list of tool calls", "[]"),
             error("call_4", "a tool call must be a JSON object, got int", "3"),
@@ -96,7 +108,9 @@ def test_hermes_without_blocks_is_plain_content() -> None:
 
 def test_llama3_python_tag_and_calls_split_on_semicolons() -> None:
     text = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"s": "p;q"}}'
-    assert parse_llama3(text) == ParsedTurn("", [call("call_1", "a", {"x": 1}), call("call_2", "b", {"s": "p;q"})], [])
+    assert parse_llama3(text) == ParsedTurn(
+        "", [call("call_1", "a", {"x": 1}), call("call_2", "b", {"s": "p;q"})], []
+    )
 
 
 def test_llama3_semicolons_and_brackets_inside_strings_with_escaped_quotes() -> None:
@@ -110,13 +124,23 @@ def test_llama3_semicolons_and_brackets_inside_strings_with_escaped_quotes() -> 
 
 
 def test_llama3_plain_text_is_not_a_call() -> None:
-    assert parse_llama3("The answer is 4; I checked.\n") == ParsedTurn("The answer is 4; I checked.")
+    assert parse_llama3("The answer is 4; I checked.\n") == ParsedTurn(
+        "The answer is 4; I checked."
+    )
 
 
 def test_llama3_bad_json_is_an_error() -> None:
     text = '{"name": "a", "parameters": {"x": 1}'
     assert parse_llama3(text) == ParsedTurn(
-        "", [], [error("call_1", "the tool call is not valid JSON (Expecting ',' delimiter at char 36)", text)]
+        "",
+        [],
+        [
+            error(
+                "call_1",
+                "the tool call is not valid JSON (Expecting ',' delimiter at char 36)",
+                text,
+            )
+        ],
     )
 
 
@@ -132,7 +156,9 @@ def test_llama3_one_good_call_and_one_bad_call() -> None:
 
 def test_mistral_v3_json_list() -> None:
     text = 'Checking. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
-    assert parse_mistral(text) == ParsedTurn("Checking.", [call("call_1", "a", {"x": 1}), call("call_2", "b", {})], [])
+    assert parse_mistral(text) == ParsedTurn(
+        "Checking.", [call("call_1", "a", {"x": 1}), call("call_2", "b", {})], []
+    )
 
 
 def test_mistral_v11_name_args_form_with_one_bad_call() -> None:
@@ -140,13 +166,25 @@ def test_mistral_v11_name_args_form_with_one_bad_call() -> None:
     assert parse_mistral(text) == ParsedTurn(
         "",
         [call("call_1", "a", {"x": 1})],
-        [error("call_2", "the arguments of 'b' is not valid JSON (Expecting property name enclosed in double quotes at char 1)", "{bad}")],
+        [
+            error(
+                "call_2",
+                "the arguments of 'b' is not valid JSON (Expecting property name enclosed in double quotes at char 1)",
+                "{bad}",
+            )
+        ],
     )
 
 
 def test_mistral_marker_with_nothing_after_it() -> None:
     assert parse_mistral("[TOOL_CALLS]") == ParsedTurn(
-        "", [], [error("call_1", "the [TOOL_CALLS] list is not valid JSON (Expecting value at char 0)", "")]
+        "",
+        [],
+        [
+            error(
+                "call_1", "the [TOOL_CALLS] list is not valid JSON (Expecting value at char 0)", ""
+            )
+        ],
     )
 
 
@@ -162,7 +200,15 @@ def test_openai_calls_with_malformed_argument_json() -> None:
     assert check_openai_calls(" thinking ", calls) == ParsedTurn(
         "thinking",
         [calls[0], calls[2]],
-        [ToolCallError(PARSE_ERROR, "arguments of 'b' are not valid JSON (Expecting value)", '{"x": ', "c2", "b")],
+        [
+            ToolCallError(
+                PARSE_ERROR,
+                "arguments of 'b' are not valid JSON (Expecting value)",
+                '{"x": ',
+                "c2",
+                "b",
+            )
+        ],
     )
     assert check_openai_calls(None, []) == ParsedTurn("")
 
@@ -192,12 +238,19 @@ def test_qwen_is_hermes_and_unknown_parser_names_the_choices() -> None:
     assert get_parser("qwen") is parse_hermes
     with pytest.raises(ConfigError) as info:
         get_parser("gemma")
-    assert str(info.value) == "unknown tool-call parser 'gemma'; choose one of ['auto', 'hermes', 'llama3', 'mistral', 'qwen']"
+    assert (
+        str(info.value)
+        == "unknown tool-call parser 'gemma'; choose one of ['auto', 'hermes', 'llama3', 'mistral', 'qwen']"
+    )
 
 
 def test_parsing_is_deterministic() -> None:
     text = _SAMPLES["hermes"] + '<tool_call>{"name": "b"}</tool_call><tool_call>oops</tool_call>'
     first, second = parse_auto(text, "call_1_"), parse_auto(text, "call_1_")
     assert first == second
-    assert [c.id for c in first.calls] + [e.id for e in first.errors] == ["call_1_1", "call_1_2", "call_1_3"]
+    assert [c.id for c in first.calls] + [e.id for e in first.errors] == [
+        "call_1_1",
+        "call_1_2",
+        "call_1_3",
+    ]
     assert first.attempted == 3

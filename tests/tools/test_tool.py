@@ -49,7 +49,10 @@ def test_schema_comes_from_signature_and_docstring() -> None:
             "parameters": {
                 "$defs": {
                     "Point": {
-                        "properties": {"x": {"type": "integer"}, "y": {"default": 0.0, "type": "number"}},
+                        "properties": {
+                            "x": {"type": "integer"},
+                            "y": {"default": 0.0, "type": "number"},
+                        },
                         "required": ["x"],
                         "type": "object",
                     }
@@ -57,7 +60,11 @@ def test_schema_comes_from_signature_and_docstring() -> None:
                 "additionalProperties": False,
                 "properties": {
                     "query": {"description": "What to look for.", "type": "string"},
-                    "limit": {"default": 5, "description": "Most results to return.", "type": "integer"},
+                    "limit": {
+                        "default": 5,
+                        "description": "Most results to return.",
+                        "type": "integer",
+                    },
                     "lang": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None},
                     "tags": {"default": [], "items": {"type": "string"}, "type": "array"},
                     "mode": {"default": "fast", "enum": ["fast", "exact"], "type": "string"},
@@ -159,7 +166,9 @@ def test_invalid_arguments_get_exact_messages(arguments: Any, message: str) -> N
 
 
 @tool
-def read_row(row: int, db: Annotated[dict, Injected("database")], state: Annotated[Any, Injected]) -> str:
+def read_row(
+    row: int, db: Annotated[dict, Injected("database")], state: Annotated[Any, Injected]
+) -> str:
     """Read one row.
 
     Args:
@@ -251,7 +260,11 @@ def _unsupported(x: _Opaque) -> int:
     ("fn", "kwargs", "message"),
     [
         (_no_annotation, {}, "tool '_no_annotation': parameter 'x' needs a type annotation"),
-        (_var_positional, {}, "tool '_var_positional': *args/**kwargs cannot be described to a model"),
+        (
+            _var_positional,
+            {},
+            "tool '_var_positional': *args/**kwargs cannot be described to a model",
+        ),
         (_var_keyword, {}, "tool '_var_keyword': *args/**kwargs cannot be described to a model"),
         (_plain, {"name": "bad name"}, "tool name 'bad name' must match ^[a-zA-Z0-9_-]{1,64}$"),
         (_plain, {"name": "x" * 65}, f"tool name '{'x' * 65}' must match ^[a-zA-Z0-9_-]{{1,64}}$"),
@@ -271,7 +284,9 @@ def _unsupported(x: _Opaque) -> int:
         ),
     ],
 )
-def test_bad_definitions_raise_tool_definition_error(fn: Any, kwargs: dict[str, Any], message: str) -> None:
+def test_bad_definitions_raise_tool_definition_error(
+    fn: Any, kwargs: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ToolDefinitionError) as info:
         make_tool(fn, **kwargs)
     assert str(info.value) == message

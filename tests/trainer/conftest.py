@@ -45,7 +45,10 @@ class ShmEngine:
         from envhub.trainer.weight_sync.shm_backend import ShmUpdateInfo, _views
 
         info = ShmUpdateInfo(**update)
-        with open(info.path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with (
+            open(info.path, "rb") as f,
+            mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped,
+        ):
             buffer = torch.frombuffer(bytearray(mapped), dtype=torch.uint8)
         self.received |= {name: view.clone() for name, view in _views(buffer, info)}
         self.buckets.append(info.names)

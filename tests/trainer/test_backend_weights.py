@@ -13,7 +13,15 @@ from envhub.trainer.config import validate_config
 
 
 def _backend(model_dir: Path, **model: object) -> TorchBackend:
-    return TorchBackend(validate_config({"model": {"name": str(model_dir), **model}, "envs": [{"name": "arithmetic"}], "backend": {"device": "cpu"}}))
+    return TorchBackend(
+        validate_config(
+            {
+                "model": {"name": str(model_dir), **model},
+                "envs": [{"name": "arithmetic"}],
+                "backend": {"device": "cpu"},
+            }
+        )
+    )
 
 
 def test_full_weights_are_the_checkpoint_tensors_with_tied_ones_once(tiny_model_dir: Path) -> None:
@@ -25,8 +33,12 @@ def test_full_weights_are_the_checkpoint_tensors_with_tied_ones_once(tiny_model_
         assert torch.equal(tensor, on_disk[name]), name
 
 
-def test_lora_weights_are_merged_per_tensor_without_touching_the_model(tiny_model_dir: Path) -> None:
-    backend = _backend(tiny_model_dir, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "down_proj"]})
+def test_lora_weights_are_merged_per_tensor_without_touching_the_model(
+    tiny_model_dir: Path,
+) -> None:
+    backend = _backend(
+        tiny_model_dir, lora={"rank": 4, "alpha": 8, "target_modules": ["q_proj", "down_proj"]}
+    )
     with torch.no_grad():  # LoRA B starts at zero; give the adapters something to merge
         for name, p in backend.model.named_parameters():
             if "lora_B" in name:

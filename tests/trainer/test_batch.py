@@ -10,12 +10,34 @@ from envhub.trainer.config import AlgorithmConfig, OverlongConfig
 from envhub.types import EnvRef, ErrorRecord, Message, Trajectory, TurnRecord
 
 
-def _traj(group: str, reward: float, ids: list[int], mask: list[int], *, errors: bool = False, finish: str = "stop", tokens: int | None = None) -> Trajectory:
+def _traj(
+    group: str,
+    reward: float,
+    ids: list[int],
+    mask: list[int],
+    *,
+    errors: bool = False,
+    finish: str = "stop",
+    tokens: int | None = None,
+) -> Trajectory:
     return Trajectory(
-        env=EnvRef(name="t"), task_index=0, group_id=group, messages=[Message(role="user", content="q")], prompt_length=1,
-        token_ids=ids, loss_mask=mask, sampler_logprobs=[-0.5 if m else 0.0 for m in mask], reward=reward,
-        turns=[TurnRecord(completion_tokens=tokens if tokens is not None else sum(mask), finish_reason=finish)],
-        errors=[ErrorRecord(stage="env.step", type="RuntimeError", message="boom")] if errors else [],
+        env=EnvRef(name="t"),
+        task_index=0,
+        group_id=group,
+        messages=[Message(role="user", content="q")],
+        prompt_length=1,
+        token_ids=ids,
+        loss_mask=mask,
+        sampler_logprobs=[-0.5 if m else 0.0 for m in mask],
+        reward=reward,
+        turns=[
+            TurnRecord(
+                completion_tokens=tokens if tokens is not None else sum(mask), finish_reason=finish
+            )
+        ],
+        errors=[ErrorRecord(stage="env.step", type="RuntimeError", message="boom")]
+        if errors
+        else [],
     )
 
 
@@ -31,23 +53,38 @@ def test_grpo_advantages_per_group_and_zero_variance_groups_dropped() -> None:
     # group a: mean 1/3, unbiased std sqrt(1/3); group b has no variance and is dropped
     std = (1 / 3) ** 0.5
     assert [s.trajectory for s in batch.samples] == [0, 1, 2]
-    assert [s.advantage for s in batch.samples] == pytest.approx([(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-5)
+    assert [s.advantage for s in batch.samples] == pytest.approx(
+        [(2 / 3) / std, (-1 / 3) / std, (-1 / 3) / std], rel=1e-5
+    )
     assert batch.stats["batch/zero_variance_groups"] == 1.0
     assert batch.num_tokens == 6 and batch.num_sequences == 3
 
 
 def test_failed_and_tokenless_trajectories_stay_out_of_the_loss() -> None:
     no_tokens = _traj("a", 1.0, [1], [0]).model_copy(update={"token_ids": None, "loss_mask": None})
-    trajectories = [_traj("a", 1.0, [1, 2], [0, 1]), _traj("a", 0.0, [1, 3], [0, 1], errors=True), no_tokens, _traj("a", 0.0, [1, 4], [0, 1])]
+    trajectories = [
+        _traj("a", 1.0, [1, 2], [0, 1]),
+        _traj("a", 0.0, [1, 3], [0, 1], errors=True),
+        no_tokens,
+        _traj("a", 0.0, [1, 4], [0, 1]),
+    ]
     batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=8)
     assert [s.trajectory for s in batch.samples] == [0, 3]
     assert batch.stats["batch/unusable"] == 2.0
-    assert [s.advantage for s in batch.samples] == pytest.approx([0.5 / 0.5**0.5, -0.5 / 0.5**0.5], rel=1e-5)
+    assert [s.advantage for s in batch.samples] == pytest.approx(
+        [0.5 / 0.5**0.5, -0.5 / 0.5**0.5], rel=1e-5
+    )
 
 
 def test_overlong_filter_and_soft_penalty() -> None:
-    trajectories = [_traj("a", 1.0, [1, 2], [0, 1], tokens=6), _traj("a", 1.0, [1, 3], [0, 1], finish="length", tokens=8), _traj("a", 0.0, [1, 4], [0, 1], tokens=2)]
-    algorithm = AlgorithmConfig(advantage="dr_grpo", overlong=OverlongConfig(filter=True, soft_penalty_buffer=4))
+    trajectories = [
+        _traj("a", 1.0, [1, 2], [0, 1], tokens=6),
+        _traj("a", 1.0, [1, 3], [0, 1], finish="length", tokens=8),
+        _traj("a", 0.0, [1, 4], [0, 1], tokens=2),
+    ]
+    algorithm = AlgorithmConfig(
+        advantage="dr_grpo", overlong=OverlongConfig(filter=True, soft_penalty_buffer=4)
+    )
     batch = build_batch(trajectories, algorithm, max_tokens=8)
     # penalties for lengths 6, 8, 2 with max 8, buffer 4: (8-4-6)/4 = -0.5, (8-4-8)/4 = -1, 0
     rewards = [0.5, 0.0, 0.0]
@@ -69,8 +106,15 @@ def test_pack_without_padding_counts_real_tokens() -> None:
     # 5 opens a bin, 4 joins it (9); 3 would make 12: a second bin; each 2 would make the
     # first 11, so both join the second (5, then 7)
     assert pack([5, 3, 4, 2, 2], budget=10, padded=False) == [[0, 2], [1, 3, 4]]
-    assert pack([6, 4, 3, 3], budget=10, padded=False) == [[0, 1], [2, 3]]  # 6+4 fills a bin exactly
-    assert pack([6, 4, 3, 3], budget=10) == [[0], [1, 2], [3]]  # padded: 2 x 6 > 10, then 3 x 4 > 10
+    assert pack([6, 4, 3, 3], budget=10, padded=False) == [
+        [0, 1],
+        [2, 3],
+    ]  # 6+4 fills a bin exactly
+    assert pack([6, 4, 3, 3], budget=10) == [
+        [0],
+        [1, 2],
+        [3],
+    ]  # padded: 2 x 6 > 10, then 3 x 4 > 10
     assert bin_of_sequence([[0, 1], [2, 3]]) == {0: 0, 1: 0, 2: 1, 3: 1}
 
 
@@ -101,7 +145,9 @@ def test_packing_pads_the_row_to_a_multiple_as_its_own_segment() -> None:
     assert packing.total == 12
     assert packing.segments == [4, 2, 3, 3]
     assert packing.cu_seqlens().tolist() == [0, 4, 6, 9, 12]
-    assert packing.row(mb.input_ids, pad_id=7).tolist() == [[10, 11, 12, 13, 20, 21, 30, 31, 32, 7, 7, 7]]
+    assert packing.row(mb.input_ids, pad_id=7).tolist() == [
+        [10, 11, 12, 13, 20, 21, 30, 31, 32, 7, 7, 7]
+    ]
     assert packing.positions().tolist() == [[0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 1, 2]]
 
 
@@ -134,13 +180,22 @@ def test_packed_row_scores_like_the_padded_batch() -> None:
     """A real causal LM (tiny Llama) scoring the packed row, masked block-diagonally with
     restarted positions, gives each sequence's padded logprobs."""
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     mb, packing = _packing_batch()
     ids = mb.input_ids % 64
     with torch.no_grad():
-        padded = torch.log_softmax(model(ids, attention_mask=mb.attention_mask).logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+        padded = torch.log_softmax(
+            model(ids, attention_mask=mb.attention_mask).logits[:, :-1], -1
+        ).gather(-1, ids[:, 1:, None])[..., 0]
         row = packing.row(ids)
         mask = torch.zeros(packing.blocked().shape).masked_fill(packing.blocked(), float("-inf"))
         logits = model(row, attention_mask=mask, position_ids=packing.positions()).logits
@@ -151,7 +206,10 @@ def test_packed_row_scores_like_the_padded_batch() -> None:
 
 
 def test_collate_aligns_masks_and_logprobs_with_targets() -> None:
-    trajectories = [_traj("a", 1.0, [10, 11, 12, 13], [0, 0, 1, 1]), _traj("a", 0.0, [20, 21], [0, 1])]
+    trajectories = [
+        _traj("a", 1.0, [10, 11, 12, 13], [0, 0, 1, 1]),
+        _traj("a", 0.0, [20, 21], [0, 1]),
+    ]
     batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=8)
     mb = collate(batch.samples, [0, 1], pad_id=0)
     assert mb.input_ids.tolist() == [[10, 11, 12, 13], [20, 21, 0, 0]]
@@ -163,7 +221,9 @@ def test_collate_aligns_masks_and_logprobs_with_targets() -> None:
 
 
 def test_micro_batches_cover_every_sample_once() -> None:
-    trajectories = [_traj("a", float(i % 2), list(range(1, 3 + i)), [0] + [1] * (1 + i)) for i in range(6)]
+    trajectories = [
+        _traj("a", float(i % 2), list(range(1, 3 + i)), [0] + [1] * (1 + i)) for i in range(6)
+    ]
     batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=16)
     mbs = micro_batches(batch, budget=12, pad_id=0)
     assert sorted(i for mb in mbs for i in mb.samples) == list(range(6))

@@ -443,7 +443,6 @@ def test_export_refuses_to_replace_a_folder_that_is_not_a_model(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-
 def test_export_of_bare_weights_is_the_source_folder_with_new_tensors(
     tmp_path: Path, tiny_model_dir: Path, tokenizer: Any
 ) -> None:
@@ -458,11 +457,17 @@ def test_export_of_bare_weights_is_the_source_folder_with_new_tensors(
     with pytest.raises(ConfigError, match="not a model folder"):
         export_hf_weights(weights, tiny_model_dir, tmp_path / "notes")
     target = export_hf_weights(weights, tiny_model_dir, tmp_path / "final")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["final", "notes"]  # no temporary folder left
-    assert sorted(p.name for p in target.iterdir()) == sorted(p.name for p in tiny_model_dir.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "final",
+        "notes",
+    ]  # no temporary folder left
+    assert sorted(p.name for p in target.iterdir()) == sorted(
+        p.name for p in tiny_model_dir.iterdir()
+    )
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(target)
     assert torch.equal(_logits(reloaded, tokenizer), _logits(model, tokenizer))
     assert reloaded.lm_head.weight is reloaded.model.embed_tokens.weight
+
 
 def _lora(tiny_model_dir: Path, seed: int) -> Any:
     peft = pytest.importorskip("peft")

@@ -26,14 +26,27 @@ def test_every_example_loads(path: Path) -> None:
 
 def test_quickstart_is_a_cpu_run_of_smollm2_on_arithmetic() -> None:
     config = load_config(EXAMPLES_DIR / "quickstart.yaml")
-    assert (config.model.name, config.envs[0].name, config.rollout.engine) == ("smollm2-135m", "arithmetic", "hf")
+    assert (config.model.name, config.envs[0].name, config.rollout.engine) == (
+        "smollm2-135m",
+        "arithmetic",
+        "hf",
+    )
     assert config.run_dir == Path("outputs/train/quickstart")
 
 
 def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("envs:\n  - name: arithmetic\n")
-    config = load_config(path, ["optimizer.lr=3e-6", "steps=7", "envs.0.args.difficulty=hard", "algorithm.dual_clip=3", "logging.tensorboard=true"])
+    config = load_config(
+        path,
+        [
+            "optimizer.lr=3e-6",
+            "steps=7",
+            "envs.0.args.difficulty=hard",
+            "algorithm.dual_clip=3",
+            "logging.tensorboard=true",
+        ],
+    )
     assert config.optimizer.lr == 3e-6
     assert config.steps == 7
     assert config.envs[0].args == {"difficulty": "hard"}
@@ -49,9 +62,18 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
         (["steps"], "override 'steps' must look like section.key=value"),
         (["envs.3.name=x"], "override envs.3.name: envs has no item 3"),
         (["steps=abc"], "steps: Input should be a valid integer"),
-        (["rollout.samples_per_task=1"], "grpo compares samples of a task: set rollout.samples_per_task >= 2"),
-        (["algorithm.advantage=ppo"], "algorithm.advantage: Input should be 'grpo', 'dr_grpo', 'rloo', 'reinforce++' or 'reinforce++_baseline'"),
-        (["algorithm.overlong.soft_penalty_buffer=64"], "soft_penalty_buffer must be smaller than rollout.max_tokens"),
+        (
+            ["rollout.samples_per_task=1"],
+            "grpo compares samples of a task: set rollout.samples_per_task >= 2",
+        ),
+        (
+            ["algorithm.advantage=ppo"],
+            "algorithm.advantage: Input should be 'grpo', 'dr_grpo', 'rloo', 'reinforce++' or 'reinforce++_baseline'",
+        ),
+        (
+            ["algorithm.overlong.soft_penalty_buffer=64"],
+            "soft_penalty_buffer must be smaller than rollout.max_tokens",
+        ),
     ],
 )
 def test_invalid_configs_fail_before_any_work(overrides: list[str], message: str) -> None:

@@ -50,7 +50,9 @@ def _config(model_dir: Path, out: Path, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-def _grpo_reference_update(model_dir: Path, trajectories: list[Any], lr: float, clip: float) -> dict[str, torch.Tensor]:
+def _grpo_reference_update(
+    model_dir: Path, trajectories: list[Any], lr: float, clip: float
+) -> dict[str, torch.Tensor]:
     """The same step written plainly: per-sequence forward (no padding, no micro-batches),
     GRPO advantages, token-mean PPO loss at ratio 1, clipping, one AdamW step."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -82,7 +84,9 @@ def test_one_step_equals_a_hand_written_grpo_update(tiny_model_dir: Path, tmp_pa
     trajectories = list(iter_trajectories(run / "trajectories" / "step-000001.jsonl"))
     assert len(trajectories) == 8 and all(t.token_ids and t.ok for t in trajectories)
     expected = _grpo_reference_update(tiny_model_dir, trajectories, lr=1e-3, clip=1.0)
-    trained = AutoModelForCausalLM.from_pretrained(result.final_model, dtype=torch.float32).state_dict()
+    trained = AutoModelForCausalLM.from_pretrained(
+        result.final_model, dtype=torch.float32
+    ).state_dict()
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     changed = 0
     for name, value in expected.items():
@@ -99,22 +103,41 @@ def test_one_step_equals_a_hand_written_grpo_update(tiny_model_dir: Path, tmp_pa
     assert row["reward/mean"] == pytest.approx(sum(t.reward for t in trajectories) / 8)
 
 
-def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     config = validate_config(_config(tiny_model_dir, tmp_path, steps=2, algorithm__mismatch="tis"))
     result = train(config)
     run = tmp_path / "run"
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward/mean", "pass@1", "train/loss", "train/entropy", "train/grad_norm", "train/mismatch_kl", "time/rollout", "time/update", "throughput/rollout_tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "pass@1",
+        "train/loss",
+        "train/entropy",
+        "train/grad_norm",
+        "train/mismatch_kl",
+        "time/rollout",
+        "time/update",
+        "throughput/rollout_tokens_per_s",
+    ):
         assert key in rows[0], key
     # the in-process engine samples from the very weights the trainer scores
     assert rows[0]["train/mismatch_abs_logprob_diff_mean"] < 1e-4
     # its batching: 8 episodes of one turn each, in generate calls of at most 64 rows
-    assert rows[0]["engine/generated_tokens"] == pytest.approx(rows[0]["rollout/completion_tokens"] * 8)
+    assert rows[0]["engine/generated_tokens"] == pytest.approx(
+        rows[0]["rollout/completion_tokens"] * 8
+    )
     assert rows[0]["engine/generate_calls"] >= 1
     assert rows[0]["engine/mean_batch_size"] * rows[0]["engine/generate_calls"] == pytest.approx(8)
-    assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step-000001.jsonl", "step-000002.jsonl"]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")) == ["step-000001", "step-000002"]
+    assert sorted(p.name for p in (run / "trajectories").iterdir()) == [
+        "step-000001.jsonl",
+        "step-000002.jsonl",
+    ]
+    assert sorted(
+        p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")
+    ) == ["step-000001", "step-000002"]
     assert result.plot == run / "reward.png" and result.plot.stat().st_size > 1000
     reloaded = AutoModelForCausalLM.from_pretrained(result.final_model)
     assert reloaded.config.num_hidden_layers == 2
@@ -126,7 +149,9 @@ def _task_order(run: Path) -> list[list[int]]:
     return [[t.task_index for t in iter_trajectories(f)] for f in files]
 
 
-def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     straight = validate_config(_config(tiny_model_dir, tmp_path / "a", steps=4))
     train(straight)
     expected_order = _task_order(tmp_path / "a" / "run")

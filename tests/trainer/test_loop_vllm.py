@@ -91,7 +91,9 @@ class KillServerInStep:
         pass
 
 
-def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     from envhub.trainer.loop import train
 
     config = _config(tiny_model_dir, tmp_path)
@@ -106,14 +108,24 @@ def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(tiny_model_d
     result = train(_config(tiny_model_dir, tmp_path, workers=2), resumed)
 
     assert result.resumed_from == 1
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
         assert row["sync/logprob_diff_max"] < 1e-4 and row["sync/buckets"] == 1.0
         assert row["train/mismatch_abs_logprob_diff_max"] < 1e-3
-        assert row["engine/requests"] == 8.0  # 2 tasks x 4 samples, one turn each (from the workers' clients after resuming)
+        assert (
+            row["engine/requests"] == 8.0
+        )  # 2 tasks x 4 samples, one turn each (from the workers' clients after resuming)
         assert row["rollout/errors"] == 0.0
-    pids = {step: {int(t.metrics["pid"]) for t in iter_trajectories(tmp_path / "run" / "trajectories" / f"step-{step:06d}.jsonl")} for step in (1, 2, 3)}
+    pids = {
+        step: {
+            int(t.metrics["pid"])
+            for t in iter_trajectories(tmp_path / "run" / "trajectories" / f"step-{step:06d}.jsonl")
+        }
+        for step in (1, 2, 3)
+    }
     workers = {w["pid"] for w in resumed.info["rollout_workers"]}
     assert pids[1] == {os.getpid()}  # before the crash: in the trainer's process
     assert pids[2] == pids[3] == workers and len(workers) == 2 and os.getpid() not in workers

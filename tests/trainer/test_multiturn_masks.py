@@ -53,9 +53,15 @@ def expected_mask(trajectory: Any, tokenizer: SampledAsTokens) -> list[int]:
     for k, message in enumerate(trajectory.messages):
         if message.role != "assistant":
             continue
-        start = len(tokenizer.render_sync(trajectory.messages[:k], trajectory.tools, add_generation_prompt=True))
+        start = len(
+            tokenizer.render_sync(
+                trajectory.messages[:k], trajectory.tools, add_generation_prompt=True
+            )
+        )
         span = tokenizer.encode(message.content) + [tokenizer.eos_token_id]
-        assert trajectory.token_ids[start : start + len(span)] == span, f"turn at message {k} is not where the template puts it"
+        assert trajectory.token_ids[start : start + len(span)] == span, (
+            f"turn at message {k} is not where the template puts it"
+        )
         mask[start : start + len(span)] = [1] * len(span)
     return mask
 
@@ -77,7 +83,9 @@ def test_loss_mask_is_one_exactly_on_sampled_tokens(episode: tuple[Any, SampledA
     assert len(turns) >= 2
 
 
-def test_micro_batch_targets_carry_the_mask_shifted_by_one(episode: tuple[Any, SampledAsTokens]) -> None:
+def test_micro_batch_targets_carry_the_mask_shifted_by_one(
+    episode: tuple[Any, SampledAsTokens],
+) -> None:
     trajectory, tokenizer = episode
     other = trajectory.model_copy(update={"reward": 0.0, "sample_index": 1})
     batch = build_batch([trajectory, other], AlgorithmConfig(), max_tokens=512)

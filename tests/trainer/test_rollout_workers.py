@@ -117,7 +117,9 @@ class Progress:
     def finish(self, result: Any) -> None: ...
 
 
-def _rollout(config: Any, step: int, workers: RolloutWorkers | None) -> tuple[list[Trajectory], Progress]:
+def _rollout(
+    config: Any, step: int, workers: RolloutWorkers | None
+) -> tuple[list[Trajectory], Progress]:
     from envhub.trainer.loop import rollout
     from envhub.trainer.tasks import TaskSchedule
 
@@ -141,13 +143,22 @@ def _comparable(t: Trajectory) -> dict[str, Any]:
 
 
 def test_groups_are_dealt_round_robin_across_jobs() -> None:
-    jobs = [RolloutJob(0, (7, 3, 5), seed=1, prefix="s1e0"), RolloutJob(2, (4, 4), seed=2, prefix="s1e2")]
+    jobs = [
+        RolloutJob(0, (7, 3, 5), seed=1, prefix="s1e0"),
+        RolloutJob(2, (4, 4), seed=2, prefix="s1e2"),
+    ]
 
     shares = deal(jobs, 2)
 
     assert shares == [
-        [Part(0, RolloutJob(0, (7, 5), seed=1, prefix="s1e0"), [0, 2]), Part(1, RolloutJob(2, (4,), seed=2, prefix="s1e2"), [1])],
-        [Part(0, RolloutJob(0, (3,), seed=1, prefix="s1e0"), [1]), Part(1, RolloutJob(2, (4,), seed=2, prefix="s1e2"), [0])],
+        [
+            Part(0, RolloutJob(0, (7, 5), seed=1, prefix="s1e0"), [0, 2]),
+            Part(1, RolloutJob(2, (4,), seed=2, prefix="s1e2"), [1]),
+        ],
+        [
+            Part(0, RolloutJob(0, (3,), seed=1, prefix="s1e0"), [1]),
+            Part(1, RolloutJob(2, (4,), seed=2, prefix="s1e2"), [0]),
+        ],
     ]
     assert deal(jobs, 4)[3] == [Part(1, RolloutJob(2, (4,), seed=2, prefix="s1e2"), [0])]
     assert deal(jobs, 6)[5] == []
@@ -160,13 +171,28 @@ def test_engine_counters_add_up_and_the_mean_request_time_is_weighted() -> None:
     ])  # fmt: skip
 
     assert merged == {"generated_tokens": 40.0, "requests": 4.0, "seconds_per_request": 2.0}
-    assert merge_stats([{"requests": 0.0, "seconds_per_request": 0.0}]) == {"requests": 0.0, "seconds_per_request": 0.0}
+    assert merge_stats([{"requests": 0.0, "seconds_per_request": 0.0}]) == {
+        "requests": 0.0,
+        "seconds_per_request": 0.0,
+    }
     assert merge_stats([]) == {}
 
 
 def test_workers_get_the_drivers_credentials_and_envhub_settings() -> None:
-    environ = {"E2B_API_KEY": "k", "HF_TOKEN": "t", "ENVHUB_CACHE": "/c", "OPENAI_API_KEY": "o", "HOME": "/root", "PATH": "/bin"}
-    assert forwarded_env(environ) == {"E2B_API_KEY": "k", "HF_TOKEN": "t", "ENVHUB_CACHE": "/c", "OPENAI_API_KEY": "o"}
+    environ = {
+        "E2B_API_KEY": "k",
+        "HF_TOKEN": "t",
+        "ENVHUB_CACHE": "/c",
+        "OPENAI_API_KEY": "o",
+        "HOME": "/root",
+        "PATH": "/bin",
+    }
+    assert forwarded_env(environ) == {
+        "E2B_API_KEY": "k",
+        "HF_TOKEN": "t",
+        "ENVHUB_CACHE": "/c",
+        "OPENAI_API_KEY": "o",
+    }
 
 
 def test_trajectories_and_jobs_survive_pickling(cluster: None) -> None:
@@ -185,8 +211,13 @@ def test_trajectories_and_jobs_survive_pickling(cluster: None) -> None:
 # -- real workers -------------------------------------------------------------------------------
 
 
-def test_workers_give_the_trajectories_the_driver_gives_from_their_own_processes(cluster: None) -> None:
-    config = _config({"name": PidLetterEnv.name}, {"name": "arithmetic", "args": {"difficulty": "tiny"}, "weight": 2.0})
+def test_workers_give_the_trajectories_the_driver_gives_from_their_own_processes(
+    cluster: None,
+) -> None:
+    config = _config(
+        {"name": PidLetterEnv.name},
+        {"name": "arithmetic", "args": {"difficulty": "tiny"}, "weight": 2.0},
+    )
     workers = RolloutWorkers(2, _engine, config.envs)
     try:
         here, here_progress = _rollout(config, 1, None)
@@ -195,13 +226,17 @@ def test_workers_give_the_trajectories_the_driver_gives_from_their_own_processes
         asyncio.run(workers.aclose())
 
     assert [_comparable(t) for t in there] == [_comparable(t) for t in here]
-    assert len({t.group_id for t in there}) == 5 and all(t.group_id.startswith("s2e") for t in there)
+    assert len({t.group_id for t in there}) == 5 and all(
+        t.group_id.startswith("s2e") for t in there
+    )
     assert sorted({t.env.name for t in there}) == ["arithmetic", PidLetterEnv.name]
     pids = {int(t.metrics["pid"]) for t in there if "pid" in t.metrics}
     assert pids == {w["pid"] for w in workers.info} and len(pids) == 2 and os.getpid() not in pids
     assert {int(t.metrics["pid"]) for t in here if "pid" in t.metrics} == {os.getpid()}
     assert here_progress.calls[-1] == there_progress.calls[-1] == (10, 10)
-    assert [done for done, _ in there_progress.calls] == sorted({done for done, _ in there_progress.calls})
+    assert [done for done, _ in there_progress.calls] == sorted(
+        {done for done, _ in there_progress.calls}
+    )
 
 
 def test_a_failing_episode_in_a_worker_is_recorded_and_the_step_goes_on(cluster: None) -> None:
@@ -213,7 +248,9 @@ def test_a_failing_episode_in_a_worker_is_recorded_and_the_step_goes_on(cluster:
         asyncio.run(workers.aclose())
 
     assert len(trajectories) == 10
-    assert {(e.stage, e.type, e.message) for t in trajectories for e in t.errors} == {("env.reset", "ValueError", "no such task")}
+    assert {(e.stage, e.type, e.message) for t in trajectories for e in t.errors} == {
+        ("env.reset", "ValueError", "no such task")
+    }
 
 
 def test_a_worker_that_dies_ends_the_step_naming_it_and_its_node(cluster: None) -> None:
@@ -221,7 +258,9 @@ def test_a_worker_that_dies_ends_the_step_naming_it_and_its_node(cluster: None) 
     workers = RolloutWorkers(2, _engine, config.envs)
     node = ray.util.get_node_ip_address()
     try:
-        with pytest.raises(WorkerDiedError, match=rf"^rollout worker [01] on node {node} died: ") as caught:
+        with pytest.raises(
+            WorkerDiedError, match=rf"^rollout worker [01] on node {node} died: "
+        ) as caught:
             _rollout(config, 0, workers)
     finally:
         asyncio.run(workers.aclose())
@@ -231,14 +270,22 @@ def test_a_worker_that_dies_ends_the_step_naming_it_and_its_node(cluster: None) 
     assert ray.is_initialized()  # a Ray it did not start is left running
 
 
-def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(cluster: None, tmp_path: Path) -> None:
+def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(
+    cluster: None, tmp_path: Path
+) -> None:
     from envhub.trainer.loop import STEP_LOST, _stopped
 
-    error = WorkerDiedError("rollout worker 1 on node 10.0.0.2 died: SYSTEM_ERROR: exit code 3", worker=1, node="10.0.0.2")
+    error = WorkerDiedError(
+        "rollout worker 1 on node 10.0.0.2 died: SYSTEM_ERROR: exit code 3",
+        worker=1,
+        node="10.0.0.2",
+    )
     stopped = _stopped(error, 4, tmp_path / "step-000004")
 
     assert isinstance(error, STEP_LOST) and isinstance(stopped, WorkerDiedError)
-    assert str(stopped).endswith(f"Training stopped in step 5: rerun the same command to resume from {tmp_path / 'step-000004'}.")
+    assert str(stopped).endswith(
+        f"Training stopped in step 5: rerun the same command to resume from {tmp_path / 'step-000004'}."
+    )
     assert (stopped.worker, stopped.node) == (1, "10.0.0.2")
 
 
@@ -248,8 +295,14 @@ def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(cluster: None, tmp
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["rollout.workers=2"], "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: set rollout.engine=vllm"),
-        (["rollout.workers=2", "rollout.engine=vllm", "rollout.vllm.mode=inprocess"], "rollout.workers needs a vLLM server the actors can reach: set rollout.vllm.mode=server"),
+        (
+            ["rollout.workers=2"],
+            "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: set rollout.engine=vllm",
+        ),
+        (
+            ["rollout.workers=2", "rollout.engine=vllm", "rollout.vllm.mode=inprocess"],
+            "rollout.workers needs a vLLM server the actors can reach: set rollout.vllm.mode=server",
+        ),
         (["rollout.workers=-1"], "rollout.workers: Input should be greater than or equal to 0"),
     ],
 )
@@ -261,7 +314,9 @@ def test_invalid_worker_configs_fail_before_any_work(overrides: list[str], messa
 
 def test_workers_with_a_vllm_server_are_valid_and_reserve_a_cpu_each() -> None:
     assert load_config(EXAMPLES_DIR / "quickstart.yaml").rollout.workers == 0
-    config = load_config(EXAMPLES_DIR / "quickstart.yaml", ["rollout.workers=3", "rollout.engine=vllm"])
+    config = load_config(
+        EXAMPLES_DIR / "quickstart.yaml", ["rollout.workers=3", "rollout.engine=vllm"]
+    )
 
     assert config.rollout.workers == 3
     assert ray_cpus(config) == 3

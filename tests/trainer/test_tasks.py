@@ -7,7 +7,10 @@ from envhub.trainer.tasks import TaskSchedule
 
 
 def _schedule(seed: int = 0) -> TaskSchedule:
-    specs = [EnvSpec(name="arithmetic", args={"num_tasks": 5}), EnvSpec(name="arithmetic", args={"num_tasks": 7, "difficulty": "hard"}, weight=3.0)]
+    specs = [
+        EnvSpec(name="arithmetic", args={"num_tasks": 5}),
+        EnvSpec(name="arithmetic", args={"num_tasks": 7, "difficulty": "hard"}, weight=3.0),
+    ]
     return TaskSchedule.from_specs(specs, seed)
 
 

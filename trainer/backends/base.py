@@ -48,7 +48,9 @@ class TrainBackend(Protocol):
         them, each within ``backend.micro_batch_tokens`` (padding counted when padded)."""
         ...
 
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
+    def logprobs(
+        self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
+    ) -> list[torch.Tensor]:
         """Per-target-token logprobs of each micro-batch under the current (or reference) policy,
         without gradients, shaped like ``MicroBatch.loss_mask``; at the rollout temperature
         unless ``temperature`` is given."""
@@ -103,7 +105,9 @@ class TrainBackend(Protocol):
         ...
 
 
-def sequence_logprobs(backend: TrainBackend, ids: list[int], temperature: float | None = None) -> list[float]:
+def sequence_logprobs(
+    backend: TrainBackend, ids: list[int], temperature: float | None = None
+) -> list[float]:
     """Logprob of each token of ``ids`` after the first under ``backend``'s policy (at the
     rollout temperature unless ``temperature`` is given): one unpadded sequence, scored as the
     loss scores it."""

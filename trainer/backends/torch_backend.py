@@ -41,7 +41,9 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"backend.device={name} but torch sees no CUDA GPU; use backend.device=cpu")
+        raise ConfigError(
+            f"backend.device={name} but torch sees no CUDA GPU; use backend.device=cpu"
+        )
     return device
 
 
@@ -57,12 +59,20 @@ class TorchBackend:
         self.temperature = config.rollout.temperature
         self.model_path = resolve_model(config.model.name)
         self.tokenizer, self._model = _load(self.model_path, config, self.device)
-        self.reference = _load(self.model_path, config, self.device, frozen=True)[1] if config.algorithm.kl_beta > 0 else None
+        self.reference = (
+            _load(self.model_path, config, self.device, frozen=True)[1]
+            if config.algorithm.kl_beta > 0
+            else None
+        )
         trainable = [p for p in self._model.parameters() if p.requires_grad]
         opt = config.optimizer
-        self.optimizer = torch.optim.AdamW(trainable, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay
+        )
         total_updates = config.steps * config.algorithm.updates_per_step
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_multiplier(opt.schedule, opt.warmup_steps, total_updates))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_multiplier(opt.schedule, opt.warmup_steps, total_updates)
+        )
 
     @property
     def model(self) -> torch.nn.Module:
@@ -74,7 +84,9 @@ class TorchBackend:
         return pad if pad is not None else self.tokenizer.eos_token_id
 
     def num_parameters(self, trainable_only: bool = False) -> int:
-        return sum(p.numel() for p in self._model.parameters() if p.requires_grad or not trainable_only)
+        return sum(
+            p.numel() for p in self._model.parameters() if p.requires_grad or not trainable_only
+        )
 
     # -- the operations the loop needs ----------------------------------------------------------
 
@@ -84,14 +96,21 @@ class TorchBackend:
         return micro_batches(batch, self.config.backend.micro_batch_tokens, self.pad_id)
 
     @torch.no_grad()
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
+    def logprobs(
+        self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
+    ) -> list[torch.Tensor]:
         model = self.reference if reference else self._model
         if model is None:
-            raise ConfigError("reference logprobs need a reference model (set algorithm.kl_beta > 0)")
+            raise ConfigError(
+                "reference logprobs need a reference model (set algorithm.kl_beta > 0)"
+            )
         was_training = model.training
         model.eval()
         try:
-            return [self._token_logprobs(model, mb.to(self.device), temperature=temperature)[0].cpu() for mb in batches]
+            return [
+                self._token_logprobs(model, mb.to(self.device), temperature=temperature)[0].cpu()
+                for mb in batches
+            ]
         finally:
             model.train(was_training)
 
@@ -138,7 +157,9 @@ class TorchBackend:
             totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
             for name, value in metrics.items():
                 totals[name] = totals.get(name, 0.0) + float(value) * weight
-        metrics = {name: (v if name == "loss" else v / max(weight_sum, 1.0)) for name, v in totals.items()}
+        metrics = {
+            name: (v if name == "loss" else v / max(weight_sum, 1.0)) for name, v in totals.items()
+        }
         metrics["grad_norm"] = self._clip_gradients()
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
@@ -148,7 +169,12 @@ class TorchBackend:
     # -- checkpoints and export -----------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
-        return {"model": self._model, "optimizer": self.optimizer, "scheduler": self.scheduler, "tokenizer": self.tokenizer}
+        return {
+            "model": self._model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "tokenizer": self.tokenizer,
+        }
 
     def export(self, target: Path) -> Path:
         from envhub.trainer.checkpoint import export_hf
@@ -163,16 +189,28 @@ class TorchBackend:
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _token_logprobs(self, model: torch.nn.Module, mb: MicroBatch, with_entropy: bool = False, temperature: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _token_logprobs(
+        self,
+        model: torch.nn.Module,
+        mb: MicroBatch,
+        with_entropy: bool = False,
+        temperature: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob of each target token under ``logits / temperature`` (the distribution the
         engine sampled from), and optionally the entropy of that distribution."""
         with self._autocast():
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits
+            logits = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+            ).logits
         logits = logits[:, :-1].float() / (temperature or self.temperature)
         logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
         entropy = None
         if with_entropy:  # a metric always; a loss term only when entropy_coef != 0
-            entropy = token_entropy(logits) if self.config.algorithm.entropy_coef else token_entropy(logits.detach())
+            entropy = (
+                token_entropy(logits)
+                if self.config.algorithm.entropy_coef
+                else token_entropy(logits.detach())
+            )
         return logprobs, entropy
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -218,7 +256,9 @@ def _autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
 
 
-def _load(path: str, config: TrainConfig, device: torch.device, frozen: bool = False) -> tuple[Any, torch.nn.Module]:
+def _load(
+    path: str, config: TrainConfig, device: torch.device, frozen: bool = False
+) -> tuple[Any, torch.nn.Module]:
     """Tokenizer and fp32 model on ``device``; LoRA adapters and checkpointing as configured."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -252,7 +292,13 @@ def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
         raise MissingDependencyError.for_extra("peft", "train") from e
     lora = config.model.lora
     assert lora is not None
-    peft_config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    peft_config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, peft_config)
 
 

@@ -43,7 +43,12 @@ from envhub.errors import (
 from envhub.trainer.cluster.ray_runtime import death_cause, describe_failure, import_ray, init_ray
 
 RESERVED_ENV = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
     "CUDA_VISIBLE_DEVICES",
 )
 """Variables the group sets itself; ``env`` may not override them."""
@@ -76,7 +81,9 @@ class Placement:
 
     def __post_init__(self) -> None:
         if min(self.world_size, self.nodes, self.cpus_per_rank) < 1 or self.gpus_per_node < 0:
-            raise ConfigError(f"{self}: world_size, nodes and cpus_per_rank must be >= 1, gpus_per_node >= 0")
+            raise ConfigError(
+                f"{self}: world_size, nodes and cpus_per_rank must be >= 1, gpus_per_node >= 0"
+            )
         if self.gpus_per_node and self.world_size != self.nodes * self.gpus_per_node:
             raise ConfigError(
                 f"{self}: with GPUs, world_size must equal nodes * gpus_per_node "
@@ -84,11 +91,17 @@ class Placement:
                 f"set world_size={self.nodes * self.gpus_per_node} or change nodes / gpus_per_node"
             )
         if self.nodes > 1 and self.address is None:
-            raise ConfigError(f"{self}: a local Ray cluster has one node; set address to a cluster with {self.nodes}")
+            raise ConfigError(
+                f"{self}: a local Ray cluster has one node; set address to a cluster with {self.nodes}"
+            )
 
     def bundle(self) -> dict[str, float]:
         """The resources one rank reserves."""
-        return {"CPU": self.cpus_per_rank, "GPU": 1} if self.gpus_per_node else {"CPU": self.cpus_per_rank}
+        return (
+            {"CPU": self.cpus_per_rank, "GPU": 1}
+            if self.gpus_per_node
+            else {"CPU": self.cpus_per_rank}
+        )
 
 
 class _Rank:
@@ -107,7 +120,9 @@ class _Rank:
             sock.bind(("", 0))
             return sock.getsockname()[1]
 
-    def start(self, master_addr: str, master_port: int, worker_cls: type, args: tuple, kwargs: dict) -> int:
+    def start(
+        self, master_addr: str, master_port: int, worker_cls: type, args: tuple, kwargs: dict
+    ) -> int:
         os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
         self._worker = worker_cls(*args, **kwargs)
@@ -119,11 +134,19 @@ class _Rank:
 
 def _init_ray(placement: Placement) -> bool:
     """Connects to or starts Ray; True when this call initialised it."""
-    return init_ray(placement.address, num_cpus=placement.world_size * placement.cpus_per_rank, num_gpus=placement.gpus_per_node)
+    return init_ray(
+        placement.address,
+        num_cpus=placement.world_size * placement.cpus_per_rank,
+        num_gpus=placement.gpus_per_node,
+    )
 
 
 def _plain_resources(resources: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in sorted(resources.items()) if "_group_" not in k and not k.startswith("node:")}
+    return {
+        k: v
+        for k, v in sorted(resources.items())
+        if "_group_" not in k and not k.startswith("node:")
+    }
 
 
 def _reserve(placement: Placement, name: str) -> Any:
@@ -201,7 +224,9 @@ class WorkerGroup:
     ) -> None:
         clash = sorted(set(env or {}) & set(RESERVED_ENV))
         if clash:
-            raise ConfigError(f"env may not set {', '.join(clash)}: the worker group sets them for each rank")
+            raise ConfigError(
+                f"env may not set {', '.join(clash)}: the worker group sets them for each rank"
+            )
         self.worker_cls = worker_cls
         self.placement = placement
         self._actors: list[Any] = []
@@ -224,18 +249,24 @@ class WorkerGroup:
         node_ids, self._ips = _bundle_nodes(self._pg)
         remote = ray.remote(_Rank)
         for rank, rank_vars in enumerate(rank_env(node_ids, env)):
-            self._actors.append(remote.options(
-                num_cpus=self.placement.cpus_per_rank,
-                num_gpus=self.placement.gpu_share if self.placement.gpus_per_node else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=rank),
-                runtime_env={"env_vars": rank_vars},
-            ).remote())
+            self._actors.append(
+                remote.options(
+                    num_cpus=self.placement.cpus_per_rank,
+                    num_gpus=self.placement.gpu_share if self.placement.gpus_per_node else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        self._pg, placement_group_bundle_index=rank
+                    ),
+                    runtime_env={"env_vars": rank_vars},
+                ).remote()
+            )
         master = self._actors[0]
         addr, port = ray.get([master.node_ip.remote(), master.free_port.remote()])
         refs = [a.start.remote(addr, port, self.worker_cls, args, kwargs) for a in self._actors]
         self._pids = self._gather(refs, f"{self.worker_cls.__name__}.__init__", None)
 
-    def call(self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+    def call(
+        self, method: str, /, *args: Any, timeout: float | None = None, **kwargs: Any
+    ) -> list[Any]:
         """Calls ``method(*args, **kwargs)`` on every rank's worker at once.
 
         Args:
@@ -250,18 +281,31 @@ class WorkerGroup:
                 closed and its actors killed.
             TimeoutError: ``timeout`` passed first; the group is closed.
         """
-        return self.call_ranks(method, [args] * self.placement.world_size, timeout=timeout, **kwargs)
+        return self.call_ranks(
+            method, [args] * self.placement.world_size, timeout=timeout, **kwargs
+        )
 
     def call_ranks(
-        self, method: str, per_rank_args: list[tuple], /, *, timeout: float | None = None, **kwargs: Any
+        self,
+        method: str,
+        per_rank_args: list[tuple],
+        /,
+        *,
+        timeout: float | None = None,
+        **kwargs: Any,
     ) -> list[Any]:
         """Like :meth:`call`, but rank ``i`` gets ``*per_rank_args[i]`` (and every rank ``**kwargs``)."""
         self._check_open()
         if not callable(getattr(self.worker_cls, method, None)):
             raise AttributeError(f"{self.worker_cls.__name__} has no method {method!r}")
         if len(per_rank_args) != len(self._actors):
-            raise ValueError(f"per_rank_args has {len(per_rank_args)} entries for {len(self._actors)} ranks")
-        refs = [a.run.remote(method, tuple(a_args), kwargs) for a, a_args in zip(self._actors, per_rank_args, strict=True)]
+            raise ValueError(
+                f"per_rank_args has {len(per_rank_args)} entries for {len(self._actors)} ranks"
+            )
+        refs = [
+            a.run.remote(method, tuple(a_args), kwargs)
+            for a, a_args in zip(self._actors, per_rank_args, strict=True)
+        ]
         return self._gather(refs, method, timeout)
 
     @property
@@ -279,7 +323,10 @@ class WorkerGroup:
     def ranks_info(self) -> list[dict[str, Any]]:
         """``{"rank", "node", "pid"}`` of every rank, for logs."""
         self._check_open()
-        return [{"rank": r, "node": ip, "pid": pid} for r, (ip, pid) in enumerate(zip(self._ips, self._pids, strict=True))]
+        return [
+            {"rank": r, "node": ip, "pid": pid}
+            for r, (ip, pid) in enumerate(zip(self._ips, self._pids, strict=True))
+        ]
 
     def shutdown(self) -> None:
         """Kills the actors and frees the placement group; stops Ray only if this group started
@@ -331,17 +378,23 @@ class WorkerGroup:
             if not ready:
                 late = sorted(rank_of[ref] for ref in pending)
                 self._release(f"ranks {late} did not finish {method} within {timeout:g} s")
-                raise TimeoutError(f"trainer ranks {late} did not finish {method} within {timeout:g} s; the group is closed")
+                raise TimeoutError(
+                    f"trainer ranks {late} did not finish {method} within {timeout:g} s; the group is closed"
+                )
             try:
                 results[rank_of[ready[0]]] = ray.get(ready[0])
             except ray.exceptions.RayError as err:
                 self._fail(method, rank_of, {rank_of[ready[0]]: err}, pending)
         return results
 
-    def _fail(self, method: str, rank_of: dict[Any, int], failed: dict[int, Exception], pending: list[Any]) -> None:
+    def _fail(
+        self, method: str, rank_of: dict[Any, int], failed: dict[int, Exception], pending: list[Any]
+    ) -> None:
         """Closes the group and raises the error of the rank that caused the failure."""
         ray = import_ray()
-        if pending and not any(isinstance(e, ray.exceptions.RayActorError) for e in failed.values()):
+        if pending and not any(
+            isinstance(e, ray.exceptions.RayActorError) for e in failed.values()
+        ):
             done, _ = ray.wait(pending, num_returns=len(pending), timeout=_GRACE_S)
             for ref in done:
                 try:
@@ -360,6 +413,12 @@ class WorkerGroup:
         node = self._ips[rank]
         also = f" (then also {'; '.join(others)})" if others else ""
         if isinstance(err, ray.exceptions.RayActorError):
-            return WorkerDiedError(f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}", worker=rank, node=node)
-        message = f"trainer rank {rank} on node {node} failed in {method}: {describe_failure(err)}{also}"
+            return WorkerDiedError(
+                f"trainer rank {rank} on node {node} died: {death_cause(err)}{also}",
+                worker=rank,
+                node=node,
+            )
+        message = (
+            f"trainer rank {rank} on node {node} failed in {method}: {describe_failure(err)}{also}"
+        )
         return WorkerError(message, worker=rank, node=node)

@@ -77,13 +77,19 @@ class VLLMEngine(RolloutEngine):
         verify_tokens: int = 64,
     ) -> None:
         if mode not in ("server", "inprocess", "ray") or (mode == "ray" and transport is None):
-            raise ConfigError(f"vLLM mode must be server, inprocess or ray (with a transport), got {mode!r}")
+            raise ConfigError(
+                f"vLLM mode must be server, inprocess or ray (with a transport), got {mode!r}"
+            )
         if url is not None and mode != "server":
             raise ConfigError("rollout.vllm.url needs mode=server")
         self.settings = settings
         self.mode = mode
-        self.transport: Transport = transport or (ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings))
-        self.tokenizer: HFChatTokenizer = HFChatTokenizer(tokenizer, max_length=settings.max_model_len, generation_config=generation_config)
+        self.transport: Transport = transport or (
+            ServerTransport(settings, url) if mode == "server" else InProcessTransport(settings)
+        )
+        self.tokenizer: HFChatTokenizer = HFChatTokenizer(
+            tokenizer, max_length=settings.max_model_len, generation_config=generation_config
+        )
         self.bucket_bytes = bucket_bytes
         self.verifier = Verifier(tokenizer, verify, verify_tolerance, verify_tokens)
         self.weights_version = 0
@@ -141,14 +147,22 @@ class VLLMEngine(RolloutEngine):
         rendered = prompt_ids is None
         if prompt_ids is None:
             prompt_ids = await self.tokenizer.render(request.messages, request.tools, True)
-        sampling = request.sampling.model_copy(update={"seed": None}) if request.sampling.seed is not None else request.sampling
+        sampling = (
+            request.sampling.model_copy(update={"seed": None})
+            if request.sampling.seed is not None
+            else request.sampling
+        )
         started = time.perf_counter()
         out = await self.transport.generate(list(prompt_ids), sampling)
         self.generate_seconds += time.perf_counter() - started
         self.generated_tokens += len(out.token_ids)
         self.requests += 1
         eos = self.tokenizer.eos_token_ids
-        body = out.token_ids[:-1] if out.token_ids and out.token_ids[-1] in eos and out.finish_reason == "stop" else out.token_ids
+        body = (
+            out.token_ids[:-1]
+            if out.token_ids and out.token_ids[-1] in eos and out.finish_reason == "stop"
+            else out.token_ids
+        )
         return Generation(
             text=self.tokenizer.decode(body),
             token_ids=out.token_ids,
@@ -172,7 +186,9 @@ class VLLMEngine(RolloutEngine):
             "requests": float(self.requests),
             "seconds_per_request": self.generate_seconds / self.requests if self.requests else 0.0,
         }
-        for i, (now, before) in enumerate(zip(self.transport.requests_served(), self._served_before, strict=True)):
+        for i, (now, before) in enumerate(
+            zip(self.transport.requests_served(), self._served_before, strict=True)
+        ):
             stats[f"requests_engine{i}"] = float(now - before)
         return stats
 
@@ -194,7 +210,9 @@ class VLLMEngine(RolloutEngine):
         if self._asleep:
             await self.transport.wake_up("weights")
         if self._sender is None:
-            self._sender = await asyncio.to_thread(self._connect, backend, asyncio.get_running_loop())
+            self._sender = await asyncio.to_thread(
+                self._connect, backend, asyncio.get_running_loop()
+            )
         sent = await asyncio.to_thread(self._sender.send)
         self.weights_version += 1
         if self._asleep:
@@ -205,7 +223,9 @@ class VLLMEngine(RolloutEngine):
         metrics["sync/buckets"] = float(sent.buckets)
         metrics["sync/megabytes"] = sent.bytes / 2**20
         if trainer_logprobs is not None:
-            metrics |= await self.verifier.check(self.transport.replicas, trainer_logprobs, self.weights_version)
+            metrics |= await self.verifier.check(
+                self.transport.replicas, trainer_logprobs, self.weights_version
+            )
         return metrics
 
     def _connect(self, backend: TrainBackend, loop: asyncio.AbstractEventLoop) -> WeightSender:
@@ -213,11 +233,18 @@ class VLLMEngine(RolloutEngine):
         reach the engines (``TrainBackend.weight_sender``), else this process (blocking)."""
         from envhub.trainer.weight_sync.driver import connect_driver
 
-        plan = TransferPlan(self.settings.weight_transfer, self.bucket_bytes, self.settings.dtype, server_urls(self.transport))
+        plan = TransferPlan(
+            self.settings.weight_transfer,
+            self.bucket_bytes,
+            self.settings.dtype,
+            server_urls(self.transport),
+        )
         sender = backend.weight_sender(plan)
         if sender is not None:
             return sender
-        return connect_driver(plan, backend.weights, self.transport.replicas, loop, self.transport.trainer_address)
+        return connect_driver(
+            plan, backend.weights, self.transport.replicas, loop, self.transport.trainer_address
+        )
 
     async def check_weights(self, backend: TrainBackend) -> dict[str, float]:
         """Compare vLLM's and the trainer's logprobs of the fixed sequence (temperature 1).
@@ -226,7 +253,9 @@ class VLLMEngine(RolloutEngine):
             WeightSyncError: The largest difference exceeds ``verify_tolerance``.
         """
         trainer_logprobs = self.verifier.trainer_logprobs(backend)
-        return await self.verifier.check(self.transport.replicas, trainer_logprobs, self.weights_version)
+        return await self.verifier.check(
+            self.transport.replicas, trainer_logprobs, self.weights_version
+        )
 
 
 def server_urls(transport: Transport) -> tuple[str, ...]:
@@ -268,7 +297,10 @@ def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
         from envhub.trainer.engines.vllm_replicas import ReplicatedTransport
 
         slot = engine_slot(config, backend)
-        replicas = [RayServerTransport(settings, slot, address=config.cluster.address) for _ in range(v.engines)]
+        replicas = [
+            RayServerTransport(settings, slot, address=config.cluster.address)
+            for _ in range(v.engines)
+        ]
         transport = replicas[0] if len(replicas) == 1 else ReplicatedTransport(replicas)
     return VLLMEngine(
         settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url, transport=transport,

@@ -64,7 +64,12 @@ class EngineHost:
     def where(self) -> dict[str, Any]:
         """The node (id, address) and the server's process id."""
         process = self.server.process
-        return {"node_id": self.node_id, "node_ip": self.node_ip, "pid": process.pid if process else None, "log": str(self.server.log_path)}
+        return {
+            "node_id": self.node_id,
+            "node_ip": self.node_ip,
+            "pid": process.pid if process else None,
+            "log": str(self.server.log_path),
+        }
 
     def exit_code(self, wait: float = 0.0) -> int | None:
         """The server's exit code, or None while it runs (waiting up to ``wait`` s)."""
@@ -86,7 +91,9 @@ class EngineHost:
 class RayServerTransport(ServerTransport):
     """A :class:`ServerTransport` whose server an :class:`EngineHost` actor starts in ``slot``."""
 
-    def __init__(self, settings: EngineSettings, slot: EngineSlot, *, address: str | None = None) -> None:
+    def __init__(
+        self, settings: EngineSettings, slot: EngineSlot, *, address: str | None = None
+    ) -> None:
         super().__init__(settings, url="ray")  # the URL is known once the actor has started it
         self.slot = slot
         self.address = address
@@ -97,7 +104,11 @@ class RayServerTransport(ServerTransport):
 
     @property
     def where(self) -> str:  # type: ignore[override]
-        bundle = "in trainer rank 0's bundle" if self.slot.placement_group is not None else "in its own bundle"
+        bundle = (
+            "in trainer rank 0's bundle"
+            if self.slot.placement_group is not None
+            else "in its own bundle"
+        )
         return f"Ray actor on node {self.host.get('node_ip', '?')} {bundle}"
 
     async def _launch(self) -> str:
@@ -107,7 +118,9 @@ class RayServerTransport(ServerTransport):
         await asyncio.to_thread(self._place)
         try:
             url = await asyncio.to_thread(ray.get, self.actor.start.remote())
-            self.host = await asyncio.to_thread(ray.get, self.actor.where.remote())  # now with the server's pid
+            self.host = await asyncio.to_thread(
+                ray.get, self.actor.where.remote()
+            )  # now with the server's pid
         except ray.exceptions.RayError as err:
             raise self._failure("start", err) from err
         if self._on_driver_host and self.host["node_id"] != ray.get_runtime_context().get_node_id():
@@ -130,9 +143,16 @@ class RayServerTransport(ServerTransport):
 
         group = self.slot.placement_group
         if group is None:
-            bundle = {"CPU": self.slot.num_cpus} | ({"GPU": self.slot.num_gpus} if self.slot.num_gpus else {})
+            bundle = {"CPU": self.slot.num_cpus} | (
+                {"GPU": self.slot.num_gpus} if self.slot.num_gpus else {}
+            )
             here = ray.get_runtime_context().get_node_id() if self._on_driver_host else None
-            group = self._own_group = placement_group([bundle], strategy="STRICT_PACK", name=f"envhub-vllm-{uuid.uuid4().hex[:8]}", _soft_target_node_id=here)
+            group = self._own_group = placement_group(
+                [bundle],
+                strategy="STRICT_PACK",
+                name=f"envhub-vllm-{uuid.uuid4().hex[:8]}",
+                _soft_target_node_id=here,
+            )
             try:
                 ray.get(group.ready(), timeout=self.slot.ready_timeout_s)
             except ray.exceptions.GetTimeoutError:
@@ -144,8 +164,12 @@ class RayServerTransport(ServerTransport):
             "seed": self.settings.seed, "extra_args": serve_args(self.settings), "env": server_env(self.settings),
             "startup_timeout": self.settings.startup_timeout,
         }  # fmt: skip
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=self.slot.bundle_index)
-        remote = ray.remote(EngineHost).options(num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy)
+        strategy = PlacementGroupSchedulingStrategy(
+            group, placement_group_bundle_index=self.slot.bundle_index
+        )
+        remote = ray.remote(EngineHost).options(
+            num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy
+        )
         self.actor = remote.remote(server)
         try:
             self.host = ray.get(self.actor.where.remote(), timeout=self.slot.ready_timeout_s)
@@ -156,7 +180,9 @@ class RayServerTransport(ServerTransport):
         ray = import_ray()
         node = self.host.get("node_ip", "?")
         if isinstance(err, ray.exceptions.RayActorError):
-            return EngineUnavailableError(f"the vLLM engine's Ray actor (node {node}) died: {death_cause(err)}")
+            return EngineUnavailableError(
+                f"the vLLM engine's Ray actor (node {node}) died: {death_cause(err)}"
+            )
         cause = getattr(err, "cause", None) or err
         return EngineUnavailableError(f"the vLLM engine on node {node} failed to {what}: {cause}")
 
@@ -201,9 +227,16 @@ def engine_slot(config: Any, backend: Any) -> EngineSlot:
         return EngineSlot(num_cpus=1, num_gpus=v.tensor_parallel if on_gpu else 0)
     group = getattr(backend, "group", None)
     if group is None:
-        raise EngineError("rollout.vllm.colocate needs trainer ranks on Ray (backend.kind=megatron)")
+        raise EngineError(
+            "rollout.vllm.colocate needs trainer ranks on Ray (backend.kind=megatron)"
+        )
     # The rank in bundle 0 took 1 - COLOCATED_GPU_SHARE of its GPU and all of its CPUs.
-    return EngineSlot(num_cpus=0, num_gpus=COLOCATED_GPU_SHARE if on_gpu else 0, placement_group=group.placement_group, bundle_index=0)
+    return EngineSlot(
+        num_cpus=0,
+        num_gpus=COLOCATED_GPU_SHARE if on_gpu else 0,
+        placement_group=group.placement_group,
+        bundle_index=0,
+    )
 
 
 COLOCATED_GPU_SHARE = 0.5

@@ -177,7 +177,9 @@ class ServerTransport:
     async def start(self) -> None:
         """Start the server (or connect to it) and check it serves the weight-update routes."""
         self.url = await self._launch()
-        self.http = OpenAIEngine(self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2)
+        self.http = OpenAIEngine(
+            self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2
+        )
         await self.http.start()
         self._routes = VLLMRoutes(self.http.root, on_unreachable=self.check_alive)
         if not await self._routes.serves_weight_routes():
@@ -208,15 +210,29 @@ class ServerTransport:
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams) -> Sampled:
         """Sample through the OpenAI completions route, token ids in and out."""
         assert self.http is not None
-        out = await self.http.generate(GenerateRequest(messages=[], prompt_ids=prompt_ids, sampling=sampling))
-        return Sampled(list(out.token_ids or ()), list(out.logprobs) if out.logprobs is not None else None, out.finish_reason)
+        out = await self.http.generate(
+            GenerateRequest(messages=[], prompt_ids=prompt_ids, sampling=sampling)
+        )
+        return Sampled(
+            list(out.token_ids or ()),
+            list(out.logprobs) if out.logprobs is not None else None,
+            out.finish_reason,
+        )
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """vLLM's prompt logprobs of ``ids`` (temperature 1)."""
-        body = {"model": "policy", "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        body = {
+            "model": "policy",
+            "prompt": ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+        }
         data = await self.routes.call("POST", "/v1/completions", body)
         entries = data["choices"][0]["prompt_logprobs"]
-        return [entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)]
+        return [
+            entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)
+        ]
 
     async def world_size(self) -> int:
         """The server's workers."""
@@ -273,9 +289,13 @@ class ServerTransport:
             status = await self.routes.healthy()
         except httpx.TransportError as e:
             self._raise_if_exited(wait=5.0)  # a server being killed stops answering first
-            raise EngineUnavailableError(f"the vLLM server at {self.url} is unreachable: {type(e).__name__}: {e}") from e
+            raise EngineUnavailableError(
+                f"the vLLM server at {self.url} is unreachable: {type(e).__name__}: {e}"
+            ) from e
         if status != 200:
-            raise EngineUnavailableError(f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {status}")
+            raise EngineUnavailableError(
+                f"the vLLM server at {self.url} is unhealthy: /health -> HTTP {status}"
+            )
 
 
 class InProcessTransport:
@@ -321,7 +341,9 @@ class InProcessTransport:
             with _environment(env):
                 self.llm = AsyncLLM.from_engine_args(args)
         except Exception as e:
-            raise EngineUnavailableError(f"vLLM failed to start in process: {type(e).__name__}: {e}") from e
+            raise EngineUnavailableError(
+                f"vLLM failed to start in process: {type(e).__name__}: {e}"
+            ) from e
 
     async def aclose(self) -> None:
         """Shut the engine down; idempotent."""
@@ -341,26 +363,39 @@ class InProcessTransport:
         final = await self._run(prompt_ids, params)
         out = final.outputs[0]
         token_ids = list(out.token_ids)
-        logprobs = [step[t].logprob for step, t in zip(out.logprobs, token_ids, strict=True)] if sampling.logprobs else None
+        logprobs = (
+            [step[t].logprob for step, t in zip(out.logprobs, token_ids, strict=True)]
+            if sampling.logprobs
+            else None
+        )
         return Sampled(token_ids, logprobs, "length" if out.finish_reason == "length" else "stop")
 
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """vLLM's prompt logprobs of ``ids`` (temperature 1)."""
         from vllm import SamplingParams as VLLMSamplingParams
 
-        final = await self._run(ids, VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
-        return [entry[token].logprob for entry, token in zip(final.prompt_logprobs[1:], ids[1:], strict=True)]
+        final = await self._run(
+            ids, VLLMSamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        )
+        return [
+            entry[token].logprob
+            for entry, token in zip(final.prompt_logprobs[1:], ids[1:], strict=True)
+        ]
 
     async def _run(self, prompt_ids: list[int], params: Any) -> Any:
         if self.llm is None:
             raise EngineUnavailableError("the in-process vLLM engine is not running")
         final = None
         try:
-            async for output in self.llm.generate({"prompt_token_ids": prompt_ids}, params, request_id=uuid.uuid4().hex):
+            async for output in self.llm.generate(
+                {"prompt_token_ids": prompt_ids}, params, request_id=uuid.uuid4().hex
+            ):
                 final = output
         except Exception as e:
             if self.llm.errored:
-                raise EngineUnavailableError(f"the in-process vLLM engine died: {type(e).__name__}: {e}") from e
+                raise EngineUnavailableError(
+                    f"the in-process vLLM engine died: {type(e).__name__}: {e}"
+                ) from e
             raise
         if final is None:
             raise EngineError("vLLM returned no output")
@@ -374,7 +409,9 @@ class InProcessTransport:
         """Join the trainer's weight transfer."""
         from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
 
-        await self._llm().init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
+        await self._llm().init_weight_transfer_engine(
+            WeightTransferInitRequest(init_info=init_info)
+        )
 
     async def start_weight_update(self) -> None:
         """Begin receiving one sync."""
@@ -410,7 +447,9 @@ class InProcessTransport:
     async def check_alive(self) -> None:
         """Raise :class:`EngineUnavailableError` if the engine died."""
         if self.llm is None or self.llm.errored:
-            raise EngineUnavailableError("the in-process vLLM engine died; see the log above for its error")
+            raise EngineUnavailableError(
+                "the in-process vLLM engine died; see the log above for its error"
+            )
 
 
 @contextmanager

@@ -54,12 +54,20 @@ class MegatronBackend:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.placement, self.layout = plan(config)
         check_layout(self.model_path, *self.layout[:2])
-        self.group = WorkerGroup(MegatronWorker, self.placement, env=_worker_env(config), args=(worker_spec(config, self.model_path, self.placement),), name="envhub-megatron")
+        self.group = WorkerGroup(
+            MegatronWorker,
+            self.placement,
+            env=_worker_env(config),
+            args=(worker_spec(config, self.model_path, self.placement),),
+            name="envhub-megatron",
+        )
         self._num_parameters: int | None = None
 
     @property
     def model(self) -> torch.nn.Module:
-        raise ConfigError("the Megatron backend's model lives in its Ray workers; use rollout.engine=vllm")
+        raise ConfigError(
+            "the Megatron backend's model lives in its Ray workers; use rollout.engine=vllm"
+        )
 
     @property
     def device(self) -> torch.device:
@@ -67,7 +75,11 @@ class MegatronBackend:
 
     def describe(self) -> str:
         tp, pp, dp = self.layout
-        where = f"{self.placement.gpus_per_node} GPUs x {self.placement.nodes} nodes" if self.placement.gpus_per_node else "CPU ranks"
+        where = (
+            f"{self.placement.gpus_per_node} GPUs x {self.placement.nodes} nodes"
+            if self.placement.gpus_per_node
+            else "CPU ranks"
+        )
         return f"megatron tp={tp} pp={pp} dp={dp} ({where})"
 
     def num_parameters(self, trainable_only: bool = False) -> int:
@@ -87,7 +99,9 @@ class MegatronBackend:
         budget = self.config.backend.micro_batch_tokens
         return micro_batches(batch, budget, self.pad_id, packed=True)
 
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> list[torch.Tensor]:
+    def logprobs(
+        self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
+    ) -> list[torch.Tensor]:
         merged: dict[int, torch.Tensor] = {}
         for part in self.group.call("logprobs", batches, reference, temperature):
             merged |= part or {}
@@ -104,7 +118,13 @@ class MegatronBackend:
         num_sequences: int,
     ) -> StepResult:
         results = self.group.call(
-            "update", batches, spec, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, num_tokens=num_tokens, num_sequences=num_sequences
+            "update",
+            batches,
+            spec,
+            old_logprobs=old_logprobs,
+            ref_logprobs=ref_logprobs,
+            num_tokens=num_tokens,
+            num_sequences=num_sequences,
         )
         return StepResult(next(r for r in results if r is not None))
 
@@ -124,12 +144,22 @@ class MegatronBackend:
         rank0 = self.group.ranks_info()[0]
         reason = relay_reason(plan, rank0["node"], node_ip())
         if reason:
-            log.warning("vLLM weight sync: the driver relays the weights from trainer rank 0 because %s", reason)
+            log.warning(
+                "vLLM weight sync: the driver relays the weights from trainer rank 0 because %s",
+                reason,
+            )
             return None
-        return RankSender.connect(self.group, plan, f"sent by trainer rank 0 on node {rank0['node']} (pid {rank0['pid']})")
+        return RankSender.connect(
+            self.group, plan, f"sent by trainer rank 0 on node {rank0['node']} (pid {rank0['pid']})"
+        )
 
     def state(self) -> dict[str, Any]:
-        return {"model": ShardedCheckpoint(self.group), "optimizer": None, "scheduler": None, "tokenizer": self.tokenizer}
+        return {
+            "model": ShardedCheckpoint(self.group),
+            "optimizer": None,
+            "scheduler": None,
+            "tokenizer": self.tokenizer,
+        }
 
     def export(self, target: Path) -> Path:
         return Path(next(p for p in self.group.call("export", str(target)) if p is not None))
@@ -151,34 +181,56 @@ class ShardedCheckpoint:
 
     def load_checkpoint(self, folder: Path) -> None:
         if not (Path(folder) / WORKER_STATE).exists():
-            raise CheckpointError(f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); resume with the settings it was saved with")
+            raise CheckpointError(
+                f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); resume with the settings it was saved with"
+            )
         self.group.call("load_checkpoint", str(folder))
 
 
 def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     """Ranks and their (tp, pp, dp) layout from ``backend.megatron`` and ``cluster``."""
     m, cluster, engine = config.backend.megatron, config.cluster, config.rollout.vllm
-    gpus = cluster.gpus_per_node if cluster.gpus_per_node is not None else _trainer_gpus_here(config)
+    gpus = (
+        cluster.gpus_per_node if cluster.gpus_per_node is not None else _trainer_gpus_here(config)
+    )
     model_parallel = m.tensor_parallel * m.pipeline_parallel
     if gpus == 0:
         if not os.environ.get(SETUP_ENV):
-            raise ConfigError("backend.kind=megatron needs CUDA GPUs (none found here; for a Ray cluster set cluster.gpus_per_node); on a CPU use backend.kind=torch")
+            raise ConfigError(
+                "backend.kind=megatron needs CUDA GPUs (none found here; for a Ray cluster set cluster.gpus_per_node); on a CPU use backend.kind=torch"
+            )
         dp = m.data_parallel or 1
-        return Placement(world_size=model_parallel * dp, nodes=cluster.nodes, address=cluster.address), (m.tensor_parallel, m.pipeline_parallel, dp)
+        return Placement(
+            world_size=model_parallel * dp, nodes=cluster.nodes, address=cluster.address
+        ), (m.tensor_parallel, m.pipeline_parallel, dp)
     total = gpus * cluster.nodes
     if total % model_parallel:
-        raise ConfigError(f"{total} GPUs cannot hold tensor_parallel x pipeline_parallel = {model_parallel} ranks evenly")
+        raise ConfigError(
+            f"{total} GPUs cannot hold tensor_parallel x pipeline_parallel = {model_parallel} ranks evenly"
+        )
     dp = m.data_parallel or total // model_parallel
     if dp * model_parallel != total:
-        raise ConfigError(f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs ({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel")
+        raise ConfigError(
+            f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs ({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel"
+        )
     share = 1.0 - COLOCATED_GPU_SHARE if engine.mode == "ray" and engine.colocate else 1.0
-    return Placement(world_size=total, nodes=cluster.nodes, gpus_per_node=gpus, address=cluster.address, gpu_share=share), (m.tensor_parallel, m.pipeline_parallel, dp)
+    return Placement(
+        world_size=total,
+        nodes=cluster.nodes,
+        gpus_per_node=gpus,
+        address=cluster.address,
+        gpu_share=share,
+    ), (m.tensor_parallel, m.pipeline_parallel, dp)
 
 
 def _trainer_gpus_here(config: TrainConfig) -> int:
     """The GPUs torch sees, less those a split vLLM engine on Ray reserves for itself."""
     engine = config.rollout.vllm
-    split_engine = engine.engines * engine.tensor_parallel if engine.mode == "ray" and not engine.colocate else 0
+    split_engine = (
+        engine.engines * engine.tensor_parallel
+        if engine.mode == "ray" and not engine.colocate
+        else 0
+    )
     gpus = torch.cuda.device_count()
     if not gpus:
         return 0
@@ -195,11 +247,21 @@ def check_layout(model_path: str, tp: int, pp: int) -> None:
     from transformers import AutoConfig
 
     hf = AutoConfig.from_pretrained(model_path)
-    heads, kv_heads, layers = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads, hf.num_hidden_layers
-    if heads % tp or (kv_heads % tp and tp % kv_heads):  # fewer key/value heads than ranks: replicated
-        raise ConfigError(f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention and {kv_heads} key/value heads")
+    heads, kv_heads, layers = (
+        hf.num_attention_heads,
+        getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads,
+        hf.num_hidden_layers,
+    )
+    if heads % tp or (
+        kv_heads % tp and tp % kv_heads
+    ):  # fewer key/value heads than ranks: replicated
+        raise ConfigError(
+            f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention and {kv_heads} key/value heads"
+        )
     if layers % pp:
-        raise ConfigError(f"backend.megatron.pipeline_parallel={pp} must divide the model's {layers} layers")
+        raise ConfigError(
+            f"backend.megatron.pipeline_parallel={pp} must divide the model's {layers} layers"
+        )
 
 
 def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> WorkerSpec:

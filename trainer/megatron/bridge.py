@@ -24,8 +24,12 @@ from typing import Any
 import torch
 
 _LOCAL_SPEC_NAMES = {
-    "_OTHER_MAPPING": {"input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]},
-    "_MLP_MAPPING": {"pre_mlp_layernorm.weight": ["model.layers.{layer_number}.post_attention_layernorm.weight"]},
+    "_OTHER_MAPPING": {
+        "input_layernorm.weight": ["model.layers.{layer_number}.input_layernorm.weight"]
+    },
+    "_MLP_MAPPING": {
+        "pre_mlp_layernorm.weight": ["model.layers.{layer_number}.post_attention_layernorm.weight"]
+    },
 }
 
 
@@ -33,17 +37,28 @@ def have_transformer_engine() -> bool:
     return importlib.util.find_spec("transformer_engine") is not None
 
 
-def load_bridge(hf_path: str, dtype: torch.dtype, *, overrides: dict[str, Any] | None = None) -> Any:
+def load_bridge(
+    hf_path: str, dtype: torch.dtype, *, overrides: dict[str, Any] | None = None
+) -> Any:
     """The ``mbridge`` bridge for the HF model at ``hf_path`` (parameters in ``dtype``), for the
     current parallel state. ``overrides`` are extra ``TransformerConfig`` fields."""
     from mbridge import AutoBridge
     from transformers import AutoConfig
 
-    bridge = AutoBridge.from_config(_with_rope_theta(AutoConfig.from_pretrained(hf_path)), dtype=dtype)
-    settings: dict[str, Any] = {"bias_dropout_fusion": False, "masked_softmax_fusion": False, "gradient_accumulation_fusion": False}
+    bridge = AutoBridge.from_config(
+        _with_rope_theta(AutoConfig.from_pretrained(hf_path)), dtype=dtype
+    )
+    settings: dict[str, Any] = {
+        "bias_dropout_fusion": False,
+        "masked_softmax_fusion": False,
+        "gradient_accumulation_fusion": False,
+    }
     if getattr(bridge.hf_config, "tie_word_embeddings", False):
         # The last pipeline stage keeps its own copy of the tied embedding as its output layer.
-        bridge._DIRECT_MAPPING = {**bridge._DIRECT_MAPPING, "output_layer.weight": "model.embed_tokens.weight"}
+        bridge._DIRECT_MAPPING = {
+            **bridge._DIRECT_MAPPING,
+            "output_layer.weight": "model.embed_tokens.weight",
+        }
     if not have_transformer_engine():
         _use_local_spec(bridge)
         settings["sequence_parallel"] = False  # torch's norms cannot split the sequence
@@ -58,7 +73,9 @@ def _with_rope_theta(hf_config: Any) -> Any:
     if rope.get("rope_type", "default") != "default":
         from envhub.errors import ConfigError
 
-        raise ConfigError(f"the Megatron backend supports plain RoPE only; this model uses {rope['rope_type']!r} scaling (use backend.kind=torch)")
+        raise ConfigError(
+            f"the Megatron backend supports plain RoPE only; this model uses {rope['rope_type']!r} scaling (use backend.kind=torch)"
+        )
     if not hasattr(hf_config, "rope_theta") and "rope_theta" in rope:
         hf_config.rope_theta = rope["rope_theta"]
     return hf_config
@@ -69,7 +86,9 @@ def _use_local_spec(bridge: Any) -> None:
 
     def local_spec(vp_stage: int | None = None) -> Any:
         bridge.has_vp_stage = True
-        return get_gpt_decoder_block_spec(bridge.config, use_transformer_engine=False, vp_stage=vp_stage)
+        return get_gpt_decoder_block_spec(
+            bridge.config, use_transformer_engine=False, vp_stage=vp_stage
+        )
 
     bridge._get_transformer_layer_spec = local_spec
     for attribute, names in _LOCAL_SPEC_NAMES.items():
@@ -100,4 +119,3 @@ def hf_weights(bridge: Any, chunks: list[torch.nn.Module]) -> Iterator[tuple[str
         if name not in seen:
             seen.add(name)
             yield name, tensor
-

@@ -33,7 +33,9 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
 
     peak = logits.detach().amax(dim=-1, keepdim=True)
     if mpu.get_tensor_model_parallel_world_size() > 1:
-        torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX, group=mpu.get_tensor_model_parallel_group())
+        torch.distributed.all_reduce(
+            peak, op=torch.distributed.ReduceOp.MAX, group=mpu.get_tensor_model_parallel_group()
+        )
     shifted = logits - peak
     exp = shifted.exp()
     partition = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))

@@ -46,7 +46,11 @@ WORKER_STATE = "envhub_worker.json"
 """Written next to the distributed checkpoint: the update counter (and the mark of a
 complete Megatron checkpoint)."""
 
-RECOMPUTE = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+RECOMPUTE = {
+    "recompute_granularity": "full",
+    "recompute_method": "uniform",
+    "recompute_num_layers": 1,
+}
 """megatron-core's settings for ``model.gradient_checkpointing`` (what the torch backend's HF
 gradient checkpointing does: keep each layer's input, recompute the layer)."""
 
@@ -96,11 +100,17 @@ class MegatronWorker:
         mpu.initialize_model_parallel(spec.tensor_parallel, spec.pipeline_parallel)
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
         dtype = _DTYPES[spec.dtype]
-        self.bridge = load_bridge(spec.model_path, dtype, overrides={"calculate_per_token_loss": True, **(RECOMPUTE if spec.recompute else {})})
+        self.bridge = load_bridge(
+            spec.model_path,
+            dtype,
+            overrides={"calculate_per_token_loss": True, **(RECOMPUTE if spec.recompute else {})},
+        )
         policy = self._load(spec.model_path)
         # Built before _wrap puts process-group methods in the shared config, which the
         # attention layer may deepcopy (fewer key/value heads than tensor ranks).
-        self.reference = self._load(spec.model_path).requires_grad_(False) if spec.reference else None
+        self.reference = (
+            self._load(spec.model_path).requires_grad_(False) if spec.reference else None
+        )
         self.model = self._wrap(policy)
         self.optimizer = self._optimizer()
         self.updates = 0
@@ -124,11 +134,15 @@ class MegatronWorker:
         )
 
         config = self.bridge.config
-        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=self.device.type == "cuda")
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, use_distributed_optimizer=self.device.type == "cuda"
+        )
         wrapped = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
         config.no_sync_func = wrapped.no_sync
         # Our losses are normalised already: finalize without megatron's division by tokens.
-        config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: finalize_model_grads(chunks, None, **kw)
+        config.finalize_model_grads_func = lambda chunks, num_tokens=None, **kw: (
+            finalize_model_grads(chunks, None, **kw)
+        )
         return wrapped
 
     def _optimizer(self) -> Any:
@@ -159,14 +173,29 @@ class MegatronWorker:
 
         first_tp = mpu.get_tensor_model_parallel_rank() == 0
         # A replicated parameter (the norms) is counted on the first tensor rank only.
-        local = torch.tensor([sum(p.numel() for p in self.model.parameters() if first_tp or getattr(p, "tensor_model_parallel", False))], dtype=torch.long)
+        local = torch.tensor(
+            [
+                sum(
+                    p.numel()
+                    for p in self.model.parameters()
+                    if first_tp or getattr(p, "tensor_model_parallel", False)
+                )
+            ],
+            dtype=torch.long,
+        )
         torch.distributed.all_reduce(local, group=mpu.get_model_parallel_group())
-        if mpu.get_pipeline_model_parallel_world_size() > 1 and getattr(self.bridge.hf_config, "tie_word_embeddings", False):
-            local -= self.bridge.hf_config.vocab_size * self.bridge.hf_config.hidden_size  # the last stage's copy
+        if mpu.get_pipeline_model_parallel_world_size() > 1 and getattr(
+            self.bridge.hf_config, "tie_word_embeddings", False
+        ):
+            local -= (
+                self.bridge.hf_config.vocab_size * self.bridge.hf_config.hidden_size
+            )  # the last stage's copy
         return int(local)
 
     @torch.no_grad()
-    def logprobs(self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None) -> dict[int, torch.Tensor] | None:
+    def logprobs(
+        self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
+    ) -> dict[int, torch.Tensor] | None:
         """Token logprobs of this data rank's share of ``batches``, keyed by micro-batch index, on
         the first tensor rank of the last stage; ``None`` on the others (they still take part)."""
         model = self.reference if reference else self.model
@@ -175,10 +204,18 @@ class MegatronWorker:
         scale = temperature or self.spec.temperature
         mine = self._my_batches(batches)
 
-        def collect(k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        def collect(
+            k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
             logits, targets = _scaled_logits_and_targets(output, row, scale)
-            logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1])
-            return output.new_zeros(()), torch.tensor(1, dtype=torch.int), {"index": k, "logprobs": logprobs.cpu()}
+            logprobs = packing.unpack(
+                vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1]
+            )
+            return (
+                output.new_zeros(()),
+                torch.tensor(1, dtype=torch.int),
+                {"index": k, "logprobs": logprobs.cpu()},
+            )
 
         model.eval()
         try:
@@ -220,12 +257,17 @@ class MegatronWorker:
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
-        weights = {name: tensor.detach().to("cpu", copy=True) for name, tensor in hf_weights(self.bridge, [self.model.module])}
+        weights = {
+            name: tensor.detach().to("cpu", copy=True)
+            for name, tensor in hf_weights(self.bridge, [self.model.module])
+        }
         return weights if torch.distributed.get_rank() == 0 else None
 
     def begin_weights(self) -> None:
         """Start streaming the HF weights (see :meth:`next_weights`)."""
-        self._weight_stream: Iterator[tuple[str, torch.Tensor]] | None = hf_weights(self.bridge, [self.model.module])
+        self._weight_stream: Iterator[tuple[str, torch.Tensor]] | None = hf_weights(
+            self.bridge, [self.model.module]
+        )
 
     def next_weights(self, max_bytes: int) -> list[tuple[str, torch.Tensor]] | None:
         """The stream's next tensors, at least one and about ``max_bytes`` in all, on rank 0
@@ -256,7 +298,9 @@ class MegatronWorker:
         self.close_weight_transfer()
         rank = torch.distributed.get_rank()
         address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0's node, where it listens
-        self._transfer = RankTransfer.connect(plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address)
+        self._transfer = RankTransfer.connect(
+            plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address
+        )
         return {"rank": rank, "node": address, "pid": os.getpid()} if rank == 0 else None
 
     def send_weights(self) -> tuple[int, int] | None:
@@ -326,7 +370,9 @@ class MegatronWorker:
         width = mb.input_ids.shape[1]
         logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
         logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), width)
-        entropy = packing.unpack(vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width)
+        entropy = packing.unpack(
+            vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width
+        )
         loss, metrics = policy_objective(
             spec, logprobs=logprobs, old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
             advantages=mb.advantages, mask=mb.loss_mask, num_tokens=num_tokens, num_sequences=num_sequences,
@@ -334,7 +380,11 @@ class MegatronWorker:
             entropy=entropy,
         )  # fmt: skip
         weight = float(mb.num_tokens)
-        report = {"loss": float(loss.detach()), "weight": weight, **{name: float(v) * weight for name, v in metrics.items()}}
+        report = {
+            "loss": float(loss.detach()),
+            "weight": weight,
+            **{name: float(v) * weight for name, v in metrics.items()},
+        }
         return loss, torch.tensor(1, dtype=torch.int), report
 
     def _my_batches(self, batches: list[MicroBatch]) -> list[tuple[int, MicroBatch]]:
@@ -349,7 +399,14 @@ class MegatronWorker:
         filler = _empty_like(batches[0])
         return mine + [(-1, filler)] * (count - len(mine))
 
-    def _schedule(self, model: torch.nn.Module, batches: list[tuple[int, MicroBatch]], loss: Callable, *, forward_only: bool) -> list[dict[str, Any]]:
+    def _schedule(
+        self,
+        model: torch.nn.Module,
+        batches: list[tuple[int, MicroBatch]],
+        loss: Callable,
+        *,
+        forward_only: bool,
+    ) -> list[dict[str, Any]]:
         """Run ``batches`` through the pipeline schedule, each packed into one row; ``loss`` gets
         ``(k, mb, packing, row, output)`` (``row``: the packed token ids, built once per micro-batch)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -378,20 +435,33 @@ class MegatronWorker:
 
         bounds = packing.cu_seqlens().to(self.device)
         longest = max(packing.segments)
-        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=bounds, cu_seqlens_kv=bounds, max_seqlen_q=longest, max_seqlen_kv=longest)
+        params = PackedSeqParams(
+            qkv_format="thd",
+            cu_seqlens_q=bounds,
+            cu_seqlens_kv=bounds,
+            max_seqlen_q=longest,
+            max_seqlen_kv=longest,
+        )
         return model(ids, positions, None, packed_seq_params=params)
 
     def _row_multiple(self) -> int:
         """A sequence-parallel split needs rows that divide among the tensor ranks."""
         from megatron.core import parallel_state as mpu
 
-        return mpu.get_tensor_model_parallel_world_size() if self.bridge.config.sequence_parallel else 1
+        return (
+            mpu.get_tensor_model_parallel_world_size()
+            if self.bridge.config.sequence_parallel
+            else 1
+        )
 
     def _holds_output(self) -> bool:
         """The first tensor rank of the last pipeline stage (one per data-parallel rank)."""
         from megatron.core import parallel_state as mpu
 
-        return mpu.is_pipeline_last_stage(ignore_virtual=True) and mpu.get_tensor_model_parallel_rank() == 0
+        return (
+            mpu.is_pipeline_last_stage(ignore_virtual=True)
+            and mpu.get_tensor_model_parallel_rank() == 0
+        )
 
     def _is_output_rank(self) -> bool:
         """The rank that reports a whole update's metrics."""
@@ -400,7 +470,9 @@ class MegatronWorker:
         return self._holds_output() and mpu.get_data_parallel_rank() == 0
 
 
-def _scaled_logits_and_targets(output: torch.Tensor, row: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _scaled_logits_and_targets(
+    output: torch.Tensor, row: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The float logits of the packed ``row`` that predict each next token, over
     ``temperature``, and those tokens (the distribution the engine sampled from, as the torch
     backend scores it)."""
@@ -409,7 +481,14 @@ def _scaled_logits_and_targets(output: torch.Tensor, row: torch.Tensor, temperat
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:
     zeros = torch.zeros_like(mb.loss_mask)
-    return MicroBatch(mb.input_ids, mb.attention_mask, zeros, torch.zeros_like(mb.sampler_logprobs), mb.advantages, [])
+    return MicroBatch(
+        mb.input_ids,
+        mb.attention_mask,
+        zeros,
+        torch.zeros_like(mb.sampler_logprobs),
+        mb.advantages,
+        [],
+    )
 
 
 def _sum_reports(reports: list[dict[str, Any]]) -> torch.Tensor:
@@ -418,10 +497,14 @@ def _sum_reports(reports: list[dict[str, Any]]) -> torch.Tensor:
     return torch.tensor([sum(r[key] for r in reports) for key in keys], dtype=torch.float64)
 
 
-def _metrics(totals: torch.Tensor, reports: list[dict[str, Any]], grad_norm: float | None, lr: float) -> dict[str, float]:
+def _metrics(
+    totals: torch.Tensor, reports: list[dict[str, Any]], grad_norm: float | None, lr: float
+) -> dict[str, float]:
     summed = dict(zip(sorted(reports[0]), totals.tolist(), strict=True))
     weight = max(summed.pop("weight"), 1.0)
-    metrics = {name: (value if name == "loss" else value / weight) for name, value in summed.items()}
+    metrics = {
+        name: (value if name == "loss" else value / weight) for name, value in summed.items()
+    }
     metrics["grad_norm"] = float(grad_norm or 0.0)
     metrics["lr"] = lr
     return metrics
@@ -441,7 +524,9 @@ def _init_distributed() -> torch.device:
     """torch.distributed from the environment: NCCL on this rank's GPU, else gloo."""
     if torch.cuda.is_available():
         # Under Ray a rank sees only its own GPU (as cuda:0); under torchrun it sees the node's.
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device(
+            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        )
         torch.cuda.set_device(device)
         backend = "nccl"
     else:

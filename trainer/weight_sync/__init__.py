@@ -35,4 +35,11 @@ from envhub.trainer.weight_sync.plan import (
     WeightSender,
 )
 
-__all__ = ["SenderSide", "SentWeights", "Transfer", "TransferPlan", "WeightReceiver", "WeightSender"]
+__all__ = [
+    "SenderSide",
+    "SentWeights",
+    "Transfer",
+    "TransferPlan",
+    "WeightReceiver",
+    "WeightSender",
+]

@@ -32,7 +32,12 @@ class FanoutClient:
             each engine its own ranks in the one group).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, receivers: Sequence[WeightReceiver], transfer: Transfer) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        receivers: Sequence[WeightReceiver],
+        transfer: Transfer,
+    ) -> None:
         self._loop = loop
         self._receivers = list(receivers)
         self._transfer = transfer
@@ -46,7 +51,9 @@ class FanoutClient:
 
     def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
         """Every engine joins the transfer, with its own init info where the transfer says so."""
-        infos = self._transfer.engine_init_infos(init_info, self.world_sizes) or [init_info] * len(self._receivers)
+        infos = self._transfer.engine_init_infos(init_info, self.world_sizes) or [init_info] * len(
+            self._receivers
+        )
         self._each(lambda k, r: r.init_weight_transfer_engine(infos[k]))
 
     def start_weight_update(self) -> None:

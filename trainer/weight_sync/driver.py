@@ -61,6 +61,13 @@ def connect_driver(
     """
     transfer = transfers.get(plan.transfer)
     client = FanoutClient(loop, engines, transfer)
-    side = SenderSide(rank=0, bucket_bytes=plan.bucket_bytes, address=address, engine_world_sizes=client.world_sizes)
-    source = BackendWeightSource(weights, dtype=torch_dtype(plan.dtype), device=transfer.driver_device)
+    side = SenderSide(
+        rank=0,
+        bucket_bytes=plan.bucket_bytes,
+        address=address,
+        engine_world_sizes=client.world_sizes,
+    )
+    source = BackendWeightSource(
+        weights, dtype=torch_dtype(plan.dtype), device=transfer.driver_device
+    )
     return DriverSender(start_trainer_engine(transfer.trainer_init_info(side), client, source))

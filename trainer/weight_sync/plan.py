@@ -36,7 +36,9 @@ class SentWeights(NamedTuple):
     @classmethod
     def of(cls, transfer: Any) -> SentWeights:
         """What vLLM's trainer-side engine ``transfer`` sent in its last sync."""
-        return cls(int(getattr(transfer, "buckets_sent", 0)), int(getattr(transfer, "bytes_sent", 0)))
+        return cls(
+            int(getattr(transfer, "buckets_sent", 0)), int(getattr(transfer, "bytes_sent", 0))
+        )
 
 
 class WeightSender(Protocol):
@@ -100,7 +102,9 @@ class SenderSide:
     """Each engine's workers; asked only by a transfer that needs them (NCCL)."""
 
 
-def same_info_for_each(init_info: dict[str, Any], world_sizes: Callable[[], list[int]]) -> list[dict[str, Any]] | None:
+def same_info_for_each(
+    init_info: dict[str, Any], world_sizes: Callable[[], list[int]]
+) -> list[dict[str, Any]] | None:
     """Every engine joins with the trainer's ``init_info`` unchanged (``None``: the same for all)."""
     return None
 
@@ -120,9 +124,9 @@ class Transfer:
     """Where the driver stages each tensor before sending (``cuda``: from the GPU)."""
     trainer_init_info: Callable[[SenderSide], Any]
     """vLLM's ``TrainerInitInfo`` for a trainer process (may rendezvous: call it off the loop)."""
-    engine_init_infos: Callable[[dict[str, Any], Callable[[], list[int]]], list[dict[str, Any]] | None] = (
-        same_info_for_each
-    )
+    engine_init_infos: Callable[
+        [dict[str, Any], Callable[[], list[int]]], list[dict[str, Any]] | None
+    ] = same_info_for_each
     """The worker-side init info each engine gets from the trainer's, when they differ (NCCL
     ranks per engine); ``None``: every engine gets the same."""
     server_env: Mapping[str, str] = field(default_factory=dict)

@@ -37,7 +37,9 @@ class RemoteEngines:
 
     def __init__(self, plan: TransferPlan) -> None:
         if not plan.urls:
-            raise ConfigError("a weight sender outside the driver reaches vLLM over HTTP; this engine has no URL")
+            raise ConfigError(
+                "a weight sender outside the driver reaches vLLM over HTTP; this engine has no URL"
+            )
         self._thread = LoopThread()
         self._routes = [VLLMRoutes(url, plan.timeout_s) for url in plan.urls]
         self.client = FanoutClient(self._thread.loop, self._routes, transfers.get(plan.transfer))
@@ -69,12 +71,16 @@ class RankTransfer:
     Build it with :meth:`connect`.
     """
 
-    def __init__(self, transfer: TrainerWeightTransferEngine, engines: RemoteEngines | None) -> None:
+    def __init__(
+        self, transfer: TrainerWeightTransferEngine, engines: RemoteEngines | None
+    ) -> None:
         self.transfer = transfer
         self._engines = engines
 
     @classmethod
-    def connect(cls, plan: TransferPlan, weights: Weights, *, rank: int, address: str) -> RankTransfer:
+    def connect(
+        cls, plan: TransferPlan, weights: Weights, *, rank: int, address: str
+    ) -> RankTransfer:
         """Join ``plan``: rank 0 connects to the engines, with the NCCL rendezvous at
         ``address`` (its node); the other ranks only iterate ``weights`` with it. Every rank
         calls this; it blocks until the engines have joined."""
@@ -87,11 +93,15 @@ class RankTransfer:
         engines = RemoteEngines(plan) if rank == 0 else None
         client: Any = engines.client if engines is not None else _NotTheSender()
         sizes = engines.client.world_sizes if engines is not None else _no_engines
-        side = SenderSide(rank=rank, bucket_bytes=plan.bucket_bytes, address=address, engine_world_sizes=sizes)
+        side = SenderSide(
+            rank=rank, bucket_bytes=plan.bucket_bytes, address=address, engine_world_sizes=sizes
+        )
         transfer = transfers.get(plan.transfer)
         source = BackendWeightSource(weights, dtype=torch_dtype(plan.dtype))
         try:
-            return cls(start_trainer_engine(transfer.trainer_init_info(side), client, source), engines)
+            return cls(
+                start_trainer_engine(transfer.trainer_init_info(side), client, source), engines
+            )
         except BaseException:
             if engines is not None:
                 engines.close()

@@ -59,11 +59,17 @@ class VLLMRoutes:
         own HTTP client sends them."""
         from vllm.distributed.weight_transfer.clients import _json_safe_update_payload
 
-        await self.call("POST", "/update_weights", {"update_info": _json_safe_update_payload(update_info)})
+        await self.call(
+            "POST", "/update_weights", {"update_info": _json_safe_update_payload(update_info)}
+        )
 
     async def finish_weight_update(self, weight_version: str | None = None) -> None:
         """Finish the sync."""
-        await self.call("POST", "/finish_weight_update", {"weight_version": weight_version} if weight_version else None)
+        await self.call(
+            "POST",
+            "/finish_weight_update",
+            {"weight_version": weight_version} if weight_version else None,
+        )
 
     async def reset_prefix_cache(self) -> None:
         """Drop cached KV (computed with the old weights)."""
@@ -85,7 +91,9 @@ class VLLMRoutes:
         """``/health``'s status code (raises ``httpx.TransportError`` when there is no answer)."""
         return (await self._http.get("/health", timeout=timeout_s)).status_code
 
-    async def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def call(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         """One request; its JSON answer (``{}`` when empty).
 
         Raises:
@@ -97,9 +105,13 @@ class VLLMRoutes:
         except httpx.TransportError as e:
             if self._on_unreachable is not None:
                 await self._on_unreachable()
-            raise EngineUnavailableError(f"vLLM at {self._url} did not answer {path}: {type(e).__name__}: {e}") from e
+            raise EngineUnavailableError(
+                f"vLLM at {self._url} did not answer {path}: {type(e).__name__}: {e}"
+            ) from e
         if response.status_code != 200:
-            raise EngineError(f"vLLM at {self._url}: {path} -> HTTP {response.status_code}: {response.text[:500]}")
+            raise EngineError(
+                f"vLLM at {self._url}: {path} -> HTTP {response.status_code}: {response.text[:500]}"
+            )
         return response.json() if response.content else {}
 
     async def aclose(self) -> None:

@@ -89,7 +89,9 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
 
     def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
         if init_info.protocol != 1:
-            raise ValueError(f"envhub_shm protocol {init_info.protocol} is not supported (this worker speaks 1)")
+            raise ValueError(
+                f"envhub_shm protocol {init_info.protocol} is not supported (this worker speaks 1)"
+            )
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -156,14 +158,18 @@ def _repack_tied_layers(model: torch.nn.Module) -> None:
 
 
 def _views(buffer: torch.Tensor, info: ShmUpdateInfo) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, dtype_name, shape, offset in zip(info.names, info.dtype_names, info.shapes, info.offsets, strict=True):
+    for name, dtype_name, shape, offset in zip(
+        info.names, info.dtype_names, info.shapes, info.offsets, strict=True
+    ):
         dtype = getattr(torch, dtype_name)
         numel = 1
         for d in shape:
             numel *= d
         nbytes = numel * dtype.itemsize
         if offset + nbytes > buffer.numel():
-            raise ValueError(f"{name}: bytes {offset}..{offset + nbytes} lie outside the shared file ({buffer.numel()} bytes)")
+            raise ValueError(
+                f"{name}: bytes {offset}..{offset + nbytes} lie outside the shared file ({buffer.numel()} bytes)"
+            )
         yield name, buffer[offset : offset + nbytes].view(dtype).view(shape)
 
 
@@ -179,7 +185,9 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
 
     init_info_cls = ShmTrainerInitInfo
 
-    def __init__(self, *, client: VLLMWeightSyncClient, source: WeightSource, init_info: ShmTrainerInitInfo) -> None:
+    def __init__(
+        self, *, client: VLLMWeightSyncClient, source: WeightSource, init_info: ShmTrainerInitInfo
+    ) -> None:
         super().__init__(client=client, source=source, is_sender=init_info.is_sender)
         self.bucket_bytes = init_info.bucket_bytes
         self.directory = Path(init_info.directory) if init_info.directory else None
@@ -190,7 +198,13 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
         self.bytes_sent = 0
 
     @classmethod
-    def trainer_init(cls, init_info: ShmTrainerInitInfo, *, client: VLLMWeightSyncClient, source: WeightSource | None = None) -> ShmTrainerWeightTransferEngine:
+    def trainer_init(
+        cls,
+        init_info: ShmTrainerInitInfo,
+        *,
+        client: VLLMWeightSyncClient,
+        source: WeightSource | None = None,
+    ) -> ShmTrainerWeightTransferEngine:
         if source is None:
             raise ValueError("envhub_shm needs a WeightSource")
         engine = cls(client=client, source=source, init_info=init_info)

@@ -33,7 +33,9 @@ class BackendWeightSource(WeightSource):
     its relayed buckets on the CPU).
     """
 
-    def __init__(self, weights: Weights, dtype: torch.dtype | None = None, device: str | None = None) -> None:
+    def __init__(
+        self, weights: Weights, dtype: torch.dtype | None = None, device: str | None = None
+    ) -> None:
         self._weights = weights
         self._dtype = dtype
         self._device = device
@@ -42,7 +44,9 @@ class BackendWeightSource(WeightSource):
     def metadata(self) -> list[ParamMeta]:
         """Every tensor's name, wire dtype and shape (asked once: they never change in a run)."""
         if self._metadata is None:
-            self._metadata = [ParamMeta(name, self._wire_dtype(t), tuple(t.shape)) for name, t in self._weights()]
+            self._metadata = [
+                ParamMeta(name, self._wire_dtype(t), tuple(t.shape)) for name, t in self._weights()
+            ]
         return self._metadata
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -50,10 +54,14 @@ class BackendWeightSource(WeightSource):
             yield name, tensor.to(device=self._device, dtype=self._wire_dtype(tensor))
 
     def _wire_dtype(self, tensor: torch.Tensor) -> torch.dtype:
-        return self._dtype if self._dtype is not None and tensor.is_floating_point() else tensor.dtype
+        return (
+            self._dtype if self._dtype is not None and tensor.is_floating_point() else tensor.dtype
+        )
 
 
-def start_trainer_engine(init_info: Any, client: Any, source: WeightSource) -> TrainerWeightTransferEngine:
+def start_trainer_engine(
+    init_info: Any, client: Any, source: WeightSource
+) -> TrainerWeightTransferEngine:
     """Rendezvous with the engines through ``client`` (blocking: call it off the event loop)."""
     shm_backend.register()
     return WeightTransferTrainerFactory.trainer_init(init_info, client=client, source=source)

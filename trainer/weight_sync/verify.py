@@ -48,7 +48,9 @@ class Verifier:
         tokens: Length of the fixed sequence.
     """
 
-    def __init__(self, tokenizer: Any, every: str = "every", tolerance: float = 1e-3, tokens: int = 64) -> None:
+    def __init__(
+        self, tokenizer: Any, every: str = "every", tolerance: float = 1e-3, tokens: int = 64
+    ) -> None:
         self.every = every
         self.tolerance = tolerance
         self.ids = _verify_ids(tokenizer, tokens)
@@ -70,9 +72,13 @@ class Verifier:
         ``sync/stale_logprob_diff_max``, what a missed sync would cost."""
         if trainer_logprobs is None or self._engine_logprobs is None:
             return {}
-        return {"sync/stale_logprob_diff_max": _differences(self._engine_logprobs, trainer_logprobs)[0]}
+        return {
+            "sync/stale_logprob_diff_max": _differences(self._engine_logprobs, trainer_logprobs)[0]
+        }
 
-    async def check(self, engines: Sequence[ScoresPrompts], trainer_logprobs: list[float], version: int) -> dict[str, float]:
+    async def check(
+        self, engines: Sequence[ScoresPrompts], trainer_logprobs: list[float], version: int
+    ) -> dict[str, float]:
         """Every engine's logprobs against the trainer's; the worst counts.
 
         Returns:

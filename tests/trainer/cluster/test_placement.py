@@ -30,7 +30,15 @@ from envhub.errors import (  # noqa: E402
 )
 from envhub.trainer.cluster.placement import Placement, WorkerGroup, rank_env  # noqa: E402
 
-ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PROBE")
+ENV_KEYS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PROBE",
+)
 
 
 class Probe:
@@ -87,7 +95,9 @@ def cluster() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def gloo_group(cluster: str) -> Iterator[WorkerGroup]:
-    with WorkerGroup(Probe, Placement(world_size=2), env={"PROBE": "yes"}, kwargs={"distributed": True}) as group:
+    with WorkerGroup(
+        Probe, Placement(world_size=2), env={"PROBE": "yes"}, kwargs={"distributed": True}
+    ) as group:
         yield group
 
 
@@ -114,8 +124,15 @@ def test_each_rank_gets_its_environment(gloo_group: WorkerGroup, cluster: str) -
     port = envs[0]["MASTER_PORT"]
     assert port is not None and port.isdigit()
     assert envs == [
-        {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",
-         "MASTER_ADDR": cluster, "MASTER_PORT": port, "PROBE": "yes"}
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": cluster,
+            "MASTER_PORT": port,
+            "PROBE": "yes",
+        }
         for rank in (0, 1)
     ]
 
@@ -168,7 +185,9 @@ def test_a_dead_rank_is_reported_while_its_peer_waits_in_a_collective(cluster: s
     assert time.monotonic() - started < 10
     assert (caught.value.worker, caught.value.node) == (1, cluster)
     assert str(caught.value).startswith(f"trainer rank 1 on node {cluster} died: SYSTEM_ERROR: ")
-    with pytest.raises(WorkerGroupClosedError, match=r"^the worker group is closed \(trainer rank 1 on node "):
+    with pytest.raises(
+        WorkerGroupClosedError, match=r"^the worker group is closed \(trainer rank 1 on node "
+    ):
         group.ranks_info()
     group.shutdown()
 
@@ -186,7 +205,10 @@ def test_a_timeout_closes_the_group(cluster: str) -> None:
     group = WorkerGroup(Probe, Placement(world_size=2))
     with pytest.raises(TimeoutError) as caught:
         group.call("sleep", 60, timeout=0.5)
-    assert str(caught.value) == "trainer ranks [0, 1] did not finish sleep within 0.5 s; the group is closed"
+    assert (
+        str(caught.value)
+        == "trainer ranks [0, 1] did not finish sleep within 0.5 s; the group is closed"
+    )
     with pytest.raises(WorkerGroupClosedError):
         group.call("env")
     group.shutdown()
@@ -200,13 +222,18 @@ def test_a_failing_constructor_fails_the_group_and_frees_its_resources(cluster: 
     live = _live_placement_groups()
     with pytest.raises(WorkerError) as caught:
         WorkerGroup(Probe, Placement(world_size=1), kwargs={"fail": "no checkpoint at /x"})
-    assert str(caught.value) == f"trainer rank 0 on node {cluster} failed in Probe.__init__: ValueError: no checkpoint at /x"
+    assert (
+        str(caught.value)
+        == f"trainer rank 0 on node {cluster} failed in Probe.__init__: ValueError: no checkpoint at /x"
+    )
     assert _live_placement_groups() == live
 
 
 def test_a_worker_class_ray_cannot_import_says_how_to_ship_it(cluster: str, tmp_path: Path) -> None:
     (tmp_path / "unshipped_worker.py").write_text("class Unshipped:\n    pass\n")
-    spec = importlib.util.spec_from_file_location("unshipped_worker", tmp_path / "unshipped_worker.py")
+    spec = importlib.util.spec_from_file_location(
+        "unshipped_worker", tmp_path / "unshipped_worker.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     sys.modules["unshipped_worker"] = module
@@ -230,7 +257,9 @@ def test_shutdown_is_idempotent_and_keeps_a_ray_it_did_not_start(cluster: str) -
     group.shutdown()
     assert _wait_gone([pid]) == []
     assert ray.is_initialized()
-    with pytest.raises(WorkerGroupClosedError, match=r"^the worker group is closed \(it was shut down\); "):
+    with pytest.raises(
+        WorkerGroupClosedError, match=r"^the worker group is closed \(it was shut down\); "
+    ):
         group.call("env")
 
 
@@ -252,17 +281,29 @@ def test_gpu_placement_must_fill_its_nodes() -> None:
         ": with GPUs, world_size must equal nodes * gpus_per_node (1 * 2 = 2); "
         "set world_size=2 or change nodes / gpus_per_node"
     )
-    assert Placement(world_size=16, nodes=2, gpus_per_node=8, address="auto").bundle() == {"CPU": 1, "GPU": 1}
+    assert Placement(world_size=16, nodes=2, gpus_per_node=8, address="auto").bundle() == {
+        "CPU": 1,
+        "GPU": 1,
+    }
 
 
 def test_several_nodes_need_a_cluster_address() -> None:
-    with pytest.raises(ConfigError, match="a local Ray cluster has one node; set address to a cluster with 2$"):
+    with pytest.raises(
+        ConfigError, match="a local Ray cluster has one node; set address to a cluster with 2$"
+    ):
         Placement(world_size=2, nodes=2)
 
 
 def test_env_may_not_override_what_the_group_sets() -> None:
-    with pytest.raises(ConfigError, match="^env may not set CUDA_VISIBLE_DEVICES, RANK: the worker group sets them for each rank$"):
-        WorkerGroup(Probe, Placement(world_size=1), env={"RANK": "3", "CUDA_VISIBLE_DEVICES": "0", "OK": "1"})
+    with pytest.raises(
+        ConfigError,
+        match="^env may not set CUDA_VISIBLE_DEVICES, RANK: the worker group sets them for each rank$",
+    ):
+        WorkerGroup(
+            Probe,
+            Placement(world_size=1),
+            env={"RANK": "3", "CUDA_VISIBLE_DEVICES": "0", "OK": "1"},
+        )
 
 
 def test_local_rank_counts_ranks_on_the_same_node() -> None:
@@ -275,11 +316,16 @@ def test_local_rank_counts_ranks_on_the_same_node() -> None:
 
 def test_missing_ray_asks_for_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)
-    with pytest.raises(MissingDependencyError, match=r"^ray is not installed; run `pip install 'envhub\[megatron\]'`$"):
+    with pytest.raises(
+        MissingDependencyError,
+        match=r"^ray is not installed; run `pip install 'envhub\[megatron\]'`$",
+    ):
         WorkerGroup(Probe, Placement(world_size=1))
 
 
 def test_the_module_imports_without_ray() -> None:
     probe = "import sys, envhub.trainer.cluster.placement; print('ray' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60
+    )
     assert (result.returncode, result.stdout) == (0, "False\n"), result.stderr

@@ -109,23 +109,33 @@ def test_small_buckets_split_on_decoder_layer_boundaries(setup: Setup) -> None:
     assert metrics["sync/logprob_diff_max"] < 1e-4
 
 
-def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(setup: Setup) -> None:
-    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True))
+def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(
+    setup: Setup,
+) -> None:
+    prompt = setup.run(
+        setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True)
+    )
     sampling = SamplingParams(temperature=0.7, max_tokens=12)
 
-    out = setup.run(setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling)))
+    out = setup.run(
+        setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling))
+    )
 
     assert 1 <= len(out.token_ids) <= 12 and len(out.logprobs) == len(out.token_ids)
     ended = out.token_ids[-1] in setup.engine.tokenizer.eos_token_ids
     assert out.finish_reason == ("stop" if ended else "length")
     body = out.token_ids[:-1] if ended else out.token_ids
     assert out.text == setup.engine.tokenizer.decode(body)
-    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=0.7)[len(prompt) - 1 :]
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=0.7)[
+        len(prompt) - 1 :
+    ]
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 
 def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_env: str) -> None:
-    runner = RolloutRunner(setup.engine, LetterEnv, sampling=SamplingParams(temperature=1.0, max_tokens=8), seed=1)
+    runner = RolloutRunner(
+        setup.engine, LetterEnv, sampling=SamplingParams(temperature=1.0, max_tokens=8), seed=1
+    )
 
     trajectories = setup.run(runner.run([0, 1], 3))
 
@@ -141,7 +151,12 @@ def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_en
 def test_multi_turn_episodes_train_on_exactly_what_vllm_sampled(setup: Setup) -> None:
     from envhub.envs.guessing import GuessNumberEnv
 
-    runner = RolloutRunner(setup.engine, lambda: GuessNumberEnv(max_turns=3), sampling=SamplingParams(temperature=1.0, max_tokens=6), seed=2)
+    runner = RolloutRunner(
+        setup.engine,
+        lambda: GuessNumberEnv(max_turns=3),
+        sampling=SamplingParams(temperature=1.0, max_tokens=6),
+        seed=2,
+    )
 
     trajectories = setup.run(runner.run([0, 1], 2))
 
@@ -152,23 +167,33 @@ def test_multi_turn_episodes_train_on_exactly_what_vllm_sampled(setup: Setup) ->
         spans = sum(1 for i in range(1, len(mask)) if mask[i] and not mask[i - 1])
         assert spans == len(t.turns)  # one sampled span per turn, env replies masked out
         trainer = sequence_logprobs(setup.backend, t.token_ids, temperature=1.0)
-        diffs = [abs(t.sampler_logprobs[i] - trainer[i - 1]) for i in range(1, len(mask)) if mask[i]]
+        diffs = [
+            abs(t.sampler_logprobs[i] - trainer[i - 1]) for i in range(1, len(mask)) if mask[i]
+        ]
         assert max(diffs) < 1e-3
 
 
 def test_a_sync_invalidates_cached_prompts(setup: Setup) -> None:
     """Generation from a prompt vLLM has cached must use the new weights after a sync."""
-    text = " ".join(f"item {i}" for i in range(150))  # ~450 tokens: full KV blocks (128 on the CPU) get cached
-    prompt = setup.run(setup.engine.tokenizer.render([Message(role="user", content=text)], None, True))
+    text = " ".join(
+        f"item {i}" for i in range(150)
+    )  # ~450 tokens: full KV blocks (128 on the CPU) get cached
+    prompt = setup.run(
+        setup.engine.tokenizer.render([Message(role="user", content=text)], None, True)
+    )
     assert len(prompt) > 256
-    greedy = GenerateRequest(messages=[], prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=4))
+    greedy = GenerateRequest(
+        messages=[], prompt_ids=prompt, sampling=SamplingParams(temperature=0.0, max_tokens=4)
+    )
     setup.run(setup.engine.generate(greedy))  # now in vLLM's prefix cache
     _perturb(setup.backend.model, scale=0.2)
     setup.run(setup.engine.update_weights(setup.backend))
 
     out = setup.run(setup.engine.generate(greedy))
 
-    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)[len(prompt) - 1 :]
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)[
+        len(prompt) - 1 :
+    ]
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 

@@ -18,8 +18,12 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize(("mode", "transfer"), [("inprocess", "ipc"), ("server", "nccl"), ("server", "envhub_shm")])
-def test_gpu_sync_matches_the_trainer_and_sleep_frees_memory(tiny_model_dir: Path, mode: str, transfer: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "transfer"), [("inprocess", "ipc"), ("server", "nccl"), ("server", "envhub_shm")]
+)
+def test_gpu_sync_matches_the_trainer_and_sleep_frees_memory(
+    tiny_model_dir: Path, mode: str, transfer: str
+) -> None:
     from envhub.trainer.backends.torch_backend import TorchBackend
     from envhub.trainer.config import validate_config
     from envhub.trainer.engines.vllm import make_vllm_engine

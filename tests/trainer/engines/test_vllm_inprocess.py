@@ -31,15 +31,25 @@ def test_inprocess_engine_generates_syncs_and_verifies(tiny_model_dir: Path) -> 
     backend = TorchBackend(config)
     engine = make_vllm_engine(config, backend)
 
-    async def scenario() -> tuple[dict[str, float], dict[str, float], list[int], list[int], list[float]]:
+    async def scenario() -> tuple[
+        dict[str, float], dict[str, float], list[int], list[int], list[float]
+    ]:
         async with engine:
             first = await engine.update_weights(backend)
             with torch.no_grad():
                 for p in backend.model.parameters():
                     p.mul_(1.1)
             second = await engine.update_weights(backend)
-            prompt = await engine.tokenizer.render([Message(role="user", content="Hello")], None, True)
-            out = await engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=SamplingParams(temperature=0.7, max_tokens=10)))
+            prompt = await engine.tokenizer.render(
+                [Message(role="user", content="Hello")], None, True
+            )
+            out = await engine.generate(
+                GenerateRequest(
+                    messages=[],
+                    prompt_ids=prompt,
+                    sampling=SamplingParams(temperature=0.7, max_tokens=10),
+                )
+            )
             return first, second, prompt, out.token_ids, out.logprobs
 
     first, second, prompt, sampled, logprobs = asyncio.run(scenario())

@@ -41,7 +41,9 @@ def cluster() -> Iterator[None]:
 def _free_cpus(expected: float) -> float:
     """Free CPUs once they reach ``expected`` (Ray frees resources asynchronously), or after 20 s."""
     deadline = time.monotonic() + 20
-    while (free := ray.available_resources().get("CPU", 0.0)) != expected and time.monotonic() < deadline:
+    while (
+        free := ray.available_resources().get("CPU", 0.0)
+    ) != expected and time.monotonic() < deadline:
         time.sleep(0.2)
     return free
 
@@ -60,24 +62,41 @@ def _wait_until_dead(actor: object) -> None:
 
 def test_the_slot_follows_the_placement_settings() -> None:
     def config(**vllm: object) -> SimpleNamespace:
-        return SimpleNamespace(rollout=SimpleNamespace(vllm=SimpleNamespace(**{"colocate": False, "tensor_parallel": 2} | vllm)))
+        return SimpleNamespace(
+            rollout=SimpleNamespace(
+                vllm=SimpleNamespace(**{"colocate": False, "tensor_parallel": 2} | vllm)
+            )
+        )
 
-    gpu, cpu = SimpleNamespace(device=SimpleNamespace(type="cuda")), SimpleNamespace(device=SimpleNamespace(type="cpu"))
+    gpu, cpu = (
+        SimpleNamespace(device=SimpleNamespace(type="cuda")),
+        SimpleNamespace(device=SimpleNamespace(type="cpu")),
+    )
     assert engine_slot(config(), gpu) == EngineSlot(num_cpus=1, num_gpus=2)
     assert engine_slot(config(), cpu) == EngineSlot(num_cpus=1, num_gpus=0)
-    trainer = SimpleNamespace(device=SimpleNamespace(type="cuda"), group=SimpleNamespace(placement_group="pg"))
-    assert engine_slot(config(colocate=True), trainer) == EngineSlot(num_cpus=0, num_gpus=COLOCATED_GPU_SHARE, placement_group="pg", bundle_index=0)
+    trainer = SimpleNamespace(
+        device=SimpleNamespace(type="cuda"), group=SimpleNamespace(placement_group="pg")
+    )
+    assert engine_slot(config(colocate=True), trainer) == EngineSlot(
+        num_cpus=0, num_gpus=COLOCATED_GPU_SHARE, placement_group="pg", bundle_index=0
+    )
     with pytest.raises(EngineError, match="rollout.vllm.colocate needs trainer ranks on Ray"):
         engine_slot(config(colocate=True), gpu)
 
 
 @pytest.mark.vllm
-def test_a_server_that_cannot_start_is_reported_with_its_node_and_log(require_vllm, cluster: None, tmp_path: Path) -> None:
-    transport = RayServerTransport(_settings(str(tmp_path / "no-such-model")), EngineSlot(num_cpus=1))
+def test_a_server_that_cannot_start_is_reported_with_its_node_and_log(
+    require_vllm, cluster: None, tmp_path: Path
+) -> None:
+    transport = RayServerTransport(
+        _settings(str(tmp_path / "no-such-model")), EngineSlot(num_cpus=1)
+    )
     with pytest.raises(EngineUnavailableError) as caught:
         asyncio.run(transport.start())
     message = str(caught.value)
-    assert message.startswith(f"the vLLM engine on node {ray.util.get_node_ip_address()} failed to start: ")
+    assert message.startswith(
+        f"the vLLM engine on node {ray.util.get_node_ip_address()} failed to start: "
+    )
     assert "vLLM exited with code" in message and "Last log lines" in message
     asyncio.run(transport.aclose())
     assert transport.actor is None and transport._own_group is None
@@ -87,12 +106,18 @@ def test_a_server_that_cannot_start_is_reported_with_its_node_and_log(require_vl
 def test_a_dead_engine_actor_is_reported_as_unavailable(cluster: None, tmp_path: Path) -> None:
     transport = RayServerTransport(_settings(str(tmp_path)), EngineSlot(num_cpus=1))
     transport._place()  # the actor only: its server is never started
-    assert transport.host["node_ip"] == ray.util.get_node_ip_address() and transport.host["pid"] is None
+    assert (
+        transport.host["node_ip"] == ray.util.get_node_ip_address()
+        and transport.host["pid"] is None
+    )
     assert ray.get(transport.actor.exit_code.remote()) is None
     assert _free_cpus(1.0) == 1.0
     ray.kill(transport.actor, no_restart=True)
     _wait_until_dead(transport.actor)
-    with pytest.raises(EngineUnavailableError, match=rf"^the vLLM engine's Ray actor \(node {ray.util.get_node_ip_address()}\) died: "):
+    with pytest.raises(
+        EngineUnavailableError,
+        match=rf"^the vLLM engine's Ray actor \(node {ray.util.get_node_ip_address()}\) died: ",
+    ):
         transport._raise_if_exited()
     asyncio.run(transport._shutdown())
     assert _free_cpus(2.0) == 2.0

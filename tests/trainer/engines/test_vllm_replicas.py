@@ -59,18 +59,32 @@ def test_a_burst_goes_to_the_least_busy_engine() -> None:
     async def burst() -> tuple[list[Sampled], list[int]]:
         gate = asyncio.Event()
         transport = ReplicatedTransport([Recording("s", gate=gate), Recording("f")])
-        first = [asyncio.create_task(transport.generate([1], SamplingParams())) for _ in range(2)]  # one each
+        first = [
+            asyncio.create_task(transport.generate([1], SamplingParams())) for _ in range(2)
+        ]  # one each
         await asyncio.wait(first, timeout=0)  # let both start: f answers, s waits for its gate
         await asyncio.sleep(0)
         busy = list(transport.in_flight)
         # s is still busy; a request routed to it anyway would wait for the gate and time out
-        later = [await asyncio.wait_for(transport.generate([1], SamplingParams()), 5) for _ in range(3)]
+        later = [
+            await asyncio.wait_for(transport.generate([1], SamplingParams()), 5) for _ in range(3)
+        ]
         gate.set()
-        return [*(await asyncio.gather(*first)), *later], busy + transport.served + transport.in_flight
+        return [
+            *(await asyncio.gather(*first)),
+            *later,
+        ], busy + transport.served + transport.in_flight
 
     outs, counts = asyncio.run(burst())
     assert _names(outs) == "sffff"
-    assert counts == [1, 0, 1, 4, 0, 0]  # in flight mid-burst, then served, then in flight at the end
+    assert counts == [
+        1,
+        0,
+        1,
+        4,
+        0,
+        0,
+    ]  # in flight mid-burst, then served, then in flight at the end
 
 
 def test_the_trainer_address_and_urls_come_from_the_engines() -> None:

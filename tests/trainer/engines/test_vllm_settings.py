@@ -13,7 +13,9 @@ from envhub.trainer.weight_sync.verify import default_tolerance
 
 
 def _config(**vllm: object) -> object:
-    return validate_config({"envs": [{"name": "arithmetic"}], "seed": 9, "rollout": {"engine": "vllm", "vllm": vllm}})
+    return validate_config(
+        {"envs": [{"name": "arithmetic"}], "seed": 9, "rollout": {"engine": "vllm", "vllm": vllm}}
+    )
 
 
 @pytest.mark.parametrize(
@@ -27,7 +29,9 @@ def _config(**vllm: object) -> object:
         ("nccl", True, True, "nccl"),
     ],
 )
-def test_auto_picks_the_transfer_backend_by_device_and_placement(requested: str, on_gpu: bool, shares_gpu: bool, expected: str) -> None:
+def test_auto_picks_the_transfer_backend_by_device_and_placement(
+    requested: str, on_gpu: bool, shares_gpu: bool, expected: str
+) -> None:
     assert choose_backend(requested, on_gpu=on_gpu, shares_gpu=shares_gpu) == expected
 
 
@@ -40,7 +44,12 @@ def test_gpu_only_backends_are_refused_on_the_cpu(backend: str) -> None:
 def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() -> None:
     settings = resolve_settings(_config(), "/models/m", on_gpu=False)
 
-    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.seed) == ("float32", False, "envhub_shm", 9)
+    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.seed) == (
+        "float32",
+        False,
+        "envhub_shm",
+        9,
+    )
     assert settings.max_model_len == 4096  # no config.json there: vLLM's default context
     assert serve_args(settings) == [
         "--dtype", "float32",
@@ -52,9 +61,16 @@ def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() 
 
 
 def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
-    settings = resolve_settings(_config(mode="inprocess", gpu_memory_utilization=0.3), "/models/m", on_gpu=True)
+    settings = resolve_settings(
+        _config(mode="inprocess", gpu_memory_utilization=0.3), "/models/m", on_gpu=True
+    )
 
-    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.enforce_eager) == ("bfloat16", True, "ipc", False)
+    assert (settings.dtype, settings.sleep, settings.weight_transfer, settings.enforce_eager) == (
+        "bfloat16",
+        True,
+        "ipc",
+        False,
+    )
     assert default_tolerance(settings.dtype) == 0.25
     assert serve_args(settings)[-3:] == ["--gpu-memory-utilization", "0.3", "--enable-sleep-mode"]
 
@@ -66,7 +82,10 @@ def test_an_engine_on_ray_shares_the_gpu_only_when_colocated() -> None:
         })  # fmt: skip
 
     colocated = resolve_settings(megatron(colocate=True), "/m", on_gpu=True)
-    assert (colocated.weight_transfer, colocated.sleep) == ("ipc", True)  # NCCL cannot join two ranks on one GPU
+    assert (colocated.weight_transfer, colocated.sleep) == (
+        "ipc",
+        True,
+    )  # NCCL cannot join two ranks on one GPU
     split = resolve_settings(megatron(tensor_parallel=2), "/m", on_gpu=True)
     assert (split.weight_transfer, split.sleep) == ("nccl", False)
     assert serve_args(split)[-2:] == ["--tensor-parallel-size", "2"]
@@ -84,7 +103,9 @@ def test_unknown_vllm_keys_and_bad_values_fail_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match="did you mean 'bucket_mb'"):
         load_config(None, ["envs=[{name: arithmetic}]", "rollout.vllm.bucket_mbs=3"])
     with pytest.raises(ConfigError, match="rollout.vllm.mode"):
-        validate_config({"envs": [{"name": "arithmetic"}], "rollout": {"vllm": {"mode": "colocated"}}})
+        validate_config(
+            {"envs": [{"name": "arithmetic"}], "rollout": {"vllm": {"mode": "colocated"}}}
+        )
 
 
 def test_a_started_server_gets_dev_mode_and_ipc_handles_only_when_ipc_is_used() -> None:

@@ -36,11 +36,17 @@ def _is_cuda(device: Any) -> bool:
 class CudaToCpu(TorchFunctionMode):
     """Patch 1: a CUDA ``device=`` argument of any torch call (factories, ``.to``) becomes the CPU."""
 
-    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = dict(kwargs or {})
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
-        if getattr(func, "__name__", "") == "to" and args and _is_cuda(args[1] if len(args) > 1 else None):
+        if (
+            getattr(func, "__name__", "") == "to"
+            and args
+            and _is_cuda(args[1] if len(args) > 1 else None)
+        ):
             args = (args[0], "cpu", *args[2:])
         return func(*args, **kwargs)
 
@@ -72,7 +78,9 @@ def _no_fork(self: Any, name: str = "") -> Iterator[None]:
     yield
 
 
-def _clip_by_total_norm(parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False) -> None:
+def _clip_by_total_norm(
+    parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
+) -> None:
     """Patch 6: megatron's ``clip_grad_by_total_norm_fp32`` (same scaling) without its assert
     that gradients are CUDA tensors."""
     grads = [p.grad.detach() for p in parameters if p.grad is not None]
@@ -99,7 +107,9 @@ def apply() -> None:
 
     version = megatron.core.__version__
     if not version.startswith(SUPPORTED):
-        raise RuntimeError(f"cpu_compat was written for megatron-core {SUPPORTED}, found {version}: re-read the patched call sites")
+        raise RuntimeError(
+            f"cpu_compat was written for megatron-core {SUPPORTED}, found {version}: re-read the patched call sites"
+        )
     # Patch 2: as a device argument it means the CPU (also in backward passes, where patch 1's
     # thread-local mode is not active).
     torch.cuda.current_device = lambda: torch.device("cpu")

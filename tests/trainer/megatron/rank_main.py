@@ -23,7 +23,14 @@ from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 VOCAB = 49152
 LENGTHS = (9, 14, 6, 11, 7)
 ADVANTAGES = (1.0, -0.5, 0.7, -1.2, 0.3)
-OPTIMIZER = {"lr": 1e-3, "grad_clip": 0.2, "weight_decay": 0.01, "schedule": "linear", "warmup_steps": 0, "total_updates": 4}
+OPTIMIZER = {
+    "lr": 1e-3,
+    "grad_clip": 0.2,
+    "weight_decay": 0.01,
+    "schedule": "linear",
+    "warmup_steps": 0,
+    "total_updates": 4,
+}
 TEMPERATURE = 0.7
 ENGINES_ENV = "ENVHUB_TEST_ENGINE_URLS"
 """Comma-separated URLs of weight-transfer engines the ranks sync to after training."""
@@ -59,19 +66,44 @@ def sync_to_engines(worker: MegatronWorker, urls: list[str]) -> dict:
     sent = [worker.send_weights(), worker.send_weights()]
     shared_file = worker._transfer.transfer.path  # the envhub_shm trainer engine's file
     worker.close_weight_transfer()
-    return {"sender": sender, "sent": sent, "shared_file_left": shared_file is not None and shared_file.exists()}
+    return {
+        "sender": sender,
+        "sent": sent,
+        "shared_file_left": shared_file is not None and shared_file.exists(),
+    }
 
 
 def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) -> None:
-    worker = MegatronWorker(WorkerSpec(model_dir, tp, pp, temperature=TEMPERATURE, reference=True, recompute=recompute, **OPTIMIZER))
+    worker = MegatronWorker(
+        WorkerSpec(
+            model_dir,
+            tp,
+            pp,
+            temperature=TEMPERATURE,
+            reference=True,
+            recompute=recompute,
+            **OPTIMIZER,
+        )
+    )
     b = batch()
     mbs = packed(b)
-    record = {"info": worker.rank_info(), "weights_before": worker.hf_state_dict(), "logprobs": worker.logprobs(mbs)}
+    record = {
+        "info": worker.rank_info(),
+        "weights_before": worker.hf_state_dict(),
+        "logprobs": worker.logprobs(mbs),
+    }
     record["recompute"] = worker.bridge.config.recompute_granularity
     spec = ObjectiveSpec()
 
     def update() -> dict | None:
-        return worker.update(mbs, spec, old_logprobs=None, ref_logprobs=None, num_tokens=b.num_tokens, num_sequences=b.num_sequences)
+        return worker.update(
+            mbs,
+            spec,
+            old_logprobs=None,
+            ref_logprobs=None,
+            num_tokens=b.num_tokens,
+            num_sequences=b.num_sequences,
+        )
 
     record["metrics"] = [update()]
     worker.save_checkpoint(str(Path(out) / "checkpoint"))
@@ -93,4 +125,10 @@ def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) ->
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), recompute=sys.argv[5:] == ["recompute"])
+    main(
+        sys.argv[1],
+        sys.argv[2],
+        int(sys.argv[3]),
+        int(sys.argv[4]),
+        recompute=sys.argv[5:] == ["recompute"],
+    )

@@ -24,6 +24,8 @@ CHECKS = {
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
 def test_megatron_still_assumes_cuda_here(name: str) -> None:
-    result = subprocess.run([sys.executable, "-c", CHECKS[name]], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", CHECKS[name]], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode != 0, f"{name}: megatron-core no longer needs it on a CPU"
     assert "AssertionError" in result.stderr.splitlines()[-1], result.stderr[-2000:]

@@ -48,7 +48,11 @@ def _free_port() -> int:
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_family_converts_exactly_and_scores_as_transformers(family: str, tmp_path: Path) -> None:
     model_dir = _tiny_model(family, tmp_path / family)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ENVHUB_MEGATRON_WORKER_SETUP": str(HERE / "cpu_compat.py")}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "ENVHUB_MEGATRON_WORKER_SETUP": str(HERE / "cpu_compat.py"),
+    }
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
                str(HERE / "family_main.py"), str(model_dir), str(tmp_path / "rank0.pt"), "2"]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
@@ -64,6 +68,8 @@ def test_a_family_converts_exactly_and_scores_as_transformers(family: str, tmp_p
 
     ids = torch.tensor([list(range(3, 40))])
     with torch.no_grad():
-        logits = transformers.AutoModelForCausalLM.from_pretrained(model_dir)(ids).logits[0, :-1].float()
+        logits = (
+            transformers.AutoModelForCausalLM.from_pretrained(model_dir)(ids).logits[0, :-1].float()
+        )
     expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0]
     torch.testing.assert_close(record["logprobs"][: len(expected)], expected, atol=1e-5, rtol=0)

@@ -47,7 +47,15 @@ def _free_port() -> int:
 
 
 def run_ranks(
-    model_dir: Path, out: Path, *, world: int, tp: int, pp: int, setup: Path | None = COMPAT, recompute: bool = False, engine_urls: list[str] = ()
+    model_dir: Path,
+    out: Path,
+    *,
+    world: int,
+    tp: int,
+    pp: int,
+    setup: Path | None = COMPAT,
+    recompute: bool = False,
+    engine_urls: list[str] = (),
 ) -> list[dict]:
     """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
     ``recompute``: activation recomputation; ``engine_urls``: weight-transfer engines to sync
@@ -78,10 +86,23 @@ def reference(tiny_model_dir: Path) -> dict:
     mbs = rank_main.packed(b)
     logprobs = backend.logprobs(mbs)
     metrics = [
-        backend.update(mbs, ObjectiveSpec(), old_logprobs=None, ref_logprobs=None, num_tokens=b.num_tokens, num_sequences=b.num_sequences).metrics
+        backend.update(
+            mbs,
+            ObjectiveSpec(),
+            old_logprobs=None,
+            ref_logprobs=None,
+            num_tokens=b.num_tokens,
+            num_sequences=b.num_sequences,
+        ).metrics
         for _ in range(2)
     ]
-    return {"mbs": mbs, "logprobs": logprobs, "metrics": metrics, "weights": dict(backend.weights()), "num_parameters": backend.num_parameters()}
+    return {
+        "mbs": mbs,
+        "logprobs": logprobs,
+        "metrics": metrics,
+        "weights": dict(backend.weights()),
+        "num_parameters": backend.num_parameters(),
+    }
 
 
 LAYOUTS = {"tp2": (2, 1, False), "pp2": (1, 2, True), "dp2": (1, 1, False)}
@@ -89,12 +110,25 @@ LAYOUTS = {"tp2": (2, 1, False), "pp2": (1, 2, True), "dp2": (1, 1, False)}
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
-def layout_run(request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, shm_engines) -> tuple[list[dict], list]:
+def layout_run(
+    request: pytest.FixtureRequest,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    shm_engines,
+) -> tuple[list[dict], list]:
     """Each layout's ranks, and the two engines they synced their trained weights to."""
     tp, pp, recompute = LAYOUTS[request.param]
     engines = shm_engines(2)
     urls = [url for url, _ in engines]
-    records = run_ranks(tiny_model_dir, tmp_path_factory.mktemp(request.param), world=2, tp=tp, pp=pp, recompute=recompute, engine_urls=urls)
+    records = run_ranks(
+        tiny_model_dir,
+        tmp_path_factory.mktemp(request.param),
+        world=2,
+        tp=tp,
+        pp=pp,
+        recompute=recompute,
+        engine_urls=urls,
+    )
     return records, [engine for _, engine in engines]
 
 
@@ -106,7 +140,9 @@ def ranks(layout_run: tuple[list[dict], list]) -> list[dict]:
 def test_layout_of_the_ranks(ranks: list[dict]) -> None:
     infos = [r["info"] for r in ranks]
     pipeline = max(i["pp"] for i in infos) == 1
-    assert [r["recompute"] for r in ranks] == ["full" if pipeline else None] * 2  # the pipeline layout recomputes
+    assert [r["recompute"] for r in ranks] == [
+        "full" if pipeline else None
+    ] * 2  # the pipeline layout recomputes
     assert [i["rank"] for i in infos] == [0, 1]
     tp = max(i["tp"] for i in infos) + 1
     pp = max(i["pp"] for i in infos) + 1
@@ -115,10 +151,14 @@ def test_layout_of_the_ranks(ranks: list[dict]) -> None:
     assert sum(i["output"] for i in infos) == 1  # one rank reports the update
 
 
-def test_round_trip_gives_the_checkpoint_back_exactly(ranks: list[dict], tiny_model_dir: Path, reference: dict) -> None:
+def test_round_trip_gives_the_checkpoint_back_exactly(
+    ranks: list[dict], tiny_model_dir: Path, reference: dict
+) -> None:
     exported = ranks[0]["weights_before"]
     on_disk = load_file(str(tiny_model_dir / "model.safetensors"))
-    assert set(exported) == set(on_disk) - {"lm_head.weight"}  # tied: the embedding once, as HF saves it
+    assert set(exported) == set(on_disk) - {
+        "lm_head.weight"
+    }  # tied: the embedding once, as HF saves it
     for name, tensor in exported.items():
         assert torch.equal(tensor, on_disk[name]), name
     assert all(r["weights_before"] is None for r in ranks[1:])
@@ -131,15 +171,28 @@ def test_logprobs_match_the_hf_model(ranks: list[dict], reference: dict) -> None
         merged |= r["logprobs"] or {}
     assert sorted(merged) == list(range(len(reference["mbs"])))
     for k, mb in enumerate(reference["mbs"]):
-        mask = mb.loss_mask.bool()  # pads differ: HF masks them, megatron's causal attention does not
-        torch.testing.assert_close(merged[k][mask], reference["logprobs"][k][mask], atol=1e-5, rtol=0)
+        mask = (
+            mb.loss_mask.bool()
+        )  # pads differ: HF masks them, megatron's causal attention does not
+        torch.testing.assert_close(
+            merged[k][mask], reference["logprobs"][k][mask], atol=1e-5, rtol=0
+        )
 
 
 def test_two_updates_match_the_torch_backend(ranks: list[dict], reference: dict) -> None:
     reports = [r["metrics"] for r in ranks if r["metrics"][0] is not None]
     assert len(reports) == 1
     for ours, theirs in zip(reports[0], reference["metrics"], strict=True):
-        for name in ("loss", "policy_loss", "entropy", "grad_norm", "lr", "clip_frac", "mismatch_kl", "ratio_mean"):
+        for name in (
+            "loss",
+            "policy_loss",
+            "entropy",
+            "grad_norm",
+            "lr",
+            "clip_frac",
+            "mismatch_kl",
+            "ratio_mean",
+        ):
             assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-7), name
     assert reports[0][0]["grad_norm"] > 0.2  # the clip (0.2) was active: clipping is compared too
     after = ranks[0]["weights_after"]
@@ -176,12 +229,16 @@ def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_one_gpu_rank_matches_the_torch_backend(tiny_model_dir: Path, tmp_path: Path, reference: dict) -> None:
+def test_one_gpu_rank_matches_the_torch_backend(
+    tiny_model_dir: Path, tmp_path: Path, reference: dict
+) -> None:
     """The GPU path: NCCL, megatron-core's distributed optimizer, no compatibility module."""
     (rank,) = run_ranks(tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None)
     for k, mb in enumerate(reference["mbs"]):
         mask = mb.loss_mask.bool()
-        torch.testing.assert_close(rank["logprobs"][k][mask], reference["logprobs"][k][mask], atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            rank["logprobs"][k][mask], reference["logprobs"][k][mask], atol=1e-4, rtol=0
+        )
     for ours, theirs in zip(rank["metrics"], reference["metrics"], strict=True):
         for name in ("loss", "grad_norm", "entropy"):
             assert ours[name] == pytest.approx(theirs[name], rel=1e-3, abs=1e-6), name
@@ -204,7 +261,9 @@ def test_weights_stream_in_buckets_of_whole_tensors(ranks: list[dict]) -> None:
         assert r["weight_buckets"] == [None] * len(buckets)
 
 
-def test_rank_0_sends_the_trained_weights_straight_to_every_engine(layout_run: tuple[list[dict], list]) -> None:
+def test_rank_0_sends_the_trained_weights_straight_to_every_engine(
+    layout_run: tuple[list[dict], list],
+) -> None:
     """The Megatron sync path: every rank gathers, rank 0 alone drives both engines over
     HTTP (one init, then start / a bucket per call / finish for each sync), and each engine
     reads the trained weights, bit for bit, in buckets of whole layers."""
@@ -212,7 +271,9 @@ def test_rank_0_sends_the_trained_weights_straight_to_every_engine(layout_run: t
     after = ranks[0]["weights_after"]
     assert ranks[0]["sender"]["rank"] == 0 and [r["sender"] for r in ranks[1:]] == [None]
     buckets, nbytes = ranks[0]["sent"][0]
-    assert ranks[0]["sent"] == [(buckets, nbytes)] * 2 and [r["sent"] for r in ranks[1:]] == [[None, None]]
+    assert ranks[0]["sent"] == [(buckets, nbytes)] * 2 and [r["sent"] for r in ranks[1:]] == [
+        [None, None]
+    ]
     one_sync = ["start_weight_update"] + ["update_weights"] * buckets + ["finish_weight_update"]
     for engine in engines:
         assert engine.calls == ["init_weight_transfer_engine"] + one_sync * 2
@@ -221,7 +282,11 @@ def test_rank_0_sends_the_trained_weights_straight_to_every_engine(layout_run: t
             assert torch.equal(engine.received[name], tensor), name
         # A bucket holds whole layers: embedding alone (25 MB), then each decoder layer and the final norm.
         first = engine.buckets[: len(engine.buckets) // 2]
-        layers = [{n.split(".")[2] for n in bucket if n.startswith("model.layers.")} for bucket in first]
+        layers = [
+            {n.split(".")[2] for n in bucket if n.startswith("model.layers.")} for bucket in first
+        ]
         assert first[0] == ["model.embed_tokens.weight"] and all(len(s) <= 1 for s in layers)
-    assert nbytes == sum(-(-t.numel() * 4 // 64) * 64 for t in after.values())  # float32, each tensor 64-byte aligned
+    assert nbytes == sum(
+        -(-t.numel() * 4 // 64) * 64 for t in after.values()
+    )  # float32, each tensor 64-byte aligned
     assert not ranks[0]["shared_file_left"]

@@ -49,7 +49,9 @@ def loop() -> Any:
     thread.close()
 
 
-def test_one_sync_reaches_every_engine_with_its_own_nccl_ranks(loop: asyncio.AbstractEventLoop) -> None:
+def test_one_sync_reaches_every_engine_with_its_own_nccl_ranks(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     a, b = Receiver(world_size=2), Receiver(world_size=3)
     client = FanoutClient(loop, [a, b], transfers.get("nccl"))
     assert client.world_sizes() == [2, 3]  # the trainer's group: 1 + 5 ranks
@@ -57,11 +59,23 @@ def test_one_sync_reaches_every_engine_with_its_own_nccl_ranks(loop: asyncio.Abs
     client.start_weight_update()
     client.update_weights({"names": ["w"]})
     client.finish_weight_update("7")
-    assert a.calls == [("init", {**NCCL_INIT, "rank_offset": 1}), ("start", None), ("update", {"names": ["w"]}), ("finish", "7")]
-    assert b.calls == [("init", {**NCCL_INIT, "rank_offset": 3}), ("start", None), ("update", {"names": ["w"]}), ("finish", "7")]  # after a's two workers
+    assert a.calls == [
+        ("init", {**NCCL_INIT, "rank_offset": 1}),
+        ("start", None),
+        ("update", {"names": ["w"]}),
+        ("finish", "7"),
+    ]
+    assert b.calls == [
+        ("init", {**NCCL_INIT, "rank_offset": 3}),
+        ("start", None),
+        ("update", {"names": ["w"]}),
+        ("finish", "7"),
+    ]  # after a's two workers
 
 
-def test_without_ranks_every_engine_gets_the_same_init_info(loop: asyncio.AbstractEventLoop) -> None:
+def test_without_ranks_every_engine_gets_the_same_init_info(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
     a, b = Receiver(), Receiver()
     client = FanoutClient(loop, [a, b], transfers.get("envhub_shm"))
     client.init_weight_transfer_engine({"protocol": 1})
@@ -70,7 +84,9 @@ def test_without_ranks_every_engine_gets_the_same_init_info(loop: asyncio.Abstra
 
 def test_rank_0s_client_gives_each_server_its_own_nccl_ranks(shm_engines) -> None:
     (url_a, a), (url_b, b) = shm_engines(1, world_size=2) + shm_engines(1, world_size=3)
-    engines = RemoteEngines(TransferPlan("nccl", bucket_bytes=1 << 20, dtype=None, urls=(url_a, url_b)))
+    engines = RemoteEngines(
+        TransferPlan("nccl", bucket_bytes=1 << 20, dtype=None, urls=(url_a, url_b))
+    )
     try:
         assert engines.client.world_sizes() == [2, 3]
         engines.client.init_weight_transfer_engine(NCCL_INIT)
@@ -78,7 +94,11 @@ def test_rank_0s_client_gives_each_server_its_own_nccl_ranks(shm_engines) -> Non
         engines.client.finish_weight_update()
     finally:
         engines.close()
-    assert a.calls == b.calls == ["init_weight_transfer_engine", "start_weight_update", "finish_weight_update"]
+    assert (
+        a.calls
+        == b.calls
+        == ["init_weight_transfer_engine", "start_weight_update", "finish_weight_update"]
+    )
     assert a.init_infos == [{**NCCL_INIT, "rank_offset": 1}]
     assert b.init_infos == [{**NCCL_INIT, "rank_offset": 3}]  # after a's two workers
 
@@ -93,9 +113,15 @@ def test_an_engine_that_refuses_or_is_gone_is_named(http_server) -> None:
         finally:
             await routes.aclose()
 
-    with pytest.raises(EngineError, match=rf"vLLM at {refusing.url}: /start_weight_update -> HTTP 500: layer 3 is missing"):
+    with pytest.raises(
+        EngineError,
+        match=rf"vLLM at {refusing.url}: /start_weight_update -> HTTP 500: layer 3 is missing",
+    ):
         asyncio.run(call(refusing.url))
-    with pytest.raises(EngineUnavailableError, match=r"vLLM at http://127.0.0.1:9 did not answer /start_weight_update: ConnectError"):
+    with pytest.raises(
+        EngineUnavailableError,
+        match=r"vLLM at http://127.0.0.1:9 did not answer /start_weight_update: ConnectError",
+    ):
         asyncio.run(call("http://127.0.0.1:9"))
 
 

@@ -18,7 +18,9 @@ def test_floats_travel_in_the_engine_dtype_and_integers_unchanged() -> None:
         ("model.norm.weight", torch.bfloat16, (2,)), ("model.ids", torch.int64, (3,)),
     ]  # fmt: skip
     sent = dict(source)
-    assert sent["model.norm.weight"].dtype == torch.bfloat16 and sent["model.norm.weight"].tolist() == [1.5, 1.5]
+    assert sent["model.norm.weight"].dtype == torch.bfloat16 and sent[
+        "model.norm.weight"
+    ].tolist() == [1.5, 1.5]
     assert torch.equal(sent["model.ids"], torch.arange(3))
 
 

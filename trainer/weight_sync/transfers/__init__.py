@@ -31,7 +31,9 @@ def get(name: str) -> Transfer:
     if name not in known:
         close = difflib.get_close_matches(name, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError(f"unknown weight transfer {name!r}{hint}; available: {AUTO}, {', '.join(known)}")
+        raise ConfigError(
+            f"unknown weight transfer {name!r}{hint}; available: {AUTO}, {', '.join(known)}"
+        )
     return import_module(f"{__name__}.{name}").TRANSFER
 
 

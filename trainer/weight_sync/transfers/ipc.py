@@ -17,7 +17,9 @@ def trainer_init_info(side: SenderSide) -> Any:
     """Packed buckets of ``bucket_bytes`` on the GPU."""
     from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
-    return IPCTrainerInitInfo(rank=side.rank, packed=True, packed_buffer_size_bytes=side.bucket_bytes)
+    return IPCTrainerInitInfo(
+        rank=side.rank, packed=True, packed_buffer_size_bytes=side.bucket_bytes
+    )
 
 
 TRANSFER = Transfer(

@@ -27,10 +27,14 @@ def trainer_init_info(side: SenderSide) -> Any:
         }
     else:
         group = {"master_address": "", "master_port": 0, "world_size": 0}
-    return NCCLTrainerInitInfo(rank=side.rank, packed=True, packed_buffer_size_bytes=side.bucket_bytes, **group)
+    return NCCLTrainerInitInfo(
+        rank=side.rank, packed=True, packed_buffer_size_bytes=side.bucket_bytes, **group
+    )
 
 
-def engine_init_infos(init_info: dict[str, Any], world_sizes: Callable[[], list[int]]) -> list[dict[str, Any]] | None:
+def engine_init_infos(
+    init_info: dict[str, Any], world_sizes: Callable[[], list[int]]
+) -> list[dict[str, Any]] | None:
     """Each engine's copy of the trainer's init info, with its own first rank in the group."""
     if "rank_offset" not in init_info:
         return None
