@@ -6,7 +6,8 @@ cutting and decoding rows).
 once and ``max_batch_size`` splits them into batches of 1, 8 or 32. A row that samples EOS early
 stops early, so tokens/s counts the tokens actually generated.
 
-    .venv/bin/python bench/hf_engine_throughput.py [--prompts 32] [--new-tokens 64] [--batch-sizes 1 8 32]
+    .venv/bin/python bench/hf_engine_throughput.py [--prompts 32] [--new-tokens 64] \
+        [--batch-sizes 1 8 32]
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ TOPICS = [
 
 
 def requests(engine: HFEngine, n: int, new_tokens: int) -> list[GenerateRequest]:
+    """Build ``n`` story-writing chat requests, tokenized with the engine's chat template.
+
+    Topics cycle through :data:`TOPICS` and each prompt carries its index, so no two prompts are
+    the same. All requests sample at temperature 1 for up to ``new_tokens`` tokens.
+
+    Returns:
+        The requests, with ``prompt_ids`` already filled in so both the engine and the bare
+        ``model.generate`` baseline see the same token ids.
+    """
     sampling = SamplingParams(temperature=1.0, max_tokens=new_tokens)
     out = []
     for i in range(n):
@@ -46,6 +56,15 @@ def requests(engine: HFEngine, n: int, new_tokens: int) -> list[GenerateRequest]
 
 
 def run_engine(engine: HFEngine, batch: list[GenerateRequest]) -> tuple[int, float]:
+    """Send every request in ``batch`` to ``engine`` at once and wait for all of them.
+
+    The engine's stats are reset first, and its batching task is stopped at the end because it
+    belongs to this call's event loop.
+
+    Returns:
+        The number of tokens the engine generated and the wall-clock seconds it took.
+    """
+
     async def main() -> None:
         try:
             await asyncio.gather(*(engine.generate(r) for r in batch))
@@ -88,6 +107,7 @@ def run_bare(
 
 
 def main() -> None:
+    """Parse the arguments, load the model, and print engine vs bare tokens/s per batch size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
@@ -97,7 +117,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     print(
-        f"SmolLM2-135M-Instruct fp32, {torch.get_num_threads()} threads, {args.prompts} prompts x <= {args.new_tokens} new tokens",
+        f"SmolLM2-135M-Instruct fp32, {torch.get_num_threads()} threads, "
+        f"{args.prompts} prompts x <= {args.new_tokens} new tokens",
         flush=True,
     )
     warm = HFEngine(model, tokenizer)

@@ -26,6 +26,10 @@ RUNS = 5
 
 
 def timed(fn, runs: int = RUNS) -> float:
+    """Call ``fn(i)`` for ``i`` in ``range(runs)`` and return the median wall-clock seconds.
+
+    The run index lets each call work on its own version or cache directory.
+    """
     times = []
     for i in range(runs):
         started = time.perf_counter()
@@ -35,6 +39,11 @@ def timed(fn, runs: int = RUNS) -> float:
 
 
 def main() -> None:
+    """Start the local Hub server, time push / gates / pull / install, and print the medians.
+
+    Everything (Hub home, envhub cache, the package and the venv) lives in a temporary
+    directory that is removed at the end.
+    """
     from hub_server import HubServer
     from venvs import fresh_venv
 

@@ -15,10 +15,19 @@ SNIPPETS = {
     "import envhub; envhub.make": "import envhub; envhub.make",
     "envhub.make('calculator')": "import envhub; envhub.make('calculator')",
 }
-PROBE = "import sys, time; t = time.perf_counter(); {code}; print(time.perf_counter() - t); print(int(any(m in sys.modules for m in ('torch', 'transformers', 'vllm'))))"
+PROBE = (
+    "import sys, time; t = time.perf_counter(); {code}; print(time.perf_counter() - t); "
+    "print(int(any(m in sys.modules for m in ('torch', 'transformers', 'vllm'))))"
+)
 
 
 def measure(code: str, runs: int = 15) -> tuple[float, bool]:
+    """Time ``code`` in ``runs`` fresh interpreters.
+
+    Returns:
+        The median seconds ``code`` took (interpreter start-up excluded), and whether any run
+        left torch, transformers or vllm in ``sys.modules``.
+    """
     times, heavy = [], False
     for _ in range(runs):
         out = subprocess.run(
@@ -33,6 +42,7 @@ def measure(code: str, runs: int = 15) -> tuple[float, bool]:
 
 
 def main() -> None:
+    """Print a table of median import times for each snippet in :data:`SNIPPETS`."""
     print(f"{'what':<32} {'median ms':>10}  torch/transformers/vllm loaded")
     for label, code in SNIPPETS.items():
         seconds, heavy = measure(code)

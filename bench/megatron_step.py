@@ -9,7 +9,8 @@ runs in this process; each Megatron layout runs as two (or one) gloo ranks under
 the tests' CPU compatibility module. Torch threads: one per rank (two ranks share the two
 cores of a CI machine; the torch backend gets both).
 
-    .venv/bin/python bench/megatron_step.py [--hidden 256] [--layers 4] [--sequences 16] [--steps 5]
+    .venv/bin/python bench/megatron_step.py [--hidden 256] [--layers 4] [--sequences 16] \
+        [--steps 5]
 """
 
 from __future__ import annotations
@@ -39,14 +40,19 @@ LAYOUTS = [
 
 
 def make_model(folder: Path, hidden: int, layers: int) -> None:
+    """Save a randomly initialised small Llama and SmolLM2's tokenizer to ``folder``.
+
+    The weights are seeded, so every backend and layout starts from the same model.
+    """
     import transformers
 
     from envhub.trainer.models import resolve_model
 
     tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 4,
+        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=1024, tie_word_embeddings=True,
     )  # fmt: skip
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(folder)
@@ -54,6 +60,20 @@ def make_model(folder: Path, hidden: int, layers: int) -> None:
 
 
 def make_batch(sequences: int, budget: int, packed: bool) -> tuple[Batch, list]:
+    """Build a seeded batch of random sequences and bin it into micro-batches.
+
+    Each sequence has 64-160 random token ids, a 16-token prompt left out of the loss, dummy
+    sampler logprobs and a random advantage. The same seed gives the same batch on every rank
+    and for both backends.
+
+    Args:
+        sequences: How many sequences the batch holds.
+        budget: The token budget of one micro-batch.
+        packed: Bin for packing (Megatron) rather than for right-padding (torch backend).
+
+    Returns:
+        The batch and its micro-batches.
+    """
     generator = torch.Generator().manual_seed(0)
     samples = []
     for i in range(sequences):
@@ -73,6 +93,7 @@ def make_batch(sequences: int, budget: int, packed: bool) -> tuple[Batch, list]:
 
 
 def step(backend: object, batch: Batch, mbs: list) -> float:
+    """Run one training step (old-policy logprobs, then one update) and return its seconds."""
     start = time.perf_counter()
     backend.logprobs(mbs)
     backend.update(
@@ -87,6 +108,13 @@ def step(backend: object, batch: Batch, mbs: list) -> float:
 
 
 def time_torch(model: Path, args: argparse.Namespace) -> list[float]:
+    """Time ``args.steps`` steps of the torch backend on the CPU, in this process.
+
+    One extra step runs first as a warm-up and is not counted.
+
+    Returns:
+        The seconds of each timed step.
+    """
     from envhub.trainer.backends.torch_backend import TorchBackend
     from envhub.trainer.config import validate_config
 
@@ -133,6 +161,14 @@ def rank_main(model: str, tp: int, pp: int, args: argparse.Namespace) -> None:
 def time_megatron(
     model: Path, world: int, tp: int, pp: int, args: argparse.Namespace
 ) -> list[float]:
+    """Time ``args.steps`` Megatron steps in one layout, run by ``world`` ranks under torchrun.
+
+    Each rank re-runs this script with ``--rank``; the tests' CPU compatibility module is set as
+    the worker setup and the two CPU cores are split between the ranks.
+
+    Returns:
+        The seconds of each timed step, as rank 0 reported them.
+    """
     env = {
         **os.environ,
         "ENVHUB_MEGATRON_WORKER_SETUP": str(COMPAT),
@@ -160,6 +196,12 @@ def _common(args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
+    """Parse the arguments; run one rank when ``--rank`` is given, else the whole comparison.
+
+    The comparison builds the model in a temporary directory, times the torch backend and every
+    Megatron layout in :data:`LAYOUTS`, and prints the median and fastest seconds per step and
+    the tokens per second of each.
+    """
     parser = argparse.ArgumentParser()
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
@@ -182,10 +224,13 @@ def main() -> None:
     _, packed = make_batch(args.sequences, args.micro_batch_tokens, packed=True)
     tokens = sum(len(s) for s in batch.samples)
     print(
-        f"model: Llama hidden={args.hidden} layers={args.layers} vocab=49152; batch: {args.sequences} sequences, {tokens} tokens"
+        f"model: Llama hidden={args.hidden} layers={args.layers} vocab=49152; "
+        f"batch: {args.sequences} sequences, {tokens} tokens"
     )
+    positions = sum(mb.input_ids.numel() for mb in padded)
     print(
-        f"torch: {len(padded)} padded micro-batches, {sum(mb.input_ids.numel() for mb in padded)} positions; megatron: {len(packed)} packed rows, {tokens} positions"
+        f"torch: {len(padded)} padded micro-batches, {positions} positions; "
+        f"megatron: {len(packed)} packed rows, {tokens} positions"
     )
     print(f"{'backend':<18}{'median s/step':>14}{'min':>8}{'tokens/s':>10}")
     for name, times in rows:

@@ -13,9 +13,9 @@ attention 3 x 4 x layers x q_dim x L(L+1)/2 per sequence of L tokens (fwd + 2 x 
 recomputation counted). MFU = achieved model FLOP/s per GPU / ``--peak-tflops`` (default: dense
 bf16 of an H100/H200 SXM, 989 TFLOP/s; pass your card's figure).
 
-    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-0.5b               # one GPU
-    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-1.5b --tp 2        # two GPUs
-    .venv/bin/python bench/megatron_throughput.py --shape tiny --tokens 4096         # CPU check (gloo)
+    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-0.5b          # one GPU
+    .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-1.5b --tp 2   # two GPUs
+    .venv/bin/python bench/megatron_throughput.py --shape tiny --tokens 4096    # CPU check (gloo)
 """
 
 from __future__ import annotations
@@ -34,15 +34,19 @@ from torchrun_ranks import run_ranks
 ROOT = Path(__file__).resolve().parents[1]
 COMPAT = ROOT / "tests" / "trainer" / "megatron" / "cpu_compat.py"
 SHAPES = {
-    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936},
-    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936},
-    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 4096},
+    "qwen2.5-0.5b": {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                     "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936},
+    "qwen2.5-1.5b": {"hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+                     "num_attention_heads": 12, "num_key_value_heads": 2, "vocab_size": 151936},
+    "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 4096},
 }  # fmt: skip
 H100_BF16_TFLOPS = 989.0
 
 
 def make_model(folder: Path, shape: str) -> None:
-    """A randomly initialised Qwen2 of ``shape`` (tied embeddings, as the small Qwen2.5s), saved in bf16."""
+    """A randomly initialised Qwen2 of ``shape`` (tied embeddings, as the small Qwen2.5s), saved
+    in bf16."""
     import transformers
 
     config = transformers.Qwen2Config(
@@ -57,6 +61,22 @@ def make_model(folder: Path, shape: str) -> None:
 
 
 def make_batch(shape: str, tokens: int, seq: int, budget: int) -> tuple[object, list]:
+    """Build a seeded batch of random sequences and pack it into micro-batches.
+
+    Sequences of ``seq // 2`` to ``seq`` random token ids (from the shape's vocabulary) are
+    added until they hold ``tokens`` tokens in all; the last one is cut to fit. The first eighth
+    of each sequence stands for the prompt and is left out of the loss. The seed makes every
+    rank build the same batch.
+
+    Args:
+        shape: A key of :data:`SHAPES`, for the vocabulary size.
+        tokens: The total number of tokens in the batch.
+        seq: The longest sequence.
+        budget: The token budget of one packed micro-batch.
+
+    Returns:
+        The batch and its packed micro-batches.
+    """
     from envhub.trainer.batch import Batch, Sample, micro_batches
 
     generator = torch.Generator().manual_seed(0)
@@ -81,7 +101,8 @@ def make_batch(shape: str, tokens: int, seq: int, budget: int) -> tuple[object, 
 
 
 def model_flops(shape: str, lengths: list[int]) -> float:
-    """Model FLOPs of one update (forward + backward) over sequences of ``lengths`` (see the docstring)."""
+    """Model FLOPs of one update (forward + backward) over sequences of ``lengths`` (see the
+    module docstring)."""
     s = SHAPES[shape]
     h, layers, heads, kv = (
         s["hidden_size"],
@@ -152,14 +173,24 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
     if torch.distributed.get_rank() == 0:
         memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         report = {
-            "updates": updates, "logprobs": logprobs, "gathers": gathers, "weight_bytes": weight_bytes, "lengths": [len(s) for s in batch.samples],
-            "micro_batches": len(mbs), "parameters": parameters, "device": torch.cuda.get_device_name() if gpu else "cpu", "max_memory_gib": memory,
+            "updates": updates, "logprobs": logprobs, "gathers": gathers,
+            "weight_bytes": weight_bytes, "lengths": [len(s) for s in batch.samples],
+            "micro_batches": len(mbs), "parameters": parameters,
+            "device": torch.cuda.get_device_name() if gpu else "cpu", "max_memory_gib": memory,
         }  # fmt: skip
         print("REPORT " + json.dumps(report), flush=True)
     worker.shutdown()
 
 
 def measure(model: Path, args: argparse.Namespace) -> dict:
+    """Run the ``tp x pp`` ranks under torchrun on the saved ``model`` and return rank 0's report.
+
+    Without a GPU the ranks use gloo through the tests' CPU compatibility module and share the
+    CPU cores between them.
+
+    Returns:
+        The report dict that :func:`rank_main` prints on rank 0 (timings, sizes, device).
+    """
     world = args.tp * args.pp
     env = dict(os.environ)
     if not torch.cuda.is_available():
@@ -178,12 +209,20 @@ def measure(model: Path, args: argparse.Namespace) -> dict:
 
 
 def _forwarded(args: argparse.Namespace) -> list[str]:
-    flags = ["--shape", args.shape, "--tp", str(args.tp), "--pp", str(args.pp), "--tokens", str(args.tokens), "--seq", str(args.seq),
-             "--micro-batch-tokens", str(args.micro_batch_tokens), "--steps", str(args.steps)]  # fmt: skip
+    flags = ["--shape", args.shape, "--tp", str(args.tp), "--pp", str(args.pp),
+             "--tokens", str(args.tokens), "--seq", str(args.seq),
+             "--micro-batch-tokens", str(args.micro_batch_tokens),
+             "--steps", str(args.steps)]  # fmt: skip
     return [*flags, "--recompute"] if args.recompute else flags
 
 
 def print_report(report: dict, args: argparse.Namespace) -> None:
+    """Print the model, the batch, and a table of throughput, MFU, weight-gather time and memory.
+
+    Args:
+        report: Rank 0's report, as :func:`measure` returns it.
+        args: The parsed arguments (shape, layout and ``--peak-tflops`` for the MFU).
+    """
     world = args.tp * args.pp
     tokens = sum(report["lengths"])
     update = statistics.median(report["updates"])
@@ -191,10 +230,12 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
     per_gpu = flops / update / world / 1e12
     gather = statistics.median(report["gathers"])
     print(
-        f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x {report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})"
+        f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x "
+        f"{report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})"
     )
     print(
-        f"batch: {len(report['lengths'])} sequences, {tokens} tokens, {report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens"
+        f"batch: {len(report['lengths'])} sequences, {tokens} tokens, "
+        f"{report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens"
     )
     rows = [
         ("update s (median)", f"{update:.3f}"),
@@ -208,7 +249,8 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
         ("logprobs pass s", f"{statistics.median(report['logprobs']):.3f}"),
         (
             "weight gather s (per sync)",
-            f"{gather:.3f}  ({report['weight_bytes'] / 2**30:.2f} GiB, {report['weight_bytes'] / gather / 2**30:.1f} GiB/s)",
+            f"{gather:.3f}  ({report['weight_bytes'] / 2**30:.2f} GiB, "
+            f"{report['weight_bytes'] / gather / 2**30:.1f} GiB/s)",
         ),
         ("peak memory GiB (rank 0)", f"{report['max_memory_gib']:.1f}"),
     ]
@@ -218,6 +260,11 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """Parse the arguments; run one rank when ``--rank`` is given, else the whole benchmark.
+
+    The benchmark saves the model in a temporary directory, runs the ranks on it and prints
+    rank 0's report.
+    """
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
     parser.add_argument("--tp", type=int, default=1)

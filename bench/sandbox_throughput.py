@@ -26,6 +26,7 @@ CASES = [{"fn": "add", "args": [i, i], "expected": 2 * i} for i in range(5)] + [
 
 
 async def bare_print() -> None:
+    """Run ``print(1)`` in a bare host interpreter, with no sandbox (the limit)."""
     # The interpreter the sandbox runs (a `python3` on PATH may be a slow pyenv shim).
     proc = await asyncio.create_subprocess_exec(
         "/usr/bin/python3", "-c", "print(1)", stdout=asyncio.subprocess.PIPE
@@ -55,6 +56,12 @@ async def measure(
 
 
 def jobs_for(name: str, box: Sandbox) -> dict[str, Callable[[], Awaitable[object]]]:
+    """The two jobs to time on ``box``, keyed by their row labels (prefixed with ``name``).
+
+    One runs ``print(1)``, the other scores :data:`ADD` on the 10 :data:`CASES`; each asserts
+    that its result is right, so a broken sandbox cannot post a fast time.
+    """
+
     async def printed() -> None:
         result = await box.arun_python("print(1)")
         assert result.stdout == "1\n", result
@@ -67,6 +74,12 @@ def jobs_for(name: str, box: Sandbox) -> dict[str, Callable[[], Awaitable[object
 
 
 async def main(runs: int, e2b: bool) -> None:
+    """Time every job at concurrency 1, 2, 8 and 32 and print a row for each.
+
+    Args:
+        runs: Timed executions per row (after one warm-up).
+        e2b: Also time the e2b backend against a local envd started for the run.
+    """
     local = LocalSandbox(Limits(wall_time=30), max_concurrency=32)
     jobs: dict[str, Callable[[], Awaitable[object]]] = {
         "host python -c print(1)": bare_print,

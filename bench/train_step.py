@@ -20,7 +20,8 @@ rest. The machine is shared, so CPU seconds of the process (all threads) are rep
 processes stretch wall time far more than this process's own CPU time. TRL runs first, in a
 subprocess (``bench/trl_grpo_step.py``, needs ``pip install --no-deps trl``).
 
-    .venv/bin/python bench/train_step.py [--side both|envhub|trl] [--trl-json trl.json] [--json out.json]
+    .venv/bin/python bench/train_step.py [--side both|envhub|trl] [--trl-json trl.json] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -104,19 +105,24 @@ class StepClock:
 
     @staticmethod
     def now() -> tuple[float, float]:
+        """The current wall time and this process's CPU time (all threads), in seconds."""
         return time.perf_counter(), time.process_time()
 
     def start(self, config: Any, info: dict[str, Any]) -> None:
+        """Stamp the start of the run, where the first step begins."""
         self.marks.append(self.now())
 
     def rollout_progress(self, done: int, total: int) -> None:
+        """Stamp the end of a step's rollout, when its last episode is done."""
         if done == total:
             self.rollout_ends.append(self.now())
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
+        """Stamp the end of a step (and so the start of the next one)."""
         self.marks.append(self.now())
 
     def finish(self, result: Any) -> None:
+        """Do nothing: the run's end is already stamped by its last step."""
         pass
 
 
@@ -132,7 +138,8 @@ def run_envhub(args: argparse.Namespace) -> dict[str, Any]:
         history = read_metrics(config.run_dir / "metrics.jsonl")
     if len(history) != len(clock.marks) - 1 or len(clock.rollout_ends) != len(history):
         raise RuntimeError(
-            f"{len(history)} metric rows, {len(clock.marks) - 1} steps, {len(clock.rollout_ends)} rollouts"
+            f"{len(history)} metric rows, {len(clock.marks) - 1} steps, "
+            f"{len(clock.rollout_ends)} rollouts"
         )
     steps = []
     marks = zip(history, clock.marks[:-1], clock.marks[1:], clock.rollout_ends, strict=True)
@@ -221,6 +228,7 @@ def _version(package: str) -> str:
 
 
 def main() -> None:
+    """Run the chosen sides (or reuse a saved TRL result), print the table, and save the JSON."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_arguments(parser)
     parser.add_argument("--side", choices=["both", "envhub", "trl"], default="both")

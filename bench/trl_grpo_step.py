@@ -193,7 +193,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trainer.train()
     if len(generation) != len(ends) - 1:
         raise RuntimeError(
-            f"expected one generation per optimizer step, got {len(generation)} for {len(ends) - 1} steps"
+            "expected one generation per optimizer step, "
+            f"got {len(generation)} for {len(ends) - 1} steps"
         )
     steps = [
         step_record(end[0] - begin[0], gen, end[1] - begin[1], gen_cpu, tokens)
@@ -226,6 +227,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
+    """Run TRL's side alone, print its medians, and save the JSON when ``--json`` is given."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_arguments(parser)
     args = parser.parse_args()

@@ -8,6 +8,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub check`` command to ``app``."""
     app.command("check")(check_command)
 
 
@@ -80,7 +81,8 @@ def _check_package(path: Path, seeds: int, tests: bool) -> None:
 
     report = check_package(path, seeds=seeds, run_tests=tests)
     table = Table(
-        title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/] (version {report.version})",
+        title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/]"
+        f" (version {report.version})",
         title_justify="left",
     )
     for column in ("gate", "result", "detail"):

@@ -6,6 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub doctor`` command to ``app``."""
     app.command("doctor")(doctor_command)
 
 
@@ -45,7 +46,8 @@ def doctor_command(
     except EngineError as e:
         raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
     table = Table(
-        title=f"chat template of {served}: {checked} turn boundaries in {len(CONVERSATIONS)} conversations",
+        title=f"chat template of {served}: "
+        f"{checked} turn boundaries in {len(CONVERSATIONS)} conversations",
         title_justify="left",
     )
     for column in (
@@ -63,11 +65,13 @@ def doctor_command(
     if findings:
         console.print(table)
         console.print(
-            "[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled and records drift on each trajectory",
+            "[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled "
+            "and records drift on each trajectory",
             soft_wrap=True,
         )
         raise typer.Exit(code=1)
     console.print(
-        f"[green]ok[/]: every turn's prompt is an exact prefix of the next ({checked} turn boundaries checked)",
+        "[green]ok[/]: every turn's prompt is an exact prefix of the next "
+        f"({checked} turn boundaries checked)",
         soft_wrap=True,
     )

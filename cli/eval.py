@@ -12,6 +12,7 @@ DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub eval`` command to ``app``."""
     app.command("eval")(eval_command)
 
 
@@ -43,7 +44,8 @@ def eval_command(
         [],
         "--env-arg",
         "-a",
-        help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); repeatable.",
+        help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); "
+        "repeatable.",
     ),
     mode: str = typer.Option(
         "auto", help="auto | tokens (token-in/token-out, vLLM) | chat (any OpenAI server)."
@@ -76,8 +78,9 @@ def eval_command(
     server = _start_server(model) if serve else None
     try:
         run_eval(
-            env, kwargs, base_url=server.base_url if server else base_url, model=model, api_key=api_key,
-            mode=mode, num_tasks=num_tasks, rollouts=rollouts, seed=seed, concurrency=concurrency,
+            env, kwargs, base_url=server.base_url if server else base_url, model=model,
+            api_key=api_key, mode=mode, num_tasks=num_tasks, rollouts=rollouts, seed=seed,
+            concurrency=concurrency,
             sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
             timeouts=(step_timeout, episode_timeout), output=output,
         )  # fmt: skip
@@ -126,9 +129,10 @@ def _start_server(model: str):
     return server
 
 
-def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model: str | None, api_key: str | None,
-             mode: str, num_tasks: int, rollouts: int, seed: int, concurrency: int, sampling: dict[str, Any],
-             timeouts: tuple[float, float], output: Path | None) -> Path:  # fmt: skip
+def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model: str | None,
+             api_key: str | None, mode: str, num_tasks: int, rollouts: int, seed: int,
+             concurrency: int, sampling: dict[str, Any], timeouts: tuple[float, float],
+             output: Path | None) -> Path:  # fmt: skip
     """Run the evaluation and save it; returns the output folder."""
     import asyncio
     import time
@@ -148,7 +152,8 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     engine = OpenAIEngine(base_url, model, api_key=api_key, mode=mode, max_concurrency=concurrency)
     runner = RolloutRunner(
         engine, lambda: make(env_name, **env_kwargs), sampling=SamplingParams(**sampling),
-        max_concurrency=concurrency, step_timeout=timeouts[0], episode_timeout=timeouts[1], seed=seed,
+        max_concurrency=concurrency, step_timeout=timeouts[0], episode_timeout=timeouts[1],
+        seed=seed,
     )  # fmt: skip
     folder = output or default_output(env_name, model or "server")
     started = time.perf_counter()
@@ -169,8 +174,9 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
 
         trajectories = asyncio.run(go())
     summary = summarize(trajectories, threshold, seconds=time.perf_counter() - started)
-    config = {"env": env_name, "env_args": env_kwargs, "model": engine.model, "base_url": base_url, "mode": engine.mode,
-              "tasks": indices, "rollouts": rollouts, "seed": seed, "sampling": sampling}  # fmt: skip
+    config = {"env": env_name, "env_args": env_kwargs, "model": engine.model, "base_url": base_url,
+              "mode": engine.mode, "tasks": indices, "rollouts": rollouts, "seed": seed,
+              "sampling": sampling}  # fmt: skip
     (folder / "summary.json").write_text(summary.model_dump_json(indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
@@ -179,7 +185,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
 
 
 def choose_tasks(env: Any, n: int, seed: int) -> list[int]:
-    """``n`` distinct task indices drawn with ``seed`` (all of them, in order, if n >= the dataset)."""
+    """``n`` distinct task indices drawn with ``seed``, sorted (all of them if n >= the dataset)."""
     import numpy as np
 
     size = len(env.dataset) if hasattr(env, "dataset") else n
@@ -189,6 +195,7 @@ def choose_tasks(env: Any, n: int, seed: int) -> list[int]:
 
 
 def default_output(env_name: str, model: str) -> Path:
+    """``outputs/eval/ENV-MODEL-TIME``: the model's last path part, made safe for a folder name."""
     import re
     import time
 
@@ -210,8 +217,9 @@ class _progress:
 
         from envhub.cli.console import err_console
 
-        self.bar = Progress(TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-                            TimeElapsedColumn(), console=err_console, transient=False)  # fmt: skip
+        self.bar = Progress(TextColumn("[bold]episodes"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.description}"), TimeElapsedColumn(),
+                            console=err_console, transient=False)  # fmt: skip
         self.task = self.bar.add_task("reward -", total=total)
         self.total, self.count = 0.0, 0
 

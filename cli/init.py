@@ -8,6 +8,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub init`` command to ``app``."""
     app.command("init")(init_command)
 
 
@@ -24,12 +25,15 @@ def init_command(
     force: bool = typer.Option(
         False,
         "--force",
-        help="Write into an existing, non-empty folder: replace the template's files, keep the others.",
+        help="Write into an existing, non-empty folder: "
+        "replace the template's files, keep the others.",
     ),
 ) -> None:
     """Create an env package from a template: a working env, its tests and a README to edit.
 
-    Templates: single-turn (one answer, exact-match reward), multi-turn (a game with feedback every turn), tool (a tool that reads hidden per-episode state).
+    Templates: single-turn (one answer, exact-match reward), multi-turn (a game with feedback
+    every turn), tool (a tool that reads hidden per-episode state), code (a program scored by
+    test cases run in a sandbox).
 
     Examples:
         envhub init my-env

@@ -8,6 +8,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub install`` and ``envhub pull`` commands to ``app``."""
     app.command("install")(install_command)
     app.command("pull")(pull_command)
 

@@ -6,6 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub list`` command to ``app``."""
     app.command("list")(list_command)
 
 

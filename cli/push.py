@@ -8,6 +8,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub push`` command to ``app``."""
     app.command("push")(push_command)
 
 
@@ -60,7 +61,8 @@ def push_command(
         "unchanged": "already published, same content",
     }[result.status]
     console.print(
-        f"{result.repo_id}@{result.version} {verb}: commit {result.commit}, {len(result.uploaded)} files, {result.content_hash}",
+        f"{result.repo_id}@{result.version} {verb}: commit {result.commit}, "
+        f"{len(result.uploaded)} files, {result.content_hash}",
         highlight=False,
         soft_wrap=True,
     )

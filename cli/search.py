@@ -6,6 +6,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub search`` command to ``app``."""
     app.command("search")(search_command)
 
 

@@ -8,13 +8,15 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub show`` command to ``app``."""
     app.command("show")(show_command)
 
 
 def show_command(
     results: Path = typer.Argument(
         ...,
-        help="A results folder written by `envhub eval`, or a trajectories file (an eval's trajectories.jsonl, a training step's trajectories/step-N.jsonl).",
+        help="A results folder written by `envhub eval`, or a trajectories file (an eval's "
+        "trajectories.jsonl, a training step's trajectories/step-N.jsonl).",
     ),
     episode: int = typer.Option(
         None, "--episode", "-e", help="Show this episode (its line number in the file, from 0)."
@@ -62,7 +64,7 @@ def show_command(
 
 
 def _saved_summary(file: Path) -> dict:
-    """What `envhub eval` saved next to its trajectories (pass threshold, wall time), if anything."""
+    """What `envhub eval` saved next to its trajectories (pass threshold, wall time), if any."""
     import json
 
     path = file.with_name("summary.json")
@@ -78,8 +80,9 @@ def render_episode(console, trajectory, index: int) -> None:
     t = trajectory
     parts = ", ".join(f"{k} {v:g}" for k, v in t.reward_components.items())
     console.print(
-        f"[bold]episode {index}[/]: {t.env.name} v{t.env.version} task {t.task_index} sample {t.sample_index} "
-        f"| reward {t.reward:g} ({parts}) | {t.stop_reason} | {len(t.turns)} turns, {t.num_completion_tokens} tokens",
+        f"[bold]episode {index}[/]: {t.env.name} v{t.env.version} task {t.task_index} "
+        f"sample {t.sample_index} | reward {t.reward:g} ({parts}) | {t.stop_reason} "
+        f"| {len(t.turns)} turns, {t.num_completion_tokens} tokens",
         soft_wrap=True,
     )
     styles = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}

@@ -8,6 +8,7 @@ import typer
 
 
 def register(app: typer.Typer) -> None:
+    """Add the ``envhub train`` command to ``app``."""
     app.command("train", context_settings={"allow_extra_args": False})(train_command)
 
 

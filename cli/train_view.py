@@ -72,12 +72,15 @@ class RichReporter:
         self.progress.stop()
 
     def start(self, config: Any, info: dict[str, Any]) -> None:
+        """Print the run's header: model, envs, run size, run folder, rollout engine and workers."""
         self.steps = config.steps
         envs = ", ".join(e.name for e in config.envs)
         resumed = f", resumed at step {info['resumed_from']}" if info.get("resumed_from") else ""
         console.print(
-            f"[bold]envhub train[/] {config.model.name} ({info['parameters'] / 1e6:.1f}M params, {info['device']}) on {envs}: "
-            f"{config.steps} steps x {config.rollout.tasks_per_step} tasks x {config.rollout.samples_per_task} samples{resumed}",
+            f"[bold]envhub train[/] {config.model.name} "
+            f"({info['parameters'] / 1e6:.1f}M params, {info['device']}) on {envs}: "
+            f"{config.steps} steps x {config.rollout.tasks_per_step} tasks "
+            f"x {config.rollout.samples_per_task} samples{resumed}",
             soft_wrap=True,
         )
         console.print(f"run folder: {info['run_dir']}", soft_wrap=True)
@@ -88,7 +91,8 @@ class RichReporter:
                 else ""
             )
             console.print(
-                f"rollout engine: {info.get('engine')} (initial weight sync {info['sync/seconds']:.2f} s{check})",
+                f"rollout engine: {info.get('engine')} "
+                f"(initial weight sync {info['sync/seconds']:.2f} s{check})",
                 soft_wrap=True,
             )
         if info.get("rollout_workers"):
@@ -99,11 +103,13 @@ class RichReporter:
             )
 
     def rollout_progress(self, done: int, total: int) -> None:
+        """Advance the step's rollout progress bar, adding it on the first call of a step."""
         if self._task is None:
             self._task = self.progress.add_task("rollout", total=total)
         self.progress.update(self._task, completed=done, total=total)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
+        """Drop the rollout bar and print the step's table row, with the header every 20 rows."""
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
@@ -114,12 +120,14 @@ class RichReporter:
         self._rows += 1
 
     def finish(self, result: Any) -> None:
+        """Print the reward at the first and last step and the best, then where the outputs are."""
         history = result.history
         if history:
             first, last = history[0], history[-1]
             console.print(
-                f"[bold]done[/]: reward {first.get('reward/mean', 0):.3f} (step {first['step']}) -> "
-                f"{last.get('reward/mean', 0):.3f} (step {last['step']}); best {max(r.get('reward/mean', 0) for r in history):.3f}",
+                f"[bold]done[/]: reward {first.get('reward/mean', 0):.3f} "
+                f"(step {first['step']}) -> {last.get('reward/mean', 0):.3f} "
+                f"(step {last['step']}); best {max(r.get('reward/mean', 0) for r in history):.3f}",
                 soft_wrap=True,
             )
         for label, path in (

@@ -1,7 +1,8 @@
 """``check_env``: the env contract as executable checks.
 
 Each check runs on its own; a failure in one does not hide the others. ``check_env`` raises
-:class:`EnvCheckError` listing every failure (or returns the report with ``raise_on_failure=False``).
+:class:`EnvCheckError` listing every failure (or returns the report with
+``raise_on_failure=False``).
 
 Checks: the API shape; reset output (valid messages); determinism under a seed (same seed, same
 actions -> same observations, rewards and flags); tool schemas (valid OpenAI function schemas);
@@ -29,6 +30,12 @@ from envhub.types import Message, as_message
 
 @dataclass
 class CheckResult:
+    """The outcome of one named check.
+
+    ``detail`` says what was checked when the check passes (e.g. ``"3 seeds"``) and what went wrong
+    when it fails.
+    """
+
     name: str
     passed: bool
     detail: str = ""
@@ -36,15 +43,19 @@ class CheckResult:
 
 @dataclass
 class CheckReport:
+    """Every check's result for one env, in the order the checks ran."""
+
     env_name: str
     results: list[CheckResult] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
+        """True when every check passed."""
         return all(r.passed for r in self.results)
 
     @property
     def failures(self) -> list[CheckResult]:
+        """The results of the checks that failed."""
         return [r for r in self.results if not r.passed]
 
 
@@ -251,7 +262,8 @@ def _check_policy_total(
     for seed in seeds:
         total = _run(env, seed, policy, max_steps).total
         assert math.isclose(total, target, abs_tol=1e-9), (
-            f"seed {seed}: {who} scored {total}; it must score the {where} of reward_range, {target}"
+            f"seed {seed}: {who} scored {total}; "
+            f"it must score the {where} of reward_range, {target}"
         )
     return f"{target}"
 

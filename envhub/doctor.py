@@ -46,7 +46,8 @@ CONVERSATIONS: dict[str, tuple[list[Message], list[dict[str, Any]] | None]] = {
         [
             user("What is 12 * 34?"),
             assistant(
-                '<tool_call>\n{"name": "calculate", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
+                '<tool_call>\n{"name": "calculate", '
+                '"arguments": {"expression": "12 * 34"}}\n</tool_call>'
             ),
             tool_message("408", "call_1", "calculate"),
             assistant("It is 408."),

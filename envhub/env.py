@@ -89,6 +89,7 @@ class Env(gym.Env[list[Message], Action]):
 
     @property
     def ref(self) -> EnvRef:
+        """The env's name and version, as recorded on trajectories."""
         return EnvRef(name=self.name, version=self.version)
 
     @property
@@ -106,6 +107,18 @@ class Env(gym.Env[list[Message], Action]):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode and return ``(prompt messages, info)``.
+
+        This default runs ``areset`` to completion; a subclass overrides this method or
+        ``areset``.
+
+        Args:
+            seed: Seed for this episode; the same seed must reproduce the same episode.
+            options: Env-specific options for this episode.
+
+        Raises:
+            NotImplementedError: The subclass implements neither ``reset`` nor ``areset``.
+        """
         if type(self).areset is Env.areset:
             raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
         return run_sync(self.areset(seed=seed, options=options))
@@ -113,16 +126,33 @@ class Env(gym.Env[list[Message], Action]):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        """Async twin of :meth:`reset`; this default runs ``reset`` in a worker thread.
+
+        Raises:
+            NotImplementedError: The subclass implements neither ``reset`` nor ``areset``.
+        """
         if type(self).reset is Env.reset:
             raise NotImplementedError(f"{type(self).__name__} must implement reset() or areset()")
         return await asyncio.to_thread(lambda: self.reset(seed=seed, options=options))
 
     def step(self, action: Action) -> StepResult:
+        """Take one assistant turn; return ``(messages, reward, terminated, truncated, info)``.
+
+        This default runs ``astep`` to completion; a subclass overrides this method or ``astep``.
+
+        Raises:
+            NotImplementedError: The subclass implements neither ``step`` nor ``astep``.
+        """
         if type(self).astep is Env.astep:
             raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
         return run_sync(self.astep(action))
 
     async def astep(self, action: Action) -> StepResult:
+        """Async twin of :meth:`step`; this default runs ``step`` in a worker thread.
+
+        Raises:
+            NotImplementedError: The subclass implements neither ``step`` nor ``astep``.
+        """
         if type(self).step is Env.step:
             raise NotImplementedError(f"{type(self).__name__} must implement step() or astep()")
         return await asyncio.to_thread(self.step, action)
@@ -175,6 +205,7 @@ class State:
 
     @property
     def completion(self) -> list[Message]:
+        """The messages after the prompt: assistant turns and env replies."""
         return self.messages[len(self.prompt) :]
 
     @property
@@ -187,10 +218,12 @@ class State:
 
     @property
     def answer(self) -> Any:
+        """The task's reference answer (its ``"answer"`` field), or ``None``."""
         return self.task.get("answer")
 
     @property
     def info(self) -> dict[str, Any]:
+        """The task's ``"info"`` field (extra data for the env and rewards), or ``{}``."""
         return self.task.get("info") or {}
 
 
@@ -264,6 +297,7 @@ class TaskEnv(Env):
 
     @property
     def remaining_tokens(self) -> int | None:
+        """Tokens left under ``max_tokens`` this episode; ``None`` without a limit or episode."""
         if self.max_tokens is None or self.state is None:
             return None
         return max(0, self.max_tokens - self.state.tokens)
@@ -271,6 +305,19 @@ class TaskEnv(Env):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        """Seed the env, choose a task, build its prompt and run :meth:`setup_state`.
+
+        Args:
+            seed: Seeds ``self.np_random``, which picks the task unless ``options`` names one.
+            options: ``{"task_index": i}`` picks a dataset row; ``{"task": {...}}`` passes a
+                task directly (with an optional ``"task_index"`` to record).
+
+        Returns:
+            The prompt messages and ``{"task_index": index}``.
+
+        Raises:
+            EnvhubError: ``task_index`` is outside the dataset.
+        """
         gym.Env.reset(self, seed=seed)
         index, task = self._choose_task(options or {})
         prompt = self.format_prompt(task)
@@ -281,9 +328,20 @@ class TaskEnv(Env):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
+        """Sync form of :meth:`areset`."""
         return run_sync(self.areset(seed=seed, options=options))
 
     async def astep(self, action: Action) -> StepResult:
+        """Record the assistant turn, get the env's reply and score the episode if it ended.
+
+        The episode terminates when :meth:`env_response` sets ``state.done``, and is truncated
+        when ``max_turns`` or ``max_tokens`` runs out first. The reward is the rubric's total on
+        the final step and 0.0 before it; the final step's info carries ``stop_reason``,
+        ``reward_components``, ``metrics`` and ``errors``.
+
+        Raises:
+            EnvhubError: No episode is active (``reset`` was not called, or the episode ended).
+        """
         state = self._active_state()
         turn = as_turn(action)
         state.messages.append(turn.message)
@@ -306,6 +364,7 @@ class TaskEnv(Env):
         )
 
     def step(self, action: Action) -> StepResult:
+        """Sync form of :meth:`astep`."""
         return run_sync(self.astep(action))
 
     async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:

@@ -10,19 +10,19 @@
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
     ├── EngineError                  an inference engine failed
     │   ├── EngineUnavailableError   the server is unreachable or died (after retries)
-    │   └── WeightSyncError          after a weight sync, vLLM does not compute the trainer's logprobs
+    │   └── WeightSyncError          after a weight sync, vLLM's logprobs differ from the trainer's
     ├── SandboxError                 a sandbox failed to run code (not the code failing in it)
     │   └── SandboxUnavailableError  no sandbox can run here: no bwrap, no user namespaces, no e2b
     ├── HubError                     the Hub refused or failed a push, pull or install
     │   ├── HubAuthError             no token, or a token the Hub rejects, for a private or own repo
-    │   ├── HubNotFoundError         no such repo or version (private repos look missing without a token)
+    │   ├── HubNotFoundError         no such repo or version (private ones hide without a token)
     │   ├── VersionConflictError     a version is already published with other content
-    │   └── PackageIntegrityError    a download does not match its recorded hashes, or is no env package
+    │   └── PackageIntegrityError    a download mismatches its recorded hashes, or is no env package
     ├── CheckpointError              a checkpoint is missing, incomplete or corrupt; says what to do
     ├── MissingDependencyError       an optional extra is needed; says what to install
-    ├── WorkerError                  a Ray worker (trainer rank, rollout worker) failed; names it and its node
+    ├── WorkerError                  a Ray rank or rollout worker failed; names it and its node
     │   └── WorkerDiedError          its process died (crash, OOM kill, lost node)
-    ├── WorkerGroupClosedError       a worker group was shut down or ended by a failure; start a new one
+    ├── WorkerGroupClosedError       a worker group was shut down or failed; start a new one
     └── PlacementError               the Ray cluster did not grant the resources asked for in time
 
 The last six are raised only by the trainer (``envhub.trainer``); they live here so that the
@@ -92,11 +92,14 @@ class SandboxError(EnvhubError):
 
 
 class SandboxUnavailableError(SandboxError):
-    """No sandbox of the requested kind can run on this machine (the message says how to get one)."""
+    """No sandbox of the requested kind can run on this machine.
+
+    The message says how to get one.
+    """
 
 
 class CheckpointError(EnvhubError):
-    """A checkpoint cannot be used: missing, interrupted mid-save, corrupt, or from another model."""
+    """A checkpoint is unusable: missing, interrupted mid-save, corrupt, or from another model."""
 
 
 class HubError(EnvhubError):
@@ -124,6 +127,7 @@ class MissingDependencyError(EnvhubError, ImportError):
 
     @classmethod
     def for_extra(cls, package: str, extra: str) -> MissingDependencyError:
+        """The error for a missing ``package``, telling the user to install ``envhub[extra]``."""
         return cls(f"{package} is not installed; run `pip install 'envhub[{extra}]'`")
 
 

@@ -59,17 +59,8 @@ def make(name: str, **kwargs: Any) -> Any:
 
 
 def get_spec(name: str) -> EnvSpec:
-    """The spec of the installed env ``name``, with a hint when ``name`` is a Hub reference.
-
-    Args:
-        name: A registered or installed env's name.
-
-    Returns:
-        Where the env comes from.
-
-    Raises:
-        EnvNotFoundError: No such env; for a Hub reference, the message says to install the
-            package first, else it suggests close names.
+    """:func:`envhub.registry.get_spec`, except that a Hub reference gets told to install its
+    package first (``envhub check owner/name`` lands here) instead of "did you mean".
     """
     if not is_hub_reference(name):
         return registry.get_spec(name)

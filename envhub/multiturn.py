@@ -33,10 +33,12 @@ class ToolEnv(MultiTurnEnv):
     """A multi-turn env whose replies are the results of the model's tool calls.
 
     Args:
-        tools: Tools (``@tool`` functions or plain typed functions); defaults to the class's ``tools``.
+        tools: Tools (``@tool`` functions or plain typed functions); defaults to the class's
+            ``tools``.
         tool_parser: How to read calls from raw text: ``auto``, ``hermes``, ``llama3``, ``mistral``.
         tool_timeout: Seconds a call may take when the tool sets no timeout of its own.
-        **kwargs: Passed to :class:`TaskEnv` (dataset, rubric, system_prompt, max_turns, max_tokens).
+        **kwargs: Passed to :class:`TaskEnv` (dataset, rubric, system_prompt, max_turns,
+            max_tokens).
     """
 
     tools: ClassVar[Sequence[Any]] = ()
@@ -59,6 +61,7 @@ class ToolEnv(MultiTurnEnv):
 
     @property
     def tool_schemas(self) -> list[dict[str, Any]] | None:
+        """The OpenAI schemas of the env's tools, or ``None`` when it has none."""
         return [t.schema for t in self.toolset.values()] or None
 
     def tool_context(self, state: State) -> dict[str, Any]:
@@ -73,6 +76,12 @@ class ToolEnv(MultiTurnEnv):
         return self._parse(message.content or "", f"call_{state.turn}_")
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Run the turn's tool calls and reply with their results, one tool message each.
+
+        A turn that attempts no tool call ends the episode. Calls parsed from raw text are
+        recorded on the assistant message; every call and every failed call (by error kind) is
+        counted in ``state.metrics``.
+        """
         parsed = self.parse_turn(state, turn)
         if parsed.calls and not turn.message.tool_calls:
             # Keep the raw text as content (it is what was sampled) and record the parsed calls.

@@ -22,7 +22,8 @@ def read_pyproject(path: Path) -> dict:
     file = path / "pyproject.toml"
     if not file.is_file():
         raise EnvLoadError(
-            f"{path} is not an env package: it has no pyproject.toml (create one with `envhub init`)"
+            f"{path} is not an env package: it has no pyproject.toml "
+            "(create one with `envhub init`)"
         )
     try:
         return tomllib.loads(file.read_text())

@@ -4,7 +4,8 @@ Each gate really runs; a failure in one does not hide the others.
 
 - **metadata**: pyproject names the package, gives a valid version and a description; README exists.
 - **entry points**: every ``envhub.envs`` entry point imports and constructs without arguments.
-- **version**: every env's ``version`` equals the package version (``owner/name@VERSION`` means one thing).
+- **version**: every env's ``version`` equals the package version (``owner/name@VERSION`` means
+  one thing).
 - **contract**: :func:`envhub.check_env` on every env (determinism, schemas, finite rewards inside
   ``reward_range``, the empty reply at the floor, the reference policy at the top, close).
 - **no answer leak**: the task's answer does not appear in the prompt. An answer can show up in a
@@ -46,13 +47,16 @@ class PackageReport:
 
     @property
     def passed(self) -> bool:
+        """True when at least one gate ran and every gate passed."""
         return bool(self.results) and all(r.passed for r in self.results)
 
     @property
     def failures(self) -> list[CheckResult]:
+        """The results of the gates that failed."""
         return [r for r in self.results if not r.passed]
 
     def to_dict(self) -> dict[str, Any]:
+        """The verdict and every gate's result, as JSON-ready data."""
         return {
             "passed": self.passed,
             "results": [
@@ -138,7 +142,8 @@ def _entry_points(root: Path, envs: dict[str, Any], report: PackageReport) -> st
             envs[name] = factory()
         except Exception as e:
             raise AssertionError(
-                f"env {name!r} ({spec.target_path}) cannot be constructed without arguments: {type(e).__name__}: {e}"
+                f"env {name!r} ({spec.target_path}) cannot be constructed without arguments: "
+                f"{type(e).__name__}: {e}"
             ) from e
     return ", ".join(f"{n} = {t}" for n, t in report.envs.items())
 
@@ -152,7 +157,8 @@ def _forget_modules(tops: set[str]) -> None:
 
 def _version(env: Any, version: str) -> str:
     assert str(env.version) == version, (
-        f"{type(env).__name__}.version is {env.version!r} but pyproject.toml says {version!r}; make them agree"
+        f"{type(env).__name__}.version is {env.version!r} "
+        f"but pyproject.toml says {version!r}; make them agree"
     )
     return version
 

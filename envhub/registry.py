@@ -38,6 +38,7 @@ class EnvSpec:
 
     @property
     def target_path(self) -> str:
+        """The target as ``"module:attr"``, also when it is a callable."""
         if isinstance(self.target, str):
             return self.target
         return f"{self.target.__module__}:{self.target.__qualname__}"
@@ -192,7 +193,8 @@ def _check_kwargs(name: str, factory: Callable[..., Any], kwargs: dict[str, Any]
     unknown = [k for k in kwargs if k not in accepted]
     if unknown:
         raise EnvLoadError(
-            f"env {name!r} does not accept {', '.join(map(repr, unknown))}; it accepts: {', '.join(accepted) or 'nothing'}"
+            f"env {name!r} does not accept {', '.join(map(repr, unknown))}; "
+            f"it accepts: {', '.join(accepted) or 'nothing'}"
         )
 
 

@@ -58,7 +58,10 @@ def class_name(name: str) -> str:
 
 
 def suggest_name(name: str) -> str:
-    """A valid package name close to ``name``: ``My_Env`` -> ``my-env``, ``2048`` -> ``env-2048``."""
+    """A valid package name close to ``name``.
+
+    E.g. ``My_Env`` -> ``my-env``, ``2048`` -> ``env-2048``.
+    """
     text = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).lower()
     text = re.sub(r"[^a-z0-9]+", "-", text).strip("-")
     if not text:
@@ -71,18 +74,20 @@ def validate_name(name: str) -> None:
     """Raise :class:`ConfigError` unless ``name`` can name an env package and its module.
 
     A name is lowercase letters, digits and single hyphens, starting with a letter, and its
-    module name must not hide another module (the standard library, envhub, an installed package).
+    module name must not hide another module (the standard library, envhub, an installed
+    package).
     """
     if not _NAME.match(name):
         raise ConfigError(
-            f"invalid env name {name!r}: use lowercase letters, digits and hyphens, starting with a "
-            f"letter; try {suggest_name(name)!r}"
+            f"invalid env name {name!r}: use lowercase letters, digits and hyphens, "
+            f"starting with a letter; try {suggest_name(name)!r}"
         )
     module = module_name(name)
     clash = _module_clash(module)
     if clash:
         raise ConfigError(
-            f"invalid env name {name!r}: its module {module!r} would clash with {clash}; try {name + '-env'!r}"
+            f"invalid env name {name!r}: its module {module!r} would clash with {clash}; "
+            f"try {name + '-env'!r}"
         )
 
 
@@ -198,7 +203,8 @@ def _check_destination(destination: Path, force: bool) -> None:
         raise ConfigError(f"{destination} exists and is not a folder")
     if any(destination.iterdir()) and not force:
         raise ConfigError(
-            f"{destination} already exists and is not empty; choose another name or folder, or use --force (force=True) to write into it"
+            f"{destination} already exists and is not empty; choose another name or folder, "
+            "or use --force (force=True) to write into it"
         )
 
 
@@ -238,7 +244,8 @@ def _move_into_place(staging: Path, destination: Path) -> None:
     blocked = [str(f) for f in files if _in_the_way(destination, f)]
     if blocked:
         raise ConfigError(
-            f"cannot write {', '.join(blocked)} into {destination}: something of that name is in the way"
+            f"cannot write {', '.join(blocked)} into {destination}: "
+            "something of that name is in the way"
         )
     for file in files:
         (destination / file).parent.mkdir(parents=True, exist_ok=True)
@@ -246,7 +253,8 @@ def _move_into_place(staging: Path, destination: Path) -> None:
 
 
 def _in_the_way(destination: Path, file: Path) -> bool:
-    """True when ``file`` cannot be written: a folder has its name, or a file one of its folders'."""
+    """True when ``file`` cannot be written: a folder has its name, or a file has the name of
+    one of its folders."""
     if (destination / file).is_dir():
         return True
     return any(

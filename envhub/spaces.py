@@ -20,16 +20,20 @@ class MessagesSpace(spaces.Space[list]):
 
     @property
     def is_np_flattenable(self) -> bool:
+        """False: chat messages have no flat numpy form."""
         return False
 
     def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        """Seed this space and the text space that :meth:`sample` draws from."""
         self._text.seed(seed)
         return super().seed(seed)
 
     def sample(self, mask: Any = None, probability: Any = None) -> list[Message]:
+        """One user message of random text (``mask`` and ``probability`` are ignored)."""
         return [Message(role="user", content=self._text.sample())]
 
     def contains(self, x: Any) -> bool:
+        """True if ``x`` is a list or tuple whose items are messages or valid message dicts."""
         if not isinstance(x, (list, tuple)):
             return False
         try:
@@ -58,16 +62,20 @@ class AssistantTurnSpace(spaces.Space[Any]):
 
     @property
     def is_np_flattenable(self) -> bool:
+        """False: chat messages have no flat numpy form."""
         return False
 
     def seed(self, seed: int | None = None) -> int | list[int] | dict[str, int]:
+        """Seed this space and the text space that :meth:`sample` draws from."""
         self._text.seed(seed)
         return super().seed(seed)
 
     def sample(self, mask: Any = None, probability: Any = None) -> str:
+        """A random text turn (``mask`` and ``probability`` are ignored)."""
         return self._text.sample()
 
     def contains(self, x: Any) -> bool:
+        """True for any string, an assistant ``Message``, or an ``AssistantTurn`` holding one."""
         if isinstance(x, str):
             return True
         if isinstance(x, AssistantTurn):

@@ -54,12 +54,18 @@ class ByteChatTokenizer:
 
     @property
     def max_length(self) -> int | None:
+        """The context length given at construction (``None``: unlimited)."""
         return self._max_length
 
     def encode(self, text: str) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids (no special tokens)."""
         return list(text.encode("utf-8"))
 
     def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``: bytes decoded as UTF-8 (invalid ones replaced), special ids by name.
+
+        Ids above the special tokens decode to nothing.
+        """
         out, buffer = [], bytearray()
         for i in ids:
             if i < 256:
@@ -77,6 +83,12 @@ class ByteChatTokenizer:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
     ) -> list[int]:
+        """Token ids of ``messages`` in ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` each.
+
+        ``tools`` go into the system message as JSON lines under ``# Tools`` (appended to the
+        first message if it is a system message, else in a new one put first);
+        ``add_generation_prompt`` appends ``<|im_start|>assistant\\n``.
+        """
         ids: list[int] = []
         rendered = list(messages)
         if tools:
@@ -104,6 +116,7 @@ class ByteChatTokenizer:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
     ) -> list[int]:
+        """:meth:`render_sync` behind the async ``render`` of the ``ChatTokenizer`` protocol."""
         return self.render_sync(messages, tools, add_generation_prompt)
 
 
@@ -122,6 +135,11 @@ class ScriptedEngine(InferenceEngine):
         self.requests = 0
 
     async def generate(self, request: GenerateRequest) -> Generation:
+        """The policy's turn for ``request.messages``, counted in ``self.requests``.
+
+        With a tokenizer, the turn's ids end with the end-of-turn token and are cut to
+        ``sampling.max_tokens`` (then ``finish_reason`` is ``"length"``).
+        """
         self.requests += 1
         text = self.policy(list(request.messages), request.tools)
         if self.tokenizer is None:
@@ -157,7 +175,9 @@ class LetterEnv(SingleTurnEnv):
     version = "0.0.1"
 
     def load_dataset(self) -> list[dict[str, Any]]:
+        """Six prompts that differ only by number; no reference answers."""
         return [{"question": f"Write a word ({i}).", "answer": ""} for i in range(6)]
 
     def default_rubric(self) -> Rubric:
+        """One reward: :func:`letter_e_share`."""
         return Rubric([letter_e_share])

@@ -44,6 +44,7 @@ class ToolCall(BaseModel):
 
     @property
     def name(self) -> str:
+        """The name of the function called."""
         return self.function.name
 
 
@@ -69,20 +70,24 @@ class Message(BaseModel):
 
 
 def system(content: str) -> Message:
+    """A system message."""
     return Message(role="system", content=content)
 
 
 def user(content: str) -> Message:
+    """A user message."""
     return Message(role="user", content=content)
 
 
 def assistant(content: str, tool_calls: list[ToolCall] | None = None) -> Message:
+    """An assistant message, with its tool calls if any (an empty list counts as none)."""
     return Message(
         role="assistant", content=content, tool_calls=tuple(tool_calls) if tool_calls else None
     )
 
 
 def tool_message(content: str, tool_call_id: str, name: str | None = None) -> Message:
+    """A ``tool`` message answering the call ``tool_call_id`` (of the tool ``name``)."""
     return Message(role="tool", content=content, tool_call_id=tool_call_id, name=name)
 
 
@@ -113,8 +118,9 @@ class ErrorRecord(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     stage: str
-    """Where it happened: ``env.reset``, ``env.step``, ``engine``, ``reward:<name>``, ``tool:<name>``,
-    ``episode`` (timeout of the whole episode, or a failure no single part can be blamed for)."""
+    """Where it happened: ``env.reset``, ``env.step``, ``engine``, ``reward:<name>``,
+    ``tool:<name>``, ``episode`` (timeout of the whole episode, or a failure no single part can be
+    blamed for)."""
     type: str
     """Exception class name or a short kind such as ``timeout``."""
     message: str
@@ -174,7 +180,8 @@ class Trajectory(BaseModel):
     truncated: bool = False
     stop_reason: str = "terminated"
     """``terminated``; truncated by a budget: ``max_turns``, ``max_tokens``, ``max_context``, or
-    an env's own reason (``State.truncate``, e.g. ``env_truncated``); failed: ``timeout``, ``error``."""
+    an env's own reason (``State.truncate``, e.g. ``env_truncated``); failed: ``timeout``,
+    ``error``."""
     turns: list[TurnRecord] = Field(default_factory=list)
     metrics: dict[str, float] = Field(default_factory=dict)
     errors: list[ErrorRecord] = Field(default_factory=list)
@@ -198,4 +205,5 @@ class Trajectory(BaseModel):
 
     @property
     def num_completion_tokens(self) -> int:
+        """Tokens the policy sampled over all turns (turns that report no count add 0)."""
         return sum(t.completion_tokens or 0 for t in self.turns)

@@ -65,6 +65,7 @@ class Solution:
         return self.value
 
     def text(self) -> str:
+        """The solution as GSM8K writes it: the worked lines, then ``#### <final value>``."""
         return "\n".join([*self.lines, f"#### {self.value}"])
 
 
@@ -72,6 +73,7 @@ Template = Callable[[random.Random, Person], tuple[str, Solution]]
 
 
 def shopping_change(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Two purchases paid with the smallest $20/$50/$100 bill above the total; asks the change."""
     first, second = rng.sample(
         ["notebooks", "pens", "apples", "candles", "stickers", "mugs", "bagels"], 2
     )
@@ -90,6 +92,7 @@ def shopping_change(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def road_trip(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Two legs of a drive at different speeds; asks the total distance."""
     s1, s2 = rng.randrange(30, 75, 5), rng.randrange(30, 75, 5)
     h1, h2 = rng.randint(1, 4), rng.randint(1, 4)
     question = (
@@ -104,6 +107,7 @@ def road_trip(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def ages(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Three people's ages, each given relative to the next; asks the sum of the three."""
     older, middle, young = p.name, *rng.sample([q.name for q in PEOPLE if q.name != p.name], 2)
     c, m, k = rng.randint(3, 12), rng.randint(2, 4), rng.randint(2, 9)
     question = (
@@ -118,6 +122,7 @@ def ages(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def class_sports(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """A class split by a fraction and then by half into two sports; asks how many play neither."""
     while True:
         denominator, part = (
             rng.choice([(3, "third"), (4, "quarter"), (5, "fifth")]),
@@ -127,8 +132,9 @@ def class_sports(rng: random.Random, p: Person) -> tuple[str, Solution]:
         if (students - part) % 2 == 0:
             break
     question = (
-        f"{p.name}'s class has {students} students. One {denominator[1]} of them play soccer, and half "
-        "of the other students play basketball. The rest play no sport. How many students play no sport?"
+        f"{p.name}'s class has {students} students. One {denominator[1]} of them play soccer, "
+        "and half of the other students play basketball. The rest play no sport. "
+        "How many students play no sport?"
     )
     s = Solution()
     soccer = s.step("", f"{students}/{denominator[0]}", "students play soccer.")
@@ -139,6 +145,7 @@ def class_sports(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def weekly_pay(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """An hourly wage over a week, less a fraction spent on groceries; asks what is left."""
     while True:
         wage, hours, days = rng.randint(8, 20), rng.randint(4, 8), rng.randint(3, 6)
         fits = [f for f in (2, 3, 4, 5) if wage * hours * days % f == 0]
@@ -146,8 +153,9 @@ def weekly_pay(rng: random.Random, p: Person) -> tuple[str, Solution]:
             part = rng.choice(fits)
             break
     question = (
-        f"{p.name} earns ${wage} an hour. {p.He} works {hours} hours a day, {days} days a week, and spends "
-        f"1/{part} of {p.his} weekly pay on groceries. How much money does {p.he} have left each week?"
+        f"{p.name} earns ${wage} an hour. {p.He} works {hours} hours a day, {days} days a week, "
+        f"and spends 1/{part} of {p.his} weekly pay on groceries. "
+        f"How much money does {p.he} have left each week?"
     )
     s = Solution()
     daily = s.step(f"{p.He} earns", f"{wage}*{hours}", "dollars a day.")
@@ -158,11 +166,13 @@ def weekly_pay(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def recipe(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Scaling a cookie recipe by whole batches; asks the cups of flour needed."""
     cups, batch, batches = rng.randint(2, 5), rng.choice([12, 16, 20, 24]), rng.randint(2, 6)
     wanted = batch * batches
     question = (
-        f"A recipe uses {cups} cups of flour to make {batch} cookies. {p.name} wants to bake {wanted} "
-        f"cookies for a school fair. How many cups of flour does {p.he} need?"
+        f"A recipe uses {cups} cups of flour to make {batch} cookies. "
+        f"{p.name} wants to bake {wanted} cookies for a school fair. "
+        f"How many cups of flour does {p.he} need?"
     )
     s = Solution()
     count = s.step(f"{p.He} needs to make", f"{wanted}/{batch}", "batches.")
@@ -171,12 +181,14 @@ def recipe(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def savings_goal(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Savings so far plus a weekly amount toward a price; asks the number of weeks."""
     thing = rng.choice(["bike", "guitar", "tablet", "telescope", "skateboard", "camera"])
     weeks, weekly, saved = rng.randint(3, 12), rng.randrange(5, 30, 5), rng.randrange(10, 105, 5)
     price = saved + weeks * weekly
     question = (
-        f"{p.name} is saving for a {thing} that costs ${price}. {p.He} already has ${saved} and saves "
-        f"${weekly} every week. How many weeks will it take {p.him} to have enough money?"
+        f"{p.name} is saving for a {thing} that costs ${price}. "
+        f"{p.He} already has ${saved} and saves ${weekly} every week. "
+        f"How many weeks will it take {p.him} to have enough money?"
     )
     s = Solution()
     missing = s.step(f"{p.He} still needs", f"{price}-{saved}", "dollars.")
@@ -185,6 +197,7 @@ def savings_goal(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def discount(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """A percentage discount on an item bought several times; asks the total paid."""
     one, many = rng.choice(
         [
             ("backpack", "backpacks"),
@@ -199,8 +212,8 @@ def discount(rng: random.Random, p: Person) -> tuple[str, Solution]:
         rng.randint(2, 5),
     )
     question = (
-        f"A {one} usually costs ${price}. This week it is {percent}% off. {p.name} buys {count} {many}. "
-        f"How much does {p.he} pay?"
+        f"A {one} usually costs ${price}. This week it is {percent}% off. "
+        f"{p.name} buys {count} {many}. How much does {p.he} pay?"
     )
     s = Solution()
     off = s.step("The discount is", f"{price}*{percent}/100", "dollars.")
@@ -210,11 +223,13 @@ def discount(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def sharing_fruit(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Fruit picked, shared out equally among friends and partly eaten; asks how much is left."""
     fruit = rng.choice(["apples", "plums", "strawberries", "cherries", "oranges"])
     each, friends, eaten = rng.randint(2, 5), rng.randint(3, 6), rng.randint(1, 4)
     picked = each * friends + eaten + rng.randint(3, 30)
     question = (
-        f"{p.name} picks {picked} {fruit}. {p.He} gives {each} {fruit} to each of {p.his} {friends} friends "
+        f"{p.name} picks {picked} {fruit}. "
+        f"{p.He} gives {each} {fruit} to each of {p.his} {friends} friends "
         f"and then eats {eaten} {fruit}. How many {fruit} does {p.he} have left?"
     )
     s = Solution()
@@ -225,6 +240,7 @@ def sharing_fruit(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def garden_boxes(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Rows of tomato plants whose harvest is packed into boxes; asks the boxes filled."""
     while True:
         rows, per_row, each = rng.randint(3, 8), rng.randint(4, 10), rng.randint(2, 6)
         fits = [b for b in (4, 5, 6, 8, 10, 12) if rows * per_row * each % b == 0]
@@ -232,8 +248,9 @@ def garden_boxes(rng: random.Random, p: Person) -> tuple[str, Solution]:
             box = rng.choice(fits)
             break
     question = (
-        f"{p.name}'s garden has {rows} rows with {per_row} tomato plants in each row. Each plant grows "
-        f"{each} tomatoes. {p.He} packs the tomatoes in boxes of {box}. How many boxes does {p.he} fill?"
+        f"{p.name}'s garden has {rows} rows with {per_row} tomato plants in each row. "
+        f"Each plant grows {each} tomatoes. {p.He} packs the tomatoes in boxes of {box}. "
+        f"How many boxes does {p.he} fill?"
     )
     s = Solution()
     plants = s.step("There are", f"{rows}*{per_row}", "plants.")
@@ -243,11 +260,14 @@ def garden_boxes(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def reading(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """A book read over Monday, Tuesday (twice Monday) and then a fixed rate; asks the days left."""
     monday, daily, days = rng.randint(10, 30), rng.randint(5, 20), rng.randint(2, 8)
     pages = monday * 3 + daily * days
     question = (
-        f"{p.name}'s book has {pages} pages. {p.He} reads {monday} pages on Monday and twice as many on "
-        f"Tuesday. If {p.he} then reads {daily} pages a day, how many more days will {p.he} need to finish the book?"
+        f"{p.name}'s book has {pages} pages. "
+        f"{p.He} reads {monday} pages on Monday and twice as many on Tuesday. "
+        f"If {p.he} then reads {daily} pages a day, "
+        f"how many more days will {p.he} need to finish the book?"
     )
     s = Solution()
     tuesday = s.step(f"On Tuesday {p.he} reads", f"{monday}*2", "pages.")
@@ -258,12 +278,14 @@ def reading(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def leaky_tank(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """A tank filled by a hose while it leaks; asks the minutes to fill it."""
     inflow = rng.randint(6, 15)
     leak, minutes = rng.randint(1, inflow - 2), rng.randint(5, 30)
     capacity = (inflow - leak) * minutes
     question = (
-        f"{p.name} fills an empty tank that holds {capacity} liters. The hose pours in {inflow} liters per "
-        f"minute, but a crack lets {leak} liters leak out each minute. How many minutes does it take to fill the tank?"
+        f"{p.name} fills an empty tank that holds {capacity} liters. "
+        f"The hose pours in {inflow} liters per minute, but a crack lets {leak} liters leak out "
+        "each minute. How many minutes does it take to fill the tank?"
     )
     s = Solution()
     net = s.step("The tank gains", f"{inflow}-{leak}", "liters each minute.")
@@ -272,6 +294,7 @@ def leaky_tank(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def bake_sale(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Cake and pie sales less the cost of ingredients; asks the profit."""
     cakes, cake_price, pies, pie_price = (
         rng.randint(5, 20),
         rng.randint(8, 20),
@@ -281,8 +304,9 @@ def bake_sale(rng: random.Random, p: Person) -> tuple[str, Solution]:
     revenue = cakes * cake_price + pies * pie_price
     costs = rng.randint(revenue // 4, revenue // 2)
     question = (
-        f"At a bake sale, {p.name} sells {cakes} cakes for ${cake_price} each and {pies} pies for ${pie_price} "
-        f"each. The ingredients cost {p.him} ${costs}. How much profit does {p.he} make?"
+        f"At a bake sale, {p.name} sells {cakes} cakes for ${cake_price} each "
+        f"and {pies} pies for ${pie_price} each. "
+        f"The ingredients cost {p.him} ${costs}. How much profit does {p.he} make?"
     )
     s = Solution()
     from_cakes = s.step("The cakes bring in", f"{cakes}*{cake_price}", "dollars.")
@@ -293,9 +317,11 @@ def bake_sale(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def running(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Miles run on weekdays and on weekend days; asks the total over several weeks."""
     weekday, weekend, weeks = rng.randint(2, 6), rng.randint(3, 10), rng.randint(2, 6)
     question = (
-        f"{p.name} runs {weekday} miles every weekday and {weekend} miles on each day of the weekend. "
+        f"{p.name} runs {weekday} miles every weekday "
+        f"and {weekend} miles on each day of the weekend. "
         f"How many miles does {p.he} run in {weeks} weeks?"
     )
     s = Solution()
@@ -307,6 +333,7 @@ def running(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def town_bikes(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """A town's adults (people less a percentage of children); asks how many bike to work."""
     while True:
         people, percent = rng.randrange(200, 2100, 100), rng.randrange(10, 70, 10)
         adults = people - people * percent // 100
@@ -315,7 +342,8 @@ def town_bikes(rng: random.Random, p: Person) -> tuple[str, Solution]:
             part = rng.choice(fits)
             break
     question = (
-        f"{p.name}'s town has {people} people. {percent}% of them are children, and 1/{part} of the adults "
+        f"{p.name}'s town has {people} people. "
+        f"{percent}% of them are children, and 1/{part} of the adults "
         "ride a bike to work. How many adults ride a bike to work?"
     )
     s = Solution()
@@ -326,13 +354,15 @@ def town_bikes(rng: random.Random, p: Person) -> tuple[str, Solution]:
 
 
 def pizza_party(rng: random.Random, p: Person) -> tuple[str, Solution]:
+    """Slices eaten by the guests, in 8-slice pizzas at a price each; asks the total spent."""
     while True:
         guests, slices, price = rng.randint(4, 24), rng.randint(2, 4), rng.randint(9, 16)
         if guests * slices % 8 == 0:
             break
     question = (
-        f"{p.name} orders pizza for {guests} people. Each person eats {slices} slices, and every pizza is "
-        f"cut into 8 slices. If a pizza costs ${price}, how much does {p.he} spend on pizza?"
+        f"{p.name} orders pizza for {guests} people. "
+        f"Each person eats {slices} slices, and every pizza is cut into 8 slices. "
+        f"If a pizza costs ${price}, how much does {p.he} spend on pizza?"
     )
     s = Solution()
     total_slices = s.step("They eat", f"{guests}*{slices}", "slices.")
@@ -376,10 +406,12 @@ def generate(count: int = 300, seed: int = 0) -> list[dict[str, str]]:
 
 
 def to_jsonl(rows: list[dict[str, str]]) -> str:
+    """The rows as JSON Lines, one object per line, non-ASCII characters kept as they are."""
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
 
 
 def main() -> None:
+    """Generate ``--count`` problems from ``--seed`` and write them to ``--out`` as JSONL."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300, help="number of problems")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator")

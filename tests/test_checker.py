@@ -206,8 +206,10 @@ def test_every_failure_is_reported_at_once() -> None:
     assert str(info.value) == (
         "good fails 3 check(s):\n"
         "  - episodes: seed 0: total reward 2.0 outside reward_range (0.0, 1.0)\n"
-        "  - null policy at floor: seed 0: the empty answer scored 2.0; it must score the floor of reward_range, 0.0\n"
-        "  - reference policy at top: seed 0: the reference policy scored 2.0; it must score the top of reward_range, 1.0"
+        "  - null policy at floor: seed 0: the empty answer scored 2.0; "
+        "it must score the floor of reward_range, 0.0\n"
+        "  - reference policy at top: seed 0: the reference policy scored 2.0; "
+        "it must score the top of reward_range, 1.0"
     )
 
 

@@ -7,7 +7,7 @@ from envhub.types import Message
 
 
 class ThinkStrippingTokenizer(ByteChatTokenizer):
-    """Like Qwen3's template: reasoning is dropped from assistant turns before the last user turn."""
+    """Like Qwen3's template: drops the reasoning of assistant turns before the last user turn."""
 
     def render_sync(self, messages, tools, add_generation_prompt):
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=-1)

@@ -1,4 +1,7 @@
-"""The env contract: reset/step, seeding, terminated vs truncated, rewards, sync/async bridging, close."""
+"""The env contract.
+
+Covers reset/step, seeding, terminated vs truncated, rewards, sync/async bridging and close.
+"""
 
 from __future__ import annotations
 
@@ -338,7 +341,7 @@ def test_an_env_with_neither_method_says_what_to_implement() -> None:
         asyncio.run(env.astep("x"))
 
 
-# -- lifecycle, spaces, state ------------------------------------------------------------------------
+# -- lifecycle, spaces, state ----------------------------------------------------------------------
 
 
 def test_close_is_idempotent_and_envs_are_context_managers() -> None:

@@ -1,4 +1,7 @@
-"""`import envhub` stays light: no torch, transformers or vLLM, even after touching the public API."""
+"""`import envhub` stays light.
+
+It imports no torch, transformers or vLLM, even after touching the public API.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ envhub.Env
 loaded["envhub.Env"] = sorted(m for m in %(heavy)r if m in sys.modules)
 for name in envhub.__all__:
     getattr(envhub, name)
-import envhub.tools, envhub.rewards.math, envhub.rewards.judge, envhub.testing, envhub.rollout.tokens
+import envhub.tools, envhub.rewards.math, envhub.rewards.judge, \
+envhub.testing, envhub.rollout.tokens
 loaded["whole SDK"] = sorted(m for m in %(heavy)r if m in sys.modules)
 print(json.dumps(loaded))
 """

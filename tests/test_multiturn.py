@@ -101,7 +101,8 @@ def test_every_kind_of_failure_is_answered_and_counted() -> None:
     )
     observation = env.step(text)[0]
     assert [m.content for m in observation] == [
-        "Error: the <tool_call> body is not valid JSON (Expecting property name enclosed in double quotes at char 1)",
+        "Error: the <tool_call> body is not valid JSON "
+        "(Expecting property name enclosed in double quotes at char 1)",
         "Error: there is no tool named 'ad'. Did you mean 'add'? Available tools: add, fail, hang",
         "Error: invalid arguments for add: missing required argument 'b'",
         "Error: fail raised RuntimeError: broken tool",

@@ -117,8 +117,10 @@ def test_unknown_arguments_to_an_env_that_forwards_kwargs_list_the_whole_chain()
     with pytest.raises(EnvLoadError) as info:
         envhub.make("calculator", num_task=3)
     assert str(info.value) == (
-        "env 'calculator' failed to construct: TypeError: TaskEnv.__init__() got an unexpected keyword argument 'num_task'; "
-        "it accepts: num_tasks, task_seed, tools, tool_parser, tool_timeout, dataset, rubric, system_prompt, max_turns, max_tokens"
+        "env 'calculator' failed to construct: "
+        "TypeError: TaskEnv.__init__() got an unexpected keyword argument 'num_task'; "
+        "it accepts: num_tasks, task_seed, tools, tool_parser, tool_timeout, dataset, rubric, "
+        "system_prompt, max_turns, max_tokens"
     )
 
 
@@ -151,7 +153,8 @@ def test_string_targets_load_lazily_and_broken_ones_say_why(clean_registry: None
     with pytest.raises(EnvLoadError) as info:
         envhub.make("broken")
     assert str(info.value) == (
-        "cannot load env 'broken' from envhub.envs.no_such_module:Env: ModuleNotFoundError: No module named 'envhub.envs.no_such_module'"
+        "cannot load env 'broken' from envhub.envs.no_such_module:Env: "
+        "ModuleNotFoundError: No module named 'envhub.envs.no_such_module'"
     )
 
 

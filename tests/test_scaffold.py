@@ -133,9 +133,8 @@ def test_invalid_names_are_refused_with_a_suggestion(name, suggestion):
 def test_names_whose_module_would_hide_another_are_refused(name, clash):
     with pytest.raises(ConfigError) as raised:
         validate_name(name)
-    assert (
-        str(raised.value)
-        == f"invalid env name {name!r}: its module {name!r} would clash with {clash}; try '{name}-env'"
+    assert str(raised.value) == (
+        f"invalid env name {name!r}: its module {name!r} would clash with {clash}; try '{name}-env'"
     )
     validate_name(f"{name}-env")
 
@@ -151,11 +150,13 @@ def test_invalid_name_writes_nothing(tmp_path):
     [
         (
             "tol",
-            "unknown template 'tol'. Did you mean 'tool'? Templates: single-turn, multi-turn, tool, code",
+            "unknown template 'tol'. Did you mean 'tool'? "
+            "Templates: single-turn, multi-turn, tool, code",
         ),
         (
             "multiturn",
-            "unknown template 'multiturn'. Did you mean 'multi-turn'? Templates: single-turn, multi-turn, tool, code",
+            "unknown template 'multiturn'. Did you mean 'multi-turn'? "
+            "Templates: single-turn, multi-turn, tool, code",
         ),
         ("rocket", "unknown template 'rocket'. Templates: single-turn, multi-turn, tool, code"),
     ],
@@ -178,7 +179,8 @@ def test_creates_exactly_the_template_files(tmp_path, template):
     assert listing(path) == expected_files("my_env")
     assert template_files("my-env", template) == expected_files("my_env")
     assert (path / "my_env" / "__init__.py").read_text() == (
-        '"""my-env: an envhub environment."""\n\nfrom my_env.env import MyEnv\n\n__all__ = ["MyEnv"]\n'
+        '"""my-env: an envhub environment."""\n\n'
+        'from my_env.env import MyEnv\n\n__all__ = ["MyEnv"]\n'
     )
 
 
@@ -362,7 +364,8 @@ def test_wheel_ships_every_template_file(tmp_path):
             REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
         )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(source)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     (wheel,) = (tmp_path / "dist").glob("envhub-*.whl")

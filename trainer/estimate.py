@@ -52,12 +52,20 @@ def estimate(config: TrainConfig) -> dict[str, str]:
     kv_cache = min(rc.max_concurrency, episodes) * context * 2 * layers * kv_heads * head_dim * 4
     total = weights + optimizer + logits + activations + kv_cache
     figures = {
-        "model": f"{config.model.name} ({hf.model_type}, {layers} layers, hidden {hidden}, vocab {vocab})",
+        "model": (
+            f"{config.model.name} ({hf.model_type}, {layers} layers, "
+            f"hidden {hidden}, vocab {vocab})"
+        ),
         "parameters": f"{params / 1e6:,.1f}M ({trainable / 1e6:,.1f}M trainable)",
-        "episodes per step": f"{episodes} ({rc.tasks_per_step} tasks x {rc.samples_per_task} samples), <= {rc.max_tokens} tokens per turn",
+        "episodes per step": (
+            f"{episodes} ({rc.tasks_per_step} tasks x {rc.samples_per_task} samples), "
+            f"<= {rc.max_tokens} tokens per turn"
+        ),
         "weights (fp32)": _gib(weights),
         "gradients + AdamW": _gib(optimizer),
-        "activations per micro-batch": f"{_gib(logits + activations)} ({tokens} tokens; logits {_gib(logits)})",
+        "activations per micro-batch": (
+            f"{_gib(logits + activations)} ({tokens} tokens; logits {_gib(logits)})"
+        ),
         "generation KV cache": _gib(kv_cache),
         "total (rough)": _gib(total),
     }
@@ -71,7 +79,10 @@ def _per_rank(config: TrainConfig, state: float, activations: float) -> str:
     layers' share; the last one holds the logits, so this is rough)."""
     m = config.backend.megatron
     split = m.tensor_parallel * m.pipeline_parallel
-    return f"{_gib(state / split + activations / m.tensor_parallel)} (tp={m.tensor_parallel}, pp={m.pipeline_parallel}; vLLM apart)"
+    return (
+        f"{_gib(state / split + activations / m.tensor_parallel)} "
+        f"(tp={m.tensor_parallel}, pp={m.pipeline_parallel}; vLLM apart)"
+    )
 
 
 def _trainable(params: int, hf: Any, config: TrainConfig) -> int:

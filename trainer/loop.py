@@ -45,27 +45,44 @@ from envhub.types import Trajectory
 class Reporter(Protocol):
     """Receives progress; the CLI renders it with rich, tests record it."""
 
-    def start(self, config: TrainConfig, info: dict[str, Any]) -> None: ...
+    def start(self, config: TrainConfig, info: dict[str, Any]) -> None:
+        """The run is ready to take its first step: the engine has started and been synced.
 
-    def rollout_progress(self, done: int, total: int) -> None: ...
+        Args:
+            config: The run's validated configuration.
+            info: The run's header: ``run_dir``, ``resumed_from``, ``parameters``, ``device``,
+                ``engine``, what the initial weight sync reported and, with rollout workers,
+                ``rollout_workers``.
+        """
+        ...
 
-    def step(self, step: int, metrics: dict[str, float]) -> None: ...
+    def rollout_progress(self, done: int, total: int) -> None:
+        """``done`` of this step's ``total`` episodes have finished."""
+        ...
 
-    def finish(self, result: RunResult) -> None: ...
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        """Step ``step`` (counted from 1) finished with these metrics."""
+        ...
+
+    def finish(self, result: RunResult) -> None:
+        """The run finished and released its engine and backend; ``result`` says what it left."""
+        ...
 
 
 class SilentReporter:
+    """A :class:`Reporter` that ignores everything (the default of :func:`train`)."""
+
     def start(self, config: TrainConfig, info: dict[str, Any]) -> None:
-        pass
+        """Ignore the run's start."""
 
     def rollout_progress(self, done: int, total: int) -> None:
-        pass
+        """Ignore rollout progress."""
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        pass
+        """Ignore the step's metrics."""
 
     def finish(self, result: RunResult) -> None:
-        pass
+        """Ignore the run's result."""
 
 
 @dataclass
@@ -88,6 +105,8 @@ class PhaseTimer:
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        """Time the ``with`` block and add its wall time to ``phase`` (a phase may be entered
+        several times in a step)."""
         start = time.perf_counter()
         try:
             yield
@@ -95,6 +114,7 @@ class PhaseTimer:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def metrics(self) -> dict[str, float]:
+        """Seconds per phase as ``time/<phase>``, and their sum as ``time/step``."""
         return {f"time/{k}": v for k, v in self.seconds.items()} | {
             "time/step": sum(self.seconds.values())
         }
@@ -304,6 +324,8 @@ def update_policy(
 
 
 def objective_spec(config: TrainConfig) -> ObjectiveSpec:
+    """The loss of ``config.algorithm`` as an :class:`ObjectiveSpec` (the length normaliser is
+    ``rollout.max_tokens``)."""
     a = config.algorithm
     return ObjectiveSpec(
         policy_loss=a.policy_loss,
@@ -391,6 +413,11 @@ def save_checkpoint(
     schedule: TaskSchedule,
     engine: RolloutEngine,
 ) -> Path:
+    """Save a checkpoint after ``step`` completed steps and return its folder.
+
+    It holds the backend's model, optimizer and scheduler, and the loop's own state: the step,
+    the task schedule's cursors and the engine's state, which :func:`resume` restores.
+    """
     trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": engine.state_dict()}
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
@@ -435,6 +462,7 @@ def _finish(config: TrainConfig, backend: TrainBackend, start: int) -> RunResult
 
 
 def save_trajectories(path: Path, trajectories: list[Trajectory]) -> None:
+    """Write a step's trajectories to ``path`` as JSON lines, replacing any earlier file."""
     path.unlink(missing_ok=True)  # a resumed run rewrites the steps it repeats
     with TrajectoryWriter(path) as writer:
         for t in trajectories:
@@ -454,6 +482,7 @@ def _forget_steps_after(path: Path, start: int) -> None:
 
 
 def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global random generators with ``seed``."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -77,6 +77,8 @@ class RunnerOptions:
 
     @classmethod
     def from_config(cls, rc: RolloutConfig) -> RunnerOptions:
+        """The options of ``rollout`` (``rc``); sampling always asks for the sampler's logprobs,
+        which the loss needs."""
         sampling = SamplingParams(
             temperature=rc.temperature,
             top_p=rc.top_p,
@@ -124,18 +126,21 @@ class VLLMClient:
     urls: tuple[str, ...]
     """Each engine's base URL (several with ``rollout.vllm.engines``)."""
     tokenizer: Any
-    """The policy's ``transformers`` tokenizer (pickled: no model folder needed on the worker's node)."""
+    """The policy's ``transformers`` tokenizer (pickled: no model folder needed on the worker's
+    node)."""
     eos_token_ids: tuple[int, ...]
 
     @classmethod
     def of(cls, engine: Any, max_concurrency: int) -> VLLMClient:
-        """A client of the started ``VLLMEngine`` ``engine``, with ``max_concurrency`` requests in flight."""
+        """A client of the started ``VLLMEngine`` ``engine``, with ``max_concurrency`` requests
+        in flight."""
         from envhub.trainer.engines.vllm import server_urls
 
         urls = server_urls(engine.transport)
         if not urls:
             raise ConfigError(
-                f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: set rollout.vllm.mode=server"
+                f"rollout workers reach vLLM over HTTP, but {engine!r} has no URL: "
+                "set rollout.vllm.mode=server"
             )
         settings = replace(engine.settings, max_concurrency=max_concurrency)
         return cls(
@@ -143,6 +148,8 @@ class VLLMClient:
         )
 
     def __call__(self) -> RolloutEngine:
+        """Build the client in the worker: a ``VLLMEngine`` in server mode at ``urls`` (spread
+        over them when there are several), with weight verification off."""
         from transformers import GenerationConfig
 
         from envhub.trainer.engines.vllm import VLLMEngine

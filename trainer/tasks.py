@@ -31,6 +31,7 @@ class EnvSlot:
     """Tasks of this env handed out so far (across epochs)."""
 
     def factory(self) -> Callable[[], Env]:
+        """A function that makes a fresh instance of this env (``envhub.make`` with its args)."""
         return lambda: envhub.make(self.spec.name, **self.spec.args)
 
 
@@ -82,13 +83,20 @@ class TaskSchedule:
         return self._permutations[key]
 
     def state_dict(self) -> dict[str, Any]:
+        """The cursor of each env, for a checkpoint (the permutations follow from the seed)."""
         return {"cursors": [s.cursor for s in self.slots]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the cursors that :meth:`state_dict` saved.
+
+        Raises:
+            ConfigError: The checkpoint was made with a different number of envs.
+        """
         cursors = state["cursors"]
         if len(cursors) != len(self.slots):
             raise ConfigError(
-                f"the checkpoint was made with {len(cursors)} envs, the config has {len(self.slots)}"
+                f"the checkpoint was made with {len(cursors)} envs, "
+                f"the config has {len(self.slots)}"
             )
         for slot, cursor in zip(self.slots, cursors, strict=True):
             slot.cursor = int(cursor)

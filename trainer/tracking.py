@@ -16,9 +16,15 @@ from envhub.trainer.config import TrainConfig
 
 
 class Sink(Protocol):
-    def log(self, step: int, metrics: dict[str, float]) -> None: ...
+    """One destination of step metrics."""
 
-    def close(self) -> None: ...
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record the metrics of step ``step``."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the destination; called once, at the end of the run."""
+        ...
 
 
 class JsonlSink:
@@ -30,15 +36,21 @@ class JsonlSink:
         self._file = path.open("a", encoding="utf-8")
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Append one JSON line with ``step`` and the metrics (NaN and infinities as ``null``,
+        which JSON cannot hold) and flush it."""
         clean = {k: (v if math.isfinite(v) else None) for k, v in metrics.items()}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
 
     def close(self) -> None:
+        """Close the file."""
         self._file.close()
 
 
 class TensorBoardSink:
+    """TensorBoard event files under ``log_dir`` (``logging.tensorboard``), one scalar per
+    metric."""
+
     def __init__(self, log_dir: Path) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -49,16 +61,19 @@ class TensorBoardSink:
         self._writer = SummaryWriter(str(log_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Add each metric as a scalar at ``step`` and flush the writer."""
         for name, value in metrics.items():
             self._writer.add_scalar(name, value, step)
         self._writer.flush()
 
     def close(self) -> None:
+        """Close the event writer."""
         self._writer.close()
 
 
 class ModuleSink:
-    """W&B and trackio share one API: ``init(project=, name=, config=)``, ``log(dict, step=)``, ``finish()``."""
+    """W&B and trackio share one API: ``init(project=, name=, config=)``, ``log(dict, step=)``,
+    ``finish()``."""
 
     def __init__(
         self, module_name: str, project: str, run_name: str, config: dict[str, Any]
@@ -74,9 +89,11 @@ class ModuleSink:
         self._module.init(project=project, name=run_name, config=config)
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Log the metrics to the module's run at ``step``."""
         self._module.log(metrics, step=step)
 
     def close(self) -> None:
+        """Finish the module's run."""
         self._module.finish()
 
 
@@ -97,10 +114,12 @@ class MetricsLogger:
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Send the metrics of step ``step`` to every sink, in order."""
         for sink in self.sinks:
             sink.log(step, metrics)
 
     def close(self) -> None:
+        """Close every sink."""
         for sink in self.sinks:
             sink.close()
 

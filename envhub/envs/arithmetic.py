@@ -3,7 +3,8 @@
 Tasks are generated from ``(task_seed, index)`` (no download). Every answer is an exact
 integer. The prompt is one short line, so even a 135M model sees little besides the problem.
 
-- ``tiny``: ``a + b`` or ``a - b`` with single-digit operands, never negative (126 distinct problems);
+- ``tiny``: ``a + b`` or ``a - b`` with single-digit operands, never negative (126 distinct
+  problems);
 - ``easy``: ``a + b`` or ``a - b`` with operands 1..99, never negative;
 - ``medium``: three operands with ``+ - *`` (a factor of ``*`` is 2..12), never negative;
 - ``hard``: 3-4 operations with parentheses, operands up to 999 (factors up to 99), values
@@ -132,11 +133,13 @@ class ArithmeticEnv(SingleTurnEnv):
     """Integer arithmetic (tiny/easy/medium/hard), answered in \\boxed{}.
 
     Args:
-        difficulty: ``"tiny"`` (``a ± b``, single digits), ``"easy"`` (``a ± b``, two-digit operands), ``"medium"`` (three operands
-            with ``+ - *``) or ``"hard"`` (3-4 operations with parentheses, three-digit operands).
+        difficulty: ``"tiny"`` (``a ± b``, single digits), ``"easy"`` (``a ± b``, two-digit
+            operands), ``"medium"`` (three operands with ``+ - *``) or ``"hard"`` (3-4
+            operations with parentheses, three-digit operands).
         num_tasks: Size of the generated task set.
         task_seed: Seed of the task generator (different seeds, different problems).
-        **kwargs: See :class:`~envhub.env.TaskEnv` (``dataset``, ``rubric``, ``system_prompt``, ...).
+        **kwargs: See :class:`~envhub.env.TaskEnv` (``dataset``, ``rubric``,
+            ``system_prompt``, ...).
     """
 
     name = "arithmetic"
@@ -157,9 +160,11 @@ class ArithmeticEnv(SingleTurnEnv):
         super().__init__(**kwargs)
 
     def load_dataset(self) -> ProceduralTasks:
+        """``num_tasks`` problems of this difficulty, generated from ``task_seed``."""
         return problem_set(self.difficulty, self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
+        """1.0 for the right number (an expression does not count), 0.1 for a final answer."""
         return Rubric(
             [number_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")]
         )

@@ -52,7 +52,8 @@ class ProblemSet(ProceduralTasks):
 SYSTEM_PROMPT = (
     "You are a careful assistant with a calculator. Use the `calculate` tool for arithmetic "
     "instead of computing in your head.\n\n" + TOOL_FORMAT_HINT + "\n\n"
-    "When you know the result, reply without a tool call and give the final answer as \\boxed{NUMBER}."
+    "When you know the result, reply without a tool call and give the final answer as "
+    "\\boxed{NUMBER}."
 )
 
 
@@ -77,9 +78,11 @@ class CalculatorEnv(ToolEnv):
         super().__init__(**kwargs)
 
     def load_dataset(self) -> ProblemSet:
+        """``num_tasks`` calculator problems, generated from ``task_seed``."""
         return ProblemSet(self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
+        """1.0 for a correct final answer; tool-call validity is logged with weight 0."""
         return Rubric([math_answer(), tool_call_validity()])
 
 
@@ -94,7 +97,8 @@ def reference_policy(messages: list[Message], tools: list[dict[str, Any]] | None
     question = next(m.content or "" for m in reversed(messages) if m.role == "user")
     match = _EXPRESSION.search(question)
     expression = match.group(1) if match else question
-    return f'<tool_call>\n{{"name": "calculate", "arguments": {{"expression": "{expression}"}}}}\n</tool_call>'
+    call = f'{{"name": "calculate", "arguments": {{"expression": "{expression}"}}}}'
+    return f"<tool_call>\n{call}\n</tool_call>"
 
 
 CalculatorEnv.reference_policy = staticmethod(reference_policy)

@@ -85,7 +85,8 @@ def load_tasks(
     missing = {"question", "tests"} - set(rows.column_names)
     if missing:
         raise EnvhubError(
-            f"code: rows need 'question' and 'tests'; missing {sorted(missing)} (have {rows.column_names})"
+            f"code: rows need 'question' and 'tests'; missing {sorted(missing)} "
+            f"(have {rows.column_names})"
         )
     return tuple(to_task(dict(row)) for row in rows)
 
@@ -95,6 +96,7 @@ def _solutions(tasks: Sequence[dict[str, Any]]) -> dict[str, str]:
 
 
 def fenced(code: str) -> str:
+    """Wrap ``code`` (which ends in a newline) in a ```` ```python ```` block, as in a reply."""
     return f"```python\n{code}```"
 
 
@@ -200,16 +202,23 @@ class CodeFixEnv(_CodeTasks, ToolEnv):
         return _fix_policy(answers) if self.max_turns >= 2 else None  # it tests, then answers
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The task's question followed by its buggy code in a ```` ```python ```` block.
+
+        Raises:
+            EnvhubError: The task has no ``buggy`` code in its ``info``.
+        """
         buggy = task["info"].get("buggy")
         if buggy is None:
             raise EnvhubError(
-                f"{self.name}: task {task['info'].get('id', task['question'][:40])!r} has no 'buggy' code"
+                f"{self.name}: task {task['info'].get('id', task['question'][:40])!r} "
+                "has no 'buggy' code"
             )
         return super().format_prompt(
             {**task, "question": f"{task['question']}\n\nBuggy code:\n{fenced(buggy)}"}
         )
 
     async def setup_state(self, state: State) -> None:
+        """Hand the ``python`` tool its sandbox: the env's own, or the process-wide default."""
         state.data["sandbox"] = self.sandbox or default_sandbox()
 
 

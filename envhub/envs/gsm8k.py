@@ -122,7 +122,8 @@ def _load_tasks(
     missing = {"question", "answer"} - set(rows.column_names)
     if missing:
         raise EnvhubError(
-            f"gsm8k: rows need 'question' and 'answer' columns; missing {sorted(missing)} (have {rows.column_names})"
+            f"gsm8k: rows need 'question' and 'answer' columns; missing {sorted(missing)} "
+            f"(have {rows.column_names})"
         )
     tasks = []
     for index, row in enumerate(zip(rows["question"], rows["answer"], strict=True)):
@@ -147,7 +148,8 @@ class GSM8KEnv(SingleTurnEnv):
         split: Split to use, with ``datasets`` slicing if you like (``"train[:100]"``).
         data_files: Your own JSON/JSONL files in the GSM8K format, instead of the shipped ones.
         config: Hub dataset config (default: ``"main"`` for ``openai/gsm8k``).
-        **kwargs: See :class:`~envhub.env.TaskEnv` (``dataset``, ``rubric``, ``system_prompt``, ...).
+        **kwargs: See :class:`~envhub.env.TaskEnv` (``dataset``, ``rubric``,
+            ``system_prompt``, ...).
     """
 
     name = "gsm8k"
@@ -169,9 +171,11 @@ class GSM8KEnv(SingleTurnEnv):
         super().__init__(**kwargs)
 
     def load_dataset(self) -> tuple[dict[str, Any], ...]:
+        """The problems of ``split`` from ``source`` or ``data_files`` (see :func:`load_tasks`)."""
         return load_tasks(self.source, self.split, self.data_files, self.config)
 
     def default_rubric(self) -> Rubric:
+        """1.0 when the final answer matches the reference, 0.1 for giving a final answer."""
         return Rubric(
             [math_answer(weight=1.0, name="correct"), has_answer(weight=0.1, name="format")]
         )

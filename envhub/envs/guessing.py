@@ -37,22 +37,27 @@ class GuessingGame(MultiTurnEnv):
     reward_range = (0.0, 1.0)
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The usual prompt, with the number of guesses (``max_turns``) added to the question."""
         *head, question = super().format_prompt(task)
         return [*head, user(f"{question.content} You have {self.max_turns} guesses.")]
 
     def default_rubric(self) -> Rubric:
+        """One reward: :func:`solved`."""
         return Rubric([solved])
 
     def win(self, state: State, text: str) -> list[Message]:
+        """End the episode as won and reply with ``text``."""
         state.done = True
         state.data["solved"] = True
         return [user(text)]
 
     def reject(self, state: State, text: str) -> list[Message]:
+        """Count an unusable guess in ``metrics["invalid_guesses"]`` and reply with ``text``."""
         state.metrics["invalid_guesses"] += 1
         return [user(text)]
 
     def guesses_left(self, state: State) -> str:
+        """The guesses still allowed after this turn, as text: ``"3 guesses left"``."""
         left = self.max_turns - state.turn
         return f"{left} guess{'' if left == 1 else 'es'} left"
 
@@ -129,9 +134,14 @@ class GuessNumberEnv(GuessingGame):
             self.reference_policy = None  # binary search is no longer sure to win
 
     def load_dataset(self) -> ProceduralTasks:
+        """``num_tasks`` secrets in ``low..high``, generated from ``task_seed``."""
         return number_tasks(self.low, self.high, self.num_tasks, self.task_seed)
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Say whether the guess is too low or too high, or end the game if it is the secret.
+
+        A reply with no number, or one outside the task's range, is rejected with a hint.
+        """
         low, high, secret = (
             state.info.get("low", self.low),
             state.info.get("high", self.high),
@@ -139,7 +149,10 @@ class GuessNumberEnv(GuessingGame):
         )
         guess = parse_number(turn.message.content or "")
         if guess is None:
-            hint = f"I found no number in your reply. Reply with one whole number from {low} to {high}."
+            hint = (
+                "I found no number in your reply. "
+                f"Reply with one whole number from {low} to {high}."
+            )
             return self.reject(state, f"{hint} ({self.guesses_left(state)})")
         if not low <= guess <= high:
             return self.reject(
@@ -248,6 +261,7 @@ class WordleEnv(GuessingGame):
             self.reference_policy = None  # its win is checked for the shipped words in 6 turns
 
     def load_dataset(self) -> list[dict[str, Any]]:
+        """One task per word, in an order shuffled by ``task_seed``."""
         order = list(self.words)
         random.Random(f"wordle-{self.task_seed}").shuffle(order)
         return [
@@ -255,11 +269,16 @@ class WordleEnv(GuessingGame):
         ]
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Show the guess with its per-letter feedback, and end the game when it is solved.
+
+        A reply without a five-letter guess is rejected with a hint on the format.
+        """
         guess = parse_word(turn.message.content or "")
         if guess is None:
             return self.reject(
                 state,
-                f"Reply with one five-letter word, e.g. <guess>crane</guess>. ({self.guesses_left(state)})",
+                "Reply with one five-letter word, e.g. <guess>crane</guess>. "
+                f"({self.guesses_left(state)})",
             )
         pattern = score_guess(guess, state.answer)
         if pattern == SOLVED:

@@ -60,7 +60,8 @@ class GymTextEnv(MultiTurnEnv):
         num_tasks: Number of tasks (each is a seed for resetting the wrapped env).
         task_seed: Seed of the tasks' seeds.
         reward_range: Bounds of the wrapped env's return over one episode.
-        **kwargs: See :class:`~envhub.env.TaskEnv` (``max_turns``, ``rubric``, ``system_prompt``, ...).
+        **kwargs: See :class:`~envhub.env.TaskEnv` (``max_turns``, ``rubric``,
+            ``system_prompt``, ...).
     """
 
     name = "gym-text"
@@ -102,7 +103,10 @@ class GymTextEnv(MultiTurnEnv):
         """The system prompt: the game's instructions, the actions and the reply format."""
         actions = ", ".join(self.action_names)
         example = f"<action>{self.action_names[0]}</action>"
-        reply_format = f"Actions: {actions}. Each turn, reply with one action inside <action></action>, e.g. {example}."
+        reply_format = (
+            f"Actions: {actions}. "
+            f"Each turn, reply with one action inside <action></action>, e.g. {example}."
+        )
         return f"{instructions}\n\n{reply_format}".strip()
 
     def gym_env_for(self, task: dict[str, Any]) -> gym.Env:
@@ -116,9 +120,11 @@ class GymTextEnv(MultiTurnEnv):
         return self.render_observation(observation)
 
     def load_dataset(self) -> ProceduralTasks:
+        """``num_tasks`` tasks, each a reset seed for the wrapped env, drawn from ``task_seed``."""
         return seed_tasks(self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
+        """One reward: the wrapped env's return over the episode (:func:`episode_return`)."""
         return Rubric([episode_return])
 
     # -- the game -----------------------------------------------------------------------------
@@ -135,7 +141,8 @@ class GymTextEnv(MultiTurnEnv):
         if not isinstance(space, gym.spaces.Discrete) or int(space.n) != len(self.action_names):
             expected = f"Discrete({len(self.action_names)})"
             raise EnvhubError(
-                f"{self.name}: the wrapped env's action space is {space}; expected {expected}, one action per name"
+                f"{self.name}: the wrapped env's action space is {space}; "
+                f"expected {expected}, one action per name"
             )
         if made is not self.source:
             self._made.append(made)
@@ -149,10 +156,12 @@ class GymTextEnv(MultiTurnEnv):
         return self._action_index[found[-1].lower()] if found else None
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The opening messages: only the system prompt, if there is one."""
         # The first observation is added by setup_state, once the wrapped env is reset.
         return [system(self.instructions)] if self.instructions else []
 
     async def setup_state(self, state: State) -> None:
+        """Reset the wrapped env with the task's seed; its first observation ends the prompt."""
         gym_env = self.gym_env_for(state.task)
         observation, _ = gym_env.reset(seed=state.info.get("seed"))
         state.data.update(gym_env=gym_env, observation=observation, episode_return=0.0)
@@ -161,13 +170,20 @@ class GymTextEnv(MultiTurnEnv):
         state.messages.append(first)
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Step the wrapped env with the action the reply names and show the new observation.
+
+        A reply that names no action gets a hint, counts in ``metrics["invalid_actions"]`` and
+        leaves the wrapped env as it is. The wrapped env's ``terminated`` ends the episode and
+        its ``truncated`` truncates it; its step rewards add up to the episode return.
+        """
         action = self.parse_action(turn.message.content or "")
         if action is None:
             state.metrics["invalid_actions"] += 1
             names = ", ".join(self.action_names)
             return [
                 user(
-                    f"That is not an action. Reply with one of: {names}, e.g. <action>{self.action_names[0]}</action>."
+                    f"That is not an action. Reply with one of: {names}, "
+                    f"e.g. <action>{self.action_names[0]}</action>."
                 )
             ]
         gym_env: gym.Env = state.data["gym_env"]
@@ -184,6 +200,7 @@ class GymTextEnv(MultiTurnEnv):
         return [user(self.observation_text(observation, state))]
 
     def on_close(self) -> None:
+        """Close the gym envs this env made (not one passed in as ``gym_env``)."""
         for made in self._made:
             made.close()
         self._made.clear()
@@ -284,9 +301,11 @@ class FrozenLakeTextEnv(GymTextEnv):
             self.reference_policy = None  # the shortest path is no longer sure to arrive in time
 
     def load_dataset(self) -> ProceduralTasks:
+        """``num_tasks`` random maps, each with a path to the goal, generated from ``task_seed``."""
         return lake_tasks(self.size, self.frozen_probability, self.num_tasks, self.task_seed)
 
     def gym_env_for(self, task: dict[str, Any]) -> gym.Env:
+        """A FrozenLake env on the task's map, made anew (closing the last) when the map changes."""
         lake = tuple(task["info"]["map"])
         if self._lake is None or self._lake[0] != lake:
             if self._lake is not None:
@@ -296,14 +315,19 @@ class FrozenLakeTextEnv(GymTextEnv):
         return self._lake[1]
 
     def observation_text(self, observation: Any, state: State) -> str:
+        """The map with the agent on it, its row and column, and a fall or arrival if any."""
         lake = state.info["map"]
         row, col = divmod(int(observation), len(lake[0]))
         outcome = {"H": " You fell into a hole. Game over.", "G": " You reached the goal!"}.get(
             lake[row][col], ""
         )
-        return f"{draw_lake(lake, int(observation))}\nYou are at row {row + 1}, column {col + 1}.{outcome}"
+        return (
+            f"{draw_lake(lake, int(observation))}\n"
+            f"You are at row {row + 1}, column {col + 1}.{outcome}"
+        )
 
     def on_close(self) -> None:
+        """Close the gym envs this env made, the current map's included."""
         super().on_close()
         self._lake = None
 

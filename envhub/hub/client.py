@@ -37,7 +37,7 @@ class HubRef:
 
 
 def is_hub_ref(name: str) -> bool:
-    """True when ``name`` looks like ``owner/name[@revision]`` rather than an installed env's name."""
+    """True when ``name`` looks like ``owner/name[@revision]``, not an installed env's name."""
     return _REPO_ID.match(name.partition("@")[0]) is not None
 
 
@@ -50,12 +50,14 @@ def parse_ref(text: str) -> HubRef:
     repo_id, sep, revision = text.strip().partition("@")
     if not _REPO_ID.match(repo_id) or (sep and not revision):
         raise ConfigError(
-            f"{text!r} is not a Hub reference; write owner/name, owner/name@VERSION or owner/name@COMMIT"
+            f"{text!r} is not a Hub reference; "
+            "write owner/name, owner/name@VERSION or owner/name@COMMIT"
         )
     return HubRef(repo_id, revision or None)
 
 
 def is_commit(revision: str | None) -> bool:
+    """True when ``revision`` is a full 40-character commit id (not a tag or a branch)."""
     return revision is not None and _COMMIT.match(revision) is not None
 
 
@@ -65,7 +67,10 @@ def endpoint() -> str:
 
 
 def api(token: str | None = None) -> Any:
-    """An ``HfApi`` for :func:`endpoint`; ``token`` falls back to ``HF_TOKEN`` or ``hf auth login``."""
+    """An ``HfApi`` for :func:`endpoint`.
+
+    ``token`` falls back to ``HF_TOKEN`` or the one saved by ``hf auth login``.
+    """
     from huggingface_hub import HfApi
 
     return HfApi(endpoint=endpoint(), token=token)
@@ -80,12 +85,13 @@ def hub_errors(what: str, repo_id: str, revision: str | None = None) -> Iterator
         yield
     except errors.RevisionNotFoundError as e:
         raise HubNotFoundError(
-            f"{repo_id} has no version or revision {revision!r}; `envhub pull {repo_id} --list` shows its versions"
+            f"{repo_id} has no version or revision {revision!r}; "
+            f"`envhub pull {repo_id} --list` shows its versions"
         ) from e
     except errors.RepositoryNotFoundError as e:
         raise HubNotFoundError(
-            f"{what}: no repo {repo_id} on {endpoint()}. If it is private, give a token that can read it "
-            "(--token, HF_TOKEN or `hf auth login`)"
+            f"{what}: no repo {repo_id} on {endpoint()}. "
+            "If it is private, give a token that can read it (--token, HF_TOKEN or `hf auth login`)"
         ) from e
     except errors.EntryNotFoundError as e:
         raise HubNotFoundError(f"{what}: {repo_id}@{revision} lacks a file: {e}") from e
@@ -93,11 +99,13 @@ def hub_errors(what: str, repo_id: str, revision: str | None = None) -> Iterator
         status = e.response.status_code if e.response is not None else None
         if status == 401:
             raise HubAuthError(
-                f"{what}: the Hub rejected the token (401); check HF_TOKEN / --token or run `hf auth login`"
+                f"{what}: the Hub rejected the token (401); "
+                "check HF_TOKEN / --token or run `hf auth login`"
             ) from e
         if status == 403:
             raise HubAuthError(
-                f"{what}: the token may not write to {repo_id} (403); use a write token of its owner"
+                f"{what}: the token may not write to {repo_id} (403); "
+                "use a write token of its owner"
             ) from e
         raise HubError(f"{what} failed: {e}") from e
     except OSError as e:  # connection refused, reset, timed out (httpx errors are not OSErrors)
@@ -117,6 +125,7 @@ def require_token(token: str | None, what: str) -> str:
     found = token or get_token()
     if not found:
         raise HubAuthError(
-            f"{what} needs a Hub token with write access: pass --token, set HF_TOKEN, or run `hf auth login`"
+            f"{what} needs a Hub token with write access: "
+            "pass --token, set HF_TOKEN, or run `hf auth login`"
         )
     return found

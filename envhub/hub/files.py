@@ -26,15 +26,15 @@ FORMAT = 1
 
 # Secrets: never uploaded, whatever the package's own ignore rules say.
 SECRET_PATTERNS = (
-    ".env", ".env.*", "*.env", ".envrc", ".netrc", ".pypirc", ".npmrc", "*.pem", "*.key", "*.p12", "*.pfx",
-    "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.token", "token", "token.txt", "*secret*", "credentials*",
-    ".git-credentials", "*.keystore", ".huggingface", "hf_token",
+    ".env", ".env.*", "*.env", ".envrc", ".netrc", ".pypirc", ".npmrc", "*.pem", "*.key", "*.p12",
+    "*.pfx", "id_rsa*", "id_ed25519*", "id_ecdsa*", "*.token", "token", "token.txt", "*secret*",
+    "credentials*", ".git-credentials", "*.keystore", ".huggingface", "hf_token",
 )  # fmt: skip
 # Junk: version control, environments, caches, build output, editor files.
 JUNK_DIRS = (
-    ".git", ".hg", ".svn", ".venv", "venv", "env", ".tox", ".nox", "__pycache__", ".pytest_cache", ".ruff_cache",
-    ".mypy_cache", ".ipynb_checkpoints", ".idea", ".vscode", "build", "dist", "*.egg-info", "node_modules",
-    "outputs", "wandb", ".cache",
+    ".git", ".hg", ".svn", ".venv", "venv", "env", ".tox", ".nox", "__pycache__", ".pytest_cache",
+    ".ruff_cache", ".mypy_cache", ".ipynb_checkpoints", ".idea", ".vscode", "build", "dist",
+    "*.egg-info", "node_modules", "outputs", "wandb", ".cache",
 )  # fmt: skip
 JUNK_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp", "*~", MANIFEST, "envhub.lock")
 MAX_FILE_BYTES = 10 * 1024 * 1024
@@ -83,6 +83,7 @@ def select_files(root: Path) -> Selection:
 
 
 def sha256_file(path: Path) -> str:
+    """The hex sha256 of the file at ``path``, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

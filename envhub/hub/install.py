@@ -56,6 +56,7 @@ class Pulled:
 
     @property
     def version(self) -> str:
+        """The package's version, as its manifest records it."""
         return str(self.manifest["version"])
 
     def plan(self) -> str:
@@ -69,7 +70,8 @@ class Pulled:
         )
         return (
             f"{self.resolved.repo_id} {self.version} at commit {self.resolved.commit}\n"
-            f"  package: {self.manifest['name']}, {len(self.manifest['files'])} files, content {self.manifest['content_hash']}\n"
+            f"  package: {self.manifest['name']}, {len(self.manifest['files'])} files, "
+            f"content {self.manifest['content_hash']}\n"
             f"  envs: {envs}\n  dependencies: {deps}\n  envhub check at push: {verdict}\n"
             f"  installing runs this package's build and, later, its code, with your permissions"
         )
@@ -123,6 +125,7 @@ def list_versions(repo_id: str, token: str | None = None) -> dict[str, str]:
 
 
 def snapshot_folder(resolved: Resolved) -> Path:
+    """Where the snapshot of ``resolved`` is cached: one folder per repo and commit."""
     return cache_dir() / "hub" / "snapshots" / resolved.repo_id.replace("/", "--") / resolved.commit
 
 
@@ -165,8 +168,8 @@ def _download(resolved: Resolved, target: Path, token: str | None) -> None:
     from huggingface_hub import snapshot_download
 
     with client.hub_errors("download", resolved.repo_id, resolved.revision):
-        snapshot_download(resolved.repo_id, repo_type=client.REPO_TYPE, revision=resolved.commit, local_dir=target,
-                          endpoint=client.endpoint(), token=token)  # fmt: skip
+        snapshot_download(resolved.repo_id, repo_type=client.REPO_TYPE, revision=resolved.commit,
+                          local_dir=target, endpoint=client.endpoint(), token=token)  # fmt: skip
     shutil.rmtree(
         target / ".cache", ignore_errors=True
     )  # the client's bookkeeping, not package content
@@ -182,7 +185,8 @@ def verify(folder: Path, resolved: Resolved, expected_hash: str | None = None) -
     where = f"{resolved.repo_id}@{resolved.commit[:12]}"
     if not (folder / MANIFEST).is_file():
         raise PackageIntegrityError(
-            f"{where} is not an envhub package: it has no {MANIFEST} (packages are published with `envhub push`)"
+            f"{where} is not an envhub package: it has no {MANIFEST} "
+            "(packages are published with `envhub push`)"
         )
     manifest = read_manifest(folder / MANIFEST)
     listed: dict[str, str] = manifest.get("files", {})
@@ -251,8 +255,9 @@ def install(
     skipped = _already_installed(python, distribution, pulled.resolved)
     if not skipped:
         pip_install(python, pulled, offline)
-    entry = LockEntry(pulled.resolved.repo_id, pulled.resolved.revision, pulled.version, pulled.resolved.commit,
-                      pulled.manifest["content_hash"], sorted(pulled.manifest["envs"]), distribution)  # fmt: skip
+    entry = LockEntry(pulled.resolved.repo_id, pulled.resolved.revision, pulled.version,
+                      pulled.resolved.commit, pulled.manifest["content_hash"],
+                      sorted(pulled.manifest["envs"]), distribution)  # fmt: skip
     if lock_file is not None:
         write_entry(entry, lock_file)
     if python == sys.executable:
@@ -265,7 +270,8 @@ def install_locked(lock_file: str | Path = LOCK_FILE, **kwargs: Any) -> list[Ins
     entries = read_lock(lock_file)
     if not entries:
         raise ConfigError(
-            f"{lock_file} is missing or empty; install a package first: envhub install owner/name@VERSION"
+            f"{lock_file} is missing or empty; "
+            "install a package first: envhub install owner/name@VERSION"
         )
     results = []
     for entry in entries.values():
@@ -281,7 +287,8 @@ def install_locked(lock_file: str | Path = LOCK_FILE, **kwargs: Any) -> list[Ins
 
 _LIST_ENVS = (
     "import json\nfrom importlib.metadata import entry_points\n"
-    "print(json.dumps({ep.name: ep.dist.name if ep.dist else '' for ep in entry_points(group='envhub.envs')}))"
+    "print(json.dumps({ep.name: ep.dist.name if ep.dist else '' "
+    "for ep in entry_points(group='envhub.envs')}))"
 )
 
 
@@ -312,8 +319,9 @@ def _check_clashes(pulled: Pulled, installed: dict[str, str], distribution: str)
     ]
     if clashes:
         raise ConfigError(
-            f"not installed: {pulled.resolved.repo_id} provides env(s) already installed from another package: "
-            f"{', '.join(clashes)}; uninstall that package first (pip uninstall), or use another env"
+            f"not installed: {pulled.resolved.repo_id} provides env(s) already installed "
+            f"from another package: {', '.join(clashes)}; "
+            "uninstall that package first (pip uninstall), or use another env"
         )
 
 
@@ -353,7 +361,8 @@ def pip_install(python: str, pulled: Pulled, offline: bool) -> None:
         shutil.rmtree(build, ignore_errors=True)
     if done.returncode != 0:
         raise EnvLoadError(
-            f"pip could not install {pulled.resolved.repo_id}@{pulled.resolved.commit[:12]}: {done.stderr.strip()[-800:]}"
+            f"pip could not install {pulled.resolved.repo_id}@{pulled.resolved.commit[:12]}: "
+            f"{done.stderr.strip()[-800:]}"
         )
 
 

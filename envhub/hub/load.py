@@ -56,8 +56,10 @@ def make_from_hub(
     if distribution is None:
         if not trust_remote_code:
             raise ConfigError(
-                f"{ref} (commit {resolved.commit[:12]}) is not installed, and installing runs its code: "
-                f"run `envhub install {ref.repo_id}@{resolved.commit}` to review and install it, or pass trust_remote_code=True"
+                f"{ref} (commit {resolved.commit[:12]}) is not installed, "
+                "and installing runs its code: "
+                f"run `envhub install {ref.repo_id}@{resolved.commit}` to review and install it, "
+                "or pass trust_remote_code=True"
             )
         result = install(
             client.HubRef(ref.repo_id, resolved.commit),

@@ -50,7 +50,8 @@ def read_lock(path: str | Path = LOCK_FILE) -> dict[str, LockEntry]:
         }
     except (ValueError, KeyError, TypeError) as e:
         raise ConfigError(
-            f"{path} is not a valid envhub lock file ({type(e).__name__}: {e}); delete it and install again"
+            f"{path} is not a valid envhub lock file ({type(e).__name__}: {e}); "
+            "delete it and install again"
         ) from e
 
 

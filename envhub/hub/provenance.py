@@ -19,7 +19,7 @@ _SOURCE = re.compile(r"/(?P<owner>[^/]+)--(?P<name>[^/]+)/(?P<commit>[0-9a-f]{40
 
 
 def install_source(distribution: str) -> tuple[str, str] | None:
-    """(repo_id, commit) of an installed distribution that ``envhub install`` put there, else None."""
+    """(repo_id, commit) of an installed distribution that ``envhub install`` put there, or None."""
     try:
         text = metadata.distribution(distribution).read_text("direct_url.json")
     except metadata.PackageNotFoundError:

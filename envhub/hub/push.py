@@ -35,11 +35,13 @@ class PushResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     """(path, reason) of what was left out."""
     status: str = "published"
-    """``published``, ``tagged`` (the commit was already there) or ``unchanged`` (already published)."""
+    """``published``, ``tagged`` (the commit was already there) or ``unchanged`` (already
+    published)."""
     check_passed: bool | None = None
 
     @property
     def url(self) -> str:
+        """The published version's file tree on the Hub (the tag's page)."""
         return f"{client.endpoint()}/{self.repo_id}/tree/{self.version}"
 
 
@@ -74,7 +76,8 @@ def push(
     name, package_version = str(project.get("name", "")), str(project.get("version", ""))
     if version is not None and version != package_version:
         raise ConfigError(
-            f"--version {version} differs from pyproject.toml's version {package_version}; bump the version there"
+            f"--version {version} differs from pyproject.toml's version {package_version}; "
+            "bump the version there"
         )
     report = _gate(root, check, run_tests)
     token = client.require_token(token, "envhub push")
@@ -115,12 +118,13 @@ def _stage(
     report: Any,
     project: dict[str, Any],
 ) -> dict[str, Any]:
-    """Copy the selected files to ``staging`` with the card and the manifest; return the manifest."""
+    """Copy the selected files to ``staging``, add the card and the manifest; return the latter."""
     for name in selection.files:
         (staging / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(root / name, staging / name)
     readme = (root / CARD).read_text(encoding="utf-8") if (root / CARD).is_file() else ""
-    card = render_card(readme, repo_id=repo_id, version=version, envs=envs, description=str(project.get("description", "")),
+    card = render_card(readme, repo_id=repo_id, version=version, envs=envs,
+                       description=str(project.get("description", "")),
                        report_markdown=report.to_markdown() if report else None)  # fmt: skip
     (staging / CARD).write_text(card, encoding="utf-8")
     files = sorted({*selection.files, CARD})
@@ -145,7 +149,8 @@ def _publish(
     report: Any,
 ) -> PushResult:
     version, digest = manifest["version"], manifest["content_hash"]
-    result = PushResult(repo_id, version, "", digest, sorted([*manifest["files"], MANIFEST]), selection.skipped,
+    result = PushResult(repo_id, version, "", digest, sorted([*manifest["files"], MANIFEST]),
+                        selection.skipped,
                         check_passed=report.passed if report else None)  # fmt: skip
     refs = _refs_creating_repo(api, repo_id, private)
     tags = {t.name: t.target_commit for t in refs.tags}
@@ -155,7 +160,8 @@ def _publish(
         if (published or {}).get("content_hash") != digest:
             raise VersionConflictError(
                 f"{repo_id}@{version} is already published with other content "
-                f"({(published or {}).get('content_hash', 'no envhub manifest')} != {digest}); bump the version in pyproject.toml"
+                f"({(published or {}).get('content_hash', 'no envhub manifest')} != {digest}); "
+                "bump the version in pyproject.toml"
             )
         result.commit, result.status = tags[version], "unchanged"
         return result
@@ -167,8 +173,10 @@ def _publish(
         )  # an earlier push committed, then failed to tag
     else:
         with client.hub_errors("upload", repo_id):
-            info = api.upload_folder(repo_id=repo_id, folder_path=staging, repo_type=client.REPO_TYPE, parent_commit=head,
-                                     commit_message=f"envhub push {manifest['name']} {version}", delete_patterns=["*", "**/*"])  # fmt: skip
+            info = api.upload_folder(repo_id=repo_id, folder_path=staging,
+                                     repo_type=client.REPO_TYPE, parent_commit=head,
+                                     commit_message=f"envhub push {manifest['name']} {version}",
+                                     delete_patterns=["*", "**/*"])  # fmt: skip
         result.commit = info.oid
     with client.hub_errors("tag", repo_id):
         api.create_tag(
@@ -199,8 +207,15 @@ def remote_manifest(api: Any, repo_id: str, revision: str) -> dict[str, Any] | N
 
     with client.hub_errors("read the manifest", repo_id, revision):
         try:
-            path = hf_hub_download(repo_id, MANIFEST, revision=revision, repo_type=client.REPO_TYPE, endpoint=api.endpoint,
-                                   token=api.token, cache_dir=tempfile.gettempdir() + "/envhub-manifests")  # fmt: skip
+            path = hf_hub_download(
+                repo_id,
+                MANIFEST,
+                revision=revision,
+                repo_type=client.REPO_TYPE,
+                endpoint=api.endpoint,
+                token=api.token,
+                cache_dir=tempfile.gettempdir() + "/envhub-manifests",
+            )
         except errors.EntryNotFoundError:
             return None
     return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -24,7 +24,7 @@ def search(
     limit: int = 50,
     token: str | None = None,
 ) -> list[HubPackage]:
-    """Env packages whose repo name contains ``query`` (all of them without one), by tag ``envhub``."""
+    """Env packages (repos tagged ``envhub``) whose name contains ``query``; all without one."""
     with client.hub_errors("search", query or "*"):
         models = client.api(token).list_models(
             filter=client.TAG, search=query or None, author=author, limit=limit

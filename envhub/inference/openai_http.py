@@ -37,7 +37,8 @@ class OpenAIEngine(InferenceEngine):
     Args:
         base_url: Server root, with or without ``/v1`` (e.g. ``http://127.0.0.1:8000``).
         model: Model name to request; ``None`` asks the server (its first model).
-        api_key: Sent as a bearer token; defaults to ``EMPTY`` (what vLLM expects without --api-key).
+        api_key: Sent as a bearer token; defaults to ``EMPTY`` (what vLLM expects without
+            --api-key).
         mode: ``auto``, ``tokens`` or ``chat`` (see the module docstring).
         max_concurrency: Requests in flight at once (per event loop).
         timeout: Seconds per HTTP request.
@@ -106,6 +107,7 @@ class OpenAIEngine(InferenceEngine):
         self._started = True
 
     async def aclose(self) -> None:
+        """Close the HTTP client bound to the running event loop, if there is one."""
         bound = self._bound.pop(asyncio.get_running_loop(), None)
         if bound is not None:
             await bound[0].aclose()
@@ -124,6 +126,10 @@ class OpenAIEngine(InferenceEngine):
         return bound
 
     async def generate(self, request: GenerateRequest) -> Generation:
+        """Generate one turn, from ``prompt_ids`` when the request has them, else from messages.
+
+        Starts the engine first if :meth:`start` has not run.
+        """
         if not self._started:
             await self.start()
         if request.prompt_ids is not None:
@@ -211,7 +217,8 @@ class OpenAIEngine(InferenceEngine):
         raise EngineUnavailableError(
             f"{self.root}{path} failed after {self.max_retries + 1} attempts ({last}). "
             "Is the server running and reachable? Start one with "
-            "`python -m vllm.entrypoints.openai.api_server --model MODEL` or pass --serve to `envhub eval`."
+            "`python -m vllm.entrypoints.openai.api_server --model MODEL` "
+            "or pass --serve to `envhub eval`."
         )
 
 
@@ -224,6 +231,7 @@ class ServerChatTokenizer:
 
     @property
     def max_length(self) -> int | None:
+        """The server's ``max_model_len``, once a ``/tokenize`` call has reported it."""
         return self._max_length
 
     async def probe(self) -> bool:
@@ -243,6 +251,10 @@ class ServerChatTokenizer:
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
     ) -> list[int]:
+        """Token ids of ``messages`` rendered by the server's ``/tokenize`` endpoint.
+
+        Also records the server's context length from the response.
+        """
         body: dict[str, Any] = {
             "model": self.engine.model,
             "messages": [_wire_message(m, for_template=True) for m in messages],

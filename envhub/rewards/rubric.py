@@ -45,6 +45,7 @@ class RewardFunction:
     takes_all: bool = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the wrapped function as is (no weight applied)."""
         return self.fn(*args, **kwargs)
 
 
@@ -161,14 +162,17 @@ class Rubric:
 
     @property
     def episode_funcs(self) -> list[RewardFunction]:
+        """The functions that score one episode at a time, in order."""
         return [f for f in self.funcs if not f.group]
 
     @property
     def group_funcs(self) -> list[RewardFunction]:
+        """The functions that score a whole group of episodes at once, in order."""
         return [f for f in self.funcs if f.group]
 
     @property
     def weights(self) -> dict[str, float]:
+        """Each function's weight, by name."""
         return {f.name: f.weight for f in self.funcs}
 
     async def score(self, state: State) -> Score:

@@ -19,11 +19,13 @@ class TrajectoryWriter:
         self.count = 0
 
     def write(self, trajectory: Trajectory) -> None:
+        """Append ``trajectory`` as one JSON line and flush it to the file."""
         self._file.write(trajectory.model_dump_json() + "\n")
         self._file.flush()
         self.count += 1
 
     def close(self) -> None:
+        """Close the file."""
         self._file.close()
 
     def __enter__(self) -> TrajectoryWriter:
@@ -42,4 +44,5 @@ def iter_trajectories(path: str | Path) -> Iterator[Trajectory]:
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:
+    """Every trajectory in the JSONL file at ``path``, in file order."""
     return list(iter_trajectories(path))

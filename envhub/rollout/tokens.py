@@ -22,6 +22,7 @@ _DUMMY = [user("x"), assistant("y")]
 
 
 def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Number of leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:
@@ -44,6 +45,7 @@ class TokenTrace:
     """False once the record can no longer be token-exact (chat-level engines after drift)."""
 
     def start(self, prompt_ids: list[int]) -> None:
+        """Begin the record with the prompt's tokens (mask 0, logprob 0.0), replacing any before."""
         self.ids, self.mask, self.logprobs = (
             list(prompt_ids),
             [0] * len(prompt_ids),
@@ -52,11 +54,13 @@ class TokenTrace:
         self.prompt_length = len(prompt_ids)
 
     def add_sampled(self, token_ids: list[int], logprobs: list[float] | None) -> None:
+        """Append tokens the policy sampled (mask 1) with their logprobs (0.0 when not given)."""
         self.ids.extend(token_ids)
         self.mask.extend([1] * len(token_ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(token_ids))
 
     def add_context(self, token_ids: list[int]) -> None:
+        """Append tokens the policy did not sample (template, env replies): mask 0, logprob 0.0."""
         self.ids.extend(token_ids)
         self.mask.extend([0] * len(token_ids))
         self.logprobs.extend([0.0] * len(token_ids))

@@ -3,7 +3,8 @@
     from envhub.sandbox import LocalSandbox, Limits
     result = LocalSandbox().run_python("print(1)")   # ExecResult(stdout="1\\n", exit_code=0, ...)
 
-Threat model (what a run is protected against, and what not): see :mod:`envhub.sandbox.threat_model`.
+Threat model (what a run is protected against, and what not): see
+:mod:`envhub.sandbox.threat_model`.
 """
 
 from __future__ import annotations

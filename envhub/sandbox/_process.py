@@ -277,7 +277,8 @@ def _claim(base: int, size: int) -> list[int]:
         if len(uids) == size:
             return uids
     raise SandboxError(
-        f"no {size} free sandbox uids in {base}..{base + _CLAIM_RANGE - 1}; other envhub processes hold them"
+        f"no {size} free sandbox uids in {base}..{base + _CLAIM_RANGE - 1}; "
+        "other envhub processes hold them"
     )
 
 

@@ -3,9 +3,10 @@
 One call runs one command in a fresh, empty sandbox: input files are written into its working
 folder (``/sandbox``), ``stdin`` is fed to it, and it comes back as an :class:`ExecResult`
 (stdout, stderr, exit status, the output files asked for, wall time and why it stopped).
-Nothing carries over from one call to the next. Backends: :class:`~envhub.sandbox.local.LocalSandbox`
-(bubblewrap + rlimits on this machine) and :class:`~envhub.sandbox.e2b.E2BSandbox` (e2b
-micro-VMs); the same :class:`Limits` mean the same thing on both.
+Nothing carries over from one call to the next. Backends:
+:class:`~envhub.sandbox.local.LocalSandbox` (bubblewrap + rlimits on this machine) and
+:class:`~envhub.sandbox.e2b.E2BSandbox` (e2b micro-VMs); the same :class:`Limits` mean the same
+thing on both.
 
 Why a run stopped (:attr:`ExecResult.stop_reason`):
 
@@ -102,7 +103,8 @@ class ExecResult:
     """What one run did.
 
     Attributes:
-        stdout: Standard output (decoded as UTF-8, invalid bytes replaced), at most ``output_bytes``.
+        stdout: Standard output (decoded as UTF-8, invalid bytes replaced), at most
+            ``output_bytes``.
         stderr: Standard error, likewise.
         exit_code: The exit status, or ``128 + signal`` when a signal ended it; ``None`` when
             the sandbox killed it before it ended (``timeout``, ``output_limit``).
@@ -172,6 +174,7 @@ def check_relative(path: str) -> str:
 
 
 def as_bytes(data: str | bytes) -> bytes:
+    """``data`` as bytes: text is encoded as UTF-8, bytes-like data copied to ``bytes``."""
     return data.encode("utf-8") if isinstance(data, str) else bytes(data)
 
 
@@ -244,6 +247,7 @@ class Sandbox(ABC):
         """Release the backend's resources (a remote sandbox, say). Safe to call twice."""
 
     def close(self) -> None:
+        """Synchronous :meth:`aclose`."""
         run_sync(self.aclose())
 
     def __enter__(self) -> Sandbox:

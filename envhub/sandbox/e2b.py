@@ -106,6 +106,15 @@ class E2BSandbox(Sandbox):
         output_files: Sequence[str] = (),
         limits: Limits | None = None,
     ) -> ExecResult:
+        """Run ``command`` in a fresh folder of the shared VM, creating the VM on first use.
+
+        The inputs and stdin are uploaded, the command runs under ``prlimit`` with the run's
+        limits, the output files are read back unless it timed out or hit the output limit, and
+        the folder is removed afterwards. See :meth:`Sandbox.arun` for the arguments.
+
+        Raises:
+            SandboxError: The VM could not be created, or an e2b call failed.
+        """
         limits = limits or self.limits
         argv = as_argv(command)
         inputs = {check_relative(p): as_bytes(d) for p, d in (files or {}).items()}
@@ -127,6 +136,7 @@ class E2BSandbox(Sandbox):
                 await vm.commands.run(f"rm -rf {shlex.quote(folder)}", timeout=30)
 
     async def aclose(self) -> None:
+        """Kill the VM, if one was created; errors while killing it are ignored."""
         vm, self._vm = self._vm, None
         if vm is not None:
             with contextlib.suppress(Exception):
@@ -138,8 +148,9 @@ def _wrapped(argv: list[str], limits: Limits) -> str:
     before the command starts (the program cannot read the harness's input back)."""
     mib, cpu = 1 << 20, limits.cpu_seconds
     prlimit = [
-        "prlimit", f"--as={limits.memory_mb * mib}", f"--cpu={cpu}:{cpu + 1}", f"--fsize={limits.file_size_mb * mib}",
-        f"--nproc={limits.processes}", f"--nofile={limits.open_files}", "--core=0", "--",
+        "prlimit", f"--as={limits.memory_mb * mib}", f"--cpu={cpu}:{cpu + 1}",
+        f"--fsize={limits.file_size_mb * mib}", f"--nproc={limits.processes}",
+        f"--nofile={limits.open_files}", "--core=0", "--",
     ]  # fmt: skip
     return f"exec < .stdin && rm -f .stdin && exec {shlex.join(prlimit + argv)}"
 

@@ -203,6 +203,7 @@ class LocalEnvd:
         return self
 
     def stop(self) -> None:
+        """Ask the server to exit and wait up to 10 s for its thread to end."""
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:

@@ -107,7 +107,8 @@ def bwrap_problem(bwrap: str = "bwrap") -> str | None:
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"bubblewrap failed to start: {e}"
     if done.returncode != 0:
-        return f"bubblewrap cannot create namespaces here: {done.stderr.decode(errors='replace').strip()}"
+        reason = done.stderr.decode(errors="replace").strip()
+        return f"bubblewrap cannot create namespaces here: {reason}"
     return None
 
 
@@ -174,6 +175,12 @@ class LocalSandbox(Sandbox):
         output_files: Sequence[str] = (),
         limits: Limits | None = None,
     ) -> ExecResult:
+        """Run ``command`` in a fresh bubblewrap sandbox, or under rlimits alone.
+
+        Each run first takes a slot of the uid pool, waiting while all ``max_concurrency`` are in
+        use. ``output_files`` may be ``[ALL_FILES]`` to get every file of the working folder
+        back. See :meth:`Sandbox.arun` for the arguments.
+        """
         limits = limits or self.limits
         argv = as_argv(command)
         inputs = {check_relative(path): as_bytes(data) for path, data in (files or {}).items()}

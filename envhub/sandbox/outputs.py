@@ -20,10 +20,11 @@ INIT = """\
 status=$?
 """
 _KILL_ALL = "kill -9 -1 2>/dev/null\n"
-_EMIT = """\
-emit() {{ if [ -f "$1" ] && [ ! -L "$1" ]; then printf '%s\\n%s\\n' "$1" "$(wc -c < "$1")"; cat "$1"; fi; }}
-{{ {emits} }} > {channel}
-"""
+_EMIT = (
+    'emit() {{ if [ -f "$1" ] && [ ! -L "$1" ]; then '
+    """printf '%s\\n%s\\n' "$1" "$(wc -c < "$1")"; cat "$1"; fi; }}\n"""
+    "{{ {emits} }} > {channel}\n"
+)
 _EMIT_ALL = (
     'find . -path ./.tmp -prune -o -type f -print | while IFS= read -r f; do emit "${f#./}"; done'
 )

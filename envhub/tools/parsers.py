@@ -2,13 +2,16 @@
 
 Formats, by model family:
 
-- ``hermes`` (Hermes, Qwen2.5/3, SmolLM2): ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``,
-  one block per call (a JSON list inside one block is accepted too).
-- ``llama3`` (Llama 3.1+ JSON tool calling): the whole turn is ``{"name": ..., "parameters": {...}}``,
-  optionally after ``<|python_tag|>``, several calls separated by ``;``.
+- ``hermes`` (Hermes, Qwen2.5/3, SmolLM2):
+  ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, one block per call (a JSON list
+  inside one block is accepted too).
+- ``llama3`` (Llama 3.1+ JSON tool calling): the whole turn is
+  ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``, several calls
+  separated by ``;``.
 - ``mistral``: ``[TOOL_CALLS] [{"name": ..., "arguments": {...}}]`` (v3 tokenizers) or
   ``[TOOL_CALLS]name[ARGS]{...}`` (v11+ tokenizers).
-- ``openai``: structured ``tool_calls`` from an OpenAI-compatible server (see :func:`check_openai_calls`).
+- ``openai``: structured ``tool_calls`` from an OpenAI-compatible server (see
+  :func:`check_openai_calls`).
 - ``auto``: whichever of the text formats the turn uses.
 
 A parser never raises on model output: anything malformed becomes a :class:`ToolCallError`
@@ -51,6 +54,7 @@ class ParsedTurn:
 
     @property
     def attempted(self) -> int:
+        """Tool calls the turn tried to make: the well-formed ones plus the malformed ones."""
         return len(self.calls) + len(self.errors)
 
 

@@ -233,7 +233,6 @@ def _describe_validation_error(tool_name: str, error: ValidationError) -> str:
         elif kind == "extra_forbidden":
             parts.append(f"unexpected argument {where!r}")
         else:
-            parts.append(
-                f"argument {where!r}: {item['msg']} (got {json.dumps(item.get('input'), default=str)[:80]})"
-            )
+            got = json.dumps(item.get("input"), default=str)[:80]
+            parts.append(f"argument {where!r}: {item['msg']} (got {got})")
     return f"invalid arguments for {tool_name}: " + "; ".join(parts)

@@ -104,11 +104,13 @@ def test_help_lists_every_template_and_ends_with_examples():
     [
         (
             ["init", "My_Env"],
-            "error: invalid env name 'My_Env': use lowercase letters, digits and hyphens, starting with a letter; try 'my-env'",
+            "error: invalid env name 'My_Env': use lowercase letters, digits and hyphens, "
+            "starting with a letter; try 'my-env'",
         ),
         (
             ["init", "my-env", "--template", "tol"],
-            f"error: unknown template 'tol'. Did you mean 'tool'? Templates: {', '.join(TEMPLATES)}",
+            "error: unknown template 'tol'. Did you mean 'tool'? "
+            f"Templates: {', '.join(TEMPLATES)}",
         ),
     ],
     ids=["bad-name", "unknown-template"],
@@ -125,8 +127,8 @@ def test_existing_folder_error_through_the_script(tmp_path):
     result = envhub_script("init", "my-env", cwd=tmp_path)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"error: {tmp_path / 'my-env'} already exists and is not empty; choose another name or folder, "
-        "or use --force (force=True) to write into it"
+        f"error: {tmp_path / 'my-env'} already exists and is not empty; "
+        "choose another name or folder, or use --force (force=True) to write into it"
     ]
     assert os.listdir(tmp_path / "my-env") == ["notes.txt"]
 

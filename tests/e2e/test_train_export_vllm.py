@@ -2,9 +2,9 @@
 vLLM, and vLLM's logprobs of what it samples are the trainer's own (same weights, same math).
 
 The model is the tiny random Llama of ``tests/conftest.py`` (head_dim 64, which vLLM's CPU
-attention needs). It trains on ``envhub.testing.LetterEnv``, whose reward is continuous (the share of ``e``),
-so a random model's groups have variance, and one GRPO step at a large learning rate moves its
-weights far enough that the logprobs of the untrained model would not match.
+attention needs). It trains on ``envhub.testing.LetterEnv``, whose reward is continuous (the
+share of ``e``), so a random model's groups have variance, and one GRPO step at a large learning
+rate moves its weights far enough that the logprobs of the untrained model would not match.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(
     require_vllm, letter_env: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     config = load_config(ROOT / "examples" / "quickstart.yaml", [
-        f"envs.0.name={letter_env}", "envs.0.args={}", f"model.name={tiny_model_dir}", "steps=1", "rollout.tasks_per_step=2", "rollout.samples_per_task=4",
-        "rollout.max_tokens=8", "optimizer.lr=1e-2", "algorithm.dynamic_sampling=false", "backend.device=cpu",
+        f"envs.0.name={letter_env}", "envs.0.args={}", f"model.name={tiny_model_dir}", "steps=1",
+        "rollout.tasks_per_step=2", "rollout.samples_per_task=4", "rollout.max_tokens=8",
+        "optimizer.lr=1e-2", "algorithm.dynamic_sampling=false", "backend.device=cpu",
         f"logging.output_dir={tmp_path}", "logging.run_name=run", "logging.plot=false",
     ])  # fmt: skip
     run = train(config)
@@ -61,8 +62,9 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(
     ) as server:
         out = tmp_path / "eval"
         result = subprocess.run(
-            [sys.executable, "-m", "envhub.cli", "eval", "arithmetic", "-u", f"{server.base_url}/v1", "-m", "trained",
-             "-a", "difficulty=tiny", "-n", "3", "-r", "2", "--max-tokens", "12", "--temperature", "1.0", "-o", str(out)],
+            [sys.executable, "-m", "envhub.cli", "eval", "arithmetic",
+             "-u", f"{server.base_url}/v1", "-m", "trained", "-a", "difficulty=tiny",
+             "-n", "3", "-r", "2", "--max-tokens", "12", "--temperature", "1.0", "-o", str(out)],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]

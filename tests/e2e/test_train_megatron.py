@@ -28,13 +28,15 @@ SETUP = ROOT / "tests" / "trainer" / "megatron" / "crash_setup.py"
 
 def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.CompletedProcess:
     command = [
-        sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), f"model.name={model_dir}",
-        "backend.kind=megatron", "backend.megatron.pipeline_parallel=2", "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1",
-        "steps=2", "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "rollout.max_tokens=16",
+        sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"),
+        f"model.name={model_dir}", "backend.kind=megatron", "backend.megatron.pipeline_parallel=2",
+        "rollout.engine=vllm", "rollout.vllm.kv_cache_gb=1", "steps=2",
+        "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "rollout.max_tokens=16",
         # A random model's groups all tie (zero advantages): train on them anyway, with an
         # entropy bonus so that the gradient is not zero.
         "algorithm.dynamic_sampling=false", "algorithm.entropy_coef=0.01",
-        "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run", "logging.plot=false", "rollout.vllm.mode=ray", *extra,
+        "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run",
+        "logging.plot=false", "rollout.vllm.mode=ray", *extra,
     ]  # fmt: skip
     environment = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(SETUP), **env}
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)

@@ -21,8 +21,9 @@ def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(
     require_vllm, tmp_path: Path
 ) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"), "rollout.engine=vllm",
-         "steps=2", "rollout.tasks_per_step=4", "rollout.samples_per_task=4", "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
+        [sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"),
+         "rollout.engine=vllm", "steps=2", "rollout.tasks_per_step=4", "rollout.samples_per_task=4",
+         "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
          "logging.run_name=run", "logging.plot=false", "checkpoint.export_hf=false"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip

@@ -122,7 +122,8 @@ def test_the_shipped_set_loads_by_default() -> None:
     # By hand: 2*9 + 4*4 = 34 dollars spent, 50 - 34 = 16 dollars back.
     assert (
         env.dataset[0]["question"]
-        == "Ben buys 2 bagels for $9 each and 4 candles for $4 each. He pays with a $50 bill. How much change does he get back?"
+        == "Ben buys 2 bagels for $9 each and 4 candles for $4 each. He pays with a $50 bill. "
+        "How much change does he get back?"
     )
     assert env.dataset[0]["answer"] == "16"
     assert [len(GSM8KEnv(split=s).dataset) for s in ("train[:80%]", "train[80%:]")] == [240, 60]

@@ -60,7 +60,8 @@ def test_feedback_sequence_for_a_known_secret() -> None:
         ("50 is too high. Guess lower. (6 guesses left)", 0.0, False, False),
         ("25 is too low. Guess higher. (5 guesses left)", 0.0, False, False),
         (
-            "I found no number in your reply. Reply with one whole number from 1 to 100. (4 guesses left)",
+            "I found no number in your reply. "
+            "Reply with one whole number from 1 to 100. (4 guesses left)",
             0.0,
             False,
             False,

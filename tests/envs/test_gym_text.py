@@ -76,7 +76,8 @@ def test_a_walk_to_the_goal_on_the_classic_map() -> None:
     prompt, _ = env.reset(seed=0, options={"task": CLASSIC_TASK})
     assert [m.role for m in prompt] == ["system", "user"]
     assert prompt[0].content.endswith(
-        "Actions: left, down, right, up. Each turn, reply with one action inside <action></action>, e.g. <action>left</action>."
+        "Actions: left, down, right, up. "
+        "Each turn, reply with one action inside <action></action>, e.g. <action>left</action>."
     )
     assert prompt[1].content == "P F F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 1."
     steps = play(
@@ -94,7 +95,8 @@ def test_a_walk_to_the_goal_on_the_classic_map() -> None:
         ("S F F F\nF H F H\nP F F H\nH F F G\nYou are at row 3, column 1.", 0.0, False, False),
         ("S F F F\nF H F H\nF P F H\nH F F G\nYou are at row 3, column 2.", 0.0, False, False),
         (
-            "That is not an action. Reply with one of: left, down, right, up, e.g. <action>left</action>.",
+            "That is not an action. "
+            "Reply with one of: left, down, right, up, e.g. <action>left</action>.",
             0.0,
             False,
             False,
@@ -124,7 +126,8 @@ def test_falling_in_a_hole_ends_the_episode_with_nothing() -> None:
         ),  # into the edge
         ("S P F F\nF H F H\nF F F H\nH F F G\nYou are at row 1, column 2.", 0.0, False, False),
         (
-            "S F F F\nF P F H\nF F F H\nH F F G\nYou are at row 2, column 2. You fell into a hole. Game over.",
+            "S F F F\nF P F H\nF F F H\nH F F G\n"
+            "You are at row 2, column 2. You fell into a hole. Game over.",
             0.0,
             True,
             False,
@@ -224,7 +227,8 @@ def test_a_factory_env_is_reset_with_the_task_seed_and_closed_with_the_env() -> 
     for episode_seed in (0, 1):
         prompt, _ = env.reset(seed=episode_seed, options={"task_index": 2})
         assert [m.content for m in prompt] == [
-            "Walk to the end.\n\nActions: back, forward. Each turn, reply with one action inside <action></action>, e.g. <action>back</action>.",
+            "Walk to the end.\n\nActions: back, forward. Each turn, reply with one action "
+            "inside <action></action>, e.g. <action>back</action>.",
             "You are in cell 0.",
         ]
     assert play(env, "forward", "back", "forward", "forward", "forward") == [

@@ -192,8 +192,9 @@ class HubServer:
                 or (author and repo.id.split("/")[0] != author)
             ):
                 continue
-            found.append({"id": repo.id, "_id": repo.id, "modelId": repo.id, "private": repo.private, "tags": tags,
-                          "sha": head.sha, "lastModified": head.date, "downloads": 0, "likes": 0})  # fmt: skip
+            found.append({"id": repo.id, "_id": repo.id, "modelId": repo.id,
+                          "private": repo.private, "tags": tags, "sha": head.sha,
+                          "lastModified": head.date, "downloads": 0, "likes": 0})  # fmt: skip
         limit = int((query.get("limit") or [1000])[0])
         return json_reply(sorted(found, key=lambda r: r["id"])[:limit])
 
@@ -239,8 +240,21 @@ class HubServer:
         if method == "POST" and head == "preupload":
             commit = repo.resolve(tail)
             files = json.loads(body)["files"]
-            return json_reply({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False,
-                                     "oid": git_blob_sha1(commit.files[f["path"]]) if f["path"] in commit.files else None} for f in files]})  # fmt: skip
+            return json_reply(
+                {
+                    "files": [
+                        {
+                            "path": f["path"],
+                            "uploadMode": "regular",
+                            "shouldIgnore": False,
+                            "oid": git_blob_sha1(commit.files[f["path"]])
+                            if f["path"] in commit.files
+                            else None,
+                        }
+                        for f in files
+                    ]
+                }
+            )
         if method == "POST" and head == "commit":
             return self.commit(repo, unquote(tail), body)
         if method == "POST" and head == "tag":
@@ -249,9 +263,10 @@ class HubServer:
 
     def info(self, repo: Repo, commit: Commit) -> dict[str, Any]:
         meta = card_metadata(commit.files.get("README.md", b""))
-        return {"id": repo.id, "_id": repo.id, "modelId": repo.id, "author": repo.owner, "sha": commit.sha,
-                "private": repo.private, "disabled": False, "gated": False, "lastModified": commit.date,
-                "tags": repo.card_tags(commit), "cardData": meta or None, "downloads": 0, "likes": 0,
+        return {"id": repo.id, "_id": repo.id, "modelId": repo.id, "author": repo.owner,
+                "sha": commit.sha, "private": repo.private, "disabled": False, "gated": False,
+                "lastModified": commit.date, "tags": repo.card_tags(commit),
+                "cardData": meta or None, "downloads": 0, "likes": 0,
                 "siblings": [{"rfilename": p} for p in sorted(commit.files)]}  # fmt: skip
 
     def tree(

@@ -23,15 +23,17 @@ def write(root: Path, files: dict[str, str]) -> None:
 def test_secrets_and_junk_are_left_out_and_reported(tmp_path: Path) -> None:
     write(tmp_path, {
         "pyproject.toml": "", "README.md": "", "pkg/env.py": "", "pkg/data/tasks.jsonl": "",
-        ".env": "HF_TOKEN=x", ".env.local": "", "deploy.pem": "", "id_rsa": "", "pkg/client_secret.json": "",
-        ".git/config": "", ".venv/bin/python": "", "pkg/__pycache__/env.cpython-311.pyc": "", "dist/x.whl": "",
+        ".env": "HF_TOKEN=x", ".env.local": "", "deploy.pem": "", "id_rsa": "",
+        "pkg/client_secret.json": "", ".git/config": "", ".venv/bin/python": "",
+        "pkg/__pycache__/env.cpython-311.pyc": "", "dist/x.whl": "",
         "capital.egg-info/PKG-INFO": "", "notes.swp": "", "envhub.lock": "", "envhub.json": "",
     })  # fmt: skip
     selection = select_files(tmp_path)
     assert selection.files == ["README.md", "pkg/data/tasks.jsonl", "pkg/env.py", "pyproject.toml"]
     assert dict(selection.skipped) == {
-        ".env": "looks like a secret", ".env.local": "looks like a secret", "deploy.pem": "looks like a secret",
-        "id_rsa": "looks like a secret", "pkg/client_secret.json": "looks like a secret",
+        ".env": "looks like a secret", ".env.local": "looks like a secret",
+        "deploy.pem": "looks like a secret", "id_rsa": "looks like a secret",
+        "pkg/client_secret.json": "looks like a secret",
         ".git/": "junk (version control, environment, cache or build output)",
         ".venv/": "junk (version control, environment, cache or build output)",
         "pkg/__pycache__/": "junk (version control, environment, cache or build output)",

@@ -101,7 +101,8 @@ def test_push_install_in_a_fresh_venv_eval_and_reproduce_from_the_lock(
     made = run(
         python,
         "-c",
-        f"import envhub; env = envhub.make('{REPO}@0.1.0'); print(env.name, env.version, type(env).__module__)",
+        f"import envhub; env = envhub.make('{REPO}@0.1.0'); "
+        "print(env.name, env.version, type(env).__module__)",
     )
     assert made.stdout.strip() == "capital-cities 0.1.0 capital_cities.env", made.stderr
 
@@ -112,9 +113,9 @@ def test_push_install_in_a_fresh_venv_eval_and_reproduce_from_the_lock(
     untrusted = run(python, "-c", f"import envhub; envhub.make('{REPO}@0.2.0')")
     assert untrusted.returncode != 0
     assert (
-        f"alice/capital-cities@0.2.0 (commit {newer.commit[:12]}) is not installed, and installing runs its code"
-        in untrusted.stderr
-    )
+        f"alice/capital-cities@0.2.0 (commit {newer.commit[:12]}) is not installed, "
+        "and installing runs its code"
+    ) in untrusted.stderr
 
     lock_before = Path("envhub.lock").read_bytes()
     assert run(python, "-m", "pip", "uninstall", "-y", "-q", "capital-cities").returncode == 0
@@ -124,7 +125,8 @@ def test_push_install_in_a_fresh_venv_eval_and_reproduce_from_the_lock(
     source = run(
         python,
         "-c",
-        "from envhub.hub.provenance import install_source; print(list(install_source('capital-cities')))",
+        "from envhub.hub.provenance import install_source; "
+        "print(list(install_source('capital-cities')))",
     )
     assert json.loads(source.stdout.replace("'", '"')) == [REPO, published.commit]
     assert Path("envhub.lock").read_bytes() == lock_before

@@ -29,7 +29,8 @@ def test_an_uninstalled_version_needs_trust(hub: HubServer, package: Path) -> No
     with pytest.raises(ConfigError) as info:
         envhub.make("alice/capital-cities@0.1.0")
     assert str(info.value).startswith(
-        f"alice/capital-cities@0.1.0 (commit {result.commit[:12]}) is not installed, and installing runs its code: "
+        f"alice/capital-cities@0.1.0 (commit {result.commit[:12]}) is not installed, "
+        "and installing runs its code: "
         f"run `envhub install alice/capital-cities@{result.commit}` to review and install it"
     )
 

@@ -156,12 +156,16 @@ def test_a_package_without_or_with_a_broken_entry_point_is_not_pushed(
     )
     with pytest.raises(
         EnvCheckError,
-        match=r"entry points: EnvLoadError: cannot load env 'capital-cities' from capital_cities.env:Missing",
+        match=(
+            r"entry points: EnvLoadError: "
+            r"cannot load env 'capital-cities' from capital_cities.env:Missing"
+        ),
     ):
         push(package, token=ALICE, run_tests=False)
     pyproject.write_text(
         text.replace(
-            '[project.entry-points."envhub.envs"]\ncapital-cities = "capital_cities.env:CapitalCitiesEnv"\n',
+            '[project.entry-points."envhub.envs"]\n'
+            'capital-cities = "capital_cities.env:CapitalCitiesEnv"\n',
             "",
         )
     )
@@ -183,9 +187,9 @@ def test_a_failing_package_test_or_a_leaked_answer_blocks_the_push(
     with pytest.raises(EnvCheckError) as info:
         push(package, token=ALICE)
     assert (
-        "capital-cities: no answer leak: the answer appears in 8 of 8 prompts (task 0: answer 'Paris')"
-        in str(info.value)
-    )
+        "capital-cities: no answer leak: "
+        "the answer appears in 8 of 8 prompts (task 0: answer 'Paris')"
+    ) in str(info.value)
     assert "package tests: pytest exited 1" not in str(
         info.value
     )  # the template's tests do not look at the prompt
@@ -295,7 +299,10 @@ def test_an_env_name_that_clashes_with_an_installed_env_is_refused(
     push(package, token=ALICE, check=False)
     with pytest.raises(
         ConfigError,
-        match=r"provides env\(s\) already installed from another package: calculator \(from envhub\)",
+        match=(
+            r"provides env\(s\) already installed from another package: "
+            r"calculator \(from envhub\)"
+        ),
     ):
         install(f"{REPO}@0.1.0", trust=True, python=sys.executable)
     assert not Path("envhub.lock").exists()

@@ -117,7 +117,8 @@ def test_a_closed_port_says_what_to_do() -> None:
     )
     assert message.endswith(
         "Is the server running and reachable? Start one with "
-        "`python -m vllm.entrypoints.openai.api_server --model MODEL` or pass --serve to `envhub eval`."
+        "`python -m vllm.entrypoints.openai.api_server --model MODEL` "
+        "or pass --serve to `envhub eval`."
     )
 
 
@@ -380,7 +381,7 @@ def test_a_server_without_models(http_server: Any) -> None:
         asyncio.run(OpenAIEngine(server.url, mode="chat").start())
 
 
-# -- concurrency and event loops --------------------------------------------------------------------
+# -- concurrency and event loops -------------------------------------------------------------------
 
 
 def test_concurrency_limit_is_respected(http_server: Any) -> None:

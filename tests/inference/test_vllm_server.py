@@ -25,8 +25,9 @@ def test_command_uses_the_api_server_module_on_loopback():
         extra_args=["--dtype", "float32"],
     )
     assert server.command() == [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m", "--served-model-name", "m",
-        "--host", "127.0.0.1", "--port", "1234", "--max-model-len", "2048", "--seed", "7", "--dtype", "float32",
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m",
+        "--served-model-name", "m", "--host", "127.0.0.1", "--port", "1234",
+        "--max-model-len", "2048", "--seed", "7", "--dtype", "float32",
     ]  # fmt: skip
     assert server.base_url == "http://127.0.0.1:1234"
 

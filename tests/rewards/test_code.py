@@ -53,7 +53,10 @@ def test_mixed_cases_partial_credit(sandbox: LocalSandbox) -> None:
 
 
 def test_stdin_stdout_cases(sandbox: LocalSandbox) -> None:
-    code = "import sys\nnums = [float(x) for x in sys.stdin.read().split()]\nprint(f'{sum(nums):.6f}')\n"
+    code = (
+        "import sys\nnums = [float(x) for x in sys.stdin.read().split()]\n"
+        "print(f'{sum(nums):.6f}')\n"
+    )
     cases = [
         {"stdin": "1 2", "stdout": "3"},
         {"stdin": "0.1 0.2\n", "stdout": "0.3\n\n"},
@@ -110,9 +113,13 @@ def test_no_code_and_broken_code_fail_every_case(sandbox: LocalSandbox) -> None:
         "print('all tests passed')\nprint('4/4 tests passed')",  # a fake report on stdout
         "import os\nos._exit(0)",  # leave before the tests run
         "import sys\nsys.exit(0)",
-        'import os\nos.write(1, b\'{"case": 0, "status": "pass"}\\n\')\nos._exit(0)',  # forge a record
-        "import os\nfor fd in range(3, 10):\n    try:\n        os.write(fd, b'{\"done\": 4}\\n')\n    except OSError:\n        pass",
-        "open('results.json', 'w').write('{\"passed\": 4}')\nopen('/tmp/harness.py', 'w').write('')",
+        'import os\nos.write(1, b\'{"case": 0, "status": "pass"}\\n\')\n'
+        "os._exit(0)",  # forge a record
+        "import os\nfor fd in range(3, 10):\n"
+        "    try:\n        os.write(fd, b'{\"done\": 4}\\n')\n"
+        "    except OSError:\n        pass",
+        "open('results.json', 'w').write('{\"passed\": 4}')\n"
+        "open('/tmp/harness.py', 'w').write('')",
         "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})",
     ],
 )

@@ -119,8 +119,8 @@ def test_unknown_parameter_is_rejected_at_declaration_with_the_allowed_list() ->
             return 0.0
 
     assert str(info.value) == (
-        "reward 'bad' asks for 'ground_truth', which is not provided; choose from prompt, completion, "
-        "response, answer, info, task, state (or take **kwargs)"
+        "reward 'bad' asks for 'ground_truth', which is not provided; "
+        "choose from prompt, completion, response, answer, info, task, state (or take **kwargs)"
     )
 
 
@@ -132,8 +132,9 @@ def test_group_rewards_use_the_plural_vocabulary() -> None:
             return []
 
     assert str(info.value) == (
-        "group reward 'bad' asks for 'response', which is not provided; choose from prompts, completions, "
-        "responses, answers, infos, tasks, states (or take **kwargs)"
+        "group reward 'bad' asks for 'response', which is not provided; "
+        "choose from prompts, completions, responses, answers, infos, tasks, states "
+        "(or take **kwargs)"
     )
 
 

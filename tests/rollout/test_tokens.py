@@ -44,13 +44,14 @@ def assert_tokens(actual: Sequence[Any] | None, expected: Sequence[Any]) -> None
     assert actual is not None
     for i, (a, e) in enumerate(zip(actual, expected, strict=False)):
         assert a == e, (
-            f"position {i}: got {a!r}, expected {expected[i]!r} (context {list(expected[max(0, i - 5) : i + 5])})"
+            f"position {i}: got {a!r}, expected {expected[i]!r} "
+            f"(context {list(expected[max(0, i - 5) : i + 5])})"
         )
     assert len(actual) == len(expected)
 
 
 class LoggingEngine(ScriptedEngine):
-    """The scripted engine, reporting distinct logprobs and remembering each request's prompt ids."""
+    """Scripted engine that reports distinct logprobs and remembers each request's prompt ids."""
 
     def __init__(self, policy: Policy, tokenizer: ByteChatTokenizer) -> None:
         super().__init__(policy, tokenizer)
@@ -108,7 +109,10 @@ PROMPT = (
     + message("user", TASK["question"])
     + GEN
 )
-CALL = f'<tool_call>\n{{"name": "calculate", "arguments": {{"expression": "{EXPRESSION}"}}}}\n</tool_call>'
+CALL = (
+    '<tool_call>\n{"name": "calculate", '
+    f'"arguments": {{"expression": "{EXPRESSION}"}}}}\n</tool_call>'
+)
 FINAL = f"The result is \\boxed{{{ANSWER}}}."
 # where "<think>..." (sampled) and "<tool_call>..." (re-rendered without the think block) part
 DRIFT = {
@@ -304,7 +308,7 @@ def test_text_only_engines_record_no_tokens() -> None:
     assert trajectory.reward == 1.0
 
 
-# -- the pieces ---------------------------------------------------------------------------------------
+# -- the pieces ------------------------------------------------------------------------------------
 
 
 def test_common_prefix_length() -> None:

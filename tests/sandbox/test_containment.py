@@ -100,7 +100,15 @@ def test_huge_stdout_is_cut_at_the_limit(sandbox: LocalSandbox, after: None) -> 
 
 
 def test_disk_fill_stops_at_the_scratch_size(sandbox: LocalSandbox, after: None) -> None:
-    code = "import os\ntry:\n    with open('/tmp/big', 'wb') as f:\n        while True:\n            f.write(b'x' * 65536)\nexcept OSError as e:\n    print(e.errno, os.path.getsize('/tmp/big') <= 8 << 20)"
+    code = (
+        "import os\n"
+        "try:\n"
+        "    with open('/tmp/big', 'wb') as f:\n"
+        "        while True:\n"
+        "            f.write(b'x' * 65536)\n"
+        "except OSError as e:\n"
+        "    print(e.errno, os.path.getsize('/tmp/big') <= 8 << 20)"
+    )
     result = sandbox.run_python(code, limits=sandbox.limits.with_(disk_mb=8, file_size_mb=64))
     assert (result.stdout, result.stop_reason) == ("28 True\n", "ok")  # ENOSPC
     result = sandbox.run_python(code, limits=sandbox.limits.with_(disk_mb=64, file_size_mb=1))
@@ -118,7 +126,14 @@ def test_writing_outside_the_sandbox_fails(
         str(REPO / "evil"),
         "/proc/sys/kernel/hostname",
     ]
-    code = f"for p in {targets!r}:\n    try:\n        open(p, 'w').write('x')\n        print('wrote', p)\n    except OSError as e:\n        print(e.errno)"
+    code = (
+        f"for p in {targets!r}:\n"
+        "    try:\n"
+        "        open(p, 'w').write('x')\n"
+        "        print('wrote', p)\n"
+        "    except OSError as e:\n"
+        "        print(e.errno)"
+    )
     result = sandbox.run_python(code)
     assert result.stdout.split() == [
         "30",
@@ -145,7 +160,12 @@ def test_host_files_and_secrets_are_invisible(
     ]
     code = (
         "import os\n"
-        f"for p in {paths!r}:\n    try:\n        open(p).read()\n        print('read', p)\n    except OSError as e:\n        print(e.errno)\n"
+        f"for p in {paths!r}:\n"
+        "    try:\n"
+        "        open(p).read()\n"
+        "        print('read', p)\n"
+        "    except OSError as e:\n"
+        "        print(e.errno)\n"
         "print('hunter2' in open('/proc/1/environ').read() + str(os.environ))\n"
         "print(sorted(p for p in os.listdir('/proc') if p.isdigit()))"
     )
@@ -159,7 +179,18 @@ def test_no_network_not_even_the_hosts_loopback(sandbox: LocalSandbox, after: No
         listener.listen()
         listener.setblocking(False)
         port = listener.getsockname()[1]
-        code = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError as e:\n    print(e.errno)\ntry:\n    socket.create_connection(('192.0.2.1', 80), timeout=2)\nexcept OSError as e:\n    print(e.errno)"
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as e:\n"
+            "    print(e.errno)\n"
+            "try:\n"
+            "    socket.create_connection(('192.0.2.1', 80), timeout=2)\n"
+            "except OSError as e:\n"
+            "    print(e.errno)"
+        )
         result = sandbox.run_python(code)
         assert result.stdout.split() == ["111", "101"]  # ECONNREFUSED (own loopback), ENETUNREACH
         with pytest.raises(BlockingIOError):
@@ -178,7 +209,11 @@ def test_killing_the_parent_and_everyone(sandbox: LocalSandbox, after: None) -> 
         code = (
             "import os, signal\n"
             f"for pid in (os.getppid(), 1, -1, {host.pid}, {os.getpid()}):\n"
-            "    try:\n        os.kill(pid, signal.SIGKILL)\n        print('sent')\n    except OSError as e:\n        print(e.errno)\n"
+            "    try:\n"
+            "        os.kill(pid, signal.SIGKILL)\n"
+            "        print('sent')\n"
+            "    except OSError as e:\n"
+            "        print(e.errno)\n"
             "print('alive')"
         )
         result = sandbox.run_python(code)
@@ -206,7 +241,11 @@ def test_orphans_and_zombies_die_with_the_run(sandbox: LocalSandbox, after: None
     code = (
         "import os, time\n"
         "for _ in range(3):\n"
-        "    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n            time.sleep(60)\n        os._exit(0)\n"
+        "    if os.fork() == 0:\n"
+        "        os.setsid()\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60)\n"
+        "        os._exit(0)\n"
         "if os.fork() == 0:\n    os._exit(0)\n"  # a zombie: never waited for
         "time.sleep(0.2)\nprint('parent done')"
     )
@@ -217,7 +256,11 @@ def test_orphans_and_zombies_die_with_the_run(sandbox: LocalSandbox, after: None
 
 
 def test_nested_user_namespaces_are_refused(sandbox: LocalSandbox, after: None) -> None:
-    code = "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nprint(libc.unshare(0x10000000), ctypes.get_errno())"
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000), ctypes.get_errno())"
+    )
     result = sandbox.run_python(code)
     assert result.stdout == "-1 28\n"  # ENOSPC: user.max_user_namespaces is 0 inside
     assert sandbox.run("unshare -U true").exit_code == 1
@@ -232,7 +275,8 @@ def test_killing_the_caller_kills_its_sandboxes(tmp_path: Path, after: None) -> 
         "box = LocalSandbox(base_uid=61200, max_concurrency=3)\n"
         "code = 'import os, time\\nif os.fork() == 0:\\n    os.setsid()\\ntime.sleep(60)'\n"
         "async def main():\n"
-        "    runs = [asyncio.ensure_future(box.arun_python(code, limits=Limits(wall_time=60))) for _ in range(3)]\n"
+        "    runs = [asyncio.ensure_future(box.arun_python(code, limits=Limits(wall_time=60)))"
+        " for _ in range(3)]\n"
         "    await asyncio.sleep(1.0)\n"
         "    uids = box.uids.uids\n"
         "    print(*uids, sum(len(uid_processes(u, live=True)) for u in uids), flush=True)\n"

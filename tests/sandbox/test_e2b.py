@@ -52,7 +52,12 @@ def test_print_one_through_the_sdk(remote: E2BSandbox) -> None:
 
 
 def test_stdin_and_files_in_and_out(remote: E2BSandbox) -> None:
-    code = "import sys\nopen('out.txt', 'w').write(sys.stdin.read()[::-1])\nprint(open('d/in.txt').read())\nprint('.stdin' in __import__('os').listdir('.'))"
+    code = (
+        "import sys\n"
+        "open('out.txt', 'w').write(sys.stdin.read()[::-1])\n"
+        "print(open('d/in.txt').read())\n"
+        "print('.stdin' in __import__('os').listdir('.'))"
+    )
     result = remote.run(
         ["python3", "main.py"],
         stdin="abc",
@@ -76,7 +81,11 @@ def test_stdin_and_files_in_and_out(remote: E2BSandbox) -> None:
             ("", 1, "memory"),
         ),
         (
-            "import socket\ntry:\n    socket.create_connection(('192.0.2.1', 80), timeout=2)\nexcept OSError as e:\n    print(e.errno)",
+            "import socket\n"
+            "try:\n"
+            "    socket.create_connection(('192.0.2.1', 80), timeout=2)\n"
+            "except OSError as e:\n"
+            "    print(e.errno)",
             None,
             ("101\n", 0, "ok"),
         ),

@@ -29,7 +29,12 @@ def test_print_one(sandbox: LocalSandbox) -> None:
 
 
 def test_stdin_files_in_and_out(sandbox: LocalSandbox) -> None:
-    code = "import sys\ntext = sys.stdin.read()\nopen('out/rev.txt', 'w').write(text[::-1])\nprint(open('data/in.txt').read())"
+    code = (
+        "import sys\n"
+        "text = sys.stdin.read()\n"
+        "open('out/rev.txt', 'w').write(text[::-1])\n"
+        "print(open('data/in.txt').read())"
+    )
     result = sandbox.run(
         ["python3", "main.py"],
         stdin="abc",
@@ -52,7 +57,11 @@ def test_a_shell_command_and_its_exit_status(sandbox: LocalSandbox) -> None:
 
 
 def test_the_sandbox_sees_a_clean_environment(sandbox: LocalSandbox) -> None:
-    code = "import os, socket\nprint(os.getcwd(), sorted(os.listdir('.')), socket.gethostname())\nprint(sorted(os.environ))"
+    code = (
+        "import os, socket\n"
+        "print(os.getcwd(), sorted(os.listdir('.')), socket.gethostname())\n"
+        "print(sorted(os.environ))"
+    )
     result = sandbox.run_python(code)
     assert result.stdout.splitlines() == [
         "/sandbox ['.tmp', 'main.py'] sandbox",
@@ -155,7 +164,20 @@ def test_the_rlimits_fallback_limits_but_does_not_isolate() -> None:
         "cat in.txt; echo x > out.txt", files={"in.txt": "hi\n"}, output_files=["out.txt"]
     )
     assert (result.stdout, result.exit_code, result.files) == ("hi\n", 0, {"out.txt": b"x\n"})
-    bomb = "import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n        os._exit(0)\n    n += 1\nprint(n)"
+    bomb = (
+        "import os, time\n"
+        "n = 0\n"
+        "while True:\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30)\n"
+        "        os._exit(0)\n"
+        "    n += 1\n"
+        "print(n)"
+    )
     result = weak.run_python(bomb)
     assert (result.stdout, result.stop_reason) == (
         "6\n",

@@ -89,7 +89,10 @@ def test_structured_results_are_json() -> None:
 
 
 def test_unknown_tool_suggests_the_nearest_name() -> None:
-    detail = "there is no tool named 'ad'. Did you mean 'add'? Available tools: add, divide, essay, fetch, report, secret"
+    detail = (
+        "there is no tool named 'ad'. Did you mean 'add'? "
+        "Available tools: add, divide, essay, fetch, report, secret"
+    )
     assert run_one("ad", {"a": 1}) == failed("unknown_tool", detail, "ad")
 
 
@@ -112,7 +115,8 @@ def test_unknown_tool_without_a_close_name_and_without_tools() -> None:
         ("[1, 2]", "arguments of add must be a JSON object, got list"),
         (
             "{bad",
-            "arguments of add are not valid JSON (Expecting property name enclosed in double quotes)",
+            "arguments of add are not valid JSON "
+            "(Expecting property name enclosed in double quotes)",
         ),
         ('"not json inside"', "arguments of add are not valid JSON (Expecting value)"),
     ],

@@ -1,4 +1,7 @@
-"""Tool-call parsers: raw model text -> content, calls and errors, exactly, with deterministic ids."""
+"""Tool-call parsers: raw model text -> content, calls and errors, exactly.
+
+Call ids are deterministic, so the tests compare them too.
+"""
 
 from __future__ import annotations
 
@@ -46,7 +49,10 @@ def test_hermes_several_blocks_keep_the_text_around_them() -> None:
 
 
 def test_hermes_list_inside_one_block_and_parameters_key() -> None:
-    text = '<tool_call>[{"name": "a", "arguments": {"x": 1}}, {"name": "b", "parameters": {"y": 2}}, {"name": "c"}]</tool_call>'
+    text = (
+        '<tool_call>[{"name": "a", "arguments": {"x": 1}}, '
+        '{"name": "b", "parameters": {"y": 2}}, {"name": "c"}]</tool_call>'
+    )
     assert parse_hermes(text) == ParsedTurn(
         "",
         [call("call_1", "a", {"x": 1}), call("call_2", "b", {"y": 2}), call("call_3", "c", {})],
@@ -107,7 +113,10 @@ def test_hermes_without_blocks_is_plain_content() -> None:
 
 
 def test_llama3_python_tag_and_calls_split_on_semicolons() -> None:
-    text = '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "parameters": {"s": "p;q"}}'
+    text = (
+        '<|python_tag|>{"name": "a", "parameters": {"x": 1}}; '
+        '{"name": "b", "parameters": {"s": "p;q"}}'
+    )
     assert parse_llama3(text) == ParsedTurn(
         "", [call("call_1", "a", {"x": 1}), call("call_2", "b", {"s": "p;q"})], []
     )
@@ -155,7 +164,10 @@ def test_llama3_one_good_call_and_one_bad_call() -> None:
 
 
 def test_mistral_v3_json_list() -> None:
-    text = 'Checking. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]'
+    text = (
+        'Checking. [TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, '
+        '{"name": "b", "arguments": {}}]'
+    )
     assert parse_mistral(text) == ParsedTurn(
         "Checking.", [call("call_1", "a", {"x": 1}), call("call_2", "b", {})], []
     )
@@ -169,7 +181,8 @@ def test_mistral_v11_name_args_form_with_one_bad_call() -> None:
         [
             error(
                 "call_2",
-                "the arguments of 'b' is not valid JSON (Expecting property name enclosed in double quotes at char 1)",
+                "the arguments of 'b' is not valid JSON "
+                "(Expecting property name enclosed in double quotes at char 1)",
                 "{bad}",
             )
         ],
@@ -238,9 +251,9 @@ def test_qwen_is_hermes_and_unknown_parser_names_the_choices() -> None:
     assert get_parser("qwen") is parse_hermes
     with pytest.raises(ConfigError) as info:
         get_parser("gemma")
-    assert (
-        str(info.value)
-        == "unknown tool-call parser 'gemma'; choose one of ['auto', 'hermes', 'llama3', 'mistral', 'qwen']"
+    assert str(info.value) == (
+        "unknown tool-call parser 'gemma'; "
+        "choose one of ['auto', 'hermes', 'llama3', 'mistral', 'qwen']"
     )
 
 

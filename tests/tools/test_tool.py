@@ -143,7 +143,8 @@ def test_validate_fills_defaults_and_converts_nested_models() -> None:
         ),
         (
             {"query": "q", "mode": "slow"},
-            "invalid arguments for search: argument 'mode': Input should be 'fast' or 'exact' (got \"slow\")",
+            "invalid arguments for search: argument 'mode': "
+            "Input should be 'fast' or 'exact' (got \"slow\")",
         ),
         (
             {"query": "q", "origin": {"x": "left"}},
@@ -153,7 +154,8 @@ def test_validate_fills_defaults_and_converts_nested_models() -> None:
         (
             {"limit": 1.5, "extra": 1},
             "invalid arguments for search: missing required argument 'query'; "
-            "argument 'limit': Input should be a valid integer, got a number with a fractional part (got 1.5); "
+            "argument 'limit': Input should be a valid integer, "
+            "got a number with a fractional part (got 1.5); "
             "unexpected argument 'extra'",
         ),
         (["q"], "arguments must be a JSON object, got list"),
@@ -199,7 +201,8 @@ def test_missing_injected_value_is_the_env_authors_error() -> None:
     with pytest.raises(ToolDefinitionError) as info:
         asyncio.run(read_row.acall({"row": 3}, {"state": {}}))
     assert str(info.value) == (
-        "tool 'read_row' needs ['database'] injected, but the env's tool context has only ['state']; "
+        "tool 'read_row' needs ['database'] injected, "
+        "but the env's tool context has only ['state']; "
         "return them from the env's `tool_context()`"
     )
 
@@ -273,14 +276,15 @@ def _unsupported(x: _Opaque) -> int:
         (
             _unresolvable,
             {},
-            "tool '_unresolvable': cannot resolve its type annotations (NameError: name 'UndefinedType' is not defined)",
+            "tool '_unresolvable': cannot resolve its type annotations "
+            "(NameError: name 'UndefinedType' is not defined)",
         ),
         (
             _unsupported,
             {},
             f"tool '_unsupported': Unable to generate pydantic-core schema for {_Opaque!r}. "
-            "Set `arbitrary_types_allowed=True` in the model_config to ignore this error or implement "
-            "`__get_pydantic_core_schema__` on your type to fully support it.",
+            "Set `arbitrary_types_allowed=True` in the model_config to ignore this error "
+            "or implement `__get_pydantic_core_schema__` on your type to fully support it.",
         ),
     ],
 )

@@ -121,8 +121,8 @@ def test_pack_without_padding_counts_real_tokens() -> None:
 def _packing_batch() -> tuple:
     """Three sequences of lengths 4, 2 and 3, right-padded to width 4."""
     trajectories = [
-        _traj("a", 1.0, [10, 11, 12, 13], [0, 0, 1, 1]), _traj("a", 0.0, [20, 21], [0, 1]), _traj("b", 1.0, [30, 31, 32], [0, 1, 1]),
-        _traj("b", 0.0, [40, 41], [0, 1]),
+        _traj("a", 1.0, [10, 11, 12, 13], [0, 0, 1, 1]), _traj("a", 0.0, [20, 21], [0, 1]),
+        _traj("b", 1.0, [30, 31, 32], [0, 1, 1]), _traj("b", 0.0, [40, 41], [0, 1]),
     ]  # fmt: skip
     batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=8)
     mb = collate(batch.samples[:3], [0, 1, 2], pad_id=0)
@@ -169,7 +169,8 @@ def test_unpack_returns_each_sequences_targets_to_its_padded_row() -> None:
     values = torch.arange(packing.total - 1, dtype=torch.float32).unsqueeze(0).requires_grad_()
     unpacked = packing.unpack(values, width=mb.input_ids.shape[1])
     # sequence 0 scores tokens 1..3 from positions 0..2; position 3 (13 -> 20) crosses into
-    # sequence 1 and is dropped; sequence 1 scores from 4; 5 (21 -> 30) is dropped; sequence 2 from 6, 7
+    # sequence 1 and is dropped; sequence 1 scores from 4; 5 (21 -> 30) is dropped;
+    # sequence 2 from 6, 7
     assert unpacked.tolist() == [[0.0, 1.0, 2.0], [4.0, 0.0, 0.0], [6.0, 7.0, 0.0]]
     assert unpacked.shape == mb.loss_mask.shape
     unpacked.sum().backward()

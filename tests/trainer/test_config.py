@@ -68,7 +68,8 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
         ),
         (
             ["algorithm.advantage=ppo"],
-            "algorithm.advantage: Input should be 'grpo', 'dr_grpo', 'rloo', 'reinforce++' or 'reinforce++_baseline'",
+            "algorithm.advantage: Input should be "
+            "'grpo', 'dr_grpo', 'rloo', 'reinforce++' or 'reinforce++_baseline'",
         ),
         (
             ["algorithm.overlong.soft_penalty_buffer=64"],

@@ -160,10 +160,14 @@ def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(
     cfg_path = tmp_path / "b.json"
     cfg_path.write_text(json.dumps(killed_cfg))
     script = (
-        "import json, sys; from envhub.trainer.config import validate_config; from envhub.trainer.loop import train;"
+        "import json, sys; from envhub.trainer.config import validate_config; "
+        "from envhub.trainer.loop import train;"
         "train(validate_config(json.load(open(sys.argv[1]))))"
     )
-    register = "import envhub; from envhub.testing import LetterEnv; envhub.register(LetterEnv.name, LetterEnv);"
+    register = (
+        "import envhub; from envhub.testing import LetterEnv; "
+        "envhub.register(LetterEnv.name, LetterEnv);"
+    )
     process = subprocess.Popen([sys.executable, "-c", register + script, str(cfg_path)])
     checkpoint = tmp_path / "b" / "run" / "checkpoints" / "step-000002"
     deadline = time.monotonic() + 300

@@ -99,7 +99,8 @@ def _config(*envs: dict[str, Any], tasks: int = 5) -> Any:
     return validate_config({
         "seed": 11,
         "envs": list(envs),
-        "rollout": {"tasks_per_step": tasks, "samples_per_task": 2, "max_tokens": 16, "max_concurrency": 3},
+        "rollout": {"tasks_per_step": tasks, "samples_per_task": 2, "max_tokens": 16,
+                    "max_concurrency": 3},
     })  # fmt: skip
 
 
@@ -284,7 +285,8 @@ def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(
 
     assert isinstance(error, STEP_LOST) and isinstance(stopped, WorkerDiedError)
     assert str(stopped).endswith(
-        f"Training stopped in step 5: rerun the same command to resume from {tmp_path / 'step-000004'}."
+        "Training stopped in step 5: "
+        f"rerun the same command to resume from {tmp_path / 'step-000004'}."
     )
     assert (stopped.worker, stopped.node) == (1, "10.0.0.2")
 
@@ -297,11 +299,13 @@ def test_a_loop_step_lost_to_a_dead_worker_says_how_to_resume(
     [
         (
             ["rollout.workers=2"],
-            "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: set rollout.engine=vllm",
+            "rollout.workers runs episodes in Ray actors that reach vLLM over HTTP: "
+            "set rollout.engine=vllm",
         ),
         (
             ["rollout.workers=2", "rollout.engine=vllm", "rollout.vllm.mode=inprocess"],
-            "rollout.workers needs a vLLM server the actors can reach: set rollout.vllm.mode=server",
+            "rollout.workers needs a vLLM server the actors can reach: "
+            "set rollout.vllm.mode=server",
         ),
         (["rollout.workers=-1"], "rollout.workers: Input should be greater than or equal to 0"),
     ],

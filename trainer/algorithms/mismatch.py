@@ -114,7 +114,8 @@ def _metrics(
     diff: Tensor, ratio: Tensor, log_ratio: Tensor, mask: Tensor, keep: Tensor, truncated: Tensor
 ) -> dict[str, Tensor]:
     abs_diff = diff.abs()
-    # Samples come from the sampler, so k3 with r = trainer / sampler estimates KL(sampler || trainer).
+    # Samples come from the sampler, so k3 with r = trainer / sampler estimates
+    # KL(sampler || trainer).
     # k3 is never negative; float32 rounding of exp(x) - x - 1 for tiny x can be (-1e-9).
     kl = (ratio - log_ratio - 1).clamp(min=0)
     dtype = ratio.dtype

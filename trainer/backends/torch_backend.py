@@ -76,14 +76,25 @@ class TorchBackend:
 
     @property
     def model(self) -> torch.nn.Module:
+        """The policy module being trained (a ``PeftModel`` when LoRA is on)."""
         return self._model
 
     @property
     def pad_id(self) -> int:
+        """The tokenizer's pad token id, or its EOS id when it defines no pad token."""
         pad = self.tokenizer.pad_token_id
         return pad if pad is not None else self.tokenizer.eos_token_id
 
     def num_parameters(self, trainable_only: bool = False) -> int:
+        """Count the policy's parameters (elements, not tensors).
+
+        Args:
+            trainable_only: Count only parameters that require gradients (the LoRA adapters
+                when LoRA is on).
+
+        Returns:
+            The number of parameter elements.
+        """
         return sum(
             p.numel() for p in self._model.parameters() if p.requires_grad or not trainable_only
         )
@@ -99,6 +110,22 @@ class TorchBackend:
     def logprobs(
         self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
     ) -> list[torch.Tensor]:
+        """Per-target-token logprobs of each micro-batch, without gradients, on the CPU.
+
+        The model is put in eval mode for the pass and restored afterwards.
+
+        Args:
+            batches: The micro-batches to score (moved to this backend's device one at a time).
+            reference: Score under the frozen reference model instead of the policy.
+            temperature: Divide the logits by this; the rollout temperature when ``None``.
+
+        Returns:
+            One ``[n, width - 1]`` tensor per micro-batch, aligned with its ``loss_mask``.
+
+        Raises:
+            ConfigError: ``reference`` is set but no reference model was loaded
+                (``algorithm.kl_beta`` is 0).
+        """
         model = self.reference if reference else self._model
         if model is None:
             raise ConfigError(
@@ -116,6 +143,8 @@ class TorchBackend:
 
     @torch.no_grad()
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The policy's weights under HF names, LoRA merged, one tensor at a time (see
+        :func:`hf_weights`)."""
         return hf_weights(self._model)
 
     def weight_sender(self, plan: TransferPlan) -> None:
@@ -132,6 +161,16 @@ class TorchBackend:
         num_tokens: int,
         num_sequences: int,
     ) -> StepResult:
+        """One optimizer update: accumulate the gradients of every micro-batch, clip, step.
+
+        Each micro-batch's loss is normalised by the whole update's ``num_tokens`` /
+        ``num_sequences``, so the summed gradient does not depend on how the update was split.
+        The scheduler advances once per update.
+
+        Returns:
+            The summed loss, the other metrics as means weighted by each micro-batch's token
+            count, ``grad_norm`` (before clipping) and the ``lr`` the step used.
+        """
         self._model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
@@ -169,6 +208,7 @@ class TorchBackend:
     # -- checkpoints and export -----------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
+        """The objects a checkpoint saves: model, optimizer, scheduler and tokenizer."""
         return {
             "model": self._model,
             "optimizer": self.optimizer,
@@ -177,11 +217,13 @@ class TorchBackend:
         }
 
     def export(self, target: Path) -> Path:
+        """Write the policy (LoRA merged) and tokenizer as an HF folder at ``target``; return it."""
         from envhub.trainer.checkpoint import export_hf
 
         return export_hf(self._model, self.tokenizer, target)
 
     def describe(self) -> str:
+        """The device the policy trains on (``cpu``, ``cuda:0``)."""
         return str(self.device)
 
     def close(self) -> None:

@@ -16,9 +16,10 @@ How the environment reaches a rank:
 
 Errors (in ``envhub.errors``): :class:`~envhub.errors.WorkerError` when a rank's method
 raises (naming the rank, its node and the exception), :class:`~envhub.errors.WorkerDiedError`
-when a rank's process dies (crash, OOM kill, lost node), :class:`~envhub.errors.WorkerGroupClosedError`
-once the group was shut down or failed, :class:`~envhub.errors.PlacementError` when the cluster
-cannot host the job in time (naming what was asked and what is there).
+when a rank's process dies (crash, OOM kill, lost node),
+:class:`~envhub.errors.WorkerGroupClosedError` once the group was shut down or failed,
+:class:`~envhub.errors.PlacementError` when the cluster cannot host the job in time (naming what
+was asked and what is there).
 
 A call with a ``timeout`` that expires raises the built-in :class:`TimeoutError` and also ends
 the group.
@@ -92,7 +93,8 @@ class Placement:
             )
         if self.nodes > 1 and self.address is None:
             raise ConfigError(
-                f"{self}: a local Ray cluster has one node; set address to a cluster with {self.nodes}"
+                f"{self}: a local Ray cluster has one node; "
+                f"set address to a cluster with {self.nodes}"
             )
 
     def bundle(self) -> dict[str, float]:
@@ -162,7 +164,8 @@ def _reserve(placement: Placement, name: str) -> Any:
         remove_placement_group(pg)
         raise PlacementError(
             f"Ray did not grant {placement.world_size} x {placement.bundle()} within "
-            f"{placement.ready_timeout_s:g} s; the cluster has {_plain_resources(ray.cluster_resources())}, "
+            f"{placement.ready_timeout_s:g} s; the cluster has "
+            f"{_plain_resources(ray.cluster_resources())}, "
             f"of which {_plain_resources(ray.available_resources())} are free"
         ) from None
     return pg
@@ -294,7 +297,8 @@ class WorkerGroup:
         timeout: float | None = None,
         **kwargs: Any,
     ) -> list[Any]:
-        """Like :meth:`call`, but rank ``i`` gets ``*per_rank_args[i]`` (and every rank ``**kwargs``)."""
+        """Like :meth:`call`, but rank ``i`` gets ``*per_rank_args[i]`` (and every rank
+        ``**kwargs``)."""
         self._check_open()
         if not callable(getattr(self.worker_cls, method, None)):
             raise AttributeError(f"{self.worker_cls.__name__} has no method {method!r}")
@@ -379,7 +383,8 @@ class WorkerGroup:
                 late = sorted(rank_of[ref] for ref in pending)
                 self._release(f"ranks {late} did not finish {method} within {timeout:g} s")
                 raise TimeoutError(
-                    f"trainer ranks {late} did not finish {method} within {timeout:g} s; the group is closed"
+                    f"trainer ranks {late} did not finish {method} within {timeout:g} s; "
+                    "the group is closed"
                 )
             try:
                 results[rank_of[ready[0]]] = ray.get(ready[0])

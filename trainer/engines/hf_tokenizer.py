@@ -50,7 +50,8 @@ class HFChatTokenizer:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        """Token ids that end an assistant turn (generation config's first, then the tokenizer's)."""
+        """Token ids that end an assistant turn (generation config's first, then the
+        tokenizer's)."""
         return self._eos_token_ids
 
     @property

@@ -103,7 +103,10 @@ class VLLMEngine(RolloutEngine):
     def __repr__(self) -> str:
         where = f", {self.transport.where}" if self.transport.where else ""
         sender = f", {self._sender.description}" if self._sender is not None else ""
-        return f"VLLMEngine({self.settings.model!r}, mode={self.mode}, transfer={self.settings.weight_transfer}{sender}{where})"
+        return (
+            f"VLLMEngine({self.settings.model!r}, mode={self.mode}, "
+            f"transfer={self.settings.weight_transfer}{sender}{where})"
+        )
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -274,12 +277,20 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
     shares_gpu = v.mode == "inprocess" or v.colocate
     sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and shares_gpu)
     return EngineSettings(
-        model=model_path, dtype=dtype, max_model_len=v.max_model_len or default_context_length(model_path),
-        seed=config.seed, weight_transfer=transfers.choose(v.weight_transfer, on_gpu=on_gpu, shares_gpu=shares_gpu),
-        gpu_memory_utilization=v.gpu_memory_utilization, kv_cache_gb=v.kv_cache_gb, sleep=sleep,
-        max_concurrency=config.rollout.max_concurrency, startup_timeout=v.startup_timeout, on_gpu=on_gpu,
-        enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu, extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
-    )  # fmt: skip
+        model=model_path,
+        dtype=dtype,
+        max_model_len=v.max_model_len or default_context_length(model_path),
+        seed=config.seed,
+        weight_transfer=transfers.choose(v.weight_transfer, on_gpu=on_gpu, shares_gpu=shares_gpu),
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        kv_cache_gb=v.kv_cache_gb,
+        sleep=sleep,
+        max_concurrency=config.rollout.max_concurrency,
+        startup_timeout=v.startup_timeout,
+        on_gpu=on_gpu,
+        enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu,
+        extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
+    )
 
 
 def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:
@@ -303,10 +314,17 @@ def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
         ]
         transport = replicas[0] if len(replicas) == 1 else ReplicatedTransport(replicas)
     return VLLMEngine(
-        settings, backend.tokenizer, generation_config=_generation_config(backend.model_path), mode=v.mode, url=v.url, transport=transport,
-        bucket_bytes=v.bucket_mb << 20, verify=v.verify, verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
+        settings,
+        backend.tokenizer,
+        generation_config=_generation_config(backend.model_path),
+        mode=v.mode,
+        url=v.url,
+        transport=transport,
+        bucket_bytes=v.bucket_mb << 20,
+        verify=v.verify,
+        verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
         verify_tokens=v.verify_tokens,
-    )  # fmt: skip
+    )
 
 
 def _generation_config(model_path: str) -> Any:

@@ -59,6 +59,7 @@ class EngineHost:
         self.server = VLLMServer(host=self.node_ip, **server_kwargs)
 
     def start(self) -> str:
+        """Launch the vLLM server and wait until it is healthy; return its base URL."""
         return self.server.start()
 
     def where(self) -> dict[str, Any]:
@@ -82,9 +83,11 @@ class EngineHost:
             return None
 
     def log_tail(self) -> str:
+        """The last lines of the server's log (for the error when it dies)."""
         return self.server.log_tail()
 
     def stop(self) -> None:
+        """Terminate the server's process group (SIGTERM, then SIGKILL); a no-op once exited."""
         self.server.stop()
 
 
@@ -104,6 +107,7 @@ class RayServerTransport(ServerTransport):
 
     @property
     def where(self) -> str:  # type: ignore[override]
+        """The node the engine's actor runs on and which bundle it took, for the run's header."""
         bundle = (
             "in trainer rank 0's bundle"
             if self.slot.placement_group is not None
@@ -125,7 +129,8 @@ class RayServerTransport(ServerTransport):
             raise self._failure("start", err) from err
         if self._on_driver_host and self.host["node_id"] != ray.get_runtime_context().get_node_id():
             raise EngineError(
-                f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: weight_transfer={self.settings.weight_transfer} "
+                f"the vLLM engine landed on node {self.host['node_ip']}, not the trainer's: "
+                f"weight_transfer={self.settings.weight_transfer} "
                 "shares memory within one node; on several nodes use GPUs (nccl)"
             )
         return url
@@ -157,13 +162,18 @@ class RayServerTransport(ServerTransport):
                 ray.get(group.ready(), timeout=self.slot.ready_timeout_s)
             except ray.exceptions.GetTimeoutError:
                 raise EngineUnavailableError(
-                    f"Ray did not grant the vLLM engine {bundle} within {self.slot.ready_timeout_s:g} s; free resources: {ray.available_resources()}"
+                    f"Ray did not grant the vLLM engine {bundle} within "
+                    f"{self.slot.ready_timeout_s:g} s; free resources: {ray.available_resources()}"
                 ) from None
         server = {
-            "model": self.settings.model, "served_model_name": "policy", "max_model_len": self.settings.max_model_len,
-            "seed": self.settings.seed, "extra_args": serve_args(self.settings), "env": server_env(self.settings),
+            "model": self.settings.model,
+            "served_model_name": "policy",
+            "max_model_len": self.settings.max_model_len,
+            "seed": self.settings.seed,
+            "extra_args": serve_args(self.settings),
+            "env": server_env(self.settings),
             "startup_timeout": self.settings.startup_timeout,
-        }  # fmt: skip
+        }
         strategy = PlacementGroupSchedulingStrategy(
             group, placement_group_bundle_index=self.slot.bundle_index
         )
@@ -197,7 +207,8 @@ class RayServerTransport(ServerTransport):
         if code is not None:
             tail = ray.get(self.actor.log_tail.remote(), timeout=30.0)
             raise EngineUnavailableError(
-                f"the vLLM server on node {self.host.get('node_ip')} exited with code {code}. Last log lines ({self.host.get('log')}):\n{tail}"
+                f"the vLLM server on node {self.host.get('node_ip')} exited with code {code}. "
+                f"Last log lines ({self.host.get('log')}):\n{tail}"
             )
 
     async def _shutdown(self) -> None:

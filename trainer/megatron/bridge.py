@@ -34,6 +34,7 @@ _LOCAL_SPEC_NAMES = {
 
 
 def have_transformer_engine() -> bool:
+    """Whether Transformer Engine is installed (else the layers use the local spec)."""
     return importlib.util.find_spec("transformer_engine") is not None
 
 
@@ -74,7 +75,8 @@ def _with_rope_theta(hf_config: Any) -> Any:
         from envhub.errors import ConfigError
 
         raise ConfigError(
-            f"the Megatron backend supports plain RoPE only; this model uses {rope['rope_type']!r} scaling (use backend.kind=torch)"
+            f"the Megatron backend supports plain RoPE only; this model uses "
+            f"{rope['rope_type']!r} scaling (use backend.kind=torch)"
         )
     if not hasattr(hf_config, "rope_theta") and "rope_theta" in rope:
         hf_config.rope_theta = rope["rope_theta"]
@@ -96,7 +98,8 @@ def _use_local_spec(bridge: Any) -> None:
 
 
 def build_model(bridge: Any, *, vp_stage: int | None = None) -> torch.nn.Module:
-    """This rank's ``GPTModel`` chunk (its pipeline stage, its tensor shard), randomly initialised."""
+    """This rank's ``GPTModel`` chunk (its pipeline stage, its tensor shard), randomly
+    initialised."""
     from megatron.core import parallel_state as mpu
 
     provider = bridge._model_provider([])

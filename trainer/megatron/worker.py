@@ -4,10 +4,11 @@ Every rank runs the same calls (the driver broadcasts them through Ray). The mic
 an update are dealt round-robin to the data-parallel ranks and pushed through megatron-core's
 pipeline schedule, each packed into one row without padding (``batch.Packing``): varlen
 attention over the sequences with Transformer Engine, a block-diagonal causal mask without it;
-logprobs are unpacked to the padded layout the losses take. The loss of each micro-batch is already normalised by the totals of the
-whole update (``algorithms.aggregation``), so ``calculate_per_token_loss`` keeps megatron-core
-from averaging it again, and data-parallel gradients are summed, not averaged: the update is
-the same for any tensor/pipeline/data split and micro-batch count.
+logprobs are unpacked to the padded layout the losses take. The loss of each micro-batch is
+already normalised by the totals of the whole update (``algorithms.aggregation``), so
+``calculate_per_token_loss`` keeps megatron-core from averaging it again, and data-parallel
+gradients are summed, not averaged: the update is the same for any tensor/pipeline/data split
+and micro-batch count.
 """
 
 from __future__ import annotations
@@ -150,22 +151,33 @@ class MegatronWorker:
 
         spec = self.spec
         config = OptimizerConfig(
-            optimizer="adam", lr=spec.lr, weight_decay=spec.weight_decay, adam_beta1=spec.betas[0], adam_beta2=spec.betas[1],
-            clip_grad=spec.grad_clip or 0.0, bf16=spec.dtype == "bfloat16", fp16=spec.dtype == "float16",
+            optimizer="adam",
+            lr=spec.lr,
+            weight_decay=spec.weight_decay,
+            adam_beta1=spec.betas[0],
+            adam_beta2=spec.betas[1],
+            clip_grad=spec.grad_clip or 0.0,
+            bf16=spec.dtype == "bfloat16",
+            fp16=spec.dtype == "float16",
             use_distributed_optimizer=self.device.type == "cuda",
-        )  # fmt: skip
+        )
         # ``{}``: weight decay on every parameter, as the torch backend does.
         return get_megatron_optimizer(config, [self.model], config_overrides={})
 
     # -- what the driver calls ------------------------------------------------------------------
 
     def rank_info(self) -> dict[str, Any]:
+        """This rank's global rank, its tensor/pipeline/data-parallel ranks, and whether it is
+        the rank that reports an update's metrics (``output``)."""
         from megatron.core import parallel_state as mpu
 
         return {
-            "rank": torch.distributed.get_rank(), "tp": mpu.get_tensor_model_parallel_rank(),
-            "pp": mpu.get_pipeline_model_parallel_rank(), "dp": mpu.get_data_parallel_rank(), "output": self._is_output_rank(),
-        }  # fmt: skip
+            "rank": torch.distributed.get_rank(),
+            "tp": mpu.get_tensor_model_parallel_rank(),
+            "pp": mpu.get_pipeline_model_parallel_rank(),
+            "dp": mpu.get_data_parallel_rank(),
+            "output": self._is_output_rank(),
+        }
 
     def num_parameters(self) -> int:
         """Parameters of the whole model (summed over tensor and pipeline shards)."""
@@ -353,6 +365,8 @@ class MegatronWorker:
         return state
 
     def shutdown(self) -> None:
+        """Leave the weight transfer, then tear down Megatron's parallel state and the
+        ``torch.distributed`` process group."""
         from megatron.core import parallel_state as mpu
 
         self.close_weight_transfer()
@@ -363,9 +377,18 @@ class MegatronWorker:
     # -- internals ------------------------------------------------------------------------------
 
     def _loss(
-        self, spec: ObjectiveSpec, old: list | None, ref: list | None, num_tokens: int, num_sequences: int,
-        k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:  # fmt: skip
+        self,
+        spec: ObjectiveSpec,
+        old: list | None,
+        ref: list | None,
+        num_tokens: int,
+        num_sequences: int,
+        k: int,
+        mb: MicroBatch,
+        packing: Packing,
+        row: torch.Tensor,
+        output: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
         mb = mb.to(output.device)
         width = mb.input_ids.shape[1]
         logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
@@ -374,11 +397,17 @@ class MegatronWorker:
             vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width
         )
         loss, metrics = policy_objective(
-            spec, logprobs=logprobs, old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
-            advantages=mb.advantages, mask=mb.loss_mask, num_tokens=num_tokens, num_sequences=num_sequences,
-            sampler_logprobs=mb.sampler_logprobs, ref_logprobs=ref[k].to(output.device) if ref and k >= 0 else None,
+            spec,
+            logprobs=logprobs,
+            old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
+            advantages=mb.advantages,
+            mask=mb.loss_mask,
+            num_tokens=num_tokens,
+            num_sequences=num_sequences,
+            sampler_logprobs=mb.sampler_logprobs,
+            ref_logprobs=ref[k].to(output.device) if ref and k >= 0 else None,
             entropy=entropy,
-        )  # fmt: skip
+        )
         weight = float(mb.num_tokens)
         report = {
             "loss": float(loss.detach()),
@@ -408,7 +437,8 @@ class MegatronWorker:
         forward_only: bool,
     ) -> list[dict[str, Any]]:
         """Run ``batches`` through the pipeline schedule, each packed into one row; ``loss`` gets
-        ``(k, mb, packing, row, output)`` (``row``: the packed token ids, built once per micro-batch)."""
+        ``(k, mb, packing, row, output)`` (``row``: the packed token ids, built once per
+        micro-batch)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         packings = [Packing.of(mb, multiple=self._row_multiple()) for _, mb in batches]
@@ -419,9 +449,14 @@ class MegatronWorker:
             return self._forward(model, row, packing), partial(loss, k, mb, packing, row)
 
         return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=zip(batches, packings, strict=True), model=[model], num_microbatches=len(batches),
-            seq_length=max(p.total for p in packings), micro_batch_size=1, forward_only=forward_only,
-        )  # fmt: skip
+            forward_step_func=forward_step,
+            data_iterator=zip(batches, packings, strict=True),
+            model=[model],
+            num_microbatches=len(batches),
+            seq_length=max(p.total for p in packings),
+            micro_batch_size=1,
+            forward_only=forward_only,
+        )
 
     def _forward(self, model: torch.nn.Module, row: torch.Tensor, packing: Packing) -> torch.Tensor:
         """The packed ``row`` through the model. With Transformer Engine, varlen attention over the

@@ -16,7 +16,8 @@ class TransferPlan:
     """What any sender needs to connect (plain values: it travels to Ray actors)."""
 
     transfer: str
-    """The transfer's name (a module of ``weight_sync.transfers``): ``envhub_shm``, ``nccl``, ``ipc``."""
+    """The transfer's name (a module of ``weight_sync.transfers``): ``envhub_shm``, ``nccl``,
+    ``ipc``."""
     bucket_bytes: int
     """Size of one bucket of weights (whole decoder layers; a bigger layer gets its own)."""
     dtype: str | None
@@ -105,7 +106,8 @@ class SenderSide:
 def same_info_for_each(
     init_info: dict[str, Any], world_sizes: Callable[[], list[int]]
 ) -> list[dict[str, Any]] | None:
-    """Every engine joins with the trainer's ``init_info`` unchanged (``None``: the same for all)."""
+    """Every engine joins with the trainer's ``init_info`` unchanged (``None``: the same for
+    all)."""
     return None
 
 

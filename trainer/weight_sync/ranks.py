@@ -168,7 +168,13 @@ def relay_reason(plan: TransferPlan, rank0_node: str, driver_node: str) -> str |
     if rank0_node == driver_node:
         return None
     if any(urlsplit(url).hostname in _LOOPBACK for url in plan.urls):
-        return f"the vLLM server listens on the driver's loopback address and rank 0 is on node {rank0_node}"
+        return (
+            "the vLLM server listens on the driver's loopback address "
+            f"and rank 0 is on node {rank0_node}"
+        )
     if transfers.get(plan.transfer).engines_on_driver_host:
-        return f"{plan.transfer} shares memory on the engines' node ({driver_node}) and rank 0 is on node {rank0_node}"
+        return (
+            f"{plan.transfer} shares memory on the engines' node ({driver_node}) "
+            f"and rank 0 is on node {rank0_node}"
+        )
     return None

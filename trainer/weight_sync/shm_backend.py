@@ -81,24 +81,42 @@ class ShmTrainerInitInfo(TrainerInitInfo):
 
 
 class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
-    """The vLLM-worker side: maps the trainer's file and loads each bucket."""
+    """The vLLM-worker side, vLLM's ``WeightTransferEngine`` for ``envhub_shm``: maps the
+    trainer's file and loads each bucket."""
 
     init_info_cls = ShmInitInfo
     update_info_cls = ShmUpdateInfo
     supports_draft_weight_update = False
 
     def init_transfer_engine(self, init_info: ShmInitInfo) -> None:
+        """vLLM's one-time set-up hook: check that the trainer speaks protocol 1. Nothing is
+        opened yet; each update names the shared file it uses.
+
+        Raises:
+            ValueError: The trainer speaks another protocol version.
+        """
         if init_info.protocol != 1:
             raise ValueError(
                 f"envhub_shm protocol {init_info.protocol} is not supported (this worker speaks 1)"
             )
 
     def start_weight_update(self) -> None:
+        """vLLM's hook before the first bucket: start the model's layerwise reload, so that
+        checkpoint-format weights can be loaded into the processed layers."""
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
         initialize_layerwise_reload(self.model)
 
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
+        """Map the shared file and load the bucket's tensors with ``model.load_weights``.
+
+        The tensors are views of the mapping, not copies; the mapping is closed before returning
+        because the trainer overwrites the file with the next bucket.
+
+        Raises:
+            ValueError: A tensor lies outside the file, or a layer got only part of its weights
+                in this bucket (vLLM still holds views of the mapping).
+        """
         with open(update_info.path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         buffer = torch.frombuffer(mapped, dtype=torch.uint8)
@@ -111,24 +129,31 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
             # vLLM still holds views: a layer whose weights are only partly in this bucket
             # waits for the rest, and the trainer is about to overwrite the file.
             raise ValueError(
-                "envhub_shm: a vLLM layer received only part of its weights in one bucket; buckets must hold "
-                f"whole layers (this one started with {update_info.names[0]!r})"
+                "envhub_shm: a vLLM layer received only part of its weights in one bucket; "
+                "buckets must hold whole layers "
+                f"(this one started with {update_info.names[0]!r})"
             ) from None
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
+        """vLLM's per-bucket entry point: parse ``update_info`` and :meth:`receive_weights`,
+        then wait for the GPU only when there is one."""
         # The base class synchronises the accelerator, which a CPU-only build does not have.
         self.receive_weights(self.parse_update_info(update_info))
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
     def finish_weight_update(self) -> None:
+        """vLLM's hook after the last bucket: finalise the layerwise reload (processing the
+        layers that got nothing), then repack tied layers on the CPU (see
+        :func:`_repack_tied_layers`)."""
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         finalize_layerwise_reload(self.model, self.model_config)
         _repack_tied_layers(self.model)
 
     def shutdown(self) -> None:
-        pass
+        """Nothing to release: each bucket's mapping is closed once it is loaded, and the file
+        belongs to the trainer."""
 
 
 def _repack_tied_layers(model: torch.nn.Module) -> None:
@@ -168,7 +193,8 @@ def _views(buffer: torch.Tensor, info: ShmUpdateInfo) -> Iterator[tuple[str, tor
         nbytes = numel * dtype.itemsize
         if offset + nbytes > buffer.numel():
             raise ValueError(
-                f"{name}: bytes {offset}..{offset + nbytes} lie outside the shared file ({buffer.numel()} bytes)"
+                f"{name}: bytes {offset}..{offset + nbytes} lie outside the shared file "
+                f"({buffer.numel()} bytes)"
             )
         yield name, buffer[offset : offset + nbytes].view(dtype).view(shape)
 
@@ -181,7 +207,8 @@ class _Bucket:
 
 
 class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitInfo]):
-    """The trainer side: writes buckets into the shared file and drives the update round trip."""
+    """The trainer side, vLLM's ``TrainerWeightTransferEngine`` for ``envhub_shm``: writes
+    buckets into the shared file and drives the update round trip."""
 
     init_info_cls = ShmTrainerInitInfo
 
@@ -205,6 +232,14 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
         client: VLLMWeightSyncClient,
         source: WeightSource | None = None,
     ) -> ShmTrainerWeightTransferEngine:
+        """vLLM's trainer-side factory: build the engine and, on the sending rank, have every
+        vLLM worker set up its side (:class:`ShmInitInfo`). The shared file is created on the
+        first send.
+
+        Raises:
+            ValueError: ``source`` is ``None``: this backend resends the full weights each
+                round, so it needs a ``WeightSource``.
+        """
         if source is None:
             raise ValueError("envhub_shm needs a WeightSource")
         engine = cls(client=client, source=source, init_info=init_info)
@@ -230,6 +265,7 @@ class ShmTrainerWeightTransferEngine(TrainerWeightTransferEngine[ShmTrainerInitI
             self.client.finish_weight_update()
 
     def shutdown(self) -> None:
+        """Delete the shared file (freeing its memory in ``/dev/shm``); idempotent."""
         if self.path is not None:
             self.path.unlink(missing_ok=True)
             self.path = None

@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 VERIFY_TEXT = (
     "The quick brown fox jumps over the lazy dog. Reinforcement learning from verifiable rewards "
-    "trains a policy on environments whose answers can be checked: arithmetic, code that passes its "
-    "tests, games with a known winner. 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20."
+    "trains a policy on environments whose answers can be checked: arithmetic, code that passes "
+    "its tests, games with a known winner. 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20."
 )
 """The fixed text whose logprobs verification compares (long enough for ``verify_tokens``)."""
 
@@ -95,11 +95,14 @@ class Verifier:
         if worst > self.tolerance:
             which = f" (engine {k} of {len(engines)})" if len(engines) > 1 else ""
             raise WeightSyncError(
-                f"after weight sync {version}, vLLM's logprobs{which} differ from the trainer's by up to {worst:.3g} "
-                f"(mean {mean:.3g}) on a fixed {len(self.ids)}-token sequence; the tolerance is {self.tolerance:g}. "
-                "vLLM is not sampling from the policy being trained. Check that rollout.vllm.dtype matches the trainer "
-                "(float32 on the CPU) and that the engine serves the same model; raise rollout.vllm.verify_tolerance "
-                "only if the gap is rounding. The last checkpoint is intact: rerun the same command to resume."
+                f"after weight sync {version}, vLLM's logprobs{which} differ from the trainer's "
+                f"by up to {worst:.3g} (mean {mean:.3g}) "
+                f"on a fixed {len(self.ids)}-token sequence; the tolerance is {self.tolerance:g}. "
+                "vLLM is not sampling from the policy being trained. "
+                "Check that rollout.vllm.dtype matches the trainer (float32 on the CPU) "
+                "and that the engine serves the same model; "
+                "raise rollout.vllm.verify_tolerance only if the gap is rounding. "
+                "The last checkpoint is intact: rerun the same command to resume."
             )
         return {"sync/logprob_diff_max": worst, "sync/logprob_diff_mean": mean}
 

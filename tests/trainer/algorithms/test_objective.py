@@ -93,8 +93,9 @@ def _random_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     "spec",
     [
         ObjectiveSpec(kl_beta=0.05, entropy_coef=0.01, dual_clip=3.0),
-        ObjectiveSpec(policy_loss="gspo", eps_low=3e-4, eps_high=4e-4, aggregation="seq-mean-token-mean",
-                      mismatch="mask-sequence", kl_beta=0.1, kl_estimator="k2"),
+        ObjectiveSpec(policy_loss="gspo", eps_low=3e-4, eps_high=4e-4,
+                      aggregation="seq-mean-token-mean", mismatch="mask-sequence", kl_beta=0.1,
+                      kl_estimator="k2"),
         ObjectiveSpec(aggregation="seq-mean-token-sum-norm", norm_length=8, mismatch="mask-token"),
     ],
     ids=["ppo-token-mean", "gspo-seq-mean", "dr-grpo-sum-norm"],

@@ -172,7 +172,8 @@ def test_an_exception_in_a_rank_names_it_and_closes_the_group(cluster: str) -> N
     with pytest.raises(WorkerGroupClosedError) as closed:
         group.call("env")
     assert str(closed.value) == (
-        f"the worker group is closed ({message}); start a new WorkerGroup (and resume from the last checkpoint)"
+        f"the worker group is closed ({message}); "
+        "start a new WorkerGroup (and resume from the last checkpoint)"
     )
     group.shutdown()
 
@@ -222,9 +223,9 @@ def test_a_failing_constructor_fails_the_group_and_frees_its_resources(cluster: 
     live = _live_placement_groups()
     with pytest.raises(WorkerError) as caught:
         WorkerGroup(Probe, Placement(world_size=1), kwargs={"fail": "no checkpoint at /x"})
-    assert (
-        str(caught.value)
-        == f"trainer rank 0 on node {cluster} failed in Probe.__init__: ValueError: no checkpoint at /x"
+    assert str(caught.value) == (
+        f"trainer rank 0 on node {cluster} failed in Probe.__init__: "
+        "ValueError: no checkpoint at /x"
     )
     assert _live_placement_groups() == live
 
@@ -243,10 +244,10 @@ def test_a_worker_class_ray_cannot_import_says_how_to_ship_it(cluster: str, tmp_
     finally:
         del sys.modules["unshipped_worker"]
     assert str(caught.value) == (
-        f"trainer rank 0 on node {cluster} failed in Unshipped.__init__: RaySystemError: System error: "
-        "No module named 'unshipped_worker'; Ray's workers cannot import the worker class: install its "
-        "package on every node, or call ray.cloudpickle.register_pickle_by_value(its module) before "
-        "starting the group"
+        f"trainer rank 0 on node {cluster} failed in Unshipped.__init__: "
+        "RaySystemError: System error: No module named 'unshipped_worker'; "
+        "Ray's workers cannot import the worker class: install its package on every node, "
+        "or call ray.cloudpickle.register_pickle_by_value(its module) before starting the group"
     )
 
 
@@ -297,7 +298,9 @@ def test_several_nodes_need_a_cluster_address() -> None:
 def test_env_may_not_override_what_the_group_sets() -> None:
     with pytest.raises(
         ConfigError,
-        match="^env may not set CUDA_VISIBLE_DEVICES, RANK: the worker group sets them for each rank$",
+        match=(
+            "^env may not set CUDA_VISIBLE_DEVICES, RANK: the worker group sets them for each rank$"
+        ),
     ):
         WorkerGroup(
             Probe,

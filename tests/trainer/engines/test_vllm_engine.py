@@ -34,7 +34,8 @@ def _config(model_dir: Path, **vllm: Any) -> Any:
     return validate_config({
         "model": {"name": str(model_dir)},
         "envs": [{"name": "arithmetic"}],
-        "rollout": {"engine": "vllm", "temperature": 0.7, "max_tokens": 12, "vllm": {"kv_cache_gb": 1, **vllm}},
+        "rollout": {"engine": "vllm", "temperature": 0.7, "max_tokens": 12,
+                    "vllm": {"kv_cache_gb": 1, **vllm}},
         "backend": {"device": "cpu"},
     })  # fmt: skip
 

@@ -31,8 +31,9 @@ def test_gpu_sync_matches_the_trainer_and_sleep_frees_memory(
     config = validate_config({
         "model": {"name": str(tiny_model_dir), "dtype": "float32"},
         "envs": [{"name": "arithmetic"}],
-        "rollout": {"engine": "vllm", "vllm": {"mode": mode, "weight_transfer": transfer, "dtype": "float32",
-                                               "gpu_memory_utilization": 0.3, "sleep": "on" if mode == "inprocess" else "off"}},
+        "rollout": {"engine": "vllm", "vllm": {"mode": mode, "weight_transfer": transfer,
+                                               "dtype": "float32", "gpu_memory_utilization": 0.3,
+                                               "sleep": "on" if mode == "inprocess" else "off"}},
         "backend": {"device": "cuda"},
     })  # fmt: skip
     backend = TorchBackend(config)

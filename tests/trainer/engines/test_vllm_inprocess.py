@@ -25,7 +25,8 @@ def test_inprocess_engine_generates_syncs_and_verifies(tiny_model_dir: Path) -> 
     config = validate_config({
         "model": {"name": str(tiny_model_dir)},
         "envs": [{"name": "arithmetic"}],
-        "rollout": {"engine": "vllm", "temperature": 0.7, "vllm": {"mode": "inprocess", "kv_cache_gb": 1}},
+        "rollout": {"engine": "vllm", "temperature": 0.7,
+                    "vllm": {"mode": "inprocess", "kv_cache_gb": 1}},
         "backend": {"device": "cpu"},
     })  # fmt: skip
     backend = TorchBackend(config)

@@ -26,8 +26,9 @@ from envhub.trainer.engines.vllm_transport import EngineSettings  # noqa: E402
 
 def _settings(model: str) -> EngineSettings:
     return EngineSettings(
-        model=model, dtype="float32", max_model_len=256, seed=0, weight_transfer="envhub_shm", gpu_memory_utilization=0.4,
-        kv_cache_gb=1, sleep=False, max_concurrency=4, startup_timeout=120, on_gpu=False, enforce_eager=True,
+        model=model, dtype="float32", max_model_len=256, seed=0, weight_transfer="envhub_shm",
+        gpu_memory_utilization=0.4, kv_cache_gb=1, sleep=False, max_concurrency=4,
+        startup_timeout=120, on_gpu=False, enforce_eager=True,
     )  # fmt: skip
 
 
@@ -39,7 +40,7 @@ def cluster() -> Iterator[None]:
 
 
 def _free_cpus(expected: float) -> float:
-    """Free CPUs once they reach ``expected`` (Ray frees resources asynchronously), or after 20 s."""
+    """Free CPUs once they reach ``expected`` (Ray frees them asynchronously), or after 20 s."""
     deadline = time.monotonic() + 20
     while (
         free := ray.available_resources().get("CPU", 0.0)
@@ -49,7 +50,10 @@ def _free_cpus(expected: float) -> float:
 
 
 def _wait_until_dead(actor: object) -> None:
-    """Ray kills an actor asynchronously: a call made right after ``ray.kill`` can still be answered."""
+    """Wait until a killed ``actor`` stops answering; fail if it still answers after 30 s.
+
+    Ray kills an actor asynchronously: a call made right after ``ray.kill`` can still be answered.
+    """
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:

@@ -16,7 +16,10 @@ from envhub.trainer.engines.vllm_transport import Sampled
 
 
 class Recording:
-    """A transport that answers (once ``gate`` is open, if it has one) and records what it was asked."""
+    """A transport that records what it was asked and answers with its name's character.
+
+    With a ``gate``, it answers only once the gate is open.
+    """
 
     trainer_address = "10.0.0.1"
     where = ""

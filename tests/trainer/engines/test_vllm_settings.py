@@ -78,7 +78,8 @@ def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
 def test_an_engine_on_ray_shares_the_gpu_only_when_colocated() -> None:
     def megatron(**vllm: object) -> object:
         return validate_config({
-            "envs": [{"name": "arithmetic"}], "backend": {"kind": "megatron"}, "rollout": {"engine": "vllm", "vllm": {"mode": "ray", **vllm}},
+            "envs": [{"name": "arithmetic"}], "backend": {"kind": "megatron"},
+            "rollout": {"engine": "vllm", "vllm": {"mode": "ray", **vllm}},
         })  # fmt: skip
 
     colocated = resolve_settings(megatron(colocate=True), "/m", on_gpu=True)

@@ -2,9 +2,10 @@
 
 megatron-core assumes CUDA in a few places that do not matter to the maths: buffers created
 on ``torch.cuda.current_device()`` or ``device="cuda"``, ``.cuda()`` moves, CUDA streams, the
-CUDA RNG tracker and the CUDA generator state that activation recomputation saves. Each patch below redirects one of those to the CPU. Nothing here changes
-a computation, so a CPU run checks the same code paths a GPU run takes (minus Transformer
-Engine and fused kernels, which stay GPU-only tests).
+CUDA RNG tracker and the CUDA generator state that activation recomputation saves. Each patch
+below redirects one of those to the CPU. Nothing here changes a computation, so a CPU run checks
+the same code paths a GPU run takes (minus Transformer Engine and fused kernels, which stay
+GPU-only tests).
 
 Load it in every trainer process before Megatron builds anything: the tests point
 ``ENVHUB_MEGATRON_WORKER_SETUP`` at this file. ``apply()`` is idempotent and refuses other
@@ -34,7 +35,7 @@ def _is_cuda(device: Any) -> bool:
 
 
 class CudaToCpu(TorchFunctionMode):
-    """Patch 1: a CUDA ``device=`` argument of any torch call (factories, ``.to``) becomes the CPU."""
+    """Patch 1: a CUDA ``device=`` of any torch call (factories, ``.to``) becomes the CPU."""
 
     def __torch_function__(
         self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
@@ -108,7 +109,8 @@ def apply() -> None:
     version = megatron.core.__version__
     if not version.startswith(SUPPORTED):
         raise RuntimeError(
-            f"cpu_compat was written for megatron-core {SUPPORTED}, found {version}: re-read the patched call sites"
+            f"cpu_compat was written for megatron-core {SUPPORTED}, found {version}: "
+            "re-read the patched call sites"
         )
     # Patch 2: as a device argument it means the CPU (also in backward passes, where patch 1's
     # thread-local mode is not active).

@@ -74,7 +74,10 @@ def test_splits_that_do_not_fit_the_gpus_fail_with_the_numbers() -> None:
         )
     with pytest.raises(
         ConfigError,
-        match=r"^tp x pp x dp = 4 but the cluster has 8 GPUs \(1 x 8\); fix backend.megatron.data_parallel$",
+        match=(
+            r"^tp x pp x dp = 4 but the cluster has 8 GPUs \(1 x 8\); "
+            r"fix backend.megatron.data_parallel$"
+        ),
     ):
         plan(
             _config(
@@ -91,7 +94,11 @@ def test_cpu_ranks_are_refused_outside_the_tests(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv(SETUP_ENV, raising=False)
     with pytest.raises(
         ConfigError,
-        match=r"^backend.kind=megatron needs CUDA GPUs \(none found here; for a Ray cluster set cluster.gpus_per_node\); on a CPU use backend.kind=torch$",
+        match=(
+            r"^backend.kind=megatron needs CUDA GPUs "
+            r"\(none found here; for a Ray cluster set cluster.gpus_per_node\); "
+            r"on a CPU use backend.kind=torch$"
+        ),
     ):
         plan(_config(cluster={"gpus_per_node": 0}))
     monkeypatch.setenv(SETUP_ENV, "/some/setup.py")
@@ -110,7 +117,10 @@ def test_layout_must_divide_heads_and_layers(tiny_model_dir: Path) -> None:
     )  # 2 heads, 1 key/value head (replicated under TP=2), 2 layers
     with pytest.raises(
         ConfigError,
-        match=r"^backend.megatron.tensor_parallel=4 must divide the model's 2 attention and 1 key/value heads$",
+        match=(
+            r"^backend.megatron.tensor_parallel=4 must divide the model's "
+            r"2 attention and 1 key/value heads$"
+        ),
     ):
         check_layout(str(tiny_model_dir), 4, 1)
     with pytest.raises(
@@ -122,9 +132,12 @@ def test_layout_must_divide_heads_and_layers(tiny_model_dir: Path) -> None:
 
 def test_worker_spec_carries_the_run_settings() -> None:
     config = _config(
-        steps=10, seed=3, rollout={"engine": "vllm", "temperature": 0.6}, algorithm={"updates_per_step": 2, "kl_beta": 0.01, "entropy_coef": 0.001},
-        optimizer={"lr": 2e-6, "weight_decay": 0.1, "grad_clip": 0.5, "schedule": "cosine", "warmup_steps": 3},
-        backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}}, model={"gradient_checkpointing": True},
+        steps=10, seed=3, rollout={"engine": "vllm", "temperature": 0.6},
+        algorithm={"updates_per_step": 2, "kl_beta": 0.01, "entropy_coef": 0.001},
+        optimizer={"lr": 2e-6, "weight_decay": 0.1, "grad_clip": 0.5, "schedule": "cosine",
+                   "warmup_steps": 3},
+        backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}},
+        model={"gradient_checkpointing": True},
     )  # fmt: skip
     placement, _ = plan(
         config.model_copy(
@@ -191,7 +204,10 @@ def test_a_split_vllm_engine_on_ray_leaves_the_trainer_the_other_gpus(
     )
     with pytest.raises(
         ConfigError,
-        match=r"^the vLLM engines' own bundles take 4 of this node's 4 GPUs, leaving none for the trainer: set rollout.vllm.colocate=true",
+        match=(
+            r"^the vLLM engines' own bundles take 4 of this node's 4 GPUs, "
+            r"leaving none for the trainer: set rollout.vllm.colocate=true"
+        ),
     ):
         plan(_config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "tensor_parallel": 4}}))
 
@@ -199,7 +215,10 @@ def test_a_split_vllm_engine_on_ray_leaves_the_trainer_the_other_gpus(
 def test_vllm_placement_settings_that_contradict_each_other_are_refused() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"rollout.vllm.colocate places the engine with the Megatron ranks on Ray: set rollout.vllm.mode=ray",
+        match=(
+            r"rollout.vllm.colocate places the engine with the Megatron ranks on Ray: "
+            r"set rollout.vllm.mode=ray"
+        ),
     ):
         _config(rollout={"engine": "vllm", "vllm": {"colocate": True}})
     with pytest.raises(

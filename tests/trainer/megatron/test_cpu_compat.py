@@ -13,11 +13,19 @@ import pytest
 pytest.importorskip("megatron.core")
 
 CHECKS = {
-    "patch 4, RNG tracker": "from megatron.core.tensor_parallel.random import CudaRNGStatesTracker\nCudaRNGStatesTracker().add('x', 1)",
-    "patch 7, recomputation's RNG state": "from megatron.core.tensor_parallel.random import _get_cuda_rng_state\n_get_cuda_rng_state()",
+    "patch 4, RNG tracker": (
+        "from megatron.core.tensor_parallel.random import CudaRNGStatesTracker\n"
+        "CudaRNGStatesTracker().add('x', 1)"
+    ),
+    "patch 7, recomputation's RNG state": (
+        "from megatron.core.tensor_parallel.random import _get_cuda_rng_state\n"
+        "_get_cuda_rng_state()"
+    ),
     "patch 6, grad clipping": (
-        "import torch\nfrom megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32\n"
-        "p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)\nclip_grad_by_total_norm_fp32([p], 1.0, 10.0)"
+        "import torch\n"
+        "from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32\n"
+        "p = torch.nn.Parameter(torch.ones(2)); p.grad = torch.ones(2)\n"
+        "clip_grad_by_total_norm_fp32([p], 1.0, 10.0)"
     ),
 }
 

@@ -22,8 +22,9 @@ from safetensors.torch import load_file  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {
-    "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 2,
-    "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 256, "tie_word_embeddings": True,
+    "vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 64,
+    "max_position_embeddings": 256, "tie_word_embeddings": True,
 }  # fmt: skip
 FAMILIES = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}
 
@@ -53,8 +54,9 @@ def test_a_family_converts_exactly_and_scores_as_transformers(family: str, tmp_p
         "OMP_NUM_THREADS": "1",
         "ENVHUB_MEGATRON_WORKER_SETUP": str(HERE / "cpu_compat.py"),
     }
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={_free_port()}",
-               str(HERE / "family_main.py"), str(model_dir), str(tmp_path / "rank0.pt"), "2"]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+               f"--master-port={_free_port()}", str(HERE / "family_main.py"), str(model_dir),
+               str(tmp_path / "rank0.pt"), "2"]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     record = torch.load(tmp_path / "rank0.pt")

@@ -66,8 +66,9 @@ def run_ranks(
         env[rank_main.ENGINES_ENV] = ",".join(engine_urls)
     if setup is not None:
         env["ENVHUB_MEGATRON_WORKER_SETUP"] = str(setup)
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}", f"--master-port={_free_port()}",
-               str(HERE / "rank_main.py"), str(model_dir), str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
+               f"--master-port={_free_port()}", str(HERE / "rank_main.py"), str(model_dir),
+               str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
@@ -78,7 +79,8 @@ def reference(tiny_model_dir: Path) -> dict:
     """The torch backend on the same batch: logprobs, then two updates."""
     optimizer = {k: v for k, v in rank_main.OPTIMIZER.items() if k != "total_updates"}
     config = validate_config({
-        "model": {"name": str(tiny_model_dir)}, "envs": [{"name": "arithmetic"}], "backend": {"device": "cpu"}, "steps": 4,
+        "model": {"name": str(tiny_model_dir)}, "envs": [{"name": "arithmetic"}],
+        "backend": {"device": "cpu"}, "steps": 4,
         "rollout": {"temperature": rank_main.TEMPERATURE}, "optimizer": optimizer,
     })  # fmt: skip
     backend = TorchBackend(config)
@@ -280,7 +282,8 @@ def test_rank_0_sends_the_trained_weights_straight_to_every_engine(
         assert set(engine.received) == set(after)
         for name, tensor in after.items():
             assert torch.equal(engine.received[name], tensor), name
-        # A bucket holds whole layers: embedding alone (25 MB), then each decoder layer and the final norm.
+        # A bucket holds whole layers: embedding alone (25 MB), then each decoder layer and the
+        # final norm.
         first = engine.buckets[: len(engine.buckets) // 2]
         layers = [
             {n.split(".")[2] for n in bucket if n.startswith("model.layers.")} for bucket in first

@@ -23,7 +23,10 @@ def test_the_transfers_are_the_modules_of_the_package() -> None:
 def test_an_unknown_transfer_names_the_nearest_and_the_others() -> None:
     with pytest.raises(
         ConfigError,
-        match=r"^unknown weight transfer 'ncl' \(did you mean 'nccl'\?\); available: auto, envhub_shm, ipc, nccl$",
+        match=(
+            r"^unknown weight transfer 'ncl' \(did you mean 'nccl'\?\); "
+            r"available: auto, envhub_shm, ipc, nccl$"
+        ),
     ):
         transfers.get("ncl")
 
@@ -31,7 +34,8 @@ def test_an_unknown_transfer_names_the_nearest_and_the_others() -> None:
 def test_choosing_a_transfer_loads_neither_torch_nor_vllm() -> None:
     probe = (
         "import sys; from envhub.trainer.weight_sync import transfers; "
-        "print(transfers.choose('nccl', on_gpu=True, shares_gpu=False), [transfers.get(n).name for n in transfers.names()], "
+        "print(transfers.choose('nccl', on_gpu=True, shares_gpu=False), "
+        "[transfers.get(n).name for n in transfers.names()], "
         "[m for m in ('torch', 'vllm') if m in sys.modules])"
     )
     result = subprocess.run(
@@ -68,13 +72,15 @@ def test_nccl_gives_each_engine_the_ranks_after_the_previous_ones() -> None:
             "nccl",
             ["http://127.0.0.1:8000"],
             "10.0.0.2",
-            "the vLLM server listens on the driver's loopback address and rank 0 is on node 10.0.0.2",
+            "the vLLM server listens on the driver's loopback address "
+            "and rank 0 is on node 10.0.0.2",
         ),
         (
             "envhub_shm",
             ["http://10.0.0.1:8000"],
             "10.0.0.2",
-            "envhub_shm shares memory on the engines' node (10.0.0.1) and rank 0 is on node 10.0.0.2",
+            "envhub_shm shares memory on the engines' node (10.0.0.1) "
+            "and rank 0 is on node 10.0.0.2",
         ),
     ],
 )

@@ -47,7 +47,8 @@ def choose(requested: str, *, on_gpu: bool, shares_gpu: bool) -> str:
     if requested != AUTO:
         if get(requested).needs_gpu and not on_gpu:
             raise ConfigError(
-                f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; on the CPU use envhub_shm (or auto)"
+                f"rollout.vllm.weight_transfer={requested} needs CUDA GPUs; "
+                "on the CPU use envhub_shm (or auto)"
             )
         return requested
     if not on_gpu:
