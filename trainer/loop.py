@@ -400,9 +400,8 @@ def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     )
     stopped = type(error).__new__(type(error))  # not __init__: its signature is the class's own
     stopped.args = (f"{error}\nTraining stopped in step {step + 1}: {how}.",)
-    stopped.__dict__.update(
-        error.__dict__
-    )  # keeps attributes such as a dead worker's index and node
+    # Keeps attributes such as a dead worker's index and node.
+    stopped.__dict__.update(error.__dict__)
     return stopped
 
 

@@ -183,9 +183,8 @@ class RolloutRunner:
                 TimeoutError(f"the episode did not finish within {self.episode_timeout:g} s"),
             )
             ep.discard_env = True
-        except (
-            Exception
-        ) as e:  # anything not attributed above is still this episode's, not the batch's
+        except Exception as e:
+            # Anything not attributed above is still this episode's, not the batch's.
             ep.fail("episode", e)
             ep.discard_env = True
         finally:
@@ -211,9 +210,8 @@ class RolloutRunner:
                 prompt_ids = await tokenizer.render(
                     ep.messages, ep.tools, add_generation_prompt=True
                 )
-            except (
-                Exception
-            ) as e:  # the tokenizer belongs to the engine (e.g. a server's /tokenize)
+            except Exception as e:
+                # The tokenizer belongs to the engine (e.g. a server's /tokenize).
                 return ep.fail("engine", e, 0)
             ep.trace = TokenTrace()
             ep.trace.start(prompt_ids)

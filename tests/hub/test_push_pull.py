@@ -190,9 +190,8 @@ def test_a_failing_package_test_or_a_leaked_answer_blocks_the_push(
         "capital-cities: no answer leak: "
         "the answer appears in 8 of 8 prompts (task 0: answer 'Paris')"
     ) in str(info.value)
-    assert "package tests: pytest exited 1" not in str(
-        info.value
-    )  # the template's tests do not look at the prompt
+    # The template's tests do not look at the prompt.
+    assert "package tests: pytest exited 1" not in str(info.value)
     (package / "tests" / "test_more.py").write_text("def test_fails():\n    assert 1 == 2\n")
     with pytest.raises(
         EnvCheckError, match=r"package tests: pytest exited 1: .*1 failed, 6 passed"
