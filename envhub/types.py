@@ -149,6 +149,10 @@ class TurnRecord(BaseModel):
     tool_errors: int = 0
     generate_seconds: float = 0.0
     env_seconds: float = 0.0
+    policy_version: int | None = None
+    """The version of the weights that sampled this turn's first token (the number of weight
+    updates the engine had received), when the engine reports it. A turn that straddles an update
+    carries the older version: staleness is counted from a turn's oldest token."""
 
 
 class Trajectory(BaseModel):
@@ -202,6 +206,13 @@ class Trajectory(BaseModel):
     def completion(self) -> list[Message]:
         """Messages after the prompt."""
         return self.messages[self.prompt_length :]
+
+    @property
+    def policy_version(self) -> int | None:
+        """The oldest policy version that sampled any of this episode's turns (None when the
+        engine reports none)."""
+        versions = [t.policy_version for t in self.turns if t.policy_version is not None]
+        return min(versions) if versions else None
 
     @property
     def num_completion_tokens(self) -> int:

@@ -138,7 +138,17 @@ class RolloutConfig(_Part):
     """Tokens per assistant turn (an env's own budget can lower it)."""
     temperature: float = Field(1.0, gt=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Must stay 1 for training: see ``top_k``."""
     top_k: int | None = None
+    """Must stay unset for training: a truncated sampler (top-p < 1, top-k) samples from, and
+    reports logprobs of, another distribution than the policy the trainer scores, which biases
+    every importance ratio. ``envhub eval`` takes both."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous training: how many policy versions behind the policy being updated a
+    group's oldest token may be. 0 is synchronous (roll out, update, sync, repeat). With k >= 1
+    vLLM keeps sampling the next steps' groups while the trainer updates, with the newest
+    weights it has (a sync lands without draining it); a group older than k versions is dropped
+    (counted as ``async/stale_groups``) and its task sampled again. Needs ``engine: vllm``."""
     max_concurrency: int = Field(64, ge=1)
     """Episodes in flight at once (also the largest generation batch)."""
     step_timeout: float | None = 60.0
@@ -303,7 +313,29 @@ class TrainConfig(_Part):
         self._check_vllm_placement()
         if self.rollout.workers:
             self._check_rollout_workers()
+        self._check_sampling()
         return self
+
+    def _check_sampling(self) -> None:
+        r = self.rollout
+        if r.top_p < 1.0 or r.top_k is not None:
+            raise ValueError(
+                "rollout.top_p < 1 and rollout.top_k truncate the sampler's distribution, so its "
+                "logprobs are not the policy's that the trainer scores and every importance "
+                "ratio is biased: train with rollout.top_p=1 and no top_k (the temperature "
+                "applies to both sides); envhub eval takes both"
+            )
+        if r.max_staleness and r.engine != "vllm":
+            raise ValueError(
+                "rollout.max_staleness >= 1 samples while the trainer updates, which needs "
+                "rollout.engine=vllm: the hf engine generates with the very module the update "
+                "changes, so it stays synchronous (rollout.max_staleness=0)"
+            )
+        if r.max_staleness and r.vllm.sleep == "on":
+            raise ValueError(
+                "rollout.vllm.sleep=on puts vLLM to sleep during each update, which "
+                "rollout.max_staleness >= 1 spends sampling: set rollout.vllm.sleep=auto or off"
+            )
 
     def _check_rollout_workers(self) -> None:
         if self.rollout.engine != "vllm":

@@ -36,7 +36,8 @@ from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
+from envhub.trainer.producer import GroupProducer
+from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
 from envhub.types import Trajectory
@@ -165,7 +166,7 @@ async def _run_steps(
         # The engine starts from the model on disk: give it the trainer's weights (a resumed
         # run's, and a check that both sides compute the same logprobs) before any rollout.
         await engine.start()
-        initial_sync = await engine.update_weights(backend) or {}
+        initial_sync = await engine.update_weights(backend, version=start) or {}
         info = {
             "run_dir": str(run_dir),
             "resumed_from": start or None,
@@ -177,17 +178,20 @@ async def _run_steps(
             workers = RolloutWorkers.for_run(config, engine)
             info["rollout_workers"] = workers.info
         reporter.start(config, info)
-        for step in range(start, config.steps):
-            try:
-                metrics = await train_step(
-                    step, config, schedule, engine, backend, reporter, workers
-                )
-            except STEP_LOST as e:
-                raise _stopped(e, step, checkpoints.latest()) from e
-            tracker.log(step + 1, metrics)
-            reporter.step(step + 1, metrics)
-            if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
-                save_checkpoint(step + 1, checkpoints, backend, schedule, engine)
+        producer = GroupProducer(config, schedule, engine, workers, reporter.rollout_progress)
+        producer.start(first_draw=start)
+        try:
+            for step in range(start, config.steps):
+                try:
+                    metrics = await train_step(step, config, producer, engine, backend)
+                except STEP_LOST as e:
+                    raise _stopped(e, step, checkpoints.latest()) from e
+                tracker.log(step + 1, metrics)
+                reporter.step(step + 1, metrics)
+                if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
+                    save_checkpoint(step + 1, checkpoints, backend, producer, engine)
+        finally:
+            await producer.aclose()
     finally:
         tracker.close()
         if workers is not None:
@@ -199,20 +203,22 @@ async def _run_steps(
 async def train_step(
     step: int,
     config: TrainConfig,
-    schedule: TaskSchedule,
+    producer: GroupProducer,
     engine: RolloutEngine,
     backend: TrainBackend,
-    reporter: Reporter,
-    workers: RolloutWorkers | None = None,
 ) -> dict[str, float]:
-    """One step: roll out, score, build the batch, update the policy, sync the engine."""
+    """One step: take scored groups, build the batch, update the policy, sync the engine.
+
+    The update runs in a worker thread, so that the producer's rollouts (with
+    ``rollout.max_staleness >= 1``) go on meanwhile; at 0 nothing is rolling out then.
+    """
     timer = PhaseTimer()
+    with timer("rollout"):  # at max_staleness >= 1: the wait for groups that are not ready
+        taken = await producer.take(step)
+    trajectories = taken.trajectories
+    stats = producer.workers.stats() if producer.workers else engine.stats()
     engine.reset_stats()
-    with timer("rollout"):
-        trajectories = await rollout(step, config, schedule, engine, reporter, workers)
-    engine_metrics = {
-        f"engine/{k}": v for k, v in (workers.stats() if workers else engine.stats()).items()
-    }
+    engine_metrics = {f"engine/{k}": v for k, v in stats.items()}
     if config.logging.save_trajectories:
         save_trajectories(
             config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories
@@ -223,15 +229,19 @@ async def train_step(
         advantages = estimate_advantages(scored, config.algorithm)
         batch = select(scored, advantages, config.algorithm)  # dynamic sampling, overlong filter
     await engine.sleep()
-    update_metrics = update_policy(batch, config, backend, timer) if batch.samples else {}
+    update_metrics = {}
+    if batch.samples:
+        update_metrics = await asyncio.to_thread(update_policy, batch, config, backend, timer)
     with timer("sync"):
-        sync_metrics = await engine.update_weights(backend) or {}
+        sync_metrics = await engine.update_weights(backend, version=step + 1) or {}
+    producer.advance()  # the new weights may let the next draw start
     metrics = (
-        rollout_metrics(trajectories, schedule)
+        rollout_metrics(trajectories, producer.schedule)
         | engine_metrics
         | batch.stats
         | update_metrics
         | sync_metrics
+        | taken.metrics
         | timer.metrics()
     )
     completion_tokens = sum(t.num_completion_tokens for t in trajectories)
@@ -244,51 +254,6 @@ async def train_step(
             sum(len(s) for s in batch.samples) / train_seconds
         )
     return metrics
-
-
-async def rollout(
-    step: int,
-    config: TrainConfig,
-    schedule: TaskSchedule,
-    engine: RolloutEngine,
-    reporter: Reporter,
-    workers: RolloutWorkers | None = None,
-) -> list[Trajectory]:
-    """This step's episodes, from every env, concurrently (in ``workers`` when given); group
-    ids made unique per step."""
-    rc = config.rollout
-    options = RunnerOptions.from_config(rc)
-    per_env = schedule.draw(step, rc.tasks_per_step)
-    total = rc.tasks_per_step * rc.samples_per_task
-    jobs = [
-        RolloutJob(
-            i, tuple(tasks), seed=_runner_seed(config.seed, step, i), prefix=f"s{step + 1}e{i}"
-        )
-        for i, tasks in enumerate(per_env)
-        if tasks
-    ]
-    if workers is not None:
-        return await workers.run(
-            jobs, options, on_progress=lambda done: reporter.rollout_progress(done, total)
-        )
-    done = 0
-
-    def progress(_: Trajectory) -> None:
-        nonlocal done
-        done += 1
-        reporter.rollout_progress(done, total)
-
-    results = await asyncio.gather(
-        *(
-            run_job(engine, schedule.slots[job.env_index].factory(), job, options, progress)
-            for job in jobs
-        )
-    )
-    return [t for group in results for t in group]
-
-
-def _runner_seed(seed: int, step: int, env_index: int) -> int:
-    return int(np.random.SeedSequence([seed, step, env_index]).generate_state(1)[0])
 
 
 def update_policy(
@@ -409,15 +374,17 @@ def save_checkpoint(
     step: int,
     checkpoints: CheckpointManager,
     backend: TrainBackend,
-    schedule: TaskSchedule,
+    producer: GroupProducer,
     engine: RolloutEngine,
 ) -> Path:
     """Save a checkpoint after ``step`` completed steps and return its folder.
 
     It holds the backend's model, optimizer and scheduler, and the loop's own state: the step,
-    the task schedule's cursors and the engine's state, which :func:`resume` restores.
+    the task schedule's cursors (as of the oldest draw whose groups are not all trained on:
+    those tasks are drawn again on resume) and the engine's state, which :func:`resume` restores.
     """
-    trainer_state = {"step": step, "schedule": schedule.state_dict(), "engine": engine.state_dict()}
+    schedule = producer.schedule_state()
+    trainer_state = {"step": step, "schedule": schedule, "engine": engine.state_dict()}
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 

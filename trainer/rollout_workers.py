@@ -63,6 +63,9 @@ class RolloutJob:
     """The runner's seed (each episode's seed derives from it, the task and the sample)."""
     prefix: str
     """Group ids are ``{prefix}g{position of the task in tasks}``."""
+    version: int = 0
+    """The policy version the trainer's engine had when the job was launched: a worker's
+    client cannot see syncs, so its turns carry this one (never newer than the truth)."""
 
 
 @dataclass(frozen=True)
@@ -98,10 +101,16 @@ async def run_job(
     options: RunnerOptions,
     on_trajectory: Callable[[Trajectory], None] | None = None,
     positions: Sequence[int] | None = None,
+    on_group: Callable[[int, list[Trajectory]], None] | None = None,
 ) -> list[Trajectory]:
     """Roll out ``job`` (or, with ``positions``, the groups of the job at those positions, whose
-    tasks ``job.tasks`` then lists) against ``engine``; group ids made unique per step."""
+    tasks ``job.tasks`` then lists) against ``engine``; group ids made unique per step.
+    ``on_group(position, trajectories)`` is called as each group is scored, with its final ids.
+    """
     positions = range(len(job.tasks)) if positions is None else positions
+    n = options.samples_per_task  # the runner returns them in task, then sample order
+    if on_group is not None:
+        on_trajectory = _grouped(on_trajectory, on_group, job.prefix, positions, n)
     runner = RolloutRunner(
         engine, env_factory, sampling=options.sampling, max_concurrency=options.max_concurrency,
         step_timeout=options.step_timeout, episode_timeout=options.episode_timeout, seed=job.seed,
@@ -109,11 +118,36 @@ async def run_job(
     trajectories = await runner.run(
         job.tasks, options.samples_per_task, on_trajectory=on_trajectory
     )
-    n = options.samples_per_task  # the runner returns them in task, then sample order
     return [
         t.model_copy(update={"group_id": f"{job.prefix}g{positions[i // n]}"})
         for i, t in enumerate(trajectories)
     ]
+
+
+def _grouped(
+    on_trajectory: Callable[[Trajectory], None] | None,
+    on_group: Callable[[int, list[Trajectory]], None],
+    prefix: str,
+    positions: Sequence[int],
+    n: int,
+) -> Callable[[Trajectory], None]:
+    """A per-trajectory callback that also hands on each group once its ``n`` episodes are in
+    (the runner calls back a group's episodes together, as the group is scored; its group ids
+    are ``g{k}`` for the job's k-th task)."""
+    pending: dict[str, list[Trajectory]] = {}
+
+    def collect(t: Trajectory) -> None:
+        if on_trajectory is not None:
+            on_trajectory(t)
+        group = pending.setdefault(t.group_id, [])
+        group.append(t)
+        if len(group) == n:
+            del pending[t.group_id]
+            position = positions[int(t.group_id.removeprefix("g"))]
+            renamed = f"{prefix}g{position}"
+            on_group(position, [e.model_copy(update={"group_id": renamed}) for e in group])
+
+    return collect
 
 
 @dataclass(frozen=True)
@@ -247,6 +281,8 @@ class _Worker:
         await self.engine.start()  # once, before the runners (each would start it)
         if isinstance(self.engine, RolloutEngine):
             self.engine.reset_stats()
+            newest = max(p.job.version for p in share)
+            self.engine.weights_version = max(self.engine.weights_version, newest)
         runs = [
             run_job(
                 self.engine,

@@ -62,6 +62,9 @@ class Generation(BaseModel):
     """The prompt as the engine tokenised it (chat-level engines that report it)."""
     tool_calls: list[ToolCall] | None = None
     """Calls the server parsed itself (OpenAI-style servers); ``None`` when it returned raw text."""
+    weight_version: int | None = None
+    """The version of the weights that sampled the first token (engines the trainer updates
+    count their updates); ``None`` when the engine does not know."""
 
 
 @runtime_checkable

@@ -346,6 +346,7 @@ class RolloutRunner:
             tool_errors=errors,
             generate_seconds=gen_s,
             env_seconds=env_s,
+            policy_version=generation.weight_version,
         )
 
     async def _timed(self, coro: Any) -> Any:

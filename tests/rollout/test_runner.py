@@ -484,3 +484,19 @@ def test_a_failure_mid_episode_keeps_everything_recorded_so_far() -> None:
 def test_max_concurrency_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="^max_concurrency must be at least 1, got 0$"):
         RolloutRunner(ScriptedEngine(answer), Quiz, max_concurrency=0)
+
+
+def test_each_turn_records_the_policy_version_that_sampled_it() -> None:
+    class Updated(ScriptedEngine):
+        """The trainer's weights change after the second turn (version 3 -> 4)."""
+
+        async def generate(self, request: GenerateRequest) -> Generation:
+            out = await super().generate(request)
+            return out.model_copy(update={"weight_version": 3 if self.requests <= 2 else 4})
+
+    runner = RolloutRunner(Updated(replay("more")), lambda: Chatter(TASKS, max_turns=3))
+    (trajectory,) = run(runner, [0])
+    assert [t.policy_version for t in trajectory.turns] == [3, 3, 4]
+    assert trajectory.policy_version == 3  # the oldest: staleness counts from there
+    (unversioned,) = run(RolloutRunner(ScriptedEngine(replay("x")), lambda: Quiz()), [0])
+    assert unversioned.turns[0].policy_version is None and unversioned.policy_version is None

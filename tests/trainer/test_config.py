@@ -75,6 +75,24 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
             ["algorithm.overlong.soft_penalty_buffer=64"],
             "soft_penalty_buffer must be smaller than rollout.max_tokens",
         ),
+        (
+            ["rollout.top_p=0.9"],
+            "rollout.top_p < 1 and rollout.top_k truncate the sampler's distribution",
+        ),
+        (["rollout.top_k=50"], "train with rollout.top_p=1 and no top_k"),
+        (
+            ["rollout.max_staleness=1"],
+            "rollout.max_staleness >= 1 samples while the trainer updates, which needs "
+            "rollout.engine=vllm",
+        ),
+        (
+            ["rollout.engine=vllm", "rollout.max_staleness=2", "rollout.vllm.sleep='on'"],
+            "set rollout.vllm.sleep=auto or off",
+        ),
+        (
+            ["rollout.vllm.weight_transfer=ncl"],
+            "unknown weight transfer 'ncl' (did you mean 'nccl'?); available: auto, envhub_shm",
+        ),
     ],
 )
 def test_invalid_configs_fail_before_any_work(overrides: list[str], message: str) -> None:

@@ -130,3 +130,67 @@ def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
     workers = {w["pid"] for w in resumed.info["rollout_workers"]}
     assert pids[1] == {os.getpid()}  # before the crash: in the trainer's process
     assert pids[2] == pids[3] == workers and len(workers) == 2 and os.getpid() not in workers
+
+
+class KillServerAfter:
+    """A reporter that SIGKILLs the vLLM server at the first rollout progress after step
+    ``after`` was logged (with max_staleness >= 1 episodes finish while the trainer updates)."""
+
+    def __init__(self, after: int) -> None:
+        self.after, self.finished_steps, self.rows = after, 0, []
+
+    def start(self, config: Any, info: dict[str, Any]) -> None:
+        pass
+
+    def rollout_progress(self, done: int, total: int) -> None:
+        if self.after and self.finished_steps == self.after:
+            self.after = 0
+            KillServerInStep(1).rollout_progress(1, total)  # kills the server
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.finished_steps = step
+        self.rows.append(metrics)
+
+    def finish(self, result: Any) -> None:
+        pass
+
+
+def test_asynchronous_training_samples_during_updates_within_the_bound_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """max_staleness 1 with the real engine: the next step's groups are sampled while the
+    trainer updates, each weight sync lands in a running engine (paused, then resumed) and is
+    verified, no data is older than one version; a server killed mid-run stops it with the
+    resume hint, and the rerun finishes the run."""
+    from envhub.trainer.loop import train
+
+    config = _config(tiny_model_dir, tmp_path).model_copy(update={"steps": 4})
+    config.rollout.max_staleness = 1
+    killer = KillServerAfter(2)
+    with pytest.raises(EngineUnavailableError) as caught:
+        train(config, killer)
+    assert "rerun the same command to resume from" in str(caught.value)
+    done = len(killer.rows)
+    assert done >= 2
+    for row in killer.rows:
+        assert row["sync/logprob_diff_max"] < 1e-4  # every sync verified, mid-rollout or not
+        assert row["async/staleness_max"] <= 1 and row["async/stale_groups"] == 0.0
+        assert row["async/staleness_0"] + row["async/staleness_1"] == 8.0
+        assert row["rollout/errors"] == 0.0
+    # The engine rolled out the next step while the trainer updated: step 2 trained on data of
+    # the policy before step 1's update.
+    assert killer.rows[1]["async/staleness_1"] > 0
+    versions = {
+        (t.group_id, t.turns[0].policy_version)
+        for t in iter_trajectories(tmp_path / "run" / "trajectories" / "step-000002.jsonl")
+    }
+    assert {v for _, v in versions} <= {0, 1}
+
+    resumed = KillServerInStep(0)
+    result = train(config, resumed)
+    assert result.resumed_from == done
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["sync/logprob_diff_max"] < 1e-4 for r in rows)

@@ -29,6 +29,7 @@ from envhub.errors import ConfigError, WorkerDiedError  # noqa: E402
 from envhub.testing import ByteChatTokenizer, LetterEnv, ScriptedEngine  # noqa: E402
 from envhub.trainer.cluster.run import ray_cpus  # noqa: E402
 from envhub.trainer.config import load_config, validate_config  # noqa: E402
+from envhub.trainer.engines.base import RolloutEngine  # noqa: E402
 from envhub.trainer.rollout_workers import (  # noqa: E402
     Part,
     RolloutJob,
@@ -118,17 +119,41 @@ class Progress:
     def finish(self, result: Any) -> None: ...
 
 
+class Versioned(RolloutEngine):
+    """The scripted engine as the trainer's engine: it samples the policy of ``version``."""
+
+    def __init__(self, version: int) -> None:
+        self.inner = _engine()
+        self.tokenizer = self.inner.tokenizer
+        self.weights_version = version
+
+    async def generate(self, request: Any) -> Any:
+        return await self.inner.generate(request)
+
+
 def _rollout(
     config: Any, step: int, workers: RolloutWorkers | None
 ) -> tuple[list[Trajectory], Progress]:
-    from envhub.trainer.loop import rollout
+    """Step ``step``'s episodes as the synchronous loop gets them (``max_staleness`` 0)."""
+    from envhub.trainer.producer import GroupProducer
     from envhub.trainer.tasks import TaskSchedule
 
     schedule = TaskSchedule.from_specs(config.envs, config.seed)
     for earlier in range(step):
         schedule.draw(earlier, config.rollout.tasks_per_step)
     progress = Progress()
-    return asyncio.run(rollout(step, config, schedule, _engine(), progress, workers)), progress
+
+    async def take() -> list[Trajectory]:
+        producer = GroupProducer(
+            config, schedule, Versioned(step), workers, progress.rollout_progress
+        )
+        producer.start(first_draw=step)
+        try:
+            return (await producer.take(step)).trajectories
+        finally:
+            await producer.aclose()
+
+    return asyncio.run(take()), progress
 
 
 def _comparable(t: Trajectory) -> dict[str, Any]:

@@ -14,8 +14,16 @@ class RolloutEngine(InferenceEngine):
     """An :class:`InferenceEngine` the trainer drives step by step. The hooks do nothing by
     default; each engine overrides those that apply to it."""
 
-    async def update_weights(self, backend: TrainBackend) -> dict[str, float] | None:
-        """Make the engine sample from ``backend``'s current weights; return ``sync/*`` metrics."""
+    weights_version: int = 0
+    """Weight updates received so far: the version of the policy the engine samples from
+    (stamped on each generation as ``Generation.weight_version``)."""
+
+    async def update_weights(
+        self, backend: TrainBackend, version: int | None = None
+    ) -> dict[str, float] | None:
+        """Make the engine sample from ``backend``'s current weights, which are the policy of
+        ``version`` (None: :attr:`weights_version` + 1); return ``sync/*`` metrics."""
+        self.weights_version = self.weights_version + 1 if version is None else version
         return None
 
     async def check_alive(self) -> None:  # noqa: B027 - an optional hook, empty by default

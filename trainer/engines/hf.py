@@ -148,11 +148,14 @@ class HFEngine(RolloutEngine):
         self._ensure_worker().put_nowait(_Pending(prompt_ids, request.sampling, future, rendered))
         return await future
 
-    async def update_weights(self, backend: TrainBackend | None = None) -> None:
+    async def update_weights(
+        self, backend: TrainBackend | None = None, version: int | None = None
+    ) -> None:
         """Note that the policy changed. The engine samples with the trainer's module itself, so
         the new weights are already in place: nothing is copied and ``backend`` is not read.
-        Only :attr:`weights_version` is bumped, for logging which policy sampled a batch."""
-        self.weights_version += 1
+        Only :attr:`weights_version` moves (to ``version``, or by one), for recording which
+        policy sampled each turn."""
+        self.weights_version = self.weights_version + 1 if version is None else version
 
     async def aclose(self) -> None:
         """Finish the requests already queued, then stop the batching task."""
@@ -343,6 +346,7 @@ class HFEngine(RolloutEngine):
             token_ids=tokens,
             logprobs=logprobs[: len(tokens)] if sampling.logprobs else None,
             finish_reason=finish,
+            weight_version=self.weights_version,  # the module itself: always the newest
         )
 
 

@@ -60,6 +60,9 @@ class VLLMEngine(RolloutEngine):
         verify: ``every`` sync, only the ``first``, or ``off``.
         verify_tolerance: Largest allowed |vLLM - trainer| logprob on the fixed sequence.
         verify_tokens: Length of the fixed sequence.
+        in_flight_updates: Update the weights without draining the engine (asynchronous
+            training): requests in flight are paused, keep the tokens they have, and go on with
+            the new weights once their KV is recomputed. Off: syncs happen between rollouts.
     """
 
     def __init__(
@@ -75,6 +78,7 @@ class VLLMEngine(RolloutEngine):
         verify: str = "every",
         verify_tolerance: float = 1e-3,
         verify_tokens: int = 64,
+        in_flight_updates: bool = False,
     ) -> None:
         if mode not in ("server", "inprocess", "ray") or (mode == "ray" and transport is None):
             raise ConfigError(
@@ -92,8 +96,9 @@ class VLLMEngine(RolloutEngine):
         )
         self.bucket_bytes = bucket_bytes
         self.verifier = Verifier(tokenizer, verify, verify_tolerance, verify_tokens)
-        self.weights_version = 0
-        """Syncs done: the version of the weights vLLM samples from."""
+        self.in_flight_updates = in_flight_updates
+        self.syncs = 0
+        """Syncs done (:attr:`weights_version` is the policy's version, which the loop sets)."""
         self._sender: WeightSender | None = None
         """Sends each sync (the driver, or the backend's own processes), once connected."""
         self._started = False
@@ -155,6 +160,7 @@ class VLLMEngine(RolloutEngine):
             if request.sampling.seed is not None
             else request.sampling
         )
+        version = self.weights_version  # of the first token: a sync may land mid-request
         started = time.perf_counter()
         out = await self.transport.generate(list(prompt_ids), sampling)
         self.generate_seconds += time.perf_counter() - started
@@ -172,6 +178,7 @@ class VLLMEngine(RolloutEngine):
             logprobs=out.logprobs,
             finish_reason=out.finish_reason,
             prompt_token_ids=list(prompt_ids) if rendered else None,
+            weight_version=version,
         )
 
     def reset_stats(self) -> None:
@@ -197,37 +204,49 @@ class VLLMEngine(RolloutEngine):
 
     # -- weight sync ------------------------------------------------------------------------
 
-    async def update_weights(self, backend: TrainBackend) -> dict[str, float]:
-        """Send ``backend``'s weights to vLLM, reset the prefix cache and (per ``verify``)
-        check the result. Returns ``sync/*`` metrics: seconds, buckets, megabytes and, when
-        verified, the logprob mismatch on the fixed sequence after the sync and before it
-        (``stale``: how far the sampler lagged the trainer, what a missed sync would cost)."""
+    async def update_weights(
+        self, backend: TrainBackend, version: int | None = None
+    ) -> dict[str, float]:
+        """Send ``backend``'s weights (the policy of ``version``; None: the next) to vLLM,
+        reset the prefix cache and (per ``verify``) check the result; with
+        ``in_flight_updates``, requests in flight are paused around the sync and go on after.
+        Returns ``sync/*`` metrics: seconds, buckets, megabytes and, when verified, the logprob
+        mismatch on the fixed sequence after the sync and before it (``stale``: how far the
+        sampler lagged the trainer, what a missed sync would cost)."""
         if not self._started:
             await self.start()
         # The trainer's side first: vLLM's compute threads spin for a while after each request
         # and would slow this forward pass 4x (measured on 2 cores).
-        verify = self.verifier.due(self.weights_version)
+        verify = self.verifier.due(self.syncs)
         trainer_logprobs = self.verifier.trainer_logprobs(backend) if verify else None
         metrics = self.verifier.staleness(trainer_logprobs)
         started = time.perf_counter()
         if self._asleep:
             await self.transport.wake_up("weights")
-        if self._sender is None:
-            self._sender = await asyncio.to_thread(
-                self._connect, backend, asyncio.get_running_loop()
-            )
-        sent = await asyncio.to_thread(self._sender.send)
-        self.weights_version += 1
-        if self._asleep:
-            await self.transport.wake_up("kv_cache")
-            self._asleep = False
-        await self.transport.reset_prefix_cache()
+        paused = self.in_flight_updates
+        if paused:
+            await self.transport.pause_generation()
+        try:
+            if self._sender is None:
+                loop = asyncio.get_running_loop()
+                self._sender = await asyncio.to_thread(self._connect, backend, loop)
+            sent = await asyncio.to_thread(self._sender.send)
+            self.syncs += 1
+            self.weights_version = self.weights_version + 1 if version is None else version
+            if self._asleep:
+                await self.transport.wake_up("kv_cache")
+                self._asleep = False
+            # Paused requests' KV was computed with the old weights: vLLM recomputes it.
+            await self.transport.reset_prefix_cache(running=paused)
+        finally:
+            if paused:
+                await self.transport.resume_generation()
         metrics["sync/seconds"] = time.perf_counter() - started
         metrics["sync/buckets"] = float(sent.buckets)
         metrics["sync/megabytes"] = sent.bytes / 2**20
         if trainer_logprobs is not None:
             metrics |= await self.verifier.check(
-                self.transport.replicas, trainer_logprobs, self.weights_version
+                self.transport.replicas, trainer_logprobs, self.syncs
             )
         return metrics
 
@@ -256,9 +275,7 @@ class VLLMEngine(RolloutEngine):
             WeightSyncError: The largest difference exceeds ``verify_tolerance``.
         """
         trainer_logprobs = self.verifier.trainer_logprobs(backend)
-        return await self.verifier.check(
-            self.transport.replicas, trainer_logprobs, self.weights_version
-        )
+        return await self.verifier.check(self.transport.replicas, trainer_logprobs, self.syncs)
 
 
 def server_urls(transport: Transport) -> tuple[str, ...]:
@@ -275,7 +292,9 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
     v = config.rollout.vllm
     dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
     shares_gpu = v.mode == "inprocess" or v.colocate
-    sleep = v.sleep == "on" or (v.sleep == "auto" and on_gpu and shares_gpu)
+    sleep = v.sleep == "on" or (
+        v.sleep == "auto" and on_gpu and shares_gpu and not config.rollout.max_staleness
+    )
     return EngineSettings(
         model=model_path,
         dtype=dtype,
@@ -324,6 +343,7 @@ def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
         verify=v.verify,
         verify_tolerance=v.verify_tolerance or default_tolerance(settings.dtype),
         verify_tokens=v.verify_tokens,
+        in_flight_updates=config.rollout.max_staleness > 0,
     )
 
 

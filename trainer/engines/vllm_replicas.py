@@ -76,9 +76,17 @@ class ReplicatedTransport:
         """The first engine's (verification asks each replica itself)."""
         return await self.replicas[0].prompt_logprobs(ids)
 
-    async def reset_prefix_cache(self) -> None:
+    async def reset_prefix_cache(self, running: bool = False) -> None:
         """Every engine drops its cached KV."""
-        await asyncio.gather(*(r.reset_prefix_cache() for r in self.replicas))
+        await asyncio.gather(*(r.reset_prefix_cache(running) for r in self.replicas))
+
+    async def pause_generation(self) -> None:
+        """Every engine freezes its requests in flight."""
+        await asyncio.gather(*(r.pause_generation() for r in self.replicas))
+
+    async def resume_generation(self) -> None:
+        """Every engine goes on."""
+        await asyncio.gather(*(r.resume_generation() for r in self.replicas))
 
     async def sleep(self) -> None:
         """Every engine sleeps."""

@@ -87,8 +87,17 @@ class Transport(Protocol):
         """Logprob of each token of ``ids`` after the first, at temperature 1."""
         ...
 
-    async def reset_prefix_cache(self) -> None:
-        """Drop cached KV (computed with the weights before a sync)."""
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop cached KV (computed with the weights before a sync); ``running``: also that of
+        the requests in flight, which vLLM then recomputes with the new weights."""
+        ...
+
+    async def pause_generation(self) -> None:
+        """Freeze the requests in flight (they go on after :meth:`resume_generation`)."""
+        ...
+
+    async def resume_generation(self) -> None:
+        """Let paused requests go on."""
         ...
 
     async def sleep(self) -> None:
@@ -254,9 +263,17 @@ class ServerTransport:
         """Finish the sync."""
         await self.routes.finish_weight_update(weight_version)
 
-    async def reset_prefix_cache(self) -> None:
-        """Drop cached KV."""
-        await self.routes.reset_prefix_cache()
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop cached KV (``running``: the requests' in flight too)."""
+        await self.routes.reset_prefix_cache(running)
+
+    async def pause_generation(self) -> None:
+        """Freeze the requests in flight."""
+        await self.routes.pause_generation()
+
+    async def resume_generation(self) -> None:
+        """Let paused requests go on."""
+        await self.routes.resume_generation()
 
     async def sleep(self) -> None:
         """Sleep level 1."""
@@ -431,9 +448,17 @@ class InProcessTransport:
         """Finish the sync."""
         await self._llm().finish_weight_update(weight_version)
 
-    async def reset_prefix_cache(self) -> None:
-        """Drop cached KV."""
-        await self._llm().reset_prefix_cache()
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop cached KV (``running``: the requests' in flight too)."""
+        await self._llm().reset_prefix_cache(reset_running_requests=running)
+
+    async def pause_generation(self) -> None:
+        """Freeze the requests in flight."""
+        await self._llm().pause_generation(mode="keep")
+
+    async def resume_generation(self) -> None:
+        """Let paused requests go on."""
+        await self._llm().resume_generation()
 
     async def sleep(self) -> None:
         """Sleep level 1."""

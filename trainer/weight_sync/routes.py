@@ -71,9 +71,20 @@ class VLLMRoutes:
             {"weight_version": weight_version} if weight_version else None,
         )
 
-    async def reset_prefix_cache(self) -> None:
-        """Drop cached KV (computed with the old weights)."""
-        await self.call("POST", "/reset_prefix_cache")
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        """Drop cached KV (computed with the old weights); ``running``: also the KV of requests
+        in flight, which vLLM recomputes with the new weights before they go on."""
+        await self.call(
+            "POST", "/reset_prefix_cache" + ("?reset_running_requests=true" if running else "")
+        )
+
+    async def pause_generation(self) -> None:
+        """Freeze the requests in flight (``keep``) until :meth:`resume_generation`."""
+        await self.call("POST", "/pause?mode=keep")
+
+    async def resume_generation(self) -> None:
+        """Let paused requests go on (with whatever weights the engine now has)."""
+        await self.call("POST", "/resume")
 
     async def sleep(self) -> None:
         """Offload the weights and free the KV cache (sleep level 1)."""

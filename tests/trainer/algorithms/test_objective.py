@@ -133,3 +133,55 @@ def test_spec_and_call_errors_say_what_to_fix() -> None:
         policy_objective(ObjectiveSpec(kl_beta=0.1), **kwargs, num_tokens=2, num_sequences=1)
     with pytest.raises(ConfigError, match="entropy_coef != 0 needs"):
         policy_objective(ObjectiveSpec(entropy_coef=0.1), **kwargs, num_tokens=2, num_sequences=1)
+
+
+def test_stale_samples_clip_against_the_proximal_policy_and_reweight_to_the_behaviour_one(
+    device: str, assert_close
+) -> None:
+    """The decoupled PPO objective (AReaL) for data an older policy sampled: the ratio is taken
+    to the proximal policy (the trainer's, before this update) and clipped there; the truncated
+    importance weight proximal / behaviour corrects for who really sampled."""
+
+    def t(*probs: float) -> torch.Tensor:
+        return torch.tensor([[LN(p) for p in probs]], device=device)
+
+    spec = ObjectiveSpec(mismatch="tis", mismatch_cap=3.0)
+    logp = t(0.55, 0.3).requires_grad_()
+    proximal = t(0.5, 0.5)  # ratios 1.1 (inside [0.8, 1.28]) and 0.6 (below, but A > 0: no clip)
+    behaviour = t(0.25, 0.6)  # weights 0.5/0.25 = 2 and 0.5/0.6 = 5/6
+    loss, metrics = policy_objective(
+        spec, logprobs=logp, old_logprobs=proximal, advantages=torch.tensor([1.0], device=device),
+        mask=torch.tensor([[1, 1]], device=device), num_tokens=2, num_sequences=1,
+        sampler_logprobs=behaviour,
+    )  # fmt: skip
+    # token 0: -2 * min(1.1, 1.1); token 1 (A > 0, ratio below 1 - eps): -(5/6) * min(0.6, 0.8)
+    assert loss.item() == pytest.approx((-2 * 1.1 - 5 / 6 * 0.6) / 2, abs=1e-6)
+    loss.backward()
+    # Both inside the unclipped branch: d/dlogp = -w * ratio * A / 2. Clipping against the
+    # behaviour policy instead would give token 0 a ratio of 2.2, clipped, and no gradient.
+    assert_close(logp.grad, [[-2 * 1.1 / 2, -5 / 6 * 0.6 / 2]])
+    assert metrics["ratio_mean"].item() == pytest.approx((1.1 + 0.6) / 2)
+
+
+def test_with_fresh_samples_the_correction_is_exactly_one(device: str) -> None:
+    """At max_staleness 0 the behaviour policy is the proximal one (up to the engine's numerics):
+    where they agree, the weights are exactly 1 and the objective is bit-identical to plain PPO."""
+    generator = torch.Generator().manual_seed(0)
+    logp = torch.randn(3, 5, generator=generator).to(device) - 2
+    advantages = torch.randn(3, generator=generator).to(device)
+    mask = torch.ones(3, 5, device=device)
+    common = {"old_logprobs": logp, "advantages": advantages, "mask": mask}
+    trained = [logp.clone().requires_grad_() for _ in range(2)]
+    corrected, _ = policy_objective(
+        ObjectiveSpec(mismatch="tis"), logprobs=trained[0],
+        num_tokens=15, num_sequences=3, sampler_logprobs=logp.clone(), **common,
+    )  # fmt: skip
+    plain, _ = policy_objective(
+        ObjectiveSpec(mismatch="none"),
+        logprobs=trained[1],
+        num_tokens=15,
+        num_sequences=3,
+        **common,
+    )
+    (corrected + plain).backward()
+    assert torch.equal(corrected, plain) and torch.equal(trained[0].grad, trained[1].grad)

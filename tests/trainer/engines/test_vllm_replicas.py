@@ -37,8 +37,8 @@ class Recording:
             await self.gate.wait()
         return Sampled([ord(self.name)], [0.0], "stop")
 
-    async def reset_prefix_cache(self) -> None:
-        self.calls.append(("reset_prefix_cache", ()))
+    async def reset_prefix_cache(self, running: bool = False) -> None:
+        self.calls.append(("reset_prefix_cache", (running,)))
 
     async def wake_up(self, tags: str | None = None) -> None:
         self.calls.append(("wake_up", (tags,)))
@@ -102,5 +102,5 @@ def test_waking_and_resetting_the_cache_reach_every_engine() -> None:
     a, b = Recording("a"), Recording("b")
     transport = ReplicatedTransport([a, b])
     asyncio.run(transport.wake_up("weights"))
-    asyncio.run(transport.reset_prefix_cache())
-    assert a.calls == b.calls == [("wake_up", ("weights",)), ("reset_prefix_cache", ())]
+    asyncio.run(transport.reset_prefix_cache(running=True))
+    assert a.calls == b.calls == [("wake_up", ("weights",)), ("reset_prefix_cache", (True,))]
