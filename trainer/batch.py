@@ -139,6 +139,13 @@ def score(
     return Scored(trajectories, usable, rewards, groups)
 
 
+def has_signal(group: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int) -> bool:
+    """Whether dynamic sampling would keep this one group: its usable rewards (shaped as
+    :func:`score` shapes them) are not all equal."""
+    scored = score(group, algorithm, max_tokens)
+    return bool(scored.usable) and bool(zero_variance_groups(scored.rewards, scored.groups).all())
+
+
 def estimate_advantages(scored: Scored, algorithm: AlgorithmConfig) -> torch.Tensor:
     """``(len(scored.usable),)`` advantages by ``algorithm.advantage``, per group.
 

@@ -193,6 +193,11 @@ class AlgorithmConfig(_Part):
     mismatch_high: float = Field(2.0, gt=0.0)
     dynamic_sampling: bool = True
     """Drop groups whose rewards are all equal (they carry no signal)."""
+    dynamic_sampling_rounds: int = Field(1, ge=1)
+    """With ``dynamic_sampling``: sample up to this many times ``rollout.tasks_per_step``
+    groups per step, replacing each group without signal by a new task, so the batch keeps
+    ``tasks_per_step`` groups whose rewards differ (DAPO); when the budget runs out the batch
+    shrinks. 1: no refill (a step trains on what its draw gave)."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     updates_per_step: int = Field(1, ge=1)
     """Optimizer updates per batch of rollouts (mini-batches); >1 makes the PPO ratio matter."""

@@ -157,47 +157,61 @@ async def _run_steps(
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
     run_dir = config.run_dir
     engine = make_engine(config, backend)
+    producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=config.checkpoint.keep_last)
-    start = resume(config, checkpoints, backend, schedule, engine)
+    start = resume(config, checkpoints, backend, producer, engine)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
-    workers: RolloutWorkers | None = None
     try:
-        # The engine starts from the model on disk: give it the trainer's weights (a resumed
-        # run's, and a check that both sides compute the same logprobs) before any rollout.
-        await engine.start()
-        initial_sync = await engine.update_weights(backend, version=start) or {}
-        info = {
-            "run_dir": str(run_dir),
-            "resumed_from": start or None,
-            "parameters": backend.num_parameters(),
-            "device": backend.describe(),
-            "engine": repr(engine),
-        } | initial_sync
-        if config.rollout.workers:
-            workers = RolloutWorkers.for_run(config, engine)
-            info["rollout_workers"] = workers.info
-        reporter.start(config, info)
-        producer = GroupProducer(config, schedule, engine, workers, reporter.rollout_progress)
-        producer.start(first_draw=start)
-        try:
-            for step in range(start, config.steps):
-                try:
-                    metrics = await train_step(step, config, producer, engine, backend)
-                except STEP_LOST as e:
-                    raise _stopped(e, step, checkpoints.latest()) from e
-                tracker.log(step + 1, metrics)
-                reporter.step(step + 1, metrics)
-                if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
-                    save_checkpoint(step + 1, checkpoints, backend, producer, engine)
-        finally:
-            await producer.aclose()
+        await _start_rollouts(config, backend, engine, producer, reporter, start)
+        for step in range(start, config.steps):
+            try:
+                metrics = await train_step(step, config, producer, engine, backend)
+            except STEP_LOST as e:
+                raise _stopped(e, step, checkpoints.latest()) from e
+            except asyncio.CancelledError:  # Ctrl-C or SIGTERM
+                if producer.waiting:  # between updates: keep the groups rolled out so far
+                    save_checkpoint(step, checkpoints, backend, producer, engine)
+                raise
+            tracker.log(step + 1, metrics)
+            reporter.step(step + 1, metrics)
+            if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
+                save_checkpoint(step + 1, checkpoints, backend, producer, engine)
     finally:
         tracker.close()
-        if workers is not None:
-            await workers.aclose()
+        await producer.aclose()
+        if producer.workers is not None:
+            await producer.workers.aclose()
         await engine.aclose()
     return start
+
+
+async def _start_rollouts(
+    config: TrainConfig,
+    backend: TrainBackend,
+    engine: RolloutEngine,
+    producer: GroupProducer,
+    reporter: Reporter,
+    start: int,
+) -> None:
+    """Start the engine with the trainer's weights, the rollout workers if any, and the
+    producer's first draws; tell the reporter what runs where."""
+    # The engine starts from the model on disk: give it the trainer's weights (a resumed
+    # run's, and a check that both sides compute the same logprobs) before any rollout.
+    await engine.start()
+    initial_sync = await engine.update_weights(backend, version=start) or {}
+    info = {
+        "run_dir": str(config.run_dir),
+        "resumed_from": start or None,
+        "parameters": backend.num_parameters(),
+        "device": backend.describe(),
+        "engine": repr(engine),
+    } | initial_sync
+    if config.rollout.workers:
+        producer.workers = RolloutWorkers.for_run(config, engine)
+        info["rollout_workers"] = producer.workers.info
+    reporter.start(config, info)
+    producer.start(first_draw=start)
 
 
 async def train_step(
@@ -216,13 +230,12 @@ async def train_step(
     with timer("rollout"):  # at max_staleness >= 1: the wait for groups that are not ready
         taken = await producer.take(step)
     trajectories = taken.trajectories
+    sampled = trajectories + taken.set_aside  # groups that refills replaced count as sampled
     stats = producer.workers.stats() if producer.workers else engine.stats()
     engine.reset_stats()
     engine_metrics = {f"engine/{k}": v for k, v in stats.items()}
     if config.logging.save_trajectories:
-        save_trajectories(
-            config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", trajectories
-        )
+        save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", sampled)
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
         scored = score(trajectories, config.algorithm, config.rollout.max_tokens)  # rewards
@@ -234,9 +247,8 @@ async def train_step(
         update_metrics = await asyncio.to_thread(update_policy, batch, config, backend, timer)
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend, version=step + 1) or {}
-    producer.advance()  # the new weights may let the next draw start
     metrics = (
-        rollout_metrics(trajectories, producer.schedule)
+        rollout_metrics(sampled, producer.schedule)
         | engine_metrics
         | batch.stats
         | update_metrics
@@ -244,7 +256,7 @@ async def train_step(
         | taken.metrics
         | timer.metrics()
     )
-    completion_tokens = sum(t.num_completion_tokens for t in trajectories)
+    completion_tokens = sum(t.num_completion_tokens for t in sampled)
     metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(
         timer.seconds["rollout"], 1e-9
     )
@@ -380,11 +392,16 @@ def save_checkpoint(
     """Save a checkpoint after ``step`` completed steps and return its folder.
 
     It holds the backend's model, optimizer and scheduler, and the loop's own state: the step,
-    the task schedule's cursors (as of the oldest draw whose groups are not all trained on:
-    those tasks are drawn again on resume) and the engine's state, which :func:`resume` restores.
+    the task schedule's cursors, the producer's buffer and the tasks it had in flight (a
+    resumed run trains on the former and samples the latter again: no task is skipped) and the
+    engine's state, which :func:`resume` restores.
     """
-    schedule = producer.schedule_state()
-    trainer_state = {"step": step, "schedule": schedule, "engine": engine.state_dict()}
+    trainer_state = {
+        "step": step,
+        "schedule": producer.schedule.state_dict(),
+        "producer": producer.state_dict(),
+        "engine": engine.state_dict(),
+    }
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 
@@ -392,7 +409,7 @@ def resume(
     config: TrainConfig,
     checkpoints: CheckpointManager,
     backend: TrainBackend,
-    schedule: TaskSchedule,
+    producer: GroupProducer,
     engine: RolloutEngine,
 ) -> int:
     """Load the checkpoint to continue from, if any; returns the first step to run."""
@@ -406,7 +423,9 @@ def resume(
     trainer_state = checkpoints.load(
         path, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"]
     )
-    schedule.load_state_dict(trainer_state["schedule"])
+    producer.schedule.load_state_dict(trainer_state["schedule"])
+    if trainer_state.get("producer") is not None:
+        producer.load_state_dict(trainer_state["producer"])
     if trainer_state.get("engine") is not None:
         engine.load_state_dict(trainer_state["engine"])
     return int(trainer_state["step"])

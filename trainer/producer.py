@@ -8,16 +8,22 @@ One producer, one consumer (the update) and one buffer between them::
                                                                 |
     update u <- take(u): tasks_per_step groups, oldest first, none older than k versions
 
-The producer launches draw ``s`` as soon as the engine samples from the policy of version
-``s - k`` or newer (``k`` is ``rollout.max_staleness``; version ``u`` is the policy after ``u``
-updates), so at most ``k + 1`` draws run ahead of the update. The update of step ``u`` takes the
-first ``tasks_per_step`` groups that are ready, oldest policy first, so a long-tail episode does
-not hold the step up; a group whose oldest token was sampled more than ``k`` versions before
-``u`` is dropped, counted, and its task sampled again at once with the newest weights.
+- **Bounded staleness.** Draw ``s`` starts once the engine samples from the policy of version
+  ``s - k`` or newer (``k`` is ``rollout.max_staleness``; version ``u`` is the policy after ``u``
+  updates), so at most ``k + 1`` draws run ahead of the update. Update ``u`` takes the first
+  ``tasks_per_step`` groups that are ready, oldest policy first, so a long-tail episode does not
+  hold it up; a group whose oldest token was sampled more than ``k`` versions before ``u`` is
+  dropped, counted, and its task sampled again at once with the newest weights.
+- **Refill.** With dynamic sampling and ``algorithm.dynamic_sampling_rounds`` > 1, a group whose
+  rewards are all equal is set aside (its episodes still count in the step's metrics) and a new
+  task takes its place, until the draw has sampled ``rounds x tasks_per_step`` groups.
+- **Checkpoints.** :meth:`state_dict` holds the groups waiting in the buffer and the tasks in
+  flight (with their jobs' seeds): a resumed run trains on the former and samples the latter
+  again; nothing is skipped.
 
-With ``k = 0`` this is the synchronous loop, exactly: draw ``u`` starts only once update
-``u - 1`` has been synced, its jobs are today's jobs, and update ``u`` waits for all of its
-groups, which it lists in job order. Every test of the synchronous loop tests this code.
+With ``k = 0`` and one round this is the synchronous loop, exactly: draw ``u`` starts only once
+update ``u - 1`` is synced, its jobs are the synchronous loop's jobs, update ``u`` waits for all
+of its groups and lists them in job order, and a checkpoint holds nothing in flight.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from envhub.trainer.batch import has_signal
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
@@ -45,13 +52,14 @@ class Group:
     """One task's scored episodes, and where they come from."""
 
     draw: int
-    """The step whose draw the task came from."""
+    """The step whose draw the task belongs to."""
     env_index: int
     position: int
     """The group's place in its job (its id ends in ``g{position}``)."""
     trajectories: list[Trajectory]
-    resampled: int = 0
-    """0 for a drawn task; ``n`` for the n-th task sampled again after a stale group."""
+    again: int = 0
+    """0 for a task as drawn; ``n`` for the n-th task launched again or instead (a stale group
+    sampled again, a refill, a task in flight at a checkpoint)."""
 
     @property
     def version(self) -> int | None:
@@ -62,14 +70,44 @@ class Group:
     @property
     def order(self) -> tuple[int, int, int, int]:
         """Where it goes in a batch: as the synchronous loop lists its jobs' groups."""
-        return (self.draw, self.resampled, self.env_index, self.position)
+        return (self.draw, self.again, self.env_index, self.position)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, for a checkpoint."""
+        return {
+            "draw": self.draw,
+            "env_index": self.env_index,
+            "position": self.position,
+            "again": self.again,
+            "trajectories": [t.model_dump(mode="json") for t in self.trajectories],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Group:
+        """The group :meth:`to_dict` saved."""
+        trajectories = [Trajectory.model_validate(t) for t in data["trajectories"]]
+        return cls(data["draw"], data["env_index"], data["position"], trajectories, data["again"])
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task being rolled out: enough to launch it again after a restart."""
+
+    draw: int
+    job: RolloutJob
+    """Its job, reduced to this one task."""
+    position: int
+    again: int
 
 
 @dataclass
 class Taken:
-    """What one update gets: its groups' trajectories and how stale they were."""
+    """What one update gets."""
 
     trajectories: list[Trajectory]
+    """The groups to train on, in job order."""
+    set_aside: list[Trajectory] = field(default_factory=list)
+    """Groups without signal that refills replaced: in the step's metrics, not in the loss."""
     metrics: dict[str, float] = field(default_factory=dict)
 
 
@@ -128,86 +166,124 @@ class GroupProducer:
         self.max_staleness = config.rollout.max_staleness
         self.groups_per_step = config.rollout.tasks_per_step
         self.options = RunnerOptions.from_config(config.rollout)
+        algorithm = config.algorithm
+        self.refill = algorithm.dynamic_sampling and algorithm.dynamic_sampling_rounds > 1
+        self.budget = self.groups_per_step * algorithm.dynamic_sampling_rounds
+        """Groups a draw may sample in all, refills included."""
         self.ready: list[Group] = []
+        self.set_aside: list[Group] = []
         self.next_draw = 0
-        self.stale_groups = 0
-        """Groups dropped as too stale since the last :meth:`take`."""
-        self._resamples = 0
+        self.waiting = False
+        """True while :meth:`take` waits: no update is under way."""
+        self._stale = 0
+        self._again = 0
+        self._sampled: dict[int, int] = {}
+        """Groups each draw has sampled so far (refills included)."""
+        self._refills: dict[int, int] = {}
+        self._in_flight: dict[tuple[int, int, int, int], InFlight] = {}
         self._tasks: set[asyncio.Future[None]] = set()
         self._changed = asyncio.Event()
         self._failure: BaseException | None = None
         self._idle = IdleClock()
         self._episodes = 0
         """Episodes finished and not taken yet (for progress)."""
-        self._cursors: dict[int, dict[str, Any]] = {}
-        """The schedule's state before each draw that still has groups to give."""
-        self._outstanding: dict[int, int] = {}
-        """Groups of each draw not taken yet (in flight, ready, or being sampled again)."""
+        self._relaunch: list[InFlight] = []
+        """Tasks a checkpoint had in flight, to launch again at :meth:`start`."""
 
     # -- the producer ---------------------------------------------------------------------------
 
     def start(self, first_draw: int) -> None:
-        """Begin with draw ``first_draw`` (a resumed run's first step)."""
-        self.next_draw = first_draw
+        """Begin with draw ``first_draw`` (a resumed run's first step), or where a checkpoint's
+        state left off (:meth:`load_state_dict`): its tasks in flight are launched again first,
+        as their jobs were, with the engine's current weights."""
+        self.next_draw = max(self.next_draw, first_draw)
+        for flight in self._relaunch:
+            job = replace(flight.job, version=self.engine.weights_version)
+            self._launch([job], flight.draw, flight.again, positions=[flight.position])
+        self._relaunch = []
         self.advance()
 
     def advance(self) -> None:
-        """Launch every draw the engine's policy version now allows (call it after a sync)."""
+        """Launch every draw the engine's policy version allows."""
         version = self.engine.weights_version
         while self.next_draw < self.config.steps and version >= self.next_draw - self.max_staleness:
             self._launch_draw(self.next_draw)
             self.next_draw += 1
 
     def _launch_draw(self, draw: int) -> None:
-        self._cursors[draw] = self.schedule.state_dict()
-        self._outstanding[draw] = self.groups_per_step
-        per_env = self.schedule.draw(draw, self.groups_per_step)
-        seed = self.config.seed
-        jobs = [
-            self._job(i, tasks, runner_seed(seed, draw, i), prefix=f"s{draw + 1}e{i}")
-            for i, tasks in enumerate(per_env)
-            if tasks
-        ]
-        self._launch(jobs, draw, resampled=0)
+        self._sampled[draw] = self.groups_per_step
+        self._launch_tasks(draw, self.schedule.draw(draw, self.groups_per_step), again=0)
 
-    def _resample(self, group: Group) -> None:
-        """Sample a dropped group's task again, with the newest weights (and new seeds: the
-        dropped episodes must not simply repeat)."""
-        self._resamples += 1
-        task = group.trajectories[0].task_index
-        prefix = f"s{group.draw + 1}r{self._resamples}e{group.env_index}"
-        seed = runner_seed(self.config.seed, group.draw, group.env_index, self._resamples)
-        job = self._job(group.env_index, [task], seed, prefix)
-        self._launch([job], group.draw, self._resamples, position=group.position)
+    def _launch_tasks(
+        self, draw: int, per_env: list[list[int]], again: int, positions: list[int] | None = None
+    ) -> None:
+        """One job per env, as the synchronous loop makes them."""
+        jobs = []
+        for env_index, tasks in enumerate(per_env):
+            if tasks:
+                prefix = f"s{draw + 1}{f'r{again}' if again else ''}e{env_index}"
+                seed = runner_seed(self.config.seed, draw, env_index, *([again] if again else []))
+                jobs.append(self._job(env_index, tasks, seed, prefix))
+        self._launch(jobs, draw, again, positions)
 
     def _job(self, env_index: int, tasks: list[int], seed: int, prefix: str) -> RolloutJob:
         version = self.engine.weights_version  # workers' turns carry it: never newer than true
         return RolloutJob(env_index, tuple(tasks), seed=seed, prefix=prefix, version=version)
 
+    def _sample_again(self, group: Group) -> None:
+        """A stale group's task, again with the newest weights and new seeds."""
+        self._again += 1
+        task = group.trajectories[0].task_index
+        per_env: list[list[int]] = [[] for _ in self.schedule.slots]
+        per_env[group.env_index] = [task]
+        self._launch_tasks(group.draw, per_env, self._again, positions=[group.position])
+
+    def _replace(self, group: Group) -> None:
+        """A group without signal gives its place to a new task, while the draw's budget lasts;
+        after that it stays and the update's own filter drops it."""
+        if not self.refill or self._sampled[group.draw] >= self.budget:
+            self.ready.append(group)
+            return
+        self.set_aside.append(group)
+        self._sampled[group.draw] += 1
+        self._refills[group.draw] = self._refills.get(group.draw, 0) + 1
+        self._again += 1
+        per_env = self.schedule.draw(group.draw, 1, extra=self._refills[group.draw])
+        self._launch_tasks(group.draw, per_env, self._again)
+
     def _launch(
-        self, jobs: list[RolloutJob], draw: int, resampled: int, position: int | None = None
+        self, jobs: list[RolloutJob], draw: int, again: int, positions: list[int] | None
     ) -> None:
-        """Roll out ``jobs`` (a draw, or one task sampled again for ``position``) meanwhile."""
-        task = asyncio.ensure_future(self._run(jobs, draw, resampled, position))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        """Roll out ``jobs`` meanwhile (``positions``: of a single task launched again)."""
+        for job in jobs:
+            for k, task in enumerate(job.tasks):
+                at = positions[k] if positions else k
+                key = (draw, again, job.env_index, at)
+                self._in_flight[key] = InFlight(draw, _only(job, task, at), at, again)
+        future = asyncio.ensure_future(self._run(jobs, draw, again, positions))
+        self._tasks.add(future)
+        future.add_done_callback(self._tasks.discard)
 
     async def _run(
-        self, jobs: list[RolloutJob], draw: int, resampled: int, position: int | None
+        self, jobs: list[RolloutJob], draw: int, again: int, positions: list[int] | None
     ) -> None:
         left = sum(len(job.tasks) for job in jobs)
         self._idle.begin(left)
 
         def land(env_index: int, at: int, trajectories: list[Trajectory]) -> None:
             nonlocal left
-            at = at if position is None else position
-            self.ready.append(Group(draw, env_index, at, trajectories, resampled))
+            self._in_flight.pop((draw, again, env_index, at), None)
+            group = Group(draw, env_index, at, trajectories, again)
+            if has_signal(trajectories, self.config.algorithm, self.config.rollout.max_tokens):
+                self.ready.append(group)
+            else:
+                self._replace(group)
             left -= 1
             self._idle.end(1)
             self._changed.set()
 
         try:
-            await self._roll_out(jobs, land)
+            await self._roll_out(jobs, land, positions)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # a dead engine or worker: the next take() raises it
@@ -216,32 +292,59 @@ class GroupProducer:
         finally:
             self._idle.end(left)
 
-    async def _roll_out(self, jobs: list[RolloutJob], land: Land) -> None:
+    async def _roll_out(
+        self, jobs: list[RolloutJob], land: Land, positions: list[int] | None
+    ) -> None:
         """Roll out ``jobs`` and ``land`` each group as it is scored (from workers: as their
-        share of the jobs comes back)."""
-        n = self.options.samples_per_task
+        share of the jobs comes back). ``positions``: of a one-task job launched again, which
+        keeps the id its group would have had (``{prefix}g{position}``)."""
         if self.workers is not None:
-            done_before = 0
-
-            def progress(done: int) -> None:
-                nonlocal done_before
-                self._count(done - done_before)
-                done_before = done
-
-            flat = await self.workers.run(jobs, self.options, on_progress=progress)
-            offset = 0
-            for job in jobs:
-                for k in range(len(job.tasks)):
-                    land(job.env_index, k, flat[offset : offset + n])
-                    offset += n
-            return
+            return await self._roll_out_in_workers(self.workers, jobs, land, positions)
         runs = []
         for job in jobs:
             factory = self.schedule.slots[job.env_index].factory()
             on_group = _landing(land, job.env_index)
             count = _counting(self._count)
-            runs.append(run_job(self.engine, factory, job, self.options, count, on_group=on_group))
+            runs.append(
+                run_job(
+                    self.engine,
+                    factory,
+                    job,
+                    self.options,
+                    count,
+                    positions=positions,
+                    on_group=on_group,
+                )
+            )
         await asyncio.gather(*runs)
+
+    async def _roll_out_in_workers(
+        self,
+        workers: RolloutWorkers,
+        jobs: list[RolloutJob],
+        land: Land,
+        positions: list[int] | None,
+    ) -> None:
+        """:meth:`_roll_out` on Ray workers: the groups land when the workers' calls return."""
+        done_before = 0
+
+        def progress(done: int) -> None:
+            nonlocal done_before
+            self._count(done - done_before)
+            done_before = done
+
+        flat = await workers.run(jobs, self.options, on_progress=progress)
+        n = self.options.samples_per_task
+        groups = iter(flat[i : i + n] for i in range(0, len(flat), n))
+        for job in jobs:
+            for k in range(len(job.tasks)):
+                at = positions[k] if positions else k
+                named = f"{job.prefix}g{at}"
+                land(
+                    job.env_index,
+                    at,
+                    [t.model_copy(update={"group_id": named}) for t in next(groups)],
+                )
 
     def _count(self, episodes: int) -> None:
         self._episodes += episodes
@@ -257,70 +360,108 @@ class GroupProducer:
         Raises:
             Exception: What a rollout raised (a dead engine or worker); the run stops.
         """
+        self.advance()
+        self.waiting = True  # stays True if the wait is cancelled: the run stopped between updates
         while True:
             if self._failure is not None:
+                self.waiting = False
                 raise self._failure
             self._drop_stale(step)
             if len(self.ready) >= self.groups_per_step:
                 break
             self._changed.clear()
             await self._changed.wait()
+        self.waiting = False
         ahead = len(self.ready) + self._idle.running - self.groups_per_step
         self.ready.sort(key=lambda g: (_or(g.version, step), g.order))
         taken, self.ready = self.ready[: self.groups_per_step], self.ready[self.groups_per_step :]
         taken.sort(key=lambda g: g.order)
-        for group in taken:
-            self._settle(group.draw)
+        aside, self.set_aside = self.set_aside, []
         self._episodes = max(0, self._episodes - len(taken) * self.options.samples_per_task)
-        return Taken([t for g in taken for t in g.trajectories], self._metrics(step, taken, ahead))
-
-    def _settle(self, draw: int) -> None:
-        """One group of ``draw`` is taken; forget the draw once all of them are."""
-        self._outstanding[draw] -= 1
-        if not self._outstanding[draw]:
-            del self._outstanding[draw], self._cursors[draw]
+        self._forget_done_draws(step)
+        return Taken(
+            [t for g in taken for t in g.trajectories],
+            [t for g in aside for t in g.trajectories],
+            self._metrics(step, taken, aside, ahead),
+        )
 
     def _drop_stale(self, step: int) -> None:
         """Drop the ready groups too old for update ``step``; sample their tasks again."""
         fresh = []
         for group in self.ready:
             if group.version is not None and step - group.version > self.max_staleness:
-                self.stale_groups += 1
+                self._stale += 1
                 self._episodes = max(0, self._episodes - len(group.trajectories))
-                self._resample(group)
+                self._sample_again(group)
             else:
                 fresh.append(group)
         self.ready = fresh
 
-    def _metrics(self, step: int, taken: list[Group], ahead: int) -> dict[str, float]:
-        """``async/*``: how stale the update's data was and how busy the rollouts were (only
-        when asynchronous: at ``k = 0`` there is nothing to say)."""
+    def _forget_done_draws(self, step: int) -> None:
+        """Budgets of draws that can have no more groups on the way."""
+        live = {g.draw for g in self.ready} | {f.draw for f in self._in_flight.values()}
+        for draw in [d for d in self._sampled if d <= step and d not in live]:
+            self._sampled.pop(draw)
+            self._refills.pop(draw, None)
+
+    def _metrics(
+        self, step: int, taken: list[Group], aside: list[Group], ahead: int
+    ) -> dict[str, float]:
+        """``batch/refilled_groups`` (with refills) and, when asynchronous, ``async/*``: how
+        stale the update's data was and how busy the rollouts were."""
+        metrics = {"batch/refilled_groups": float(len(aside))} if self.refill else {}
         if not self.max_staleness:
-            return {}
+            return metrics
         versions = [t.policy_version for g in taken for t in g.trajectories]
         ages = [step - v for v in versions if v is not None]
-        metrics = {
+        metrics |= {
             "async/staleness_mean": float(np.mean(ages)) if ages else 0.0,
             "async/staleness_max": float(max(ages, default=0)),
-            "async/stale_groups": float(self.stale_groups),
+            "async/stale_groups": float(self._stale),
             "async/groups_ahead": float(ahead),
             "async/rollout_idle_s": self._idle.lap(),
         }
         for age in range(self.max_staleness + 1):
             metrics[f"async/staleness_{age}"] = float(sum(a == age for a in ages))
-        self.stale_groups = 0
+        self._stale = 0
         return metrics
 
     # -- checkpoints and shutdown ---------------------------------------------------------------
 
-    def schedule_state(self) -> dict[str, Any]:
-        """The task schedule as of the oldest draw with groups not taken yet: a run resumed
-        from it draws those tasks again rather than skipping them (at ``k = 0``, after an
-        update, that is the schedule after the update's own draw, as in the synchronous loop).
-        """
-        if not self._outstanding:
-            return self.schedule.state_dict()
-        return self._cursors[min(self._outstanding)]
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the groups in the buffer, the tasks in flight (to sample
+        again), where the draws are, and the task schedule's cursors (JSON-ready)."""
+        return {
+            "next_draw": self.next_draw,
+            "again": self._again,
+            "sampled": {str(d): n for d, n in self._sampled.items()},
+            "refills": {str(d): n for d, n in self._refills.items()},
+            "ready": [g.to_dict() for g in self.ready],
+            "set_aside": [g.to_dict() for g in self.set_aside],
+            "in_flight": [
+                {**asdict(f), "job": {**asdict(f.job), "tasks": list(f.job.tasks)}}
+                for f in self._in_flight.values()
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict`: the buffer as it was; the tasks that were in flight
+        are launched again (same jobs and seeds) when the run starts."""
+        self.next_draw = int(state["next_draw"])
+        self._again = int(state["again"])
+        self._sampled = {int(d): int(n) for d, n in state["sampled"].items()}
+        self._refills = {int(d): int(n) for d, n in state["refills"].items()}
+        self.ready = [Group.from_dict(g) for g in state["ready"]]
+        self.set_aside = [Group.from_dict(g) for g in state["set_aside"]]
+        self._relaunch = [
+            InFlight(
+                f["draw"],
+                RolloutJob(**{**f["job"], "tasks": tuple(f["job"]["tasks"])}),
+                f["position"],
+                f["again"],
+            )
+            for f in state["in_flight"]
+        ]
 
     async def aclose(self) -> None:
         """Cancel the rollouts in flight and wait for them to stop."""
@@ -331,8 +472,13 @@ class GroupProducer:
 
 
 def runner_seed(seed: int, *keys: int) -> int:
-    """A runner's seed from the run's seed and the draw, env (and resampling) it serves."""
+    """A runner's seed from the run's seed and the draw, env (and relaunch) it serves."""
     return int(np.random.SeedSequence([seed, *keys]).generate_state(1)[0])
+
+
+def _only(job: RolloutJob, task: int, position: int) -> RolloutJob:
+    """``job`` reduced to its task at ``position`` (ids and seeds as in the whole job)."""
+    return RolloutJob(job.env_index, (task,), seed=job.seed, prefix=job.prefix, version=job.version)
 
 
 def _or(value: int | None, default: int) -> int:

@@ -34,6 +34,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -266,7 +267,8 @@ class _Worker:
             envhub.register(name, target, override=True)
         self.envs = envs
         self.engine = engine_factory()
-        self.done = 0
+        self.done: dict[int, int] = {}
+        """Episodes finished by each call in progress."""
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -274,10 +276,14 @@ class _Worker:
         return {"node": ray.util.get_node_ip_address(), "pid": os.getpid()}
 
     async def run(
-        self, share: list[Part], options: RunnerOptions
+        self, share: list[Part], options: RunnerOptions, call: int = 0
     ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """The trajectories of each part of the share, and the engine's counters for them."""
-        self.done = 0
+        """The trajectories of each part of the share, and the engine's counters for them.
+
+        ``call`` tells concurrent calls apart (asynchronous training runs several draws at
+        once): :meth:`progress` counts each call's episodes on their own.
+        """
+        self.done[call] = 0
         await self.engine.start()  # once, before the runners (each would start it)
         if isinstance(self.engine, RolloutEngine):
             self.engine.reset_stats()
@@ -289,23 +295,27 @@ class _Worker:
                 self._factory(p.job.env_index),
                 p.job,
                 options,
-                self._count,
+                partial(self._count, call),
                 p.positions,
             )
             for p in share
         ]
-        results = list(await asyncio.gather(*runs))
+        try:
+            results = list(await asyncio.gather(*runs))
+        finally:
+            self.done.pop(call, None)
         return results, self.engine.stats() if isinstance(self.engine, RolloutEngine) else {}
 
-    def progress(self) -> int:
-        return self.done
+    def progress(self, call: int = 0) -> int:
+        """Episodes of call ``call`` finished so far."""
+        return self.done.get(call, 0)
 
     async def aclose(self) -> None:
         """Close this worker's engine client."""
         await self.engine.aclose()
 
-    def _count(self, _: Trajectory) -> None:
-        self.done += 1
+    def _count(self, call: int, _: Trajectory) -> None:
+        self.done[call] = self.done.get(call, 0) + 1
 
     def _factory(self, env_index: int) -> Callable[[], Any]:
         spec = self.envs[env_index]
@@ -345,6 +355,8 @@ class RolloutWorkers:
         ray = import_ray()
         self._started_ray = init_ray(address, num_cpus=count)
         self._stats: dict[str, float] = {}
+        self._calls = 0
+        """Calls of :meth:`run` so far (each call's progress is counted apart)."""
         self._nodes = ["?"] * count
         strategy = "DEFAULT"
         if here_only:
@@ -402,12 +414,14 @@ class RolloutWorkers:
         """
         shares = deal(jobs, len(self._actors))
         options = replace(options, max_concurrency=-(-options.max_concurrency // len(self._actors)))
+        self._calls += 1
+        call = self._calls
         calls = {
-            i: asyncio.ensure_future(self._actors[i].run.remote(share, options))
+            i: asyncio.ensure_future(self._actors[i].run.remote(share, options, call))
             for i, share in enumerate(shares)
             if share
         }
-        results = await self._collect(calls, on_progress)
+        results = await self._collect(calls, on_progress, call)
         self._stats = merge_stats([stats for _, stats in results.values()])
         n = options.samples_per_task
         slots: list[list[Trajectory]] = [[None] * (len(job.tasks) * n) for job in jobs]  # type: ignore[list-item]
@@ -434,7 +448,7 @@ class RolloutWorkers:
             ray.shutdown()
 
     async def _collect(
-        self, calls: dict[int, Any], on_progress: Callable[[int], None] | None
+        self, calls: dict[int, Any], on_progress: Callable[[int], None] | None, call: int
     ) -> dict[int, Any]:
         """Each call's result by worker; the first failure raises at once."""
         ray = import_ray()
@@ -452,7 +466,8 @@ class RolloutWorkers:
                     except ray.exceptions.RayError as err:
                         raise self._error(worker_of[future], "rollout", err) from err
                 if on_progress is not None:
-                    count = await self._progress(results, [worker_of[f] for f in pending])
+                    running = [worker_of[f] for f in pending]
+                    count = await self._progress(results, running, call)
                     if count > reported:
                         reported = count
                         on_progress(count)
@@ -464,12 +479,12 @@ class RolloutWorkers:
                 future.add_done_callback(lambda f: f.cancelled() or f.exception())
         return results
 
-    async def _progress(self, results: dict[int, Any], running: list[int]) -> int:
+    async def _progress(self, results: dict[int, Any], running: list[int], call: int) -> int:
         """Episodes finished: all of the finished shares, and what the running workers report
         (a worker that cannot answer counts 0; its call reports why)."""
         finished = sum(len(t) for per_part, _ in results.values() for t in per_part)
         counts = await asyncio.gather(
-            *(self._actors[i].progress.remote() for i in running), return_exceptions=True
+            *(self._actors[i].progress.remote(call) for i in running), return_exceptions=True
         )
         return finished + sum(c for c in counts if isinstance(c, int))
 

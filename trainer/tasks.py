@@ -58,10 +58,14 @@ class TaskSchedule:
                 env.close()
         return cls(slots, seed)
 
-    def draw(self, step: int, count: int) -> list[list[int]]:
-        """Task indices per env for ``step`` (``count`` in all); advances the cursors."""
+    def draw(self, step: int, count: int, extra: int = 0) -> list[list[int]]:
+        """Task indices per env for ``step`` (``count`` in all); advances the cursors.
+
+        ``extra`` > 0 draws the step's ``extra``-th batch of additional tasks (to replace
+        groups without signal), from a stream of its own.
+        """
         weights = np.array([s.spec.weight for s in self.slots], dtype=np.float64)
-        rng = np.random.default_rng([self.seed, step, 1])
+        rng = np.random.default_rng([self.seed, step, 1, extra] if extra else [self.seed, step, 1])
         choices = rng.choice(len(self.slots), size=count, p=weights / weights.sum())
         per_env: list[list[int]] = [[] for _ in self.slots]
         for env_index in choices.tolist():

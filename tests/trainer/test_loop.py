@@ -183,3 +183,56 @@ def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(
     assert result.resumed_from is not None and result.resumed_from >= 2
     assert [r["step"] for r in result.history] == [1, 2, 3, 4]
     assert _task_order(tmp_path / "b" / "run") == expected_order
+
+
+class StopInRollout:
+    """A reporter that cancels the run (as Ctrl-C does) once ``episodes`` episodes of step
+    ``step`` are in, recording what it saw."""
+
+    def __init__(self, step: int, episodes: int) -> None:
+        self.at_step, self.episodes, self.finished, self.task = step, episodes, 0, None
+
+    def start(self, config: Any, info: dict[str, Any]) -> None:
+        pass
+
+    def rollout_progress(self, done: int, total: int) -> None:
+        if self.finished + 1 == self.at_step and done >= self.episodes and self.task is not None:
+            self.task.cancel()
+            self.task = None
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.finished = step
+
+    def finish(self, result: Any) -> None:
+        pass
+
+
+def test_a_run_stopped_between_updates_keeps_the_groups_it_rolled_out(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Stopped during step 2's rollout (Ctrl-C), the run saves a checkpoint of step 1 that holds
+    the finished groups and the tasks in flight; the rerun trains step 2 on exactly the groups
+    an uninterrupted run draws."""
+    import asyncio
+
+    from envhub.trainer import loop
+
+    config = validate_config(_config(tiny_model_dir, tmp_path, steps=2))
+    stopper = StopInRollout(step=2, episodes=4)
+
+    async def run_until_stopped() -> None:
+        stopper.task = asyncio.current_task()
+        await loop._train(config, stopper)
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(run_until_stopped())
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-000001"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())["producer"]
+    ready = {g["trajectories"][0]["group_id"] for g in state["ready"]}
+    flying = {f["job"]["prefix"] + f"g{f['position']}" for f in state["in_flight"]}
+    assert ready and not ready & flying and ready | flying == {"s2e0g0", "s2e0g1"}
+
+    result = train(config)
+    assert result.resumed_from == 1
+    step2 = list(iter_trajectories(tmp_path / "run" / "trajectories" / "step-000002.jsonl"))
+    assert sorted({t.group_id for t in step2}) == ["s2e0g0", "s2e0g1"] and len(step2) == 8

