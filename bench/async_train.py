@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 import envhub
 from envhub.env import State
 from envhub.envs.arithmetic import ArithmeticEnv
@@ -76,7 +78,8 @@ class StepClock:
     def step(self, step: int, metrics: dict[str, float]) -> None:
         """One step ended: its wall time and metrics."""
         now = time.perf_counter()
-        self.rows.append({"wall_s": now - self._last, **metrics})
+        rss = psutil.Process().memory_info().rss / 2**30
+        self.rows.append({"wall_s": now - self._last, "rss_gib": rss, **metrics})
         self._last = now
 
     def finish(self, result: Any) -> None:
@@ -142,6 +145,7 @@ def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "sync_s": sum(r.get("time/sync", 0.0) for r in timed) / len(timed),
         "staleness_mean": sum(r.get("async/staleness_mean", 0.0) for r in timed) / len(timed),
         "reward": sum(r.get("reward/mean", 0.0) for r in timed) / len(timed),
+        "rss_gib": max(r["rss_gib"] for r in rows),
     }
 
 
@@ -149,7 +153,8 @@ def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
     """The results side by side: one row per (workload, k), speed-up against k = 0."""
     head = (
         f"{'workload':<11} {'k':>2} {'step s':>7} {'steps/h':>8} {'train tok/s':>11} "
-        f"{'x sync':>7} {'wait s':>7} {'update s':>8} {'sync s':>7} {'stale':>6} {'reward':>7}"
+        f"{'x sync':>7} {'wait s':>7} {'update s':>8} {'sync s':>7} {'stale':>6} {'reward':>7} "
+        f"{'RSS GiB':>7}"
     )
     lines = [head, "-" * len(head)]
     for workload, by_k in results.items():
@@ -160,7 +165,7 @@ def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
                 f"{workload:<11} {k:>2} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
                 f"{s['train_tokens_per_s']:>11.0f} {ratio:>7} {s['wait_s']:>7.1f} "
                 f"{s['update_s']:>8.1f} {s['sync_s']:>7.1f} {s['staleness_mean']:>6.2f} "
-                f"{s['reward']:>7.2f}"
+                f"{s['reward']:>7.2f} {s['rss_gib']:>7.1f}"
             )
     return "\n".join(lines)
 

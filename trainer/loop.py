@@ -36,6 +36,7 @@ from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.memory import release_freed_memory
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.tasks import TaskSchedule
@@ -245,6 +246,7 @@ async def train_step(
     update_metrics = {}
     if batch.samples:
         update_metrics = await asyncio.to_thread(update_policy, batch, config, backend, timer)
+        release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend, version=step + 1) or {}
     metrics = (

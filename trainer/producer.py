@@ -29,9 +29,8 @@ of its groups and lists them in job order, and a checkpoint holds nothing in fli
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
@@ -39,104 +38,13 @@ import numpy as np
 from envhub.trainer.batch import has_signal
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.groups import Group, IdleClock, InFlight, Taken
 from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
 from envhub.trainer.tasks import TaskSchedule
 from envhub.types import Trajectory
 
 Land = Callable[[int, int, list[Trajectory]], None]
 """``land(env index, position, trajectories)``: one scored group arrives."""
-
-
-@dataclass
-class Group:
-    """One task's scored episodes, and where they come from."""
-
-    draw: int
-    """The step whose draw the task belongs to."""
-    env_index: int
-    position: int
-    """The group's place in its job (its id ends in ``g{position}``)."""
-    trajectories: list[Trajectory]
-    again: int = 0
-    """0 for a task as drawn; ``n`` for the n-th task launched again or instead (a stale group
-    sampled again, a refill, a task in flight at a checkpoint)."""
-
-    @property
-    def version(self) -> int | None:
-        """The oldest policy version that sampled any of its turns."""
-        versions = [t.policy_version for t in self.trajectories if t.policy_version is not None]
-        return min(versions) if versions else None
-
-    @property
-    def order(self) -> tuple[int, int, int, int]:
-        """Where it goes in a batch: as the synchronous loop lists its jobs' groups."""
-        return (self.draw, self.again, self.env_index, self.position)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values, for a checkpoint."""
-        return {
-            "draw": self.draw,
-            "env_index": self.env_index,
-            "position": self.position,
-            "again": self.again,
-            "trajectories": [t.model_dump(mode="json") for t in self.trajectories],
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Group:
-        """The group :meth:`to_dict` saved."""
-        trajectories = [Trajectory.model_validate(t) for t in data["trajectories"]]
-        return cls(data["draw"], data["env_index"], data["position"], trajectories, data["again"])
-
-
-@dataclass(frozen=True)
-class InFlight:
-    """A task being rolled out: enough to launch it again after a restart."""
-
-    draw: int
-    job: RolloutJob
-    """Its job, reduced to this one task."""
-    position: int
-    again: int
-
-
-@dataclass
-class Taken:
-    """What one update gets."""
-
-    trajectories: list[Trajectory]
-    """The groups to train on, in job order."""
-    set_aside: list[Trajectory] = field(default_factory=list)
-    """Groups without signal that refills replaced: in the step's metrics, not in the loss."""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-class IdleClock:
-    """Seconds during which no group was being rolled out, between :meth:`lap` calls."""
-
-    def __init__(self) -> None:
-        self.running = 0
-        self._idle = 0.0
-        self._since = time.perf_counter()
-
-    def begin(self, groups: int) -> None:
-        """``groups`` start."""
-        if self.running == 0 and groups:
-            self._idle += time.perf_counter() - self._since
-        self.running += groups
-
-    def end(self, groups: int) -> None:
-        """``groups`` are done."""
-        self.running -= groups
-        if self.running == 0 and groups:
-            self._since = time.perf_counter()
-
-    def lap(self) -> float:
-        """Idle seconds since the previous lap."""
-        now = time.perf_counter()
-        idle = self._idle + (now - self._since if self.running == 0 else 0.0)
-        self._idle, self._since = 0.0, now
-        return idle
 
 
 class GroupProducer:
@@ -238,10 +146,13 @@ class GroupProducer:
         per_env[group.env_index] = [task]
         self._launch_tasks(group.draw, per_env, self._again, positions=[group.position])
 
+    def _has_signal(self, trajectories: list[Trajectory]) -> bool:
+        return has_signal(trajectories, self.config.algorithm, self.config.rollout.max_tokens)
+
     def _replace(self, group: Group) -> None:
         """A group without signal gives its place to a new task, while the draw's budget lasts;
         after that it stays and the update's own filter drops it."""
-        if not self.refill or self._sampled[group.draw] >= self.budget:
+        if self._sampled[group.draw] >= self.budget:
             self.ready.append(group)
             return
         self.set_aside.append(group)
@@ -274,7 +185,7 @@ class GroupProducer:
             nonlocal left
             self._in_flight.pop((draw, again, env_index, at), None)
             group = Group(draw, env_index, at, trajectories, again)
-            if has_signal(trajectories, self.config.algorithm, self.config.rollout.max_tokens):
+            if not self.refill or self._has_signal(trajectories):
                 self.ready.append(group)
             else:
                 self._replace(group)

@@ -13,7 +13,8 @@ from envhub.inference.base import GenerateRequest, Generation
 from envhub.testing import ByteChatTokenizer, LetterEnv, ScriptedEngine
 from envhub.trainer.config import validate_config
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.producer import GroupProducer, Taken
+from envhub.trainer.groups import Taken
+from envhub.trainer.producer import GroupProducer
 from envhub.trainer.tasks import TaskSchedule
 
 

@@ -1,0 +1,108 @@
+"""What the producer hands the update: scored groups, and its own bookkeeping types.
+
+:class:`Group` is one task's scored episodes with where they come from (plain values in a
+checkpoint); :class:`InFlight` a task being rolled out (enough to launch it again after a
+restart); :class:`Taken` what one update gets; :class:`IdleClock` how long nothing was being
+rolled out.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envhub.trainer.rollout_workers import RolloutJob
+from envhub.types import Trajectory
+
+
+@dataclass
+class Group:
+    """One task's scored episodes, and where they come from."""
+
+    draw: int
+    """The step whose draw the task belongs to."""
+    env_index: int
+    position: int
+    """The group's place in its job (its id ends in ``g{position}``)."""
+    trajectories: list[Trajectory]
+    again: int = 0
+    """0 for a task as drawn; ``n`` for the n-th task launched again or instead (a stale group
+    sampled again, a refill, a task in flight at a checkpoint)."""
+
+    @property
+    def version(self) -> int | None:
+        """The oldest policy version that sampled any of its turns."""
+        versions = [t.policy_version for t in self.trajectories if t.policy_version is not None]
+        return min(versions) if versions else None
+
+    @property
+    def order(self) -> tuple[int, int, int, int]:
+        """Where it goes in a batch: as the synchronous loop lists its jobs' groups."""
+        return (self.draw, self.again, self.env_index, self.position)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values, for a checkpoint."""
+        return {
+            "draw": self.draw,
+            "env_index": self.env_index,
+            "position": self.position,
+            "again": self.again,
+            "trajectories": [t.model_dump(mode="json") for t in self.trajectories],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Group:
+        """The group :meth:`to_dict` saved."""
+        trajectories = [Trajectory.model_validate(t) for t in data["trajectories"]]
+        return cls(data["draw"], data["env_index"], data["position"], trajectories, data["again"])
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task being rolled out: enough to launch it again after a restart."""
+
+    draw: int
+    job: RolloutJob
+    """Its job, reduced to this one task."""
+    position: int
+    again: int
+
+
+@dataclass
+class Taken:
+    """What one update gets."""
+
+    trajectories: list[Trajectory]
+    """The groups to train on, in job order."""
+    set_aside: list[Trajectory] = field(default_factory=list)
+    """Groups without signal that refills replaced: in the step's metrics, not in the loss."""
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class IdleClock:
+    """Seconds during which no group was being rolled out, between :meth:`lap` calls."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self._idle = 0.0
+        self._since = time.perf_counter()
+
+    def begin(self, groups: int) -> None:
+        """``groups`` start."""
+        if self.running == 0 and groups:
+            self._idle += time.perf_counter() - self._since
+        self.running += groups
+
+    def end(self, groups: int) -> None:
+        """``groups`` are done."""
+        self.running -= groups
+        if self.running == 0 and groups:
+            self._since = time.perf_counter()
+
+    def lap(self) -> float:
+        """Idle seconds since the previous lap."""
+        now = time.perf_counter()
+        idle = self._idle + (now - self._since if self.running == 0 else 0.0)
+        self._idle, self._since = 0.0, now
+        return idle
