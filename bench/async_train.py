@@ -5,7 +5,7 @@ at ``rollout.max_staleness`` 0, 1 and 2, side by side, on three workloads.
   single-digit arithmetic, 8 tasks x 4 samples, 32 new tokens).
 - ``latency``: the same model and tasks in a latency-bound env: after each answer the env asks a
   grader that takes 0.5-2 s to reply (uniform, seeded per episode), as a tool calling a web API
-  would, and the model gets up to ``--turns`` tries.
+  would, passes its verdict on, and the model answers again, ``--turns`` times per episode.
 - ``code``: the ``code`` env (each answer runs its test cases in the bubblewrap sandbox).
 
 Each (workload, k) pair is one training run through ``envhub.trainer.loop.train`` (its own vLLM
@@ -45,20 +45,21 @@ QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 
 
 class SlowGraderArithmetic(ArithmeticEnv):
-    """Arithmetic whose answers a remote grader checks: 0.5-2 s per answer; a wrong one gets
-    another try (up to ``max_turns``)."""
+    """Arithmetic checked by a remote grader that takes 0.5-2 s per call, the shape of a tool
+    agent: every episode runs ``max_turns`` turns, after each answer the env waits for the
+    grader and passes on its verdict, and the reward grades the last answer. The episode's
+    wall time is then mostly waiting (``max_turns`` calls, 3.75 s on average at 3 turns)."""
 
     name = "bench-slow-grader"
     default_max_turns = 3
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
-        """Wait for the grader, then end on a right answer or ask for another try."""
+        """Wait for the grader; tell the model its verdict and let it answer again."""
         rng = random.Random(f"{state.task_index}-{state.turn}-{self.np_random.random()}")
         await asyncio.sleep(rng.uniform(0.5, 2.0))
-        if f"\\boxed{{{state.answer}}}" in (turn.message.content or ""):
-            state.done = True
-            return []
-        return [user("The grader says that is not right. Try again.")]
+        right = f"\\boxed{{{state.answer}}}" in (turn.message.content or "")
+        verdict = "right" if right else "not right"
+        return [user(f"The grader says that is {verdict}. Give your final answer again.")]
 
 
 class StepClock:
@@ -108,20 +109,27 @@ def workload_overrides(workload: str, turns: int) -> list[str]:
     raise SystemExit(f"unknown workload {workload!r}")
 
 
-def run(workload: str, k: int, steps: int, turns: int, out: Path) -> list[dict[str, Any]]:
-    """One training run; each step's wall time and metrics."""
+def run(
+    workload: str, k: int, steps: int, turns: int, out: Path, extra: tuple[str, ...] = ()
+) -> list[dict[str, Any]]:
+    """One training run (``extra``: more ``key=value`` overrides); each step's wall time and
+    metrics."""
     from envhub.trainer.config import load_config
     from envhub.trainer.loop import train
 
-    overrides = workload_overrides(workload, turns) + [
-        f"steps={steps}",
-        f"rollout.max_staleness={k}",
-        f"checkpoint.every={steps}",
-        "checkpoint.keep_last=1",
-        f"logging.output_dir={out}",
-        f"logging.run_name={workload}-k{k}",
-        "logging.save_trajectories=false",
-    ]
+    overrides = (
+        workload_overrides(workload, turns)
+        + list(extra)
+        + [
+            f"steps={steps}",
+            f"rollout.max_staleness={k}",
+            f"checkpoint.every={steps}",
+            "checkpoint.keep_last=1",
+            f"logging.output_dir={out}",
+            f"logging.run_name={workload}-k{k}",
+            "logging.save_trajectories=false",
+        ]
+    )
     clock = StepClock()
     train(load_config(QUICKSTART, overrides), clock)
     return clock.rows
@@ -208,6 +216,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--turns", type=int, default=3, help="tries per task (latency)")
+    parser.add_argument("--set", nargs="*", default=[], help="more key=value config overrides")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--learning", action="store_true")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "async-quickstart-reward.png")
@@ -220,7 +229,7 @@ def main() -> None:
         results: dict[str, dict[int, dict[str, float]]] = {}
         for workload in workloads:
             for k in args.staleness:
-                rows = run(workload, k, args.steps, args.turns, Path(tmp))
+                rows = run(workload, k, args.steps, args.turns, Path(tmp), tuple(args.set))
                 results.setdefault(workload, {})[k] = summary(rows, args.warmup)
                 print(table(results), flush=True)
     if args.json:

@@ -133,6 +133,24 @@ def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 
+def test_a_truncated_sampler_reports_other_logprobs_than_the_policy(setup: Setup) -> None:
+    """Why training refuses top_k / top_p < 1: vLLM's logprob of a token sampled from the top 5
+    is renormalised over those 5, so it is above the policy's (which the trainer scores) by
+    -log(their total probability) at every step; every importance ratio would be biased."""
+    prompt = setup.run(
+        setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True)
+    )
+    sampling = SamplingParams(temperature=1.0, top_k=5, max_tokens=8)
+    out = setup.run(
+        setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling))
+    )
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)[
+        len(prompt) - 1 :
+    ]
+    gaps = [sampled - full for sampled, full in zip(out.logprobs, trainer, strict=True)]
+    assert min(gaps) > 0.1  # a random model spreads its mass: the top 5 hold far less than 1
+
+
 def test_the_rollout_runner_records_token_exact_episodes(setup: Setup, letter_env: str) -> None:
     runner = RolloutRunner(
         setup.engine, LetterEnv, sampling=SamplingParams(temperature=1.0, max_tokens=8), seed=1
