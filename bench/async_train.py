@@ -97,7 +97,8 @@ def workload_overrides(workload: str, turns: int) -> list[str]:
         env = (
             f"{{name: {SlowGraderArithmetic.name}, args: {{difficulty: tiny, max_turns: {turns}}}}}"
         )
-        return [*common, f"envs=[{env}]"]
+        # Every group trains (no filter): each step then does the same work at every k.
+        return [*common, f"envs=[{env}]", "algorithm.dynamic_sampling=false"]
     if workload == "code":
         return [
             *common,
