@@ -216,7 +216,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--turns", type=int, default=3, help="tries per task (latency)")
+    parser.add_argument("--turns", type=int, default=3, help="grader calls per episode (latency)")
     parser.add_argument("--set", nargs="*", default=[], help="more key=value config overrides")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--learning", action="store_true")

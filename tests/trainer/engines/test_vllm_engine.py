@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from envhub.errors import EngineError, EngineUnavailableError
-from envhub.inference.base import GenerateRequest, SamplingParams
+from envhub.inference.base import GenerateRequest, Generation, SamplingParams
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import LetterEnv
 from envhub.trainer.backends.base import sequence_logprobs
@@ -110,26 +110,31 @@ def test_small_buckets_split_on_decoder_layer_boundaries(setup: Setup) -> None:
     assert metrics["sync/logprob_diff_max"] < 1e-4
 
 
-def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(
-    setup: Setup,
-) -> None:
+def sample_and_score(setup: Setup, sampling: SamplingParams) -> tuple[Generation, list[float]]:
+    """One vLLM generation for a fixed prompt, and the trainer's logprobs of its tokens at the
+    same temperature."""
     prompt = setup.run(
         setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True)
     )
-    sampling = SamplingParams(temperature=0.7, max_tokens=12)
-
     out = setup.run(
         setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling))
     )
+    trainer = sequence_logprobs(
+        setup.backend, prompt + out.token_ids, temperature=sampling.temperature
+    )[len(prompt) - 1 :]
+    return out, trainer
+
+
+def test_generation_returns_sampled_ids_with_the_trainers_temperature_logprobs(
+    setup: Setup,
+) -> None:
+    out, trainer = sample_and_score(setup, SamplingParams(temperature=0.7, max_tokens=12))
 
     assert 1 <= len(out.token_ids) <= 12 and len(out.logprobs) == len(out.token_ids)
     ended = out.token_ids[-1] in setup.engine.tokenizer.eos_token_ids
     assert out.finish_reason == ("stop" if ended else "length")
     body = out.token_ids[:-1] if ended else out.token_ids
     assert out.text == setup.engine.tokenizer.decode(body)
-    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=0.7)[
-        len(prompt) - 1 :
-    ]
     assert max(abs(a - b) for a, b in zip(out.logprobs, trainer, strict=True)) < 1e-3
 
 
@@ -137,16 +142,7 @@ def test_a_truncated_sampler_reports_other_logprobs_than_the_policy(setup: Setup
     """Why training refuses top_k / top_p < 1: vLLM's logprob of a token sampled from the top 5
     is renormalised over those 5, so it is above the policy's (which the trainer scores) by
     -log(their total probability) at every step; every importance ratio would be biased."""
-    prompt = setup.run(
-        setup.engine.tokenizer.render([Message(role="user", content="Say something.")], None, True)
-    )
-    sampling = SamplingParams(temperature=1.0, top_k=5, max_tokens=8)
-    out = setup.run(
-        setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling))
-    )
-    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)[
-        len(prompt) - 1 :
-    ]
+    out, trainer = sample_and_score(setup, SamplingParams(temperature=1.0, top_k=5, max_tokens=8))
     gaps = [sampled - full for sampled, full in zip(out.logprobs, trainer, strict=True)]
     assert min(gaps) > 0.1  # a random model spreads its mass: the top 5 hold far less than 1
 
