@@ -32,17 +32,22 @@ def doctor_command(
     from envhub.doctor import CONVERSATIONS, check_prefix_property
     from envhub.errors import EngineError
     from envhub.inference.openai_http import OpenAIEngine
+    from envhub.rollout.tool_prompt import ToolsInPrompt, template_renders_tools
 
     async def run():
         engine = OpenAIEngine(base_url, model, mode="tokens")
         try:
             await engine.start()
-            return engine.model, await check_prefix_property(engine.tokenizer)
+            renders = await template_renders_tools(engine.tokenizer)
+            # Rendered as rollouts render them: tools in the system prompt when the template
+            # drops them.
+            found = await check_prefix_property(ToolsInPrompt(engine.tokenizer))
+            return engine.model, renders, found
         finally:
             await engine.aclose()
 
     try:
-        served, (checked, findings) = asyncio.run(run())
+        served, renders_tools, (checked, findings) = asyncio.run(run())
     except EngineError as e:
         raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
     table = Table(
@@ -58,6 +63,13 @@ def doctor_command(
         "next prompt as rendered",
     ):
         table.add_column(column)
+    console.print(
+        "tools: rendered by the chat template"
+        if renders_tools
+        else "tools: the chat template ignores `tools`; envhub lists them in the system prompt "
+        "(format: envhub.tools.prompt)",
+        soft_wrap=True,
+    )
     for f in findings:
         table.add_row(
             f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered)

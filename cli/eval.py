@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import typer
 
@@ -73,13 +73,16 @@ def eval_command(
         )
     if base_url and serve:
         raise ConfigError("--base-url and --serve exclude each other")
+    if mode not in ("auto", "tokens", "chat"):
+        raise ConfigError(f"--mode must be auto, tokens or chat, got {mode!r}")
     kwargs = parse_env_args(env_args)
+    plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
     model = model or (DEFAULT_MODEL if serve else None)
     server = _start_server(model) if serve else None
     try:
         run_eval(
             env, kwargs, base_url=server.base_url if server else base_url, model=model,
-            api_key=api_key, mode=mode, num_tasks=num_tasks, rollouts=rollouts, seed=seed,
+            api_key=api_key, mode=mode, plan=plan, rollouts=rollouts, seed=seed,
             concurrency=concurrency,
             sampling={"max_tokens": max_tokens, "temperature": temperature, "top_p": top_p},
             timeouts=(step_timeout, episode_timeout), output=output,
@@ -129,8 +132,29 @@ def _start_server(model: str):
     return server
 
 
+class TaskPlan(NamedTuple):
+    """What an eval runs, learned by making the env once before any server starts."""
+
+    indices: list[int]
+    pass_threshold: float
+    num_tools: int
+
+
+def plan_tasks(env_name: str, env_kwargs: dict[str, Any], num_tasks: int, seed: int) -> TaskPlan:
+    """Make the env once (an unknown name or a bad argument fails here, in a second, rather
+    than after a server start) and choose the tasks."""
+    from envhub import make
+
+    with make(env_name, **env_kwargs) as probe:
+        return TaskPlan(
+            choose_tasks(probe, num_tasks, seed),
+            probe.pass_threshold,
+            len(probe.tool_schemas or ()),
+        )
+
+
 def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model: str | None,
-             api_key: str | None, mode: str, num_tasks: int, rollouts: int, seed: int,
+             api_key: str | None, mode: str, plan: TaskPlan, rollouts: int, seed: int,
              concurrency: int, sampling: dict[str, Any], timeouts: tuple[float, float],
              output: Path | None) -> Path:  # fmt: skip
     """Run the evaluation and save it; returns the output folder."""
@@ -145,10 +169,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     from envhub.rollout.io import TrajectoryWriter
     from envhub.rollout.runner import RolloutRunner
 
-    probe = make(env_name, **env_kwargs)
-    indices = choose_tasks(probe, num_tasks, seed)
-    threshold = probe.pass_threshold
-    probe.close()
+    indices, threshold = plan.indices, plan.pass_threshold
     engine = OpenAIEngine(base_url, model, api_key=api_key, mode=mode, max_concurrency=concurrency)
     runner = RolloutRunner(
         engine, lambda: make(env_name, **env_kwargs), sampling=SamplingParams(**sampling),
@@ -168,6 +189,9 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
 
         async def go() -> list[Any]:
             try:
+                await engine.start()
+                if plan.num_tools:
+                    console.print(f"tools: {await tool_prompt_line(engine, plan.num_tools)}")
                 return await runner.run(indices, rollouts, on_trajectory=record)
             finally:
                 await engine.aclose()
@@ -182,6 +206,16 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
     console.print(f"results: {folder}", soft_wrap=True)
     return folder
+
+
+async def tool_prompt_line(engine: Any, num_tools: int) -> str:
+    """Where the model finds the env's tools: its chat template, the system prompt envhub
+    writes them into, or (chat mode) whatever the server's template does with them."""
+    from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
+
+    if engine.tokenizer is None:
+        return f"{num_tools} tool(s), sent to the server as `tools` (chat mode)"
+    return describe_tool_prompt(await template_renders_tools(engine.tokenizer), num_tools)
 
 
 def choose_tasks(env: Any, n: int, seed: int) -> list[int]:

@@ -14,13 +14,11 @@ from typing import Any, ClassVar
 from envhub.env import State, TaskEnv
 from envhub.tools.executor import ToolExecutor
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
+from envhub.tools.prompt import TOOL_FORMAT_HINT
 from envhub.tools.tool import Tool, make_tool
 from envhub.types import AssistantTurn, Message
 
-TOOL_FORMAT_HINT = (
-    "To call a tool, write one block per call:\n"
-    '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments as JSON>}}\n</tool_call>'
-)
+__all__ = ["TOOL_FORMAT_HINT", "MultiTurnEnv", "ToolEnv"]
 
 
 class MultiTurnEnv(TaskEnv):

@@ -29,6 +29,7 @@ import torch
 from envhub.errors import ConfigError, EngineError, WorkerError, WorkerGroupClosedError
 from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
+from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, estimate_advantages, score, select
@@ -37,6 +38,7 @@ from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.memory import release_freed_memory
+from envhub.trainer.models import resolve_model
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.tasks import TaskSchedule
@@ -133,7 +135,10 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> RunResult:
 
 
 async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
-    schedule = TaskSchedule.from_specs(config.envs, config.seed)  # a bad env name fails here, first
+    # Cheap checks first: a bad env name or argument, or a model that is not there, fails here
+    # in a second, before Ray, the model load or an engine start.
+    schedule = TaskSchedule.from_specs(config.envs, config.seed)
+    resolve_model(config.model.name)
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
@@ -208,11 +213,22 @@ async def _start_rollouts(
         "device": backend.describe(),
         "engine": repr(engine),
     } | initial_sync
+    info |= await tool_prompt_info(producer.schedule, engine)
     if config.rollout.workers:
         producer.workers = RolloutWorkers.for_run(config, engine)
         info["rollout_workers"] = producer.workers.info
     reporter.start(config, info)
     producer.start(first_draw=start)
+
+
+async def tool_prompt_info(schedule: TaskSchedule, engine: RolloutEngine) -> dict[str, str]:
+    """``{"tools": ...}`` for the header when an env has tools: whether the chat template shows
+    them to the model or the system prompt has to (:mod:`envhub.rollout.tool_prompt`)."""
+    num_tools = max((slot.num_tools for slot in schedule.slots), default=0)
+    if not num_tools or engine.tokenizer is None:
+        return {}
+    renders = await template_renders_tools(engine.tokenizer)
+    return {"tools": describe_tool_prompt(renders, num_tools)}
 
 
 async def train_step(

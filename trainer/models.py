@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from envhub.errors import MissingDependencyError
+from envhub.errors import ConfigError, MissingDependencyError
 from envhub.paths import cache_dir
 
 log = logging.getLogger(__name__)
@@ -32,14 +32,31 @@ def resolve_model(name_or_path: str) -> str:
     Args:
         name_or_path: A local folder, a Hub id, or the alias ``smollm2-135m``.
     """
-    if Path(name_or_path).is_dir():
-        return str(Path(name_or_path).resolve())
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model folder {path} has no config.json. {_MODEL_HINT}")
+        return str(path.resolve())
     canonical = _ALIASES.get(name_or_path.lower())
     if canonical == SMOLLM2_ID and os.environ.get("ENVHUB_MODEL_SOURCE") != "hub":
         gguf = smollm2_gguf_path()
         if gguf is not None:
             return str(prepare_from_gguf(gguf, cache_dir() / "models" / "SmolLM2-135M-Instruct"))
+    if canonical is None and _is_a_path(name_or_path):
+        what = "is a file, not a model folder" if path.exists() else "does not exist"
+        raise ConfigError(f"model {name_or_path!r} {what}. {_MODEL_HINT}")
     return canonical or name_or_path
+
+
+_MODEL_HINT = (
+    "Give a Hugging Face model folder (config.json, weights, tokenizer), "
+    f"a Hub id such as {SMOLLM2_ID}, or the alias smollm2-135m."
+)
+
+
+def _is_a_path(name: str) -> bool:
+    """Whether ``name`` can only mean a local path: a Hub id is ``owner/name`` or ``name``."""
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or Path(name).exists()
 
 
 def smollm2_gguf_path() -> Path | None:

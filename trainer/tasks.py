@@ -29,6 +29,8 @@ class EnvSlot:
     pass_threshold: float
     cursor: int = 0
     """Tasks of this env handed out so far (across epochs)."""
+    num_tools: int = 0
+    """Tools the env offers the model (the run header says where the model finds them)."""
 
     def factory(self) -> Callable[[], Env]:
         """A function that makes a fresh instance of this env (``envhub.make`` with its args)."""
@@ -53,7 +55,9 @@ class TaskSchedule:
                 size = len(env.dataset) if hasattr(env, "dataset") else 0
                 if size == 0:
                     raise ConfigError(f"env {spec.name!r} has no dataset of tasks to train on")
-                slots.append(EnvSlot(spec, size, float(getattr(env, "pass_threshold", 1.0))))
+                threshold = float(getattr(env, "pass_threshold", 1.0))
+                tools = len(env.tool_schemas or ())
+                slots.append(EnvSlot(spec, size, threshold, num_tools=tools))
             finally:
                 env.close()
         return cls(slots, seed)

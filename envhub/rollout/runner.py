@@ -22,6 +22,7 @@ from envhub.env import Env, State, TaskEnv
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rollout.tokens import TokenTrace, append_env_turn
+from envhub.rollout.tool_prompt import ToolsInPrompt
 from envhub.types import (
     AssistantTurn,
     EnvRef,
@@ -123,6 +124,7 @@ class RolloutRunner:
         self._pool: asyncio.Queue[Env | None] | None = None
         self._created: list[Env] = []
         self._env_ref: EnvRef | None = None
+        self._tools_in_prompt: ToolsInPrompt | None = None
 
     async def run(
         self,
@@ -204,7 +206,7 @@ class RolloutRunner:
             env.tool_schemas,
         )
         ep.state = env.state if isinstance(env, TaskEnv) else None
-        tokenizer = self.engine.tokenizer
+        tokenizer = self._chat_tokenizer()
         if tokenizer is not None:
             try:
                 prompt_ids = await tokenizer.render(
@@ -265,6 +267,16 @@ class RolloutRunner:
                     )
                 except Exception as e:
                     return ep.fail("engine", e, turn + 1)
+
+    def _chat_tokenizer(self) -> ToolsInPrompt | None:
+        """The engine's tokenizer, wrapped so the model sees the tools whatever its template
+        (engines set their tokenizer when they start, so this is looked up per episode)."""
+        inner = self.engine.tokenizer
+        if inner is None:
+            return None
+        if self._tools_in_prompt is None or self._tools_in_prompt.inner is not inner:
+            self._tools_in_prompt = ToolsInPrompt(inner)
+        return self._tools_in_prompt
 
     def _request(self, ep: _Episode, max_tokens: int) -> GenerateRequest:
         sampling = self.sampling.model_copy(update={"max_tokens": max_tokens})

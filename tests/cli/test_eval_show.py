@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from envhub.cli.app import app
 from envhub.cli.eval import choose_tasks, parse_env_args, serve_flags
 from envhub.envs.calculator import CalculatorEnv, reference_policy
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, EnvNotFoundError
 from envhub.rollout.io import read_trajectories
 from envhub.types import Message
 
@@ -96,6 +96,35 @@ def test_eval_then_show(http_server, tmp_path):
 def test_eval_needs_a_server_or_serve():
     result = runner.invoke(app, ["eval", "calculator"])
     assert isinstance(result.exception, ConfigError) and "--base-url" in str(result.exception)
+
+
+def test_eval_serve_finds_a_misspelled_env_before_anything_else(tmp_path):
+    # What a user saw: `--serve` started vLLM (about 30 s) before the typo was found. The model
+    # here does not exist either: the env is checked first, and both before any server starts.
+    result = runner.invoke(app, ["eval", "calculatr", "--serve", "-m", str(tmp_path / "none")])
+    assert isinstance(result.exception, EnvNotFoundError)
+    assert "Did you mean 'calculator'?" in str(result.exception)
+    bad_arg = runner.invoke(app, ["eval", "calculator", "--serve", "-a", "num_taks=3"])
+    assert "unexpected keyword argument 'num_taks'" in str(bad_arg.exception)
+
+
+def test_eval_serve_checks_the_model_before_starting_vllm(tmp_path):
+    result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "none")])
+    assert isinstance(result.exception, ConfigError)
+    assert str(result.exception).startswith(f"model '{tmp_path / 'none'}' does not exist.")
+    (tmp_path / "empty").mkdir()
+    result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "empty")])
+    assert str(result.exception).startswith(f"model folder {tmp_path / 'empty'} has no config.json")
+
+
+def test_eval_says_where_the_tools_go_in_chat_mode(http_server, tmp_path):
+    server = http_server(solver)
+    result = runner.invoke(
+        app, ["eval", "calculator", "-u", f"{server.url}/v1", "-n", "1", "-r", "1",
+              "-o", str(tmp_path / "run")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "tools: 1 tool(s), sent to the server as `tools` (chat mode)" in result.output
 
 
 def test_serve_runs_vllm_eager_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:

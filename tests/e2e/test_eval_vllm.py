@@ -17,6 +17,7 @@ import pytest
 from envhub.evaluation import summarize
 from envhub.inference.openai_http import _wire_message
 from envhub.rollout.io import read_trajectories
+from envhub.tools.prompt import with_tools_in_system
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
@@ -27,7 +28,11 @@ def run_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str
     )
 
 
-def render(server, messages, tools, add_generation_prompt: bool) -> list[int]:
+def render(server, messages, tools, add_generation_prompt: bool, *, as_seen: bool = True):
+    """The server's tokens for ``messages``. SmolLM2's template ignores ``tools``, so with
+    ``as_seen`` they go where the model saw them: in the system prompt (envhub.tools.prompt)."""
+    if tools and as_seen:
+        messages, tools = with_tools_in_system(messages, tools), None
     body = {
         "model": "smollm2",
         "messages": [_wire_message(m, for_template=True) for m in messages],
@@ -127,6 +132,7 @@ def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
         vllm_server, tmp_path, "calculator", "-n", "4", "-r", "2", "--max-tokens", "96"
     )
     assert "pass@2" in result.stdout and "tool-call validity" in result.stdout
+    assert "tools: 1 tool(s) in the system prompt: the chat template ignores" in result.stdout
     assert len(trajectories) == 8 and config["mode"] == "tokens" and len(config["tasks"]) == 4
     # streamed as groups finish, so in completion order; every (group, sample) exactly once
     assert sorted((t.group_id, t.sample_index) for t in trajectories) == [
@@ -137,6 +143,13 @@ def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
         assert t.env.name == "calculator" and t.env.version == "0.1.0"
         assert not t.errors and t.tools[0]["function"]["name"] == "calculate"
         check_token_contract(vllm_server, t)
+    # What a user saw: the server's template renders the prompt the same with or without tools;
+    # the prompt the model got lists the calculate schema.
+    prompt = trajectories[0].messages[: trajectories[0].prompt_length]
+    ignored = render(vllm_server, prompt, trajectories[0].tools, True, as_seen=False)
+    assert ignored == render(vllm_server, prompt, None, True)
+    seen = detokenize(vllm_server, trajectories[0].token_ids[: trajectories[0].prompt_token_count])
+    assert '<tools>\n{"type": "function", "function": {"name": "calculate"' in seen
 
 
 def test_eval_multi_turn_env_against_vllm(vllm_server, tmp_path):
@@ -181,11 +194,13 @@ def test_doctor_finds_smollm2_template_prefix_safe(vllm_server):
     result = run_cli("doctor", "-u", vllm_server.base_url)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "6 turn boundaries checked" in result.stdout
+    assert "tools: the chat template ignores `tools`; envhub lists them" in result.stdout
 
 
 def test_serve_with_a_model_that_cannot_load_fails_clearly(require_vllm, tmp_path):
     missing = tmp_path / "no-such-model"
-    missing.mkdir()  # a folder without config.json: vLLM exits while starting
+    missing.mkdir()  # a config of an architecture nobody has: vLLM exits while starting
+    (missing / "config.json").write_text('{"model_type": "no-such-architecture"}')
     result = run_cli(
         "eval", "arithmetic", "--serve", "-m", str(missing), "-n", "1", "-r", "1", timeout=600
     )

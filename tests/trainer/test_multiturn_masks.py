@@ -4,6 +4,8 @@ The calculator env's reference policy calls its tool, reads the result and answe
 are "sampled" as SmolLM2 token ids (text + ``<|im_end|>``). The test rebuilds, independently,
 where each sampled span must sit in the episode (the chat-template render of the conversation
 up to that turn) and checks the loss mask and the micro-batch's shifted mask position by position.
+SmolLM2's template ignores ``tools``, so the runner lists them in the system prompt; the
+rebuilt renders do the same (``with_tools_in_system``), as the model saw them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import envhub
 from envhub.envs.calculator import reference_policy
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ScriptedEngine
+from envhub.tools.prompt import tools_prompt, with_tools_in_system
 from envhub.trainer.batch import build_batch, collate
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.engines.hf import HFChatTokenizer
@@ -53,11 +56,8 @@ def expected_mask(trajectory: Any, tokenizer: SampledAsTokens) -> list[int]:
     for k, message in enumerate(trajectory.messages):
         if message.role != "assistant":
             continue
-        start = len(
-            tokenizer.render_sync(
-                trajectory.messages[:k], trajectory.tools, add_generation_prompt=True
-            )
-        )
+        seen = with_tools_in_system(trajectory.messages[:k], trajectory.tools)
+        start = len(tokenizer.render_sync(seen, None, add_generation_prompt=True))
         span = tokenizer.encode(message.content) + [tokenizer.eos_token_id]
         assert trajectory.token_ids[start : start + len(span)] == span, (
             f"turn at message {k} is not where the template puts it"
@@ -71,6 +71,22 @@ def test_the_episode_uses_the_tool_and_is_solved(episode: tuple[Any, SampledAsTo
     roles = [m.role for m in trajectory.completion]
     assert roles.count("tool") >= 1 and roles[-1] == "assistant"
     assert trajectory.reward == 1.0 and trajectory.ok and not trajectory.token_drift
+
+
+def test_smollm2_template_drops_tools_so_the_system_prompt_lists_them(
+    episode: tuple[Any, SampledAsTokens],
+) -> None:
+    trajectory, tokenizer = episode
+    messages = trajectory.messages[: trajectory.prompt_length]
+    # What a user saw: SmolLM2's template renders the same prompt with or without tools.
+    assert tokenizer.render_sync(messages, trajectory.tools, True) == tokenizer.render_sync(
+        messages, None, True
+    )
+    prompt = tokenizer.decode(trajectory.token_ids[: trajectory.prompt_token_count])
+    system_prompt = trajectory.messages[0].content
+    listed = tools_prompt(trajectory.tools, system_prompt)
+    assert prompt.startswith(f"<|im_start|>system\n{system_prompt}\n\n{listed}<|im_end|>\n")
+    assert '"name": "calculate"' in listed and "To call a tool" not in listed  # hint once
 
 
 def test_loss_mask_is_one_exactly_on_sampled_tokens(episode: tuple[Any, SampledAsTokens]) -> None:

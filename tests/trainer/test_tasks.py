@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy
 from envhub.trainer.config import EnvSpec
+from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+from envhub.trainer.loop import tool_prompt_info
 from envhub.trainer.tasks import TaskSchedule
 
 
@@ -46,3 +54,20 @@ def test_weights_split_the_slots() -> None:
             counts[env_index] += len(tasks)
     assert sum(counts) == 200
     assert 0.65 < counts[1] / 200 < 0.85  # weight 3 of 4
+
+
+def test_the_run_header_says_where_the_model_finds_the_tools(smollm2_dir: Path) -> None:
+    schedule = TaskSchedule.from_specs(
+        [EnvSpec(name="calculator", args={"num_tasks": 4}), EnvSpec(name="arithmetic")], seed=0
+    )
+    assert [s.num_tools for s in schedule.slots] == [1, 0]
+    engine = ScriptedEngine(null_policy, tokenizer=ByteChatTokenizer())  # renders tools
+    assert asyncio.run(tool_prompt_info(schedule, engine)) == {
+        "tools": "1 tool(s), rendered by the chat template"
+    }
+    engine.tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir))
+    assert asyncio.run(tool_prompt_info(schedule, engine))["tools"].startswith(
+        "1 tool(s) in the system prompt: the chat template ignores `tools`"
+    )
+    without_tools = TaskSchedule.from_specs([EnvSpec(name="arithmetic")], seed=0)
+    assert asyncio.run(tool_prompt_info(without_tools, engine)) == {}

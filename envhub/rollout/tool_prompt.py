@@ -1,0 +1,89 @@
+"""Tools reach the model whatever its chat template does with them.
+
+:func:`template_renders_tools` asks a :class:`ChatTokenizer` once whether its template
+renders the ``tools`` argument (a conversation rendered with a probe tool and without one
+must differ). :class:`ToolsInPrompt` wraps a tokenizer whose template ignores them and writes
+the schemas into the system prompt instead (:mod:`envhub.tools.prompt` documents the format).
+The rollout runner renders through it, so every prompt of an episode, and therefore its token
+record, carries the same system prompt.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from envhub.inference.base import ChatTokenizer
+from envhub.tools.prompt import with_tools_in_system
+from envhub.types import Message, user
+
+_PROBE_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "envhub_template_probe",
+        "description": "Probe whether the chat template renders tools.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+_PROBE_MESSAGES = [user("Hello.")]
+
+_ANSWERS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+async def template_renders_tools(tokenizer: ChatTokenizer) -> bool:
+    """Whether ``tokenizer``'s chat template puts ``tools`` into the prompt (asked once per
+    tokenizer; a template that fails when given tools counts as not rendering them)."""
+    known = _ANSWERS.get(tokenizer)
+    if known is not None:
+        return known
+    plain = await tokenizer.render(_PROBE_MESSAGES, None, add_generation_prompt=True)
+    try:
+        with_tools = await tokenizer.render(
+            _PROBE_MESSAGES, [_PROBE_TOOL], add_generation_prompt=True
+        )
+    except Exception:  # noqa: BLE001 - a template that cannot take tools does not render them
+        with_tools = plain
+    _ANSWERS[tokenizer] = answer = with_tools != plain
+    return answer
+
+
+def describe_tool_prompt(renders: bool, num_tools: int) -> str:
+    """One line for run headers and ``envhub doctor``: where the model finds the tools."""
+    if renders:
+        return f"{num_tools} tool(s), rendered by the chat template"
+    return (
+        f"{num_tools} tool(s) in the system prompt: the chat template ignores `tools` "
+        "(format: envhub.tools.prompt)"
+    )
+
+
+class ToolsInPrompt:
+    """A :class:`ChatTokenizer` that hands ``tools`` to the template when it renders them,
+    and otherwise writes them into the system prompt.
+
+    Args:
+        inner: The engine's tokenizer.
+    """
+
+    def __init__(self, inner: ChatTokenizer) -> None:
+        self.inner = inner
+
+    def __repr__(self) -> str:
+        return f"ToolsInPrompt({self.inner!r})"
+
+    @property
+    def max_length(self) -> int | None:
+        """The inner tokenizer's context limit."""
+        return self.inner.max_length
+
+    async def render(
+        self,
+        messages: list[Message],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """Token ids of ``messages``, with ``tools`` wherever this template lets the model
+        see them."""
+        if tools and not await template_renders_tools(self.inner):
+            messages, tools = with_tools_in_system(messages, tools), None
+        return await self.inner.render(messages, tools, add_generation_prompt)
