@@ -5,12 +5,17 @@ The server runs ``python -m vllm.entrypoints.openai.api_server`` with the curren
 distribution named ``vllm``). It listens on 127.0.0.1 (or a given address) on a free port, logs
 to a file, gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with
 its whole process group on :meth:`stop`, so engine workers do not outlive the run.
+
+Starting takes from seconds (GPU) to minutes (a first start on a CPU): the ``envhub.inference``
+logger says so when it begins, every :data:`PROGRESS_EVERY` seconds after (with the server's
+latest log line) and when it is ready, so a log file or CI output is never silent meanwhile.
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.util
+import logging
 import os
 import signal
 import socket
@@ -24,6 +29,11 @@ from pathlib import Path
 import httpx
 
 from envhub.errors import EngineUnavailableError, MissingDependencyError
+
+log = logging.getLogger(__name__)
+
+PROGRESS_EVERY = 15.0
+"""Seconds between "still starting" log lines."""
 
 
 def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
@@ -164,9 +174,18 @@ class VLLMServer:
         return self.base_url
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.startup_timeout
+        started = time.monotonic()
+        deadline, next_report = started + self.startup_timeout, started + PROGRESS_EVERY
+        log.info("starting vLLM for %s at %s (log: %s)", self.model, self.base_url, self.log_path)
         while time.monotonic() < deadline:
             assert self.process is not None
+            if time.monotonic() >= next_report:
+                next_report += PROGRESS_EVERY
+                log.info(
+                    "vLLM still starting after %.0f s: %s",
+                    time.monotonic() - started,
+                    self.log_tail(1)[:160] or "(no log line yet)",
+                )
             if self.process.poll() is not None:
                 raise EngineUnavailableError(
                     f"vLLM exited with code {self.process.returncode} while starting. "
@@ -174,6 +193,7 @@ class VLLMServer:
                 )
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                    log.info("vLLM ready after %.0f s", time.monotonic() - started)
                     return
             except httpx.TransportError:
                 pass

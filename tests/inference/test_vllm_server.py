@@ -50,3 +50,43 @@ def test_the_context_defaults_to_4096_or_the_models_own_smaller_limit(tmp_path):
     assert [VLLMServer(str(f)).max_model_len for f in (short, long, bare)] == [1024, 4096, 4096]
     assert VLLMServer("Org/hub-model").max_model_len == 4096  # not local: vLLM checks it
     assert VLLMServer(str(short), max_model_len=512).max_model_len == 512
+
+
+class SlowServer(VLLMServer):
+    """A child that logs a line, takes 1.5 s to start, then answers /health: what a log file
+    sees of a vLLM start, without vLLM (the real start is in tests/e2e)."""
+
+    def command(self) -> list[str]:
+        script = (
+            "import http.server, sys, time\n"
+            "print('loading weights', flush=True)\n"
+            "time.sleep(1.5)\n"
+            "class H(http.server.BaseHTTPRequestHandler):\n"
+            "    def do_GET(self):\n"
+            "        self.send_response(200); self.end_headers()\n"
+            f"http.server.HTTPServer(('127.0.0.1', {self.port}), H).serve_forever()\n"
+        )
+        return [sys.executable, "-c", script]
+
+
+def test_a_start_is_never_silent(monkeypatch, caplog):
+    import logging
+    import re
+
+    import envhub.inference.vllm_server as vllm_server
+
+    monkeypatch.setattr(vllm_server, "PROGRESS_EVERY", 0.3)
+    server = SlowServer("m", port=free_port())
+    try:
+        with caplog.at_level(logging.INFO, logger="envhub.inference.vllm_server"):
+            server.start()
+    finally:
+        server.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0] == f"starting vLLM for m at {server.base_url} (log: {server.log_path})"
+    waiting = lines[1:-1]
+    assert waiting and all(
+        line.startswith("vLLM still starting after ") and line.endswith(" s: loading weights")
+        for line in waiting
+    )
+    assert re.fullmatch(r"vLLM ready after \d+ s", lines[-1])
