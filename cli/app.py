@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from envhub.cli import check, doctor, eval, init, install, list, push, search, show, train
+from envhub.cli import check, doctor, eval, examples, init, install, list, push, search, show, train
 
 app = typer.Typer(
     name="envhub",
@@ -17,17 +17,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (init, list, check, eval, show, doctor, train, push, install, search):
+for module in (init, list, check, eval, show, doctor, train, examples, push, install, search):
     module.register(app)
 
 
 def main() -> None:
     """Entry point: envhub errors become one clear line and exit code 1 (``--debug``: traceback)."""
+    from envhub.cli.logs import show_envhub_logs
     from envhub.errors import EnvhubError
 
     debug = "--debug" in sys.argv
     if debug:
         sys.argv.remove("--debug")
+    show_envhub_logs()  # engine start progress and warnings, on a terminal or in a log file
     try:
         app()
     except EnvhubError as e:

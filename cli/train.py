@@ -13,8 +13,8 @@ def register(app: typer.Typer) -> None:
 
 
 def train_command(
-    config: Path = typer.Argument(
-        ..., help="YAML config (see examples/; e.g. examples/quickstart.yaml)."
+    config: str = typer.Argument(
+        None, help="YAML config (see examples/; e.g. examples/quickstart.yaml)."
     ),
     overrides: list[str] = typer.Argument(
         None, help="Overrides KEY=VALUE, e.g. optimizer.lr=1e-6 steps=50."
@@ -22,20 +22,25 @@ def train_command(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the resolved config and a size/memory estimate, then stop."
     ),
+    example: str = typer.Option(
+        None, "--example", help="A config shipped with envhub instead of CONFIG (envhub examples)."
+    ),
 ) -> None:
     """Train a model on one or more envs with GRPO-family RL.
 
-    A progress bar per rollout, a table row per step; metrics, trajectories, checkpoints (a
-    crashed run resumes when started again) and the final HF model under the run folder.
+    A progress bar per rollout, a table row per step. The run folder gets metrics,
+    trajectories, checkpoints and the final HF model; a crashed run resumes from
+    its last checkpoint when started again.
 
     Examples:
         envhub train examples/quickstart.yaml
         envhub train examples/quickstart.yaml steps=5 rollout.samples_per_task=4
         envhub train examples/gsm8k-1gpu.yaml --dry-run
+        envhub train --example quickstart steps=5
     """
     from envhub.trainer.config import load_config
 
-    cfg = load_config(config, overrides or [])
+    cfg = load_config(*_config_source(config, example, overrides or []))
     if dry_run:
         from envhub.cli.train_view import show_dry_run
         from envhub.trainer.estimate import estimate
@@ -47,3 +52,24 @@ def train_command(
 
     with RichReporter() as reporter:
         train(cfg, reporter)
+
+
+def _config_source(
+    config: str | None, example: str | None, overrides: list[str]
+) -> tuple[Path, list[str]]:
+    """The YAML file and the overrides. With ``--example`` there is no CONFIG, so the first
+    positional (which click takes for CONFIG) is an override too."""
+    from envhub.errors import ConfigError
+
+    if example is None:
+        if config is None:
+            raise ConfigError(
+                "give a config file, or --example NAME for one shipped with envhub "
+                "(`envhub examples` lists them)"
+            )
+        return Path(config), overrides
+    if config is not None and "=" not in config:
+        raise ConfigError(f"give a config file ({config}) or --example {example}, not both")
+    from envhub import examples
+
+    return examples.path(example), ([config] if config is not None else []) + overrides

@@ -23,9 +23,10 @@
     ├── WorkerError                  a Ray rank or rollout worker failed; names it and its node
     │   └── WorkerDiedError          its process died (crash, OOM kill, lost node)
     ├── WorkerGroupClosedError       a worker group was shut down or failed; start a new one
-    └── PlacementError               the Ray cluster did not grant the resources asked for in time
+    ├── PlacementError               the Ray cluster did not grant the resources asked for in time
+    └── NoLearningSignalError        training steps in a row had nothing to learn from; says why
 
-The last six are raised only by the trainer (``envhub.trainer``); they live here so that the
+The last seven are raised only by the trainer (``envhub.trainer``); they live here so that the
 tree is whole and importable without torch. Errors raised *inside user code* (an env's step, a
 tool, a reward function) while rolling out are not propagated: they are caught at that boundary
 and recorded on the trajectory as an ``ErrorRecord``, and the batch goes on.
@@ -157,3 +158,8 @@ class WorkerGroupClosedError(EnvhubError, RuntimeError):
 
 class PlacementError(EnvhubError, RuntimeError):
     """The cluster did not grant the resources the job asked for in time."""
+
+
+class NoLearningSignalError(EnvhubError):
+    """``algorithm.max_empty_steps`` training steps in a row kept no sample with a non-zero
+    advantage; the message says why (e.g. every group tied at reward 0)."""

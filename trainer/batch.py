@@ -195,6 +195,45 @@ def select(scored: Scored, advantages: torch.Tensor, algorithm: AlgorithmConfig)
     return Batch(samples, stats)
 
 
+@dataclass(frozen=True)
+class NoSignal:
+    """Why a step had nothing to learn from."""
+
+    reason: str
+    solved: bool
+    """Every usable episode passed: the policy solves what it drew (nothing is broken)."""
+
+
+def no_signal(scored: Scored, batch: Batch, pass_threshold: float) -> NoSignal | None:
+    """Why the step has nothing to learn from (no sample kept, or every kept advantage zero),
+    in words a user can act on; ``None`` when it has something."""
+    if any(s.advantage != 0.0 for s in batch.samples):
+        return None
+    trajectories = scored.trajectories
+    solved = bool(scored.usable) and bool((scored.rewards >= pass_threshold).all())
+    if not trajectories:
+        reason = "the step rolled out no episodes"
+    elif not scored.usable:
+        reason = f"none of the {len(trajectories)} episodes is trainable (failed, or no tokens)"
+    elif zero_variance_groups(scored.rewards, scored.groups).any():
+        reason = "the overlong filter dropped every group with signal (all hit the length limit)"
+    else:
+        reason = f"every group's rewards are tied ({_tied_at(scored)}), so every advantage is 0"
+    error = next((e for t in trajectories for e in t.errors), None)
+    if error is not None:
+        reason += f"; first recorded error: {error.stage}: {error.type}: {error.message}"
+    return NoSignal(reason, solved)
+
+
+def _tied_at(scored: Scored) -> str:
+    """``"3 groups at 0, 1 group at 1"``: where the groups' tied rewards lie."""
+    counts: dict[float, int] = {}
+    for group in torch.unique(scored.groups).tolist():
+        reward = round(float(scored.rewards[scored.groups == group][0]), 6)
+        counts[reward] = counts.get(reward, 0) + 1
+    return ", ".join(f"{n} group{'s' if n > 1 else ''} at {r:g}" for r, n in sorted(counts.items()))
+
+
 def pack(lengths: Sequence[int], budget: int, *, padded: bool = True) -> list[list[int]]:
     """Group sequence indices into bins that fit ``budget`` tokens: counted padded (count x
     longest) or, with ``padded=False``, packed end to end (the sum of the lengths).

@@ -198,6 +198,9 @@ class AlgorithmConfig(_Part):
     groups per step, replacing each group without signal by a new task, so the batch keeps
     ``tasks_per_step`` groups whose rewards differ (DAPO); when the budget runs out the batch
     shrinks. 1: no refill (a step trains on what its draw gave)."""
+    max_empty_steps: int | None = Field(3, ge=1)
+    """Stop the run after this many steps in a row with nothing to learn from (no sample kept,
+    or every advantage 0, e.g. every group tied at reward 0), saying why; ``null``: go on."""
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     updates_per_step: int = Field(1, ge=1)
     """Optimizer updates per batch of rollouts (mini-batches); >1 makes the PPO ratio matter."""
@@ -412,8 +415,9 @@ def load_config(
     """Read a YAML config, apply ``key=value`` overrides, validate.
 
     Raises:
-        ConfigError: the file is missing or not YAML, an override is malformed, or a value is
-            invalid; the message names the field and what is allowed.
+        ConfigError: the file is missing or not YAML, an override is malformed, a key is unknown
+            (wherever it was written), or a value is invalid; the message names the field and
+            what is allowed.
     """
     data = _read_yaml(Path(path)) if path is not None else {}
     for override in overrides:
@@ -423,7 +427,13 @@ def load_config(
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:
-    """Validate a config dict, turning pydantic's errors into one readable ``ConfigError``."""
+    """Validate a config dict, turning pydantic's errors into one readable ``ConfigError``.
+
+    Unknown keys are reported first, each with the nearest valid name (see :func:`unknown_keys`).
+    """
+    unknown = unknown_keys(data)
+    if unknown:
+        raise ConfigError("\n".join(unknown))
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as e:
@@ -432,11 +442,46 @@ def validate_config(data: dict[str, Any]) -> TrainConfig:
         ) from None
 
 
+def unknown_keys(
+    data: Any, model: type[BaseModel] = TrainConfig, path: tuple[str, ...] = ()
+) -> list[str]:
+    """One message per key of ``data`` that ``model`` lacks, at any depth (list items included).
+
+    The one place unknown keys are named, so a typo reads the same in a YAML file, an override
+    or a dict: ``unknown config key 'rollout.task_per_step' (did you mean 'tasks_per_step'?)``.
+    Free-form values (an env's ``args``) are not looked into: the env checks its own arguments
+    when it is made, and names the ones it accepts.
+    """
+    if not isinstance(data, dict):
+        return []
+    fields = model.model_fields
+    messages = []
+    for key, value in data.items():
+        where = (*path, str(key))
+        if key not in fields:
+            messages.append(_unknown_key_message(where, list(fields)))
+            continue
+        submodel = _submodel(fields[key].annotation)
+        if submodel is None:
+            continue
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            inner = where if index is None else (*where, str(index))
+            messages += unknown_keys(item, submodel, inner)
+    return messages
+
+
+def _unknown_key_message(path: tuple[str, ...], valid: list[str]) -> str:
+    close = difflib.get_close_matches(path[-1], valid, n=1)
+    hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(valid)}"
+    return f"unknown config key {'.'.join(path)!r} ({hint})"
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path} (see examples/ for ready-made configs)")
+        raise ConfigError(_missing_file_message(path))
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
@@ -448,6 +493,25 @@ def _read_yaml(path: Path) -> dict[str, Any]:
             f"{path} must hold a mapping of config sections, got {type(data).__name__}"
         )
     return data
+
+
+def _missing_file_message(path: Path) -> str:
+    """Point at the configs shipped in the package (a pip install has no ``examples/`` folder),
+    suggesting the one whose name resembles the missing file's."""
+    from envhub import examples
+
+    close = difflib.get_close_matches(path.stem, examples.names(), n=1)
+    if close:
+        return (
+            f"config file not found: {path} (did you mean the shipped example {close[0]!r}? "
+            f"train on it with `envhub train --example {close[0]}`; "
+            "`envhub examples` lists them all)"
+        )
+    return (
+        f"config file not found: {path}; `envhub examples` lists the shipped configs "
+        "(train on one with `envhub train --example NAME`, or copy one with "
+        "`envhub examples NAME --copy DIR`)"
+    )
 
 
 def _parse_override(text: str) -> tuple[str, Any]:
@@ -466,7 +530,11 @@ def _parse_override(text: str) -> tuple[str, Any]:
 
 
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``a.b.c`` in nested dicts; numeric parts index lists (``envs.0.args.difficulty``)."""
+    """Set ``a.b.c`` in nested dicts; numeric parts index lists (``envs.0.args.difficulty``).
+
+    Unknown keys are set like known ones: :func:`validate_config` names them all afterwards, in
+    the same words as a typo in the YAML file.
+    """
     parts = key.split(".")
     node: Any = data
     for i, part in enumerate(parts):
@@ -481,27 +549,12 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
             else:
                 node = node[int(part)]
             continue
-        _check_known_key(parts[: i + 1])
         if last:
             node[part] = value
         else:
             node = node.setdefault(part, {})
             if not isinstance(node, (dict, list)):
                 raise ConfigError(f"override {key}: {'.'.join(parts[: i + 1])} is not a section")
-
-
-def _check_known_key(path: list[str]) -> None:
-    """Reject misspelled keys early, with a suggestion (free-form ``args`` dicts excepted)."""
-    model: type[BaseModel] | None = TrainConfig
-    for part in path:
-        if model is None or part.isdigit():
-            return
-        fields = model.model_fields
-        if part not in fields:
-            close = difflib.get_close_matches(part, list(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (valid: {', '.join(fields)})"
-            raise ConfigError(f"unknown config key {'.'.join(path)!r}{hint}")
-        model = _submodel(fields[part].annotation)
 
 
 def _submodel(annotation: Any) -> type[BaseModel] | None:
@@ -518,7 +571,4 @@ def _submodel(annotation: Any) -> type[BaseModel] | None:
 
 def _describe(error: dict[str, Any]) -> str:
     location = ".".join(str(p) for p in error["loc"]) or "config"
-    message = error["msg"]
-    if error["type"] == "extra_forbidden":
-        message = "unknown key"
-    return f"  {location}: {message}"
+    return f"  {location}: {error['msg']}"

@@ -32,13 +32,14 @@ from envhub.rollout.io import TrajectoryWriter
 from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
-from envhub.trainer.batch import Batch, estimate_advantages, score, select
+from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal, score, select
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.memory import release_freed_memory
 from envhub.trainer.models import resolve_model
+from envhub.trainer.no_signal import EmptySteps
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.tasks import TaskSchedule
@@ -168,11 +169,12 @@ async def _run_steps(
     start = resume(config, checkpoints, backend, producer, engine)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
+    empty_steps = EmptySteps(config.algorithm.max_empty_steps)
     try:
         await _start_rollouts(config, backend, engine, producer, reporter, start)
         for step in range(start, config.steps):
             try:
-                metrics = await train_step(step, config, producer, engine, backend)
+                metrics, empty = await train_step(step, config, producer, engine, backend)
             except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             except asyncio.CancelledError:  # Ctrl-C or SIGTERM
@@ -183,6 +185,7 @@ async def _run_steps(
             reporter.step(step + 1, metrics)
             if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
                 save_checkpoint(step + 1, checkpoints, backend, producer, engine)
+            empty_steps.observe(step + 1, empty)  # may stop the run, after the checkpoint
     finally:
         tracker.close()
         await producer.aclose()
@@ -237,8 +240,9 @@ async def train_step(
     producer: GroupProducer,
     engine: RolloutEngine,
     backend: TrainBackend,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], NoSignal | None]:
     """One step: take scored groups, build the batch, update the policy, sync the engine.
+    Returns the step's metrics and, when it had nothing to learn from, why.
 
     The update runs in a worker thread, so that the producer's rollouts (with
     ``rollout.max_staleness >= 1``) go on meanwhile; at 0 nothing is rolling out then.
@@ -283,7 +287,7 @@ async def train_step(
         metrics["throughput/train_tokens_per_s"] = (
             sum(len(s) for s in batch.samples) / train_seconds
         )
-    return metrics
+    return metrics, no_signal(scored, batch, producer.schedule.pass_threshold)
 
 
 def update_policy(
@@ -341,8 +345,7 @@ def objective_spec(config: TrainConfig) -> ObjectiveSpec:
 
 def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> dict[str, float]:
     """Reward (mean, std, per component), pass@1, tool use, lengths and failures of the step."""
-    threshold = min(slot.pass_threshold for slot in schedule.slots)
-    s = summarize(trajectories, pass_threshold=threshold)
+    s = summarize(trajectories, pass_threshold=schedule.pass_threshold)
     metrics = {
         "reward/mean": s.reward_mean,
         "reward/std": s.reward_std,

@@ -62,6 +62,11 @@ class TaskSchedule:
                 env.close()
         return cls(slots, seed)
 
+    @property
+    def pass_threshold(self) -> float:
+        """The lowest of the envs' pass thresholds (a step's pass@1 counts against it)."""
+        return min(slot.pass_threshold for slot in self.slots)
+
     def draw(self, step: int, count: int, extra: int = 0) -> list[list[int]]:
         """Task indices per env for ``step`` (``count`` in all); advances the cursors.
 

@@ -9,11 +9,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from envhub.cli.app import app
+from envhub.errors import ConfigError
 
 pytest.importorskip("torch")
 
 ROOT = Path(__file__).resolve().parents[2]
 ENVHUB = Path(sys.executable).with_name("envhub")
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+runner = CliRunner()
 
 
 def envhub(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -57,6 +63,110 @@ def test_bad_configs_fail_with_one_line_before_any_work(
     assert result.returncode == 1
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_yaml_typo_is_one_line_naming_the_key_and_the_nearest_valid_one(tmp_path: Path) -> None:
+    config = tmp_path / "typo.yaml"
+    config.write_text(QUICKSTART.read_text().replace("tasks_per_step:", "task_per_step:"))
+    result = envhub("train", str(config), "--dry-run")
+    assert result.returncode == 1
+    assert result.stderr == (
+        "error: unknown config key 'rollout.task_per_step' (did you mean 'tasks_per_step'?)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("typo", "override", "message"),
+    [
+        (
+            ("tasks_per_step:", "task_per_step:"),
+            "rollout.task_per_step=8",
+            "unknown config key 'rollout.task_per_step' (did you mean 'tasks_per_step'?)",
+        ),
+        (
+            ("\nrollout:", "\nrolout:"),
+            "rolout.tasks_per_step=8",
+            "unknown config key 'rolout' (did you mean 'rollout'?)",
+        ),
+        (
+            ("\nalgorithm:\n", "\nalgorithm:\n  overlong: {filtr: true}\n"),
+            "algorithm.overlong.filtr=true",
+            "unknown config key 'algorithm.overlong.filtr' (did you mean 'filter'?)",
+        ),
+        (
+            ("  - name: arithmetic", "  - nme: arithmetic"),
+            "envs.0.nme=arithmetic",
+            "unknown config key 'envs.0.nme' (did you mean 'name'?)",
+        ),
+    ],
+    ids=["nested", "top-level", "depth-3", "list-item"],
+)
+def test_a_typo_reads_the_same_in_the_yaml_file_and_as_an_override(
+    typo: tuple[str, str], override: str, message: str, tmp_path: Path
+) -> None:
+    text = QUICKSTART.read_text()
+    assert typo[0] in text
+    config = tmp_path / "typo.yaml"
+    config.write_text(text.replace(typo[0], typo[1]))
+    in_yaml = runner.invoke(app, ["train", str(config), "--dry-run"])
+    as_override = runner.invoke(app, ["train", str(QUICKSTART), override, "--dry-run"])
+    for result in (in_yaml, as_override):
+        assert isinstance(result.exception, ConfigError)
+        assert str(result.exception) == message
+
+
+def test_a_missing_config_names_envhub_examples_and_the_nearest_shipped_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # like a pip install: no examples/ folder here
+    missing = runner.invoke(app, ["train", "missing.yaml"])
+    assert str(missing.exception) == (
+        "config file not found: missing.yaml; `envhub examples` lists the shipped configs "
+        "(train on one with `envhub train --example NAME`, or copy one with "
+        "`envhub examples NAME --copy DIR`)"
+    )
+    readme_path = runner.invoke(app, ["train", "examples/quickstart.yaml"])
+    assert str(readme_path.exception) == (
+        "config file not found: examples/quickstart.yaml (did you mean the shipped example "
+        "'quickstart'? train on it with `envhub train --example quickstart`; "
+        "`envhub examples` lists them all)"
+    )
+    assert "the shipped example 'gsm8k-1gpu'?" in str(
+        runner.invoke(app, ["train", "gsm8k-gpu.yaml"]).exception
+    )
+
+
+def test_example_option_resolves_the_same_config_as_the_file() -> None:
+    from_file = runner.invoke(app, ["train", str(QUICKSTART), "steps=3", "--dry-run"])
+    shipped = runner.invoke(app, ["train", "--example", "quickstart", "steps=3", "--dry-run"])
+    assert from_file.exit_code == 0 and shipped.exit_code == 0, shipped.output
+    assert shipped.output == from_file.output
+    assert shipped.output.startswith("steps: 3\nseed: 0\nmodel:\n  name: smollm2-135m\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--example", "quickstrt"],
+            "no shipped example named 'quickstrt' (did you mean 'quickstart'? shipped: "
+            "gsm8k-1gpu, megatron-8gpu, quickstart; `envhub examples` describes them)",
+        ),
+        (
+            ["mine.yaml", "--example", "quickstart"],
+            "give a config file (mine.yaml) or --example quickstart, not both",
+        ),
+        (
+            [],
+            "give a config file, or --example NAME for one shipped with envhub "
+            "(`envhub examples` lists them)",
+        ),
+    ],
+)
+def test_example_option_errors(args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["train", *args, "--dry-run"])
+    assert isinstance(result.exception, ConfigError)
+    assert str(result.exception) == message
 
 
 def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(

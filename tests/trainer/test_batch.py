@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from envhub.trainer.batch import Packing, bin_of_sequence, build_batch, collate, micro_batches, pack
+from envhub.trainer.batch import (
+    NoSignal,
+    Packing,
+    bin_of_sequence,
+    build_batch,
+    collate,
+    estimate_advantages,
+    micro_batches,
+    no_signal,
+    pack,
+    score,
+    select,
+)
 from envhub.trainer.config import AlgorithmConfig, OverlongConfig
 from envhub.types import EnvRef, ErrorRecord, Message, Trajectory, TurnRecord
 
@@ -231,3 +245,54 @@ def test_micro_batches_cover_every_sample_once() -> None:
     assert all(mb.input_ids.numel() <= 12 or len(mb.samples) == 1 for mb in mbs)
     assert sum(mb.num_tokens for mb in mbs) == batch.num_tokens
     assert all(mb.loss_mask.dtype == torch.float32 for mb in mbs)
+
+
+def _no_signal(trajectories: list[Trajectory], **algorithm: Any) -> NoSignal | None:
+    config = AlgorithmConfig(**algorithm)
+    scored = score(trajectories, config, max_tokens=8)
+    batch = select(scored, estimate_advantages(scored, config), config)
+    return no_signal(scored, batch, pass_threshold=1.0)
+
+
+def test_a_step_with_signal_has_no_reason() -> None:
+    assert _no_signal([_traj("a", 1.0, [1, 2], [0, 1]), _traj("a", 0.0, [1, 3], [0, 1])]) is None
+
+
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_groups_tied_at_zero_are_named_with_their_rewards(dynamic_sampling: bool) -> None:
+    trajectories = [_traj(g, r, [1, 2], [0, 1]) for g, r in [("a", 0), ("a", 0), ("b", 0),
+                    ("b", 0), ("c", 0.5), ("c", 0.5)]]  # fmt: skip
+    # without dynamic sampling the samples are kept, but every advantage is 0: still nothing
+    assert _no_signal(trajectories, dynamic_sampling=dynamic_sampling) == NoSignal(
+        "every group's rewards are tied (2 groups at 0, 1 group at 0.5), so every advantage is 0",
+        solved=False,
+    )
+
+
+def test_a_recorded_error_is_named_after_the_reason() -> None:
+    trajectories = [_traj("a", 0.0, [1, 2], [0, 1]), _traj("a", 0.0, [1, 3], [0, 1])]
+    trajectories[1] = trajectories[1].model_copy(
+        update={"errors": [ErrorRecord(stage="reward:correct", type="TypeError", message="no")]}
+    )
+    assert _no_signal(trajectories).reason == (
+        "every group's rewards are tied (1 group at 0), so every advantage is 0; "
+        "first recorded error: reward:correct: TypeError: no"
+    )
+
+
+def test_failed_episodes_and_solved_steps_are_told_apart() -> None:
+    failed = [_traj("a", 0.0, [1, 2], [0, 1], errors=True) for _ in range(2)]
+    assert _no_signal(failed) == NoSignal(
+        "none of the 2 episodes is trainable (failed, or no tokens); "
+        "first recorded error: env.step: RuntimeError: boom",
+        solved=False,
+    )
+    solved = _no_signal([_traj("a", 1.0, [1, 2], [0, 1]), _traj("a", 1.0, [1, 3], [0, 1])])
+    assert solved is not None and solved.solved
+
+
+def test_the_overlong_filter_emptying_the_step_is_named() -> None:
+    trajectories = [_traj("a", r, [1, 2], [0, 1], finish="length") for r in (0.0, 1.0)]
+    assert _no_signal(trajectories, overlong=OverlongConfig(filter=True)).reason == (
+        "the overlong filter dropped every group with signal (all hit the length limit)"
+    )

@@ -6,15 +6,19 @@ from pathlib import Path
 
 import pytest
 
+from envhub import examples
 from envhub.errors import ConfigError
-from envhub.trainer.config import TrainConfig, load_config
+from envhub.trainer.config import TrainConfig, load_config, unknown_keys, validate_config
 
-EXAMPLES_DIR = Path(__file__).parents[2] / "examples"
-EXAMPLES = sorted(EXAMPLES_DIR.glob("*.yaml"))
+# The shipped examples, from the installed package (``envhub.examples``; ``examples/`` in a
+# checkout is that same folder).
+EXAMPLES_DIR = examples.FOLDER
+EXAMPLES = [examples.path(name) for name in examples.names()]
 
 
 def test_examples_exist() -> None:
     assert {p.name for p in EXAMPLES} >= {"quickstart.yaml", "gsm8k-1gpu.yaml"}
+    assert EXAMPLES_DIR.resolve() == (Path(__file__).parents[2] / "examples").resolve()
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -117,3 +121,69 @@ def test_missing_file_and_bad_yaml(tmp_path: Path) -> None:
 def test_envs_are_required() -> None:
     with pytest.raises(ConfigError, match="envs: Field required"):
         load_config(None, [])
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        (
+            "envs: [{name: arithmetic}]\nrollout: {task_per_step: 4}\n",
+            "unknown config key 'rollout.task_per_step' (did you mean 'tasks_per_step'?)",
+        ),
+        (
+            "envs: [{name: arithmetic}]\nrolout: {tasks_per_step: 4}\n",
+            "unknown config key 'rolout' (did you mean 'rollout'?)",
+        ),
+        (
+            "envs: [{name: arithmetic}]\nalgorithm: {overlong: {filtr: true}}\n",
+            "unknown config key 'algorithm.overlong.filtr' (did you mean 'filter'?)",
+        ),
+        (
+            "envs: [{name: arithmetic}, {nme: gsm8k}]\n",
+            "unknown config key 'envs.1.nme' (did you mean 'name'?)",
+        ),
+        (
+            "envs: [{name: arithmetic}]\nmodel: {lora: {rnak: 8}}\n",
+            "unknown config key 'model.lora.rnak' (did you mean 'rank'?)",
+        ),
+        (
+            "envs: [{name: arithmetic}]\nxyzzy: 1\n",
+            "unknown config key 'xyzzy' (valid: steps, seed, model, envs, rollout, algorithm, "
+            "optimizer, backend, cluster, logging, checkpoint)",
+        ),
+        (
+            "envs: [{name: arithmetic}]\nsetps: 3\noptimizer: {lrr: 1.0e-6}\n",
+            "unknown config key 'setps' (did you mean 'steps'?)\n"
+            "unknown config key 'optimizer.lrr' (did you mean 'lr'?)",
+        ),
+    ],
+    ids=["nested", "top-level", "depth-3", "list-item", "optional-part", "no-match", "several"],
+)
+def test_unknown_yaml_keys_are_named_with_the_nearest_valid_key(
+    yaml_text: str, message: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == message
+
+
+def test_an_override_typo_reads_the_same_as_the_yaml_typo(tmp_path: Path) -> None:
+    path = tmp_path / "typo.yaml"
+    path.write_text("envs: [{name: arithmetic}]\nrollout: {task_per_step: 4}\n")
+    with pytest.raises(ConfigError) as from_yaml:
+        load_config(path)
+    with pytest.raises(ConfigError) as from_override:
+        load_config(EXAMPLES_DIR / "quickstart.yaml", ["rollout.task_per_step=4"])
+    with pytest.raises(ConfigError) as from_dict:
+        validate_config({"envs": [{"name": "arithmetic"}], "rollout": {"task_per_step": 4}})
+    assert str(from_yaml.value) == str(from_override.value) == str(from_dict.value)
+
+
+def test_env_args_are_the_envs_own_and_not_checked_here() -> None:
+    # An env's constructor checks its keyword arguments (and lists the ones it accepts) when the
+    # run makes it; the config cannot know them without importing the env.
+    data = {"envs": [{"name": "arithmetic", "args": {"dificulty": "easy"}}]}
+    assert unknown_keys(data) == []
+    assert validate_config(data).envs[0].args == {"dificulty": "easy"}
