@@ -2,10 +2,19 @@
 
 :class:`GymTextEnv` wraps any gymnasium env whose action space is ``Discrete``. The model
 sees each observation rendered as text and replies with the name of an action; the reply is
-read leniently (see :meth:`GymTextEnv.parse_action`). A reply that names no action gets a hint,
-counts in ``metrics["invalid_actions"]`` and uses up the turn without stepping the wrapped
-env. The wrapped env's ``terminated`` ends the episode and its ``truncated`` truncates it
-(``stop_reason="env_truncated"``); the reward is the wrapped env's return.
+read leniently (see :meth:`GymTextEnv.parse_action`). The wrapped env's ``terminated`` ends the
+episode and its ``truncated`` truncates it (``stop_reason="env_truncated"``); the reward is the
+wrapped env's return.
+
+A reply that names no action gets a hint, counts in ``metrics["invalid_actions"]``, uses up the
+turn without stepping the wrapped env, and is charged ``invalid_penalty``: by default the lowest
+reward one step of the wrapped env can give, or 0 if no step reward is negative. Whatever the
+policy does next, replacing such a reply by any action pays at least as much, so a policy that
+never acts scores ``max_turns * invalid_penalty``, the floor of ``reward_range``, and never
+beats one that acts (without the charge, never acting would score 0 and beat every real policy
+of an env whose step rewards are negative, CliffWalking's or Taxi's say). The bounds of one step's
+reward are read from the transition table ``P`` of gymnasium's tabular toy-text envs
+(FrozenLake, CliffWalking, Taxi); any other env declares them with ``step_reward_range``.
 
 Seeding: every task carries a seed, and the wrapped env is reset with it. The task therefore
 fixes the initial state and the random stream of the dynamics: all samples of a GRPO group
@@ -21,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gymnasium as gym
+from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
 from envhub.env import State
 from envhub.envs.procedural import ProceduralTasks
@@ -31,11 +41,13 @@ from envhub.types import AssistantTurn, Message, system, user
 
 GymSource = str | gym.Env | Callable[[], gym.Env]
 _ACTION_TAG = re.compile(r"<action>(.*?)</action>", re.IGNORECASE | re.DOTALL)
+# The wrappers gymnasium.make adds; none of them changes a reward, so the table P still holds.
+_MAKE_WRAPPERS = (TimeLimit, OrderEnforcing, PassiveEnvChecker)
 
 
 @reward(name="return")
 def episode_return(state: State) -> float:
-    """The wrapped env's total reward over the episode."""
+    """The wrapped env's total reward over the episode, plus the charges for invalid replies."""
     return float(state.data.get("episode_return", 0.0))
 
 
@@ -59,7 +71,15 @@ class GymTextEnv(MultiTurnEnv):
         gym_kwargs: Keyword arguments for ``gymnasium.make`` when ``gym_env`` is an id.
         num_tasks: Number of tasks (each is a seed for resetting the wrapped env).
         task_seed: Seed of the tasks' seeds.
-        reward_range: Bounds of the wrapped env's return over one episode.
+        step_reward_range: Lowest and highest reward of one step of the wrapped env. Default:
+            read from the transition table ``P`` of a tabular env (gymnasium's FrozenLake,
+            CliffWalking, Taxi); any other env must declare it.
+        invalid_penalty: Reward of a reply that names no action. Default: the lowest step
+            reward if it is negative, else 0; a value above that is refused, since it would
+            make not acting pay better than acting.
+        reward_range: Bounds of an episode's return. Default: ``max_turns`` turns each
+            charged ``invalid_penalty`` below, and each paid the highest step reward (or 0)
+            above.
         **kwargs: See :class:`~envhub.env.TaskEnv` (``max_turns``, ``rubric``,
             ``system_prompt``, ...).
     """
@@ -78,7 +98,9 @@ class GymTextEnv(MultiTurnEnv):
         gym_kwargs: dict[str, Any] | None = None,
         num_tasks: int = 1000,
         task_seed: int = 0,
-        reward_range: tuple[float, float] = (0.0, 1.0),
+        step_reward_range: tuple[float, float] | None = None,
+        invalid_penalty: float | None = None,
+        reward_range: tuple[float, float] | None = None,
         **kwargs: Any,
     ) -> None:
         self.action_names = _checked_names(action_names)
@@ -90,12 +112,55 @@ class GymTextEnv(MultiTurnEnv):
         self.source, self.gym_kwargs = gym_env, dict(gym_kwargs or {})
         self.render_observation = render_observation
         self.num_tasks, self.task_seed = num_tasks, task_seed
-        self.reward_range = (float(reward_range[0]), float(reward_range[1]))
+        self._step_rewards = _float_pair(step_reward_range)
+        self._invalid_penalty = None if invalid_penalty is None else float(invalid_penalty)
+        self._reward_range = _float_pair(reward_range)
+        if self._step_rewards is not None:
+            _checked_penalty(self._invalid_penalty, self._step_rewards[0])  # fail fast
         self._shared: gym.Env | None = None
         self._made: list[gym.Env] = []
         if kwargs.get("system_prompt") is None:
             kwargs["system_prompt"] = self.build_instructions(instructions)
         super().__init__(**kwargs)
+
+    # -- rewards ------------------------------------------------------------------------------
+
+    @property
+    def step_reward_range(self) -> tuple[float, float]:
+        """Lowest and highest reward of one step of the wrapped env: as given, else read from
+        the transition table of the env of the first task (made now if no episode made one).
+
+        Raises:
+            EnvhubError: The bounds were not given and the wrapped env has no table to read.
+        """
+        if self._step_rewards is None:
+            self._step_rewards = self._read_step_rewards(self.gym_env_for(self.dataset[0]))
+        return self._step_rewards
+
+    @property
+    def invalid_penalty(self) -> float:
+        """The reward of a reply that names no action: never above the lowest step reward or 0."""
+        return _checked_penalty(self._invalid_penalty, self.step_reward_range[0])
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """Bounds of an episode's return: as given, else what ``max_turns`` turns can add up to."""
+        if self._reward_range is not None:
+            return self._reward_range
+        best_step = max(self.step_reward_range[1], 0.0)
+        return (self.max_turns * self.invalid_penalty, self.max_turns * best_step)
+
+    def _read_step_rewards(self, gym_env: gym.Env) -> tuple[float, float]:
+        bounds = table_step_rewards(gym_env)
+        if bounds is None:
+            what = gym_env.spec.id if gym_env.spec is not None else type(gym_env.unwrapped).__name__
+            raise EnvhubError(
+                f"{self.name}: cannot tell the lowest reward one step of {what} can give (it has "
+                "no transition table P, or a wrapper may change its rewards), and a reply that "
+                "names no action must cost at least that much; pass "
+                "step_reward_range=(lowest, highest), e.g. (-1.0, 1.0)"
+            )
+        return bounds
 
     # -- hooks for subclasses -----------------------------------------------------------------
 
@@ -161,10 +226,20 @@ class GymTextEnv(MultiTurnEnv):
         return [system(self.instructions)] if self.instructions else []
 
     async def setup_state(self, state: State) -> None:
-        """Reset the wrapped env with the task's seed; its first observation ends the prompt."""
+        """Reset the wrapped env with the task's seed; its first observation ends the prompt.
+
+        Raises:
+            EnvhubError: The step rewards are unknown, or ``invalid_penalty`` pays too well.
+        """
         gym_env = self.gym_env_for(state.task)
+        if self._step_rewards is None:
+            self._step_rewards = self._read_step_rewards(gym_env)
+        # Read (and check) the charge now, so a bad setting fails at reset, not mid-episode.
+        penalty = self.invalid_penalty
         observation, _ = gym_env.reset(seed=state.info.get("seed"))
-        state.data.update(gym_env=gym_env, observation=observation, episode_return=0.0)
+        state.data.update(
+            gym_env=gym_env, observation=observation, episode_return=0.0, invalid_penalty=penalty
+        )
         first = user(self.observation_text(observation, state))
         state.prompt.append(first)
         state.messages.append(first)
@@ -172,20 +247,13 @@ class GymTextEnv(MultiTurnEnv):
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
         """Step the wrapped env with the action the reply names and show the new observation.
 
-        A reply that names no action gets a hint, counts in ``metrics["invalid_actions"]`` and
-        leaves the wrapped env as it is. The wrapped env's ``terminated`` ends the episode and
-        its ``truncated`` truncates it; its step rewards add up to the episode return.
+        A reply that names no action is handled by :meth:`invalid_reply`. The wrapped env's
+        ``terminated`` ends the episode and its ``truncated`` truncates it; its step rewards add
+        up to the episode return.
         """
         action = self.parse_action(turn.message.content or "")
         if action is None:
-            state.metrics["invalid_actions"] += 1
-            names = ", ".join(self.action_names)
-            return [
-                user(
-                    f"That is not an action. Reply with one of: {names}, "
-                    f"e.g. <action>{self.action_names[0]}</action>."
-                )
-            ]
+            return self.invalid_reply(state)
         gym_env: gym.Env = state.data["gym_env"]
         observation, step_reward, terminated, truncated, _ = gym_env.step(
             int(gym_env.action_space.start) + action
@@ -199,12 +267,67 @@ class GymTextEnv(MultiTurnEnv):
             state.truncate("env_truncated")
         return [user(self.observation_text(observation, state))]
 
+    def invalid_reply(self, state: State) -> list[Message]:
+        """Charge a reply that names no action ``invalid_penalty`` and answer with a hint.
+
+        The wrapped env is left as it is; the reply counts in ``metrics["invalid_actions"]`` and
+        a nonzero charge adds up in ``metrics["invalid_penalty"]``.
+        """
+        penalty = state.data["invalid_penalty"]
+        state.metrics["invalid_actions"] += 1
+        state.data["episode_return"] += penalty
+        if penalty:
+            state.metrics["invalid_penalty"] += penalty
+        cost = f" (reward {penalty:g})" if penalty else ""
+        names = ", ".join(self.action_names)
+        return [
+            user(
+                f"That is not an action{cost}. Reply with one of: {names}, "
+                f"e.g. <action>{self.action_names[0]}</action>."
+            )
+        ]
+
     def on_close(self) -> None:
         """Close the gym envs this env made (not one passed in as ``gym_env``)."""
         for made in self._made:
             made.close()
         self._made.clear()
         self._shared = None
+
+
+def table_step_rewards(gym_env: gym.Env) -> tuple[float, float] | None:
+    """Lowest and highest reward in a tabular env's transition table, gymnasium's toy-text
+    ``P[state][action] = [(probability, next_state, reward, terminated), ...]``.
+
+    ``None`` when the env has no such table, or is wrapped in anything but the wrappers
+    ``gymnasium.make`` adds (another wrapper may change the rewards).
+    """
+    while isinstance(gym_env, gym.Wrapper):
+        if type(gym_env) not in _MAKE_WRAPPERS:
+            return None
+        gym_env = gym_env.env
+    table = getattr(gym_env, "P", None)
+    try:
+        rewards = [float(t[2]) for moves in table.values() for ts in moves.values() for t in ts]
+    except (AttributeError, TypeError, IndexError, ValueError):
+        return None  # P is a convention, not an API: a table of another shape is not read
+    return (min(rewards), max(rewards)) if rewards else None
+
+
+def _checked_penalty(penalty: float | None, lowest_step: float) -> float:
+    worst = min(lowest_step, 0.0)
+    if penalty is None:
+        return worst
+    if penalty > worst:
+        raise EnvhubError(
+            f"invalid_penalty {penalty:g} would make a reply that names no action pay better "
+            f"than acting (a step can pay as little as {worst:g}); use at most {worst:g}"
+        )
+    return penalty
+
+
+def _float_pair(pair: Sequence[float] | None) -> tuple[float, float] | None:
+    return None if pair is None else (float(pair[0]), float(pair[1]))
 
 
 def _checked_names(names: Sequence[str]) -> tuple[str, ...]:
@@ -258,7 +381,8 @@ class FrozenLakeTextEnv(GymTextEnv):
     """FrozenLake in text: walk a 4x4 map to the goal without falling in a hole.
 
     Each task is a different random map (gymnasium's ``generate_random_map``, which
-    guarantees a path). Reward: 1.0 for reaching the goal, else 0.
+    guarantees a path). Reward: 1.0 for reaching the goal, else 0, plus ``invalid_penalty``
+    (default 0: no step pays less) for each reply that names no move.
 
     Args:
         size: Side of the square map.
@@ -267,7 +391,8 @@ class FrozenLakeTextEnv(GymTextEnv):
         num_tasks: Number of maps.
         task_seed: Seed of the maps (different seeds, different maps).
         max_turns: Turns allowed (default ``size * size``, enough for any shortest path).
-        **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
+        **kwargs: See :class:`GymTextEnv` (``invalid_penalty``) and :class:`~envhub.env.TaskEnv`
+            (``rubric``, ``system_prompt``, ...).
     """
 
     name = "frozenlake"
@@ -293,12 +418,20 @@ class FrozenLakeTextEnv(GymTextEnv):
             gym_kwargs={"is_slippery": is_slippery},
             num_tasks=num_tasks,
             task_seed=task_seed,
-            reward_range=(0.0, 1.0),
+            step_reward_range=(0.0, 1.0),
             max_turns=size * size if max_turns is None else max_turns,
             **kwargs,
         )
         if is_slippery or self.max_turns < size * size - 1:
             self.reference_policy = None  # the shortest path is no longer sure to arrive in time
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        """As given, else from ``max_turns`` invalid replies up to 1.0 (the only reward, the
+        goal's, ends the episode)."""
+        if self._reward_range is not None:
+            return self._reward_range
+        return (self.max_turns * self.invalid_penalty, 1.0)
 
     def load_dataset(self) -> ProceduralTasks:
         """``num_tasks`` random maps, each with a path to the goal, generated from ``task_seed``."""

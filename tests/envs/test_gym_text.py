@@ -6,8 +6,9 @@ from typing import Any
 
 import gymnasium as gym
 import pytest
-from gymnasium.wrappers import TimeLimit
+from gymnasium.wrappers import TimeLimit, TransformReward
 
+from envhub.checker import check_env
 from envhub.envs.gym_text import (
     FrozenLakeTextEnv,
     GymTextEnv,
@@ -15,6 +16,7 @@ from envhub.envs.gym_text import (
     read_lake,
     shortest_path,
     shortest_path_policy,
+    table_step_rewards,
 )
 from envhub.errors import EnvhubError
 from envhub.types import assistant, user
@@ -56,6 +58,7 @@ def corridor_env(gym_env: Any, **kwargs: Any) -> GymTextEnv:
         ["back", "forward"],
         render_observation=lambda cell: f"You are in cell {cell}.",
         instructions="Walk to the end.",
+        step_reward_range=(0.0, 1.0),
         **kwargs,
     )
 
@@ -284,3 +287,135 @@ def test_action_names_must_fit_the_action_space() -> None:
         GymTextEnv("Pendulum-v1", ["a", "b"]).reset(seed=0)
     with pytest.raises(EnvhubError, match="distinct"):
         GymTextEnv(Corridor(), ["go", "GO"])
+
+
+# -- replies that name no action, on gymnasium's own toy-text envs ---------------------------
+
+CLIFF = ["up", "right", "down", "left"]
+TAXI = ["south", "north", "east", "west", "pickup", "dropoff"]
+LAKE = ["left", "down", "right", "up"]
+BLACKJACK = ["stick", "hit"]
+
+
+def cliff_env(**kwargs: Any) -> GymTextEnv:
+    return GymTextEnv("CliffWalking-v1", CLIFF, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("make", "step_rewards", "penalty", "reward_range"),
+    [
+        (cliff_env, (-100.0, -1.0), -100.0, (-2000.0, 0.0)),
+        (lambda: GymTextEnv("Taxi-v4", TAXI), (-10.0, 20.0), -10.0, (-200.0, 400.0)),
+        (lambda: GymTextEnv("FrozenLake-v1", LAKE), (0.0, 1.0), 0.0, (0.0, 20.0)),
+        (
+            lambda: GymTextEnv("Blackjack-v1", BLACKJACK, step_reward_range=(-1.0, 1.0)),
+            (-1.0, 1.0),
+            -1.0,
+            (-20.0, 20.0),
+        ),
+        (lambda: FrozenLakeTextEnv(invalid_penalty=-0.5), (0.0, 1.0), -0.5, (-8.0, 1.0)),
+    ],
+    ids=["CliffWalking-v1", "Taxi-v4", "FrozenLake-v1", "Blackjack-v1", "frozenlake-charged"],
+)
+def test_toy_text_envs_pass_check_env_with_never_acting_at_the_floor(
+    make: Any,
+    step_rewards: tuple[float, float],
+    penalty: float,
+    reward_range: tuple[float, float],
+) -> None:
+    env = make()
+    assert (env.step_reward_range, env.invalid_penalty, env.reward_range) == (
+        step_rewards,
+        penalty,
+        reward_range,
+    )
+    report = check_env(env)  # raises, listing the failures, unless every check passes
+    floor = next(r for r in report.results if r.name == "null policy at floor")
+    assert floor.detail == str(reward_range[0])
+
+
+def test_never_acting_scores_below_the_optimal_cliff_walk_and_ties_the_worst() -> None:
+    env = cliff_env()
+    env.reset(seed=0)
+    steps = play(env, *["I'd rather not say."] * 20)
+    assert steps[0] == (
+        "That is not an action (reward -100). "
+        "Reply with one of: up, right, down, left, e.g. <action>up</action>.",
+        0.0,
+        False,
+        False,
+    )
+    assert steps[-1][1:] == (-2000.0, False, True)
+    assert dict(env.state.metrics) == {"invalid_actions": 20, "invalid_penalty": -2000.0}
+
+    env.reset(seed=0)
+    optimal = play(env, "up", *["right"] * 11, "down")
+    assert [reward for _, reward, *_ in optimal] == [0.0] * 12 + [-13.0]
+    assert optimal[-1][2:] == (True, False)
+
+    env.reset(seed=0)  # stepping off the cliff every turn: the worst an acting policy can do
+    assert play(env, *["right"] * 20)[-1][1:] == (-2000.0, False, True)
+
+
+def test_an_invalid_reply_costs_the_worst_step_and_leaves_the_env_as_it_was() -> None:
+    env = cliff_env()
+    env.reset(seed=0)
+    steps = play(env, "up", "hmm", *["right"] * 11, "down")
+    assert (steps[1][1], steps[2][0], steps[-1][1:]) == (0.0, "25", (-113.0, True, False))
+    assert env.state.data["invalid_penalty"] == -100.0
+    assert dict(env.state.metrics) == {
+        "invalid_actions": 1,
+        "invalid_penalty": -100.0,
+        "env_steps": 13,
+    }
+    assert env.state.reward_components == {"return": -113.0}
+
+
+def test_taxi_never_acting_scores_below_wandering() -> None:
+    env = GymTextEnv("Taxi-v4", TAXI)
+    env.reset(seed=0)
+    assert play(env, *[""] * 20)[-1][1] == -200.0
+    env.reset(seed=0)
+    assert play(env, *["north"] * 20)[-1][1] == -20.0
+
+
+def test_the_step_rewards_are_read_from_the_transition_table() -> None:
+    assert table_step_rewards(gym.make("CliffWalking-v1")) == (-100.0, -1.0)
+    assert table_step_rewards(gym.make("Taxi-v4")) == (-10.0, 20.0)
+    assert table_step_rewards(gym.make("FrozenLake-v1", map_name="8x8")) == (0.0, 1.0)
+    assert table_step_rewards(gym.make("Blackjack-v1")) is None  # no table P
+    doubled = TransformReward(gym.make("CliffWalking-v1"), lambda r: 2 * r)
+    assert table_step_rewards(doubled) is None  # the table no longer tells the rewards
+
+
+def test_unknown_step_rewards_fail_at_reset_and_name_the_fix() -> None:
+    env = GymTextEnv("Blackjack-v1", BLACKJACK)
+    with pytest.raises(EnvhubError) as error:
+        env.reset(seed=0)
+    assert str(error.value) == (
+        "gym-text: cannot tell the lowest reward one step of Blackjack-v1 can give (it has no "
+        "transition table P, or a wrapper may change its rewards), and a reply that names no "
+        "action must cost at least that much; pass step_reward_range=(lowest, highest), "
+        "e.g. (-1.0, 1.0)"
+    )
+
+
+def test_a_penalty_that_pays_better_than_acting_is_refused() -> None:
+    message = (
+        "invalid_penalty 0 would make a reply that names no action pay better than acting "
+        "(a step can pay as little as -100); use at most -100"
+    )
+    with pytest.raises(EnvhubError) as error:
+        cliff_env(invalid_penalty=0.0).reset(seed=0)
+    assert str(error.value) == message
+    with pytest.raises(EnvhubError, match="use at most -1$"):
+        GymTextEnv(Corridor(), ["back", "forward"], step_reward_range=(-1, 1), invalid_penalty=-0.5)
+    with pytest.raises(EnvhubError, match="use at most 0$"):
+        GymTextEnv(Corridor(), ["back", "forward"], step_reward_range=(1, 2), invalid_penalty=0.5)
+
+
+def test_a_harsher_penalty_lowers_the_floor() -> None:
+    env = cliff_env(invalid_penalty=-150.0, max_turns=4)
+    assert env.reward_range == (-600.0, 0.0)
+    env.reset(seed=0)
+    assert play(env, "", "", "", "")[-1][1] == -600.0
