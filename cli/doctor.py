@@ -18,8 +18,10 @@ def doctor_command(
         None, "--model", "-m", help="Model name on the server (default: its first)."
     ),
 ) -> None:
-    """Check that each turn's prompt is an exact token prefix of the next, on synthetic
-    plain, tool-calling and reasoning conversations. Exits 1 if the template rewrites history.
+    """Check that each turn's prompt is a token prefix of the next.
+
+    Renders synthetic plain, tool-calling and reasoning conversations with the
+    server's chat template. Exits 1 if the template rewrites history.
 
     Examples:
         envhub doctor -u http://127.0.0.1:8000

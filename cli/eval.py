@@ -31,10 +31,10 @@ def eval_command(
         False, "--serve", help="Start a local vLLM server for --model, and stop it afterwards."
     ),
     num_tasks: int = typer.Option(
-        10, "-n", "--num-tasks", min=1, help="Tasks to evaluate (drawn with --seed)."
+        10, "-n", "--num-tasks", min=1, metavar="N", help="Tasks to evaluate (drawn with --seed)."
     ),
     rollouts: int = typer.Option(
-        3, "-r", "--rollouts", min=1, help="Samples per task (pass@k uses them)."
+        3, "-r", "--rollouts", min=1, metavar="N", help="Samples per task (pass@k uses them)."
     ),
     max_tokens: int = typer.Option(512, help="Tokens per assistant turn."),
     temperature: float = typer.Option(0.7, help="Sampling temperature."),
@@ -44,6 +44,8 @@ def eval_command(
         [],
         "--env-arg",
         "-a",
+        # Short type labels leave the help column room for the default model id, whole.
+        metavar="KEY=VALUE",
         help="Env constructor argument KEY=VALUE (VALUE parsed as JSON when it can be); "
         "repeatable.",
     ),
@@ -58,12 +60,14 @@ def eval_command(
     step_timeout: float = typer.Option(60.0, help="Seconds an env step may take."),
     episode_timeout: float = typer.Option(900.0, help="Seconds an episode may take."),
 ) -> None:
-    """Evaluate a model on an env: progress bar, summary table, results saved as JSONL.
+    """Evaluate a model on an env: a summary table, results as JSONL.
+
+    Give --base-url for a running server, or --serve to start vLLM for the run.
 
     Examples:
         envhub eval calculator --serve -n 8 -r 2
-        envhub eval arithmetic -m Qwen/Qwen2.5-0.5B-Instruct -u http://127.0.0.1:8000/v1 -n 50 -r 4
-        envhub eval frozenlake -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
+        envhub eval arithmetic -u http://127.0.0.1:8000/v1 -n 50 -r 4
+        envhub eval wordle -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
     """
     from envhub.errors import ConfigError
 

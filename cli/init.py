@@ -29,11 +29,13 @@ def init_command(
         "replace the template's files, keep the others.",
     ),
 ) -> None:
-    """Create an env package from a template: a working env, its tests and a README to edit.
+    """Create an env package from a template: an env, tests, a README.
 
-    Templates: single-turn (one answer, exact-match reward), multi-turn (a game with feedback
-    every turn), tool (a tool that reads hidden per-episode state), code (a program scored by
-    test cases run in a sandbox).
+    Templates:
+        single-turn   one answer, exact-match reward
+        multi-turn    a game with feedback every turn
+        tool          a tool that reads hidden per-episode state
+        code          a program scored by test cases run in a sandbox
 
     Examples:
         envhub init my-env

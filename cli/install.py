@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
 
 def install_command(
     reference: str = typer.Argument(
-        None, help="owner/name[@version|@revision]; none: everything in the lock file."
+        None, help="owner/name, optionally @version or @revision; none: the whole lock file."
     ),
     trust: bool = typer.Option(
         False, "--trust", help="Install without asking (the package's code will run)."
@@ -33,12 +33,15 @@ def install_command(
         None, "--token", envvar="HF_TOKEN", help="Hub token (private repos)."
     ),
 ) -> None:
-    """Resolve to an exact commit, download, verify the hashes, install, and pin in envhub.lock.
+    """Install an env package from the Hub, pinned to a commit.
+
+    Resolves the exact commit, downloads it, verifies the hashes, installs it and
+    pins it in envhub.lock.
 
     Examples:
         envhub install someone/capital-cities@0.1.0
         envhub install someone/capital-cities --trust
-        envhub install            # everything envhub.lock pins, at the locked commits
+        envhub install    # everything envhub.lock pins, at the locked commits
     """
     import sys
 
@@ -76,7 +79,7 @@ def install_command(
 
 
 def pull_command(
-    reference: str = typer.Argument(..., help="owner/name[@version|@revision]."),
+    reference: str = typer.Argument(..., help="owner/name, optionally @version or @revision."),
     show_versions: bool = typer.Option(
         False, "--list", help="List the published versions instead."
     ),
@@ -84,7 +87,9 @@ def pull_command(
         None, "--token", envvar="HF_TOKEN", help="Hub token (private repos)."
     ),
 ) -> None:
-    """Download and verify a package without installing it; print where it is.
+    """Download and verify a package without installing it.
+
+    Prints what was downloaded and the folder it is in.
 
     Examples:
         envhub pull someone/capital-cities@0.1.0

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import typer
 
+HEADERS = ("name", "kind", "tools", "version", "from", "description")
+MIN_DESCRIPTION = 40
+"""The narrowest description column worth a table (a typical docstring line then takes two
+lines); narrower, each description goes under its env. At 80 columns the built-ins leave 25."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``envhub list`` command to ``app``."""
@@ -15,7 +20,9 @@ def list_command(
         False, "--hub", help="List env packages on the Hub instead (repos tagged envhub)."
     ),
 ) -> None:
-    """List installed envs: name, kind, tools, version and where each comes from.
+    """List installed envs: name, kind, tools, version and origin.
+
+    An env that fails to load is listed as broken, with the reason.
 
     Examples:
         envhub list
@@ -26,17 +33,20 @@ def list_command(
 
         print_hub_packages(None, None, 100, None)
         return
-    from rich.table import Table
+    from rich.text import Text
 
-    from envhub.cli.console import console
+    from envhub.cli.console import console, listing
     from envhub.registry import list_envs
 
-    table = Table(title="envhub environments", title_justify="left")
-    for column in ("name", "kind", "tools", "version", "from", "description"):
-        table.add_column(column, overflow="fold")
+    rows = []
     for name, spec in sorted(list_envs().items()):
-        table.add_row(name, *describe(spec))
-    console.print(table)
+        kind, *rest = describe(spec)
+        rows.append([name, Text(kind, style="red" if kind == "broken" else ""), *rest])
+    under = {"description": "", "tools": "tools: "}
+    title = "envhub environments"
+    console.print(
+        listing(title, HEADERS, rows, console.width, under=under, min_last=MIN_DESCRIPTION)
+    )
 
 
 def describe(spec) -> tuple[str, str, str, str, str]:
@@ -51,7 +61,7 @@ def describe(spec) -> tuple[str, str, str, str, str]:
     try:
         target = spec.load()
     except EnvLoadError as e:
-        return "[red]broken[/]", "", spec.version or "", origin, str(e)
+        return "broken", "", spec.version or "", origin, str(e)
     kinds = [
         (ToolEnv, "tool"),
         (MultiTurnEnv, "multi-turn"),

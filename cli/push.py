@@ -31,10 +31,10 @@ def push_command(
         False, "--skip-tests", help="Run the gates but not the package's own tests."
     ),
 ) -> None:
-    """Check the package, upload it, tag the version and record its content hash.
+    """Check a package, upload it, tag the version and record its hash.
 
-    Secrets and junk (.env, keys, tokens, .git, venvs, caches, build output) are never uploaded;
-    what was left out is listed.
+    Secrets and junk (.env, keys, tokens, .git, venvs, caches, build output)
+    are never uploaded; what was left out is listed.
 
     Examples:
         envhub push ./my-env

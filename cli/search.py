@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import typer
 
+MIN_TAGS = 20
+"""The narrowest tags column worth a table; narrower, each package's tags go under it."""
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``envhub search`` command to ``app``."""
@@ -17,12 +20,14 @@ def search_command(
     author: str = typer.Option(
         None, "--author", help="Only this user's or organisation's packages."
     ),
-    limit: int = typer.Option(50, "--limit", min=1),
+    limit: int = typer.Option(50, "--limit", min=1, help="Most packages to list."),
     token: str = typer.Option(
         None, "--token", envvar="HF_TOKEN", help="Hub token (to see your private packages)."
     ),
 ) -> None:
     """Find env packages on the Hub (repos tagged `envhub`).
+
+    Your token (--token, HF_TOKEN or `hf auth login`) also shows private ones.
 
     Examples:
         envhub search capital
@@ -34,20 +39,22 @@ def search_command(
 def print_hub_packages(
     query: str | None, author: str | None, limit: int, token: str | None
 ) -> None:
-    """The search result as a table (also ``envhub list --hub``)."""
-    from rich.table import Table
-
-    from envhub.cli.console import console
+    """The search result as a table (also ``envhub list --hub``); repo ids never wrap."""
+    from envhub.cli.console import console, listing
     from envhub.hub.search import search
 
     packages = search(query, author=author, limit=limit, token=token)
-    table = Table(
-        title=f"envhub packages on the Hub{f' matching {query!r}' if query else ''}",
-        title_justify="left",
+    title = f"envhub packages on the Hub{f' matching {query!r}' if query else ''}"
+    rows = [
+        [
+            p.repo_id,
+            p.last_modified[:10],
+            "private" if p.private else "public",
+            ", ".join(t for t in p.tags if t != "envhub"),
+        ]
+        for p in packages
+    ]
+    headers = ("repo", "updated", "visibility", "tags")
+    console.print(
+        listing(title, headers, rows, console.width, under={"tags": "tags: "}, min_last=MIN_TAGS)
     )
-    for column in ("repo", "tags", "updated", "visibility"):
-        table.add_column(column, overflow="fold")
-    for p in packages:
-        tags = ", ".join(t for t in p.tags if t not in ("envhub",))
-        table.add_row(p.repo_id, tags, p.last_modified[:10], "private" if p.private else "public")
-    console.print(table)

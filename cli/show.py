@@ -25,12 +25,12 @@ def show_command(
 ) -> None:
     """Print the summary of saved results, or one episode turn by turn.
 
-    An episode shows its conversation with its rewards, tool calls, errors and token counts.
+    An episode shows its messages, rewards, tool calls, errors and token counts.
 
     Examples:
         envhub show outputs/eval/calculator-smollm2-20261123-091258
         envhub show outputs/eval/calculator-smollm2-20261123-091258 -e 3
-        envhub show outputs/train/quickstart/trajectories/step-000020.jsonl --worst
+        envhub show --worst outputs/train/my-run/trajectories/step-000020.jsonl
     """
     from envhub.cli.console import console
     from envhub.cli.eval import summary_table

@@ -33,10 +33,16 @@ LOG_WIDTH = 200
 """Width of the table when output goes to a file or pipe (rich would assume 80 columns)."""
 
 
+def step_width(steps: int) -> int:
+    """Width of the step column: ``steps/steps``, or its header when that is wider (a run of
+    under 10 steps printed ``st…`` over ``3/5``)."""
+    return max(len("step"), len(f"{steps}/{steps}"))
+
+
 def columns_for(width: int, steps: int) -> list[tuple[str, str, str, int, int]]:
     """The columns that fit in ``width`` characters, dropping low-priority ones first."""
     chosen = list(COLUMNS)
-    used = len(f"{steps}/{steps}") + sum(c[3] + 1 for c in chosen)
+    used = step_width(steps) + sum(c[3] + 1 for c in chosen)
     for priority in (3, 2, 1):
         for column in [c for c in reversed(chosen) if c[4] == priority]:
             if used <= width:
@@ -95,6 +101,8 @@ class RichReporter:
                 f"(initial weight sync {info['sync/seconds']:.2f} s{check})",
                 soft_wrap=True,
             )
+        if info.get("tools"):
+            console.print(f"tools: {info['tools']}", soft_wrap=True)
         if info.get("rollout_workers"):
             where = ", ".join(f"pid {w['pid']} on {w['node']}" for w in info["rollout_workers"])
             console.print(
@@ -150,7 +158,7 @@ def step_row(
     table = Table(
         show_header=header, box=None, pad_edge=False, padding=(0, 1, 0, 0), header_style="bold"
     )
-    table.add_column("step", justify="right", width=len(f"{steps}/{steps}"), no_wrap=True)
+    table.add_column("step", justify="right", width=step_width(steps), no_wrap=True)
     for _, title, _, width, _ in columns:
         table.add_column(title, justify="right", width=max(width, len(title)), no_wrap=True)
     cells = [f"{step}/{steps}"]
@@ -174,6 +182,8 @@ def show_dry_run(config: Any, estimate: dict[str, Any]) -> None:
         )
     )
     table = Table(title="estimate", show_header=False)
+    table.add_column(no_wrap=True)  # "activations per micro-batch" stays one line; values wrap
+    table.add_column()
     for key, value in estimate.items():
         table.add_row(key, value)
     console.print(table)
