@@ -21,10 +21,13 @@ def check_command(
         True, "--tests/--no-tests", help="Also run a package folder's own tests."
     ),
 ) -> None:
-    """Check that envs honour the env contract (determinism, schemas, rewards, budgets, close).
+    """Check that envs honour the env contract.
 
-    A package folder also passes the push gates: metadata, entry points, version, no answer
-    leak in prompts, and its own tests (what `envhub push` runs and puts on the Hub card).
+    The contract: determinism, schemas, rewards, budgets and close.
+
+    A package folder also passes the push gates (what `envhub push` runs and
+    puts on the Hub card): metadata, entry points, version, no answer leak in
+    prompts, and its own tests.
 
     Examples:
         envhub check ./my-env
@@ -62,11 +65,13 @@ def check_command(
 
 
 def _construct(name: str, spec):
-    from envhub.errors import EnvLoadError
+    from envhub.errors import EnvhubError, EnvLoadError
 
     factory = spec.load()
     try:
         return factory()
+    except EnvhubError as e:  # envhub named the cause (a dataset row, say): show it as is
+        raise EnvLoadError(f"env {name!r} cannot be constructed: {e}") from e
     except Exception as e:
         raise EnvLoadError(
             f"env {name!r} cannot be constructed without arguments: {type(e).__name__}: {e}"

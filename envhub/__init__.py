@@ -17,6 +17,7 @@ _EXPORTS = {
     "TaskEnv": "envhub.env",
     "SingleTurnEnv": "envhub.env",
     "State": "envhub.env",
+    "RequiredField": "envhub.rows",
     "MultiTurnEnv": "envhub.multiturn",
     "ToolEnv": "envhub.multiturn",
     # messages and trajectories
@@ -50,6 +51,7 @@ __all__ = [
     "Message",
     "MultiTurnEnv",
     "OpenAIEngine",
+    "RequiredField",
     "RolloutRunner",
     "Rubric",
     "SamplingParams",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from envhub.registry import list_envs, register
     from envhub.rewards.rubric import Rubric, group_reward, reward
     from envhub.rollout.runner import RolloutRunner
+    from envhub.rows import RequiredField
     from envhub.tools.tool import Injected, Tool, tool
     from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
 

@@ -4,11 +4,17 @@ Each check runs on its own; a failure in one does not hide the others. ``check_e
 :class:`EnvCheckError` listing every failure (or returns the report with
 ``raise_on_failure=False``).
 
-Checks: the API shape; reset output (valid messages); determinism under a seed (same seed, same
+Checks: the API shape; reset output (valid messages); every dataset row of a
+:class:`~envhub.env.TaskEnv` makes a prompt; determinism under a seed (same seed, same
 actions -> same observations, rewards and flags); tool schemas (valid OpenAI function schemas);
 episodes end within their budget with finite rewards of the right types inside
 ``reward_range``; a null (empty) policy scores the floor; the env's ``reference_policy``, if it
 has one, scores the top; ``close`` is idempotent and the env is a context manager.
+
+A ``TaskEnv``'s episodes are pinned to tasks spread over its whole dataset (first to last, see
+:func:`spread_tasks`), not to whichever tasks the first seeds happen to draw. When a check fails
+on an episode that recorded an error (a reward, a tool or the env raised), the message leads
+with that error: it is the cause, the score is only the symptom.
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ from typing import Any
 
 import jsonschema
 
-from envhub.env import Env
+from envhub.env import Env, TaskEnv
 from envhub.errors import EnvCheckError
 from envhub.testing import Policy, null_policy
 from envhub.tools.tool import TOOL_NAME_PATTERN
-from envhub.types import Message, as_message
+from envhub.types import ErrorRecord, Message, as_message
 
 
 @dataclass
@@ -59,15 +65,59 @@ class CheckReport:
         return [r for r in self.results if not r.passed]
 
 
+@dataclass(frozen=True)
+class _Start:
+    """How one checked episode starts: its seed and, for a TaskEnv, the task it is pinned to."""
+
+    seed: int
+    task: int | None = None
+
+    @property
+    def options(self) -> dict[str, Any] | None:
+        return None if self.task is None else {"task_index": self.task}
+
+    def __str__(self) -> str:
+        return f"seed {self.seed}" if self.task is None else f"seed {self.seed}, task {self.task}"
+
+
 @dataclass
 class _Episode:
     observations: list[list[dict[str, Any]]]
     rewards: list[float]
     flags: list[tuple[bool, bool]]
+    errors: list[ErrorRecord] = field(default_factory=list, compare=False)
+    """What the env recorded (``info["errors"]``): the cause when a check fails."""
 
     @property
     def total(self) -> float:
         return sum(self.rewards)
+
+    def blame(self) -> str:
+        """The first recorded error, to lead a failure message with ("" when there is none)."""
+        if not self.errors:
+            return ""
+        first, more = self.errors[0], len(self.errors) - 1
+        kind, _, name = first.stage.partition(":")
+        where = f"{kind} `{name}`" if name else first.stage
+        also = f" (and {more} more error{'s' * (more > 1)})" if more else ""
+        return f"{where} raised {first.type}: {first.message}{also} — "
+
+
+def spread_tasks(count: int, size: int) -> list[int]:
+    """``count`` task indices spread evenly over ``size`` tasks, the first and last included;
+    every task in order (then again) when ``count >= size``. 3 of 20 tasks: ``[0, 9, 19]``."""
+    if count >= size:
+        return [k % size for k in range(count)]
+    if count == 1:
+        return [0]
+    return [k * (size - 1) // (count - 1) for k in range(count)]
+
+
+def _starts(env: Env, seeds: tuple[int, ...]) -> tuple[_Start, ...]:
+    if not isinstance(env, TaskEnv):
+        return tuple(_Start(seed) for seed in seeds)
+    tasks = spread_tasks(len(seeds), len(env.dataset))
+    return tuple(_Start(seed, task) for seed, task in zip(seeds, tasks, strict=True))
 
 
 def check_env(
@@ -81,19 +131,22 @@ def check_env(
 
     Args:
         env: The env to check; it is closed at the end.
-        seeds: Seeds to reset with (each check uses them all).
+        seeds: Seeds to reset with (each check uses them all). A ``TaskEnv``'s episodes are
+            also pinned to tasks spread over its dataset (:func:`spread_tasks`).
         max_steps: An episode that has not ended after this many steps fails.
         raise_on_failure: Raise :class:`EnvCheckError` if any check fails.
     """
     report = CheckReport(getattr(env, "name", type(env).__name__))
+    starts = _starts(env, seeds)
     checks: list[tuple[str, Callable[[], str]]] = [
         ("api", lambda: _check_api(env)),
-        ("reset", lambda: _check_reset(env, seeds)),
-        ("determinism", lambda: _check_determinism(env, seeds, max_steps)),
+        ("reset", lambda: _check_reset(env, starts)),
+        ("dataset", lambda: _check_dataset(env)),
+        ("determinism", lambda: _check_determinism(env, starts, max_steps)),
         ("tool schemas", lambda: _check_tools(env)),
-        ("episodes", lambda: _check_episodes(env, seeds, max_steps)),
-        ("null policy at floor", lambda: _check_floor(env, seeds, max_steps)),
-        ("reference policy at top", lambda: _check_reference(env, seeds, max_steps)),
+        ("episodes", lambda: _check_episodes(env, starts, max_steps)),
+        ("null policy at floor", lambda: _check_floor(env, starts, max_steps)),
+        ("reference policy at top", lambda: _check_reference(env, starts, max_steps)),
         ("close", lambda: _check_close(env)),
     ]
     for name, check in checks:
@@ -130,9 +183,9 @@ def _check_api(env: Env) -> str:
     return f"{type(env).__name__} v{env.version}"
 
 
-def _check_reset(env: Env, seeds: tuple[int, ...]) -> str:
-    for seed in seeds:
-        result = env.reset(seed=seed)
+def _check_reset(env: Env, starts: tuple[_Start, ...]) -> str:
+    for start in starts:
+        result = env.reset(seed=start.seed, options=start.options)
         assert isinstance(result, tuple) and len(result) == 2, (
             "reset() must return (observation, info)"
         )
@@ -145,14 +198,34 @@ def _check_reset(env: Env, seeds: tuple[int, ...]) -> str:
         assert _dump(observation)[-1]["role"] in ("user", "system", "tool"), (
             "the prompt must not end with an assistant message"
         )
-    return f"{len(seeds)} seeds"
+    tasks = [start.task for start in starts if start.task is not None]
+    if not tasks:
+        return f"{len(starts)} seeds"
+    return f"{len(starts)} seeds on tasks {', '.join(map(str, tasks))} of {len(env.dataset)}"
 
 
-def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = False) -> _Episode:
-    observation, _ = env.reset(seed=seed)
+def _check_dataset(env: Env) -> str:
+    """Every row makes a prompt: the seeded episodes see a few tasks, a bad row may hide."""
+    if not isinstance(env, TaskEnv):
+        return "no dataset"
+    for index in range(len(env.dataset)):
+        try:
+            prompt = env.format_prompt(dict(env.dataset[index]))
+        except Exception as e:
+            raise AssertionError(
+                f"task {index}: format_prompt raised {type(e).__name__}: {e}"
+            ) from e
+        assert prompt, f"task {index}: format_prompt returned no messages"
+    return f"{len(env.dataset)} tasks make prompts"
+
+
+def _run(
+    env: Env, start: _Start, policy: Policy, max_steps: int, sampled: bool = False
+) -> _Episode:
+    observation, _ = env.reset(seed=start.seed, options=start.options)
     conversation = list(observation)
     episode = _Episode([_dump(observation)], [], [])
-    env.action_space.seed(seed)
+    env.action_space.seed(start.seed)
     for _ in range(max_steps):
         action = (
             env.action_space.sample()
@@ -165,9 +238,10 @@ def _run(env: Env, seed: int, policy: Policy, max_steps: int, sampled: bool = Fa
         episode.observations.append(_dump(observation))
         episode.rewards.append(float(reward))
         episode.flags.append((terminated, truncated))
+        episode.errors += [ErrorRecord.model_validate(e) for e in info.get("errors") or ()]
         if terminated or truncated:
             return episode
-    raise AssertionError(f"episode (seed {seed}) did not end within {max_steps} steps")
+    raise AssertionError(f"episode ({start}) did not end within {max_steps} steps")
 
 
 def _check_step_types(
@@ -186,13 +260,13 @@ def _check_step_types(
     assert isinstance(info, dict), "step() info must be a dict"
 
 
-def _check_determinism(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
-    for seed in seeds:
+def _check_determinism(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
+    for start in starts:
         for sampled in (False, True):
-            first = _run(env, seed, null_policy, max_steps, sampled)
-            second = _run(env, seed, null_policy, max_steps, sampled)
-            assert first == second, f"seed {seed}: two runs with the same seed and actions differ"
-    return f"{len(seeds)} seeds x (null, random) actions"
+            first = _run(env, start, null_policy, max_steps, sampled)
+            second = _run(env, start, null_policy, max_steps, sampled)
+            assert first == second, f"{start}: two runs with the same seed and actions differ"
+    return f"{len(starts)} seeds x (null, random) actions"
 
 
 def _check_tools(env: Env) -> str:
@@ -220,36 +294,37 @@ def _check_tools(env: Env) -> str:
     return ", ".join(names)
 
 
-def _check_episodes(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+def _check_episodes(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
     low, high = env.reward_range
     totals = []
-    for seed in seeds:
-        episode = _run(env, seed, null_policy, max_steps, sampled=True)
+    for start in starts:
+        episode = _run(env, start, null_policy, max_steps, sampled=True)
         assert low - 1e-9 <= episode.total <= high + 1e-9, (
-            f"seed {seed}: total reward {episode.total} outside reward_range {env.reward_range}"
+            f"{episode.blame()}{start}: total reward {episode.total} "
+            f"outside reward_range {env.reward_range}"
         )
         totals.append(episode.total)
     return f"random actions: rewards {totals}"
 
 
-def _check_floor(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+def _check_floor(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
     return _check_policy_total(
-        env, seeds, max_steps, null_policy, env.reward_range[0], "the empty answer", "floor"
+        env, starts, max_steps, null_policy, env.reward_range[0], "the empty answer", "floor"
     )
 
 
-def _check_reference(env: Env, seeds: tuple[int, ...], max_steps: int) -> str:
+def _check_reference(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
     policy = getattr(env, "reference_policy", None)
     if policy is None:
         return "no reference policy declared"
     return _check_policy_total(
-        env, seeds, max_steps, policy, env.reward_range[1], "the reference policy", "top"
+        env, starts, max_steps, policy, env.reward_range[1], "the reference policy", "top"
     )
 
 
 def _check_policy_total(
     env: Env,
-    seeds: tuple[int, ...],
+    starts: tuple[_Start, ...],
     max_steps: int,
     policy: Policy,
     target: float,
@@ -259,10 +334,10 @@ def _check_policy_total(
     """Every seed's episode under ``policy`` totals exactly ``target`` (an end of reward_range)."""
     if not math.isfinite(target):
         return f"no finite {where} in reward_range"
-    for seed in seeds:
-        total = _run(env, seed, policy, max_steps).total
-        assert math.isclose(total, target, abs_tol=1e-9), (
-            f"seed {seed}: {who} scored {total}; "
+    for start in starts:
+        episode = _run(env, start, policy, max_steps)
+        assert math.isclose(episode.total, target, abs_tol=1e-9), (
+            f"{episode.blame()}{start}: {who} scored {episode.total}; "
             f"it must score the {where} of reward_range, {target}"
         )
     return f"{target}"

@@ -32,8 +32,9 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from envhub._async import run_sync
-from envhub.errors import EnvhubError
+from envhub.errors import EnvhubError, EnvLoadError
 from envhub.rewards.rubric import Rubric
+from envhub.rows import RequiredField, missing_message, needs_argument, rows_without
 from envhub.spaces import AssistantTurnSpace, MessagesSpace
 from envhub.types import (
     AssistantTurn,
@@ -253,10 +254,17 @@ class TaskEnv(Env):
         max_tokens: int | None = None,
     ) -> None:
         super().__init__()
-        self.dataset = _as_sequence(dataset if dataset is not None else self.load_dataset())
+        rows = dataset if dataset is not None else self.load_dataset()
+        self.dataset = _as_sequence(rows)
         if len(self.dataset) == 0:
             raise EnvhubError(f"{self.name}: the dataset is empty")
         self.rubric = rubric if rubric is not None else self.default_rubric()
+        # Data is checked row by row (a datasets.Dataset by column, in milliseconds); rows that
+        # code generates on demand (procedural tasks) are not: generating them all would cost
+        # every construction of the env (176 ms for the calculator's 1000), and `envhub check`
+        # runs the prompt over every row anyway.
+        if isinstance(rows, (list, tuple)) or hasattr(rows, "column_names"):
+            self._check_rows(rows)
         self.instructions = system_prompt if system_prompt is not None else self.system_prompt
         self.max_turns = max_turns if max_turns is not None else self.default_max_turns
         self.max_tokens = max_tokens
@@ -271,6 +279,29 @@ class TaskEnv(Env):
     def default_rubric(self) -> Rubric:
         """Reward functions to use when none are passed in."""
         return Rubric()
+
+    def required_fields(self) -> list[RequiredField]:
+        """Fields every dataset row must have; checked over all rows when the env is made.
+
+        By default: ``answer`` when a reward asks for it (an ``answer`` or ``answers`` parameter
+        without a default value), and ``prompt`` or ``question`` unless :meth:`format_prompt` is
+        overridden. Override it (and extend ``super()``'s list) to name the fields your own
+        hooks read, so that a bad row is named when the env is made, not found mid-training.
+        """
+        fields = []
+        readers = [
+            f.name
+            for f in self.rubric.funcs
+            if needs_argument(f, "answers" if f.group else "answer")
+        ]
+        if readers:
+            names = ", ".join(f"`{name}`" for name in readers)
+            fields.append(
+                RequiredField(("answer",), f"the reward{'s' * (len(readers) > 1)} {names}")
+            )
+        if type(self).format_prompt is TaskEnv.format_prompt:
+            fields.append(RequiredField(("prompt", "question"), "format_prompt"))
+        return fields
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
         """The first messages of an episode: the system prompt and the task's question."""
@@ -395,6 +426,12 @@ class TaskEnv(Env):
             index = int(self.np_random.integers(len(self.dataset)))
         return index, dict(self.dataset[index])
 
+    def _check_rows(self, rows: Any) -> None:
+        for need in self.required_fields():
+            missing = rows_without(rows, need.names)
+            if missing:
+                raise EnvLoadError(missing_message(self.name, need, missing, len(self.dataset)))
+
     def _active_state(self) -> State:
         if self.state is None:
             raise EnvhubError(f"{self.name}: call reset() before step()")
@@ -452,3 +489,8 @@ def _as_sequence(dataset: Any) -> Sequence[dict[str, Any]]:
     if hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__"):
         return dataset if isinstance(dataset, Sequence) else _Sequence(dataset)
     return list(dataset)
+
+
+def _answer_param(func: Any) -> str:
+    """The parameter a reward reads the answer from: ``answers`` (group rewards) or ``answer``."""
+    return "answers" if func.group else "answer"

@@ -6,8 +6,10 @@ Each gate really runs; a failure in one does not hide the others.
 - **entry points**: every ``envhub.envs`` entry point imports and constructs without arguments.
 - **version**: every env's ``version`` equals the package version (``owner/name@VERSION`` means
   one thing).
-- **contract**: :func:`envhub.check_env` on every env (determinism, schemas, finite rewards inside
-  ``reward_range``, the empty reply at the floor, the reference policy at the top, close).
+- **contract**: :func:`envhub.check_env` on every env (every dataset row makes a prompt,
+  determinism, schemas, finite rewards inside ``reward_range``, the empty reply at the floor, the
+  reference policy at the top, close), on tasks spread over the whole dataset. A dataset row
+  without a field the env needs already fails **entry points**: the env refuses it when made.
 - **no answer leak**: the task's answer does not appear in the prompt. An answer can show up in a
   prompt by coincidence ("what is 5 times 1?"), a leak shows up everywhere, so the gate fails when
   the answer appears in at least half of the prompts checked (answers shorter than 2 characters
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.checker import CheckResult, check_env
+from envhub.errors import EnvhubError
 from envhub.package import package_env_specs, read_pyproject
 
 LEAK_TASKS = 20
@@ -140,6 +143,10 @@ def _entry_points(root: Path, envs: dict[str, Any], report: PackageReport) -> st
         factory = spec.load()
         try:
             envs[name] = factory()
+        except EnvhubError as e:  # envhub named the cause (a dataset row, say): show it as is
+            raise AssertionError(
+                f"env {name!r} ({spec.target_path}) cannot be constructed: {e}"
+            ) from e
         except Exception as e:
             raise AssertionError(
                 f"env {name!r} ({spec.target_path}) cannot be constructed without arguments: "
@@ -173,7 +180,10 @@ def _no_leak(envs: dict[str, Any], name: str) -> str:
     checked = leaks = 0
     example = ""
     for index in range(min(len(dataset), LEAK_TASKS)):
-        observation, _ = env.reset(seed=index, options={"task_index": index})
+        try:
+            observation, _ = env.reset(seed=index, options={"task_index": index})
+        except Exception as e:  # name the row: a bare KeyError says nothing about where
+            raise AssertionError(f"task {index}: reset raised {type(e).__name__}: {e}") from e
         answer = str(getattr(getattr(env, "state", None), "answer", None) or "").strip()
         if len(answer) < 2:
             continue

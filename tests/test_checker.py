@@ -1,4 +1,5 @@
-"""check_env: each kind of broken env fails the check that names the problem; calculator passes."""
+"""check_env: each kind of broken env fails the check that names the problem; calculator passes;
+a task env is checked across its whole dataset, and a failure leads with the error recorded."""
 
 from __future__ import annotations
 
@@ -8,15 +9,18 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from envhub.checker import check_env
-from envhub.env import Env
+from envhub.checker import check_env, spread_tasks
+from envhub.env import Env, SingleTurnEnv, State
 from envhub.envs.calculator import CalculatorEnv
 from envhub.errors import EnvCheckError
+from envhub.rewards.match import exact_match
+from envhub.rewards.rubric import Rubric, reward
 from envhub.types import Message, user
 
 CHECKS = [
     "api",
     "reset",
+    "dataset",
     "determinism",
     "tool schemas",
     "episodes",
@@ -64,6 +68,7 @@ def test_a_good_env_passes() -> None:
     assert {r.name: r.detail for r in report.results} == {
         "api": "Good v0.0.0",
         "reset": "3 seeds",
+        "dataset": "no dataset",
         "determinism": "3 seeds x (null, random) actions",
         "tool schemas": "no tools",
         "episodes": "random actions: rewards [0.0, 0.0, 0.0]",
@@ -227,3 +232,94 @@ def test_an_env_without_a_finite_reward_range_skips_floor_and_top() -> None:
 
 def test_a_plain_gymnasium_env_is_not_an_envhub_env() -> None:
     assert failures(gym.make("CartPole-v1").unwrapped)["api"] == "CartPoleEnv is not an envhub.Env"
+
+
+# -- task envs: seeds spread over the dataset, causes before symptoms ---------------------------
+
+
+@reward
+def says_yes(response: str, answer: Any) -> Any:
+    return "yes"
+
+
+@reward
+def divides(response: str) -> float:
+    return 1 / 0
+
+
+class Sums(SingleTurnEnv):
+    """20 sums; the reference adds them up. Records the task of every reset."""
+
+    name = "sums"
+    reward_range = (0.0, 1.0)
+
+    def __init__(self, **kwargs: Any) -> None:
+        rows = [{"question": f"{i} + {i}", "answer": str(2 * i)} for i in range(20)]
+        super().__init__(rows, **kwargs)
+        self.tasks_seen: set[int] = set()
+
+    def default_rubric(self) -> Rubric:
+        return Rubric([exact_match(extract=False)])
+
+    async def setup_state(self, state: State) -> None:
+        self.tasks_seen.add(state.task_index)
+
+    @staticmethod
+    def reference_policy(messages: list[Message], tools: Any) -> str:
+        left, right = str(messages[-1].content).split(" + ")
+        return str(int(left) + int(right))
+
+
+@pytest.mark.parametrize(
+    ("count", "size", "tasks"),
+    [
+        (3, 20, [0, 9, 19]),
+        (3, 8, [0, 3, 7]),
+        (5, 8, [0, 1, 3, 5, 7]),
+        (1, 5, [0]),
+        (2, 2, [0, 1]),
+        (5, 3, [0, 1, 2, 0, 1]),
+    ],
+)
+def test_check_tasks_spread_from_the_first_to_the_last(count: int, size: int, tasks: list[int]):
+    assert spread_tasks(count, size) == tasks
+
+
+def test_a_task_env_is_checked_on_tasks_across_its_whole_dataset() -> None:
+    # Before, seeds 0, 1, 2 drew whichever 3 of the 20 tasks the generator picked.
+    env = Sums()
+    report = check_env(env)
+    assert report.passed, report.failures
+    details = {r.name: r.detail for r in report.results}
+    assert details["reset"] == "3 seeds on tasks 0, 9, 19 of 20"
+    assert details["dataset"] == "20 tasks make prompts"
+    assert env.tasks_seen == {0, 9, 19}
+
+
+def test_a_failure_leads_with_the_error_the_episode_recorded() -> None:
+    # Before: "seed 0: the reference policy scored 0.0; ..." and the TypeError only on the
+    # trajectory.
+    found = failures(Sums(rubric=Rubric([says_yes])))
+    assert found == {
+        "reference policy at top": "reward `says_yes` raised TypeError: says_yes returned 'yes'; "
+        "a reward must be a finite number — seed 0, task 0: the reference policy scored 0.0; "
+        "it must score the top of reward_range, 1.0"
+    }
+    two = failures(Sums(rubric=Rubric([divides, says_yes])))["reference policy at top"]
+    assert two.startswith(
+        "reward `divides` raised ZeroDivisionError: division by zero (and 1 more error) — seed 0"
+    )
+
+
+def test_a_row_that_makes_no_prompt_fails_the_dataset_check() -> None:
+    class Games(Sums):
+        reference_policy = None
+
+        def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+            return [user(f"{task['low']} to {task['high']}")]
+
+    games = Games()
+    games.dataset = [{"low": i, "high": 9, "answer": "1"} for i in range(5)]
+    del games.dataset[3]["high"]
+    # The seeded episodes play tasks 0, 2 and 4: only the dataset check reads every row.
+    assert failures(games) == {"dataset": "task 3: format_prompt raised KeyError: 'high'"}

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from envhub.env import Env, SingleTurnEnv, State, TaskEnv, as_turn
-from envhub.errors import EnvhubError
+from envhub.errors import EnvhubError, EnvLoadError
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.match import exact_match
-from envhub.rewards.rubric import Rubric, reward
+from envhub.rewards.rubric import Rubric, group_reward, reward
 from envhub.spaces import AssistantTurnSpace, MessagesSpace
 from envhub.types import AssistantTurn, ErrorRecord, Message, assistant, system, user
 
@@ -100,15 +100,15 @@ def test_options_choose_the_task() -> None:
 
 def test_prompt_formats() -> None:
     chat = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
-    env = SingleTurnEnv(
-        [{"prompt": chat}, {"prompt": "text prompt"}, {"answer": "1"}], system_prompt="sys"
-    )
+    env = SingleTurnEnv([{"prompt": chat}, {"prompt": "text prompt"}], system_prompt="sys")
     assert env.reset(options={"task_index": 0})[0] == [system("S"), user("U")]
     assert env.reset(options={"task_index": 1})[0] == [system("sys"), user("text prompt")]
+    # A dataset row without either is refused when the env is made (test_required_fields); a
+    # task passed in directly is refused when its prompt is built.
     with pytest.raises(
         EnvhubError, match=r"^env: task has neither 'prompt' nor 'question' \(\['answer'\]\)$"
     ):
-        env.reset(options={"task_index": 2})
+        env.reset(options={"task": {"answer": "1"}})
 
 
 def test_dataset_errors_and_iterables() -> None:
@@ -119,6 +119,95 @@ def test_dataset_errors_and_iterables() -> None:
     env = SingleTurnEnv(row for row in TASKS[:3])
     assert len(env.dataset) == 3
     assert env.reset(options={"task_index": 2})[0] == [user("Say 2")]
+
+
+@reward
+def close_enough(response: str, answer: Any) -> float:
+    return float(response.strip() == str(answer))
+
+
+@reward
+def answer_optional(response: str, answer: Any = None) -> float:
+    return float(answer is None or response == answer)
+
+
+@group_reward
+def best_of_group(responses: list[str], answers: list[Any]) -> list[float]:
+    return [float(r == a) for r, a in zip(responses, answers, strict=True)]
+
+
+def rows_without(field: str, missing: list[int], size: int = 20) -> list[dict[str, Any]]:
+    """``size`` quiz rows; those in ``missing`` lack ``field`` (every other one sets it to None)."""
+    rows = [{"question": f"Say {i}", "answer": str(i)} for i in range(size)]
+    for n, index in enumerate(missing):
+        if n % 2:
+            rows[index][field] = None
+        else:
+            del rows[index][field]
+    return rows
+
+
+@pytest.mark.parametrize(
+    ("rows", "rubric", "message"),
+    [
+        (
+            rows_without("answer", [3]),
+            Rubric([exact_match()]),
+            "env: task 3 has no 'answer', needed by the reward `exact_match`",
+        ),
+        (
+            rows_without("answer", [1, 2, 4, 5, 6, 7, 9]),
+            Rubric([exact_match(), close_enough, answer_optional]),
+            "env: tasks 1, 2, 4, 5, 6 and 2 more (7 of 20) have no 'answer', "
+            "needed by the rewards `exact_match`, `close_enough`",
+        ),
+        (
+            rows_without("answer", [19]),
+            Rubric([best_of_group]),
+            "env: task 19 has no 'answer', needed by the reward `best_of_group`",
+        ),
+        (
+            rows_without("question", [0, 2]),
+            Rubric(),
+            "env: tasks 0, 2 (2 of 20) have neither 'prompt' nor 'question', "
+            "needed by format_prompt",
+        ),
+    ],
+    ids=["one-row", "many-rows-and-none", "group-reward", "no-prompt"],
+)
+def test_a_row_without_a_field_the_env_needs_is_named_when_the_env_is_made(
+    rows: list[dict[str, Any]], rubric: Rubric, message: str
+) -> None:
+    # Before, such a row passed `envhub check` unless a seed drew it, then scored 0.0 in silence.
+    with pytest.raises(EnvLoadError) as info:
+        SingleTurnEnv(rows, rubric=rubric)
+    assert str(info.value) == message
+
+
+def test_fields_nothing_needs_may_be_missing() -> None:
+    class OwnPrompt(SingleTurnEnv):
+        def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+            return [user(f"Say {task['n']}")]
+
+    no_answers = [{"question": "Say 1"}, {"question": "Say 2", "answer": None}]
+    assert len(SingleTurnEnv(no_answers).dataset) == 2  # no reward asks for the answer
+    assert len(SingleTurnEnv(no_answers, rubric=Rubric([answer_optional])).dataset) == 2
+    assert len(OwnPrompt([{"n": 1, "answer": "1"}], rubric=Rubric([exact_match()])).dataset) == 1
+    assert [f.names for f in quiz().required_fields()] == [("answer",), ("prompt", "question")]
+
+
+def test_a_datasets_dataset_is_checked_by_column_in_its_own_row_order() -> None:
+    import datasets  # a core dependency, imported here to keep this module's import light
+
+    table = datasets.Dataset.from_list(rows_without("answer", [3, 4]))
+    reordered = table.select(list(reversed(range(20))))  # rows 3 and 4 are now 16 and 15
+    for dataset, message in [
+        (table, "env: tasks 3, 4 (2 of 20) have no 'answer'"),
+        (reordered, "env: tasks 15, 16 (2 of 20) have no 'answer'"),
+    ]:
+        with pytest.raises(EnvLoadError) as info:
+            SingleTurnEnv(dataset, rubric=Rubric([exact_match()]))
+        assert str(info.value) == f"{message}, needed by the reward `exact_match`"
 
 
 def test_actions_in_every_form() -> None:
