@@ -8,6 +8,7 @@ token record is an exact prefix of the server's rendering of the final conversat
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -184,6 +185,10 @@ def test_eval_serve_starts_and_stops_its_own_server(require_vllm, tiny_model_dir
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(read_trajectories(out / "trajectories.jsonl")) == 2
+    # Not a terminal (no spinner): the start is still never silent.
+    started = r"^starting vLLM for \S+ at http://127\.0\.0\.1:\d+ \(log: "
+    assert re.search(started, result.stderr, re.M)
+    assert re.search(r"^vLLM ready after \d+ s$", result.stderr, re.M)
     leftover = subprocess.run(
         ["pgrep", "-f", f"served-model-name {tiny_model_dir}"], capture_output=True, text=True
     )
