@@ -20,6 +20,13 @@ def check_command(
     tests: bool = typer.Option(
         True, "--tests/--no-tests", help="Also run a package folder's own tests."
     ),
+    model: str = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Also pre-flight this model's chat template on each env's real episodes "
+        "(a folder or a cached Hub id; offline).",
+    ),
 ) -> None:
     """Check that envs honour the env contract.
 
@@ -29,39 +36,48 @@ def check_command(
     puts on the Hub card): metadata, entry points, version, no answer leak in
     prompts, and its own tests.
 
+    With --model, the env's scripted episodes are rendered with that model's
+    chat template, and every turn boundary where a prompt is not an exact token
+    prefix of the next is shown, with the tokens on both sides.
+
     Examples:
         envhub check ./my-env
         envhub check calculator
+        envhub check ./my-env --model Qwen/Qwen3-0.6B
     """
+    tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
     if Path(target).is_dir():
-        _check_package(Path(target), seeds, tests)
-        return
+        passed = _check_package(Path(target), seeds, tests)
+    else:
+        passed = _check_installed(target, seeds)
+    if tokenizer is not None:
+        passed = _preflight(target, model, tokenizer) and passed
+    if not passed:
+        raise typer.Exit(code=1)
+
+
+def _check_installed(name: str, seeds: int) -> bool:
+    """The env contract on an installed env; True when it passes."""
     from rich.table import Table
 
     from envhub.checker import check_env
     from envhub.cli.console import console
     from envhub.loader import get_spec
-    from envhub.package import package_env_specs
 
-    specs = package_env_specs(target) if Path(target).is_dir() else {target: get_spec(target)}
-    failed = 0
-    for name, spec in specs.items():
-        report = check_env(
-            _construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False
-        )
-        table = Table(
-            title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}",
-            title_justify="left",
-        )
-        table.add_column("check")
-        table.add_column("result")
-        table.add_column("detail", overflow="fold")
-        for r in report.results:
-            table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
-        console.print(table)
-        failed += not report.passed
-    if failed:
-        raise typer.Exit(code=1)
+    report = check_env(
+        _construct(name, get_spec(name)), seeds=tuple(range(seeds)), raise_on_failure=False
+    )
+    table = Table(
+        title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}",
+        title_justify="left",
+    )
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail", overflow="fold")
+    for r in report.results:
+        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
+    console.print(table)
+    return report.passed
 
 
 def _construct(name: str, spec):
@@ -78,7 +94,40 @@ def _construct(name: str, spec):
         ) from e
 
 
-def _check_package(path: Path, seeds: int, tests: bool) -> None:
+def _model_tokenizer(model: str):
+    from envhub.errors import MissingDependencyError
+
+    try:
+        from envhub.trainer.engines.hf_tokenizer import load_chat_tokenizer
+    except ImportError as e:
+        raise MissingDependencyError.for_extra("transformers", "train") from e
+    return load_chat_tokenizer(model)
+
+
+def _preflight(target: str, model: str, tokenizer) -> bool:
+    """Render every env's scripted episodes with ``model``'s template; True when no turn
+    boundary breaks the token prefix."""
+    import asyncio
+
+    from envhub.cli.doctor import report_prefix_findings
+    from envhub.doctor import check_prefix_property, env_conversations
+    from envhub.loader import get_spec
+    from envhub.package import package_env_specs
+    from envhub.rollout.tool_prompt import template_renders_tools
+
+    specs = package_env_specs(target) if Path(target).is_dir() else {target: get_spec(target)}
+    renders = asyncio.run(template_renders_tools(tokenizer))
+    passed = True
+    for name, spec in specs.items():
+        with _construct(name, spec) as env:
+            conversations = env_conversations(env)
+        checked, findings = asyncio.run(check_prefix_property(tokenizer, conversations))
+        subject = f"{name} x {model} on {len(conversations)} scripted episodes"
+        passed &= report_prefix_findings(subject, renders, checked, findings)
+    return passed
+
+
+def _check_package(path: Path, seeds: int, tests: bool) -> bool:
     from rich.table import Table
 
     from envhub.cli.console import console
@@ -95,5 +144,4 @@ def _check_package(path: Path, seeds: int, tests: bool) -> None:
     for r in report.results:
         table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
     console.print(table)
-    if not report.passed:
-        raise typer.Exit(code=1)
+    return report.passed

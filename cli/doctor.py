@@ -28,23 +28,17 @@ def doctor_command(
     """
     import asyncio
 
-    from rich.table import Table
-
-    from envhub.cli.console import console
     from envhub.doctor import CONVERSATIONS, check_prefix_property
     from envhub.errors import EngineError
     from envhub.inference.openai_http import OpenAIEngine
-    from envhub.rollout.tool_prompt import ToolsInPrompt, template_renders_tools
+    from envhub.rollout.tool_prompt import template_renders_tools
 
     async def run():
         engine = OpenAIEngine(base_url, model, mode="tokens")
         try:
             await engine.start()
             renders = await template_renders_tools(engine.tokenizer)
-            # Rendered as rollouts render them: tools in the system prompt when the template
-            # drops them.
-            found = await check_prefix_property(ToolsInPrompt(engine.tokenizer))
-            return engine.model, renders, found
+            return engine.model, renders, await check_prefix_property(engine.tokenizer)
         finally:
             await engine.aclose()
 
@@ -52,19 +46,20 @@ def doctor_command(
         served, renders_tools, (checked, findings) = asyncio.run(run())
     except EngineError as e:
         raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
-    table = Table(
-        title=f"chat template of {served}: "
-        f"{checked} turn boundaries in {len(CONVERSATIONS)} conversations",
-        title_justify="left",
-    )
-    for column in (
-        "conversation",
-        "turn",
-        "first differing token",
-        "history as rendered",
-        "next prompt as rendered",
-    ):
-        table.add_column(column)
+    subject = f"chat template of {served} on {len(CONVERSATIONS)} conversations"
+    if not report_prefix_findings(subject, renders_tools, checked, findings):
+        raise typer.Exit(code=1)
+
+
+def report_prefix_findings(subject: str, renders_tools: bool, checked: int, findings: list) -> bool:
+    """Print where the tools go and every place a turn's prompt is not a prefix of the next
+    (tokens on both sides, decoded when the tokenizer can); True when there is none. Shared by
+    ``envhub doctor`` and ``envhub check --model``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from envhub.cli.console import console
+
     console.print(
         "tools: rendered by the chat template"
         if renders_tools
@@ -72,20 +67,25 @@ def doctor_command(
         "(format: envhub.tools.prompt)",
         soft_wrap=True,
     )
-    for f in findings:
-        table.add_row(
-            f.conversation, str(f.turn), str(f.position), str(f.expected), str(f.rendered)
-        )
-    if findings:
-        console.print(table)
+    if not findings:
         console.print(
-            "[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled "
-            "and records drift on each trajectory",
+            f"[green]ok[/], {escape(subject)}: every turn's prompt is an exact prefix of the "
+            f"next ({checked} turn boundaries checked)",
             soft_wrap=True,
         )
-        raise typer.Exit(code=1)
+        return True
+    table = Table(title=f"{subject}: {checked} turn boundaries checked", title_justify="left")
+    for column in ("conversation", "turn", "token", "history as rendered", "next prompt"):
+        table.add_column(column, overflow="fold")
+    for f in findings:
+        before = f.expected_text if f.expected_text is not None else str(f.expected)
+        after = f.rendered_text if f.rendered_text is not None else str(f.rendered)
+        table.add_row(f.conversation, str(f.turn), str(f.position), escape(repr(before)),
+                      escape(repr(after)))  # fmt: skip
+    console.print(table)
     console.print(
-        "[green]ok[/]: every turn's prompt is an exact prefix of the next "
-        f"({checked} turn boundaries checked)",
+        "[red]the template rewrites earlier turns:[/] envhub keeps the tokens as sampled "
+        "and records drift on each trajectory",
         soft_wrap=True,
     )
+    return False

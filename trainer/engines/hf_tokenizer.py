@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from envhub.errors import ConfigError
 from envhub.inference.messages import chat_template_message
 from envhub.types import Message
 
@@ -113,6 +114,30 @@ class HFChatTokenizer:
             else:
                 low = middle + 1
         return high
+
+
+def load_chat_tokenizer(model: str) -> HFChatTokenizer:
+    """The chat tokenizer of ``model`` (a local folder, a Hub id already in the cache, or an
+    alias such as ``smollm2-135m``), loaded offline: nothing is downloaded.
+
+    Raises:
+        ConfigError: The model is not on this machine, or has no chat template.
+    """
+    from transformers import AutoTokenizer
+
+    from envhub.trainer.models import resolve_model
+
+    path = resolve_model(model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except OSError:
+        raise ConfigError(
+            f"the tokenizer of {model!r} is not on this machine (nothing is downloaded): give "
+            f"a local folder, or fetch it first with `hf download {model}`"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(f"{model!r} has no chat template: it is not a chat model")
+    return HFChatTokenizer(tokenizer)
 
 
 def _unique_ids(values: Iterable[int | Sequence[int] | None]) -> tuple[int, ...]:
