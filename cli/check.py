@@ -32,6 +32,11 @@ def check_command(
 
     The contract: determinism, schemas, rewards, budgets and close.
 
+    Every env also passes the reward audit: an empty reply, an echo of the
+    prompt, junk in the answer format, junk tool calls, the longest output,
+    the question's numbers and the env's own cheats must not score above its
+    floor. A failure prints the episode that scored.
+
     A package folder also passes the push gates (what `envhub push` runs and
     puts on the Hub card): metadata, entry points, version, no answer leak in
     prompts, and its own tests.
@@ -57,16 +62,20 @@ def check_command(
 
 
 def _check_installed(name: str, seeds: int) -> bool:
-    """The env contract on an installed env; True when it passes."""
+    """The env contract and the reward audit on an installed env; True when both pass."""
     from rich.table import Table
+    from rich.text import Text
 
-    from envhub.checker import check_env
+    from envhub.audit import audit_env
+    from envhub.checker import CheckResult, check_env
     from envhub.cli.console import console
     from envhub.loader import get_spec
 
-    report = check_env(
-        _construct(name, get_spec(name)), seeds=tuple(range(seeds)), raise_on_failure=False
-    )
+    spec = get_spec(name)
+    report = check_env(_construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False)
+    with _construct(name, spec) as env:  # check_env closed the first one
+        audit = audit_env(env, seeds=tuple(range(seeds)), raise_on_failure=False)
+    report.results.append(CheckResult("reward audit", audit.passed, audit.summary()))
     table = Table(
         title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}",
         title_justify="left",
@@ -75,9 +84,22 @@ def _check_installed(name: str, seeds: int) -> bool:
     table.add_column("result")
     table.add_column("detail", overflow="fold")
     for r in report.results:
-        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
+        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", Text(r.detail))
     console.print(table)
+    _show_audit_finding(name, audit.to_dict())
     return report.passed
+
+
+def _show_audit_finding(name: str, audit: dict) -> None:
+    """Print the first audited episode that beat the floor, whole, for a reader to judge."""
+    from envhub.audit import AuditFinding
+    from envhub.cli.console import console
+
+    if not audit["findings"]:
+        return
+    finding = AuditFinding(**audit["findings"][0])
+    head = f"{name}: reward audit: {finding.describe(audit['floor'])}. The episode:"
+    console.print(f"\n{head}\n{finding.transcript()}", markup=False, highlight=False)
 
 
 def _construct(name: str, spec):
@@ -129,6 +151,7 @@ def _preflight(target: str, model: str, tokenizer) -> bool:
 
 def _check_package(path: Path, seeds: int, tests: bool) -> bool:
     from rich.table import Table
+    from rich.text import Text
 
     from envhub.cli.console import console
     from envhub.package_check import check_package
@@ -142,6 +165,8 @@ def _check_package(path: Path, seeds: int, tests: bool) -> bool:
     for column in ("gate", "result", "detail"):
         table.add_column(column, overflow="fold")
     for r in report.results:
-        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", r.detail)
+        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", Text(r.detail))
     console.print(table)
+    for name, audit in report.audits.items():
+        _show_audit_finding(name, audit)
     return report.passed

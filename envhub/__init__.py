@@ -37,6 +37,7 @@ _EXPORTS = {
     "register": "envhub.registry",
     "list_envs": "envhub.registry",
     "check_env": "envhub.checker",
+    "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "InferenceEngine": "envhub.inference.base",
     "SamplingParams": "envhub.inference.base",
@@ -62,6 +63,7 @@ __all__ = [
     "ToolCall",
     "ToolEnv",
     "Trajectory",
+    "audit_env",
     "check_env",
     "group_reward",
     "list_envs",
@@ -72,6 +74,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from envhub.audit import audit_env
     from envhub.checker import check_env
     from envhub.env import Env, SingleTurnEnv, State, TaskEnv
     from envhub.inference.base import InferenceEngine, SamplingParams

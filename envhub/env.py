@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -81,6 +82,15 @@ class Env(gym.Env[list[Message], Action]):
     """A policy ``(messages, tools) -> str`` that solves every task, if the env has one;
     ``check_env`` verifies that it reaches the top of ``reward_range``. An instance whose
     settings void the guarantee (fewer turns, say) sets it to ``None``."""
+    audit_floor: float | None = None
+    """The most an episode may score without solving anything (``None``: the floor of
+    ``reward_range``). An env that pays for the answer's form alone (0.1 for a ``\\boxed{}``,
+    say) declares that pay here; :func:`envhub.audit_env` fails when a degenerate policy
+    (empty, echo, junk in the answer format, ...) scores above it."""
+    cheats: Mapping[str, Callable[..., str]] = MappingProxyType({})
+    """Name -> a policy ``(messages, tools) -> str`` that exploits a weakness this env once had
+    or could have (boxing the question's own expression, say). :func:`envhub.audit_env` runs
+    each one with its built-in degenerate policies: none may score above ``audit_floor``."""
 
     def __init__(self) -> None:
         self.observation_space = MessagesSpace()

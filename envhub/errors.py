@@ -4,7 +4,7 @@
     ├── ConfigError                  invalid arguments or configuration, found before work starts
     ├── EnvNotFoundError             no env by that name (the message suggests the nearest names)
     ├── EnvLoadError                 an env package is broken: entry point, import, constructor
-    ├── EnvCheckError                ``check_env`` found a contract violation
+    ├── EnvCheckError                ``check_env`` found a contract violation, ``audit_env`` a hack
     ├── ToolDefinitionError          a ``@tool`` function cannot become a tool (bad signature)
     ├── ToolArgumentError            the model's arguments do not fit a tool (a tool message)
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
@@ -61,7 +61,8 @@ class EnvLoadError(EnvhubError):
 
 
 class EnvCheckError(EnvhubError):
-    """An environment violates the env contract (raised by ``check_env``)."""
+    """An environment violates the env contract (``check_env``) or pays a degenerate policy
+    (``audit_env``)."""
 
 
 class ToolDefinitionError(EnvhubError, TypeError):

@@ -14,6 +14,18 @@ Each gate really runs; a failure in one does not hide the others.
   prompt by coincidence ("what is 5 times 1?"), a leak shows up everywhere, so the gate fails when
   the answer appears in at least half of the prompts checked (answers shorter than 2 characters
   are not checked, they would match everywhere).
+- **reward audit**: :func:`envhub.audit.audit_env` on every env: degenerate policies (empty,
+  echo of the prompt, junk in the answer format, junk tool calls, the longest output, the
+  question's numbers, all at once, and the env's own ``cheats``) must not score above its floor
+  (``audit_floor``, else the floor of ``reward_range``). The gate names the policies tried; every
+  finding, with the conversation that scored, is kept in :attr:`PackageReport.audits`.
+- **performance** (a measurement, not a gate): every env played by its scripted policy in a fresh
+  interpreter (:func:`envhub.perf.measure_target`): step latency, reset time, episodes/s, sandbox
+  cold start, peak RSS and CPU time per episode, kept in :attr:`PackageReport.performance` with
+  the :attr:`PackageReport.machine`. Slowness never fails it (a measurement that takes over
+  ``envhub.perf.TIMEOUT_S`` is left out); it fails when the env crashes under its own scripted
+  policy (on more tasks than the contract plays), or its sandbox cannot run. An env that fails
+  another gate is not measured.
 - **package tests**: the package's own ``tests/`` run with pytest in a subprocess, with the
   current interpreter, from the package folder.
 """
@@ -47,6 +59,13 @@ class PackageReport:
     results: list[CheckResult] = field(default_factory=list)
     envs: dict[str, str] = field(default_factory=dict)
     """Env name -> entry point target."""
+    performance: dict[str, Any] = field(default_factory=dict)
+    """Env name -> its :class:`envhub.perf.Performance` (envs whose measurement ran)."""
+    machine: dict[str, Any] = field(default_factory=dict)
+    """The :class:`envhub.perf.Machine` the performance was measured on (empty: none was)."""
+    audits: dict[str, Any] = field(default_factory=dict)
+    """Env name -> its reward audit (:meth:`envhub.audit.AuditReport.to_dict`): the floor, the
+    policies tried and every finding with its conversation."""
 
     @property
     def passed(self) -> bool:
@@ -59,13 +78,19 @@ class PackageReport:
         return [r for r in self.results if not r.passed]
 
     def to_dict(self) -> dict[str, Any]:
-        """The verdict and every gate's result, as JSON-ready data."""
-        return {
+        """The verdict and every gate's result (and the performance, when measured), as JSON-ready
+        data."""
+        data: dict[str, Any] = {
             "passed": self.passed,
             "results": [
                 {"check": r.name, "passed": r.passed, "detail": r.detail} for r in self.results
             ],
         }
+        if self.performance:
+            data["performance"] = {"machine": self.machine, "envs": self.performance}
+        if self.audits:
+            data["audits"] = self.audits
+        return data
 
     def to_markdown(self) -> str:
         """The report as the table that goes onto the Hub card."""
@@ -81,13 +106,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")[:300]
 
 
-def check_package(path: str | Path, *, seeds: int = 3, run_tests: bool = True) -> PackageReport:
+def check_package(
+    path: str | Path, *, seeds: int = 3, run_tests: bool = True, performance: bool = True
+) -> PackageReport:
     """Run every gate on the package at ``path``.
 
     Args:
         path: The package folder (with its pyproject.toml).
         seeds: Seeds for the env contract checks.
         run_tests: Run the package's own tests (a subprocess; the slowest gate).
+        performance: Measure each env's performance (a subprocess per env, a few seconds each).
     """
     root = Path(path).resolve()
     project = read_pyproject(root).get("project", {})
@@ -106,6 +134,13 @@ def check_package(path: str | Path, *, seeds: int = 3, run_tests: bool = True) -
         report.results.append(
             _gate(f"{name}: no answer leak", lambda name=name: _no_leak(envs, name))
         )
+        report.results.append(
+            _gate(f"{name}: reward audit", lambda name=name: _audit(envs, name, seeds, report))
+        )
+        if performance:
+            report.results.append(
+                _gate(f"{name}: performance", lambda name=name: _performance(root, name, report))
+            )
     if run_tests:
         report.results.append(_gate("package tests", lambda: run_package_tests(root)))
     return report
@@ -196,6 +231,34 @@ def _no_leak(envs: dict[str, Any], name: str) -> str:
         f"the answer appears in {leaks} of {checked} prompts ({example})"
     )
     return f"{checked} prompts checked, answer in {leaks}" if checked else "no answers to check"
+
+
+def _audit(envs: dict[str, Any], name: str, seeds: int, report: PackageReport) -> str:
+    """Play the degenerate policies on the env; keep every finding in ``report.audits``."""
+    from envhub.audit import audit_env
+
+    audit = audit_env(envs[name], seeds=tuple(range(seeds)), raise_on_failure=False)
+    report.audits[name] = audit.to_dict()
+    assert audit.passed, audit.summary()
+    return audit.summary()
+
+
+def _performance(root: Path, name: str, report: PackageReport) -> str:
+    """Measure the env in a fresh interpreter (its peak RSS is then its own)."""
+    from envhub import perf
+
+    failed = [r for r in report.results if r.name.startswith(f"{name}: ") and not r.passed]
+    if failed:  # a broken env's speed means nothing, and its failure is already reported
+        return f"not measured: {name} fails {len(failed)} gate(s)"
+    try:
+        measured = perf.measure_target(report.envs[name], root=root)
+    except subprocess.TimeoutExpired:  # slowness is reported, never a failure
+        return f"not measured: it took over {perf.TIMEOUT_S:.0f} s"
+    except EnvhubError as e:  # the message already says what failed, and where
+        raise AssertionError(str(e)) from e
+    report.performance[name] = measured
+    report.machine = report.machine or dict(perf.machine())
+    return perf.summary(measured)
 
 
 def run_package_tests(root: Path, timeout: float = TEST_TIMEOUT) -> str:

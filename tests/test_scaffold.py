@@ -17,6 +17,7 @@ import yaml
 
 import envhub
 from envhub import scaffold
+from envhub.audit import audit_env
 from envhub.checker import check_env
 from envhub.errors import ConfigError
 from envhub.package import package_env_specs, read_pyproject
@@ -332,6 +333,22 @@ def test_rendered_env_passes_check_env(rendered, template, unload):
     assert report.passed
     assert (details["null policy at floor"], details["reference policy at top"]) == ("0.0", "1.0")
     assert details["tool schemas"] == ("lookup" if template == "tool" else "no tools")
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_rendered_env_passes_the_reward_audit(rendered, template, unload):
+    name = package_name(template)
+    unload.append(module_name(name))
+    env = package_env_specs(rendered[template])[name].load()()
+    report = audit_env(env)
+    # The single-turn template pays 0.1 for an `Answer:` line alone and declares it.
+    assert (report.floor, report.declared) == (
+        (0.1, True) if template == "single-turn" else (0.0, False)
+    )
+    tools = ["junk-tools"] if template == "tool" else []
+    assert report.policies == [
+        "empty", "echo", "junk-format", *tools, "longest", "numbers", "everything"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

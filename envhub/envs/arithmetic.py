@@ -12,7 +12,10 @@ integer. The prompt is one short line, so even a 135M model sees little besides 
 
 Reward: 1.0 for the right answer plus 0.1 for giving it in ``\\boxed{}``. The answer must be a
 number: math-verify would also accept the question's own expression (``\\boxed{99 + 68}``), and
-a GRPO run on SmolLM2-135M learned exactly that within 15 steps.
+a GRPO run on SmolLM2-135M learned exactly that within 15 steps; :func:`box_the_question` is
+kept as the env's cheat, so the reward audit (:mod:`envhub.audit`) sees that it stays shut.
+The 0.1 for the form alone is declared as ``audit_floor``: junk in a ``\\boxed{}`` earns it, and
+nothing a degenerate policy writes may earn more.
 """
 
 from __future__ import annotations
@@ -148,6 +151,7 @@ class ArithmeticEnv(SingleTurnEnv):
     default_max_turns = 1
     reward_range = (0.0, 1.1)
     pass_threshold = 1.0
+    audit_floor = 0.1  # the format credit: any \boxed{} earns it, right or not
 
     def __init__(
         self, difficulty: str = "easy", num_tasks: int = 1000, task_seed: int = 0, **kwargs: Any
@@ -182,4 +186,13 @@ def reference_policy(messages: list[Message], tools: list[dict[str, Any]] | None
     return f"\\boxed{{{format_number(evaluate(match.group(1)))}}}"
 
 
+def box_the_question(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """The hack a GRPO run once learned: box the question's own expression, which math-verify
+    evaluates and accepts (:func:`~envhub.rewards.match.number_answer` does not)."""
+    question = next(m.content or "" for m in reversed(messages) if m.role == "user")
+    match = _QUESTION.search(question)
+    return f"\\boxed{{{match.group(1) if match else question}}}"
+
+
 ArithmeticEnv.reference_policy = staticmethod(reference_policy)
+ArithmeticEnv.cheats = {"box the question": box_the_question}

@@ -2,8 +2,10 @@
 
 Tasks are generated from the seed (no download): nested expressions of 3-5 operations on
 numbers up to four digits. The model calls ``calculate`` as often as it likes, then answers
-with ``\\boxed{...}``. Reward: 1 for the right answer (math-verify); tool validity is reported
-as a weight-0 component.
+with ``\\boxed{...}``. Reward: 1 for the right number; tool validity is reported as a weight-0
+component. The answer must be a number (:func:`~envhub.rewards.match.number_answer`): math-verify
+evaluates expressions, so echoing the question ("Compute: 73 * (5349 + 6467)") scored 1.0
+without a single tool call (the reward audit, :mod:`envhub.audit`, found it).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from envhub.envs.expressions import evaluate, format_number, make_problem
 from envhub.envs.procedural import ProceduralTasks
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.format import tool_call_validity
-from envhub.rewards.math import math_answer
+from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
 from envhub.tools.tool import tool
 from envhub.types import Message
@@ -82,8 +84,8 @@ class CalculatorEnv(ToolEnv):
         return ProblemSet(self.num_tasks, self.task_seed)
 
     def default_rubric(self) -> Rubric:
-        """1.0 for a correct final answer; tool-call validity is logged with weight 0."""
-        return Rubric([math_answer(), tool_call_validity()])
+        """1.0 for the right number; tool-call validity is logged with weight 0."""
+        return Rubric([number_answer(), tool_call_validity()])
 
 
 _EXPRESSION = re.compile(r"Compute: (.+)$")

@@ -9,7 +9,9 @@ in a sandbox (default: :class:`~envhub.sandbox.LocalSandbox`; pass ``sandbox=`` 
 - ``code``: the model answers with the code in a ```` ```python ```` block;
 - ``code-fix``: the prompt holds the buggy version; the model may run code through the
   ``python`` tool (stdout, stderr and exit status come back) as often as it likes, and ends
-  with the fixed code in a block, without a tool call.
+  with the fixed code in a block, without a tool call. Only a complete fix pays (1.0 when every
+  case passes, else 0): a pass rate would pay for the cases the buggy code already passes, so
+  handing it back unchanged scored (the reward audit, :mod:`envhub.audit`, found it).
 
 Other task sets in the same format load with ``data_files=`` (JSON/JSONL) or, online, from a
 Hub dataset id (``source="owner/name"``); ``tests`` may be a list or its JSON text.
@@ -200,6 +202,10 @@ class CodeFixEnv(_CodeTasks, ToolEnv):
 
     def _reference_policy(self, answers: dict[str, str]) -> Any:
         return _fix_policy(answers) if self.max_turns >= 2 else None  # it tests, then answers
+
+    def default_rubric(self) -> Rubric:
+        """1.0 when the answer passes every case, else 0 (the buggy code passes some)."""
+        return Rubric([code_tests(self.sandbox, timeout=self.timeout, partial=False)])
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
         """The task's question followed by its buggy code in a ```` ```python ```` block.

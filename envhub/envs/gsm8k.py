@@ -16,7 +16,8 @@ Each row has a ``question`` and an ``answer``, a worked solution whose last line
 kept in ``info["solution"]``. Rows are read with ``datasets.load_dataset`` when the first env
 needs them and cached per (source, config, split, files), so making many envs is cheap.
 
-Reward: 1.0 for the right number (math-verify) plus 0.1 for giving it in ``\\boxed{}``.
+Reward: 1.0 for the right number (math-verify) plus 0.1 for giving it in ``\\boxed{}``; that 0.1
+for the form alone is the env's ``audit_floor`` (see :mod:`envhub.audit`).
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ class GSM8KEnv(SingleTurnEnv):
     default_max_turns = 1
     reward_range = (0.0, 1.1)
     pass_threshold = 1.0
+    audit_floor = 0.1  # the format credit: any \boxed{} earns it, right or not
 
     def __init__(
         self,

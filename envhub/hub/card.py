@@ -3,6 +3,11 @@
 The YAML front matter gains the ``envhub`` tag and ``library_name: envhub`` (the Hub indexes
 both, ``envhub search`` filters on the tag); the body gains a section, between markers so that
 the next push replaces it, with the install command and the ``envhub check`` report.
+
+When ``envhub check`` measured the envs (:mod:`envhub.perf`), the section gains a performance
+table with the machine it ran on, and the front matter the same numbers under
+``envhub: {performance: {machine: ..., envs: {NAME: ...}}}``: the Hub returns the front matter
+in its listings (``cardData``), so ``envhub search`` shows them without downloading packages.
 """
 
 from __future__ import annotations
@@ -36,12 +41,19 @@ def render_card(
     envs: dict[str, str],
     description: str,
     report_markdown: str | None,
+    performance: dict[str, Any] | None = None,
+    machine: dict[str, Any] | None = None,
 ) -> str:
-    """The README.md uploaded for a package."""
+    """The README.md uploaded for a package.
+
+    ``performance`` (env name -> :class:`envhub.perf.Performance`) and ``machine`` come from
+    the check report; without them the card has no performance numbers.
+    """
     meta, body = split_front_matter(readme)
     tags = [str(t) for t in meta.get("tags") or []]
     meta["tags"] = [TAG, *(t for t in tags if t != TAG)]
     meta["library_name"] = "envhub"
+    _performance_metadata(meta, performance or {}, machine or {})
     if BEGIN in body:
         before, _, rest = body.partition(BEGIN)
         body = before.rstrip("\n") + "\n" + rest.partition(END)[2].lstrip("\n")
@@ -52,7 +64,62 @@ def render_card(
         f"```bash\nenvhub install {repo_id}@{version} --trust\n```\n\n"
         f"Envs: {', '.join(f'`{n}`' for n in sorted(envs))}. "
         f'In Python: `envhub.make("{repo_id}@{version}", trust_remote_code=True)`.\n\n'
-        f"### Checks of version {version}\n\n{report}{END}\n"
+        f"### Checks of version {version}\n\n{report}"
+        f"{_performance_table(version, performance or {}, machine or {})}{END}\n"
     )
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
     return f"---\n{front}---\n\n{body}\n\n{section}"
+
+
+def _performance_metadata(
+    meta: dict[str, Any], performance: dict[str, Any], machine: dict[str, Any]
+) -> None:
+    """Put the numbers under ``envhub.performance`` in the front matter; without numbers, take
+    out any stale ones (a README copied from an earlier card)."""
+    ours = meta.get("envhub") if isinstance(meta.get("envhub"), dict) else {}
+    ours.pop("performance", None)
+    if performance:
+        ours["performance"] = {"machine": machine, "envs": performance}
+    if ours:
+        meta["envhub"] = ours
+    else:
+        meta.pop("envhub", None)
+
+
+PERFORMANCE_COLUMNS = (
+    "env", "policy", "episodes", "episodes/s", "reset p50", "step p50", "step p99",
+    "CPU / episode", "peak RSS", "sandbox cold start",
+)  # fmt: skip
+
+
+def _performance_table(version: str, performance: dict[str, Any], machine: dict[str, Any]) -> str:
+    if not performance:
+        return ""
+    from envhub.perf import machine_line
+
+    rows = "".join(
+        f"| {' | '.join(_performance_cells(name, p))} |\n"
+        for name, p in sorted(performance.items())
+    )
+    return (
+        f"\n### Performance of version {version}\n\n"
+        f"Measured by `envhub check` on the pushing machine: {machine_line(machine)}. "
+        "Each env is played by its scripted policy (`reference`; `null`, the empty reply, where "
+        "it has none); step times are `env.step` alone, rewards included.\n\n"
+        f"| {' | '.join(PERFORMANCE_COLUMNS)} |\n|{'---|' * len(PERFORMANCE_COLUMNS)}\n{rows}"
+    )
+
+
+def _performance_cells(name: str, p: dict[str, Any]) -> list[str]:
+    from envhub.perf import format_ms, format_rate
+
+    return [
+        name,
+        p["policy"],
+        str(p["episodes"]),
+        format_rate(p["episodes_per_s"]),
+        *(format_ms(p[key]) for key in ("reset_p50_ms", "step_p50_ms", "step_p99_ms")),
+        format_ms(p["cpu_ms_per_episode"]),
+        "—" if p["peak_rss_mb"] is None else f"{p['peak_rss_mb']:g} MiB",
+        format_ms(p["sandbox"]["cold_start_ms"]) if p["sandbox"] else "—",
+    ]

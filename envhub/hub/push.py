@@ -125,7 +125,9 @@ def _stage(
     readme = (root / CARD).read_text(encoding="utf-8") if (root / CARD).is_file() else ""
     card = render_card(readme, repo_id=repo_id, version=version, envs=envs,
                        description=str(project.get("description", "")),
-                       report_markdown=report.to_markdown() if report else None)  # fmt: skip
+                       report_markdown=report.to_markdown() if report else None,
+                       performance=report.performance if report else None,
+                       machine=report.machine if report else None)  # fmt: skip
     (staging / CARD).write_text(card, encoding="utf-8")
     files = sorted({*selection.files, CARD})
     manifest = build_manifest(

@@ -11,6 +11,11 @@ Faults for tests: :meth:`HubServer.fail_next` drops the connection of the next r
 endpoint after reading half its body (a network failure mid-push); :meth:`HubServer.tamper`
 serves other bytes for a file than the commit holds (a corrupted or tampered download).
 
+Listings (``GET /api/models``) carry each repo's card metadata (``cardData``: the README's YAML
+front matter, every key kept) when asked with ``cardData=True`` or ``expand=cardData``, as the
+Hub does for ``HfApi.list_models(cardData=True)``; the client parses it into
+``ModelInfo.card_data``, keeping keys it does not know (envhub's ``envhub:`` block).
+
 What it leaves out: LFS/xet uploads (every upload is "regular", sent base64 inside the commit),
 pull requests, organisations, pagination (every listing fits one page).
 """
@@ -178,6 +183,8 @@ class HubServer:
         self, type_: str, query: dict[str, list[str]], user: str | None
     ) -> tuple[int, dict[str, str], bytes]:
         wanted = set(query.get("filter", []))
+        asked = [*query.get("cardData", []), *query.get("expand", [])]
+        card_data = any(value.lower() == "true" or value == "cardData" for value in asked)
         search = (query.get("search") or [""])[0].lower()
         author = (query.get("author") or [None])[0]
         found = []
@@ -195,6 +202,8 @@ class HubServer:
             found.append({"id": repo.id, "_id": repo.id, "modelId": repo.id,
                           "private": repo.private, "tags": tags, "sha": head.sha,
                           "lastModified": head.date, "downloads": 0, "likes": 0})  # fmt: skip
+            if card_data:
+                found[-1]["cardData"] = card_metadata(head.files.get("README.md", b"")) or None
         limit = int((query.get("limit") or [1000])[0])
         return json_reply(sorted(found, key=lambda r: r["id"])[:limit])
 

@@ -61,7 +61,9 @@ def test_push_publishes_a_tagged_version_with_manifest_and_card(
     assert (
         "tags:\n- envhub\n" in card
         and "| capital-cities: reference policy at top | pass | 1.0 |" in card
+        and "| capital-cities: reward audit | pass | 6 policies x 3 episodes" in card
     )
+    assert manifest["check"]["audits"]["capital-cities"]["findings"] == []
 
 
 def test_same_version_same_content_is_a_no_op_other_content_is_refused(
