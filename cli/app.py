@@ -7,7 +7,20 @@ import sys
 
 import typer
 
-from envhub.cli import check, doctor, eval, examples, init, install, list, push, search, show, train
+from envhub.cli import (
+    check,
+    doctor,
+    eval,
+    examples,
+    init,
+    install,
+    list,
+    push,
+    rescore,
+    search,
+    show,
+    train,
+)
 
 app = typer.Typer(
     name="envhub",
@@ -17,7 +30,20 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for module in (init, list, check, eval, show, doctor, train, examples, push, install, search):
+for module in (
+    init,
+    list,
+    check,
+    eval,
+    show,
+    rescore,
+    doctor,
+    train,
+    examples,
+    push,
+    install,
+    search,
+):
     module.register(app)
 
 

@@ -171,6 +171,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     from envhub.inference.base import SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.rollout.io import TrajectoryWriter
+    from envhub.rollout.manifest import manifest
     from envhub.rollout.runner import RolloutRunner
 
     indices, threshold = plan.indices, plan.pass_threshold
@@ -204,7 +205,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     summary = summarize(trajectories, threshold, seconds=time.perf_counter() - started)
     config = {"env": env_name, "env_args": env_kwargs, "model": engine.model, "base_url": base_url,
               "mode": engine.mode, "tasks": indices, "rollouts": rollouts, "seed": seed,
-              "sampling": sampling}  # fmt: skip
+              "sampling": sampling, **manifest(trajectories)}  # fmt: skip
     (folder / "summary.json").write_text(summary.model_dump_json(indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
@@ -275,6 +276,12 @@ class _progress:
         self.bar.stop()
 
 
+def outcomes_line(outcomes: dict[str, int]) -> str:
+    """``"ok 4, policy_failure 1, infra_failure 1"``: the outcomes that occurred, in the
+    taxonomy's order (``-`` for a summary saved before outcomes were counted)."""
+    return ", ".join(f"{name} {n}" for name, n in outcomes.items() if n) or "-"
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -296,6 +303,7 @@ def summary_table(summary: Any, title: str):
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
+        ("outcomes", outcomes_line(summary.outcomes)),
         (
             "episodes with errors",
             str(summary.episodes_with_errors)

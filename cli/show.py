@@ -81,10 +81,22 @@ def render_episode(console, trajectory, index: int) -> None:
     parts = ", ".join(f"{k} {v:g}" for k, v in t.reward_components.items())
     console.print(
         f"[bold]episode {index}[/]: {t.env.name} v{t.env.version} task {t.task_index} "
-        f"sample {t.sample_index} | reward {t.reward:g} ({parts}) | {t.stop_reason} "
-        f"| {len(t.turns)} turns, {t.num_completion_tokens} tokens",
+        f"sample {t.sample_index} | reward {t.reward:g} ({parts}) | {t.stop_reason}, "
+        f"{t.outcome} | {len(t.turns)} turns, {t.num_completion_tokens} tokens",
         soft_wrap=True,
     )
+    if t.sampler is not None:
+        console.print(f"sampled by {sampler_line(t.sampler)}", soft_wrap=True, markup=False)
+    rescore = t.info.get("rescore") or {}
+    if "reward" in rescore:  # written by `envhub rescore`
+        before = rescore["env"]
+        diverged = f"; replay diverged: {rescore['divergence']}" if rescore["divergence"] else ""
+        console.print(
+            f"rescored from {before['name']} v{before['version']}: reward {rescore['reward']:g} "
+            f"-> {t.reward:g}{diverged}",
+            soft_wrap=True,
+            markup=False,
+        )
     styles = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
     for m in t.messages:
         title = (
@@ -104,3 +116,18 @@ def render_episode(console, trajectory, index: int) -> None:
         console.print(
             f"[yellow]token drift[/] at turn {d['turn']}, token {d['position']}", soft_wrap=True
         )
+
+
+def sampler_line(sampler) -> str:
+    """``openai (tokens), model m, version 0.11.0, temperature 0.7, template 1a2b3c4d5e6f``:
+    what sampled an episode, in one line."""
+    parts = [sampler.engine + (f" ({sampler.mode})" if sampler.mode else "")]
+    if sampler.model:
+        parts.append(f"model {sampler.model}")
+    if sampler.version:
+        parts.append(f"version {sampler.version}")
+    if "temperature" in sampler.sampling:
+        parts.append(f"temperature {sampler.sampling['temperature']:g}")
+    if sampler.chat_template_sha256:
+        parts.append(f"template {sampler.chat_template_sha256[:12]}")
+    return ", ".join(parts)

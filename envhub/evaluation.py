@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from envhub.types import Trajectory
+from envhub.types import OUTCOMES, Trajectory
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -54,6 +54,9 @@ class EvalSummary(BaseModel):
     turns_mean: float = 0.0
     completion_tokens_mean: float = 0.0
     stop_reasons: dict[str, int] = Field(default_factory=dict)
+    outcomes: dict[str, int] = Field(default_factory=dict)
+    """Episodes per outcome (``Trajectory.outcome``), every outcome listed, in the order ok,
+    policy_failure, env_failure, infra_failure, timeout."""
     episodes_with_errors: int = 0
     error_stages: dict[str, int] = Field(default_factory=dict)
     token_drift_episodes: int = 0
@@ -86,6 +89,11 @@ def _tool_stats(trajectories: Sequence[Trajectory]) -> tuple[float, float | None
     return calls / max(len(trajectories), 1), validity, dict(kinds)
 
 
+def _outcomes(trajectories: Sequence[Trajectory]) -> dict[str, int]:
+    counts = Counter(t.outcome for t in trajectories)
+    return {outcome: counts[outcome] for outcome in OUTCOMES}
+
+
 def summarize(
     trajectories: Sequence[Trajectory], pass_threshold: float = 1.0, seconds: float = 0.0
 ) -> EvalSummary:
@@ -112,6 +120,7 @@ def summarize(
         turns_mean=_mean([len(t.turns) for t in trajectories]),
         completion_tokens_mean=_mean([t.num_completion_tokens for t in trajectories]),
         stop_reasons=dict(Counter(t.stop_reason for t in trajectories)),
+        outcomes=_outcomes(trajectories),
         episodes_with_errors=sum(1 for t in trajectories if t.errors),
         error_stages=dict(Counter(e.stage for t in trajectories for e in t.errors)),
         token_drift_episodes=sum(1 for t in trajectories if t.token_drift),

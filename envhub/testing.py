@@ -16,7 +16,7 @@ from typing import Any
 from envhub.env import SingleTurnEnv
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine
 from envhub.rewards.rubric import Rubric, reward
-from envhub.types import Message
+from envhub.types import Message, SamplerRef
 
 Policy = Callable[[list[Message], list[dict[str, Any]] | None], str]
 
@@ -133,6 +133,11 @@ class ScriptedEngine(InferenceEngine):
         self.policy = policy
         self.tokenizer = tokenizer
         self.requests = 0
+
+    async def describe(self) -> SamplerRef:
+        """``scripted``, with the policy's qualified name as the model."""
+        name = getattr(self.policy, "__qualname__", None) or type(self.policy).__name__
+        return SamplerRef(engine="scripted", model=name)
 
     async def generate(self, request: GenerateRequest) -> Generation:
         """The policy's turn for ``request.messages``, counted in ``self.requests``.

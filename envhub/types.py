@@ -7,12 +7,22 @@ mutable episode ``State`` that an env owns.
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+
+from envhub.errors import EngineError, SandboxError
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+Outcome = Literal["ok", "policy_failure", "env_failure", "infra_failure", "timeout"]
+"""How an episode ended; see :attr:`Trajectory.outcome`."""
+OUTCOMES: tuple[Outcome, ...] = ("ok", "policy_failure", "env_failure", "infra_failure", "timeout")
+TRAINED_OUTCOMES: frozenset[Outcome] = frozenset({"ok", "policy_failure"})
+"""The outcomes the trainer puts into the loss; every other one is kept out and counted."""
 
 
 class FunctionCall(BaseModel):
@@ -112,6 +122,35 @@ class AssistantTurn(BaseModel):
     """Why generation stopped: ``stop`` (end of turn) or ``length`` (hit max tokens)."""
 
 
+# Libraries whose exceptions are network failures wherever they are raised (a judge's API call).
+_NETWORK_MODULES = frozenset({"httpx", "httpcore", "aiohttp", "requests", "urllib3", "websockets"})
+# What older records (written before ``ErrorRecord.infra``) are judged by: their type's name.
+_INFRA_TYPE_NAMES = frozenset(
+    {
+        "EngineError",
+        "EngineUnavailableError",
+        "WeightSyncError",
+        "SandboxError",
+        "SandboxUnavailableError",
+        "ConnectionError",
+        "ConnectionRefusedError",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+    }
+)
+
+
+def is_infrastructure_error(error: BaseException) -> bool:
+    """Whether ``error`` is a failure of infrastructure rather than of the env's own code: an
+    inference engine (:class:`~envhub.errors.EngineError`), a sandbox
+    (:class:`~envhub.errors.SandboxError`), or the network (``ConnectionError``, or any
+    exception of an HTTP client library: httpx, aiohttp, requests, ...)."""
+    if isinstance(error, (EngineError, SandboxError, ConnectionError)):
+        return True
+    return any(cls.__module__.split(".")[0] in _NETWORK_MODULES for cls in type(error).__mro__)
+
+
 class ErrorRecord(BaseModel):
     """An error attributed to one part of an episode. A bad rollout is data, not a crash."""
 
@@ -125,6 +164,32 @@ class ErrorRecord(BaseModel):
     """Exception class name or a short kind such as ``timeout``."""
     message: str
     turn: int | None = None
+    infra: bool = False
+    """The failure lies in infrastructure the env does not own: the inference engine (every
+    ``engine`` error), a sandbox or the network (:func:`is_infrastructure_error`, judged from
+    the exception where it was caught). When absent from the data, it is inferred from the
+    stage and the type's name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _infer_infra(cls, data: Any) -> Any:
+        """Records without ``infra`` (older files, hand-made ones) take it from the stage and
+        the type's name."""
+        if isinstance(data, dict) and "infra" not in data:
+            infra = data.get("stage") == "engine" or data.get("type") in _INFRA_TYPE_NAMES
+            data = {**data, "infra": infra}
+        return data
+
+
+def episode_outcome(errors: Sequence[ErrorRecord], truncated: bool) -> Outcome:
+    """The outcome of an episode with these ``errors`` (see :attr:`Trajectory.outcome`)."""
+    if any(e.infra for e in errors):
+        return "infra_failure"
+    if any(e.type == "timeout" for e in errors):
+        return "timeout"
+    if errors:
+        return "env_failure"
+    return "policy_failure" if truncated else "ok"
 
 
 class EnvRef(BaseModel):
@@ -135,6 +200,42 @@ class EnvRef(BaseModel):
     name: str
     version: str | None = None
     commit: str | None = None
+
+
+class SamplerRef(BaseModel):
+    """What sampled a trajectory's assistant turns: engine, model, software version, sampling
+    settings and chat template. With :class:`EnvRef` it says exactly what produced a run."""
+
+    model_config = ConfigDict(frozen=True)
+
+    engine: str
+    """``openai`` (an OpenAI-compatible server), ``hf`` (transformers, in process), ``vllm``
+    (the trainer's), ``scripted`` (a test policy), or another engine's class name."""
+    mode: str | None = None
+    """How the engine runs: ``tokens`` or ``chat`` (``openai``); ``server``, ``inprocess`` or
+    ``ray`` (``vllm``)."""
+    model: str | None = None
+    """The model's name or path as the engine knows it."""
+    version: str | None = None
+    """The engine software's version: a server's ``GET /version`` (vLLM), the installed vLLM
+    or transformers package; ``None`` when it cannot be known (hosted APIs)."""
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """The run's sampling settings (``SamplingParams``); a turn's ``max_tokens`` may be lower,
+    cut to the episode's token budget or the context left."""
+    chat_template_sha256: str | None = None
+    """sha256 of the chat template's text, when the engine renders with a template it can read
+    (a ``transformers`` tokenizer; a vLLM server started with
+    ``--enable-tokenizer-info-endpoint``). ``None`` otherwise: an OpenAI-compatible server
+    does not expose its template by default, and message-level engines use none of envhub's."""
+
+
+def template_sha256(template: str | dict[str, str] | None) -> str | None:
+    """sha256 (hex) of a chat template's text; a dict of named templates (older
+    ``transformers``) is hashed as sorted JSON; ``None`` for no template."""
+    if not template:
+        return None
+    text = template if isinstance(template, str) else json.dumps(template, sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 class TurnRecord(BaseModel):
@@ -153,6 +254,9 @@ class TurnRecord(BaseModel):
     """The version of the weights that sampled this turn's first token (the number of weight
     updates the engine had received), when the engine reports it. A turn that straddles an update
     carries the older version: staleness is counted from a turn's oldest token."""
+    structured_tool_calls: bool = False
+    """The engine returned the turn's tool calls already parsed (an OpenAI server's
+    ``tool_calls``) rather than as text only; a replay hands them to the env the same way."""
 
 
 class Trajectory(BaseModel):
@@ -165,6 +269,8 @@ class Trajectory(BaseModel):
     """
 
     env: EnvRef
+    sampler: SamplerRef | None = None
+    """What sampled the turns (``None`` in files written before it was recorded)."""
     task_index: int
     sample_index: int = 0
     group_id: str
@@ -197,9 +303,32 @@ class Trajectory(BaseModel):
     info: dict[str, Any] = Field(default_factory=dict)
     seconds: float = 0.0
 
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def outcome(self) -> Outcome:
+        """How the episode ended, derived from ``errors`` and ``truncated`` (saved with the
+        trajectory, recomputed on load), in this order of precedence:
+
+        - ``infra_failure``: an error of infrastructure the env does not own: the engine, a
+          sandbox, the network (:attr:`ErrorRecord.infra`);
+        - ``timeout``: an env reset or step, or the whole episode, ran out of time;
+        - ``env_failure``: the env's own code raised: making the env, ``reset``, ``step``, a
+          reward or a tool;
+        - ``policy_failure``: nothing failed, but the policy's budget ran out before the
+          episode ended (``max_turns``, ``max_tokens``, ``max_context``, an env's own limit);
+        - ``ok``: the episode ended on its own and was scored.
+
+        Only ``ok`` and ``policy_failure`` episodes are trained on (:data:`TRAINED_OUTCOMES`):
+        their rewards say how the policy did. The other three say nothing about the policy, so
+        they never enter the loss as a reward of 0. A wrong answer is ``ok`` with a low reward;
+        malformed tool calls are counted in ``metrics``, not here.
+        """
+        return episode_outcome(self.errors, self.truncated)
+
     @property
     def ok(self) -> bool:
-        """True when nothing went wrong outside the policy's control."""
+        """True when nothing went wrong outside the policy's control (the outcome is ``ok`` or
+        ``policy_failure``)."""
         return not self.errors
 
     @property

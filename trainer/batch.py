@@ -1,9 +1,9 @@
 """From trajectories to training tensors: rewards -> advantages -> filter -> pack.
 
 The token record of each trajectory is used exactly as sampled (``token_ids``, ``loss_mask``,
-``sampler_logprobs``); nothing is re-tokenised. Trajectories that failed outside the policy's
-control (an env or engine error, recorded in ``errors``) or that carry no token record are kept
-out of the loss, and counted. Micro-batches are bins of whole sequences within a token budget
+``sampler_logprobs``); nothing is re-tokenised. Trajectories whose ``outcome`` is a failure
+outside the policy's control (env, infrastructure, timeout) or that carry no token record are
+kept out of the loss, and counted. Micro-batches are bins of whole sequences within a token budget
 (first-fit decreasing), so that gradient accumulation over them equals one big batch (the loss
 normalisers are whole-batch totals, see ``algorithms.aggregation``). A backend either runs a
 bin right-padded (its budget counts padded tokens) or packed end to end into one row without
@@ -20,7 +20,7 @@ import torch
 
 from envhub.trainer.algorithms import compute_advantages, overlong_penalty, zero_variance_groups
 from envhub.trainer.config import AlgorithmConfig
-from envhub.types import Trajectory
+from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 
 @dataclass
@@ -370,8 +370,11 @@ def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> Micro
 
 
 def _trainable(t: Trajectory) -> bool:
-    """Has a token record with policy tokens, and nothing failed outside the policy's control."""
-    return t.ok and t.token_ids is not None and t.loss_mask is not None and any(t.loss_mask)
+    """Has a token record with policy tokens, and an outcome the loss learns from
+    (:data:`~envhub.types.TRAINED_OUTCOMES`: ``ok`` or ``policy_failure``; env, infrastructure
+    and timeout failures say nothing about the policy)."""
+    has_tokens = t.token_ids is not None and t.loss_mask is not None and any(t.loss_mask)
+    return t.outcome in TRAINED_OUTCOMES and has_tokens
 
 
 def _sample(t: Trajectory, advantage: float, index: int) -> Sample:

@@ -29,6 +29,7 @@ import torch
 from envhub.errors import ConfigError, EngineError, WorkerError, WorkerGroupClosedError
 from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
+from envhub.rollout.manifest import update_manifest
 from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
@@ -257,6 +258,7 @@ async def train_step(
     engine_metrics = {f"engine/{k}": v for k, v in stats.items()}
     if config.logging.save_trajectories:
         save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", sampled)
+    update_manifest(config.run_dir / "manifest.json", sampled)  # which envs and samplers
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
         scored = score(trajectories, config.algorithm, config.rollout.max_tokens)  # rewards

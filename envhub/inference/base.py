@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envhub.types import Message, ToolCall
+from envhub.types import Message, SamplerRef, ToolCall, template_sha256
 
 
 class SamplingParams(BaseModel):
@@ -101,6 +101,16 @@ class InferenceEngine(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - an optional hook, empty by default
         """Release connections and processes."""
+
+    async def describe(self) -> SamplerRef:
+        """What samples: engine kind, model, software version and chat template's hash (the
+        rollout runner adds its sampling settings and records it on every trajectory). Called
+        once per run, after :meth:`start`; keep it cheap. This default names the class and
+        hashes the tokenizer's ``chat_template`` when it exposes one."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        return SamplerRef(
+            engine=type(self).__name__, chat_template_sha256=template_sha256(template)
+        )
 
     async def __aenter__(self) -> InferenceEngine:
         await self.start()

@@ -25,7 +25,7 @@ import httpx
 from envhub.errors import ConfigError, EngineError, EngineUnavailableError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.inference.messages import wire_message as _wire_message
-from envhub.types import Message, ToolCall
+from envhub.types import Message, SamplerRef, ToolCall, template_sha256
 
 _RETRY_STATUS = {429, 500, 502, 503, 504}
 _TRANSPORT_ERRORS = (httpx.TransportError,)
@@ -81,6 +81,7 @@ class OpenAIEngine(InferenceEngine):
         ]
         self._bound = weakref.WeakKeyDictionary()
         self._started = False
+        self._described: SamplerRef | None = None
 
     def __repr__(self) -> str:
         return f"OpenAIEngine({self.root!r}, model={self.model!r}, mode={self.mode!r})"
@@ -105,6 +106,39 @@ class OpenAIEngine(InferenceEngine):
             self.tokenizer = tokenizer if supported else None
             self.mode = "tokens" if supported else "chat"
         self._started = True
+
+    async def describe(self) -> SamplerRef:
+        """``openai`` with the mode and the model; on a vLLM server (tokens mode) also its
+        version (``GET /version``) and, when it was started with
+        ``--enable-tokenizer-info-endpoint``, its chat template's hash (``GET
+        /tokenizer_info``). Asked once per engine, then remembered."""
+        if self._described is None:
+            version = template = None
+            if self.mode == "tokens":  # hosted chat APIs have neither route: don't ask them
+                version = (await self._probe("/version")).get("version")
+                template = (await self._probe("/tokenizer_info")).get("chat_template")
+            self._described = SamplerRef(
+                engine="openai",
+                mode=self.mode,
+                model=self.model,
+                version=str(version) if version is not None else None,
+                chat_template_sha256=template_sha256(template)
+                if isinstance(template, (str, dict))
+                else None,
+            )
+        return self._described
+
+    async def _probe(self, path: str) -> dict[str, Any]:
+        """``GET path`` once, without retries: its JSON object, or ``{}`` when the server has
+        no such route or fails (provenance is worth a request, not a retry loop)."""
+        client, limit = self._bind()
+        try:
+            async with limit:
+                response = await client.get(path)
+            data = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
 
     async def aclose(self) -> None:
         """Close the HTTP client bound to the running event loop, if there is one."""

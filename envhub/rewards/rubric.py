@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from envhub.errors import RewardDefinitionError
-from envhub.types import ErrorRecord
+from envhub.types import ErrorRecord, is_infrastructure_error
 
 if TYPE_CHECKING:
     from envhub.env import State
@@ -182,9 +182,7 @@ class Rubric:
             try:
                 value = _as_float(await _invoke(func, available), func.name)
             except Exception as e:  # user code: record, score 0, go on
-                score.errors.append(
-                    ErrorRecord(stage=f"reward:{func.name}", type=type(e).__name__, message=str(e))
-                )
+                score.errors.append(_error_record(func, e))
                 value = 0.0
             score.components[func.name] = value
             score.total += func.weight * value
@@ -213,6 +211,15 @@ class Rubric:
                 raise ValueError(f"returned {len(values)} values for a group of {n}")
             return [_as_float(v, func.name) for v in values], None
         except Exception as e:
-            return [0.0] * n, ErrorRecord(
-                stage=f"reward:{func.name}", type=type(e).__name__, message=str(e)
-            )
+            return [0.0] * n, _error_record(func, e)
+
+
+def _error_record(func: RewardFunction, error: Exception) -> ErrorRecord:
+    """What a failing reward leaves on the episode; a sandbox or network failure inside it is
+    infrastructure's, not the reward's (``infra``)."""
+    return ErrorRecord(
+        stage=f"reward:{func.name}",
+        type=type(error).__name__,
+        message=str(error),
+        infra=is_infrastructure_error(error),
+    )

@@ -28,10 +28,12 @@ from envhub.types import (
     EnvRef,
     ErrorRecord,
     Message,
+    SamplerRef,
     Trajectory,
     TurnRecord,
     as_message,
     assistant,
+    is_infrastructure_error,
 )
 
 logger = logging.getLogger(__name__)
@@ -66,8 +68,12 @@ class _Episode:
     def fail(self, stage: str, error: BaseException | str, turn: int | None = None) -> None:
         timed_out = isinstance(error, (asyncio.TimeoutError, TimeoutError))
         kind = "timeout" if timed_out else type(error).__name__
+        # The engine is infrastructure, whatever it raised; elsewhere the exception tells.
+        infra = stage == "engine" or (
+            isinstance(error, BaseException) and is_infrastructure_error(error)
+        )
         self.errors.append(
-            ErrorRecord(stage=stage, type=kind, message=str(error) or kind, turn=turn)
+            ErrorRecord(stage=stage, type=kind, message=str(error) or kind, turn=turn, infra=infra)
         )
         self.stop_reason = "timeout" if timed_out else "error"
         self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
@@ -125,6 +131,14 @@ class RolloutRunner:
         self._created: list[Env] = []
         self._env_ref: EnvRef | None = None
         self._tools_in_prompt: ToolsInPrompt | None = None
+        self.sampler: SamplerRef | None = None
+        """What samples this runner's turns (the engine's description and ``sampling``), once
+        :meth:`run` has started the engine; recorded on every trajectory."""
+
+    @property
+    def env_ref(self) -> EnvRef | None:
+        """The env that the last run rolled out (with its Hub commit), once one was made."""
+        return self._env_ref
 
     async def run(
         self,
@@ -137,6 +151,10 @@ class RolloutRunner:
         ``on_trajectory`` is called as each group finishes (for progress bars and streaming).
         """
         await self.engine.start()
+        described = await self.engine.describe()
+        self.sampler = described.model_copy(
+            update={"sampling": self.sampling.model_dump(mode="json")}
+        )
         self._pool = asyncio.Queue()
         for _ in range(self.max_concurrency):  # None = a slot whose env is not made yet
             self._pool.put_nowait(None)
@@ -359,6 +377,7 @@ class RolloutRunner:
             generate_seconds=gen_s,
             env_seconds=env_s,
             policy_version=generation.weight_version,
+            structured_tool_calls=bool(generation.tool_calls),
         )
 
     async def _timed(self, coro: Any) -> Any:
@@ -393,6 +412,7 @@ class RolloutRunner:
         trace = ep.trace if ep.trace is not None and ep.trace.valid else None
         return Trajectory(
             env=self._env_ref or EnvRef(name="unknown"),
+            sampler=self.sampler,
             task_index=ep.task_index,
             sample_index=ep.sample_index,
             group_id=ep.group_id,

@@ -142,6 +142,11 @@ def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(
     reloaded = AutoModelForCausalLM.from_pretrained(result.final_model)
     assert reloaded.config.num_hidden_layers == 2
     assert json.loads((run / "config.json").read_text())["steps"] == 2
+    manifest = json.loads((run / "manifest.json").read_text())  # what made the run
+    assert manifest["env_refs"] == [{"name": LetterEnv.name, "version": "0.0.1", "commit": None}]
+    assert [
+        (s["engine"], s["model"], s["sampling"]["max_tokens"]) for s in manifest["samplers"]
+    ] == [("hf", str(tiny_model_dir), 8)]
 
 
 def _task_order(run: Path) -> list[list[int]]:

@@ -130,6 +130,9 @@ class Versioned(RolloutEngine):
     async def generate(self, request: Any) -> Any:
         return await self.inner.generate(request)
 
+    async def describe(self) -> Any:
+        return await self.inner.describe()  # the same sampler as the workers' own engines
+
 
 def _rollout(
     config: Any, step: int, workers: RolloutWorkers | None

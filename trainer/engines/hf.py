@@ -41,6 +41,7 @@ from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+from envhub.types import SamplerRef, template_sha256
 
 if TYPE_CHECKING:
     from envhub.trainer.backends.base import TrainBackend
@@ -156,6 +157,18 @@ class HFEngine(RolloutEngine):
         Only :attr:`weights_version` moves (to ``version``, or by one), for recording which
         policy sampled each turn."""
         self.weights_version = self.weights_version + 1 if version is None else version
+
+    async def describe(self) -> SamplerRef:
+        """``hf``: the model's name or path, the transformers version, the template's hash."""
+        import transformers
+
+        config = getattr(self.model, "config", None)
+        return SamplerRef(
+            engine="hf",
+            model=getattr(config, "_name_or_path", None) or None,
+            version=transformers.__version__,
+            chat_template_sha256=template_sha256(self.tokenizer.chat_template),
+        )
 
     async def aclose(self) -> None:
         """Finish the requests already queued, then stop the batching task."""

