@@ -29,6 +29,8 @@ COLUMNS = [
     ("time/sync", "sync s", "{:.2f}", 6, 2),
     ("time/step", "step s", "{:.1f}", 6, 0),
 ]
+EVAL_COLUMN = ("eval/reward", "eval", "{:.3f}", 5, 1)
+"""Held-out reward (``eval:``), after pass@1, in runs that evaluate; ``-`` between evaluations."""
 LOG_WIDTH = 200
 """Width of the table when output goes to a file or pipe (rich would assume 80 columns)."""
 
@@ -39,9 +41,12 @@ def step_width(steps: int) -> int:
     return max(len("step"), len(f"{steps}/{steps}"))
 
 
-def columns_for(width: int, steps: int) -> list[tuple[str, str, str, int, int]]:
-    """The columns that fit in ``width`` characters, dropping low-priority ones first."""
-    chosen = list(COLUMNS)
+def columns_for(
+    width: int, steps: int, evaluates: bool = False
+) -> list[tuple[str, str, str, int, int]]:
+    """The columns that fit in ``width`` characters, dropping low-priority ones first
+    (``evaluates``: the run has held-out evaluation, which gets a column)."""
+    chosen = [*COLUMNS[:3], EVAL_COLUMN, *COLUMNS[3:]] if evaluates else list(COLUMNS)
     used = step_width(steps) + sum(c[3] + 1 for c in chosen)
     for priority in (3, 2, 1):
         for column in [c for c in reversed(chosen) if c[4] == priority]:
@@ -69,6 +74,7 @@ class RichReporter:
         self._task: Any = None
         self._rows = 0
         self.steps = 0
+        self.evaluates = False
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -80,6 +86,7 @@ class RichReporter:
     def start(self, config: Any, info: dict[str, Any]) -> None:
         """Print the run's header: model, envs, run size, run folder, rollout engine and workers."""
         self.steps = config.steps
+        self.evaluates = getattr(config, "eval", None) is not None
         envs = ", ".join(e.name for e in config.envs)
         resumed = f", resumed at step {info['resumed_from']}" if info.get("resumed_from") else ""
         console.print(
@@ -103,6 +110,8 @@ class RichReporter:
             )
         if info.get("tools"):
             console.print(f"tools: {info['tools']}", soft_wrap=True)
+        if info.get("eval"):
+            console.print(f"held-out eval: {info['eval']}", soft_wrap=True)
         if info.get("rollout_workers"):
             where = ", ".join(f"pid {w['pid']} on {w['node']}" for w in info["rollout_workers"])
             console.print(
@@ -121,21 +130,29 @@ class RichReporter:
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
-        columns = columns_for(console.width, self.steps)
+        columns = columns_for(console.width, self.steps, self.evaluates)
         console.print(
             step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns)
         )
         self._rows += 1
 
     def finish(self, result: Any) -> None:
-        """Print the reward at the first and last step and the best, then where the outputs are."""
-        history = result.history
+        """Print the reward at the first and last step and the best, the held-out reward before
+        and after, then where the outputs are."""
+        history = [r for r in result.history if "reward/mean" in r]  # not the baseline's row
+        evals = [r for r in result.history if "eval/reward" in r]
         if history:
             first, last = history[0], history[-1]
             console.print(
                 f"[bold]done[/]: reward {first.get('reward/mean', 0):.3f} "
                 f"(step {first['step']}) -> {last.get('reward/mean', 0):.3f} "
                 f"(step {last['step']}); best {max(r.get('reward/mean', 0) for r in history):.3f}",
+                soft_wrap=True,
+            )
+        if len(evals) > 1:
+            console.print(
+                f"held-out: reward {evals[0]['eval/reward']:.3f} (step {evals[0]['step']}) -> "
+                f"{evals[-1]['eval/reward']:.3f} (step {evals[-1]['step']})",
                 soft_wrap=True,
             )
         for label, path in (

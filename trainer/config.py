@@ -59,6 +59,56 @@ class EnvSpec(_Part):
     """Share of each step's tasks drawn from this env (relative to the other envs)."""
 
 
+class EvalEnvSpec(_Part):
+    """One held-out env (or split) to evaluate on during training."""
+
+    name: str
+    """A registered env name (``envhub list``)."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for ``envhub.make``: another ``task_seed``, difficulty or split than
+    training uses, so that the tasks are held out."""
+    label: str | None = None
+    """Name in the metrics (``eval/<label>/reward``); default: the env name. Must be unique."""
+    num_tasks: int = Field(32, ge=1)
+    """Tasks evaluated, spread over the env's dataset (the same ones every time)."""
+
+
+class EvalConfig(_Part):
+    """Held-out evaluation during training (``eval:``; off when absent).
+
+    Before the first step (the baseline), every ``every`` steps and after the last, the policy
+    plays each env's held-out tasks through the same rollout runner and engine as training.
+    Metrics ``eval/<label>/reward`` and ``eval/<label>/pass@k`` go to ``metrics.jsonl`` (the
+    baseline as step 0), the step table and the trackers; the episodes to
+    ``trajectories/eval/step-N.jsonl``. It never changes what the run trains on.
+    """
+
+    envs: list[EvalEnvSpec] = Field(min_length=1)
+    every: int | None = Field(5, ge=1)
+    """Steps between evaluations; ``null``: only before the first step and after the last."""
+    baseline: bool = True
+    """Evaluate before the first step (a resumed run does not evaluate its start again)."""
+    samples_per_task: int = Field(1, ge=1)
+    """Samples per task: pass@k for k up to this."""
+    temperature: float = Field(0.0, ge=0.0)
+    """0: greedy."""
+    max_tokens: int | None = Field(None, ge=1)
+    """Per assistant turn; default: ``rollout.max_tokens``."""
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        labels = [e.label or e.name for e in self.envs]
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"eval.envs: give each a distinct label ({', '.join(repeated)} twice)")
+        if self.temperature == 0 and self.samples_per_task > 1:
+            raise ValueError(
+                "eval.samples_per_task > 1 with greedy decoding gives identical samples: "
+                "set eval.temperature > 0 for pass@k"
+            )
+        return self
+
+
 class VLLMConfig(_Part):
     """The vLLM rollout engine (``rollout.engine: vllm``) and how it gets the trainer's weights."""
 
@@ -298,6 +348,8 @@ class TrainConfig(_Part):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    eval: EvalConfig | None = None
+    """Held-out evaluation during training; none when absent."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainConfig:

@@ -38,6 +38,7 @@ from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.held_out import HeldOutEval
 from envhub.trainer.memory import release_freed_memory
 from envhub.trainer.models import resolve_model
 from envhub.trainer.no_signal import EmptySteps
@@ -67,7 +68,8 @@ class Reporter(Protocol):
         ...
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        """Step ``step`` (counted from 1) finished with these metrics."""
+        """Step ``step`` (counted from 1) finished with these metrics; step 0 is the held-out
+        evaluation before the first step (``eval/*`` metrics only)."""
         ...
 
     def finish(self, result: RunResult) -> None:
@@ -140,6 +142,7 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     # Cheap checks first: a bad env name or argument, or a model that is not there, fails here
     # in a second, before Ray, the model load or an engine start.
     schedule = TaskSchedule.from_specs(config.envs, config.seed)
+    held_out = HeldOutEval(config) if config.eval is not None else None
     resolve_model(config.model.name)
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -149,7 +152,7 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     try:
         backend = make_backend(config)
         try:
-            start = await _run_steps(config, schedule, backend, reporter)
+            start = await _run_steps(config, schedule, backend, reporter, held_out)
             result = _finish(config, backend, start)
         finally:
             backend.close()
@@ -160,7 +163,11 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
 
 
 async def _run_steps(
-    config: TrainConfig, schedule: TaskSchedule, backend: TrainBackend, reporter: Reporter
+    config: TrainConfig,
+    schedule: TaskSchedule,
+    backend: TrainBackend,
+    reporter: Reporter,
+    held_out: HeldOutEval | None,
 ) -> int:
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
     run_dir = config.run_dir
@@ -172,10 +179,17 @@ async def _run_steps(
     tracker = MetricsLogger(config, run_dir)
     empty_steps = EmptySteps(config.algorithm.max_empty_steps)
     try:
-        await _start_rollouts(config, backend, engine, producer, reporter, start)
+        await _start_rollouts(config, backend, engine, producer, reporter, start, held_out)
+        if held_out is not None and start == 0 and held_out.due(0):
+            baseline = await held_out.run(0, engine, isolated=True)  # nothing rolls out yet
+            tracker.log(0, baseline)
+            reporter.step(0, baseline)
+        producer.start(first_draw=start)
         for step in range(start, config.steps):
             try:
                 metrics, empty = await train_step(step, config, producer, engine, backend)
+                if held_out is not None and held_out.due(step + 1):
+                    metrics |= await held_out.run(step + 1, engine, isolated=not producer.busy)
             except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             except asyncio.CancelledError:  # Ctrl-C or SIGTERM
@@ -203,9 +217,10 @@ async def _start_rollouts(
     producer: GroupProducer,
     reporter: Reporter,
     start: int,
+    held_out: HeldOutEval | None,
 ) -> None:
-    """Start the engine with the trainer's weights, the rollout workers if any, and the
-    producer's first draws; tell the reporter what runs where."""
+    """Start the engine with the trainer's weights and the rollout workers if any; tell the
+    reporter what runs where."""
     # The engine starts from the model on disk: give it the trainer's weights (a resumed
     # run's, and a check that both sides compute the same logprobs) before any rollout.
     await engine.start()
@@ -221,8 +236,9 @@ async def _start_rollouts(
     if config.rollout.workers:
         producer.workers = RolloutWorkers.for_run(config, engine)
         info["rollout_workers"] = producer.workers.info
+    if held_out is not None:
+        info["eval"] = held_out.describe()
     reporter.start(config, info)
-    producer.start(first_draw=start)
 
 
 async def tool_prompt_info(schedule: TaskSchedule, engine: RolloutEngine) -> dict[str, str]:

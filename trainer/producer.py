@@ -111,6 +111,12 @@ class GroupProducer:
         self._relaunch = []
         self.advance()
 
+    @property
+    def busy(self) -> bool:
+        """Whether any task is rolling out now (at ``max_staleness: 0`` and one sampling
+        round, never between updates)."""
+        return bool(self._in_flight)
+
     def advance(self) -> None:
         """Launch every draw the engine's policy version allows."""
         version = self.engine.weights_version

@@ -131,7 +131,8 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path | None:
-    """Reward (mean and pass@1) per step as a PNG; ``None`` when matplotlib is missing."""
+    """Reward (mean and pass@1) per step as a PNG, with the held-out evaluation's reward
+    (``eval/reward``) where the run has one; ``None`` when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -140,9 +141,11 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
         import matplotlib.ticker
     except ImportError:
         return None
+    evals = [r for r in rows if "eval/reward" in r]
+    rows = [r for r in rows if "reward/mean" in r]  # the baseline's row (step 0) is eval only
     steps = [r["step"] for r in rows]
     rewards = [r.get("reward/mean") for r in rows]
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(6, 4.2), dpi=120)
     ax.plot(steps, rewards, marker="o", markersize=3, linewidth=0.8, alpha=0.6, label="mean reward")
     # A step sees only a few tasks, so its mean is noisy: the trend is the moving average.
     window = min(5, len(rows))
@@ -166,12 +169,23 @@ def plot_rewards(rows: list[dict[str, Any]], target: Path, title: str) -> Path |
             color="C1",
             label="pass@1",
         )
+    if evals:
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["eval/reward"] for r in evals],
+            marker="s",
+            linewidth=1.8,
+            color="C2",
+            label="held-out eval reward",
+        )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    # Below the axes: training reward fills the top, held-out reward the bottom.
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize="small",
+              frameon=False)  # fmt: skip
     fig.tight_layout()
     fig.savefig(target)
     plt.close(fig)

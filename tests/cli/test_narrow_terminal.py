@@ -231,3 +231,19 @@ def test_the_training_header_says_where_the_tools_went(monkeypatch: pytest.Monke
     info = {"run_dir": "outputs/run", "parameters": 134.5e6, "device": "cpu", "tools": tools}
     train_view.RichReporter().start(config, info)
     assert f"tools: {tools}" in screen.export_text().replace("\n", " ")
+
+
+def test_a_run_with_held_out_eval_gets_an_eval_column(monkeypatch: pytest.MonkeyPatch) -> None:
+    from envhub.cli import train_view
+
+    screen = Console(width=WIDTH, force_terminal=True, record=True, file=io.StringIO())
+    monkeypatch.setattr(train_view, "console", screen)
+    reporter = train_view.RichReporter()
+    reporter.steps, reporter.evaluates = 20, True
+    reporter.step(0, {"eval/reward": 0.03125, "eval/two-digit/reward": 0.03125})
+    reporter.step(1, {"reward/mean": 0.21875, "pass@1": 0.22, "time/step": 16.3})
+    lines = screen.export_text().splitlines()
+    assert lines[0].split()[:5] == ["step", "reward", "pass@1", "eval", "tokens"]
+    assert lines[1].split()[:5] == ["0/20", "-", "-", "0.031", "-"]
+    assert lines[2].split()[:5] == ["1/20", "0.219", "0.22", "-", "-"]
+    assert all(len(line) <= WIDTH for line in lines)

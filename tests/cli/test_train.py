@@ -107,7 +107,7 @@ def test_a_typo_reads_the_same_in_the_yaml_file_and_as_an_override(
     text = QUICKSTART.read_text()
     assert typo[0] in text
     config = tmp_path / "typo.yaml"
-    config.write_text(text.replace(typo[0], typo[1]))
+    config.write_text(text.replace(typo[0], typo[1], 1))
     in_yaml = runner.invoke(app, ["train", str(config), "--dry-run"])
     as_override = runner.invoke(app, ["train", str(QUICKSTART), override, "--dry-run"])
     for result in (in_yaml, as_override):
@@ -185,13 +185,15 @@ def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(
         "backend.device=cpu",
     )
     assert result.returncode == 0, result.stderr
-    rows = [line for line in result.stdout.splitlines() if line.strip().startswith(("1/2", "2/2"))]
-    assert len(rows) == 2
+    starts = ("0/2", "1/2", "2/2")  # 0: the quickstart's held-out eval before the first step
+    rows = [line for line in result.stdout.splitlines() if line.strip().startswith(starts)]
+    assert len(rows) == 3
     assert "reward" in result.stdout and "done: reward" in result.stdout
+    assert "held-out: reward" in result.stdout
     run = tmp_path / "cli"
-    assert [
-        json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()
-    ] == [1, 2]
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged] == [0, 1, 2]
+    assert ["eval/two-digit/reward" in r for r in logged] == [True, False, True]
     assert (run / "final" / "config.json").exists() and (
         run / "final" / "model.safetensors"
     ).exists()

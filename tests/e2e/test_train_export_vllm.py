@@ -45,6 +45,7 @@ def test_an_exported_model_serves_on_vllm_with_the_trainers_logprobs(
         "rollout.tasks_per_step=2", "rollout.samples_per_task=4", "rollout.max_tokens=8",
         "optimizer.lr=1e-2", "algorithm.dynamic_sampling=false", "backend.device=cpu",
         f"logging.output_dir={tmp_path}", "logging.run_name=run", "logging.plot=false",
+        "eval=null",
     ])  # fmt: skip
     run = train(config)
     assert run.history[0]["batch/kept"] == 8 and run.history[0]["train/grad_norm"] > 0

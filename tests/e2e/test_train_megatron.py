@@ -36,7 +36,7 @@ def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.Co
         # entropy bonus so that the gradient is not zero.
         "algorithm.dynamic_sampling=false", "algorithm.entropy_coef=0.01",
         "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run",
-        "logging.plot=false", "rollout.vllm.mode=ray", *extra,
+        "logging.plot=false", "rollout.vllm.mode=ray", "eval=null", *extra,
     ]  # fmt: skip
     environment = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(SETUP), **env}
     return subprocess.run(command, capture_output=True, text=True, timeout=900, env=environment)

@@ -24,7 +24,8 @@ def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(
         [sys.executable, "-m", "envhub.cli", "train", str(ROOT / "examples" / "quickstart.yaml"),
          "rollout.engine=vllm", "steps=2", "rollout.tasks_per_step=4", "rollout.samples_per_task=4",
          "rollout.vllm.kv_cache_gb=1", f"logging.output_dir={tmp_path}",
-         "logging.run_name=run", "logging.plot=false", "checkpoint.export_hf=false"],
+         "logging.run_name=run", "logging.plot=false", "checkpoint.export_hf=false",
+         "eval.envs.0.num_tasks=4"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
 
@@ -33,7 +34,16 @@ def test_quickstart_trains_with_vllm_rollouts_and_verified_syncs(
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2]  # 0: the held-out eval before the first step
+    baseline, rows = rows[0], rows[1:]
+    assert set(baseline) >= {"eval/two-digit/reward", "eval/two-digit/pass@1", "eval/reward"}
+    # The eval after the last step sampled from the weights that step synced to vLLM.
+    for step, version in ((0, 0), (2, 2)):
+        episodes = read_trajectories(
+            tmp_path / "run" / "trajectories" / "eval" / f"step-{step:06d}.jsonl"
+        )
+        assert len(episodes) == 4
+        assert {turn.policy_version for t in episodes for turn in t.turns} == {version}
     for row in rows:
         assert row["rollout/errors"] == 0.0 and row["rollout/episodes"] == 16.0
         assert row["sync/logprob_diff_max"] < 1e-3  # fp32 on both sides: ~1e-5 measured

@@ -149,7 +149,7 @@ def test_envs_are_required() -> None:
         (
             "envs: [{name: arithmetic}]\nxyzzy: 1\n",
             "unknown config key 'xyzzy' (valid: steps, seed, model, envs, rollout, algorithm, "
-            "optimizer, backend, cluster, logging, checkpoint)",
+            "optimizer, backend, cluster, logging, checkpoint, eval)",
         ),
         (
             "envs: [{name: arithmetic}]\nsetps: 3\noptimizer: {lrr: 1.0e-6}\n",
