@@ -39,6 +39,7 @@ from pydantic import BaseModel
 
 from envhub.env import Env
 from envhub.errors import ConfigError
+from envhub.rewards.rubric import add_group_scores
 from envhub.rollout.io import TrajectoryWriter, read_trajectories
 from envhub.rollout.replay import Replay, replay_episode
 from envhub.types import EnvRef, Trajectory
@@ -174,25 +175,13 @@ async def _rescore_group(
     async with pool.env() as env:
         for i in order:
             replays[i] = await replay_episode(env, group[i])
-        await _score_group(env, [replays[i] for i in order])
+        await add_group_scores(env, [replays[i] for i in order])
     return [
         _skipped(t, "failed", f"failed before its end ({t.stop_reason})")
         if t.stop_reason in ("error", "timeout")
         else _rescored(t, replay, ref)
         for t, replay in zip(group, replays, strict=True)
     ]
-
-
-async def _score_group(env: Env, replays: list[Replay]) -> None:
-    """Group rewards, as the runner adds them (``RolloutRunner._score_group``)."""
-    rubric = getattr(env, "rubric", None)
-    if rubric is None or not rubric.group_funcs or any(r.state is None for r in replays):
-        return
-    scores = await rubric.score_group([r.state for r in replays])
-    for replay, score in zip(replays, scores, strict=True):
-        replay.reward += score.total
-        replay.components.update(score.components)
-        replay.errors.extend(score.errors)
 
 
 def _rescored(t: Trajectory, replay: Replay, ref: EnvRef) -> Trajectory:

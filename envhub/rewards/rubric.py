@@ -214,6 +214,20 @@ class Rubric:
             return [0.0] * n, _error_record(func, e)
 
 
+async def add_group_scores(env: Any, episodes: Sequence[Any]) -> None:
+    """Add ``env``'s group rewards to a group's ``episodes`` (each with ``state``, ``reward``,
+    ``components`` and ``errors``), as the rollout runner does and a re-score must do again;
+    nothing when the env has no group rewards or an episode has no state."""
+    rubric = getattr(env, "rubric", None)
+    if rubric is None or not rubric.group_funcs or any(e.state is None for e in episodes):
+        return
+    scores = await rubric.score_group([e.state for e in episodes])
+    for episode, score in zip(episodes, scores, strict=True):
+        episode.reward += score.total
+        episode.components.update(score.components)
+        episode.errors.extend(score.errors)
+
+
 def _error_record(func: RewardFunction, error: Exception) -> ErrorRecord:
     """What a failing reward leaves on the episode; a sandbox or network failure inside it is
     infrastructure's, not the reward's (``infra``)."""

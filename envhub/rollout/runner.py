@@ -21,6 +21,7 @@ import numpy as np
 from envhub.env import Env, State, TaskEnv
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
+from envhub.rewards.rubric import add_group_scores
 from envhub.rollout.tokens import TokenTrace, append_env_turn
 from envhub.rollout.tool_prompt import ToolsInPrompt
 from envhub.types import (
@@ -177,7 +178,7 @@ class RolloutRunner:
             for i in range(n)
         ]
         rubric_env = await asyncio.gather(*(self._run_episode(ep) for ep in episodes))
-        await self._score_group(episodes, next((e for e in rubric_env if e is not None), None))
+        await add_group_scores(next((e for e in rubric_env if e is not None), None), episodes)
         trajectories = [self._trajectory(ep) for ep in episodes]
         if callback:
             for traj in trajectories:
@@ -391,16 +392,6 @@ class RolloutRunner:
             raise TimeoutError(f"did not finish within {self.step_timeout:g} s") from None
 
     # -- groups, pool, output -------------------------------------------------------------------
-
-    async def _score_group(self, episodes: list[_Episode], env: Env | None) -> None:
-        rubric = getattr(env, "rubric", None)
-        if rubric is None or not rubric.group_funcs or any(ep.state is None for ep in episodes):
-            return
-        scores = await rubric.score_group([ep.state for ep in episodes])
-        for ep, score in zip(episodes, scores, strict=True):
-            ep.reward += score.total
-            ep.components.update(score.components)
-            ep.errors.extend(score.errors)
 
     def _trajectory(self, ep: _Episode) -> Trajectory:
         state = ep.state
