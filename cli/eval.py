@@ -173,6 +173,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     from envhub.rollout.io import TrajectoryWriter
     from envhub.rollout.manifest import manifest
     from envhub.rollout.runner import RolloutRunner
+    from envhub.rollout.tool_prompt import where_tools_go
 
     indices, threshold = plan.indices, plan.pass_threshold
     engine = OpenAIEngine(base_url, model, api_key=api_key, mode=mode, max_concurrency=concurrency)
@@ -196,7 +197,8 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
             try:
                 await engine.start()
                 if plan.num_tools:
-                    console.print(f"tools: {await tool_prompt_line(engine, plan.num_tools)}")
+                    where = await where_tools_go(engine.tokenizer, plan.num_tools)
+                    console.print(f"tools: {where}")
                 return await runner.run(indices, rollouts, on_trajectory=record)
             finally:
                 await engine.aclose()
@@ -211,16 +213,6 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
     console.print(f"results: {folder}", soft_wrap=True)
     return folder
-
-
-async def tool_prompt_line(engine: Any, num_tools: int) -> str:
-    """Where the model finds the env's tools: its chat template, the system prompt envhub
-    writes them into, or (chat mode) whatever the server's template does with them."""
-    from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
-
-    if engine.tokenizer is None:
-        return f"{num_tools} tool(s), sent to the server as `tools` (chat mode)"
-    return describe_tool_prompt(await template_renders_tools(engine.tokenizer), num_tools)
 
 
 def choose_tasks(env: Any, n: int, seed: int) -> list[int]:

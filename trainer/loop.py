@@ -30,7 +30,7 @@ from envhub.errors import ConfigError, EngineError, WorkerError, WorkerGroupClos
 from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
 from envhub.rollout.manifest import update_manifest
-from envhub.rollout.tool_prompt import describe_tool_prompt, template_renders_tools
+from envhub.rollout.tool_prompt import where_tools_go
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal, score, select
@@ -232,23 +232,15 @@ async def _start_rollouts(
         "device": backend.describe(),
         "engine": repr(engine),
     } | initial_sync
-    info |= await tool_prompt_info(producer.schedule, engine)
+    num_tools = max(slot.num_tools for slot in producer.schedule.slots)
+    if num_tools and engine.tokenizer is not None:  # where the model finds them
+        info["tools"] = await where_tools_go(engine.tokenizer, num_tools)
     if config.rollout.workers:
         producer.workers = RolloutWorkers.for_run(config, engine)
         info["rollout_workers"] = producer.workers.info
     if held_out is not None:
         info["eval"] = held_out.describe()
     reporter.start(config, info)
-
-
-async def tool_prompt_info(schedule: TaskSchedule, engine: RolloutEngine) -> dict[str, str]:
-    """``{"tools": ...}`` for the header when an env has tools: whether the chat template shows
-    them to the model or the system prompt has to (:mod:`envhub.rollout.tool_prompt`)."""
-    num_tools = max((slot.num_tools for slot in schedule.slots), default=0)
-    if not num_tools or engine.tokenizer is None:
-        return {}
-    renders = await template_renders_tools(engine.tokenizer)
-    return {"tools": describe_tool_prompt(renders, num_tools)}
 
 
 async def train_step(

@@ -57,6 +57,14 @@ def describe_tool_prompt(renders: bool, num_tools: int) -> str:
     )
 
 
+async def where_tools_go(tokenizer: ChatTokenizer | None, num_tools: int) -> str:
+    """:func:`describe_tool_prompt` for an engine's tokenizer; without one (chat mode) the
+    server's own template decides what the model sees of ``tools``."""
+    if tokenizer is None:
+        return f"{num_tools} tool(s), sent to the server as `tools` (chat mode)"
+    return describe_tool_prompt(await template_renders_tools(tokenizer), num_tools)
+
+
 class ToolsInPrompt:
     """A :class:`ChatTokenizer` that hands ``tools`` to the template when it renders them,
     and otherwise writes them into the system prompt.

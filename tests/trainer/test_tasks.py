@@ -7,10 +7,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy
+from envhub.rollout.tool_prompt import where_tools_go
+from envhub.testing import ByteChatTokenizer
 from envhub.trainer.config import EnvSpec
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
-from envhub.trainer.loop import tool_prompt_info
 from envhub.trainer.tasks import TaskSchedule
 
 
@@ -56,18 +56,17 @@ def test_weights_split_the_slots() -> None:
     assert 0.65 < counts[1] / 200 < 0.85  # weight 3 of 4
 
 
-def test_the_run_header_says_where_the_model_finds_the_tools(smollm2_dir: Path) -> None:
+def test_envs_count_their_tools_and_the_header_says_where_they_go(smollm2_dir: Path) -> None:
     schedule = TaskSchedule.from_specs(
         [EnvSpec(name="calculator", args={"num_tasks": 4}), EnvSpec(name="arithmetic")], seed=0
     )
     assert [s.num_tools for s in schedule.slots] == [1, 0]
-    engine = ScriptedEngine(null_policy, tokenizer=ByteChatTokenizer())  # renders tools
-    assert asyncio.run(tool_prompt_info(schedule, engine)) == {
-        "tools": "1 tool(s), rendered by the chat template"
-    }
-    engine.tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir))
-    assert asyncio.run(tool_prompt_info(schedule, engine))["tools"].startswith(
+    renders = ByteChatTokenizer()
+    assert asyncio.run(where_tools_go(renders, 1)) == "1 tool(s), rendered by the chat template"
+    smollm2 = HFChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir))
+    assert asyncio.run(where_tools_go(smollm2, 1)).startswith(
         "1 tool(s) in the system prompt: the chat template ignores `tools`"
     )
-    without_tools = TaskSchedule.from_specs([EnvSpec(name="arithmetic")], seed=0)
-    assert asyncio.run(tool_prompt_info(without_tools, engine)) == {}
+    assert asyncio.run(where_tools_go(None, 2)) == (
+        "2 tool(s), sent to the server as `tools` (chat mode)"
+    )
