@@ -33,7 +33,10 @@ _ANSWERS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
 async def template_renders_tools(tokenizer: ChatTokenizer) -> bool:
     """Whether ``tokenizer``'s chat template puts ``tools`` into the prompt (asked once per
     tokenizer; a template that fails when given tools counts as not rendering them)."""
-    known = _ANSWERS.get(tokenizer)
+    try:
+        known = _ANSWERS.get(tokenizer)
+    except TypeError:
+        known = None
     if known is not None:
         return known
     plain = await tokenizer.render(_PROBE_MESSAGES, None, add_generation_prompt=True)
@@ -43,7 +46,11 @@ async def template_renders_tools(tokenizer: ChatTokenizer) -> bool:
         )
     except Exception:  # noqa: BLE001 - a template that cannot take tools does not render them
         with_tools = plain
-    _ANSWERS[tokenizer] = answer = with_tools != plain
+    answer = with_tools != plain
+    try:
+        _ANSWERS[tokenizer] = answer
+    except TypeError:  # a tokenizer that takes no weak reference is probed on every call
+        pass
     return answer
 
 

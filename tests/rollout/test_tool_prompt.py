@@ -76,3 +76,26 @@ def test_a_template_that_fails_on_tools_counts_as_ignoring_them() -> None:
 def test_the_header_line_says_where_the_tools_are() -> None:
     assert describe_tool_prompt(True, 2) == "2 tool(s), rendered by the chat template"
     assert describe_tool_prompt(False, 1).startswith("1 tool(s) in the system prompt")
+
+
+class Slotted:
+    """A tokenizer that takes no weak reference (``__slots__``): probed, just not cached."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self) -> None:
+        self.inner = IgnoresTools()
+
+    @property
+    def max_length(self) -> int | None:
+        return None
+
+    async def render(self, messages: Any, tools: Any, add_generation_prompt: bool) -> list[int]:
+        return self.inner.render_sync(messages, tools, add_generation_prompt)
+
+
+def test_a_tokenizer_without_weak_references_is_probed_every_time() -> None:
+    tokenizer = Slotted()
+    assert asyncio.run(template_renders_tools(tokenizer)) is False
+    assert asyncio.run(template_renders_tools(tokenizer)) is False
+    assert tokenizer.inner.renders == 4
