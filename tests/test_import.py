@@ -21,7 +21,7 @@ loaded["envhub.Env"] = sorted(m for m in %(heavy)r if m in sys.modules)
 for name in envhub.__all__:
     getattr(envhub, name)
 import envhub.tools, envhub.rewards.math, envhub.rewards.judge, \
-envhub.testing, envhub.rollout.tokens
+envhub.testing, envhub.rollout.tokens, envhub.report
 loaded["whole SDK"] = sorted(m for m in %(heavy)r if m in sys.modules)
 print(json.dumps(loaded))
 """

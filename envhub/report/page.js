@@ -1,0 +1,141 @@
+// Glue between the report's JSON and Plotly / the DOM. The data and its meaning live in Python
+// (envhub/report/data.py); this script only draws it.
+"use strict";
+const REPORT = JSON.parse(document.getElementById("report-data").textContent);
+const parsed = {}; // step key -> block, parsed the first time the step is chosen
+
+function stepData(key) {
+  if (!(key in parsed)) {
+    parsed[key] = JSON.parse(document.getElementById("step-data-" + key).textContent);
+  }
+  return parsed[key];
+}
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  for (const c of children) node.append(c);
+  return node;
+}
+
+function drawHeader() {
+  const config = REPORT.config || {};
+  document.getElementById("title").textContent = REPORT.name;
+  const envs = (config.envs || []).map((e) => e.name).join(", ");
+  const model = (config.model && config.model.name) || config.model || "";
+  document.getElementById("subtitle").textContent =
+    `${REPORT.kind === "eval" ? "envhub eval" : "envhub train"} · model ${model}` +
+    (envs ? ` · envs ${envs}` : "") + (config.steps ? ` · ${config.steps} steps` : "");
+  const rows = Object.entries(REPORT.summary || {}).filter(([, v]) => v !== null);
+  if (!rows.length) return;
+  document.getElementById("summary-section").hidden = false;
+  const table = document.getElementById("summary");
+  for (const [k, v] of rows) {
+    const text = typeof v === "object" ? JSON.stringify(v) : String(v);
+    table.append(el("tr", {}, el("th", {}, k), el("td", {}, text)));
+  }
+}
+
+function drawCharts() {
+  const box = document.getElementById("charts");
+  document.getElementById("no-charts").hidden = REPORT.charts.length > 0;
+  REPORT.charts.forEach((chart, i) => {
+    const div = el("div", { class: "chart", id: "chart-" + i, "data-title": chart.title });
+    box.append(div);
+    const traces = chart.series.map((s) => ({
+      x: s.x, y: s.y, name: s.name, type: "scatter", mode: s.mode || "lines+markers",
+    }));
+    const layout = {
+      title: { text: chart.title }, height: 340, margin: { l: 55, r: 15, t: 40, b: 40 },
+      xaxis: { title: { text: chart.xaxis || "step" } }, yaxis: { title: { text: chart.yaxis } },
+      legend: { orientation: "h", y: -0.25 }, showlegend: true,
+    };
+    Plotly.newPlot(div, traces, layout, { displaylogo: false, displayModeBar: false, responsive: true });
+  });
+}
+
+function fillSteps() {
+  const select = document.getElementById("step");
+  for (const s of REPORT.steps) {
+    select.append(el("option", { value: s.key }, `${s.label} (${s.episodes} episodes)`));
+  }
+  select.addEventListener("change", () => fillEpisodes(select.value));
+  document.getElementById("episode").addEventListener("change", showEpisode);
+  if (REPORT.steps.length) fillEpisodes(REPORT.steps[0].key);
+}
+
+function fillEpisodes(key) {
+  const select = document.getElementById("episode");
+  select.replaceChildren();
+  for (const e of stepData(key).episodes) {
+    const flag = e.outcome === "ok" ? "" : ` [${e.outcome}]`;
+    select.append(el("option", { value: e.index },
+      `#${e.index} task ${e.task} · reward ${e.reward.toFixed(3)}${flag}`));
+  }
+  showEpisode();
+}
+
+function showEpisode() {
+  const view = document.getElementById("episode-view");
+  view.replaceChildren();
+  const key = document.getElementById("step").value;
+  const index = document.getElementById("episode").value;
+  if (key === "" || index === "") return;
+  const block = stepData(key);
+  const e = block.episodes[Number(index)];
+  view.append(facts(e), ...problems(e), el("h3", {}, "Conversation"));
+  e.messages.forEach((m) => view.append(message(m)));
+  view.append(el("h3", {}, `Tokens (${e.token_ids.length})`), tokens(e, block.vocab));
+}
+
+function facts(e) {
+  const parts = [`reward ${e.reward}`, `outcome ${e.outcome}`, `stop ${e.stop_reason}`];
+  for (const [k, v] of Object.entries(e.components)) parts.push(`${k} ${v}`);
+  return el("p", { class: "facts" }, ...parts.map((p) => el("span", {}, p)));
+}
+
+function problems(e) {
+  const out = [];
+  for (const err of e.errors) {
+    const turn = err.turn === null || err.turn === undefined ? "" : ` (turn ${err.turn})`;
+    out.push(el("p", { class: "bad error" }, `error at ${err.stage}${turn}: ${err.type}: ${err.message}`));
+  }
+  for (const d of e.drift) {
+    out.push(el("p", { class: "bad drift-note" },
+      `token drift at turn ${d.turn}, token ${d.position}: re-rendering did not reproduce the sampled tokens`));
+  }
+  return out;
+}
+
+function message(m) {
+  const box = el("div", { class: "message " + m.role });
+  const who = m.role === "tool" ? `tool result${m.name ? " · " + m.name : ""}` : m.role;
+  box.append(el("div", { class: "role" }, who));
+  if (m.content) box.append(el("pre", {}, m.content));
+  for (const call of m.tool_calls || []) {
+    box.append(el("pre", { class: "tool-call" }, `→ ${call.function.name}(${call.function.arguments})`));
+  }
+  return box;
+}
+
+function tokens(e, vocab) {
+  const box = el("div", { class: "tokens", id: "tokens" });
+  const drift = new Set(e.drift.map((d) => d.position));
+  e.token_ids.forEach((id, i) => {
+    const policy = e.loss_mask[i] === 1;
+    const lp = e.logprobs[i] ?? 0;
+    const text = id in vocab ? vocab[id] : `[${id}]`;
+    const span = el("span", {
+      class: `tok ${policy ? "policy" : "context"}${drift.has(i) ? " drift" : ""}`,
+      title: `#${i} id ${id}` + (policy ? ` · logprob ${lp} · p ${Math.exp(lp).toFixed(3)}` : ""),
+    }, text.replace(/\n/g, "↵\n"));
+    // Green for tokens the sampler found likely, red for unlikely ones.
+    if (policy) span.style.background = `hsl(${Math.round(120 * Math.exp(lp))}, 70%, 80%)`;
+    box.append(span);
+  });
+  return box;
+}
+
+drawHeader();
+drawCharts();
+fillSteps();

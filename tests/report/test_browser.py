@@ -1,0 +1,134 @@
+"""The report of a real 3-step run, opened from a file:// URL in headless Chromium (Debian's, driven
+through its ChromeDriver): no console errors, the curves carry the run's numbers, and a chosen
+episode's tokens are coloured by its loss mask."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envhub.report import load_decoder, write_report
+from envhub.rollout.io import read_trajectories
+from envhub.testing import LetterEnv
+
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+pytestmark = pytest.mark.skipif(
+    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+    reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver;"
+    " .ci/run installs them)",
+)
+FLAGS = (
+    "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
+    "--disable-background-networking --disable-component-update --disable-sync "
+    "--window-size=1400,1600"
+)
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import envhub
+    from envhub import registry
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    envhub.register(LetterEnv.name, LetterEnv, override=True)
+    out = tmp_path_factory.mktemp("report-run")
+    config = {
+        "steps": 3,
+        "seed": 5,
+        "model": {"name": str(tiny_model_dir)},
+        "envs": [{"name": LetterEnv.name}],
+        "rollout": {"tasks_per_step": 2, "samples_per_task": 2, "max_tokens": 6},
+        "algorithm": {"mismatch": "none"},
+        "backend": {"device": "cpu"},
+        "logging": {"output_dir": str(out), "run_name": "r", "plot": False},
+        "checkpoint": {"every": 10, "export_hf": False},
+        "eval": {
+            "envs": [{"name": LetterEnv.name, "label": "letters", "num_tasks": 2}],
+            "every": 2,
+        },
+    }
+    try:
+        validated = validate_config(config)
+        train(validated)
+    finally:
+        registry._registered.pop(LetterEnv.name, None)
+    return validated.run_dir
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in FLAGS.split():
+        options.add_argument(flag)
+    options.add_argument("--user-data-dir=" + tempfile.mkdtemp(prefix="chromium-"))
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture(scope="module")
+def page(run: Path, tiny_model_dir: Path, browser: Any) -> Any:
+    decode = load_decoder(str(tiny_model_dir))
+    assert decode is not None  # the tiny model carries SmolLM2's tokenizer
+    browser.get(write_report(run, decode=decode).as_uri())
+    return browser
+
+
+def test_page_loads_without_console_errors(page: Any) -> None:
+    severe = [e for e in page.get_log("browser") if e["level"] == "SEVERE"]
+    assert severe == []
+    assert page.execute_script("return typeof Plotly") == "object"
+
+
+def test_curves_carry_the_runs_numbers(page: Any, run: Path) -> None:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    drawn = page.execute_script(
+        "const gd = document.querySelector('[data-title=\"Reward per component\"]');"
+        "return gd.data.map(t => [t.name, Array.from(t.x), Array.from(t.y)]);"
+    )
+    expected = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
+    assert ["reward/mean", [x for x, _ in expected], [y for _, y in expected]] in drawn
+    evals = page.execute_script(
+        "const gd = document.querySelector('[data-title^=\"Held-out eval\"]');"
+        "return gd.data.find(t => t.name === 'eval/reward').y;"
+    )
+    assert evals == [r["eval/reward"] for r in rows if "eval/reward" in r]
+
+
+def test_chosen_episode_tokens_follow_its_loss_mask(page: Any, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.find_element(By.ID, "step")).select_by_value("step-2")
+    Select(page.find_element(By.ID, "episode")).select_by_value("3")
+    trajectory = read_trajectories(run / "trajectories" / "step-000002.jsonl")[3]
+    spans = page.execute_script(
+        "return Array.from(document.querySelectorAll('#tokens .tok'))"
+        ".map(s => [s.classList.contains('policy') ? 1 : 0, s.title.split(' ')[2]]);"
+    )
+    assert [mask for mask, _ in spans] == trajectory.loss_mask
+    assert [int(token_id) for _, token_id in spans] == trajectory.token_ids
+    assert sum(trajectory.loss_mask or []) > 0  # the episode has policy tokens to colour
+    text = page.find_element(By.ID, "tokens").text
+    assert "<|im_start|>" in text  # decoded with the run's tokenizer, not shown as ids
+
+
+def test_eval_steps_are_browsable(page: Any, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    Select(page.find_element(By.ID, "step")).select_by_value("eval-3")
+    episodes = Select(page.find_element(By.ID, "episode")).options
+    assert len(episodes) == len(read_trajectories(run / "trajectories/eval/step-000003.jsonl"))
+    assert [e["level"] for e in page.get_log("browser") if e["level"] == "SEVERE"] == []
