@@ -31,6 +31,7 @@ from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
 from envhub.rollout.manifest import update_manifest
 from envhub.rollout.tool_prompt import where_tools_go
+from envhub.trainer import trainer_logprobs
 from envhub.trainer.algorithms import ObjectiveSpec
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal, score, select
@@ -46,6 +47,7 @@ from envhub.trainer.producer import GroupProducer
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
+from envhub.trainer.trainer_logprobs import TrainerLogprobs
 from envhub.types import Trajectory
 
 
@@ -275,8 +277,12 @@ async def train_step(
     await engine.sleep()
     update_metrics = {}
     if batch.samples:
-        update_metrics = await asyncio.to_thread(update_policy, batch, config, backend, timer)
+        update_metrics, seen = await asyncio.to_thread(update_policy, batch, config, backend, timer)
         release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
+        if config.logging.save_trajectories and seen:
+            trainer_logprobs.save(
+                trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1), seen
+            )
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend, version=step + 1) or {}
     metrics = (
@@ -302,9 +308,14 @@ async def train_step(
 
 def update_policy(
     batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer
-) -> dict[str, float]:
+) -> tuple[dict[str, float], TrainerLogprobs]:
     """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches, each cut
-    into micro-batches by the backend."""
+    into micro-batches by the backend.
+
+    Returns the metrics and the trainer's logprob of each trained token: the policy's before
+    any of the step's updates (the ``old`` logprobs) when there are several, else the ones the
+    one update's loss saw (the same policy); empty when the backend returns none.
+    """
     spec = objective_spec(config)
     updates = min(config.algorithm.updates_per_step, len(batch.samples))
     chunks = [Batch(batch.samples[i::updates]) for i in range(updates)]
@@ -316,6 +327,7 @@ def update_policy(
         if config.algorithm.kl_beta > 0:
             ref = [backend.logprobs(mbs, reference=True) for mbs in packed]
     totals: dict[str, float] = {}
+    seen: TrainerLogprobs = {}
     with timer("update"):
         for k, (chunk, mbs) in enumerate(zip(chunks, packed, strict=True)):
             result = backend.update(
@@ -328,8 +340,12 @@ def update_policy(
             )
             for name, value in result.metrics.items():
                 totals[f"train/{name}"] = totals.get(f"train/{name}", 0.0) + value / updates
+            if old or result.token_logprobs:
+                seen |= trainer_logprobs.collect(
+                    chunk, mbs, old[k] if old else result.token_logprobs
+                )
     totals["train/micro_batches"] = float(sum(len(m) for m in packed))
-    return totals
+    return totals, seen
 
 
 def objective_spec(config: TrainConfig) -> ObjectiveSpec:

@@ -4,9 +4,10 @@ The page holds learning curves (drawn by plotly.js, inlined from the ``plotly`` 
 trajectory browser whose episodes are stored one step per ``<script type="application/json">``
 block, parsed only when that step is chosen, so a long run opens quickly. It needs no network.
 
-Not shown: the per-token gap between sampler and trainer logprobs. Trajectories store the
-sampler's logprobs only; the trainer's are reduced to the per-step ``train/mismatch_*`` metrics,
-which the page plots. Tokens are shaded by the sampler's probability instead.
+Policy tokens are shaded by the gap between the sampler's logprob (on the trajectory) and the
+trainer's (saved by the trainer in ``trajectories/trainer/``), or by the sampler's probability
+where no trainer logprobs exist (an eval, a backend that returns none: Megatron with one update
+per step).
 """
 
 from __future__ import annotations

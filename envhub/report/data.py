@@ -88,8 +88,11 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def episode_view(trajectory: Trajectory, index: int) -> dict[str, Any]:
-    """What the browser shows of one episode: conversation, scores, tokens, drift and errors."""
+def episode_view(
+    trajectory: Trajectory, index: int, trainer_logprobs: list[float | None] | None = None
+) -> dict[str, Any]:
+    """What the browser shows of one episode: conversation, scores, tokens (with the sampler's
+    logprobs, and the trainer's where the run recorded them), drift and errors."""
     logprobs = trajectory.sampler_logprobs or []
     return {
         "index": index,
@@ -105,15 +108,24 @@ def episode_view(trajectory: Trajectory, index: int) -> dict[str, Any]:
         "loss_mask": trajectory.loss_mask or [],
         # 3 decimals keep a 10k-episode page small; the colour scale needs no more.
         "logprobs": [round(lp, 3) for lp in logprobs],
+        "trainer_logprobs": [None if lp is None else round(lp, 3) for lp in trainer_logprobs]
+        if trainer_logprobs
+        else None,
         "drift": trajectory.token_drift,
         "errors": [e.model_dump(mode="json") for e in trajectory.errors],
     }
 
 
-def step_block(trajectories: Iterable[Trajectory], decode: Decode | None) -> dict[str, Any]:
+def step_block(
+    trajectories: Iterable[Trajectory],
+    decode: Decode | None,
+    trainer_logprobs: dict[int, list[float | None]] | None = None,
+) -> dict[str, Any]:
     """The episodes of one step and the text of every token id they use (empty without
-    ``decode``: the page then shows ids)."""
-    episodes = [episode_view(t, i) for i, t in enumerate(trajectories)]
+    ``decode``: the page then shows ids). ``trainer_logprobs`` maps an episode's index to the
+    trainer's logprob per token (:func:`read_trainer_logprobs`)."""
+    found = trainer_logprobs or {}
+    episodes = [episode_view(t, i, found.get(i)) for i, t in enumerate(trajectories)]
     ids = sorted({i for e in episodes for i in e["token_ids"]})
     vocab = {str(i): decode(i) for i in ids} if decode else {}
     return {"episodes": episodes, "vocab": vocab}
@@ -132,6 +144,17 @@ def step_files(folder: Path) -> list[tuple[str, str, Path]]:
     return found
 
 
+def read_trainer_logprobs(file: Path) -> dict[int, list[float | None]]:
+    """The trainer's logprobs saved beside a training step's trajectories file
+    (``trajectories/trainer/step-N.jsonl``, written by the trainer), by trajectory index; none
+    for eval files, steps that trained on nothing and backends that do not return them."""
+    sidecar = file.parent / "trainer" / file.name
+    if file.parent.name != "trajectories" or not sidecar.is_file():
+        return {}
+    rows = (json.loads(line) for line in sidecar.read_text().splitlines() if line.strip())
+    return {row["trajectory"]: row["logprobs"] for row in rows}
+
+
 def build(folder: Path, decode: Decode | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """The document and the step blocks (by key) for a run folder or an `envhub eval` folder.
 
@@ -145,7 +168,10 @@ def build(folder: Path, decode: Decode | None = None) -> tuple[dict[str, Any], d
             f"{folder} holds no metrics.jsonl and no trajectories; give a folder written by "
             "`envhub train` or `envhub eval`"
         )
-    blocks = {key: step_block(iter_trajectories(file), decode) for key, _, file in files}
+    blocks = {
+        key: step_block(iter_trajectories(file), decode, read_trainer_logprobs(file))
+        for key, _, file in files
+    }
     steps = [
         {"key": key, "label": label, "episodes": len(blocks[key]["episodes"])}
         for key, label, _ in files

@@ -61,6 +61,7 @@ function fillSteps() {
   }
   select.addEventListener("change", () => fillEpisodes(select.value));
   document.getElementById("episode").addEventListener("change", showEpisode);
+  document.getElementById("shade").addEventListener("change", showEpisode);
   if (REPORT.steps.length) fillEpisodes(REPORT.steps[0].key);
 }
 
@@ -85,7 +86,8 @@ function showEpisode() {
   const e = block.episodes[Number(index)];
   view.append(facts(e), ...problems(e), el("h3", {}, "Conversation"));
   e.messages.forEach((m) => view.append(message(m)));
-  view.append(el("h3", {}, `Tokens (${e.token_ids.length})`), tokens(e, block.vocab));
+  view.append(el("h3", {}, `Tokens (${e.token_ids.length})`), ...shadeNote(e),
+    tokens(e, block.vocab));
 }
 
 function facts(e) {
@@ -118,22 +120,49 @@ function message(m) {
   return box;
 }
 
+// A policy token is red when sampler and trainer logprobs differ by this much (nats) or more.
+const GAP_RED = 0.25;
+
 function tokens(e, vocab) {
   const box = el("div", { class: "tokens", id: "tokens" });
   const drift = new Set(e.drift.map((d) => d.position));
+  const trainer = e.trainer_logprobs || [];
+  const byGap = document.getElementById("shade").value === "gap" && trainer.length > 0;
   e.token_ids.forEach((id, i) => {
     const policy = e.loss_mask[i] === 1;
     const lp = e.logprobs[i] ?? 0;
+    const tlp = trainer[i] ?? null;
     const text = id in vocab ? vocab[id] : `[${id}]`;
+    let title = `#${i} id ${id}`;
+    if (policy) title += ` · sampler logprob ${lp} · p ${Math.exp(lp).toFixed(3)}`;
     const span = el("span", {
       class: `tok ${policy ? "policy" : "context"}${drift.has(i) ? " drift" : ""}`,
-      title: `#${i} id ${id}` + (policy ? ` · logprob ${lp} · p ${Math.exp(lp).toFixed(3)}` : ""),
     }, text.replace(/\n/g, "↵\n"));
-    // Green for tokens the sampler found likely, red for unlikely ones.
-    if (policy) span.style.background = `hsl(${Math.round(120 * Math.exp(lp))}, 70%, 80%)`;
+    if (policy && tlp !== null) {
+      const gap = Math.abs(lp - tlp);
+      span.dataset.gap = gap.toFixed(3);
+      title += ` · trainer logprob ${tlp} · gap ${gap.toFixed(3)}`;
+    }
+    span.title = title;
+    // Green: sampler and trainer agree (or the sampler found the token likely); red: they
+    // differ by GAP_RED or more (or the token was unlikely).
+    const likely = byGap ? 1 - Math.min(Number(span.dataset.gap ?? 0) / GAP_RED, 1) : Math.exp(lp);
+    if (policy && (!byGap || tlp !== null)) {
+      span.style.background = `hsl(${Math.round(120 * likely)}, 70%, 80%)`;
+    }
     box.append(span);
   });
   return box;
+}
+
+function shadeNote(e) {
+  const shade = document.getElementById("shade").value;
+  if (shade === "gap" && !(e.trainer_logprobs || []).length) {
+    return [el("p", { class: "note" },
+      "No trainer logprobs for this episode (an eval, a step that trained on nothing, or a " +
+      "backend that does not return them): tokens are shaded by the sampler's probability.")];
+  }
+  return [];
 }
 
 drawHeader();

@@ -132,3 +132,40 @@ def test_eval_steps_are_browsable(page: Any, run: Path) -> None:
     episodes = Select(page.find_element(By.ID, "episode")).options
     assert len(episodes) == len(read_trajectories(run / "trajectories/eval/step-000003.jsonl"))
     assert [e["level"] for e in page.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_policy_tokens_carry_the_sampler_trainer_gap(page: Any, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from envhub.report.data import read_trainer_logprobs
+
+    step_file = run / "trajectories" / "step-000002.jsonl"
+    trainer = read_trainer_logprobs(step_file)
+    index = min(trainer)  # an episode the step trained on
+    trajectory = read_trajectories(step_file)[index]
+    mask, sampler = trajectory.loss_mask or [], trajectory.sampler_logprobs or []
+    # The trainer scored exactly the policy tokens (token 0 is never a target).
+    assert [lp is not None for lp in trainer[index]] == [m == 1 for m in mask]
+    # The HF engine samples with the policy module itself, in fp32: the two sides agree.
+    gap = max(abs(s - t) for s, t, m in zip(sampler, trainer[index], mask, strict=True) if m)
+    assert gap < 1e-3
+
+    Select(page.find_element(By.ID, "step")).select_by_value("step-2")
+    Select(page.find_element(By.ID, "episode")).select_by_value(str(index))
+    assert Select(page.find_element(By.ID, "shade")).first_selected_option.text.startswith(
+        "sampler/trainer"
+    )
+    shown = page.execute_script(
+        "return Array.from(document.querySelectorAll('#tokens .tok'))"
+        ".map(s => [s.dataset.gap ?? null, s.style.background !== '']);"
+    )
+    expected = [
+        abs(round(s, 3) - round(t, 3)) if t is not None else None
+        for s, t in zip(sampler, trainer[index], strict=True)
+    ]
+    assert [g is not None for g, _ in shown] == [e is not None for e in expected]
+    for (gap, _), want in zip(shown, expected, strict=True):
+        if want is not None:
+            assert abs(float(gap) - want) < 1.5e-3
+    assert [coloured for _, coloured in shown] == [m == 1 for m in mask]

@@ -28,6 +28,9 @@ class StepResult:
     """Metrics of one optimizer update (token-weighted means over its micro-batches)."""
 
     metrics: dict[str, float] = field(default_factory=dict)
+    token_logprobs: list[torch.Tensor] | None = None
+    """Per micro-batch, the logprobs the loss saw (laid out like ``MicroBatch.loss_mask``), for
+    the run's record; ``None`` where a backend does not return them."""
 
 
 class TrainBackend(Protocol):

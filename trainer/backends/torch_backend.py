@@ -169,15 +169,18 @@ class TorchBackend:
 
         Returns:
             The summed loss, the other metrics as means weighted by each micro-batch's token
-            count, ``grad_norm`` (before clipping) and the ``lr`` the step used.
+            count, ``grad_norm`` (before clipping) and the ``lr`` the step used; and the
+            logprobs the loss saw.
         """
         self._model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {}
         weight_sum = 0.0
+        seen: list[torch.Tensor] = []
         for k, cpu_batch in enumerate(batches):
             mb = cpu_batch.to(self.device)
             logprobs, entropy = self._token_logprobs(self._model, mb, with_entropy=True)
+            seen.append(logprobs.detach().cpu())
             loss, metrics = policy_objective(
                 spec,
                 logprobs=logprobs,
@@ -203,7 +206,7 @@ class TorchBackend:
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        return StepResult(metrics)
+        return StepResult(metrics, token_logprobs=seen)
 
     # -- checkpoints and export -----------------------------------------------------------------
 
