@@ -19,6 +19,7 @@ from envhub.cli import (
     report,
     rescore,
     search,
+    serve,
     show,
     train,
 )
@@ -45,6 +46,7 @@ for module in (
     push,
     install,
     search,
+    serve,
 ):
     module.register(app)
 

@@ -27,8 +27,11 @@ def report_command(
     ),
     port: int = typer.Option(8000, "--port", help="Port for --serve."),
 ) -> None:
-    """Write a self-contained HTML report (opens offline): learning curves and a trajectory
-    browser with every token coloured by its loss mask and the sampler's logprob.
+    """Write a self-contained HTML report: learning curves and a trajectory browser.
+
+    The page opens offline. Every token is coloured by its loss mask and
+    shaded by the gap between the sampler's and the trainer's logprob (or by
+    the sampler's probability).
 
     For a run on a remote machine, use --serve there and open it through an SSH
     tunnel (ssh -L 8000:localhost:8000 HOST), or copy the one file.

@@ -13,6 +13,9 @@
     │   └── WeightSyncError          after a weight sync, vLLM's logprobs differ from the trainer's
     ├── SandboxError                 a sandbox failed to run code (not the code failing in it)
     │   └── SandboxUnavailableError  no sandbox can run here: no bwrap, no user namespaces, no e2b
+    ├── RemoteEnvError               a served env (``envhub serve``) refused a request, or raised
+    │   └── RemoteEnvUnavailableError  server unreachable, connection dropped or session gone
+    │                                  (a ConnectionError: an infrastructure failure)
     ├── HubError                     the Hub refused or failed a push, pull or install
     │   ├── HubAuthError             no token, or a token the Hub rejects, for a private or own repo
     │   ├── HubNotFoundError         no such repo or version (private ones hide without a token)
@@ -98,6 +101,25 @@ class SandboxUnavailableError(SandboxError):
 
     The message says how to get one.
     """
+
+
+class RemoteEnvError(EnvhubError):
+    """A served env refused a request or raised while handling it.
+
+    Attributes:
+        remote_type: The server's name for the error: the exception class the env raised
+            (``ValueError``), or a protocol error kind (``bad_request``, ``unauthorized``).
+    """
+
+    def __init__(self, message: str, *, remote_type: str | None = None) -> None:
+        super().__init__(message)
+        self.remote_type = remote_type
+
+
+class RemoteEnvUnavailableError(RemoteEnvError, ConnectionError):
+    """The server of a remote env cannot be reached, the connection dropped, or it no longer
+    holds the session (expired, or closed with its connection). A ``ConnectionError``, so the
+    rollout runner records it as an infrastructure failure."""
 
 
 class CheckpointError(EnvhubError):

@@ -6,6 +6,9 @@ with a ``/`` in it is a Hub reference, ``owner/name[@version|@commit][:env]``, a
 ``envhub.hub`` imports the registry, and the registry knows nothing of the Hub. The Hub code is
 imported only when a Hub env is asked for, so ``import envhub`` and local envs never load the
 Hub client.
+
+A ``ws://``, ``wss://``, ``http://`` or ``https://`` URL names an env served by ``envhub serve``
+and gives a :class:`~envhub.remote.RemoteEnv` (imported only then).
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ from typing import Any
 from envhub import registry
 from envhub.errors import EnvNotFoundError
 from envhub.registry import EnvSpec
+
+REMOTE_SCHEMES = ("ws://", "wss://", "http://", "https://")
+
+
+def is_remote_url(name: str) -> bool:
+    """Whether ``name`` is the URL of an env served by ``envhub serve``."""
+    return name.startswith(REMOTE_SCHEMES)
 
 
 def is_hub_reference(name: str) -> bool:
@@ -26,13 +36,15 @@ def is_hub_reference(name: str) -> bool:
     Returns:
         True for a Hub reference, False for a name the registry answers for.
     """
-    return "/" in name and name not in registry.list_envs()
+    return "/" in name and not is_remote_url(name) and name not in registry.list_envs()
 
 
 def make(name: str, **kwargs: Any) -> Any:
     """Construct the env ``name`` with ``kwargs``, from the local registry or from the Hub.
 
-    ``name`` may be a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
+    ``name`` may be the URL of a served env (``ws://host:port/ENV?arg=value``, or ``http://``;
+    see :class:`~envhub.remote.RemoteEnv`, which takes ``token``, ``timeout`` and ``retries``),
+    or a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
     a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
     installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
 
@@ -51,6 +63,10 @@ def make(name: str, **kwargs: Any) -> Any:
         ConfigError: A malformed Hub reference, or one not installed yet and no
             ``trust_remote_code``.
     """
+    if is_remote_url(name):
+        from envhub.remote import RemoteEnv  # the client loads only for remote envs
+
+        return RemoteEnv(name, **kwargs)
     if is_hub_reference(name):
         from envhub.hub.load import make_from_hub  # the Hub client loads only for Hub envs
 

@@ -1,0 +1,85 @@
+"""``envhub serve``: serve an env over WebSocket and HTTP, a session per client env."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``envhub serve`` command to ``app``."""
+    app.command("serve")(serve_command)
+
+
+def serve_command(
+    env: str = typer.Argument(
+        ...,
+        help="An env name (built-in or installed) or a Hub reference: anything envhub.make takes.",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8765, "--port", "-p", help="Port to listen on."),
+    arg: list[str] = typer.Option(
+        [],
+        "--arg",
+        "-a",
+        help="KEY=VALUE constructor argument of the env (VALUE read as JSON "
+        "when it parses); repeatable. A client's own arguments override these.",
+    ),
+    max_sessions: int = typer.Option(
+        1024, "--max-sessions", help="Sessions open at once; more are refused (503)."
+    ),
+    token: str = typer.Option(
+        None,
+        "--token",
+        envvar="ENVHUB_SERVE_TOKEN",
+        help="Bearer token clients must send (default: $ENVHUB_SERVE_TOKEN; none: no auth).",
+    ),
+    session_ttl: float = typer.Option(
+        600.0, "--session-ttl", help="Seconds a session may stay idle before it is closed."
+    ),
+    max_message_bytes: int = typer.Option(
+        4 * 1024 * 1024, "--max-message-bytes", help="Largest request accepted (413 above)."
+    ),
+) -> None:
+    """Serve ENV over WebSocket and HTTP: one session (env instance) per client env.
+
+    ws://HOST:PORT/ENV carries many sessions per connection; POST
+    http://HOST:PORT/ENV takes one request per call. GET /healthz and
+    /metrics (Prometheus) report on the server. Ctrl-C closes every session.
+
+    Clients use it like a local env:
+        envhub.make("ws://HOST:PORT/ENV?max_turns=3")
+
+    Examples:
+        envhub serve calculator
+        envhub serve calculator --arg max_turns=4 --port 9000 --token s3cret
+        envhub serve wordle --host 0.0.0.0 --max-sessions 256 --session-ttl 120
+    """
+    from envhub.cli.console import err_console
+    from envhub.errors import ConfigError
+    from envhub.remote import parse_value
+    from envhub.serve.server import ServeSettings, serve
+
+    env_args = {}
+    for item in arg:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--arg takes KEY=VALUE, got {item!r}")
+        env_args[key] = parse_value(value)
+    settings = ServeSettings(
+        env=env,
+        env_args=env_args,
+        host=host,
+        port=port,
+        max_sessions=max_sessions,
+        token=token or None,
+        session_ttl=session_ttl,
+        max_message_bytes=max_message_bytes,
+    )
+    auth = "with a bearer token" if settings.token else "without auth"
+    err_console.print(
+        f"serving {env} on ws://{host}:{port}/{env} and http://{host}:{port}/{env} ({auth})",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    serve(settings)

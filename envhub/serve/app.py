@@ -1,0 +1,231 @@
+"""The Starlette app of ``envhub serve``: a thin transport over :class:`EnvService`.
+
+Routes:
+
+- ``WS /ENV`` — a WebSocket connection carries any number of sessions; requests are
+  multiplexed by id and answered as they finish. Sessions opened on a connection close with it.
+- ``POST /ENV`` — one request per HTTP call; the reply's status is its error code (200 if ok).
+- ``GET /healthz`` — ``{"status": "ok", "env": ...}``; ``GET /metrics`` — Prometheus text.
+
+``ENV`` is the name the server was started with, or the env's own name; ``/`` alone also works.
+With a token, ``WS``/``POST`` need ``Authorization: Bearer TOKEN`` (401 otherwise);
+``/healthz`` and ``/metrics`` carry no env data and need none. A frame over the size limit gets
+a 413 error (a reply frame on WebSocket, whose connection stays open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from envhub.serve import protocol as p
+from envhub.serve.service import Caller, EnvService
+
+logger = logging.getLogger(__name__)
+
+MAX_IN_FLIGHT = 4096
+"""Requests one WebSocket connection may have running at once; reading waits beyond it."""
+
+
+class ServeApp:
+    """Routes and lifecycle around one :class:`EnvService`.
+
+    Args:
+        service: What answers requests.
+        env_names: Names the env may be addressed by in the URL path.
+        token: The bearer token clients must send (``None``: no auth).
+        sweep_every: Seconds between passes that close expired sessions.
+        threads: Worker threads for sync envs (the loop's default executor).
+    """
+
+    def __init__(
+        self,
+        service: EnvService,
+        env_names: set[str],
+        token: str | None,
+        sweep_every: float,
+        threads: int,
+    ) -> None:
+        self.service, self.env_names, self.token = service, env_names, token
+        self.sweep_every, self.threads = sweep_every, threads
+        self.http_caller = Caller(owner=None)
+
+    def starlette(self) -> Starlette:
+        """The ASGI app."""
+        return Starlette(
+            routes=[
+                Route("/healthz", self.healthz),
+                Route("/metrics", self.metrics),
+                Route("/{env:path}", self.http_call, methods=["POST"]),
+                WebSocketRoute("/{env:path}", self.websocket),
+            ],
+            lifespan=self.lifespan,
+        )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        """Start the expiry sweeper; on shutdown, close every session."""
+        executor = ThreadPoolExecutor(self.threads, thread_name_prefix="envhub-serve")
+        asyncio.get_running_loop().set_default_executor(executor)
+        sweeper = asyncio.ensure_future(self._sweep())
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            await self.service.shutdown()
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_every)
+            await self.service.expire()
+
+    # -- plain endpoints ------------------------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        """Liveness: the server runs and which env it serves."""
+        return JSONResponse({"status": "ok", "env": sorted(self.env_names)[0]})
+
+    async def metrics(self, request: Request) -> Response:
+        """Counters and gauges in the Prometheus text format."""
+        m = self.service.metrics
+        values = {
+            "sessions_open": len(self.service.store),
+            "connections_open": m.connections_open,
+            "sessions_created_total": m.sessions_created,
+            "sessions_expired_total": m.sessions_expired,
+            "requests_total": m.requests,
+            "errors_total": m.errors,
+            "steps_total": m.steps,
+            "resets_total": m.resets,
+            "replays_total": m.replays,
+        }
+        lines = [f"envhub_serve_{name} {value}" for name, value in values.items()]
+        return PlainTextResponse("\n".join(lines) + "\n")
+
+    # -- HTTP -----------------------------------------------------------------------------------
+
+    async def http_call(self, request: Request) -> Response:
+        """One request in the body, its reply in the response."""
+        refused = self._refusal(request.headers.get("authorization"), request.path_params["env"])
+        if refused is not None:
+            return _json(self.service.refuse(refused), refused.code)
+        body = await _read_bounded(request, self.service.limits.max_message_bytes)
+        if body is None:
+            limit = self.service.limits.max_message_bytes
+            return _json(self.service.refuse(_too_large(limit)), 413)
+        reply = await self.service.handle(body, self.http_caller)
+        return _json(reply, 200 if reply["ok"] else reply["error"]["code"])
+
+    def _refusal(self, authorization: str | None, env: str) -> p.RequestError | None:
+        if self.token is not None and not _token_matches(authorization, self.token):
+            return p.RequestError(
+                401,
+                p.UNAUTHORIZED,
+                "missing or wrong bearer token; send `Authorization: Bearer TOKEN` (RemoteEnv: "
+                "set ENVHUB_SERVE_TOKEN or pass token=)",
+            )
+        if env and env not in self.env_names:
+            return p.RequestError(
+                404, p.WRONG_ENV, f"this server serves {sorted(self.env_names)[0]!r}, not {env!r}"
+            )
+        return None
+
+    # -- WebSocket ------------------------------------------------------------------------------
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        """Read frames, answer each as it finishes; close the connection's sessions at the end."""
+        refused = self._refusal(
+            websocket.headers.get("authorization"), websocket.path_params["env"]
+        )
+        if refused is not None:
+            body = self.service.refuse(refused)
+            await websocket.send_denial_response(_json(body, refused.code))
+            return
+        await websocket.accept()
+        caller = Caller(owner=websocket)
+        self.service.metrics.connections_open += 1
+        try:
+            await self._read_frames(websocket, caller)
+        finally:
+            self.service.metrics.connections_open -= 1
+            await self.service.disconnected(caller)
+
+    async def _read_frames(self, websocket: WebSocket, caller: Caller) -> None:
+        send_lock, room = asyncio.Lock(), asyncio.Semaphore(MAX_IN_FLIGHT)
+        running: set[asyncio.Task[None]] = set()
+        limit = self.service.limits.max_message_bytes
+
+        async def answer(frame: str | bytes) -> None:
+            try:
+                if _size(frame) > limit:
+                    reply = self.service.refuse(_too_large(limit))
+                else:
+                    reply = await self.service.handle(frame, caller)
+                async with send_lock:
+                    await websocket.send_text(p.dumps(reply))
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                pass  # the client went away; its sessions are closed by the caller
+            finally:
+                room.release()
+
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                text = message.get("text")
+                await room.acquire()
+                task = asyncio.ensure_future(answer(text if text is not None else message["bytes"]))
+                running.add(task)
+                task.add_done_callback(running.discard)
+        finally:
+            for task in running:  # their env calls go on (shielded) and are waited for on close
+                task.cancel()
+
+
+def _token_matches(authorization: str | None, token: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    # Constant time, so the reply's timing does not tell how much of a guess was right.
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode())
+
+
+def _size(frame: str | bytes) -> int:
+    return len(frame) if isinstance(frame, bytes) else len(frame.encode())
+
+
+def _too_large(limit: int) -> p.RequestError:
+    return p.RequestError(
+        413,
+        p.TOO_LARGE,
+        f"the frame is larger than this server's limit of {limit} bytes "
+        "(envhub serve --max-message-bytes)",
+    )
+
+
+async def _read_bounded(request: Request, limit: int) -> bytes | None:
+    """The body, or ``None`` as soon as it is larger than ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(payload: dict, status: int) -> Response:
+    # JSONResponse refuses inf/nan, which rewards and reward ranges may hold.
+    return Response(p.dumps(payload), status, media_type="application/json")

@@ -1,0 +1,332 @@
+"""The wire protocol of ``envhub serve``, shared by the server and ``RemoteEnv``.
+
+Every frame (a WebSocket text frame, or the body of an HTTP ``POST``) is one JSON object. A
+request names its operation and carries an id the client chose (a UUID)::
+
+    {"id": "5f0c...", "op": "create", "env_args": {"max_turns": 3}}
+    {"id": "9a41...", "op": "reset", "session": "s-...", "seed": 0, "options": null}
+    {"id": "c2d7...", "op": "step", "session": "s-...", "action": "<tool_call>...</tool_call>"}
+    {"id": "...", "op": "info" | "tools" | "close", "session": "s-..."}
+
+and the reply repeats the id::
+
+    {"id": "9a41...", "ok": true, "result": {...}}
+    {"id": "9a41...", "ok": false, "error": {"code": 404, "type": "unknown_session", ...}}
+
+Requests are idempotent by id: the server keeps each session's recent answers, so a retry gets
+the first answer (or waits for it) and never runs the operation twice. ``code`` follows HTTP
+(the status of an HTTP reply); ``type`` is an error kind below, or the class of the exception
+the env raised (code 500).
+
+Values that are not plain JSON (messages, tool calls, error records in ``info``, tuples, numpy
+arrays, dicts with non-string keys) travel through :func:`encode`/:func:`decode`, which tag them
+(``{"$envhub": "Message", "value": {...}}``) so that they come back as the same types, rebuilt
+by their own pydantic models. Floats keep ``inf`` and ``nan`` (JSON's ``Infinity``/``NaN``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from envhub.types import AssistantTurn, EnvRef, ErrorRecord, FunctionCall, Message, ToolCall
+
+# -- error kinds (``ErrorInfo.type`` for errors of the protocol rather than of the env) -------
+
+BAD_REQUEST = "bad_request"
+UNAUTHORIZED = "unauthorized"
+TOO_LARGE = "too_large"
+WRONG_ENV = "wrong_env"
+UNKNOWN_SESSION = "unknown_session"
+CAPACITY = "capacity"
+SHUTTING_DOWN = "shutting_down"
+
+# -- the value codec ------------------------------------------------------------------------
+
+TAG = "$envhub"
+_MODELS: dict[str, type[BaseModel]] = {
+    m.__name__: m for m in (Message, ToolCall, FunctionCall, AssistantTurn, ErrorRecord, EnvRef)
+}
+
+
+def encode(value: Any) -> Any:
+    """``value`` as JSON-ready data that :func:`decode` turns back into an equal value.
+
+    Raises:
+        TypeError: A value of a type the protocol cannot carry (say what it is, so the env can
+            put something else in its ``info``).
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value.item() if isinstance(value, np.generic) else value
+    if isinstance(value, list):
+        return [encode(v) for v in value]
+    if isinstance(value, dict):
+        return _encode_dict(value)
+    if isinstance(value, tuple):
+        return {TAG: "tuple", "value": [encode(v) for v in value]}
+    if isinstance(value, BaseModel) and _MODELS.get(type(value).__name__) is type(value):
+        return {TAG: type(value).__name__, "value": value.model_dump(mode="json")}
+    if isinstance(value, np.ndarray):
+        return {TAG: "ndarray", "dtype": str(value.dtype), "value": value.tolist()}
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(
+        f"{type(value).__module__}.{type(value).__qualname__} cannot travel over the wire; "
+        "envhub serve carries JSON values, tuples, numpy arrays and envhub's message, tool-call "
+        "and error types"
+    )
+
+
+def _encode_dict(value: dict[Any, Any]) -> Any:
+    if all(isinstance(k, str) for k in value) and TAG not in value:
+        return {k: encode(v) for k, v in value.items()}
+    # Keys JSON cannot hold as they are (and a dict that looks like a tag): as pairs.
+    return {TAG: "items", "value": [[encode(k), encode(v)] for k, v in value.items()]}
+
+
+def decode(data: Any) -> Any:
+    """The value that :func:`encode` turned into ``data``."""
+    if isinstance(data, list):
+        return [decode(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    tag = data.get(TAG)
+    if tag is None:
+        return {k: decode(v) for k, v in data.items()}
+    inner = data.get("value")
+    if tag == "tuple":
+        return tuple(decode(v) for v in inner)
+    if tag == "items":
+        return {_hashable(decode(k)): decode(v) for k, v in inner}
+    if tag == "ndarray":
+        return np.array(inner, dtype=data["dtype"])
+    if tag in _MODELS:
+        return _MODELS[tag].model_validate(inner)
+    raise ValueError(f"unknown value tag {tag!r}; is the other side a newer envhub?")
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def dumps(payload: Any) -> str:
+    """A frame's JSON text (compact; ``inf`` and ``nan`` kept)."""
+    return json.dumps(payload, separators=(",", ":"))
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(min_length=1, max_length=200)
+    """Chosen by the client, unique per request (a UUID); a retry reuses it."""
+
+
+class CreateRequest(_Request):
+    """Open a session: one env instance, made with the server's env args updated by these."""
+
+    op: Literal["create"]
+    env_args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the env's constructor (encoded values)."""
+
+
+class _SessionRequest(_Request):
+    session: str = Field(min_length=1, max_length=200)
+    """The id that ``create`` returned."""
+
+
+class ResetRequest(_SessionRequest):
+    """Start an episode: ``env.reset(seed=seed, options=options)``."""
+
+    op: Literal["reset"]
+    seed: int | None = None
+    options: Any = None
+    """Encoded options (a dict or ``null``)."""
+
+
+class StepRequest(_SessionRequest):
+    """One assistant turn: ``env.step(action)``."""
+
+    op: Literal["step"]
+    action: Any
+    """The encoded action: a string, a ``Message`` or an ``AssistantTurn``."""
+
+
+class InfoRequest(_SessionRequest):
+    """What the session's env is: :class:`EnvInfo`."""
+
+    op: Literal["info"]
+
+
+class ToolsRequest(_SessionRequest):
+    """The env's OpenAI tool schemas (they may change between episodes)."""
+
+    op: Literal["tools"]
+
+
+class CloseRequest(_SessionRequest):
+    """Close the session and its env (closing an unknown session is not an error)."""
+
+    op: Literal["close"]
+
+
+Request = Annotated[
+    CreateRequest | ResetRequest | StepRequest | InfoRequest | ToolsRequest | CloseRequest,
+    Field(discriminator="op"),
+]
+REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
+OPS = ("create", "reset", "step", "info", "tools", "close")
+
+
+def parse_request(payload: Any) -> Request:
+    """The typed request in a decoded frame.
+
+    Raises:
+        RequestError: Not an object, an unknown ``op``, or missing or malformed fields.
+    """
+    if not isinstance(payload, dict):
+        raise RequestError(400, BAD_REQUEST, "a frame must be a JSON object")
+    if payload.get("op") not in OPS:
+        raise RequestError(
+            400, BAD_REQUEST, f"unknown op {payload.get('op')!r}; expected one of {', '.join(OPS)}"
+        )
+    try:
+        return REQUEST.validate_python(payload)
+    except ValidationError as e:
+        raise RequestError(400, BAD_REQUEST, f"{payload['op']} request: {_first(e)}") from None
+
+
+def _first(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(p) for p in first["loc"][1:]) or "request"
+    more = error.error_count() - 1
+    return f"`{where}`: {first['msg']}" + (f" (and {more} more)" if more else "")
+
+
+# -- replies --------------------------------------------------------------------------------
+
+
+class RequestError(Exception):
+    """A request the server refuses or could not carry out; becomes an error reply."""
+
+    def __init__(self, code: int, type: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.type, self.message = code, type, message
+
+
+class ErrorInfo(BaseModel):
+    """Why a request failed."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: int
+    """HTTP-style status: 400 bad request, 401 no or wrong token, 404 unknown session or env,
+    413 frame too large, 500 the env raised, 503 the server is full or shutting down."""
+    type: str
+    """An error kind (``bad_request``, ``unknown_session``, ...) or the env's exception class."""
+    message: str
+
+
+class Reply(BaseModel):
+    """The answer to one request."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str | None
+    """The request's id (``None`` when the frame was unreadable)."""
+    ok: bool
+    result: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
+
+
+def ok_reply(request_id: str, result: BaseModel) -> dict[str, Any]:
+    """A success reply, ready for :func:`dumps`."""
+    return {"id": request_id, "ok": True, "result": result.model_dump(mode="json")}
+
+
+def error_reply(request_id: str | None, error: RequestError) -> dict[str, Any]:
+    """An error reply, ready for :func:`dumps`."""
+    info = ErrorInfo(code=error.code, type=error.type, message=error.message)
+    return {"id": request_id, "ok": False, "error": info.model_dump()}
+
+
+class Limits(BaseModel):
+    """What the server accepts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    max_message_bytes: int
+    """The largest frame (request) the server reads."""
+    session_ttl: float
+    """Seconds of inactivity after which a session is closed."""
+
+
+class EnvInfo(BaseModel):
+    """What a client needs to know about the served env."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: EnvRef
+    """Name, version and (for Hub packages) commit, as recorded on trajectories."""
+    reward_range: tuple[float, float]
+    pass_threshold: float
+    audit_floor: float | None = None
+    max_turns: int | None = None
+    """The turn budget of a ``TaskEnv`` (``None`` for envs without one)."""
+    max_tokens: int | None = None
+    tool_schemas: list[dict[str, Any]] | None = None
+    observation_space: str
+    action_space: str
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    """The env's ``metadata`` (encoded)."""
+
+
+class Created(BaseModel):
+    """The result of ``create``."""
+
+    session: str
+    info: EnvInfo
+    limits: Limits
+
+
+class ResetResult(BaseModel):
+    """The result of ``reset``: the observation and info (encoded), and the episode's tools."""
+
+    observation: Any
+    info: Any
+    tool_schemas: list[dict[str, Any]] | None = None
+    remaining_tokens: int | None = None
+
+
+class StepResult(BaseModel):
+    """The result of ``step``: the env's five values (observation and info encoded)."""
+
+    observation: Any
+    reward: int | float
+    terminated: bool
+    truncated: bool
+    info: Any
+    remaining_tokens: int | None = None
+
+
+class ToolsResult(BaseModel):
+    """The result of ``tools``."""
+
+    tool_schemas: list[dict[str, Any]] | None
+
+
+class InfoResult(BaseModel):
+    """The result of ``info``."""
+
+    info: EnvInfo
+
+
+class Closed(BaseModel):
+    """The result of ``close``: whether this request closed the session."""
+
+    closed: bool

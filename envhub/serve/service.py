@@ -1,0 +1,198 @@
+"""The env service: requests in, ``Env`` calls, replies out. No transport here.
+
+The app (:mod:`envhub.serve.app`) hands every frame to :meth:`EnvService.handle` and sends back
+what it returns; this module never raises into it. Env calls go through ``areset``/``astep``:
+natively async envs run on the server's loop, sync ones in a worker thread (the ``Env`` default),
+so a slow env never stalls the others. Making and closing envs also run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from envhub.env import Env
+from envhub.serve import protocol as p
+from envhub.serve.sessions import AnswerCache, Session, SessionStore, close_env
+
+logger = logging.getLogger(__name__)
+
+EnvFactory = Callable[[dict[str, Any]], Env]
+"""Makes an env from a session's env args (merged over the server's)."""
+
+
+@dataclass
+class Caller:
+    """Who sends requests: one WebSocket connection, or every HTTP client together."""
+
+    owner: object | None
+    """What the sessions it opens belong to (``None``: nobody; only the TTL ends them)."""
+    creates: AnswerCache = field(default_factory=lambda: AnswerCache(256))
+    """Answers to its ``create`` requests (they have no session to be cached in yet)."""
+
+
+class EnvService:
+    """Serves one env: sessions of it, made by ``factory``.
+
+    Args:
+        factory: Makes a session's env from its env args.
+        store: The session store (its limits and TTL).
+        limits: What the server accepts, told to clients on ``create``.
+    """
+
+    def __init__(self, factory: EnvFactory, store: SessionStore, limits: p.Limits) -> None:
+        self.factory, self.store, self.limits = factory, store, limits
+        self.metrics = store.metrics
+
+    async def handle(self, frame: str | bytes, caller: Caller) -> dict[str, Any]:
+        """The reply to one frame (an error reply for a frame that is not a valid request)."""
+        self.metrics.requests += 1
+        request_id = None
+        try:
+            payload = json.loads(frame)
+            request_id = _id_of(payload)
+            request = p.parse_request(payload)
+            reply = await self._dispatch(request, caller)
+        except json.JSONDecodeError as e:
+            reply = p.error_reply(None, p.RequestError(400, p.BAD_REQUEST, f"not JSON: {e}"))
+        except p.RequestError as e:
+            reply = p.error_reply(request_id, e)
+        if not reply["ok"]:
+            self.metrics.errors += 1
+        return reply
+
+    def refuse(self, error: p.RequestError) -> dict[str, Any]:
+        """An error reply for a frame the app refused unread (too large), counted."""
+        self.metrics.requests += 1
+        self.metrics.errors += 1
+        return p.error_reply(None, error)
+
+    async def _dispatch(self, request: p.Request, caller: Caller) -> dict[str, Any]:
+        if isinstance(request, p.CreateRequest):
+            answer, replayed = await caller.creates.answer(
+                request.id, lambda: self._create(request, caller)
+            )
+        elif isinstance(request, p.CloseRequest):
+            return self._close(request)
+        else:
+            session = self.store.get(request.session)
+            answer, replayed = await session.answers.answer(
+                request.id, lambda: self._in_session(session, request)
+            )
+        self.metrics.replays += replayed
+        return answer
+
+    async def _create(self, request: p.CreateRequest, caller: Caller) -> dict[str, Any]:
+        try:
+            self.store.reserve()
+        except p.RequestError as e:
+            return p.error_reply(request.id, e)
+        try:
+            env = await asyncio.to_thread(self.factory, p.decode(request.env_args))
+        except Exception as e:
+            self.store.release()
+            return p.error_reply(request.id, _env_error(e, "making the env"))
+        session = self.store.open(env, caller.owner)
+        created = p.Created(session=session.id, info=env_info(env), limits=self.limits)
+        return p.ok_reply(request.id, created)
+
+    def _close(self, request: p.CloseRequest) -> dict[str, Any]:
+        session = self.store.close(request.session)
+        if session is not None:
+            asyncio.ensure_future(close_env(session))
+        return p.ok_reply(request.id, p.Closed(closed=session is not None))
+
+    async def _in_session(self, session: Session, request: p.Request) -> dict[str, Any]:
+        session.busy += 1
+        try:
+            async with session.lock:
+                result = await self._call_env(session.env, request)
+            return p.ok_reply(request.id, result)
+        except p.RequestError as e:
+            return p.error_reply(request.id, e)
+        except Exception as e:
+            return p.error_reply(request.id, _env_error(e, f"{request.op}"))
+        finally:
+            session.busy -= 1
+
+    async def _call_env(self, env: Env, request: p.Request) -> Any:
+        if isinstance(request, p.ResetRequest):
+            observation, info = await env.areset(
+                seed=request.seed, options=p.decode(request.options)
+            )
+            self.metrics.resets += 1
+            return p.ResetResult(
+                observation=p.encode(observation),
+                info=p.encode(info),
+                tool_schemas=env.tool_schemas,
+                remaining_tokens=env.remaining_tokens,
+            )
+        if isinstance(request, p.StepRequest):
+            observation, reward, terminated, truncated, info = await env.astep(
+                p.decode(request.action)
+            )
+            self.metrics.steps += 1
+            return p.StepResult(
+                observation=p.encode(observation),
+                reward=reward,
+                terminated=terminated,
+                truncated=truncated,
+                info=p.encode(info),
+                remaining_tokens=env.remaining_tokens,
+            )
+        if isinstance(request, p.ToolsRequest):
+            return p.ToolsResult(tool_schemas=env.tool_schemas)
+        return p.InfoResult(info=env_info(env))
+
+    async def expire(self) -> int:
+        """Close every session idle for longer than the TTL; how many were closed."""
+        sessions = self.store.expired()
+        await asyncio.gather(*(close_env(s) for s in sessions))
+        return len(sessions)
+
+    async def disconnected(self, caller: Caller) -> None:
+        """Close the sessions a WebSocket connection opened; it went away."""
+        sessions = self.store.owned_by(caller.owner)
+        if sessions:
+            logger.info("a connection went away; closing its %d session(s)", len(sessions))
+        await asyncio.gather(*(close_env(s) for s in sessions))
+
+    async def shutdown(self) -> None:
+        """Refuse new sessions and close every open one."""
+        sessions = self.store.drain()
+        await asyncio.gather(*(close_env(s) for s in sessions))
+        logger.info("closed %d session(s) on shutdown", len(sessions))
+
+
+def env_info(env: Env) -> p.EnvInfo:
+    """What a client needs to know about ``env`` (name, budgets, tools, spaces, ...)."""
+    from envhub.hub.provenance import env_ref
+
+    return p.EnvInfo(
+        ref=env_ref(env),
+        reward_range=tuple(env.reward_range),
+        pass_threshold=env.pass_threshold,
+        audit_floor=env.audit_floor,
+        max_turns=getattr(env, "max_turns", None),
+        max_tokens=getattr(env, "max_tokens", None),
+        tool_schemas=env.tool_schemas,
+        observation_space=repr(env.observation_space),
+        action_space=repr(env.action_space),
+        metadata=p.encode(dict(env.metadata)),
+    )
+
+
+def _id_of(payload: Any) -> str | None:
+    """The request id of a frame, if it has a usable one (to answer even a malformed request)."""
+    request_id = payload.get("id") if isinstance(payload, dict) else None
+    return request_id if isinstance(request_id, str) else None
+
+
+def _env_error(error: Exception, doing: str) -> p.RequestError:
+    """The env's own exception, as an error reply (500) naming its class."""
+    logger.warning("the env raised while %s", doing, exc_info=error)
+    return p.RequestError(500, type(error).__name__, str(error) or type(error).__name__)

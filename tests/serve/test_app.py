@@ -1,0 +1,171 @@
+"""The server's routes, spoken to by raw WebSocket and HTTP clients: idempotent request ids,
+malformed and oversized frames, auth, metrics, and sessions freed when a client vanishes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+import envhub
+from envhub.errors import RemoteEnvError
+
+TOKEN = "s3cret-token"
+LIMIT = 4096
+TOOL_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "2*3"}}</tool_call>'
+
+
+@pytest.fixture(scope="module")
+def server(serve: Callable[..., Any]) -> Any:
+    return serve("calculator", max_message_bytes=LIMIT)
+
+
+@pytest.fixture(scope="module")
+def locked(serve: Callable[..., Any]) -> Any:
+    return serve("calculator", token=TOKEN)
+
+
+@pytest.fixture
+def ws(server: Any) -> Iterator[ClientConnection]:
+    with connect(server.url()) as connection:
+        yield connection
+
+
+def call(ws: ClientConnection, frame: dict[str, Any] | str) -> dict[str, Any]:
+    ws.send(frame if isinstance(frame, str) else json.dumps(frame))
+    return json.loads(ws.recv(timeout=10))
+
+
+def open_episode(ws: ClientConnection, n: int = 0) -> str:
+    session = call(ws, {"id": f"c{n}", "op": "create"})["result"]["session"]
+    assert call(ws, {"id": f"r{n}", "op": "reset", "session": session, "seed": 0})["ok"]
+    return session
+
+
+def test_a_retried_step_is_answered_again_without_a_second_step(
+    server: Any, ws: ClientConnection
+) -> None:
+    session = open_episode(ws)
+    before = server.metrics()
+    step = {"id": "step-1", "op": "step", "session": session, "action": TOOL_CALL}
+    first, retry = call(ws, step), call(ws, step)
+    assert retry == first
+    assert first["result"]["info"] == {"turn": 1}
+    after = call(ws, {**step, "id": "step-2", "action": "\\boxed{6}"})
+    assert after["result"]["info"]["turn"] == 2  # the retry did not count as a turn
+    metrics = server.metrics()
+    assert metrics["steps_total"] - before["steps_total"] == 2
+    assert metrics["replays_total"] - before["replays_total"] == 1
+
+
+def test_a_retried_create_opens_one_session(server: Any, ws: ClientConnection) -> None:
+    before = server.metrics()["sessions_open"]
+    first = call(ws, {"id": "create-1", "op": "create"})
+    assert call(ws, {"id": "create-1", "op": "create"}) == first
+    assert server.metrics()["sessions_open"] == before + 1
+
+
+def test_a_retry_over_http_gets_the_stored_answer(server: Any) -> None:
+    url = server.url("http")
+    session = httpx.post(url, json={"id": "h-c", "op": "create"}).json()["result"]["session"]
+    httpx.post(url, json={"id": "h-r", "op": "reset", "session": session, "seed": 1})
+    step = {"id": "h-s", "op": "step", "session": session, "action": TOOL_CALL}
+    first, retry = httpx.post(url, json=step), httpx.post(url, json=step)
+    assert first.status_code == retry.status_code == 200
+    assert first.json() == retry.json() and first.json()["result"]["info"] == {"turn": 1}
+    httpx.post(url, json={"id": "h-x", "op": "close", "session": session})
+
+
+@pytest.mark.parametrize(
+    "frame, request_id, message",
+    [
+        ("this is not json", None, "not JSON: Expecting value"),
+        ({"id": "m1", "op": "dance"}, "m1", "unknown op 'dance'"),
+        ({"id": "m2", "op": "step", "session": "s"}, "m2", "step request: `action`: Field"),
+        ({"id": "m3", "op": "reset", "session": "nope"}, "m3", "no session 'nope'"),
+    ],
+)
+def test_a_malformed_frame_gets_an_error_frame_and_the_connection_goes_on(
+    ws: ClientConnection, frame: Any, request_id: str | None, message: str
+) -> None:
+    reply = call(ws, frame)
+    assert reply["id"] == request_id and reply["ok"] is False
+    assert message in reply["error"]["message"]
+    assert reply["error"]["code"] == (404 if request_id == "m3" else 400)
+    assert call(ws, {"id": "after", "op": "create"})["ok"] is True
+
+
+def test_an_oversized_frame_gets_413_and_the_server_keeps_serving(
+    server: Any, ws: ClientConnection
+) -> None:
+    session = open_episode(ws)
+    big = {"id": "big", "op": "step", "session": session, "action": "x" * LIMIT}
+    reply = call(ws, big)
+    assert reply["ok"] is False and reply["error"]["code"] == 413
+    assert f"limit of {LIMIT} bytes" in reply["error"]["message"]
+    step = {"id": "small", "op": "step", "session": session, "action": TOOL_CALL}
+    assert call(ws, step)["result"]["info"] == {"turn": 1}  # the big one never reached the env
+    response = httpx.post(server.url("http"), content=b"x" * (LIMIT + 1))
+    assert response.status_code == 413 and response.json()["error"]["type"] == "too_large"
+
+
+def test_the_client_refuses_to_send_an_oversized_action(server: Any) -> None:
+    remote = envhub.make(server.url())
+    remote.reset(seed=0)
+    with pytest.raises(RemoteEnvError, match=f"accepts at most {LIMIT} .*--max-message-bytes"):
+        remote.step("x" * LIMIT)
+    assert remote.step(TOOL_CALL)[4] == {"turn": 1}
+    remote.close()
+
+
+def test_a_client_that_vanishes_mid_episode_frees_its_sessions(server: Any) -> None:
+    server.wait_for("sessions_open", 0)  # the other tests' clients have gone
+    with connect(server.url()) as connection:
+        sessions = [open_episode(connection, n) for n in range(3)]
+        call(connection, {"id": "s", "op": "step", "session": sessions[0], "action": TOOL_CALL})
+        assert server.metrics()["sessions_open"] == 3
+    server.wait_for("sessions_open", 0)
+
+
+def test_wrong_or_missing_tokens_get_401(locked: Any) -> None:
+    create = {"id": "a", "op": "create"}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        response = httpx.post(locked.url("http"), json=create, headers=headers)
+        assert response.status_code == 401
+        assert "missing or wrong bearer token" in response.json()["error"]["message"]
+        with pytest.raises(InvalidStatus) as denied:
+            connect(locked.url(), additional_headers=headers)
+        assert denied.value.response.status_code == 401
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    assert httpx.post(locked.url("http"), json=create, headers=good).json()["ok"] is True
+
+
+@pytest.mark.parametrize("scheme", ["ws", "http"])
+def test_the_client_says_the_token_was_refused_and_takes_it_from_the_environment(
+    locked: Any, scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("ENVHUB_SERVE_TOKEN", raising=False)
+    with pytest.raises(RemoteEnvError, match="refused the token: missing or wrong bearer"):
+        envhub.make(locked.url(scheme))
+    with pytest.raises(RemoteEnvError, match="refused the token"):
+        envhub.make(locked.url(scheme), token="wrong")
+    assert envhub.make(locked.url(scheme), token=TOKEN).name == "calculator"
+    monkeypatch.setenv("ENVHUB_SERVE_TOKEN", TOKEN)
+    assert envhub.make(locked.url(scheme)).name == "calculator"
+
+
+def test_healthz_and_metrics_need_no_token(locked: Any) -> None:
+    base = f"http://127.0.0.1:{locked.port}"
+    assert httpx.get(f"{base}/healthz").json() == {"status": "ok", "env": "calculator"}
+    metrics = locked.metrics()
+    assert metrics["errors_total"] >= 1 and set(metrics) >= {
+        "sessions_open",
+        "requests_total",
+        "errors_total",
+        "steps_total",
+    }

@@ -1,0 +1,138 @@
+"""RemoteEnv against a real server: the same episodes as the local env, the env contract, the
+URL's arguments, and the env's own errors coming through as such."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import envhub
+from envhub.errors import RemoteEnvError
+from envhub.remote import RemoteEnv, parse_url
+from envhub.testing import Policy, replay
+from envhub.types import Message, assistant
+
+ENVS = ("calculator", "guess-number")
+SCHEMES = ("ws", "http")
+
+
+@pytest.fixture(scope="module")
+def servers(serve: Callable[..., Any]) -> dict[str, Any]:
+    return {name: serve(name) for name in ENVS}
+
+
+def episode(env: envhub.Env, seed: int, policy: Policy) -> list[Any]:
+    """Everything the env said in one episode: the reset, then each step's five values."""
+    observation, info = env.reset(seed=seed)
+    said: list[Any] = [(observation, info, env.tool_schemas)]
+    conversation = list(observation)
+    for _ in range(20):
+        action = policy(conversation, env.tool_schemas)
+        result = env.step(action)
+        said.append(result)
+        conversation += [assistant(action), *result[0]]
+        if result[2] or result[3]:
+            return said
+    raise AssertionError("the episode did not end")
+
+
+def policies(name: str) -> list[Policy]:
+    local = envhub.make(name)
+    junk = replay("no idea", '<tool_call>{"name": "calculate", "arguments": {}}</tool_call>')
+    return [local.reference_policy, junk]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("name", ENVS)
+def test_a_remote_env_says_exactly_what_the_local_one_says(
+    servers: dict[str, Any], name: str, scheme: str
+) -> None:
+    local, remote = envhub.make(name), envhub.make(servers[name].url(scheme))
+    for seed in (0, 7):
+        for policy in policies(name):
+            assert episode(remote, seed, policy) == episode(local, seed, policy)
+    assert (remote.name, remote.version, remote.reward_range) == (
+        local.name,
+        local.version,
+        local.reward_range,
+    )
+    assert (remote.max_turns, remote.tool_schemas) == (local.max_turns, local.tool_schemas)
+    remote.close()
+
+
+def test_observations_and_infos_keep_their_types(servers: dict[str, Any]) -> None:
+    remote = envhub.make(servers["calculator"].url())
+    observation, _ = remote.reset(seed=3)
+    assert all(type(m) is Message for m in observation)
+    tool_call = '<tool_call>{"name": "calculate", "arguments": {"expression": "1+1"}}</tool_call>'
+    remote.step(tool_call)
+    *_, info = remote.step("\\boxed{nope}")
+    assert info["errors"] == [] and info["reward_components"] == {
+        "correct": 0.0,
+        "tool_validity": 1.0,
+    }
+    remote.close()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_check_env_passes_on_a_remote_env(servers: dict[str, Any], scheme: str) -> None:
+    report = envhub.check_env(envhub.make(servers["calculator"].url(scheme)))
+    assert report.passed, report.failures
+
+
+def test_query_and_keyword_arguments_make_the_env(servers: dict[str, Any]) -> None:
+    url = servers["guess-number"].url() + "?max_turns=2"
+    remote = envhub.make(url)
+    assert remote.max_turns == 2 and remote.env_args == {"max_turns": 2}
+    remote.reset(seed=0)
+    assert remote.step("1")[3] is False
+    assert remote.step("2")[3] is True  # truncated after two turns
+    remote.close()
+    assert envhub.make(url, max_turns=3).max_turns == 3  # keywords win over the query
+
+
+def test_arguments_the_env_rejects_fail_at_make_with_the_loaders_message(
+    servers: dict[str, Any],
+) -> None:
+    with pytest.raises(RemoteEnvError, match="raised EnvLoadError in create: env 'calculator'"):
+        envhub.make(servers["calculator"].url(), colour="red")
+
+
+def test_an_error_of_the_env_is_raised_with_its_class_and_message(
+    servers: dict[str, Any],
+) -> None:
+    remote = envhub.make(servers["calculator"].url())
+    with pytest.raises(RemoteEnvError, match=r"raised EnvhubError in step: calculator: call rese"):
+        remote.step("hello")
+    try:
+        envhub.make("calculator").step("hello")
+    except envhub.errors.EnvhubError as local:
+        assert str(local) == "calculator: call reset() before step()"
+    remote.close()
+
+
+def test_a_wrong_env_name_in_the_url_is_refused_at_make(servers: dict[str, Any]) -> None:
+    for scheme in SCHEMES:
+        with pytest.raises(RemoteEnvError, match="this server serves 'calculator', not 'wordle'"):
+            RemoteEnv(servers["calculator"].url(scheme, env="wordle"))
+
+
+def test_urls_split_into_endpoint_and_json_arguments() -> None:
+    assert parse_url("ws://h:1/calculator?max_turns=3&name=x&flag=true") == (
+        "ws://h:1/calculator",
+        {"max_turns": 3, "name": "x", "flag": True},
+    )
+    with pytest.raises(envhub.errors.ConfigError, match="not a remote env URL"):
+        parse_url("ftp://h/x")
+
+
+def test_close_frees_the_session_on_the_server(servers: dict[str, Any]) -> None:
+    server = servers["calculator"]
+    before = server.metrics()["sessions_open"]
+    remote = envhub.make(server.url("http"))
+    assert server.metrics()["sessions_open"] == before + 1
+    remote.close()
+    remote.close()
+    server.wait_for("sessions_open", before)
