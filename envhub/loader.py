@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from envhub import registry
+from envhub.adapters import make_adapted, split_adapted
 from envhub.errors import EnvNotFoundError
 from envhub.registry import EnvSpec
 
@@ -36,7 +37,12 @@ def is_hub_reference(name: str) -> bool:
     Returns:
         True for a Hub reference, False for a name the registry answers for.
     """
-    return "/" in name and not is_remote_url(name) and name not in registry.list_envs()
+    return (
+        "/" in name
+        and not is_remote_url(name)
+        and split_adapted(name) is None
+        and name not in registry.list_envs()
+    )
 
 
 def make(name: str, **kwargs: Any) -> Any:
@@ -67,6 +73,8 @@ def make(name: str, **kwargs: Any) -> Any:
         from envhub.remote import RemoteEnv  # the client loads only for remote envs
 
         return RemoteEnv(name, **kwargs)
+    if split_adapted(name) is not None:  # `verifiers:NAME`: another framework's env
+        return make_adapted(name, **kwargs)
     if is_hub_reference(name):
         from envhub.hub.load import make_from_hub  # the Hub client loads only for Hub envs
 
