@@ -34,3 +34,27 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
         return _thread_loop().run_until_complete(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
         return pool.submit(asyncio.run, coro).result()
+
+
+async def within(seconds: float, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` for at most ``seconds``; ``TimeoutError`` (no message) after that.
+
+    Not ``asyncio.wait_for``: before Python 3.12 it can swallow a cancellation of its caller
+    when the awaited coroutine finishes at the same moment, and a runner's episode timeout
+    (a ``wait_for`` around steps that are each in a ``wait_for``) then never fires (seen under
+    load: an endless episode). ``asyncio.timeout`` (3.11+) has no such race; on 3.10 the
+    coroutine runs as a task that is cancelled at the deadline.
+    """
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(seconds):
+            return await coro
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.wait({task}, timeout=seconds)
+    finally:  # our own cancellation, or the deadline: the work stops either way
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    if task.cancelled():
+        raise TimeoutError
+    return task.result()

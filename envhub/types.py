@@ -257,6 +257,12 @@ class TurnRecord(BaseModel):
     structured_tool_calls: bool = False
     """The engine returned the turn's tool calls already parsed (an OpenAI server's
     ``tool_calls``) rather than as text only; a replay hands them to the env the same way."""
+    reward: float = 0.0
+    """The reward ``env.step`` returned for this turn. The episode's ``Trajectory.reward`` is
+    the sum over its turns, plus what no step returned: the score of an episode the runner cut
+    (``atruncate``) and group rewards. A :class:`~envhub.env.TaskEnv` returns 0.0 before the
+    final step and the rubric's total on it. The turn's tokens are its ``completion_tokens``
+    sampled tokens, in turn order, among the ``loss_mask`` 1s of the token record."""
 
 
 class Trajectory(BaseModel):

@@ -74,13 +74,19 @@ class Replay:
     def finish(
         self, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]
     ) -> Replay:
-        """Take the env's final step as the runner does (``RolloutRunner._finish``)."""
-        self.reward, self.terminated, self.truncated = float(reward), terminated, truncated
+        """Take the env's final step as the runner does (``RolloutRunner._finish``): the
+        episode's reward is the sum of its steps' (see :meth:`step`)."""
+        self.reward += float(reward)
+        self.terminated, self.truncated = terminated, truncated
         self.stop_reason = info.get("stop_reason") or ("terminated" if terminated else "truncated")
         self.components = dict(info.get("reward_components", {}))
         self.metrics = {k: float(v) for k, v in info.get("metrics", {}).items()}
         self.errors.extend(info.get("errors", []))
         return self
+
+    def step(self, reward: float) -> None:
+        """Add the reward of a step that did not end the episode."""
+        self.reward += float(reward)
 
     def diverged(self, where: str) -> None:
         """Note a divergence (the first one is kept)."""
@@ -130,6 +136,7 @@ async def replay_episode(env: Env, t: Trajectory) -> Replay:
             if k + 1 < len(turns):
                 replay.diverged(f"turn {k}: the episode ended; the stored one went on")
             return replay.finish(reward, bool(terminated), bool(truncated), info)
+        replay.step(reward)
     return await _end(env, t, replay)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from envhub._async import within
 from envhub.env import Env, State, TaskEnv
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
@@ -197,7 +198,7 @@ class RolloutRunner:
             if self.episode_timeout is None:
                 await self._drive(env, ep)
             else:
-                await asyncio.wait_for(self._drive(env, ep), self.episode_timeout)
+                await within(self.episode_timeout, self._drive(env, ep))
         except (asyncio.TimeoutError, TimeoutError):
             ep.fail(
                 "episode",
@@ -268,11 +269,12 @@ class RolloutRunner:
             env_seconds = time.perf_counter() - started
             ep.turns.append(
                 self._turn_record(
-                    ep, request, generation, action, tools_before, gen_seconds, env_seconds
+                    ep, request, generation, action, tools_before, gen_seconds, env_seconds, reward
                 )
             )
+            ep.reward += float(reward)  # the episode's reward is the sum of its steps'
             if terminated or truncated:
-                return self._finish(ep, reward, terminated, truncated, info)
+                return self._finish(ep, terminated, truncated, info)
             if tokenizer is not None and ep.trace is not None and ep.trace.valid:
                 try:  # drift is recorded against the next turn, whose prompt this builds
                     await append_env_turn(
@@ -340,14 +342,15 @@ class RolloutRunner:
             ep.trace.trim_to_last_sampled()
         if isinstance(env, TaskEnv) and env.state is not None and env.state.stop_reason is None:
             reward, info = await env.atruncate(reason)
-            self._finish(ep, reward, False, True, info)
+            ep.reward += float(reward)  # a score no turn returned
+            self._finish(ep, False, True, info)
         else:
             ep.truncated, ep.stop_reason = True, reason
 
     def _finish(
-        self, ep: _Episode, reward: float, terminated: bool, truncated: bool, info: dict[str, Any]
+        self, ep: _Episode, terminated: bool, truncated: bool, info: dict[str, Any]
     ) -> None:
-        ep.reward, ep.terminated, ep.truncated = float(reward), bool(terminated), bool(truncated)
+        ep.terminated, ep.truncated = bool(terminated), bool(truncated)
         ep.stop_reason = info.get("stop_reason") or ("terminated" if terminated else "truncated")
         ep.components = dict(info.get("reward_components", {}))
         ep.env_metrics = dict(info.get("metrics", {}))
@@ -362,6 +365,7 @@ class RolloutRunner:
         tools_before: tuple[int, int],
         gen_s: float,
         env_s: float,
+        reward: float,
     ) -> TurnRecord:
         calls, errors = (
             after - before for after, before in zip(_tool_counts(ep), tools_before, strict=True)
@@ -379,13 +383,14 @@ class RolloutRunner:
             env_seconds=env_s,
             policy_version=generation.weight_version,
             structured_tool_calls=bool(generation.tool_calls),
+            reward=float(reward),
         )
 
     async def _timed(self, coro: Any) -> Any:
         if self.step_timeout is None:
             return await coro
         try:
-            return await asyncio.wait_for(coro, self.step_timeout)
+            return await within(self.step_timeout, coro)
         except (asyncio.TimeoutError, TimeoutError) as e:
             if str(e):  # the env's own timeout, with its own message
                 raise

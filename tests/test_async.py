@@ -1,0 +1,49 @@
+"""``within``: a timeout that never swallows its caller's cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from envhub._async import within
+
+
+def test_a_cancel_that_lands_as_the_step_finishes_is_not_lost() -> None:
+    """The race behind an endless episode: the episode's timeout cancels the episode just as a
+    step (itself under a timeout) finishes. ``asyncio.wait_for`` before 3.12 returns the step's
+    result and drops the cancel; ``within`` must not."""
+    seen: list[str] = []
+
+    async def step(episode: asyncio.Task[None]) -> str:
+        episode.cancel()  # the episode's deadline fires while this step completes
+        return "step done"
+
+    async def episode() -> None:
+        seen.append(await within(60, step(asyncio.current_task())))  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the cancel must land here at the latest
+        seen.append("went on")
+
+    async def main() -> None:
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.create_task(episode())
+
+    asyncio.run(main())
+    assert "went on" not in seen
+
+
+def test_the_deadline_raises_a_bare_timeout_and_the_coroutines_own_pass_through() -> None:
+    async def slow() -> None:
+        await asyncio.sleep(10)
+
+    async def own_timeout() -> None:
+        raise TimeoutError("the socket timed out")
+
+    async def main() -> tuple[str, str, int]:
+        with pytest.raises(TimeoutError) as deadline:
+            await within(0.01, slow())
+        with pytest.raises(TimeoutError) as own:
+            await within(5, own_timeout())
+        return str(deadline.value), str(own.value), await within(5, asyncio.sleep(0, 7))
+
+    assert asyncio.run(main()) == ("", "the socket timed out", 7)
