@@ -1,5 +1,9 @@
 """From trajectories to training tensors: rewards -> advantages -> filter -> pack.
 
+Advantages are one per sequence (``credit: episode``, broadcast over its tokens) or one per turn
+(``credit: turn``, each turn's on its own sampled tokens, see ``trainer/credit.py``); either
+way a micro-batch carries them per target token, laid out like its ``loss_mask``.
+
 The token record of each trajectory is used exactly as sampled (``token_ids``, ``loss_mask``,
 ``sampler_logprobs``); nothing is re-tokenised. Trajectories whose ``outcome`` is a failure
 outside the policy's control (env, infrastructure, timeout) or that carry no token record are
@@ -18,8 +22,15 @@ from itertools import accumulate
 
 import torch
 
-from envhub.trainer.algorithms import compute_advantages, overlong_penalty, zero_variance_groups
+from envhub.trainer.algorithms import (
+    compute_advantages,
+    discounted_returns,
+    overlong_penalty,
+    per_turn_advantages,
+    zero_variance_groups,
+)
 from envhub.trainer.config import AlgorithmConfig
+from envhub.trainer.credit import span_sums, spread, turn_rewards, turn_spans
 from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 
@@ -31,11 +42,23 @@ class Sample:
     loss_mask: list[int]
     sampler_logprobs: list[float]
     advantage: float
+    """The sequence's advantage (with ``credit: turn``: its first turn's)."""
     trajectory: int
     """Index of the trajectory in the step's rollouts."""
+    token_advantages: list[float] | None = None
+    """Each token's advantage, aligned with ``token_ids`` (0.0 off the turns), when they differ
+    within the sequence (``credit: turn``); ``None``: ``advantage`` on every token."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @property
+    def has_signal(self) -> bool:
+        """Some token in the loss has a non-zero advantage."""
+        if self.token_advantages is None:
+            return self.advantage != 0.0
+        pairs = zip(self.token_advantages, self.loss_mask, strict=True)
+        return any(a != 0.0 and m for a, m in pairs)
 
 
 @dataclass
@@ -48,6 +71,7 @@ class MicroBatch:
     loss_mask: torch.Tensor
     sampler_logprobs: torch.Tensor
     advantages: torch.Tensor
+    """``[n, width - 1]`` the advantage of each target token (0 on padding), like ``loss_mask``."""
     samples: list[int]
     """Indices into the batch's samples."""
 
@@ -115,6 +139,15 @@ class Scored:
     """``(len(usable),)`` float64 rewards, the overlong soft penalty included."""
     groups: torch.Tensor
     """``(len(usable),)`` group numbers (0, 1, ... in order of first appearance)."""
+    kl_penalty: list[torch.Tensor] | None = None
+    """With ``algorithm.kl_in_reward``: per usable trajectory, ``coef * KL`` of each token,
+    aligned with its ``token_ids`` (0 where the policy did not sample), which the advantages
+    take off its rewards (``rewards`` stay the env's: dynamic sampling judges those)."""
+
+    def lengths(self) -> torch.Tensor:
+        """``(len(usable),)`` tokens the policy sampled in each usable trajectory."""
+        counts = [sum(self.trajectories[i].loss_mask or []) for i in self.usable]
+        return torch.tensor(counts, dtype=torch.float64)
 
 
 def score(
@@ -146,19 +179,68 @@ def has_signal(group: Sequence[Trajectory], algorithm: AlgorithmConfig, max_toke
     return bool(scored.usable) and bool(zero_variance_groups(scored.rewards, scored.groups).all())
 
 
-def estimate_advantages(scored: Scored, algorithm: AlgorithmConfig) -> torch.Tensor:
-    """``(len(scored.usable),)`` advantages by ``algorithm.advantage``, per group.
+@dataclass
+class Advantages:
+    """The step's advantages, one entry per usable trajectory (:func:`estimate_advantages`)."""
+
+    sequence: torch.Tensor
+    """``(len(usable),)`` each sequence's advantage (with ``credit: turn``, its first turn's)."""
+    tokens: list[list[float]] | None = None
+    """With ``credit: turn``: each trajectory's per-token advantages (see
+    :attr:`Sample.token_advantages`)."""
+    turns: torch.Tensor | None = None
+    """With ``credit: turn``: every turn's advantage, flat (for the step's metrics)."""
+
+    def abs_mean(self) -> float:
+        """Mean absolute advantage, over sequences (or over turns, with ``credit: turn``)."""
+        values = self.sequence if self.turns is None else self.turns
+        return float(values.abs().mean()) if values.numel() else 0.0
+
+
+def estimate_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
+    """Advantages by ``algorithm.advantage``, per group, of the usable trajectories.
+
+    With ``credit: episode`` (the default) one per sequence from its episode reward; with
+    ``credit: turn`` one per turn from the discounted return from that turn on (``gamma``), the
+    estimator applied per turn position (``algorithm.returns.per_turn_advantages``). With KL in
+    the reward, the KL penalty of a sequence's (or a turn's) tokens is taken off its reward.
 
     Args:
         scored: The step's rewards and groups (:func:`score`).
-        algorithm: Names the advantage estimator.
+        algorithm: Names the estimator and the credit.
     """
     if not scored.usable:
-        return torch.zeros(0, dtype=torch.float64)
-    return compute_advantages(algorithm.advantage, scored.rewards, scored.groups)
+        return Advantages(torch.zeros(0, dtype=torch.float64))
+    if algorithm.credit == "turn":
+        return _turn_advantages(scored, algorithm)
+    rewards = scored.rewards
+    if scored.kl_penalty is not None:
+        rewards = rewards - torch.stack([p.sum() for p in scored.kl_penalty])
+    options = {"lengths": scored.lengths()} if algorithm.advantage == "opo" else {}
+    return Advantages(compute_advantages(algorithm.advantage, rewards, scored.groups, **options))
 
 
-def select(scored: Scored, advantages: torch.Tensor, algorithm: AlgorithmConfig) -> Batch:
+def _turn_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
+    """``credit: turn``: per-turn returns, baselined per turn position, spread over the turns'
+    tokens (see ``trainer/credit.py`` for which tokens are whose)."""
+    spans, returns = [], []
+    for k, i in enumerate(scored.usable):
+        t = scored.trajectories[i]
+        spans.append(turn_spans(t))
+        rewards = turn_rewards(t, float(scored.rewards[k]))
+        if scored.kl_penalty is not None:
+            rewards = rewards - span_sums(spans[-1], scored.kl_penalty[k])
+        returns.append(discounted_returns(rewards, algorithm.gamma))
+    per_turn = per_turn_advantages(algorithm.advantage, returns, scored.groups)
+    tokens = [
+        spread(s, a, len(scored.trajectories[i].token_ids or []))
+        for s, a, i in zip(spans, per_turn, scored.usable, strict=True)
+    ]
+    first = torch.stack([a[0] for a in per_turn])
+    return Advantages(first, tokens, torch.cat(per_turn))
+
+
+def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -> Batch:
     """The samples that stay in the loss, with ``batch/*`` stats of what was dropped.
 
     Dynamic sampling drops the groups whose rewards are all equal; the overlong filter drops
@@ -182,15 +264,18 @@ def select(scored: Scored, advantages: torch.Tensor, algorithm: AlgorithmConfig)
         keep &= zero_variance_groups(rewards, groups)
     if algorithm.overlong.filter:
         keep &= torch.tensor([not _hit_length(trajectories[i]) for i in usable])
+    tokens = advantages.tokens
     samples = [
-        _sample(trajectories[i], float(advantages[k]), i) for k, i in enumerate(usable) if keep[k]
+        _sample(trajectories[i], float(advantages.sequence[k]), i, tokens[k] if tokens else None)
+        for k, i in enumerate(usable)
+        if keep[k]
     ]
     stats |= {
         "batch/kept": float(len(samples)),
         "batch/zero_variance_groups": float(_dropped_groups(rewards, groups))
         if algorithm.dynamic_sampling
         else 0.0,
-        "batch/advantage_abs_mean": float(advantages.abs().mean()),
+        "batch/advantage_abs_mean": advantages.abs_mean(),
     }
     return Batch(samples, stats)
 
@@ -207,7 +292,7 @@ class NoSignal:
 def no_signal(scored: Scored, batch: Batch, pass_threshold: float) -> NoSignal | None:
     """Why the step has nothing to learn from (no sample kept, or every kept advantage zero),
     in words a user can act on; ``None`` when it has something."""
-    if any(s.advantage != 0.0 for s in batch.samples):
+    if any(s.has_signal for s in batch.samples):
         return None
     trajectories = scored.trajectories
     solved = bool(scored.usable) and bool((scored.rewards >= pass_threshold).all())
@@ -356,13 +441,19 @@ def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> Micro
     attention = torch.zeros((n, width), dtype=torch.long)
     mask = torch.zeros((n, width - 1), dtype=torch.float32)
     sampler = torch.zeros((n, width - 1), dtype=torch.float32)
+    advantages = torch.zeros((n, width - 1), dtype=torch.float32)
     for row, s in enumerate(samples):
         length = len(s)
         input_ids[row, :length] = torch.tensor(s.token_ids)
         attention[row, :length] = 1
         mask[row, : length - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.float32)
         sampler[row, : length - 1] = torch.tensor(s.sampler_logprobs[1:], dtype=torch.float32)
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        if s.token_advantages is None:  # the same float32 value on every target
+            advantages[row, : length - 1] = s.advantage
+        else:
+            advantages[row, : length - 1] = torch.tensor(
+                s.token_advantages[1:], dtype=torch.float32
+            )
     return MicroBatch(input_ids, attention, mask, sampler, advantages, list(indices))
 
 
@@ -377,10 +468,14 @@ def _trainable(t: Trajectory) -> bool:
     return t.outcome in TRAINED_OUTCOMES and has_tokens
 
 
-def _sample(t: Trajectory, advantage: float, index: int) -> Sample:
+def _sample(
+    t: Trajectory, advantage: float, index: int, token_advantages: list[float] | None
+) -> Sample:
     assert t.token_ids is not None and t.loss_mask is not None
     logprobs = t.sampler_logprobs if t.sampler_logprobs is not None else [0.0] * len(t.token_ids)
-    return Sample(list(t.token_ids), list(t.loss_mask), list(logprobs), advantage, index)
+    return Sample(
+        list(t.token_ids), list(t.loss_mask), list(logprobs), advantage, index, token_advantages
+    )
 
 
 def _group_index(group_ids: Sequence[str]) -> torch.Tensor:

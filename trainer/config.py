@@ -220,10 +220,67 @@ class OverlongConfig(_Part):
     """Tokens before ``rollout.max_tokens`` where a linear length penalty (down to -1) starts."""
 
 
+class KLInRewardConfig(_Part):
+    """KL to the reference model charged in the reward (``algorithm.kl_in_reward``), beside or
+    instead of ``kl_beta``'s term in the loss.
+
+    Before the advantages are estimated, the trainer scores the step's sequences under the
+    policy and the reference model (one forward pass each); every sampled token's reward gets
+    ``-coef * KL``, so a sequence's (or with ``credit: turn`` a turn's) reward loses ``coef``
+    times the KL summed over its tokens. Dynamic sampling still judges the env's rewards. The
+    coefficient is fixed, or adapted after every step (Ziegler et al., 2019):
+    ``coef *= 1 + clip(kl / target_kl - 1, -0.2, 0.2) * sequences / horizon``; it is saved in
+    the checkpoint and reported as ``kl_in_reward/coef``.
+    """
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    coef: float = Field(0.001, ge=0.0)
+    """The (initial) coefficient."""
+    target_kl: float | None = Field(None, gt=0.0)
+    """``adaptive``: the KL per token (mean over sequences) to steer towards."""
+    horizon: int | None = Field(None, ge=1)
+    """``adaptive``: sequences over which the controller closes most of the gap (verl: 10000)."""
+    estimator: Literal["k1", "k2", "k3"] = "k1"
+    """Per-token KL estimate: ``k1`` is ``logp - ref`` (verl's ``kl``)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> KLInRewardConfig:
+        if self.type == "adaptive" and (self.target_kl is None or self.horizon is None):
+            raise ValueError(
+                "algorithm.kl_in_reward.type=adaptive needs target_kl and horizon "
+                "(e.g. target_kl: 0.1, horizon: 10000)"
+            )
+        if self.type == "fixed" and (self.target_kl is not None or self.horizon is not None):
+            raise ValueError(
+                "algorithm.kl_in_reward: target_kl and horizon steer an adaptive "
+                "coefficient: set type: adaptive, or drop them"
+            )
+        return self
+
+
+TURN_CREDIT_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline")
+"""The estimators ``credit: turn`` can apply per turn position (OPO and GPG are defined on
+whole sequences: a length-weighted baseline, a batch-level correction)."""
+
+
 class AlgorithmConfig(_Part):
     """The RL objective: advantages, policy loss, aggregation, regularisers, corrections."""
 
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline"] = "grpo"
+    advantage: Literal[
+        "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline", "opo", "gpg"
+    ] = "grpo"
+    """``opo``: the group's length-weighted mean reward as the baseline; ``gpg``: ``r - group
+    mean`` scaled by samples / samples in groups whose rewards differ (needs
+    ``dynamic_sampling: false``, which makes the same correction by dropping those groups)."""
+    credit: Literal["episode", "turn"] = "episode"
+    """``episode``: one advantage per sequence from its episode reward. ``turn``: each turn's
+    tokens get the advantage of the discounted return from that turn on (the rewards the env
+    returned at each step; the last turn also gets what no step returned: group rewards, the
+    score of a cut episode, overlong shaping), the estimator applied per turn position."""
+    gamma: float = Field(1.0, gt=0.0, le=1.0)
+    """Discount per turn of the returns with ``credit: turn`` (in (0, 1])."""
+    kl_in_reward: KLInRewardConfig | None = None
+    """Charge the KL to the reference model in the reward (loads a reference model)."""
     policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)
@@ -254,6 +311,32 @@ class AlgorithmConfig(_Part):
     overlong: OverlongConfig = Field(default_factory=OverlongConfig)
     updates_per_step: int = Field(1, ge=1)
     """Optimizer updates per batch of rollouts (mini-batches); >1 makes the PPO ratio matter."""
+
+    @model_validator(mode="after")
+    def _check_credit(self) -> AlgorithmConfig:
+        if self.credit == "turn" and self.advantage not in TURN_CREDIT_ESTIMATORS:
+            raise ValueError(
+                f"algorithm.credit=turn applies the estimator per turn, which "
+                f"{self.advantage} cannot be (it is defined on whole sequences): use one of "
+                f"{', '.join(TURN_CREDIT_ESTIMATORS)}, or credit=episode"
+            )
+        if self.credit == "episode" and self.gamma != 1.0:
+            raise ValueError(
+                "algorithm.gamma discounts per-turn returns: it needs algorithm.credit=turn "
+                "(an episode's reward is not discounted)"
+            )
+        if self.advantage == "gpg" and self.dynamic_sampling:
+            raise ValueError(
+                "algorithm.advantage=gpg scales the advantages for the groups whose rewards are "
+                "all equal, which dynamic sampling drops: set algorithm.dynamic_sampling=false "
+                "(or use another estimator)"
+            )
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        """A reference model must be loaded: the KL is in the loss or in the reward."""
+        return self.kl_beta > 0 or self.kl_in_reward is not None
 
 
 class OptimizerConfig(_Part):
@@ -361,7 +444,7 @@ class TrainConfig(_Part):
                 "algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens"
             )
         if (
-            self.algorithm.advantage in ("grpo", "dr_grpo", "rloo")
+            self.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "opo", "gpg")
             and self.rollout.samples_per_task < 2
         ):
             raise ValueError(

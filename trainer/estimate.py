@@ -42,7 +42,7 @@ def estimate(config: TrainConfig) -> dict[str, str]:
     episodes = rc.tasks_per_step * rc.samples_per_task
     hidden, layers, vocab = hf.hidden_size, hf.num_hidden_layers, hf.vocab_size
     tokens = config.backend.micro_batch_tokens
-    weights = params * 4 * (2 if config.algorithm.kl_beta > 0 else 1)
+    weights = params * 4 * (2 if config.algorithm.needs_reference else 1)
     optimizer = trainable * (4 + 8)
     logits = tokens * vocab * 4 * 3
     activations = tokens * hidden * layers * 34 * (1 if config.model.gradient_checkpointing else 4)

@@ -32,7 +32,7 @@ from envhub.rollout.io import TrajectoryWriter
 from envhub.rollout.manifest import update_manifest
 from envhub.rollout.tool_prompt import where_tools_go
 from envhub.trainer import trainer_logprobs
-from envhub.trainer.algorithms import ObjectiveSpec
+from envhub.trainer.algorithms import KLController, ObjectiveSpec, make_kl_controller
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal, score, select
 from envhub.trainer.checkpoint import CheckpointManager
@@ -40,6 +40,7 @@ from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.held_out import HeldOutEval
+from envhub.trainer.kl_reward import charge_kl
 from envhub.trainer.memory import release_freed_memory
 from envhub.trainer.models import resolve_model
 from envhub.trainer.no_signal import EmptySteps
@@ -176,7 +177,8 @@ async def _run_steps(
     engine = make_engine(config, backend)
     producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=config.checkpoint.keep_last)
-    start = resume(config, checkpoints, backend, producer, engine)
+    kl_control = kl_controller(config)
+    start = resume(config, checkpoints, backend, producer, engine, kl_control)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
     empty_steps = EmptySteps(config.algorithm.max_empty_steps)
@@ -189,19 +191,21 @@ async def _run_steps(
         producer.start(first_draw=start)
         for step in range(start, config.steps):
             try:
-                metrics, empty = await train_step(step, config, producer, engine, backend)
+                metrics, empty = await train_step(
+                    step, config, producer, engine, backend, kl_control
+                )
                 if held_out is not None and held_out.due(step + 1):
                     metrics |= await held_out.run(step + 1, engine, isolated=not producer.busy)
             except STEP_LOST as e:
                 raise _stopped(e, step, checkpoints.latest()) from e
             except asyncio.CancelledError:  # Ctrl-C or SIGTERM
                 if producer.waiting:  # between updates: keep the groups rolled out so far
-                    save_checkpoint(step, checkpoints, backend, producer, engine)
+                    save_checkpoint(step, checkpoints, backend, producer, engine, kl_control)
                 raise
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
             if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
-                save_checkpoint(step + 1, checkpoints, backend, producer, engine)
+                save_checkpoint(step + 1, checkpoints, backend, producer, engine, kl_control)
             empty_steps.observe(step + 1, empty)  # may stop the run, after the checkpoint
     finally:
         tracker.close()
@@ -251,9 +255,13 @@ async def train_step(
     producer: GroupProducer,
     engine: RolloutEngine,
     backend: TrainBackend,
+    kl_control: KLController | None = None,
 ) -> tuple[dict[str, float], NoSignal | None]:
     """One step: take scored groups, build the batch, update the policy, sync the engine.
     Returns the step's metrics and, when it had nothing to learn from, why.
+
+    With KL in the reward (``kl_control``), the step's sequences are scored under the policy
+    and the reference model between the rewards and the advantages (see ``kl_reward``).
 
     The update runs in a worker thread, so that the producer's rollouts (with
     ``rollout.max_staleness >= 1``) go on meanwhile; at 0 nothing is rolling out then.
@@ -272,9 +280,17 @@ async def train_step(
     await engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
     with timer("prepare"):
         scored = score(trajectories, config.algorithm, config.rollout.max_tokens)  # rewards
+    await engine.sleep()
+    kl_metrics: dict[str, float] = {}
+    if kl_control is not None:  # the KL penalty needs logprobs before the advantages
+        with timer("logprobs"):
+            estimator = config.algorithm.kl_in_reward.estimator  # type: ignore[union-attr]
+            scored, kl_metrics = await asyncio.to_thread(
+                charge_kl, scored, backend, kl_control, estimator
+            )
+    with timer("prepare"):
         advantages = estimate_advantages(scored, config.algorithm)
         batch = select(scored, advantages, config.algorithm)  # dynamic sampling, overlong filter
-    await engine.sleep()
     update_metrics = {}
     if batch.samples:
         update_metrics, seen = await asyncio.to_thread(update_policy, batch, config, backend, timer)
@@ -289,6 +305,7 @@ async def train_step(
         rollout_metrics(sampled, producer.schedule)
         | engine_metrics
         | batch.stats
+        | kl_metrics
         | update_metrics
         | sync_metrics
         | taken.metrics
@@ -429,19 +446,29 @@ def _stopped(error: Exception, step: int, checkpoint: Path | None) -> Exception:
     return stopped
 
 
+def kl_controller(config: TrainConfig) -> KLController | None:
+    """The controller of ``algorithm.kl_in_reward``'s coefficient; ``None`` when it is off."""
+    spec = config.algorithm.kl_in_reward
+    if spec is None:
+        return None
+    return make_kl_controller(spec.type, spec.coef, spec.target_kl, spec.horizon)
+
+
 def save_checkpoint(
     step: int,
     checkpoints: CheckpointManager,
     backend: TrainBackend,
     producer: GroupProducer,
     engine: RolloutEngine,
+    kl_control: KLController | None = None,
 ) -> Path:
     """Save a checkpoint after ``step`` completed steps and return its folder.
 
     It holds the backend's model, optimizer and scheduler, and the loop's own state: the step,
     the task schedule's cursors, the producer's buffer and the tasks it had in flight (a
     resumed run trains on the former and samples the latter again: no task is skipped) and the
-    engine's state, which :func:`resume` restores.
+    engine's state, and the KL-in-reward controller's coefficient, which :func:`resume`
+    restores.
     """
     trainer_state = {
         "step": step,
@@ -449,6 +476,8 @@ def save_checkpoint(
         "producer": producer.state_dict(),
         "engine": engine.state_dict(),
     }
+    if kl_control is not None:
+        trainer_state["kl_controller"] = kl_control.state_dict()
     return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
 
 
@@ -458,6 +487,7 @@ def resume(
     backend: TrainBackend,
     producer: GroupProducer,
     engine: RolloutEngine,
+    kl_control: KLController | None = None,
 ) -> int:
     """Load the checkpoint to continue from, if any; returns the first step to run."""
     choice = config.checkpoint.resume
@@ -475,6 +505,8 @@ def resume(
         producer.load_state_dict(trainer_state["producer"])
     if trainer_state.get("engine") is not None:
         engine.load_state_dict(trainer_state["engine"])
+    if kl_control is not None and trainer_state.get("kl_controller") is not None:
+        kl_control.load_state_dict(trainer_state["kl_controller"])
     return int(trainer_state["step"])
 
 

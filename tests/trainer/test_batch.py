@@ -232,7 +232,14 @@ def test_collate_aligns_masks_and_logprobs_with_targets() -> None:
     # position t predicts input_ids[t + 1]: the mask of token t + 1
     assert mb.loss_mask.tolist() == [[0.0, 1.0, 1.0], [1.0, 0.0, 0.0]]
     assert mb.sampler_logprobs.tolist() == [[0.0, -0.5, -0.5], [-0.5, 0.0, 0.0]]
-    assert mb.advantages.tolist() == pytest.approx([2**0.5 / 2, -(2**0.5) / 2], rel=1e-5)
+    # one advantage per target token, like loss_mask: the sequence's on each, 0 on padding
+    a = 2**0.5 / 2
+    assert mb.advantages.shape == mb.loss_mask.shape
+    assert mb.advantages[0].tolist() == pytest.approx([a, a, a], rel=1e-5)
+    assert mb.advantages[1].tolist() == pytest.approx([-a, 0.0, 0.0], rel=1e-5)
+    # the float32 value of each sequence's advantage, as the (n,) tensor of before held it
+    before = torch.tensor([s.advantage for s in batch.samples], dtype=torch.float32)
+    assert torch.equal(mb.advantages[0], before[0].expand(3))
 
 
 def test_micro_batches_cover_every_sample_once() -> None:

@@ -73,8 +73,52 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
         (
             ["algorithm.advantage=ppo"],
             "algorithm.advantage: Input should be "
-            "'grpo', 'dr_grpo', 'rloo', 'reinforce++' or 'reinforce++_baseline'",
+            "'grpo', 'dr_grpo', 'rloo', 'reinforce++', 'reinforce++_baseline', 'opo' or 'gpg'",
         ),
+        (
+            ["algorithm.credit=turn", "algorithm.advantage=opo"],
+            "algorithm.credit=turn applies the estimator per turn, which opo cannot be",
+        ),
+        (
+            [
+                "algorithm.credit=turn",
+                "algorithm.advantage=gpg",
+                "algorithm.dynamic_sampling=false",
+            ],
+            "which gpg cannot be (it is defined on whole sequences)",
+        ),
+        (["algorithm.credit=step"], "algorithm.credit: Input should be 'episode' or 'turn'"),
+        (["algorithm.gamma=0.9"], "algorithm.gamma discounts per-turn returns"),
+        (
+            ["algorithm.credit=turn", "algorithm.gamma=0"],
+            "algorithm.gamma: Input should be greater than 0",
+        ),
+        (
+            ["algorithm.credit=turn", "algorithm.gamma=1.5"],
+            "algorithm.gamma: Input should be less than or equal to 1",
+        ),
+        (["algorithm.advantage=gpg"], "set algorithm.dynamic_sampling=false"),
+        (
+            ["algorithm.advantage=opo", "rollout.samples_per_task=1"],
+            "opo compares samples of a task",
+        ),
+        (
+            ["algorithm.kl_in_reward={type: adaptive, coef: 0.1}"],
+            "kl_in_reward.type=adaptive needs target_kl and horizon",
+        ),
+        (
+            ["algorithm.kl_in_reward={coef: 0.1, target_kl: 0.5}"],
+            "target_kl and horizon steer an adaptive coefficient",
+        ),
+        (
+            ["algorithm.kl_in_reward={type: pid}"],
+            "algorithm.kl_in_reward.type: Input should be 'fixed' or 'adaptive'",
+        ),
+        (
+            ["algorithm.kl_in_reward={coef: -1}"],
+            "algorithm.kl_in_reward.coef: Input should be greater than or equal to 0",
+        ),
+        (["algorithm.kl_in_reward={coefficient: 1}"], "algorithm.kl_in_reward.coefficient"),
         (
             ["algorithm.overlong.soft_penalty_buffer=64"],
             "soft_penalty_buffer must be smaller than rollout.max_tokens",

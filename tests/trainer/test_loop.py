@@ -135,6 +135,11 @@ def test_a_run_leaves_metrics_trajectories_checkpoints_plot_and_an_hf_model(
     assert sorted(p.name for p in (run / "trajectories").iterdir()) == [
         "step-000001.jsonl",
         "step-000002.jsonl",
+        "trainer",  # the trainer's logprobs of each step's trained tokens
+    ]
+    trained = [r["step"] for r in rows if r["batch/kept"] > 0]
+    assert sorted(p.name for p in (run / "trajectories" / "trainer").iterdir()) == [
+        f"step-{step:06d}.jsonl" for step in trained
     ]
     assert sorted(
         p.name for p in (run / "checkpoints").iterdir() if p.name.startswith("step-")
@@ -252,3 +257,27 @@ def test_a_run_stopped_between_updates_keeps_the_groups_it_rolled_out(
     assert result.resumed_from == 1
     step2 = list(iter_trajectories(tmp_path / "run" / "trajectories" / "step-000002.jsonl"))
     assert sorted({t.group_id for t in step2}) == ["s2e0g0", "s2e0g1"] and len(step2) == 8
+
+
+def test_kl_in_the_reward_adapts_its_coefficient_and_resumes_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    kl = {"type": "adaptive", "coef": 0.1, "target_kl": 0.01, "horizon": 10}
+    algorithm = {"mismatch": "none", "dynamic_sampling": False, "kl_in_reward": kl}
+    config = validate_config(_config(tiny_model_dir, tmp_path, steps=2, algorithm=algorithm))
+    first = train(config).history
+    # Step 1: the policy is the reference, KL 0: error -0.2, coef 0.1 * (1 - 0.2 * 8/10).
+    assert first[0]["kl_in_reward/kl"] == 0.0 and first[0]["kl_in_reward/coef"] == 0.1
+    assert first[1]["kl_in_reward/coef"] == pytest.approx(0.084, abs=1e-12)
+    assert first[1]["kl_in_reward/kl"] > 0.0  # the update moved the policy off the reference
+    error = max(min(first[1]["kl_in_reward/kl"] / 0.01 - 1, 0.2), -0.2)
+    saved = 0.084 * (1 + error * 8 / 10)
+    state = json.loads(
+        (tmp_path / "run" / "checkpoints" / "step-000002" / "trainer_state.json").read_text()
+    )
+    assert state["kl_controller"]["coef"] == pytest.approx(saved, abs=1e-12)
+    resumed = train(
+        validate_config(_config(tiny_model_dir, tmp_path, steps=3, algorithm=algorithm))
+    )
+    assert resumed.resumed_from == 2
+    assert resumed.history[-1]["kl_in_reward/coef"] == pytest.approx(saved, abs=1e-12)

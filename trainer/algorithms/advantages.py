@@ -2,8 +2,9 @@
 
 Every estimator takes flat ``rewards (N,)`` and ``group_ids (N,)``: samples of the same task share
 a group id (any integers; groups may differ in size). The advantage of a sequence is broadcast to
-all of its tokens by the policy loss. All estimators here are outcome-only: no value network and
-no per-token returns.
+all of its tokens by the policy loss. All estimators here are outcome-only: no value network.
+``returns.per_turn_advantages`` applies the group and batch estimators to per-turn returns
+instead (``credit: turn``); ``returns.gae`` is the estimator for a critic's values.
 """
 
 from __future__ import annotations
@@ -117,12 +118,68 @@ def reinforce_pp_baseline(rewards: Tensor, group_ids: Tensor, *, eps: float = 1e
     return _whiten(rewards - mean, eps)
 
 
+def opo(rewards: Tensor, group_ids: Tensor, *, lengths: Tensor | None = None) -> Tensor:
+    """OPO: ``r - b`` with the length-weighted group mean ``b = sum(l_j r_j) / sum(l_j)``.
+
+    From "On-Policy RL with Optimal Reward Baseline" (Hao et al., 2025): for a sequence-level
+    reward and a loss summed over tokens, the variance-minimising baseline weights each
+    sample's reward by its gradient's size, which grows with its length ``l`` (the tokens the
+    policy sampled). The baseline includes the sample itself, so a group of one gets 0 (verl
+    leaves its reward unbaselined instead).
+
+    Args:
+        rewards: ``(N,)`` float rewards.
+        group_ids: ``(N,)`` integer group ids.
+        lengths: ``(N,)`` tokens each sample's policy sampled (the loss's tokens); ``None``:
+            all equal, which makes the baseline the group mean (Dr.GRPO).
+    """
+    rewards = _check(rewards, group_ids)
+    if lengths is None:
+        lengths = torch.ones_like(rewards)
+    if lengths.shape != rewards.shape:
+        raise ValueError(f"lengths {tuple(lengths.shape)} != rewards {tuple(rewards.shape)}")
+    lengths = lengths.to(rewards.dtype)
+    _, index = torch.unique(group_ids, return_inverse=True)
+    groups = int(index.max()) + 1 if index.numel() else 0
+    weight = torch.zeros(groups, dtype=rewards.dtype, device=rewards.device)
+    weight = weight.index_add_(0, index, lengths)
+    weighted = torch.zeros_like(weight).index_add_(0, index, lengths * rewards)
+    mean, _, _ = group_stats(rewards, group_ids)
+    baseline = torch.where(weight[index] > 0, weighted[index] / weight[index].clamp(min=1), mean)
+    return rewards - baseline
+
+
+def gpg(
+    rewards: Tensor, group_ids: Tensor, *, scale_by_std: bool = False, eps: float = 1e-6
+) -> Tensor:
+    """GPG: ``alpha * (r - group mean)``, ``alpha = N / N_valid``.
+
+    From "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning" (Chu et
+    al., 2025). A group whose rewards are all equal has advantage 0 everywhere and adds nothing
+    to the gradient but still counts in the batch's mean; ``alpha`` (the paper's accurate
+    gradient estimation) scales the others back up: ``N`` is the number of samples,
+    ``N_valid`` those in groups whose rewards differ (``alpha = 1`` when none do). The paper's
+    ``F_norm`` is 1 (no std division); ``scale_by_std=True`` divides by the group std as GRPO
+    does. verl counts the samples with a non-zero reward as ``N_valid``; the paper and its
+    code count the samples of groups with a non-zero std, as here.
+    """
+    mean, std, size = group_stats(rewards, group_ids)
+    valid = (size > 1) & (std > 0)
+    alpha = rewards.numel() / max(int(valid.sum()), 1)
+    centred = rewards - mean
+    if scale_by_std:
+        centred = torch.where(valid, centred / (std + eps), torch.zeros_like(centred))
+    return alpha * centred
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
     "rloo": rloo,
     "reinforce++": reinforce_pp,
     "reinforce++_baseline": reinforce_pp_baseline,
+    "opo": opo,
+    "gpg": gpg,
 }
 
 
@@ -130,10 +187,12 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs: 
     """Advantages by the estimator registered as ``name`` (see ``ADVANTAGE_ESTIMATORS``).
 
     Args:
-        name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++`` or ``reinforce++_baseline``.
+        name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++``, ``reinforce++_baseline``,
+            ``opo`` (needs ``lengths=``) or ``gpg``.
         rewards: ``(N,)`` float rewards.
         group_ids: ``(N,)`` integer group ids; samples of one task share an id.
-        **kwargs: Estimator options, e.g. ``eps`` or ``scale_by_std`` for ``grpo``.
+        **kwargs: Estimator options, e.g. ``eps`` or ``scale_by_std`` for ``grpo``, ``lengths``
+            for ``opo``.
 
     Raises:
         ConfigError: ``name`` is not registered.

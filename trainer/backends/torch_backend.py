@@ -61,7 +61,7 @@ class TorchBackend:
         self.tokenizer, self._model = _load(self.model_path, config, self.device)
         self.reference = (
             _load(self.model_path, config, self.device, frozen=True)[1]
-            if config.algorithm.kl_beta > 0
+            if config.algorithm.needs_reference
             else None
         )
         trainable = [p for p in self._model.parameters() if p.requires_grad]
@@ -242,19 +242,28 @@ class TorchBackend:
         temperature: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob of each target token under ``logits / temperature`` (the distribution the
-        engine sampled from), and optionally the entropy of that distribution."""
+        engine sampled from), and optionally the entropy of that distribution.
+
+        Both are ``[n, width - 1]``, like ``mb.loss_mask``. For models whose head is a plain
+        projection (:data:`PLAIN_HEAD`) the head and the softmax run only where the loss mask
+        is 1 and the other places are 0: prompts and tool results cost no vocabulary-sized
+        logits. Other models score every place.
+        """
         with self._autocast():
-            logits = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-            ).logits
-        logits = logits[:, :-1].float() / (temperature or self.temperature)
-        logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
+            logits, keep = target_logits(model, mb)
+        logits = logits.float() / (temperature or self.temperature)
+        if keep is None:  # [n, width - 1, V]
+            logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
+        else:  # [N, V] at the N kept targets
+            chosen = mb.input_ids[:, 1:][keep]
+            logprobs = _spread(selective_log_softmax(logits[None], chosen[None])[0], keep)
         entropy = None
         if with_entropy:  # a metric always; a loss term only when entropy_coef != 0
+            source = logits if self.config.algorithm.entropy_coef else logits.detach()
             entropy = (
-                token_entropy(logits)
-                if self.config.algorithm.entropy_coef
-                else token_entropy(logits.detach())
+                token_entropy(source)
+                if keep is None
+                else _spread(token_entropy(source[None])[0], keep)
             )
         return logprobs, entropy
 
@@ -270,6 +279,43 @@ class TorchBackend:
         limit = self.config.optimizer.grad_clip
         norm = torch.nn.utils.clip_grad_norm_(params, limit if limit is not None else math.inf)
         return float(norm)
+
+
+PLAIN_HEAD = frozenset(
+    {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "olmo2"}
+)
+"""HF ``model_type``s whose logits are exactly ``lm_head(final hidden state)``: no logit scaling
+or soft-capping after the head (Gemma's, Cohere's and Granite's have some), so the head may run
+on some positions only."""
+
+
+def target_logits(
+    model: torch.nn.Module, mb: MicroBatch
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The logits that score ``mb``'s targets (position ``t`` scores token ``t + 1``).
+
+    Returns ``(logits [N, V], keep)`` with ``keep`` the ``[n, width - 1]`` boolean mask of the
+    ``N`` targets the loss uses, when the model's head is plain (:data:`PLAIN_HEAD`); else
+    ``(logits [n, width - 1, V], None)`` from the whole model.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in PLAIN_HEAD:
+        logits = model(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+        ).logits
+        return logits[:, :-1], None
+    hidden = model.get_decoder()(
+        input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
+    ).last_hidden_state
+    keep = mb.loss_mask > 0
+    return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
+
+
+def _spread(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``[N]`` values at the ``True`` places of ``keep``, 0 elsewhere (differentiable)."""
+    out = values.new_zeros(keep.shape)
+    out[keep] = values
+    return out
 
 
 def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

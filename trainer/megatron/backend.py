@@ -326,7 +326,7 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
         warmup_steps=opt.warmup_steps,
         total_updates=config.steps * config.algorithm.updates_per_step,
         entropy_coef=config.algorithm.entropy_coef,
-        reference=config.algorithm.kl_beta > 0,
+        reference=config.algorithm.needs_reference,
         recompute=config.model.gradient_checkpointing,
     )
 

@@ -75,6 +75,39 @@ def test_every_estimator_gives_a_lone_sample_zero(name: str) -> None:
 
 def test_unknown_estimator_lists_the_valid_names() -> None:
     with pytest.raises(
-        ConfigError, match=r"did you mean 'rloo'.*valid: dr_grpo, grpo, reinforce\+\+"
+        ConfigError, match=r"did you mean 'rloo'.*valid: dr_grpo, gpg, grpo, opo, reinforce\+\+"
     ):
         compute_advantages("rlo", torch.zeros(2), torch.zeros(2, dtype=torch.long))
+
+
+def test_opo_baseline_is_the_length_weighted_group_mean() -> None:
+    # id 0: rewards 1, 0, 1 with lengths 2, 4, 6: b = (2 + 0 + 6) / 12 = 2/3.
+    # id 5: rewards 0, 2 with lengths 1, 3: b = (0 + 6) / 4 = 1.5.
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 2.0], dtype=torch.float64)
+    ids = torch.tensor([0, 5, 0, 0, 5])
+    lengths = torch.tensor([2, 1, 4, 6, 3])
+    out = compute_advantages("opo", rewards, ids, lengths=lengths)
+    assert out.tolist() == pytest.approx([1 / 3, -1.5, -2 / 3, 1 / 3, 0.5], abs=1e-12)
+
+
+def test_opo_with_equal_lengths_is_dr_grpo() -> None:
+    lengths = torch.full((8,), 7)
+    assert _run("opo", lengths=lengths) == pytest.approx(_run("dr_grpo"), abs=1e-6)
+    assert _run("opo") == pytest.approx(_run("dr_grpo"), abs=1e-6)
+
+
+def test_gpg_scales_by_samples_over_samples_in_groups_that_differ() -> None:
+    # id 0: 1, 0, 1, 0 (differ: 4 valid); id 1: 1, 1 (tied); id 2: 0.5 (alone). alpha = 7 / 4.
+    rewards = torch.tensor([1.0, 1.0, 0.0, 0.5, 1.0, 1.0, 0.0])
+    ids = torch.tensor([0, 1, 0, 2, 0, 1, 0])
+    out = compute_advantages("gpg", rewards, ids)
+    assert out.tolist() == pytest.approx([0.875, 0.0, -0.875, 0.0, 0.875, 0.0, -0.875])
+    # F_norm = group std (unbiased: sqrt(1/3)): 0.5 / 0.57735 * 7/4 = 1.515544
+    scaled = compute_advantages("gpg", rewards, ids, scale_by_std=True, eps=0.0)
+    value = 0.5 / math.sqrt(1 / 3) * 7 / 4
+    assert scaled.tolist() == pytest.approx([value, 0, -value, 0, value, 0, -value], abs=1e-6)
+
+
+def test_gpg_without_any_group_that_differs_is_all_zero() -> None:
+    out = compute_advantages("gpg", torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 1]))
+    assert out.tolist() == [0.0, 0.0, 0.0]

@@ -100,10 +100,16 @@ def _random_batch(seed: int = 0) -> dict[str, torch.Tensor]:
     ],
     ids=["ppo-token-mean", "gspo-seq-mean", "dr-grpo-sum-norm"],
 )  # fmt: skip
-def test_micro_batch_invariance_of_the_whole_objective(spec: ObjectiveSpec, device: str) -> None:
+@pytest.mark.parametrize("per_token", [False, True], ids=["sequence-adv", "token-adv"])
+def test_micro_batch_invariance_of_the_whole_objective(
+    spec: ObjectiveSpec, per_token: bool, device: str
+) -> None:
     batch = {
         k: v.detach().to(device).requires_grad_(v.requires_grad) for k, v in _random_batch().items()
     }
+    if per_token:  # a different advantage on every token (credit: turn, GAE)
+        g = torch.Generator().manual_seed(1)
+        batch["advantages"] = torch.randn(6, 5, generator=g, dtype=torch.float64).to(device)
     totals = {"num_tokens": int(batch["mask"].sum()), "num_sequences": 6}
     leaves = [batch["logprobs"], batch["entropy"]]
 
@@ -185,3 +191,40 @@ def test_with_fresh_samples_the_correction_is_exactly_one(device: str) -> None:
     )
     (corrected + plain).backward()
     assert torch.equal(corrected, plain) and torch.equal(trained[0].grad, trained[1].grad)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        ObjectiveSpec(kl_beta=0.05, entropy_coef=0.01, dual_clip=3.0),
+        ObjectiveSpec(policy_loss="gspo", eps_low=3e-4, eps_high=4e-4,
+                      aggregation="seq-mean-token-mean", mismatch="mask-sequence"),
+        ObjectiveSpec(aggregation="seq-mean-token-sum-norm", norm_length=8, mismatch="mask-token"),
+    ],
+    ids=["ppo-token-mean", "gspo-seq-mean", "dr-grpo-sum-norm"],
+)  # fmt: skip
+def test_per_sequence_advantages_broadcast_per_token_give_bit_identical_loss_and_gradient(
+    spec: ObjectiveSpec, device: str
+) -> None:
+    """Today's (B,) advantages and the same values laid out per target token (B, T), as
+    ``collate`` now does, give exactly the same loss, metrics and gradient."""
+    batch = {
+        k: v.detach().to(device).requires_grad_(v.requires_grad) for k, v in _random_batch().items()
+    }
+    totals = {"num_tokens": int(batch["mask"].sum()), "num_sequences": 6}
+    leaves = [batch["logprobs"], batch["entropy"]]
+    sequence = batch["advantages"]
+    per_token = torch.zeros(6, 5, dtype=sequence.dtype, device=device)
+    per_token[:] = sequence[:, None]
+    per_token[~batch["mask"].bool()] = 0.0  # padding holds 0 now, not the sequence's value
+
+    runs = []
+    for advantages in (sequence, per_token):
+        loss, metrics = policy_objective(spec, **(batch | {"advantages": advantages}), **totals)
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True, materialize_grads=True)
+        runs.append((loss, metrics, grads))
+    (loss_a, metrics_a, grads_a), (loss_b, metrics_b, grads_b) = runs
+    assert torch.equal(loss_a, loss_b)
+    assert metrics_a.keys() == metrics_b.keys()
+    assert all(torch.equal(metrics_a[k], metrics_b[k]) for k in metrics_a)
+    assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
