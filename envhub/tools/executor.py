@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.errors import ToolDefinitionError
-from envhub.tools.parsers import PARSE_ERROR, ParsedTurn
+from envhub.tools.parsers import (
+    PARSE_ERROR,
+    ParsedTurn,
+    json_problem,
+    loads_untrusted,
+    writable,
+)
 from envhub.tools.tool import Tool, ToolArgumentError
 from envhub.types import Message, ToolCall, tool_message
 
@@ -45,14 +51,20 @@ def _format_result(value: Any, max_chars: int) -> str:
     return text
 
 
+def _tool_message(content: str, call_id: str, name: str | None) -> Message:
+    return tool_message(writable(content), call_id, name if name is None else writable(name))
+
+
 def _decode_arguments(call: ToolCall) -> dict[str, Any]:
     text = call.function.arguments or "{}"
     try:
-        value = json.loads(text)
+        value = loads_untrusted(text)
         if isinstance(value, str):  # double-encoded: "{\"x\": 1}"
-            value = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise ToolArgumentError(f"arguments of {call.name} are not valid JSON ({e.msg})") from None
+            value = loads_untrusted(value)
+    except ValueError as e:
+        raise ToolArgumentError(
+            f"arguments of {call.name} are not valid JSON ({json_problem(e)})"
+        ) from None
     if not isinstance(value, dict):
         raise ToolArgumentError(
             f"arguments of {call.name} must be a JSON object, got {type(value).__name__}"
@@ -118,7 +130,7 @@ class ToolExecutor:
             return self._fail(
                 call.id, call.name, TOOL_ERROR, f"{call.name} raised {type(e).__name__}: {e}"
             )
-        return ToolOutcome(tool_message(text, call.id, call.name))
+        return ToolOutcome(_tool_message(text, call.id, call.name))
 
     def _unknown_message(self, name: str) -> str:
         names = sorted(self.tools)
@@ -130,4 +142,4 @@ class ToolExecutor:
 
     @staticmethod
     def _fail(call_id: str, name: str | None, kind: str, detail: str) -> ToolOutcome:
-        return ToolOutcome(tool_message(f"Error: {detail}", call_id, name), kind, detail)
+        return ToolOutcome(_tool_message(f"Error: {detail}", call_id, name), kind, detail)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,52 @@ from typing import Any
 from envhub.types import ToolCall
 
 PARSE_ERROR = "parse_error"
+
+
+class JSONLimitError(ValueError):
+    """Well-formed JSON that Python will not decode: nested too deeply, or an integer too long."""
+
+
+def loads_untrusted(text: str) -> Any:
+    """``json.loads`` for model-written text: it fails only with ``json.JSONDecodeError`` (bad
+    syntax) or :class:`JSONLimitError`.
+
+    Bare ``json.loads`` also raises ``RecursionError`` for brackets nested about a thousand deep
+    and ``ValueError`` for an integer past Python's digit limit (``sys.get_int_max_str_digits``);
+    both are the model's bad output, not our crash.
+    """
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise JSONLimitError("nested too deeply") from None
+    except ValueError:  # the only other ValueError json.loads raises on a str: the digit limit
+        limit = sys.get_int_max_str_digits()
+        raise JSONLimitError(f"an integer has more than {limit} digits") from None
+
+
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` can be encoded as UTF-8: JSON escapes can decode to lone surrogates,
+    which a trajectory file (or any JSON writer) refuses."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def writable(text: str) -> str:
+    """``text`` with any lone surrogate spelled as its escape (``\\ud800``), so that it can be
+    written out; inside a JSON string that escape decodes to the same value."""
+    return text if is_unicode(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def json_problem(error: ValueError, *, position: bool = False) -> str:
+    """What :func:`loads_untrusted` found wrong, for the model; ``position`` adds where."""
+    if not isinstance(error, json.JSONDecodeError):
+        return str(error)
+    return f"{error.msg} at char {error.pos}" if position else error.msg
 
 
 @dataclass(frozen=True)
@@ -84,19 +131,23 @@ def _call_from_object(
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return ToolCallError(PARSE_ERROR, 'a tool call needs a "name" string', raw, call_id)
+    if not is_unicode(name):  # "\ud800" in JSON decodes to a lone surrogate: no file can hold it
+        return ToolCallError(PARSE_ERROR, "the tool name is not valid Unicode", raw, call_id)
     key = next((k for k in args_keys if k in obj), None)
     # A string here is double-encoded JSON; it is kept as text and decoded by the executor.
     arguments = obj.get(key, {}) if key else {}
+    if isinstance(arguments, str):
+        arguments = writable(arguments)
     return ToolCall.make(call_id, name, arguments)
 
 
 def _decode(text: str, ids: _Ids, what: str) -> Any | ToolCallError:
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
+        return loads_untrusted(text)
+    except ValueError as e:
         return ToolCallError(
             PARSE_ERROR,
-            f"{what} is not valid JSON ({e.msg} at char {e.pos})",
+            f"{what} is not valid JSON ({json_problem(e, position=True)})",
             text.strip(),
             ids.next(),
         )
@@ -243,12 +294,12 @@ def check_openai_calls(content: str | None, tool_calls: Sequence[ToolCall]) -> P
     calls, errors = [], []
     for call in tool_calls:
         try:
-            json.loads(call.function.arguments or "{}")
-        except json.JSONDecodeError as e:
+            loads_untrusted(call.function.arguments or "{}")
+        except ValueError as e:
             errors.append(
                 ToolCallError(
                     PARSE_ERROR,
-                    f"arguments of {call.name!r} are not valid JSON ({e.msg})",
+                    f"arguments of {call.name!r} are not valid JSON ({json_problem(e)})",
                     call.function.arguments,
                     call.id,
                     call.name,
