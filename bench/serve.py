@@ -8,17 +8,19 @@ driven by ``areset``/``astep`` on one event loop, at 1, 64 and 1024 concurrent s
 WebSocket (all sessions share one connection) and HTTP. On a 2-core machine the client and the
 server share the cores.
 
-    .venv/bin/python bench/serve.py [--seconds 3] [--sessions 1 64 1024]
+    .venv/bin/python bench/serve.py [--seconds 3] [--sessions 1 64 1024] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -116,11 +118,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 1024])
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         return run_server(args.serve)
     process, port = start_server()
+    rows: list[dict[str, float]] = []
     try:
         print(f"{'sessions':>8}  {'in-process':>12}  {'websocket':>12}  {'http':>12}  (steps/s)")
         for n in args.sessions:
@@ -128,9 +132,12 @@ def main() -> None:
             ws = measure(lambda: envhub.make(f"ws://127.0.0.1:{port}/"), n, args.seconds)
             http = measure(lambda: envhub.make(f"http://127.0.0.1:{port}/"), n, args.seconds)
             print(f"{n:>8}  {local:>12,.0f}  {ws:>12,.0f}  {http:>12,.0f}", flush=True)
+            rows.append({"sessions": n, "inprocess": local, "websocket": ws, "http": http})
     finally:
         process.kill()
         process.wait()
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,9 @@ def list_command(
 ) -> None:
     """List installed envs: name, kind, tools, version and origin.
 
-    An env that fails to load is listed as broken, with the reason.
+    An env that fails to load is listed as broken, with the reason. Other
+    frameworks' envs that an adapter can make (verifiers:NAME, ...) are listed
+    with their framework as kind and origin.
 
     Examples:
         envhub list
@@ -35,6 +37,7 @@ def list_command(
         return
     from rich.text import Text
 
+    from envhub.adapters import list_adapted, split_adapted
     from envhub.cli.console import console, listing
     from envhub.registry import list_envs
 
@@ -42,6 +45,9 @@ def list_command(
     for name, spec in sorted(list_envs().items()):
         kind, *rest = describe(spec)
         rows.append([name, Text(kind, style="red" if kind == "broken" else ""), *rest])
+    for name, description in sorted(list_adapted().items()):  # other frameworks' envs
+        framework, _ = split_adapted(name) or ("adapted", "")
+        rows.append([name, Text(framework), "", "", framework, description])
     under = {"description": "", "tools": "tools: "}
     title = "envhub environments"
     console.print(

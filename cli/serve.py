@@ -39,6 +39,12 @@ def serve_command(
     max_message_bytes: int = typer.Option(
         4 * 1024 * 1024, "--max-message-bytes", help="Largest request accepted (413 above)."
     ),
+    protocol: str = typer.Option(
+        "envhub",
+        "--protocol",
+        help="Wire protocol: `envhub` (RemoteEnv's) or `openenv` (OpenEnv's /ws, /reset, "
+        "/step, /state, /health: OpenEnv's own clients drive the env; no token).",
+    ),
 ) -> None:
     """Serve ENV over WebSocket and HTTP: one session (env instance) per client env.
 
@@ -49,8 +55,13 @@ def serve_command(
     Clients use it like a local env:
         envhub.make("ws://HOST:PORT/ENV?max_turns=3")
 
+    With --protocol openenv the env speaks OpenEnv's protocol instead: a
+    session per WebSocket on ws://HOST:PORT/ws, one shared episode on POST
+    /reset and /step; OpenEnv's GenericEnvClient(base_url=...) drives it.
+
     Examples:
         envhub serve calculator
+        envhub serve calculator --protocol openenv --port 8000
         envhub serve calculator --arg max_turns=4 --port 9000 --token s3cret
         envhub serve wordle --host 0.0.0.0 --max-sessions 256 --session-ttl 120
     """
@@ -59,6 +70,8 @@ def serve_command(
     from envhub.remote import parse_value
     from envhub.serve.server import ServeSettings, serve
 
+    if protocol not in ("envhub", "openenv"):
+        raise ConfigError(f"--protocol takes envhub or openenv, not {protocol!r}")
     env_args = {}
     for item in arg:
         key, sep, value = item.partition("=")
@@ -76,10 +89,14 @@ def serve_command(
         max_message_bytes=max_message_bytes,
     )
     auth = "with a bearer token" if settings.token else "without auth"
-    err_console.print(
-        f"serving {env} on ws://{host}:{port}/{env} and http://{host}:{port}/{env} ({auth})",
-        markup=False,
-        highlight=False,
-        soft_wrap=True,
-    )
-    serve(settings)
+    where = f"ws://{host}:{port}/{env} and http://{host}:{port}/{env} ({auth})"
+    if protocol == "openenv":
+        from envhub.serve.openenv_protocol import build_openenv_app, serve_openenv
+
+        app = build_openenv_app(settings)  # a token or a bad env fails before the banner
+        where = f"http://{host}:{port} in the OpenEnv protocol (sessions on ws://{host}:{port}/ws)"
+    err_console.print(f"serving {env} on {where}", markup=False, highlight=False, soft_wrap=True)
+    if protocol == "openenv":
+        serve_openenv(settings, app)
+    else:
+        serve(settings)

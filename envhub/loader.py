@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from envhub import registry
-from envhub.adapters import make_adapted, split_adapted
+from envhub.adapters import adapted_spec, make_adapted, split_adapted
 from envhub.errors import EnvNotFoundError
 from envhub.registry import EnvSpec
 
@@ -84,8 +84,11 @@ def make(name: str, **kwargs: Any) -> Any:
 
 def get_spec(name: str) -> EnvSpec:
     """:func:`envhub.registry.get_spec`, except that a Hub reference gets told to install its
-    package first (``envhub check owner/name`` lands here) instead of "did you mean".
+    package first (``envhub check owner/name`` lands here) instead of "did you mean", and an
+    adapted name (``verifiers:NAME``) gets a spec that makes it through its adapter.
     """
+    if split_adapted(name) is not None:
+        return adapted_spec(name)
     if not is_hub_reference(name):
         return registry.get_spec(name)
     installed = ", ".join(sorted(registry.list_envs())) or "none"

@@ -19,6 +19,7 @@ import importlib
 from typing import Any
 
 from envhub.errors import EnvNotFoundError
+from envhub.registry import EnvSpec
 
 ADAPTERS: dict[str, str] = {
     "verifiers": "envhub.adapters.verifiers",
@@ -57,6 +58,21 @@ def make_adapted(name: str, **kwargs: Any) -> Any:
     if not env_name:
         raise EnvNotFoundError(f"{name!r} names no env: write {framework}:<env name>")
     return _adapter(framework).make_env(env_name, **kwargs)
+
+
+def adapted_spec(name: str) -> EnvSpec:
+    """An :class:`~envhub.registry.EnvSpec` for ``<framework>:<name>`` whose target makes the
+    env through its adapter, for what takes a spec (``envhub check``); ``distribution`` is the
+    framework. Nothing is imported until the target is called."""
+    found = split_adapted(name)
+    if found is None:
+        raise EnvNotFoundError(f"{name!r} is not an adapted env name; known: {list(ADAPTERS)}")
+
+    def make(**kwargs: Any) -> Any:
+        return make_adapted(name, **kwargs)
+
+    make.__qualname__ = f"make_adapted[{name}]"
+    return EnvSpec(name, make, distribution=found[0])
 
 
 def list_adapted() -> dict[str, str]:

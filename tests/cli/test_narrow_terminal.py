@@ -57,6 +57,8 @@ def installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
     extra width is what squeezed the table until names split."""
     spec = EnvSpec("capital-cities", CapitalCitiesEnv, "envhub-capital-cities", "0.3.1")
     monkeypatch.setitem(_registered, "capital-cities", spec)
+    # Only registered envs: adapted ones (gem:..., verifiers:...) depend on what is installed.
+    monkeypatch.setattr("envhub.adapters.list_adapted", dict)
 
 
 @pytest.fixture

@@ -1,0 +1,291 @@
+"""Steps/s of a trivial multi-turn echo env: ``envhub serve`` against OpenEnv's own server.
+
+The same env on three servers, each in its own process (uvicorn, one worker), at 1, 64 and
+1024 concurrent sessions; every env is natively async and does no work (8 turns of echo, reward
+1 at the end), so what is measured is the transport:
+
+- ``envhub``: ``envhub serve`` driven by ``RemoteEnv`` over WebSocket (every session on one
+  connection, requests multiplexed by id);
+- ``openenv``: openenv-core's FastAPI app (``create_fastapi_app``, ``max_concurrent_envs`` =
+  the session count, the env marked ``SUPPORTS_CONCURRENT_SESSIONS``) driven by its own
+  ``GenericEnvClient``: one WebSocket per session, one request in flight on each;
+- ``envhub_openenv_protocol``: ``envhub serve --protocol openenv``, driven by OpenEnv's client
+  as above (the server alone changes).
+
+Clients connect before the clock starts; every client runs on one event loop in this process.
+On a 2-core machine the clients and the server share the cores.
+
+    .venv/bin/python bench/openenv_compare.py [--seconds 3] [--sessions 1 64 1024] [--json out.json]
+
+JSON: ``{"env": ..., "seconds": s, "cpus": n, "goal": 3.0, "rows": [{"sessions": n,
+"envhub": steps/s, "openenv": steps/s, "envhub_openenv_protocol": steps/s,
+"speedup": envhub / openenv, "server_speedup": envhub_openenv_protocol / openenv}, ...]}``
+(``server_speedup`` compares the servers alone: the same OpenEnv client drives both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TURNS = 8
+GOAL = 3.0
+
+
+def envhub_echo() -> type:
+    """The envhub env: echoes each turn, ends after ``TURNS`` with reward 1."""
+    from envhub.env import Env
+    from envhub.types import user
+
+    class Echo(Env):
+        """Echoes each turn; reward 1 after the last."""
+
+        name = "bench-echo"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.turn = 0
+
+        async def areset(self, *, seed: Any = None, options: Any = None) -> Any:
+            """The prompt."""
+            self.turn = 0
+            return [user("say anything")], {}
+
+        async def astep(self, action: Any) -> Any:
+            """The action's text, back."""
+            self.turn += 1
+            done = self.turn == TURNS
+            text = action if isinstance(action, str) else getattr(action, "content", "")
+            return [user(text)], float(done), done, False, {"turn": self.turn}
+
+    return Echo
+
+
+def openenv_app(max_sessions: int) -> Any:
+    """The same env written with openenv-core's base classes, in its FastAPI app."""
+    from openenv.core.env_server import (
+        Action,
+        Environment,
+        Observation,
+        State,
+        create_fastapi_app,
+    )
+
+    class SayAction(Action):
+        """The model's text."""
+
+        message: str
+
+    class EchoObservation(Observation):
+        """The text, back."""
+
+        text: str = ""
+
+    class EchoEnvironment(Environment):
+        """Echoes each turn; reward 1 after the last (async, like the envhub one)."""
+
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self._state = State(step_count=0)
+
+        def reset(self, seed: Any = None, episode_id: Any = None, **_: Any) -> Any:
+            """The prompt."""
+            self._state = State(episode_id=episode_id, step_count=0)
+            return EchoObservation(text="say anything", reward=0.0)
+
+        def step(self, action: Any, timeout_s: Any = None, **_: Any) -> Any:
+            """The action's text, back."""
+            self._state.step_count += 1
+            done = self._state.step_count == TURNS
+            return EchoObservation(text=action.message, done=done, reward=float(done))
+
+        async def reset_async(self, seed: Any = None, episode_id: Any = None, **kw: Any) -> Any:
+            """:meth:`reset` on the loop (no worker thread)."""
+            return self.reset(seed, episode_id, **kw)
+
+        async def step_async(self, action: Any, timeout_s: Any = None, **kw: Any) -> Any:
+            """:meth:`step` on the loop (no worker thread)."""
+            return self.step(action, timeout_s, **kw)
+
+        @property
+        def state(self) -> State:
+            """Episode id and step count."""
+            return self._state
+
+    return create_fastapi_app(
+        EchoEnvironment, SayAction, EchoObservation, max_concurrent_envs=max_sessions
+    )
+
+
+def run_server(kind: str, port: int, max_sessions: int) -> None:
+    """A server process: serve the echo env the ``kind`` way until killed."""
+    import logging
+
+    import uvicorn
+
+    import envhub
+    from envhub.serve.server import ServeSettings, build_app, uvicorn_config
+
+    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # OpenEnv's close noise
+    echo = envhub_echo()
+    envhub.register(echo.name, echo, override=True)
+    settings = ServeSettings(env=echo.name, port=port, max_sessions=max_sessions)
+    if kind == "openenv":
+        app = openenv_app(max_sessions)
+    elif kind == "envhub_openenv_protocol":
+        from envhub.serve.openenv_protocol import build_openenv_app
+
+        app = build_openenv_app(settings)
+    else:
+        app = build_app(settings)
+    config = uvicorn_config(settings, app, log_level="critical", ws_max_size=16 * 2**20)
+    uvicorn.Server(config).run()
+
+
+def start_server(kind: str, max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
+    """Start a server process; its process and base URL once it answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, __file__, "--serve", kind, str(port), str(max_sessions)]
+    process = subprocess.Popen(command)
+    health = "/healthz" if kind == "envhub" else "/health"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}{health}")
+            return process, f"http://127.0.0.1:{port}"
+        except httpx.TransportError:
+            time.sleep(0.05)
+    process.kill()
+    raise RuntimeError(f"the {kind} server did not start")
+
+
+async def drive(
+    sessions: int, seconds: float, connect: Any, episode: Any
+) -> tuple[float, list[Any]]:
+    """Open ``sessions`` clients, then run episodes on all of them for ``seconds``; the steps/s
+    and the clients."""
+    clients = [await connect() for _ in range(sessions)]
+    steps = 0
+    deadline = time.perf_counter() + seconds
+
+    async def worker(client: Any) -> None:
+        nonlocal steps
+        while time.perf_counter() < deadline:
+            taken = await episode(client)  # not `steps += await ...`: that reads steps first
+            steps += taken
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(c) for c in clients))
+    elapsed = time.perf_counter() - started
+    return steps / elapsed, clients
+
+
+async def envhub_rate(url: str, sessions: int, seconds: float) -> float:
+    """``RemoteEnv`` clients over WebSocket."""
+    import envhub
+
+    async def connect() -> Any:
+        return await asyncio.to_thread(envhub.make, url.replace("http://", "ws://") + "/")
+
+    async def episode(env: Any) -> int:
+        await env.areset(seed=0)
+        done, steps = False, 0
+        while not done:
+            _, _, done, _, _ = await env.astep("hello there")
+            steps += 1
+        return steps
+
+    rate, envs = await drive(sessions, seconds, connect, episode)
+    for env in envs:
+        await asyncio.to_thread(env.close)
+    return rate
+
+
+async def openenv_client_rate(url: str, sessions: int, seconds: float) -> float:
+    """OpenEnv's ``GenericEnvClient``s, one WebSocket each."""
+    from openenv.core import GenericEnvClient
+
+    async def connect() -> Any:
+        return await GenericEnvClient(base_url=url, connect_timeout_s=60).connect()
+
+    async def episode(client: Any) -> int:
+        result = await client.reset(seed=0)
+        steps = 0
+        while True:
+            result = await client.step({"message": "hello there"})
+            steps += 1
+            if result.done:
+                return steps
+
+    rate, clients = await drive(sessions, seconds, connect, episode)
+    await asyncio.gather(*(c.disconnect() for c in clients))
+    return rate
+
+
+def measure(kind: str, sessions: int, seconds: float) -> float:
+    """Steps/s of ``sessions`` clients on a fresh ``kind`` server."""
+    process, url = start_server(kind, max(sessions, 1))
+    try:
+        rate = envhub_rate if kind == "envhub" else openenv_client_rate
+        return asyncio.run(rate(url, sessions, seconds))
+    finally:
+        process.kill()
+        process.wait()
+
+
+def main() -> None:
+    """Print the table (and write the JSON with ``--json``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1, 64, 1024])
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        kind, port, max_sessions = args.serve
+        return run_server(kind, int(port), int(max_sessions))
+    kinds = ("envhub", "openenv", "envhub_openenv_protocol")
+    print(
+        f"{'sessions':>8}  "
+        + "  ".join(f"{k:>24}" for k in kinds)
+        + "  speedup (server alone), steps/s"
+    )
+    rows = []
+    for n in args.sessions:
+        row: dict[str, float] = {"sessions": n}
+        for kind in kinds:
+            row[kind] = measure(kind, n, args.seconds)
+        row["speedup"] = row["envhub"] / row["openenv"]
+        row["server_speedup"] = row["envhub_openenv_protocol"] / row["openenv"]
+        rows.append(row)
+        cells = "  ".join(f"{row[k]:>24,.0f}" for k in kinds)
+        print(
+            f"{n:>8}  {cells}  {row['speedup']:>6.1f}x  ({row['server_speedup']:.1f}x)", flush=True
+        )
+    if args.json:
+        result = {
+            "env": f"echo, {TURNS} turns, reward 1 at the end",
+            "seconds": args.seconds,
+            "cpus": os.cpu_count(),
+            "goal": GOAL,
+            "rows": rows,
+        }
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

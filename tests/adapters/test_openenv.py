@@ -1,0 +1,406 @@
+"""The OpenEnv adapter against real OpenEnv servers (openenv-core's FastAPI app under uvicorn on
+127.0.0.1), and `envhub serve --protocol openenv` driven by OpenEnv's own client.
+
+Run as a script (`python test_openenv.py PORT`), this file serves the echo-guess env itself:
+the test that kills a server mid-episode needs one in its own process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+pytest.importorskip("openenv.core")
+
+import uvicorn  # noqa: E402
+from openenv.core import GenericEnvClient  # noqa: E402
+from openenv.core.env_server import (  # noqa: E402
+    Action,
+    Environment,
+    Observation,
+    State,
+    create_fastapi_app,
+)
+
+import envhub  # noqa: E402
+from envhub.errors import (  # noqa: E402
+    EnvhubError,
+    EnvLoadError,
+    EnvNotFoundError,
+    RemoteEnvUnavailableError,
+)
+from envhub.rollout.runner import RolloutRunner  # noqa: E402
+from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy  # noqa: E402
+from envhub.types import Message  # noqa: E402
+
+WORDS = ("apple", "river", "stone", "cloud", "ember", "maple")
+TURNS = 4
+
+
+class SayAction(Action):
+    message: str
+
+
+class EchoObservation(Observation):
+    echoed_message: str = ""
+    message_length: int = 0
+
+
+class EchoGuessEnvironment(Environment):
+    """Echoes each message; pays 1 and ends when the message is the word the seed picked,
+    ends unpaid after TURNS messages."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(step_count=0)
+        self.word = ""
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Any:
+        self.word = random.Random(seed).choice(WORDS)
+        self._state = State(episode_id=episode_id, step_count=0)
+        return EchoObservation(echoed_message=f"Say the word: {self.word}", reward=0.0)
+
+    def step(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+        self._state.step_count += 1
+        said = action.message.strip()
+        won = said == self.word
+        return EchoObservation(
+            echoed_message=said,
+            message_length=len(said),
+            done=won or self._state.step_count >= TURNS,
+            reward=1.0 if won else 0.0,
+        )
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class TaggedAction(Action):
+    message: str
+    tag: int
+
+
+class CountObservation(Observation):
+    count: int = 0
+
+
+def say_the_word(messages: list[Message], tools: Any) -> str:
+    """Wrong once, then the word from the prompt."""
+    if sum(m.role == "assistant" for m in messages) == 0:
+        return "pear"
+    return messages[0].content.rsplit(" ", 1)[-1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_healthy(port: int, alive: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        assert alive(), "the server died while starting"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+
+
+def echo_app(action: type = SayAction, observation: type = EchoObservation) -> Any:
+    return create_fastapi_app(EchoGuessEnvironment, action, observation, max_concurrent_envs=64)
+
+
+def start_thread_server(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    wait_healthy(port, thread.is_alive)
+    return server, thread, port
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Callable[[Any], str]]:
+    """`start(app)` serves an ASGI app in a thread; its base URL. All stop with the module."""
+    running: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(app: Any) -> str:
+        server, thread, port = start_thread_server(app)
+        running.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def echo_url(servers: Callable[[Any], str]) -> str:
+    return servers(echo_app())
+
+
+# -- the adapter on an OpenEnv server -------------------------------------------------------
+
+
+def drive_with_openenv_client(url: str, seed: int, actions: list[str]) -> list[tuple]:
+    async def run() -> list[tuple]:
+        async with GenericEnvClient(base_url=url) as client:
+            first = await client.reset(seed=seed)
+            seen = [(first.observation["echoed_message"], first.reward, first.done)]
+            for text in actions:
+                result = await client.step({"message": text})
+                seen.append((result.observation["echoed_message"], result.reward, result.done))
+                if result.done:
+                    break
+            return seen
+
+    return asyncio.run(run())
+
+
+def drive_with_adapter(env: envhub.Env, seed: int, actions: list[str]) -> list[tuple]:
+    [prompt], info = env.reset(seed=seed)
+    assert info["observation"]["message_length"] == 0
+    seen = [(prompt.content, 0.0, False)]
+    for text in actions:
+        [reply], reward, terminated, truncated, info = env.step(text)
+        assert (reply.role, truncated, info["turn"]) == ("user", False, len(seen))
+        seen.append((reply.content, reward, terminated))
+        if terminated:
+            break
+    return seen
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_the_adapter_sees_what_openenvs_own_client_sees(echo_url: str, seed: int) -> None:
+    word = random.Random(seed).choice(WORDS)
+    actions = ["hello", "", word, "never sent"]
+    with envhub.make(f"openenv:{echo_url}") as env:
+        assert (env.action_field, env.observation_field) == ("message", "echoed_message")
+        assert env.name == "openenv:EchoGuessEnvironment"
+        ours = drive_with_adapter(env, seed, actions)
+    theirs = drive_with_openenv_client(echo_url, seed, actions)
+    assert ours == theirs
+    assert ours[-1] == (word, 1.0, True) and len(ours) == 4
+
+
+def test_max_turns_truncates_an_episode_the_env_has_not_ended(echo_url: str) -> None:
+    env = envhub.make(f"openenv:{echo_url}?max_turns=2", system_prompt="Be brief.")
+    prompt, _ = env.reset(seed=0)
+    assert [m.role for m in prompt] == ["system", "user"]
+    assert env.step("a")[2:4] == (False, False)
+    assert env.step("b")[2:4] == (False, True)
+    with pytest.raises(EnvhubError, match="call reset"):
+        env.step("c")
+    env.close()
+
+
+def test_check_env_passes_on_an_openenv_server(echo_url: str) -> None:
+    report = envhub.check_env(envhub.make(f"openenv:{echo_url}", reward_range=(0.0, 1.0)))
+    assert report.passed, report.failures
+
+
+def roll_out(make: Callable[[], envhub.Env], policy: Any, tasks: list[int]) -> list[Any]:
+    engine = ScriptedEngine(policy, ByteChatTokenizer())
+    runner = RolloutRunner(engine, make, max_concurrency=2, seed=3)
+    return asyncio.run(runner.run(tasks, samples_per_task=2))
+
+
+def test_the_runner_runs_episodes_on_an_openenv_server(echo_url: str) -> None:
+    make = lambda: envhub.make(f"openenv:{echo_url}")  # noqa: E731
+    won = roll_out(make, say_the_word, [0, 1])
+    assert [(t.outcome, t.reward, len(t.turns)) for t in won] == [("ok", 1.0, 2)] * 4
+    lost = roll_out(make, null_policy, [0])
+    assert [(t.outcome, t.reward, len(t.turns), t.terminated) for t in lost] == [
+        ("ok", 0.0, TURNS, True)
+    ] * 2
+
+
+def test_an_env_the_adapter_cannot_map_fails_when_made(servers: Callable[[Any], str]) -> None:
+    url = servers(echo_app(TaggedAction, CountObservation))  # only its /schema is read
+    with pytest.raises(EnvLoadError, match=r"observation .* has no string field to carry text"):
+        envhub.make(f"openenv:{url}")
+    with pytest.raises(EnvLoadError, match=r"needs \['tag'\] besides the text field 'message'"):
+        envhub.make(f"openenv:{url}", observation_field="count")
+    with pytest.raises(EnvLoadError, match=r"has no field 'words'"):
+        envhub.make(f"openenv:{url}", action_field="words")
+    env = envhub.make(f"openenv:{url}", observation_field="count", action_defaults={"tag": 1})
+    assert env.action_defaults == {"tag": 1}
+    env.close()
+    with pytest.raises(EnvNotFoundError, match="by its URL"):
+        envhub.make("openenv:echo")
+
+
+def test_an_unreachable_server_is_an_infrastructure_error() -> None:
+    with pytest.raises(RemoteEnvUnavailableError, match="cannot reach"):
+        envhub.make(f"openenv:http://127.0.0.1:{free_port()}")
+
+
+@pytest.fixture
+def process_server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    port = free_port()
+    process = subprocess.Popen([sys.executable, __file__, str(port)])
+    wait_healthy(port, lambda: process.poll() is None)
+    yield process, f"http://127.0.0.1:{port}"
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_an_openenv_server_killed_mid_episode_is_an_infra_failure(
+    process_server: tuple[subprocess.Popen[bytes], str],
+) -> None:
+    process, url = process_server
+
+    def kill_then_answer(messages: list[Message], tools: Any) -> str:
+        if len(messages) == 3:  # the episode is under way: the server dies now
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait()
+        return say_the_word(messages, tools)
+
+    engine = ScriptedEngine(kill_then_answer)
+    make = lambda: envhub.make(f"openenv:{url}", timeout=5)  # noqa: E731
+    killed, after = asyncio.run(RolloutRunner(engine, make, max_concurrency=1).run([0, 1]))
+    assert (killed.outcome, after.outcome) == ("infra_failure", "infra_failure")
+    [error] = killed.errors
+    assert (error.stage, error.type, error.turn, error.infra) == (
+        "env.step",
+        "RemoteEnvUnavailableError",
+        1,
+        True,
+    )
+    assert "the OpenEnv session was lost mid-episode" in error.message
+    [error] = after.errors  # the next episode cannot start: the server is gone
+    assert error.infra and "cannot reach" in error.message
+
+
+# -- envhub serve --protocol openenv, driven by OpenEnv's own client ------------------------
+
+
+@pytest.fixture(scope="module")
+def calculator_url(servers: Callable[[Any], str]) -> str:
+    from envhub.serve.openenv_protocol import build_openenv_app
+    from envhub.serve.server import ServeSettings
+
+    return servers(build_openenv_app(ServeSettings(env="calculator")))
+
+
+def local_episode(seed: int) -> list[tuple[str, float, bool]]:
+    from envhub.envs.calculator import reference_policy
+
+    env = envhub.make("calculator")
+    messages, _ = env.reset(seed=seed)
+    seen, done = [], False
+    while not done:
+        reply, reward, terminated, truncated, _ = env.step(reference_policy(messages, None))
+        messages = [*messages, Message(role="assistant", content="x"), *reply]
+        seen.append(("\n\n".join(m.content or "" for m in reply), reward, terminated or truncated))
+        done = terminated or truncated
+    return seen
+
+
+def openenv_client_episode(url: str, seed: int) -> list[tuple[str, float, bool]]:
+    from envhub.envs.calculator import reference_policy
+
+    async def run() -> list[tuple[str, float, bool]]:
+        async with GenericEnvClient(base_url=url) as client:
+            result = await client.reset(seed=seed)
+            assert result.observation["tools"][0]["function"]["name"] == "calculate"
+            messages = [Message.model_validate(m) for m in result.observation["messages"]]
+            seen: list[tuple[str, float, bool]] = []
+            while not result.done:
+                text = reference_policy(messages, None)
+                result = await client.step({"message": text})
+                reply = [Message.model_validate(m) for m in result.observation["messages"]]
+                messages = [*messages, Message(role="assistant", content=text), *reply]
+                seen.append((result.observation["text"], result.reward, result.done))
+            state = await client.state()
+            assert state["step_count"] == len(seen)
+            return seen
+
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_openenvs_client_gets_the_local_envs_rewards_from_envhub_serve(
+    calculator_url: str, seed: int
+) -> None:
+    remote = openenv_client_episode(calculator_url, seed)
+    assert remote == local_episode(seed)
+    assert [reward for _, reward, _ in remote] == [0.0, 1.0]
+
+
+def test_the_adapter_drives_envhub_serve_in_the_openenv_protocol(calculator_url: str) -> None:
+    from envhub.envs.calculator import reference_policy
+
+    env = envhub.make(f"openenv:{calculator_url}")
+    assert (env.action_field, env.observation_field, env.name) == (
+        "message",
+        "text",
+        "openenv:calculator",
+    )
+    runner = RolloutRunner(ScriptedEngine(reference_policy), lambda: env, max_concurrency=1)
+    [trajectory] = asyncio.run(runner.run([2]))
+    assert (trajectory.outcome, trajectory.reward) == ("ok", 1.0)
+
+
+def test_the_openenv_protocols_http_routes(calculator_url: str) -> None:
+    with httpx.Client(base_url=calculator_url) as http:
+        assert http.get("/health").json() == {"status": "healthy"}
+        assert set(http.get("/schema").json()) == {"action", "observation", "state"}
+        assert http.post("/step", json={"action": {"message": "hi"}}).status_code == 409
+        reset = http.post("/reset", json={"seed": 1, "episode_id": "e1"}).json()
+        assert (reset["reward"], reset["done"]) == (None, False)
+        step = http.post("/step", json={"action": {"message": "\\boxed{0}"}}).json()
+        assert step["observation"]["messages"] == [] and isinstance(step["reward"], float)
+        assert http.get("/state").json() == {"episode_id": "e1", "step_count": 1}
+        bad = http.post("/step", json={"action": {"words": "x"}})
+        assert (bad.status_code, bad.json()["code"]) == (422, "VALIDATION_ERROR")
+
+
+def test_the_openenv_protocol_refuses_a_token_it_could_not_check() -> None:
+    from envhub.errors import ConfigError
+    from envhub.serve.openenv_protocol import build_openenv_app
+    from envhub.serve.server import ServeSettings
+
+    with pytest.raises(ConfigError, match="OpenEnv's client sends no credentials"):
+        build_openenv_app(ServeSettings(env="calculator", token="s3cret"))
+
+
+def test_envhub_serve_protocol_openenv_from_the_command_line() -> None:
+    port = free_port()
+    command = [sys.executable, "-m", "envhub.cli", "serve", "calculator", "--port", str(port)]
+    process = subprocess.Popen(
+        [*command, "--protocol", "openenv"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL
+    )
+    try:
+        wait_healthy(port, lambda: process.poll() is None)
+        assert openenv_client_episode(f"http://127.0.0.1:{port}", 0) == local_episode(0)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=15)
+    log = process.stderr.read().decode()  # type: ignore[union-attr]
+    assert f"sessions on ws://127.0.0.1:{port}/ws" in log
+
+
+if __name__ == "__main__":  # the server of test_an_openenv_server_killed_mid_episode_...
+    uvicorn.run(echo_app(), host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
