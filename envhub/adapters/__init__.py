@@ -16,6 +16,7 @@ optional extras) and exposes two functions:
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from envhub.errors import EnvNotFoundError
@@ -27,6 +28,25 @@ ADAPTERS: dict[str, str] = {
     "gem": "envhub.adapters.gem",
 }
 """Prefix -> the module that adapts that framework's envs."""
+
+FRAMEWORK_IMPORTS: dict[str, str] = {"verifiers": "verifiers", "openenv": "openenv", "gem": "gem"}
+"""Prefix -> the framework's import name: installed or not is known without importing it."""
+
+FRAMEWORK_TITLES: dict[str, str] = {
+    "verifiers": "verifiers environments; envhub list --framework verifiers",
+    "openenv": "an OpenEnv server, by its URL: openenv:http://HOST:PORT",
+    "gem": "GEM's text envs (gem-llm); envhub list --framework gem",
+}
+"""Prefix -> what its names stand for, for ``envhub list``."""
+
+
+def installed_frameworks() -> list[str]:
+    """The adapter prefixes whose framework is installed here (nothing is imported)."""
+    return [
+        prefix
+        for prefix, module in FRAMEWORK_IMPORTS.items()
+        if importlib.util.find_spec(module) is not None
+    ]
 
 
 def split_adapted(name: str) -> tuple[str, str] | None:

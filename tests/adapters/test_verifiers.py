@@ -434,10 +434,14 @@ def test_make_and_list_by_name(installed: Path) -> None:
 
 
 def test_cli_lists_and_checks_it(installed: Path) -> None:
-    listed = CliRunner().invoke(app, ["list"], env={"COLUMNS": "200"})
+    overview = CliRunner().invoke(app, ["list"], env={"COLUMNS": "200"})
+    assert overview.exit_code == 0, overview.output
+    row = next(line for line in overview.output.splitlines() if "verifiers:*" in line)
+    assert "envhub list --framework verifiers" in row
+    listed = CliRunner().invoke(app, ["list", "--framework", "verifiers"], env={"COLUMNS": "200"})
     assert listed.exit_code == 0, listed.output
     row = next(line for line in listed.output.splitlines() if "verifiers:vf-tiny-sums" in line)
-    assert "verifiers" in row.split("verifiers:vf-tiny-sums", 1)[1]
+    assert "Doubles, as a verifiers env" in row
     # a fresh process, as a user runs it
     checked = subprocess.run(
         [sys.executable, "-m", "envhub.cli", "check", "verifiers:vf-tiny-sums"],

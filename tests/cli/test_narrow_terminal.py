@@ -58,7 +58,7 @@ def installed_package(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = EnvSpec("capital-cities", CapitalCitiesEnv, "envhub-capital-cities", "0.3.1")
     monkeypatch.setitem(_registered, "capital-cities", spec)
     # Only registered envs: adapted ones (gem:..., verifiers:...) depend on what is installed.
-    monkeypatch.setattr("envhub.adapters.list_adapted", dict)
+    monkeypatch.setattr("envhub.adapters.installed_frameworks", list)
 
 
 @pytest.fixture
