@@ -7,6 +7,8 @@
     ├── EnvCheckError                ``check_env`` found a contract violation, ``audit_env`` a hack
     ├── ToolDefinitionError          a ``@tool`` function cannot become a tool (bad signature)
     ├── ToolArgumentError            the model's arguments do not fit a tool (a tool message)
+    ├── ToolServerUnavailableError   an MCP tool server cannot be reached, or was lost mid-episode
+    │                                (a ConnectionError: an infrastructure failure)
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
     ├── EngineError                  an inference engine failed
     │   ├── EngineUnavailableError   the server is unreachable or died (after retries)
@@ -74,6 +76,14 @@ class ToolDefinitionError(EnvhubError, TypeError):
 
 class ToolArgumentError(EnvhubError, ValueError):
     """The model's arguments do not fit the tool's signature."""
+
+
+class ToolServerUnavailableError(EnvhubError, ConnectionError):
+    """The server behind a tool (an MCP server) cannot be reached, or its connection was lost.
+
+    Not the model's doing, so the executor does not answer it as a tool message: the step
+    raises, and the rollout runner records an infrastructure failure (a ``ConnectionError``).
+    """
 
 
 class RewardDefinitionError(EnvhubError, TypeError):

@@ -2,7 +2,9 @@
 
 Failure kinds (the episode's metrics count each): ``parse_error`` (bad JSON or shape),
 ``unknown_tool``, ``invalid_arguments`` (wrong, missing or extra arguments), ``tool_error``
-(the tool raised) and ``timeout`` (the tool hung). A sync tool that times out keeps running in
+(the tool raised) and ``timeout`` (the tool hung). A tool whose server is gone
+(:class:`~envhub.errors.ToolServerUnavailableError`) is none of these: the step raises, and the
+runner records an infrastructure failure. A sync tool that times out keeps running in
 its worker thread until it returns; only async tools are actually cancelled. Code that must be
 killed belongs in a sandbox, not a thread.
 """
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.errors import ToolDefinitionError
+from envhub.errors import ToolDefinitionError, ToolServerUnavailableError
 from envhub.tools.parsers import (
     PARSE_ERROR,
     ParsedTurn,
@@ -124,7 +126,9 @@ class ToolExecutor:
             )
         try:
             text = _format_result(task.result(), self.max_output_chars)
-        except ToolDefinitionError:  # the env author's bug, not the model's: let the env record it
+        except (ToolDefinitionError, ToolServerUnavailableError):
+            # The env author's bug, or a tool server that is gone: not the model's doing, so
+            # the env records it (a lost server as an infrastructure failure).
             raise
         except Exception as e:  # the tool's own bug or refusal: report it to the model
             return self._fail(
