@@ -133,23 +133,23 @@ def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
 
 
 class KillServerAfter:
-    """A reporter that SIGKILLs the vLLM server at the first rollout progress after step
-    ``after`` was logged (with max_staleness >= 1 episodes finish while the trainer updates)."""
+    """A reporter that SIGKILLs the vLLM server as soon as step ``after`` is logged. (It once
+    waited for the next rollout progress, but with max_staleness >= 1 the remaining groups can
+    all be rolled out by then, and the kill never came.)"""
 
     def __init__(self, after: int) -> None:
-        self.after, self.finished_steps, self.rows = after, 0, []
+        self.after, self.rows = after, []
 
     def start(self, config: Any, info: dict[str, Any]) -> None:
         pass
 
     def rollout_progress(self, done: int, total: int) -> None:
-        if self.after and self.finished_steps == self.after:
-            self.after = 0
-            KillServerInStep(1).rollout_progress(1, total)  # kills the server
+        pass
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
-        self.finished_steps = step
         self.rows.append(metrics)
+        if step == self.after:
+            KillServerInStep(1).rollout_progress(1, 1)  # kills the server now
 
     def finish(self, result: Any) -> None:
         pass
