@@ -4,8 +4,9 @@ The same env on three servers, each in its own process (uvicorn, one worker), at
 1024 concurrent sessions; every env is natively async and does no work (8 turns of echo, reward
 1 at the end), so what is measured is the transport:
 
-- ``envhub``: ``envhub serve`` driven by ``RemoteEnv`` over WebSocket (every session on one
-  connection, requests multiplexed by id);
+- ``envhub``: ``envhub serve`` driven by ``RemoteEnv`` over WebSocket (every session on the
+  event loop's one connection, requests multiplexed by id; those made in the same loop
+  iteration go out as one frame, and so do replies that finish together);
 - ``openenv``: openenv-core's FastAPI app (``create_fastapi_app``, ``max_concurrent_envs`` =
   the session count, the env marked ``SUPPORTS_CONCURRENT_SESSIONS``) driven by its own
   ``GenericEnvClient``: one WebSocket per session, one request in flight on each;

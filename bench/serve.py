@@ -2,11 +2,12 @@
 
 The env (``bench-echo``) echoes each turn for 8 turns and pays 1 at the end; it is natively
 async and does no work, so what is measured is the cost of the transport: frames, JSON,
-pydantic, the server's session bookkeeping and the client's I/O thread. The server runs in its
+pydantic, the server's session bookkeeping and the client's connection. The server runs in its
 own process (``envhub serve`` machinery, uvicorn, one worker); the clients are ``RemoteEnv``s
-driven by ``areset``/``astep`` on one event loop, at 1, 64 and 1024 concurrent sessions, over
-WebSocket (all sessions share one connection) and HTTP. On a 2-core machine the client and the
-server share the cores.
+driven by ``areset``/``astep`` on one event loop (over that loop's own connection, no thread
+hop), at 1, 64 and 1024 concurrent sessions, over WebSocket (all sessions share the loop's
+connection; requests made together go out as one frame) and HTTP. On a 2-core machine the
+client and the server share the cores.
 
     .venv/bin/python bench/serve.py [--seconds 3] [--sessions 1 64 1024] [--json out.json]
 """

@@ -14,26 +14,48 @@ Failures, as the rollout runner records them:
   failure). Between episodes ``reset`` opens a new session instead; mid-episode the episode is
   lost, and the error says so.
 
+When the served env is a ``TaskEnv``, :attr:`RemoteEnv.state` is a copy of its episode state
+(messages with the assistant turns' parsed tool calls, turn and token counts, metrics, stop
+reason; not the task row or the env's scratch ``data``), kept up to date by every answer, and
+:meth:`RemoteEnv.atruncate` ends and scores an episode as ``TaskEnv.atruncate`` does: the rollout
+runner records the same trajectory as on the local env.
+
+``reset``/``step`` run on an I/O thread (from any thread); ``areset``/``astep`` run on the
+caller's loop, over its own connection (see :mod:`envhub.serve.client`).
+
 The token comes from ``token=`` or the ``ENVHUB_SERVE_TOKEN`` environment variable.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
-import uuid
+import secrets
+from collections import Counter
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-from envhub.env import Action, Env, StepResult
+from envhub.env import Action, Env, State, StepResult
 from envhub.errors import ConfigError, RemoteEnvError, RemoteEnvUnavailableError
 from envhub.serve import protocol as p
-from envhub.serve.client import IO, Transport, acquire, raise_for_error, release
+from envhub.serve.client import (
+    IO,
+    Transport,
+    acquire,
+    let_go,
+    nearby,
+    raise_for_error,
+    release,
+)
 from envhub.types import EnvRef, Message
 
 R = TypeVar("R", bound=BaseModel)
+T = TypeVar("T")
 SCHEMES = ("ws", "wss", "http", "https")
 
 
@@ -90,12 +112,17 @@ class RemoteEnv(Env):
         self.env_args = {**query_args, **env_args}
         self.timeout, self.retries = timeout, retries
         token = token if token is not None else os.environ.get("ENVHUB_SERVE_TOKEN") or None
+        self._token = token
+        self._near: tuple[object, Transport | None] = (None, None)
+        """The last loop that called an async method, and its transport."""
+        # The I/O loop's transport: opens and closes the session, carries the sync calls.
         self._transport: Transport = IO.run(acquire(self.url, token, timeout))
         self._session: str | None = None
         self._generation = 0
         self._limits: p.Limits | None = None
         self._tools: list[dict[str, Any]] | None = None
         self._remaining: int | None = None
+        self._state: State | None = None
         self._in_episode = False
         try:
             IO.run(self._create())
@@ -116,6 +143,13 @@ class RemoteEnv(Env):
         return self._tools
 
     @property
+    def state(self) -> State | None:
+        """A copy of the served ``TaskEnv``'s episode state (``None`` before a reset, and for
+        other envs): messages, turn and token counts, metrics, stop reason, reward components.
+        Its ``task`` and ``data`` are empty: they stay on the server."""
+        return self._state
+
+    @property
     def remaining_tokens(self) -> int | None:
         """Tokens left under the env's ``max_tokens`` after the last reset or step."""
         return self._remaining
@@ -129,37 +163,71 @@ class RemoteEnv(Env):
         self.metadata = p.decode(info.metadata)
         self._tools = info.tool_schemas
 
-    # -- the gym API: the sync and async forms run the same coroutine on the I/O loop ----------
+    # -- the gym API: sync forms on the I/O loop, async forms on the caller's loop --------------
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on the server; see :meth:`Env.reset`."""
-        return IO.run(self._reset(seed, options))
+        return IO.run(self._reset(seed, options, self._transport))
 
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
         """Async form of :meth:`reset`."""
-        return await IO.arun(self._reset(seed, options))
+        return await self._reset(seed, options, self._nearby())
 
     def step(self, action: Action) -> StepResult:
         """Send one assistant turn; see :meth:`Env.step`."""
-        return IO.run(self._step(action))
+        return IO.run(self._step(action, self._transport))
 
     async def astep(self, action: Action) -> StepResult:
         """Async form of :meth:`step`."""
-        return await IO.arun(self._step(action))
+        return await self._step(action, self._nearby())
+
+    async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """End the served ``TaskEnv``'s episode from outside and score it; see
+        :meth:`TaskEnv.atruncate`.
+
+        Raises:
+            RemoteEnvError: The env is not a ``TaskEnv``, or no episode is active.
+            RemoteEnvUnavailableError: The session was lost.
+        """
+        request = p.TruncateRequest(
+            id=_new_id(), op="truncate", session=self._require_session(), reason=reason
+        )
+        try:
+            result, _ = await self._call(request, p.TruncateResult, self._nearby())
+        except RemoteEnvUnavailableError as e:
+            raise self._lost(str(e)) from e
+        self._in_episode = False
+        self._update_state(result.state, [])
+        return result.reward, p.decode(result.info)
 
     def on_close(self) -> None:
-        """Close the session on the server (best effort) and let go of the connection."""
+        """Close the session on the server (best effort) and let go of the connection(s)."""
         IO.run(self._close())
+        if self._near[1] is not None:
+            let_go(self._near[1])
 
-    # -- on the I/O loop ----------------------------------------------------------------------
+    def _nearby(self) -> Transport:
+        """The transport of the running loop (the I/O loop's own when called there)."""
+        loop = asyncio.get_running_loop()
+        if self._near[0] is not loop:
+            here = (
+                self._transport if IO.is_current() else nearby(self.url, self._token, self.timeout)
+            )
+            self._near = (loop, here)
+        return self._near[1]
+
+    # -- on any loop (sessions are opened and closed on the I/O loop) -------------------------
+
+    async def _on_io(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await coro if IO.is_current() else await IO.arun(coro)
 
     async def _create(self) -> None:
         request = p.CreateRequest(id=_new_id(), op="create", env_args=p.encode(self.env_args))
-        created, generation = await self._call(request, p.Created)
+        created, generation = await self._call(request, p.Created, self._transport)
         self._session, self._generation, self._limits = (
             created.session,
             generation,
@@ -168,43 +236,67 @@ class RemoteEnv(Env):
         self._describe(created.info)
 
     async def _reset(
-        self, seed: int | None, options: dict[str, Any] | None
+        self, seed: int | None, options: dict[str, Any] | None, via: Transport
     ) -> tuple[list[Message], dict[str, Any]]:
-        self._in_episode = False
+        self._in_episode, self._state = False, None
         if self._session is None or not self._transport.alive(self._generation):
-            await self._create()  # the old session went with its connection
+            await self._on_io(self._create())  # the old session went with its connection
         request = p.ResetRequest(
             id=_new_id(), op="reset", session=self._session, seed=seed, options=p.encode(options)
         )
         try:
-            result, _ = await self._call(request, p.ResetResult)
+            result, _ = await self._call(request, p.ResetResult, via)
         except RemoteEnvUnavailableError:
             # Expired while idle, or the server restarted: between episodes, start afresh.
-            await self._create()
+            await self._on_io(self._create())
             request = request.model_copy(update={"id": _new_id(), "session": self._session})
-            result, _ = await self._call(request, p.ResetResult)
+            result, _ = await self._call(request, p.ResetResult, via)
         self._tools, self._remaining = result.tool_schemas, result.remaining_tokens
         self._in_episode = True
-        return p.decode(result.observation), p.decode(result.info)
+        observation = p.decode(result.observation)
+        if result.state is not None:
+            info = p.decode(result.info)
+            self._state = State(
+                task={}, task_index=info.get("task_index", -1), prompt=[], messages=[]
+            )
+            self._update_state(result.state, observation)
+            self._state.prompt = list(self._state.messages)
+            return observation, info
+        return observation, p.decode(result.info)
 
-    async def _step(self, action: Action) -> StepResult:
-        if self._session is None or not self._transport.alive(self._generation):
-            raise self._lost("the connection dropped")
-        request = p.StepRequest(
-            id=_new_id(), op="step", session=self._session, action=p.encode(action)
-        )
+    async def _step(self, action: Action, via: Transport) -> StepResult:
+        session = self._require_session()
+        request = p.StepRequest(id=_new_id(), op="step", session=session, action=p.encode(action))
         try:
-            result, _ = await self._call(request, p.StepResult)
+            result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:
             raise self._lost(str(e)) from e
         self._remaining = result.remaining_tokens
+        observation = p.decode(result.observation)
+        self._update_state(result.state, observation)
         return (
-            p.decode(result.observation),
+            observation,
             result.reward,
             result.terminated,
             result.truncated,
             p.decode(result.info),
         )
+
+    def _require_session(self) -> str:
+        if self._session is None or not self._transport.alive(self._generation):
+            raise self._lost("the connection dropped")
+        return self._session
+
+    def _update_state(self, view: p.EpisodeView | None, observation: list[Message]) -> None:
+        """Apply an answer's :class:`~envhub.serve.protocol.EpisodeView` to :attr:`state`."""
+        state = self._state
+        if view is None or state is None:
+            return
+        new = p.decode(view.messages) + (observation if view.observation_follows else [])
+        state.messages[view.start :] = new
+        state.turn, state.tokens, state.stop_reason = view.turn, view.tokens, view.stop_reason
+        state.metrics = Counter(view.metrics)
+        state.reward_components = dict(view.reward_components)
 
     def _lost(self, why: str) -> RemoteEnvUnavailableError:
         where = "mid-episode" if self._in_episode else "before the episode started"
@@ -218,7 +310,7 @@ class RemoteEnv(Env):
         try:
             if self._session is not None and self._transport.alive(self._generation):
                 request = p.CloseRequest(id=_new_id(), op="close", session=self._session)
-                await self._call(request, p.Closed, timeout=5.0)
+                await self._call(request, p.Closed, self._transport, timeout=5.0)
         except RemoteEnvError:
             pass  # the server is gone: so is the session
         finally:
@@ -226,18 +318,23 @@ class RemoteEnv(Env):
             await release(self._transport)
 
     async def _call(
-        self, request: p.Request, result_type: type[R], timeout: float | None = None
+        self,
+        request: p.Request,
+        result_type: type[R],
+        via: Transport,
+        timeout: float | None = None,
     ) -> tuple[R, int]:
-        """Send ``request``; ``(result, connection generation)``, or raise the reply's error."""
+        """Send ``request`` over ``via``; ``(result, connection generation)``, or raise the
+        reply's error."""
         frame = p.dumps(request.model_dump(mode="json"))
         limit = self._limits.max_message_bytes if self._limits else None
-        if limit is not None and len(frame.encode()) > limit:
+        if limit is not None and len(frame) > limit // 4 and len(frame.encode()) > limit:
             raise RemoteEnvError(
                 f"the {request.op} request is {len(frame.encode())} bytes; the server at "
                 f"{self.url} accepts at most {limit} (envhub serve --max-message-bytes)",
                 remote_type=p.TOO_LARGE,
             )
-        reply, generation = await self._transport.request(
+        reply, generation = await via.request(
             frame, request.id, timeout or self.timeout, self.retries
         )
         if not reply["ok"]:
@@ -245,5 +342,17 @@ class RemoteEnv(Env):
         return result_type.model_validate(reply["result"]), generation
 
 
+_ids = [secrets.token_hex(8), itertools.count()]
+
+
 def _new_id() -> str:
-    return uuid.uuid4().hex
+    """A request id unique to this process: a random prefix and a counter (cheaper than a
+    UUID per request; ``next`` on a count is atomic under the GIL)."""
+    return f"{_ids[0]}-{next(_ids[1])}"
+
+
+def _fresh_ids() -> None:
+    _ids[:] = [secrets.token_hex(8), itertools.count()]
+
+
+os.register_at_fork(after_in_child=_fresh_ids)  # a forked child must not reuse the parent's ids

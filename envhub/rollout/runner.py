@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from envhub._async import within
-from envhub.env import Env, State, TaskEnv
+from envhub.env import Env, State
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
@@ -79,6 +79,19 @@ class _Episode:
         )
         self.stop_reason = "timeout" if timed_out else "error"
         self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
+
+
+@runtime_checkable
+class EpisodeEnv(Protocol):
+    """What the runner reads of an env beyond ``Env``: its episode's state, and a way to end
+    and score an episode the runner cuts short. A ``TaskEnv`` has both; so does a ``RemoteEnv``
+    (its ``state`` is ``None`` unless it serves a ``TaskEnv``)."""
+
+    state: State | None
+
+    async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """End the episode from outside and score it."""
+        ...
 
 
 def _as_messages(messages: Sequence[Message | dict[str, Any]]) -> list[Message]:
@@ -225,7 +238,7 @@ class RolloutRunner:
             len(observation),
             env.tool_schemas,
         )
-        ep.state = env.state if isinstance(env, TaskEnv) else None
+        ep.state = env.state if isinstance(env, EpisodeEnv) else None
         tokenizer = self._chat_tokenizer()
         if tokenizer is not None:
             try:
@@ -340,7 +353,7 @@ class RolloutRunner:
     async def _truncate(self, env: Env, ep: _Episode, reason: str) -> None:
         if ep.trace is not None:  # the env's last reply will never be answered: keep it out
             ep.trace.trim_to_last_sampled()
-        if isinstance(env, TaskEnv) and env.state is not None and env.state.stop_reason is None:
+        if isinstance(env, EpisodeEnv) and env.state is not None and env.state.stop_reason is None:
             reward, info = await env.atruncate(reason)
             ep.reward += float(reward)  # a score no turn returned
             self._finish(ep, False, True, info)

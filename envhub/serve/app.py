@@ -7,6 +7,11 @@ Routes:
 - ``POST /ENV`` — one request per HTTP call; the reply's status is its error code (200 if ok).
 - ``GET /healthz`` — ``{"status": "ok", "env": ...}``; ``GET /metrics`` — Prometheus text.
 
+Replies go out as requests finish, gathered: those ready together leave in one write. A client
+that sends the ``envhub-batch: 1`` header in its handshake gets the header back with the
+largest frame the server reads; it may then send a JSON array of requests in a frame (up to that
+size), and gets the replies in arrays too (one frame, one write, for many sessions' replies).
+
 ``ENV`` is the name the server was started with, or the env's own name; ``/`` alone also works.
 With a token, ``WS``/``POST`` need ``Authorization: Bearer TOKEN`` (401 otherwise);
 ``/healthz`` and ``/metrics`` carry no env data and need none. A frame over the size limit gets
@@ -35,6 +40,10 @@ logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 4096
 """Requests one WebSocket connection may have running at once; reading waits beyond it."""
+BATCH_HEADER = "envhub-batch"
+"""The handshake header by which a client asks for batches, and the server says it takes them."""
+BATCH_BYTES = 1024 * 1024
+"""Replies are gathered into one frame up to about this size."""
 
 
 class ServeApp:
@@ -151,8 +160,11 @@ class ServeApp:
             body = self.service.refuse(refused)
             await websocket.send_denial_response(_json(body, refused.code))
             return
-        await websocket.accept()
-        caller = Caller(owner=websocket)
+        limit = self.service.limits.max_message_bytes
+        batches = websocket.headers.get(BATCH_HEADER) == "1"
+        headers = [(BATCH_HEADER.encode(), str(limit).encode())] if batches else None
+        await websocket.accept(headers=headers)
+        caller = Caller(owner=websocket, batches=batches)
         self.service.metrics.connections_open += 1
         try:
             await self._read_frames(websocket, caller)
@@ -161,36 +173,69 @@ class ServeApp:
             await self.service.disconnected(caller)
 
     async def _read_frames(self, websocket: WebSocket, caller: Caller) -> None:
-        send_lock, room = asyncio.Lock(), asyncio.Semaphore(MAX_IN_FLIGHT)
-        running: set[asyncio.Task[None]] = set()
+        outbox = Outbox(websocket, caller.batches)
+        room = asyncio.Semaphore(MAX_IN_FLIGHT)
         limit = self.service.limits.max_message_bytes
 
-        async def answer(frame: str | bytes) -> None:
-            try:
-                if _size(frame) > limit:
-                    reply = self.service.refuse(_too_large(limit))
-                else:
-                    reply = await self.service.handle(frame, caller)
-                async with send_lock:
-                    await websocket.send_text(p.dumps(reply))
-            except (WebSocketDisconnect, RuntimeError, OSError):
-                pass  # the client went away; its sessions are closed by the caller
-            finally:
-                room.release()
+        def deliver(answer: asyncio.Future[dict]) -> None:
+            room.release()
+            if not answer.cancelled():
+                outbox.put(self.service.done(answer.result()))
 
         try:
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
-                text = message.get("text")
-                await room.acquire()
-                task = asyncio.ensure_future(answer(text if text is not None else message["bytes"]))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                frame = message.get("text")
+                frame = frame if frame is not None else message["bytes"]
+                if _larger(frame, limit):
+                    outbox.put(self.service.refuse(_too_large(limit)))
+                    continue
+                for answer in self.service.start(frame, caller):
+                    if isinstance(answer, dict):
+                        outbox.put(answer)
+                    else:
+                        await room.acquire()
+                        # The env calls go on if the client goes (a retry finds their answers).
+                        answer.add_done_callback(deliver)
         finally:
-            for task in running:  # their env calls go on (shielded) and are waited for on close
-                task.cancel()
+            outbox.close()
+
+
+class Outbox:
+    """Replies on their way out of one WebSocket connection.
+
+    A writer task sends what has gathered since it last woke: replies that finish together
+    leave together, without a wait. To a client that takes batches they go as JSON arrays (up
+    to :data:`BATCH_BYTES` each): one frame and one write for many sessions' replies.
+    """
+
+    def __init__(self, websocket: WebSocket, batches: bool) -> None:
+        self.websocket, self.batches = websocket, batches
+        self.replies: list[str] = []
+        self.ready = asyncio.Event()
+        self.writer = asyncio.ensure_future(self._write())
+
+    def put(self, reply: dict) -> None:
+        """Queue ``reply`` for sending."""
+        self.replies.append(p.dumps(reply))
+        self.ready.set()
+
+    def close(self) -> None:
+        """Stop sending (the connection is gone); queued replies are dropped."""
+        self.writer.cancel()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                await self.ready.wait()
+                self.ready.clear()
+                replies, self.replies = self.replies, []
+                for frame in p.batches(replies, BATCH_BYTES) if self.batches else replies:
+                    await self.websocket.send_text(frame)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # the client went away; its sessions are closed by the caller
 
 
 def _token_matches(authorization: str | None, token: str) -> bool:
@@ -199,8 +244,11 @@ def _token_matches(authorization: str | None, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.encode(), token.encode())
 
 
-def _size(frame: str | bytes) -> int:
-    return len(frame) if isinstance(frame, bytes) else len(frame.encode())
+def _larger(frame: str | bytes, limit: int) -> bool:
+    """Whether ``frame`` is larger than ``limit`` bytes (a short text is not encoded to tell)."""
+    if isinstance(frame, bytes):
+        return len(frame) > limit
+    return len(frame) > limit // 4 and len(frame.encode()) > limit
 
 
 def _too_large(limit: int) -> p.RequestError:

@@ -1,25 +1,33 @@
-"""The client side of ``envhub serve``: an I/O thread and two transports (WebSocket, HTTP).
+"""The client side of ``envhub serve``: an I/O thread, per-loop connections, two transports.
 
-All network I/O runs on one event loop in a daemon thread, the *I/O loop*. A
-:class:`~envhub.remote.RemoteEnv` then works the same from sync code (``reset``/``step`` wait
-for the loop), from any event loop (``areset``/``astep`` await it) and from any thread, and its
-connection outlives the short-lived loops that sync code may run on. Everything below touches
-its state on the I/O loop only.
+Sessions are opened and closed on one event loop in a daemon thread, the *I/O loop*, over a
+connection shared by every :class:`~envhub.remote.RemoteEnv` of the process (refcounted); the
+sync ``reset``/``step`` run there too, so they work from any thread and outlive the short-lived
+loops that sync code may run on. ``areset``/``astep`` instead run on the caller's own loop, over
+that loop's own connection (:func:`nearby`): handing each request to another thread and its
+answer back costs about 100 us, more than the rest of a request. A session is not tied to the
+connection a request comes over, only to the one that opened it (the I/O loop's).
 
-- :class:`WebSocketTransport` — one connection per server and token, shared by every
-  ``RemoteEnv`` of the process; requests are multiplexed by id. A timed-out request is sent
-  again with the same id (the server answers it once). When the connection drops, every
-  request waiting on it fails with :class:`~envhub.errors.RemoteEnvUnavailableError`, and the
-  server closes the sessions opened on it; the next request opens a new connection.
+- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. The first
+  request of a loop iteration goes out at once; the ones made in the same iteration (many
+  sessions stepping together) are sent together by a writer task, as one frame (a JSON array)
+  when the server takes batches (``envhub-batch`` handshake header). A timed-out
+  request is sent again with the same id (the server answers it once). When the connection
+  drops, every request waiting on it fails with :class:`~envhub.errors.RemoteEnvUnavailableError`,
+  and the server closes the sessions opened on it; the next request opens a new connection.
 - :class:`HTTPTransport` — one ``POST`` per request over a pooled ``httpx`` client; timeouts and
   connection errors are retried with the same id. Sessions do not depend on a connection.
+
+A loop's own transport is closed when the loop shuts down (``asyncio.run`` cancels its guard).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
+import ssl
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -30,8 +38,14 @@ from envhub.serve import protocol as p
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+BATCH_HEADER = "envhub-batch"
+"""Asks the server for batches; its answer is the largest batch frame it takes."""
 MAX_REPLY_BYTES = 256 * 1024 * 1024
 """The largest reply a client reads (a reply carries what the env returned)."""
+
+
+class _ConnectionLost(RemoteEnvUnavailableError):
+    """The connection a request went over dropped (the request may be sent again)."""
 
 
 class IOLoop:
@@ -51,6 +65,13 @@ class IOLoop:
                 ).start()
             return self._loop
 
+    def is_current(self) -> bool:
+        """Whether the caller runs on the I/O loop."""
+        try:
+            return asyncio.get_running_loop() is self._loop
+        except RuntimeError:
+            return False
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the I/O loop and wait for its result (sync code)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop()).result()
@@ -68,8 +89,11 @@ class Transport:
     """Carries frames to one server and their replies back."""
 
     url: str
+    token: str | None
     users: int = 0
     """RemoteEnvs using it (a shared transport closes when the last one lets go)."""
+    guard: asyncio.Task[None] | None = None
+    """For a loop's own transport: the task that closes it (see :func:`nearby`)."""
 
     def alive(self, generation: int) -> bool:
         """Whether sessions opened in ``generation`` (of the connection) still exist."""
@@ -94,6 +118,12 @@ class WebSocketTransport(Transport):
         self._ws: Any = None
         self._pending: dict[str, asyncio.Future[tuple[dict[str, Any], int]]] = {}
         self._connecting = asyncio.Lock()
+        self._outbox: list[str] = []
+        self._ready = asyncio.Event()
+        self._batch_bytes = 0
+        """The largest batch frame the server takes (0: it takes no batches)."""
+        self._sent_at_once = False
+        """A frame went out at once in this loop iteration (the next ones are queued)."""
 
     def alive(self, generation: int) -> bool:
         """True while the connection that ``generation`` names is open."""
@@ -102,47 +132,82 @@ class WebSocketTransport(Transport):
     async def request(
         self, frame: str, request_id: str, timeout: float | None, retries: int
     ) -> tuple[dict[str, Any], int]:
-        """Send ``frame``; on a timeout send it again (same id), up to ``retries`` times."""
-        from websockets.exceptions import ConnectionClosed
-
-        answer = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = answer
+        """Send ``frame``; on a timeout, or when the connection drops, send it again (same id:
+        the server answers it once), up to ``retries`` times. The last try's error is raised:
+        ``cannot reach`` when no new connection opens."""
+        loop = asyncio.get_running_loop()
         try:
-            for _ in range(retries + 1):
-                ws = await self._connection()
+            for attempt in range(retries + 1):
+                # A fresh future per try; a late answer to an earlier try resolves the current one.
+                answer = self._pending[request_id] = loop.create_future()
+                # A timer, not asyncio.wait_for: that costs a task and a shield per request.
+                timer = None
                 try:
-                    await ws.send(frame)
-                except ConnectionClosed as e:
-                    raise RemoteEnvUnavailableError(self._lost(e)) from e
-                try:
-                    return await asyncio.wait_for(asyncio.shield(answer), timeout)
-                except (asyncio.TimeoutError, TimeoutError):
-                    logger.warning("%s: no answer in %g s; sending it again", self.url, timeout)
+                    await self._send(frame, loop)
+                    timer = loop.call_later(timeout, _time_out, answer) if timeout else None
+                    reply = await answer
+                except _ConnectionLost:
+                    if attempt == retries:
+                        raise
+                    continue
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+                if reply is not _TIMED_OUT:
+                    return reply
+                logger.warning("%s: no answer in %g s; sending it again", self.url, timeout)
             raise RemoteEnvUnavailableError(
                 f"{self.url} did not answer within {timeout:g} s ({retries + 1} tries)"
             )
         finally:
             self._pending.pop(request_id, None)
 
+    async def _send(self, frame: str, loop: asyncio.AbstractEventLoop) -> None:
+        """Send the first frame of a loop iteration at once (no wait when one session runs);
+        queue the others for the writer, which sends them together (a batch)."""
+        from websockets.exceptions import ConnectionClosed
+
+        ws = self._ws if self._ws is not None else await self._connection()
+        if self._sent_at_once or self._outbox:
+            self._outbox.append(frame)
+            self._ready.set()
+            return
+        self._sent_at_once = True
+        loop.call_soon(self._next_iteration)
+        try:
+            await ws.send(frame)
+        except ConnectionClosed as e:
+            raise _ConnectionLost(self._lost(e)) from e
+
+    def _next_iteration(self) -> None:
+        self._sent_at_once = False
+
     async def _connection(self) -> Any:
         async with self._connecting:
             if self._ws is None:
-                self._ws = await self._connect()
+                self._ws = ws = await self._connect()
                 self.generation += 1
-                asyncio.ensure_future(self._read(self._ws, self.generation))
+                self._batch_bytes = int(ws.response.headers.get(BATCH_HEADER) or 0)
+                # What was queued for the old connection failed with it.
+                self._outbox, self._ready = [], asyncio.Event()
+                writer = asyncio.ensure_future(self._write(ws, self._outbox, self._ready))
+                asyncio.ensure_future(self._read(ws, self.generation, writer))
             return self._ws
 
     async def _connect(self) -> Any:
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus, WebSocketException
 
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers = {BATCH_HEADER: "1"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
         try:
             return await connect(
                 self.url,
                 additional_headers=headers,
                 max_size=MAX_REPLY_BYTES,
                 open_timeout=self.open_timeout,
+                close_timeout=2,
                 compression=None,
             )
         except InvalidStatus as e:
@@ -153,22 +218,46 @@ class WebSocketTransport(Transport):
                 "there?"
             ) from e
 
-    async def _read(self, ws: Any, generation: int) -> None:
+    async def _write(self, ws: Any, outbox: list[str], ready: asyncio.Event) -> None:
+        """Send what is queued for ``ws``, in batches when the server takes them, until the
+        reader cancels it (``ws`` closed; the reader fails what waits on it)."""
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            while True:
+                await ready.wait()
+                ready.clear()
+                frames = outbox[:]
+                outbox.clear()
+                if self._batch_bytes:
+                    frames = p.batches(frames, self._batch_bytes)
+                for frame in frames:
+                    await ws.send(frame)
+        except ConnectionClosed:
+            pass
+
+    async def _read(self, ws: Any, generation: int, writer: asyncio.Task[None]) -> None:
         from websockets.exceptions import ConnectionClosed
 
         error: BaseException | None = None
         try:
             async for frame in ws:
-                self._deliver(json.loads(frame), generation)
+                replies = json.loads(frame)
+                for reply in replies if isinstance(replies, list) else (replies,):
+                    self._deliver(reply, generation)
         except ConnectionClosed as e:
             error = e
+        except asyncio.CancelledError:
+            ws.transport.abort()  # the loop is shutting down: no time for a closing handshake
+            raise
         except Exception as e:  # a reply that is not JSON: the peer is no envhub server
             error = e
             await ws.close()
         finally:
+            writer.cancel()
             if self._ws is ws:
                 self._ws = None
-            lost = RemoteEnvUnavailableError(self._lost(error))
+            lost = _ConnectionLost(self._lost(error))
             for answer in self._pending.values():
                 if not answer.done():
                     answer.set_exception(lost)
@@ -200,11 +289,12 @@ class HTTPTransport(Transport):
     def __init__(self, url: str, token: str | None) -> None:
         import httpx
 
-        self.url = url
+        self.url, self.token = url, token
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         headers["Content-Type"] = "application/json"
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
-        self._client = httpx.AsyncClient(headers=headers, limits=limits)
+        # One TLS context for every client: making one takes milliseconds.
+        self._client = httpx.AsyncClient(headers=headers, limits=limits, verify=_tls())
 
     async def request(
         self, frame: str, request_id: str, timeout: float | None, retries: int
@@ -240,27 +330,101 @@ class HTTPTransport(Transport):
         await self._client.aclose()
 
 
-_shared: dict[tuple[str, str | None], WebSocketTransport] = {}
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+_TIMED_OUT: Any = object()
+
+
+def _time_out(answer: asyncio.Future[Any]) -> None:
+    if not answer.done():
+        answer.set_result(_TIMED_OUT)
+
+
+def _new(url: str, token: str | None, open_timeout: float | None) -> Transport:
+    if url.startswith(("http://", "https://")):
+        return HTTPTransport(url, token)
+    return WebSocketTransport(url, token, open_timeout)
+
+
+_shared: dict[tuple[str, str | None], Transport] = {}
+"""The I/O loop's transports (touched on the I/O loop only)."""
+_per_loop: dict[tuple[str, str | None, asyncio.AbstractEventLoop], Transport] = {}
+"""Other loops' transports, each touched on its own loop only (and by :func:`nearby`)."""
+_guards: set[asyncio.Task[None]] = set()
 
 
 async def acquire(url: str, token: str | None, open_timeout: float | None) -> Transport:
-    """The transport for ``url``: the process's shared WebSocket one, or a new HTTP one."""
+    """The I/O loop's transport for ``url``: the shared WebSocket one (one more user), or a new
+    HTTP one (httpx's pool slows down with the requests in flight on one client)."""
     if url.startswith(("http://", "https://")):
-        transport: Transport = HTTPTransport(url, token)
+        transport = _new(url, token, open_timeout)
+    elif (url, token) in _shared:
+        transport = _shared[(url, token)]
     else:
-        transport = _shared.setdefault((url, token), WebSocketTransport(url, token, open_timeout))
+        transport = _shared[(url, token)] = _new(url, token, open_timeout)
     transport.users += 1
     return transport
 
 
 async def release(transport: Transport) -> None:
-    """Let go of ``transport``; its last user closes it."""
+    """Let go of an I/O loop transport; its last user closes it."""
     transport.users -= 1
     if transport.users > 0:
         return
-    if isinstance(transport, WebSocketTransport):
-        _shared.pop((transport.url, transport.token), None)
+    if _shared.get((transport.url, transport.token)) is transport:
+        del _shared[(transport.url, transport.token)]
     await transport.aclose()
+
+
+def nearby(url: str, token: str | None, open_timeout: float | None) -> Transport:
+    """The running loop's own transport for ``url``, made on first use; requests from that loop
+    then need no other thread. A WebSocket one is shared by the loop's envs; an HTTP one is the
+    caller's (see :func:`acquire`), to give back with :func:`let_go`. Either closes when the loop
+    shuts down."""
+    loop = asyncio.get_running_loop()
+    if url.startswith(("http://", "https://")):
+        return _guarded(HTTPTransport(url, token), loop, None)
+    key = (url, token, loop)
+    transport = _per_loop.get(key)
+    if transport is None:
+        for old in [k for k in list(_per_loop) if k[2].is_closed()]:  # loops closed uncancelled
+            _per_loop.pop(old, None)
+        transport = _per_loop[key] = _guarded(_new(url, token, open_timeout), loop, key)
+    return transport
+
+
+def let_go(transport: Transport) -> None:
+    """Close a transport from :func:`nearby` that is not shared (HTTP), from any thread."""
+    guard = transport.guard
+    if guard is None or guard.done() or not isinstance(transport, HTTPTransport):
+        return
+    try:
+        guard.get_loop().call_soon_threadsafe(guard.cancel)
+    except RuntimeError:
+        pass  # its loop is closed: so is the transport
+
+
+def _guarded(transport: Transport, loop: asyncio.AbstractEventLoop, key: Any) -> Transport:
+    transport.guard = loop.create_task(_close_with_loop(key, transport))
+    _guards.add(transport.guard)
+    transport.guard.add_done_callback(_guards.discard)
+    return transport
+
+
+async def _close_with_loop(key: Any, transport: Transport) -> None:
+    """Wait for the loop to shut down (``asyncio.run`` cancels every task) or for
+    :func:`let_go`, then close."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        if key is not None:
+            _per_loop.pop(key, None)
+        await transport.aclose()
 
 
 def raise_for_error(error: dict[str, Any], url: str, op: str) -> None:

@@ -6,6 +6,7 @@ request names its operation and carries an id the client chose (a UUID)::
     {"id": "5f0c...", "op": "create", "env_args": {"max_turns": 3}}
     {"id": "9a41...", "op": "reset", "session": "s-...", "seed": 0, "options": null}
     {"id": "c2d7...", "op": "step", "session": "s-...", "action": "<tool_call>...</tool_call>"}
+    {"id": "...", "op": "truncate", "session": "s-...", "reason": "max_tokens"}
     {"id": "...", "op": "info" | "tools" | "close", "session": "s-..."}
 
 and the reply repeats the id::
@@ -22,6 +23,11 @@ Values that are not plain JSON (messages, tool calls, error records in ``info``,
 arrays, dicts with non-string keys) travel through :func:`encode`/:func:`decode`, which tag them
 (``{"$envhub": "Message", "value": {...}}``) so that they come back as the same types, rebuilt
 by their own pydantic models. Floats keep ``inf`` and ``nan`` (JSON's ``Infinity``/``NaN``).
+
+When the served env is a ``TaskEnv``, the answers to ``reset``, ``step`` and ``truncate`` carry an
+:class:`EpisodeView`: what changed in ``env.state`` (the messages appended, with the assistant
+turns' parsed tool calls; turn and token counts, metrics, stop reason), so that a client can keep
+a copy of the episode's state as the rollout runner reads it on a local env.
 """
 
 from __future__ import annotations
@@ -68,7 +74,11 @@ def encode(value: Any) -> Any:
     if isinstance(value, tuple):
         return {TAG: "tuple", "value": [encode(v) for v in value]}
     if isinstance(value, BaseModel) and _MODELS.get(type(value).__name__) is type(value):
-        return {TAG: type(value).__name__, "value": value.model_dump(mode="json")}
+        # A message's fields at their defaults are left out (smaller frames); decoding restores
+        # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
+        compact = type(value) is Message
+        value_data = value.model_dump(mode="json", exclude_defaults=compact)
+        return {TAG: type(value).__name__, "value": value_data}
     if isinstance(value, np.ndarray):
         return {TAG: "ndarray", "dtype": str(value.dtype), "value": value.tolist()}
     if isinstance(value, np.generic):
@@ -117,6 +127,29 @@ def dumps(payload: Any) -> str:
     return json.dumps(payload, separators=(",", ":"))
 
 
+def batches(frames: list[str], limit: int) -> list[str]:
+    """``frames`` (JSON texts) gathered into as few frames as fit in ``limit`` characters each:
+    JSON arrays of them; a frame alone stays as it is. :func:`dumps` writes ASCII only, so
+    characters are bytes."""
+    if len(frames) <= 1:
+        return frames
+    out: list[str] = []
+    group: list[str] = []
+    size = 1
+    for frame in frames:
+        if group and size + len(frame) + 1 > limit:
+            out.append(_array(group))
+            group, size = [], 1
+        group.append(frame)
+        size += len(frame) + 1
+    out.append(_array(group))
+    return out
+
+
+def _array(group: list[str]) -> str:
+    return group[0] if len(group) == 1 else "[" + ",".join(group) + "]"
+
+
 # -- requests -------------------------------------------------------------------------------
 
 
@@ -157,6 +190,14 @@ class StepRequest(_SessionRequest):
     """The encoded action: a string, a ``Message`` or an ``AssistantTurn``."""
 
 
+class TruncateRequest(_SessionRequest):
+    """End a ``TaskEnv``'s episode from outside and score it: ``env.atruncate(reason)``."""
+
+    op: Literal["truncate"]
+    reason: str = Field(min_length=1, max_length=200)
+    """Why the episode was cut (the trajectory's ``stop_reason``), e.g. ``"max_tokens"``."""
+
+
 class InfoRequest(_SessionRequest):
     """What the session's env is: :class:`EnvInfo`."""
 
@@ -176,11 +217,17 @@ class CloseRequest(_SessionRequest):
 
 
 Request = Annotated[
-    CreateRequest | ResetRequest | StepRequest | InfoRequest | ToolsRequest | CloseRequest,
+    CreateRequest
+    | ResetRequest
+    | StepRequest
+    | TruncateRequest
+    | InfoRequest
+    | ToolsRequest
+    | CloseRequest,
     Field(discriminator="op"),
 ]
 REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
-OPS = ("create", "reset", "step", "info", "tools", "close")
+OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 
 
 def parse_request(payload: Any) -> Request:
@@ -294,6 +341,26 @@ class Created(BaseModel):
     limits: Limits
 
 
+class EpisodeView(BaseModel):
+    """What changed in a ``TaskEnv``'s ``env.state`` with one answer (the whole state after
+    ``reset``). Messages are appended to the state as an episode goes; a client's copy takes
+    ``messages`` at index ``start`` (a retried answer thus applies once)."""
+
+    start: int
+    """Where ``messages`` go in ``state.messages`` (how many the client has already)."""
+    messages: list[Any]
+    """The messages appended since the last answer (encoded), but for the observation."""
+    observation_follows: bool
+    """The answer's observation comes after ``messages`` (it was appended to the state too);
+    it is not sent twice."""
+    turn: int
+    tokens: int
+    metrics: dict[str, int | float]
+    """The state's counters: ``tool_calls``, ``tool_errors``, ..."""
+    stop_reason: str | None
+    reward_components: dict[str, int | float]
+
+
 class ResetResult(BaseModel):
     """The result of ``reset``: the observation and info (encoded), and the episode's tools."""
 
@@ -301,6 +368,8 @@ class ResetResult(BaseModel):
     info: Any
     tool_schemas: list[dict[str, Any]] | None = None
     remaining_tokens: int | None = None
+    state: EpisodeView | None = None
+    """The episode's state, when the env is a ``TaskEnv``."""
 
 
 class StepResult(BaseModel):
@@ -312,6 +381,16 @@ class StepResult(BaseModel):
     truncated: bool
     info: Any
     remaining_tokens: int | None = None
+    state: EpisodeView | None = None
+    """What the step changed in the episode's state, when the env is a ``TaskEnv``."""
+
+
+class TruncateResult(BaseModel):
+    """The result of ``truncate``: the episode's score and final info (encoded)."""
+
+    reward: int | float
+    info: Any
+    state: EpisodeView | None = None
 
 
 class ToolsResult(BaseModel):

@@ -15,12 +15,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.env import Env
+from envhub.env import Env, TaskEnv
 from envhub.serve import protocol as p
 from envhub.serve.sessions import AnswerCache, Session, SessionStore, close_env
 
 logger = logging.getLogger(__name__)
 
+Answer = dict[str, Any] | asyncio.Future[dict[str, Any]]
+"""A reply, or the future of one."""
 EnvFactory = Callable[[dict[str, Any]], Env]
 """Makes an env from a session's env args (merged over the server's)."""
 
@@ -33,6 +35,8 @@ class Caller:
     """What the sessions it opens belong to (``None``: nobody; only the TTL ends them)."""
     creates: AnswerCache = field(default_factory=lambda: AnswerCache(256))
     """Answers to its ``create`` requests (they have no session to be cached in yet)."""
+    batches: bool = False
+    """It sends batches of requests (JSON arrays) and takes batches of replies."""
 
 
 class EnvService:
@@ -48,41 +52,55 @@ class EnvService:
         self.factory, self.store, self.limits = factory, store, limits
         self.metrics = store.metrics
 
-    async def handle(self, frame: str | bytes, caller: Caller) -> dict[str, Any]:
-        """The reply to one frame (an error reply for a frame that is not a valid request)."""
-        self.metrics.requests += 1
-        request_id = None
+    def start(self, frame: str | bytes, caller: Caller) -> list[Answer]:
+        """Start answering a frame: per request, its reply (an error, a close) or the future
+        of it. A frame holds one request, or a batch of them (a JSON array) from a client
+        that takes batches. Counts the requests and the errors answered now; the caller
+        passes a future's reply through :meth:`done`."""
         try:
             payload = json.loads(frame)
-            request_id = _id_of(payload)
-            request = p.parse_request(payload)
-            reply = await self._dispatch(request, caller)
         except json.JSONDecodeError as e:
-            reply = p.error_reply(None, p.RequestError(400, p.BAD_REQUEST, f"not JSON: {e}"))
-        except p.RequestError as e:
-            reply = p.error_reply(request_id, e)
+            self.metrics.requests += 1
+            error = p.RequestError(400, p.BAD_REQUEST, f"not JSON: {e}")
+            return [self.done(p.error_reply(None, error))]
+        batch = caller.batches and isinstance(payload, list) and len(payload) > 0
+        return [self._start(item, caller) for item in (payload if batch else [payload])]
+
+    def done(self, reply: dict[str, Any]) -> dict[str, Any]:
+        """``reply``, counted (as an error if it is one), on its way out."""
         if not reply["ok"]:
             self.metrics.errors += 1
         return reply
 
+    async def handle(self, frame: str | bytes, caller: Caller) -> dict[str, Any]:
+        """The reply to a frame of one request (HTTP)."""
+        [answer] = self.start(frame, caller)
+        if isinstance(answer, dict):
+            return answer
+        return self.done(await asyncio.shield(answer))
+
     def refuse(self, error: p.RequestError) -> dict[str, Any]:
         """An error reply for a frame the app refused unread (too large), counted."""
         self.metrics.requests += 1
-        self.metrics.errors += 1
-        return p.error_reply(None, error)
+        return self.done(p.error_reply(None, error))
 
-    async def _dispatch(self, request: p.Request, caller: Caller) -> dict[str, Any]:
-        if isinstance(request, p.CreateRequest):
-            answer, replayed = await caller.creates.answer(
-                request.id, lambda: self._create(request, caller)
-            )
-        elif isinstance(request, p.CloseRequest):
-            return self._close(request)
-        else:
-            session = self.store.get(request.session)
-            answer, replayed = await session.answers.answer(
-                request.id, lambda: self._in_session(session, request)
-            )
+    def _start(self, payload: Any, caller: Caller) -> Answer:
+        self.metrics.requests += 1
+        try:
+            request = p.parse_request(payload)
+            if isinstance(request, p.CloseRequest):
+                return self.done(self._close(request))
+            if isinstance(request, p.CreateRequest):
+                answer, replayed = caller.creates.start(
+                    request.id, lambda: self._create(request, caller)
+                )
+            else:
+                session = self.store.get(request.session)
+                answer, replayed = session.answers.start(
+                    request.id, lambda: self._in_session(session, request)
+                )
+        except p.RequestError as e:
+            return self.done(p.error_reply(_id_of(payload), e))
         self.metrics.replays += replayed
         return answer
 
@@ -110,7 +128,7 @@ class EnvService:
         session.busy += 1
         try:
             async with session.lock:
-                result = await self._call_env(session.env, request)
+                result = await self._call_env(session, request)
             return p.ok_reply(request.id, result)
         except p.RequestError as e:
             return p.error_reply(request.id, e)
@@ -119,17 +137,20 @@ class EnvService:
         finally:
             session.busy -= 1
 
-    async def _call_env(self, env: Env, request: p.Request) -> Any:
+    async def _call_env(self, session: Session, request: p.Request) -> Any:
+        env = session.env
         if isinstance(request, p.ResetRequest):
             observation, info = await env.areset(
                 seed=request.seed, options=p.decode(request.options)
             )
             self.metrics.resets += 1
+            session.shown = 0
             return p.ResetResult(
                 observation=p.encode(observation),
                 info=p.encode(info),
                 tool_schemas=env.tool_schemas,
                 remaining_tokens=env.remaining_tokens,
+                state=episode_view(session, observation),
             )
         if isinstance(request, p.StepRequest):
             observation, reward, terminated, truncated, info = await env.astep(
@@ -143,7 +164,16 @@ class EnvService:
                 truncated=truncated,
                 info=p.encode(info),
                 remaining_tokens=env.remaining_tokens,
+                state=episode_view(session, observation),
             )
+        if isinstance(request, p.TruncateRequest):
+            if not isinstance(env, TaskEnv):
+                raise p.RequestError(
+                    400, p.BAD_REQUEST, f"{env.name} is not a TaskEnv; only a TaskEnv can truncate"
+                )
+            reward, info = await env.atruncate(request.reason)
+            state = episode_view(session, [])
+            return p.TruncateResult(reward=reward, info=p.encode(info), state=state)
         if isinstance(request, p.ToolsRequest):
             return p.ToolsResult(tool_schemas=env.tool_schemas)
         return p.InfoResult(info=env_info(env))
@@ -183,6 +213,30 @@ def env_info(env: Env) -> p.EnvInfo:
         observation_space=repr(env.observation_space),
         action_space=repr(env.action_space),
         metadata=p.encode(dict(env.metadata)),
+    )
+
+
+def episode_view(session: Session, observation: list[Any]) -> p.EpisodeView | None:
+    """What changed in the state of the session's ``TaskEnv`` since the client last heard
+    (``None`` for other envs). The observation, when the state ends with it (a ``TaskEnv``
+    appends its reply to the state), is left out: it travels once, as the observation."""
+    state = session.env.state if isinstance(session.env, TaskEnv) else None
+    if state is None:
+        return None
+    start = min(session.shown, len(state.messages))
+    new = state.messages[start:]
+    n = len(observation)
+    follows = 0 < n <= len(new) and all(a is b for a, b in zip(new[-n:], observation, strict=True))
+    session.shown = len(state.messages)
+    return p.EpisodeView(
+        start=start,
+        messages=p.encode(new[:-n] if follows else new),
+        observation_follows=follows,
+        turn=state.turn,
+        tokens=state.tokens,
+        metrics=dict(state.metrics),
+        stop_reason=state.stop_reason,
+        reward_components=dict(state.reward_components),
     )
 
 

@@ -36,19 +36,18 @@ class AnswerCache:
         self.size = size
         self._tasks: OrderedDict[str, asyncio.Future[Answer]] = OrderedDict()
 
-    async def answer(
+    def start(
         self, request_id: str, compute: Callable[[], Awaitable[Answer]]
-    ) -> tuple[Answer, bool]:
-        """``(answer, replayed)``: the stored answer to ``request_id``, or ``compute()``'s."""
+    ) -> tuple[asyncio.Future[Answer], bool]:
+        """``(answer, replayed)``: the future answer to ``request_id``, the stored one or a new
+        task running ``compute()``. Whoever awaits it must shield it: a caller that goes away
+        (its connection dropped) leaves the work to finish, so that a retry finds its answer."""
         task = self._tasks.get(request_id)
-        replayed = task is not None
-        if task is None:
-            task = asyncio.ensure_future(compute())
-            self._tasks[request_id] = task
-            self._evict()
-        # Shielded: a caller that goes away (its connection dropped) leaves the work to finish,
-        # so that a retry finds its answer.
-        return await asyncio.shield(task), replayed
+        if task is not None:
+            return task, True
+        task = self._tasks[request_id] = asyncio.ensure_future(compute())
+        self._evict()
+        return task, False
 
     def _evict(self) -> None:
         while len(self._tasks) > self.size:
@@ -71,6 +70,8 @@ class Session:
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
     """Requests running now; a busy session never expires."""
+    shown: int = 0
+    """Messages of a ``TaskEnv``'s state already sent to the client (in an ``EpisodeView``)."""
 
 
 @dataclass

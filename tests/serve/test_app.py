@@ -169,3 +169,32 @@ def test_healthz_and_metrics_need_no_token(locked: Any) -> None:
         "errors_total",
         "steps_total",
     }
+
+
+def test_a_client_that_asks_for_batches_sends_and_gets_arrays(server: Any) -> None:
+    with connect(server.url(), additional_headers={"envhub-batch": "1"}) as ws:
+        assert ws.response.headers["envhub-batch"] == str(LIMIT)  # the largest batch it reads
+        creates = [{"id": f"b{i}", "op": "create"} for i in range(3)]
+        ws.send(json.dumps(creates))
+        replies: list[dict[str, Any]] = []
+        while len(replies) < 3:
+            frame = json.loads(ws.recv(timeout=10))
+            replies += frame if isinstance(frame, list) else [frame]
+        assert sorted(r["id"] for r in replies) == ["b0", "b1", "b2"]
+        assert all(r["ok"] for r in replies)
+        sessions = [r["result"]["session"] for r in replies]
+        resets = [{"id": f"r{i}", "op": "reset", "session": s} for i, s in enumerate(sessions)]
+        ws.send(json.dumps([*resets, {"id": "bad", "op": "dance"}]))
+        replies = []
+        while len(replies) < 4:
+            frame = json.loads(ws.recv(timeout=10))
+            replies += frame if isinstance(frame, list) else [frame]
+        by_id = {r["id"]: r for r in replies}
+        assert [by_id[f"r{i}"]["ok"] for i in range(3)] == [True] * 3
+        assert "unknown op 'dance'" in by_id["bad"]["error"]["message"]
+
+
+def test_a_client_that_did_not_ask_gets_no_batches(ws: ClientConnection) -> None:
+    assert "envhub-batch" not in ws.response.headers
+    reply = call(ws, json.dumps([{"id": "x", "op": "create"}]))
+    assert reply["id"] is None and "a frame must be a JSON object" in reply["error"]["message"]

@@ -3,6 +3,7 @@ URL's arguments, and the env's own errors coming through as such."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -136,3 +137,61 @@ def test_close_frees_the_session_on_the_server(servers: dict[str, Any]) -> None:
     remote.close()
     remote.close()
     server.wait_for("sessions_open", before)
+
+
+def test_a_remote_task_envs_state_follows_the_local_one(servers: dict[str, Any]) -> None:
+    local, remote = envhub.make("calculator"), envhub.make(servers["calculator"].url())
+    tool_call = '<tool_call>{"name": "calculate", "arguments": {"expression": "2*3"}}</tool_call>'
+    for env in (local, remote):
+        env.reset(seed=1)
+        env.step(tool_call)
+        env.step('<tool_call>{"name": "calculate"}</tool_call>')  # no arguments: a tool error
+
+    def view(env: Any) -> tuple[Any, ...]:
+        s = env.state
+        return s.messages, s.prompt, s.turn, s.tokens, dict(s.metrics), s.stop_reason
+
+    assert view(remote) == view(local)
+    assert remote.state.messages[2].tool_calls and remote.state.metrics["tool_errors"] == 1
+    cut = [asyncio.run(env.atruncate("max_tokens")) for env in (local, remote)]
+    assert cut[1] == cut[0] and cut[1][1]["stop_reason"] == "max_tokens"
+    assert view(remote) == view(local) and remote.state.reward_components
+    remote.close()
+
+
+def test_async_calls_run_on_the_callers_loop_over_its_own_connection(
+    servers: dict[str, Any],
+) -> None:
+    server = servers["guess-number"]
+    remote = envhub.make(server.url())  # its session is opened over the I/O thread's connection
+    connections = server.metrics()["connections_open"]
+
+    async def episode() -> Any:
+        await remote.areset(seed=0)
+        assert server.metrics()["connections_open"] == connections + 1  # this loop's own
+        return await remote.astep("5")
+
+    first, second = asyncio.run(episode()), asyncio.run(episode())  # a second loop, same session
+    assert first == second
+    server.wait_for("connections_open", connections)  # each loop's connection closed with it
+    assert remote.reset(seed=0) and remote.step("5") == first
+    remote.close()
+
+
+def test_a_plain_env_has_no_state_and_cannot_be_truncated(serve: Callable[..., Any]) -> None:
+    class Plain(envhub.Env):
+        name = "plain-for-serve"
+
+        def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+            return [], {}
+
+        def step(self, action: Any) -> Any:
+            return [], 0.0, True, False, {}
+
+    envhub.register(Plain.name, Plain, override=True)
+    remote = envhub.make(serve(Plain.name).url())
+    remote.reset()
+    assert remote.state is None
+    with pytest.raises(RemoteEnvError, match="plain-for-serve is not a TaskEnv"):
+        asyncio.run(remote.atruncate("max_tokens"))
+    remote.close()

@@ -22,25 +22,69 @@ from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Message, Trajectory
 
+TIMINGS = {"seconds", "generate_seconds", "env_seconds"}
+BAD_CALL = '<tool_call>{"name": "calculate", "arguments": {}}</tool_call>'
 
-def roll_out(make: Callable[[], envhub.Env], policy: Any, tasks: list[int]) -> list[Trajectory]:
-    engine = ScriptedEngine(policy, ByteChatTokenizer())
+
+def roll_out(
+    make: Callable[[], envhub.Env],
+    policy: Any,
+    tasks: list[int],
+    tokenizer: ByteChatTokenizer | None = None,
+) -> list[Trajectory]:
+    engine = ScriptedEngine(policy, tokenizer or ByteChatTokenizer())
     runner = RolloutRunner(engine, make, max_concurrency=2, seed=3)
     return asyncio.run(runner.run(tasks, samples_per_task=2))
 
 
-def test_the_runner_gets_the_same_episodes_from_a_remote_env(serve: Callable[..., Any]) -> None:
+def comparable(trajectory: Trajectory) -> dict[str, Any]:
+    """Everything on a trajectory but wall-clock times."""
+    data = trajectory.model_dump(exclude={"seconds"})
+    data["turns"] = [{k: v for k, v in t.items() if k not in TIMINGS} for t in data["turns"]]
+    return data
+
+
+def bad_call_first(messages: list[Message], tools: Any) -> str:
+    """A tool call without its arguments (a tool error), then the reference policy."""
+    return BAD_CALL if messages[-1].role == "user" else reference_policy(messages, tools)
+
+
+@pytest.mark.parametrize(
+    ("policy", "reward", "tool_counts"),
+    [(reference_policy, 1.0, [(1, 0), (0, 0)]), (bad_call_first, 0.0, [(1, 1), (0, 0)])],
+)
+def test_the_runner_gets_the_same_trajectories_from_a_remote_env(
+    serve: Callable[..., Any], policy: Any, reward: float, tool_counts: list[tuple[int, int]]
+) -> None:
     url = serve("calculator").url()
-    local = roll_out(lambda: envhub.make("calculator"), reference_policy, [0, 5])
-    remote = roll_out(lambda: envhub.make(url), reference_policy, [0, 5])
-    fields = {"reward", "reward_components", "outcome", "stop_reason", "metrics", "env"}
-    fields |= {"token_ids", "loss_mask", "sampler_logprobs", "seed", "tools"}
+    local = roll_out(lambda: envhub.make("calculator"), policy, [0, 5])
+    remote = roll_out(lambda: envhub.make(url), policy, [0, 5])
     for here, there in zip(local, remote, strict=True):
-        assert here.model_dump(include=fields) == there.model_dump(include=fields)
-        assert [(m.role, m.content) for m in here.messages] == [
-            (m.role, m.content) for m in there.messages
-        ]
-    assert [t.reward for t in remote] == [1.0] * 4
+        assert comparable(there) == comparable(here)
+        assert there.messages == here.messages  # as Messages, with their parsed tool calls
+    assert [t.reward for t in remote] == [reward] * 4
+    assert all(t.messages[2].tool_calls for t in remote)  # the first turn's, parsed
+    assert [[(x.tool_calls, x.tool_errors) for x in t.turns] for t in remote] == [tool_counts] * 4
+
+
+@pytest.mark.parametrize(("room", "tool_validity"), [(60, 0.0), (120, 1.0)])
+def test_an_episode_the_runner_cuts_is_scored_on_the_server_as_locally(
+    serve: Callable[..., Any], room: int, tool_validity: float
+) -> None:
+    url = serve("calculator").url()
+    env = envhub.make("calculator")
+    observation, _ = env.reset(options={"task_index": 0})
+    prompt = ByteChatTokenizer().render_sync(observation, env.tool_schemas, True)
+    # Room for `room` tokens after the prompt: the first turn (a tool call) is cut at 60, the
+    # second at 120; either way the runner ends the episode (max_context) and the env scores it.
+    local, remote = (
+        roll_out(make, reference_policy, [0], ByteChatTokenizer(max_length=len(prompt) + room))
+        for make in (lambda: envhub.make("calculator"), lambda: envhub.make(url))
+    )
+    for here, there in zip(local, remote, strict=True):
+        assert comparable(there) == comparable(here)
+        assert (there.stop_reason, there.truncated) == ("max_context", True)
+        assert there.reward_components == {"correct": 0.0, "tool_validity": tool_validity}
 
 
 @pytest.fixture
