@@ -13,8 +13,9 @@ and the goal it is held to (issue 15):
   (``bench/rollout_throughput.py``, exact-match rubric so the runner's own cost shows).
 - ``async``: steps/hour of the vLLM quickstart at ``rollout.max_staleness`` 1 against 0
   (``bench/async_train.py``; no goal, the issue asks for it measured).
-- ``serve``: steps/s of a trivial multi-turn env through ``envhub serve`` against in-process, at
-  1, 64 and 1024 sessions (``bench/serve.py``, when present).
+- ``serve``: steps/s of a trivial multi-turn env through ``envhub serve`` + ``RemoteEnv``
+  against openenv-core's own server and client at 1, 64 and 1024 sessions
+  (``bench/openenv_compare.py``; goal >= 3x).
 
 ``--quick`` shrinks every part (fewer runs, episodes and steps) for a smoke check; the README's
 table comes from a full run.
@@ -163,18 +164,24 @@ def async_rows(quick: bool) -> list[Row]:
 
 
 def serve_rows(quick: bool) -> list[Row]:
-    """Steps/s through ``envhub serve`` against in-process, per session count."""
-    if not (BENCH / "serve.py").exists():
+    """Steps/s of a trivial multi-turn env through ``envhub serve`` + ``RemoteEnv`` against
+    openenv-core's own server and client, per session count (``bench/openenv_compare.py``)."""
+    if importlib.util.find_spec("openenv") is None:
+        print("serve: skipped, openenv-core is not installed (scripts/install.sh installs it)")
         return []
-    result = _run_json("serve.py", ["--quick"] if quick else [])
+    result = _run_json("openenv_compare.py", ["--seconds", "1" if quick else "3"])
     return [
-        Row(
-            "serve",
-            f"steps/s, {r['sessions']} sessions",
-            "/s",
-            r["served_steps_per_s"],
-            r["inprocess_steps_per_s"],
-            "in-process",
+        judged(
+            Row(
+                "serve",
+                f"steps/s, {r['sessions']} sessions",
+                "/s",
+                r["envhub"],
+                r["openenv"],
+                "OpenEnv server",
+            ),
+            ">= 3x OpenEnv",
+            at_least(3.0),
         )
         for r in result["rows"]
     ]
