@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import envhub
+from envhub import registry
 from envhub.errors import RemoteEnvError
 from envhub.remote import RemoteEnv, parse_url
 from envhub.testing import Policy, replay
@@ -189,9 +190,12 @@ def test_a_plain_env_has_no_state_and_cannot_be_truncated(serve: Callable[..., A
             return [], 0.0, True, False, {}
 
     envhub.register(Plain.name, Plain, override=True)
-    remote = envhub.make(serve(Plain.name).url())
-    remote.reset()
-    assert remote.state is None
-    with pytest.raises(RemoteEnvError, match="plain-for-serve is not a TaskEnv"):
-        asyncio.run(remote.atruncate("max_tokens"))
-    remote.close()
+    try:
+        remote = envhub.make(serve(Plain.name).url())
+        remote.reset()
+        assert remote.state is None
+        with pytest.raises(RemoteEnvError, match="plain-for-serve is not a TaskEnv"):
+            asyncio.run(remote.atruncate("max_tokens"))
+        remote.close()
+    finally:  # later tests list the registry (`envhub list`'s layout tests)
+        registry._registered.pop(Plain.name, None)
