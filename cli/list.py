@@ -84,11 +84,9 @@ def adapted_rows(framework: str) -> list[list]:
 
     if framework not in ADAPTERS:
         raise ConfigError(f"no adapter for {framework!r}; available: {', '.join(ADAPTERS)}")
-    prefix = framework + ":"
     return [
         [name, framework, "", "", framework, description]
-        for name, description in sorted(list_adapted().items())
-        if name.startswith(prefix)
+        for name, description in sorted(list_adapted(framework).items())
     ]
 
 

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import gymnasium as gym
 
@@ -475,6 +475,19 @@ class TaskEnv(Env):
                 errors=list(state.errors),
             )
         return info
+
+
+@runtime_checkable
+class EpisodeEnv(Protocol):
+    """What the rollout runner and a replay read of an env beyond ``Env``: its episode's state,
+    and a way to end and score an episode the runner cuts short. A ``TaskEnv`` has both; so does
+    a ``RemoteEnv`` (its ``state`` is ``None`` unless it serves a ``TaskEnv``)."""
+
+    state: State | None
+
+    async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:
+        """End the episode from outside and score it."""
+        ...
 
 
 class SingleTurnEnv(TaskEnv):

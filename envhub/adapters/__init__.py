@@ -95,11 +95,12 @@ def adapted_spec(name: str) -> EnvSpec:
     return EnvSpec(name, make, distribution=found[0])
 
 
-def list_adapted() -> dict[str, str]:
-    """Every adapted env this Python environment can make, ``{"verifiers:NAME": description}``;
-    an adapter whose framework is missing lists nothing."""
+def list_adapted(only: str | None = None) -> dict[str, str]:
+    """Every adapted env this Python environment can make, ``{"verifiers:NAME": description}``,
+    or only framework ``only``'s (the others are then not imported); an adapter whose
+    framework is missing lists nothing."""
     found: dict[str, str] = {}
-    for framework in ADAPTERS:
+    for framework in [only] if only is not None else ADAPTERS:
         try:
             listed = _adapter(framework).list_envs()
         except EnvNotFoundError:

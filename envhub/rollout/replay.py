@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.env import Env, State, TaskEnv
+from envhub.env import Env, EpisodeEnv, State
 from envhub.types import (
     AssistantTurn,
     ErrorRecord,
@@ -122,7 +122,7 @@ async def replay_episode(env: Env, t: Trajectory) -> Replay:
     except Exception as e:
         return replay.fail("env.reset", e)
     _compare(replay, "the prompt", prompt, t.messages[: t.prompt_length])
-    replay.state = env.state if isinstance(env, TaskEnv) else None
+    replay.state = env.state if isinstance(env, EpisodeEnv) else None
     turns = stored_turns(t)
     for k, (message, reply, record) in enumerate(turns):
         try:
@@ -146,7 +146,7 @@ async def _end(env: Env, t: Trajectory, replay: Replay) -> Replay:
     if t.stop_reason in ("error", "timeout"):
         replay.stop_reason = t.stop_reason  # the stored episode never reached its end either
         return replay
-    active = isinstance(env, TaskEnv) and env.state is not None and env.state.stop_reason is None
+    active = isinstance(env, EpisodeEnv) and env.state is not None and env.state.stop_reason is None
     if not active:
         replay.diverged("the env did not end the episode and cannot be told to")
         replay.stop_reason = "error"

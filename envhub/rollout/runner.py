@@ -14,12 +14,12 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
 from envhub._async import within
-from envhub.env import Env, State
+from envhub.env import Env, EpisodeEnv, State
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
@@ -79,19 +79,6 @@ class _Episode:
         )
         self.stop_reason = "timeout" if timed_out else "error"
         self.discard_env = self.discard_env or (timed_out and stage.startswith("env."))
-
-
-@runtime_checkable
-class EpisodeEnv(Protocol):
-    """What the runner reads of an env beyond ``Env``: its episode's state, and a way to end
-    and score an episode the runner cuts short. A ``TaskEnv`` has both; so does a ``RemoteEnv``
-    (its ``state`` is ``None`` unless it serves a ``TaskEnv``)."""
-
-    state: State | None
-
-    async def atruncate(self, reason: str) -> tuple[float, dict[str, Any]]:
-        """End the episode from outside and score it."""
-        ...
 
 
 def _as_messages(messages: Sequence[Message | dict[str, Any]]) -> list[Message]:

@@ -117,37 +117,5 @@ def _version(name: str) -> str:
         return "0.0.0"
 
 
-def from_verifiers(
-    vf_env: Any,
-    *,
-    name: str | None = None,
-    version: str = "0.0.0",
-    split: str = "train",
-    max_turns: int | None = None,
-    reward_range: tuple[float, float] | None = None,
-) -> VerifiersEnv:
-    """Adapt a verifiers environment instance (``vf.SingleTurnEnv(...)``, ``vf.ToolEnv(...)``,
-    ...) as an envhub env.
-
-    Args:
-        vf_env: The verifiers environment.
-        name: The env's name on trajectories (default ``verifiers:<env_id or class name>``).
-        version: The env's version on trajectories.
-        split: ``"train"`` (the env's dataset, else its eval dataset) or ``"eval"`` (the
-            reverse, as verifiers' ``evaluate`` reads).
-        max_turns: envhub's turn budget; default: the env's own ``max_turns`` when it has one,
-            else 10 (verifiers' ``-1``, unlimited, is no budget a training run can have).
-        reward_range: Bounds of an episode's reward; default: 0 to the sum of the positive
-            weights plus the negative ones below 0 (each function scoring in [0, 1]).
-    """
-    return VerifiersEnv(
-        vf_env,
-        name=name,
-        version=version,
-        split=split,
-        max_turns=max_turns,
-        reward_range=reward_range,
-    )
-
-
-# -- the env ----------------------------------------------------------------------------------
+from_verifiers = VerifiersEnv
+"""Adapt a verifiers environment instance as an envhub env: :class:`VerifiersEnv`'s arguments."""

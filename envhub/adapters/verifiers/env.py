@@ -35,8 +35,21 @@ TRUNCATING_STOPS = frozenset(
 
 
 class VerifiersEnv(TaskEnv):
-    """A verifiers environment driven by envhub (see :mod:`envhub.adapters.verifiers`); make
-    one with :func:`from_verifiers` or ``envhub.make("verifiers:NAME")``."""
+    """A verifiers environment instance (``vf.SingleTurnEnv(...)``, ``vf.ToolEnv(...)``, ...)
+    driven by envhub (see :mod:`envhub.adapters.verifiers`); ``from_verifiers`` is this class,
+    ``envhub.make("verifiers:NAME")`` loads one by name.
+
+    Args:
+        vf_env: The verifiers environment.
+        name: The env's name on trajectories (default ``verifiers:<env_id or class name>``).
+        version: The env's version on trajectories.
+        split: ``"train"`` (the env's dataset, else its eval dataset) or ``"eval"`` (the
+            reverse, as verifiers' ``evaluate`` reads).
+        max_turns: envhub's turn budget; default: the env's own ``max_turns`` when it has one,
+            else 10 (verifiers' ``-1``, unlimited, is no budget a training run can have).
+        reward_range: Bounds of an episode's reward; default: 0 to the sum of the positive
+            weights plus the negative ones below 0 (each function scoring in [0, 1]).
+    """
 
     def __init__(
         self,
