@@ -207,6 +207,18 @@ class State:
     metrics: Counter[str] = field(default_factory=Counter)
     errors: list[ErrorRecord] = field(default_factory=list)
     reward_components: dict[str, float] = field(default_factory=dict)
+    step_reward: float = 0.0
+    """What the reply hook paid for the turn being answered (see :meth:`pay`)."""
+    paid: dict[str, float] = field(default_factory=dict)
+    """Everything :meth:`pay` paid this episode, per component."""
+
+    def pay(self, amount: float, component: str = "progress") -> None:
+        """Pay ``amount`` for the turn being answered, from a reply hook: a dense reward that
+        the step returns at once (per-turn credit sees it on this turn). The episode's reward
+        is the sum of its steps' rewards, so the rubric's total on the final step comes on top;
+        ``reward_components[component]`` reports the sum paid."""
+        self.step_reward += amount
+        self.paid[component] = self.paid.get(component, 0.0) + amount
 
     def truncate(self, reason: str) -> None:
         """End the episode as truncated (not solved, not failed: cut short) from a reply hook,
@@ -376,9 +388,10 @@ class TaskEnv(Env):
         """Record the assistant turn, get the env's reply and score the episode if it ended.
 
         The episode terminates when :meth:`env_response` sets ``state.done``, and is truncated
-        when ``max_turns`` or ``max_tokens`` runs out first. The reward is the rubric's total on
-        the final step and 0.0 before it; the final step's info carries ``stop_reason``,
-        ``reward_components``, ``metrics`` and ``errors``.
+        when ``max_turns`` or ``max_tokens`` runs out first. The reward is what the reply hook
+        paid for the turn (``state.pay``, 0.0 by default) plus, on the final step, the rubric's
+        total; the final step's info carries ``stop_reason``, ``reward_components``, ``metrics``
+        and ``errors``.
 
         Raises:
             EnvhubError: No episode is active (``reset`` was not called, or the episode ended).
@@ -390,12 +403,15 @@ class TaskEnv(Env):
         state.tokens += turn.num_tokens or 0
         if turn.finish_reason == "length":
             state.metrics["length_stopped_turns"] += 1
+        state.step_reward = 0.0
         observation = list(await self.env_response(state, turn))
         state.messages.extend(observation)
         terminated, truncated = state.done, False
         if not terminated:
             truncated = self._budget_exhausted(state)
-        reward = await self._finish(state) if (terminated or truncated) else 0.0
+        reward = state.step_reward
+        if terminated or truncated:
+            reward += await self._finish(state)
         return (
             observation,
             reward,
@@ -461,7 +477,7 @@ class TaskEnv(Env):
     async def _finish(self, state: State) -> float:
         state.stop_reason = state.stop_reason or "terminated"
         score = await self.rubric.score(state)
-        state.reward_components = score.components
+        state.reward_components = state.paid | score.components
         state.errors.extend(score.errors)
         return score.total
 

@@ -292,6 +292,9 @@ class Trajectory(BaseModel):
     """Tokens before the first sampled token."""
     reward: float = 0.0
     reward_components: dict[str, float] = Field(default_factory=dict)
+    baseline_reward: float | None = None
+    """The reward of a greedy episode of the same task, rolled out beside this one as its
+    baseline (the trainer's ``advantage: remax``); ``None`` where there is none."""
     terminated: bool = False
     truncated: bool = False
     stop_reason: str = "terminated"

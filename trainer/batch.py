@@ -1,7 +1,8 @@
 """From trajectories to training tensors: rewards -> advantages -> filter -> pack.
 
-Advantages are one per sequence (``credit: episode``, broadcast over its tokens) or one per turn
-(``credit: turn``, each turn's on its own sampled tokens, see ``trainer/credit.py``); either
+Advantages are one per sequence (``credit: episode``, broadcast over its tokens), one per turn
+(``credit: turn``, each turn's on its own sampled tokens, see ``trainer/credit.py``) or one per
+token (``advantage: gae``, from a critic's values, see ``trainer/critic/targets.py``); either
 way a micro-batch carries them per target token, laid out like its ``loss_mask``.
 
 The token record of each trajectory is used exactly as sampled (``token_ids``, ``loss_mask``,
@@ -16,6 +17,7 @@ padding (its budget counts real tokens; :class:`Packing` says where each sequenc
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
@@ -31,6 +33,7 @@ from envhub.trainer.algorithms import (
 )
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.credit import span_sums, spread, turn_rewards, turn_spans
+from envhub.trainer.critic.targets import ValueTarget, gae_targets
 from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 
@@ -47,7 +50,10 @@ class Sample:
     """Index of the trajectory in the step's rollouts."""
     token_advantages: list[float] | None = None
     """Each token's advantage, aligned with ``token_ids`` (0.0 off the turns), when they differ
-    within the sequence (``credit: turn``); ``None``: ``advantage`` on every token."""
+    within the sequence (``credit: turn``, ``advantage: gae``); ``None``: ``advantage`` on every
+    token."""
+    value_target: ValueTarget | None = None
+    """With a critic: what it learns on this sequence (``advantage: gae``)."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -144,6 +150,12 @@ class Scored:
     aligned with its ``token_ids`` (0 where the policy did not sample), which the advantages
     take off its rewards (``rewards`` stay the env's: dynamic sampling judges those)."""
 
+    def baselines(self) -> torch.Tensor:
+        """``(len(usable),)`` each usable trajectory's ReMax baseline (the reward of the greedy
+        episode of its task; ``nan`` where there is none)."""
+        values = [self.trajectories[i].baseline_reward for i in self.usable]
+        return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+
     def lengths(self) -> torch.Tensor:
         """``(len(usable),)`` tokens the policy sampled in each usable trajectory."""
         counts = [sum(self.trajectories[i].loss_mask or []) for i in self.usable]
@@ -189,7 +201,10 @@ class Advantages:
     """With ``credit: turn``: each trajectory's per-token advantages (see
     :attr:`Sample.token_advantages`)."""
     turns: torch.Tensor | None = None
-    """With ``credit: turn``: every turn's advantage, flat (for the step's metrics)."""
+    """With ``credit: turn``: every turn's advantage, flat (for the step's metrics); with
+    ``advantage: gae``, every sampled token's."""
+    value_targets: list[ValueTarget] | None = None
+    """With ``advantage: gae``: what the critic learns on each trajectory."""
 
     def abs_mean(self) -> float:
         """Mean absolute advantage, over sequences (or over turns, with ``credit: turn``)."""
@@ -197,27 +212,66 @@ class Advantages:
         return float(values.abs().mean()) if values.numel() else 0.0
 
 
-def estimate_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
+def estimate_advantages(
+    scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None = None
+) -> Advantages:
     """Advantages by ``algorithm.advantage``, per group, of the usable trajectories.
 
     With ``credit: episode`` (the default) one per sequence from its episode reward; with
     ``credit: turn`` one per turn from the discounted return from that turn on (``gamma``), the
     estimator applied per turn position (``algorithm.returns.per_turn_advantages``). With KL in
     the reward, the KL penalty of a sequence's (or a turn's) tokens is taken off its reward.
+    ``gae`` estimates one per token from the critic's ``values`` (``critic/targets.py``).
 
     Args:
         scored: The step's rewards and groups (:func:`score`).
         algorithm: Names the estimator and the credit.
+        values: ``advantage: gae`` only: the critic's ``(L - 1,)`` values of each usable
+            trajectory.
     """
     if not scored.usable:
         return Advantages(torch.zeros(0, dtype=torch.float64))
+    if algorithm.advantage == "gae":
+        return _gae_advantages(scored, algorithm, values)
     if algorithm.credit == "turn":
         return _turn_advantages(scored, algorithm)
     rewards = scored.rewards
     if scored.kl_penalty is not None:
         rewards = rewards - torch.stack([p.sum() for p in scored.kl_penalty])
-    options = {"lengths": scored.lengths()} if algorithm.advantage == "opo" else {}
+    options: dict[str, torch.Tensor] = {}
+    if algorithm.advantage == "opo":
+        options["lengths"] = scored.lengths()
+    if algorithm.advantage == "remax":
+        options["baselines"] = scored.baselines()
     return Advantages(compute_advantages(algorithm.advantage, rewards, scored.groups, **options))
+
+
+def _gae_advantages(
+    scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None
+) -> Advantages:
+    """``advantage: gae``: per-token advantages and the critic's targets (``critic/targets``)."""
+    if values is None or len(values) != len(scored.usable):
+        raise ValueError("advantage gae needs the critic's values of every usable trajectory")
+    result = gae_targets(
+        [scored.trajectories[i] for i in scored.usable],
+        scored.rewards,
+        values,
+        algorithm,
+        scored.kl_penalty,
+    )
+    first = torch.tensor(
+        [_first_policy_value(a, scored.trajectories[i]) for a, i in zip(
+            result.token_advantages, scored.usable, strict=True
+        )],
+        dtype=torch.float64,
+    )  # fmt: skip
+    return Advantages(first, result.token_advantages, result.policy_tokens, result.value_targets)
+
+
+def _first_policy_value(per_token: list[float], t: Trajectory) -> float:
+    """The advantage of the first token the policy sampled."""
+    mask = t.loss_mask or []
+    return next((a for a, m in zip(per_token, mask, strict=True) if m), 0.0)
 
 
 def _turn_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
@@ -264,9 +318,15 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
         keep &= zero_variance_groups(rewards, groups)
     if algorithm.overlong.filter:
         keep &= torch.tensor([not _hit_length(trajectories[i]) for i in usable])
-    tokens = advantages.tokens
+    tokens, targets = advantages.tokens, advantages.value_targets
     samples = [
-        _sample(trajectories[i], float(advantages.sequence[k]), i, tokens[k] if tokens else None)
+        _sample(
+            trajectories[i],
+            float(advantages.sequence[k]),
+            i,
+            tokens[k] if tokens else None,
+            targets[k] if targets else None,
+        )
         for k, i in enumerate(usable)
         if keep[k]
     ]
@@ -469,12 +529,22 @@ def _trainable(t: Trajectory) -> bool:
 
 
 def _sample(
-    t: Trajectory, advantage: float, index: int, token_advantages: list[float] | None
+    t: Trajectory,
+    advantage: float,
+    index: int,
+    token_advantages: list[float] | None,
+    value_target: ValueTarget | None = None,
 ) -> Sample:
     assert t.token_ids is not None and t.loss_mask is not None
     logprobs = t.sampler_logprobs if t.sampler_logprobs is not None else [0.0] * len(t.token_ids)
     return Sample(
-        list(t.token_ids), list(t.loss_mask), list(logprobs), advantage, index, token_advantages
+        list(t.token_ids),
+        list(t.loss_mask),
+        list(logprobs),
+        advantage,
+        index,
+        token_advantages,
+        value_target,
     )
 
 

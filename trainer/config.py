@@ -267,18 +267,43 @@ class AlgorithmConfig(_Part):
     """The RL objective: advantages, policy loss, aggregation, regularisers, corrections."""
 
     advantage: Literal[
-        "grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline", "opo", "gpg"
+        "grpo",
+        "dr_grpo",
+        "rloo",
+        "reinforce++",
+        "reinforce++_baseline",
+        "opo",
+        "gpg",
+        "remax",
+        "gae",
     ] = "grpo"
     """``opo``: the group's length-weighted mean reward as the baseline; ``gpg``: ``r - group
     mean`` scaled by samples / samples in groups whose rewards differ (needs
-    ``dynamic_sampling: false``, which makes the same correction by dropping those groups)."""
+    ``dynamic_sampling: false``, which makes the same correction by dropping those groups);
+    ``remax``: ``r`` minus the reward of a greedy episode of the same task, rolled out beside
+    the samples (one more episode per task, not trained on); ``gae``: PPO with a learned
+    critic (``critic:``), generalised advantage estimation over tokens or turns
+    (``gae_unit``, ``gamma``, ``lam``). ``remax`` and ``gae`` need ``dynamic_sampling: false``
+    (their baselines do not come from the group)."""
     credit: Literal["episode", "turn"] = "episode"
     """``episode``: one advantage per sequence from its episode reward. ``turn``: each turn's
     tokens get the advantage of the discounted return from that turn on (the rewards the env
     returned at each step; the last turn also gets what no step returned: group rewards, the
     score of a cut episode, overlong shaping), the estimator applied per turn position."""
     gamma: float = Field(1.0, gt=0.0, le=1.0)
-    """Discount per turn of the returns with ``credit: turn`` (in (0, 1])."""
+    """Discount per turn of the returns with ``credit: turn``; with ``advantage: gae``, per
+    step of GAE (a token or a turn, ``gae_unit``). In (0, 1]."""
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    """``advantage: gae``: GAE's lambda (0: one-step TD errors, 1: Monte-Carlo returns minus
+    the critic's values)."""
+    gae_unit: Literal["token", "turn"] = "token"
+    """``advantage: gae``: what one step of GAE is. ``token``: every sampled token (verl's PPO;
+    a turn's reward lands on its last token, tool replies are skipped); ``turn``: every
+    assistant turn, valued by the critic at the turn's first token, its advantage on all of
+    its tokens."""
+    whiten_advantages: bool = True
+    """``advantage: gae``: whiten the advantages over the batch's policy tokens (PPO's usual
+    normalisation)."""
     kl_in_reward: KLInRewardConfig | None = None
     """Charge the KL to the reference model in the reward (loads a reference model)."""
     policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
@@ -314,16 +339,21 @@ class AlgorithmConfig(_Part):
 
     @model_validator(mode="after")
     def _check_credit(self) -> AlgorithmConfig:
-        if self.credit == "turn" and self.advantage not in TURN_CREDIT_ESTIMATORS:
+        gae = self.advantage == "gae"
+        if self.credit == "turn" and not gae and self.advantage not in TURN_CREDIT_ESTIMATORS:
             raise ValueError(
                 f"algorithm.credit=turn applies the estimator per turn, which "
                 f"{self.advantage} cannot be (it is defined on whole sequences): use one of "
-                f"{', '.join(TURN_CREDIT_ESTIMATORS)}, or credit=episode"
+                f"{', '.join(TURN_CREDIT_ESTIMATORS)} or gae, or credit=episode"
             )
-        if self.credit == "episode" and self.gamma != 1.0:
+        if self.credit == "episode" and self.gamma != 1.0 and not gae:
             raise ValueError(
                 "algorithm.gamma discounts per-turn returns: it needs algorithm.credit=turn "
-                "(an episode's reward is not discounted)"
+                "or advantage=gae (an episode's reward is not discounted)"
+            )
+        if not gae and (self.lam != 1.0 or self.gae_unit != "token"):
+            raise ValueError(
+                "algorithm.lam and algorithm.gae_unit shape GAE: they need algorithm.advantage=gae"
             )
         if self.advantage == "gpg" and self.dynamic_sampling:
             raise ValueError(
@@ -331,7 +361,19 @@ class AlgorithmConfig(_Part):
                 "all equal, which dynamic sampling drops: set algorithm.dynamic_sampling=false "
                 "(or use another estimator)"
             )
+        if self.advantage in ("gae", "remax") and self.dynamic_sampling:
+            raise ValueError(
+                f"algorithm.advantage={self.advantage} takes its baseline from "
+                f"{'the critic' if gae else 'a greedy episode'}, not from the group, so a group "
+                "whose rewards are all equal still carries signal (and with one sample per task "
+                "every group would be dropped): set algorithm.dynamic_sampling=false"
+            )
         return self
+
+    @property
+    def needs_critic(self) -> bool:
+        """A value model is trained beside the policy (``advantage: gae``)."""
+        return self.advantage == "gae"
 
     @property
     def needs_reference(self) -> bool:
@@ -348,6 +390,32 @@ class OptimizerConfig(_Part):
     grad_clip: float | None = Field(1.0, gt=0.0)
     warmup_steps: int = Field(0, ge=0)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
+
+
+class CriticConfig(_Part):
+    """The value model that ``algorithm.advantage: gae`` trains beside the policy (PPO).
+
+    It is an HF token-classification model with one output (``AutoModelForTokenClassification``,
+    ``num_labels=1``): the trunk of ``model`` (the policy's, by default: a copy of its weights)
+    with a fresh linear value head on every position. It scores each sampled token's state
+    before the advantages are estimated, and learns GAE's returns after the policy's update
+    with PPO's clipped value loss, with its own optimizer (AdamW) and learning rate. It is saved
+    in every checkpoint (``critic/``) and resumed with the policy. Ignored by other estimators.
+    """
+
+    model: str | None = None
+    """HF id or folder of the critic's trunk; ``null``: the policy's model."""
+    lr: float = Field(1e-5, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    grad_clip: float | None = Field(1.0, gt=0.0)
+    value_clip: float | None = Field(0.5, gt=0.0)
+    """How far one step may move a value from the one the advantages used before the clipped
+    branch of the loss takes over (verl's ``cliprange_value``); ``null``: no clipping."""
+    warmup_steps: int = Field(0, ge=0)
+    """Steps at the start in which only the critic learns (verl's ``critic_warmup``): the
+    policy waits for values worth following."""
+    micro_batch_tokens: int | None = Field(None, ge=16)
+    """The critic's micro-batch budget; ``null``: ``backend.micro_batch_tokens``."""
 
 
 class MegatronConfig(_Part):
@@ -426,6 +494,8 @@ class TrainConfig(_Part):
     envs: list[EnvSpec] = Field(min_length=1)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    """The value model of ``algorithm.advantage: gae``."""
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     backend: BackendConfig = Field(default_factory=BackendConfig)
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
@@ -524,6 +594,11 @@ class TrainConfig(_Part):
             raise ValueError(
                 "the Megatron backend trains all weights: "
                 "remove model.lora (or use backend.kind=torch)"
+            )
+        if self.algorithm.advantage == "gae":
+            raise ValueError(
+                "algorithm.advantage=gae trains a critic, which the Megatron backend does not "
+                "have yet: use backend.kind=torch, or a critic-free estimator (grpo, rloo, remax)"
             )
 
     @property

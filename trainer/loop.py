@@ -38,6 +38,7 @@ from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.critic import Critic, make_critic, update_critic
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.held_out import HeldOutEval
 from envhub.trainer.kl_reward import charge_kl
@@ -178,7 +179,8 @@ async def _run_steps(
     producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
     checkpoints = CheckpointManager(run_dir / "checkpoints", keep_last=config.checkpoint.keep_last)
     kl_control = kl_controller(config)
-    start = resume(config, checkpoints, backend, producer, engine, kl_control)
+    critic = make_critic(config, backend)
+    start = resume(config, checkpoints, backend, producer, engine, kl_control, critic)
     _forget_steps_after(run_dir / "metrics.jsonl", start)
     tracker = MetricsLogger(config, run_dir)
     empty_steps = EmptySteps(config.algorithm.max_empty_steps)
@@ -192,7 +194,7 @@ async def _run_steps(
         for step in range(start, config.steps):
             try:
                 metrics, empty = await train_step(
-                    step, config, producer, engine, backend, kl_control
+                    step, config, producer, engine, backend, kl_control, critic
                 )
                 if held_out is not None and held_out.due(step + 1):
                     metrics |= await held_out.run(step + 1, engine, isolated=not producer.busy)
@@ -200,15 +202,21 @@ async def _run_steps(
                 raise _stopped(e, step, checkpoints.latest()) from e
             except asyncio.CancelledError:  # Ctrl-C or SIGTERM
                 if producer.waiting:  # between updates: keep the groups rolled out so far
-                    save_checkpoint(step, checkpoints, backend, producer, engine, kl_control)
+                    save_checkpoint(
+                        step, checkpoints, backend, producer, engine, kl_control, critic
+                    )
                 raise
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
             if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
-                save_checkpoint(step + 1, checkpoints, backend, producer, engine, kl_control)
+                save_checkpoint(
+                    step + 1, checkpoints, backend, producer, engine, kl_control, critic
+                )
             empty_steps.observe(step + 1, empty)  # may stop the run, after the checkpoint
     finally:
         tracker.close()
+        if critic is not None:
+            critic.close()
         await producer.aclose()
         if producer.workers is not None:
             await producer.workers.aclose()
@@ -256,12 +264,15 @@ async def train_step(
     engine: RolloutEngine,
     backend: TrainBackend,
     kl_control: KLController | None = None,
+    critic: Critic | None = None,
 ) -> tuple[dict[str, float], NoSignal | None]:
     """One step: take scored groups, build the batch, update the policy, sync the engine.
     Returns the step's metrics and, when it had nothing to learn from, why.
 
     With KL in the reward (``kl_control``), the step's sequences are scored under the policy
-    and the reference model between the rewards and the advantages (see ``kl_reward``).
+    and the reference model between the rewards and the advantages (see ``kl_reward``). With a
+    critic (``advantage: gae``), it values the sequences before the advantages and learns
+    GAE's returns after the policy's update; during ``critic.warmup_steps`` only it learns.
 
     The update runs in a worker thread, so that the producer's rollouts (with
     ``rollout.max_staleness >= 1``) go on meanwhile; at 0 nothing is rolling out then.
@@ -288,17 +299,29 @@ async def train_step(
             scored, kl_metrics = await asyncio.to_thread(
                 charge_kl, scored, backend, kl_control, estimator
             )
+    values = None
+    if critic is not None:
+        with timer("values"):
+            sequences = [scored.trajectories[i].token_ids or [] for i in scored.usable]
+            values = await asyncio.to_thread(critic.values, sequences)
     with timer("prepare"):
-        advantages = estimate_advantages(scored, config.algorithm)
+        advantages = estimate_advantages(scored, config.algorithm, values)
         batch = select(scored, advantages, config.algorithm)  # dynamic sampling, overlong filter
     update_metrics = {}
-    if batch.samples:
+    warming_up = critic is not None and step < config.critic.warmup_steps
+    if batch.samples and not warming_up:
         update_metrics, seen = await asyncio.to_thread(update_policy, batch, config, backend, timer)
         release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
         if config.logging.save_trajectories and seen:
             trainer_logprobs.save(
                 trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1), seen
             )
+    if critic is not None and batch.samples:
+        with timer("critic"):
+            updates = config.algorithm.updates_per_step
+            update_metrics |= await asyncio.to_thread(update_critic, critic, batch, updates)
+            update_metrics["critic/warmup"] = float(warming_up)
+        release_freed_memory()
     with timer("sync"):
         sync_metrics = await engine.update_weights(backend, version=step + 1) or {}
     metrics = (
@@ -315,7 +338,9 @@ async def train_step(
     metrics["throughput/rollout_tokens_per_s"] = completion_tokens / max(
         timer.seconds["rollout"], 1e-9
     )
-    train_seconds = timer.seconds.get("logprobs", 0.0) + timer.seconds.get("update", 0.0)
+    train_seconds = sum(
+        timer.seconds.get(p, 0.0) for p in ("logprobs", "update", "values", "critic")
+    )
     if train_seconds:
         metrics["throughput/train_tokens_per_s"] = (
             sum(len(s) for s in batch.samples) / train_seconds
@@ -461,14 +486,15 @@ def save_checkpoint(
     producer: GroupProducer,
     engine: RolloutEngine,
     kl_control: KLController | None = None,
+    critic: Critic | None = None,
 ) -> Path:
     """Save a checkpoint after ``step`` completed steps and return its folder.
 
-    It holds the backend's model, optimizer and scheduler, and the loop's own state: the step,
-    the task schedule's cursors, the producer's buffer and the tasks it had in flight (a
-    resumed run trains on the former and samples the latter again: no task is skipped) and the
-    engine's state, and the KL-in-reward controller's coefficient, which :func:`resume`
-    restores.
+    It holds the backend's model, optimizer and scheduler, the critic's (``critic/``) when
+    there is one, and the loop's own state: the step, the task schedule's cursors, the
+    producer's buffer and the tasks it had in flight (a resumed run trains on the former and
+    samples the latter again: no task is skipped) and the engine's state, and the KL-in-reward
+    controller's coefficient, which :func:`resume` restores.
     """
     trainer_state = {
         "step": step,
@@ -478,7 +504,12 @@ def save_checkpoint(
     }
     if kl_control is not None:
         trainer_state["kl_controller"] = kl_control.state_dict()
-    return checkpoints.save(step, **backend.state(), trainer_state=trainer_state)
+    return checkpoints.save(
+        step,
+        **backend.state(),
+        trainer_state=trainer_state,
+        critic=critic.state() if critic is not None else None,
+    )
 
 
 def resume(
@@ -488,6 +519,7 @@ def resume(
     producer: GroupProducer,
     engine: RolloutEngine,
     kl_control: KLController | None = None,
+    critic: Critic | None = None,
 ) -> int:
     """Load the checkpoint to continue from, if any; returns the first step to run."""
     choice = config.checkpoint.resume
@@ -498,7 +530,11 @@ def resume(
         return 0
     state = backend.state()
     trainer_state = checkpoints.load(
-        path, model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"]
+        path,
+        model=state["model"],
+        optimizer=state["optimizer"],
+        scheduler=state["scheduler"],
+        critic=critic.state() if critic is not None else None,
     )
     producer.schedule.load_state_dict(trainer_state["schedule"])
     if trainer_state.get("producer") is not None:

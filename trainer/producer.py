@@ -73,7 +73,9 @@ class GroupProducer:
         self.on_progress = on_progress
         self.max_staleness = config.rollout.max_staleness
         self.groups_per_step = config.rollout.tasks_per_step
-        self.options = RunnerOptions.from_config(config.rollout)
+        self.options = RunnerOptions.from_config(
+            config.rollout, greedy_baseline=config.algorithm.advantage == "remax"
+        )
         algorithm = config.algorithm
         self.refill = algorithm.dynamic_sampling and algorithm.dynamic_sampling_rounds > 1
         self.budget = self.groups_per_step * algorithm.dynamic_sampling_rounds

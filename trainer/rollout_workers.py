@@ -46,6 +46,7 @@ from envhub.rollout.runner import RolloutRunner
 from envhub.trainer.cluster.ray_runtime import death_cause, import_ray, init_ray
 from envhub.trainer.config import EnvSpec, RolloutConfig, TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.greedy_baselines import GREEDY_SEED_OFFSET, GreedyBaselines
 from envhub.types import Trajectory
 
 PROGRESS_S = 0.5
@@ -78,9 +79,11 @@ class RunnerOptions:
     max_concurrency: int
     step_timeout: float | None
     episode_timeout: float | None
+    greedy_baseline: bool = False
+    """Also play each task once greedily, as ReMax's baseline (``greedy_baselines``)."""
 
     @classmethod
-    def from_config(cls, rc: RolloutConfig) -> RunnerOptions:
+    def from_config(cls, rc: RolloutConfig, greedy_baseline: bool = False) -> RunnerOptions:
         """The options of ``rollout`` (``rc``); sampling always asks for the sampler's logprobs,
         which the loss needs."""
         sampling = SamplingParams(
@@ -91,8 +94,25 @@ class RunnerOptions:
             logprobs=True,
         )
         return cls(
-            sampling, rc.samples_per_task, rc.max_concurrency, rc.step_timeout, rc.episode_timeout
+            sampling,
+            rc.samples_per_task,
+            rc.max_concurrency,
+            rc.step_timeout,
+            rc.episode_timeout,
+            greedy_baseline,
         )
+
+    def runner(self, engine: InferenceEngine, env_factory: Callable[[], Any], seed: int) -> Any:
+        """A :class:`RolloutRunner` that samples as these options say."""
+        return RolloutRunner(
+            engine, env_factory, sampling=self.sampling, max_concurrency=self.max_concurrency,
+            step_timeout=self.step_timeout, episode_timeout=self.episode_timeout, seed=seed,
+        )  # fmt: skip
+
+    def greedy(self) -> RunnerOptions:
+        """These options at temperature 0, one sample per task (ReMax's baseline episodes)."""
+        sampling = self.sampling.model_copy(update={"temperature": 0.0})
+        return replace(self, sampling=sampling, samples_per_task=1, greedy_baseline=False)
 
 
 async def run_job(
@@ -107,22 +127,32 @@ async def run_job(
     """Roll out ``job`` (or, with ``positions``, the groups of the job at those positions, whose
     tasks ``job.tasks`` then lists) against ``engine``; group ids made unique per step.
     ``on_group(position, trajectories)`` is called as each group is scored, with its final ids.
+    With ``options.greedy_baseline`` each task is also played greedily at the same time and
+    every trajectory carries its task's ``baseline_reward`` (``greedy_baselines``).
     """
-    positions = range(len(job.tasks)) if positions is None else positions
+    positions = list(range(len(job.tasks)) if positions is None else positions)
     n = options.samples_per_task  # the runner returns them in task, then sample order
+    baselines = GreedyBaselines(positions) if options.greedy_baseline else None
     if on_group is not None:
-        on_trajectory = _grouped(on_trajectory, on_group, job.prefix, positions, n)
-    runner = RolloutRunner(
-        engine, env_factory, sampling=options.sampling, max_concurrency=options.max_concurrency,
-        step_timeout=options.step_timeout, episode_timeout=options.episode_timeout, seed=job.seed,
-    )  # fmt: skip
-    trajectories = await runner.run(
-        job.tasks, options.samples_per_task, on_trajectory=on_trajectory
+        handed = on_group if baselines is None else baselines.hold(on_group)
+        on_trajectory = _grouped(on_trajectory, handed, job.prefix, positions, n)
+    sampled = options.runner(engine, env_factory, job.seed).run(
+        job.tasks, n, on_trajectory=on_trajectory
     )
-    return [
-        t.model_copy(update={"group_id": f"{job.prefix}g{positions[i // n]}"})
-        for i, t in enumerate(trajectories)
-    ]
+    if baselines is None:
+        trajectories = await sampled
+    else:
+        greedy = options.greedy().runner(engine, env_factory, job.seed + GREEDY_SEED_OFFSET)
+        trajectories, _ = await asyncio.gather(
+            sampled, greedy.run(job.tasks, 1, on_trajectory=baselines.baseline)
+        )
+    renamed = []
+    for i, t in enumerate(trajectories):
+        update: dict[str, Any] = {"group_id": f"{job.prefix}g{positions[i // n]}"}
+        if baselines is not None:
+            update["baseline_reward"] = baselines.rewards[positions[i // n]]
+        renamed.append(t.model_copy(update=update))
+    return renamed
 
 
 def _grouped(

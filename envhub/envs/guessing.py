@@ -5,11 +5,19 @@ samples of one GRPO group different seeds but the same task, and they must chase
 secret. Each turn is one guess; a reply with no usable guess gets a hint on the format, counts
 in ``metrics["invalid_guesses"]`` and uses up the turn. Reward: 1.0 for finding the secret
 within the turn budget (the episode ends there), else 0.
+
+The number game can also pay as it goes (``progress_reward=w``): each guess earns ``w`` times
+the share of the information the hint gave, ``log(open before / open after) / log(open at the
+start)``, where ``open`` counts the numbers the hints so far still allow; the secret found
+leaves one open. A guess the hints had already ruled out earns nothing. The shares add up to at
+most 1, so an episode earns at most ``w`` on top of the 1.0 for the win: a dense, per-turn
+reward for multi-turn credit assignment.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import random
 import re
 from collections import Counter
@@ -108,6 +116,8 @@ class GuessNumberEnv(GuessingGame):
         num_tasks: Size of the generated task set.
         task_seed: Seed of the secrets (different seeds, different secrets).
         max_turns: Guesses allowed (default: what binary search needs, 7 for 1..100).
+        progress_reward: Pay up to this much along the way for narrowing the range (see the
+            module docstring; 0: only the win pays).
         **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
     """
 
@@ -123,11 +133,21 @@ class GuessNumberEnv(GuessingGame):
         num_tasks: int = 1000,
         task_seed: int = 0,
         max_turns: int | None = None,
+        progress_reward: float = 0.0,
         **kwargs: Any,
     ) -> None:
         if low > high:
             raise EnvhubError(f"guess-number: low ({low}) must not exceed high ({high})")
+        if progress_reward < 0:
+            raise EnvhubError(f"guess-number: progress_reward must be >= 0, got {progress_reward}")
         self.low, self.high, self.num_tasks, self.task_seed = low, high, num_tasks, task_seed
+        self.progress_reward = float(progress_reward)
+        if self.progress_reward:
+            self.reward_range = (0.0, 1.0 + self.progress_reward)
+            # A win leaves one number open: it always earns the whole progress reward too.
+            self.pass_threshold = 1.0 + self.progress_reward
+            # Any guess in range narrows it: that much is paid without solving anything.
+            self.audit_floor = self.progress_reward
         needed = binary_search_turns(low, high)
         super().__init__(max_turns=needed if max_turns is None else max_turns, **kwargs)
         if self.max_turns < needed:
@@ -158,10 +178,34 @@ class GuessNumberEnv(GuessingGame):
             return self.reject(
                 state, f"{guess} is not from {low} to {high}. ({self.guesses_left(state)})"
             )
+        self._pay_progress(state, guess, secret, low, high)
         if guess == secret:
             return self.win(state, f"Correct! The number is {secret}.")
         direction = "low. Guess higher" if guess < secret else "high. Guess lower"
         return [user(f"{guess} is too {direction}. ({self.guesses_left(state)})")]
+
+    async def setup_state(self, state: State) -> None:
+        """With ``progress_reward``: report the progress component in every episode, 0 when no
+        guess narrowed anything."""
+        if self.progress_reward:
+            state.paid["progress"] = 0.0
+
+    def _pay_progress(self, state: State, guess: int, secret: int, low: int, high: int) -> None:
+        """Pay ``progress_reward`` times the share of the information this guess's hint gave."""
+        if not self.progress_reward:
+            return
+        start = high - low + 1
+        lo, hi = state.data.get("open", (low, high))
+        if guess == secret:
+            after = (secret, secret)
+        elif guess < secret:
+            after = (max(lo, guess + 1), hi)
+        else:
+            after = (lo, min(hi, guess - 1))
+        state.data["open"] = after
+        before_n, after_n = hi - lo + 1, after[1] - after[0] + 1
+        if start > 1 and after_n < before_n:
+            state.pay(self.progress_reward * math.log(before_n / after_n) / math.log(start))
 
 
 def binary_search_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:

@@ -1,8 +1,9 @@
 """The trainer's RL algorithms as small pure torch functions, each family behind a registry.
 
     advantages      ADVANTAGE_ESTIMATORS   grpo, dr_grpo, rloo, reinforce++, reinforce++_baseline,
-                                           opo, gpg
+                                           opo, gpg, remax
     returns         discounted_returns, per_turn_advantages (credit: turn), gae
+    value           clipped_value_loss, explained_variance, masked_whiten (the critic's side)
     policy_losses   POLICY_LOSSES          ppo_clip (decoupled clip, dual clip), gspo
     aggregation     AGGREGATIONS           token-mean, seq-mean-token-mean, seq-mean-token-sum-norm
     kl              KL_ESTIMATORS          k1, k2, k3
@@ -28,6 +29,7 @@ from .mismatch import MISMATCH_MODES, mismatch_weights
 from .objective import ObjectiveSpec, policy_objective
 from .policy_losses import POLICY_LOSSES, compute_policy_loss, gspo, ppo_clip
 from .returns import TURN_ESTIMATORS, discounted_returns, gae, per_turn_advantages
+from .value import clipped_value_loss, explained_variance, masked_whiten
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
@@ -39,15 +41,18 @@ __all__ = [
     "TURN_ESTIMATORS",
     "ObjectiveSpec",
     "aggregate",
+    "clipped_value_loss",
     "compute_advantages",
     "compute_policy_loss",
     "discounted_returns",
+    "explained_variance",
     "gae",
     "group_stats",
     "gspo",
     "kl_penalty",
     "kl_token_rewards",
     "make_kl_controller",
+    "masked_whiten",
     "measured_kl",
     "mismatch_weights",
     "overlong_filter_mask",

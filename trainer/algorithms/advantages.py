@@ -2,7 +2,8 @@
 
 Every estimator takes flat ``rewards (N,)`` and ``group_ids (N,)``: samples of the same task share
 a group id (any integers; groups may differ in size). The advantage of a sequence is broadcast to
-all of its tokens by the policy loss. All estimators here are outcome-only: no value network.
+all of its tokens by the policy loss. All estimators here are outcome-only: no value network
+(``remax``'s baseline is a greedy episode's reward).
 ``returns.per_turn_advantages`` applies the group and batch estimators to per-turn returns
 instead (``credit: turn``); ``returns.gae`` is the estimator for a critic's values.
 """
@@ -172,6 +173,27 @@ def gpg(
     return alpha * centred
 
 
+def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor) -> Tensor:
+    """ReMax: ``r - b``, ``b`` the reward of a greedy episode of the same task.
+
+    From "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models" (Li et al., 2024): the greedy response's reward is a baseline that
+    does not depend on the sampled one, so the gradient stays unbiased, and it needs neither a
+    critic nor several samples per task. A sample whose baseline is missing (``nan``: its
+    greedy episode failed outside the policy's control) gets 0.
+
+    Args:
+        rewards: ``(N,)`` float rewards.
+        group_ids: ``(N,)`` integer group ids (unused: the baseline is per sample).
+        baselines: ``(N,)`` the greedy episode's reward for each sample's task.
+    """
+    rewards = _check(rewards, group_ids)
+    if baselines.shape != rewards.shape:
+        raise ValueError(f"baselines {tuple(baselines.shape)} != rewards {tuple(rewards.shape)}")
+    baselines = baselines.to(rewards.dtype)
+    return torch.where(baselines.isnan(), torch.zeros_like(rewards), rewards - baselines)
+
+
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "grpo": grpo,
     "dr_grpo": dr_grpo,
@@ -180,6 +202,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
     "reinforce++_baseline": reinforce_pp_baseline,
     "opo": opo,
     "gpg": gpg,
+    "remax": remax,
 }
 
 
@@ -188,7 +211,7 @@ def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs: 
 
     Args:
         name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++``, ``reinforce++_baseline``,
-            ``opo`` (needs ``lengths=``) or ``gpg``.
+            ``opo`` (needs ``lengths=``), ``gpg`` or ``remax`` (needs ``baselines=``).
         rewards: ``(N,)`` float rewards.
         group_ids: ``(N,)`` integer group ids; samples of one task share an id.
         **kwargs: Estimator options, e.g. ``eps`` or ``scale_by_std`` for ``grpo``, ``lengths``

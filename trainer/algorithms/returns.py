@@ -15,7 +15,7 @@ estimators (nothing to compare it with), as a group of one does today.
 :func:`gae` is generalised advantage estimation (Schulman et al., 2016) over any sequence of
 steps, turns or tokens, with masked steps skipped: between two policy turns the tool's reply
 is not a step of the policy, so its tokens get no advantage and the recursion passes over them.
-It needs values from a critic, which this package does not train.
+It needs values from a critic (``trainer/critic/``: its targets and the model that learns them).
 """
 
 from __future__ import annotations

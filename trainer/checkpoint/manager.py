@@ -58,6 +58,7 @@ class CheckpointManager:
         scheduler: Any = None,
         trainer_state: dict[str, Any],
         tokenizer: Any = None,
+        critic: dict[str, Any] | None = None,
     ) -> Path:
         """Write checkpoint ``step`` atomically, point ``latest`` at it, then rotate old ones.
 
@@ -70,6 +71,8 @@ class CheckpointManager:
             scheduler: An LR scheduler, or ``None``.
             trainer_state: JSON-serialisable loop state; ``load`` returns it (tuples as lists).
             tokenizer: Saved into ``model/`` when given, making that folder servable.
+            critic: A critic's ``model`` (an HF model), ``optimizer`` and ``scheduler``,
+                saved under ``critic/`` the same way (PPO's value model).
 
         Returns:
             The checkpoint folder.
@@ -90,6 +93,8 @@ class CheckpointManager:
                 torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             if scheduler is not None:
                 torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            if critic is not None:
+                _save_critic(critic, tmp / CRITIC)
             torch.save(rng, tmp / "rng.pt")
             (tmp / "trainer_state.json").write_text(state_json + "\n", encoding="utf-8")
             seal(tmp, step)
@@ -123,7 +128,13 @@ class CheckpointManager:
         return complete[-1] if complete else None
 
     def load(
-        self, path: str | Path, *, model: Any, optimizer: Any = None, scheduler: Any = None
+        self,
+        path: str | Path,
+        *,
+        model: Any,
+        optimizer: Any = None,
+        scheduler: Any = None,
+        critic: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Load a checkpoint into live objects and restore the RNG states.
 
@@ -132,6 +143,8 @@ class CheckpointManager:
             model: The model to fill in place, built like the one saved (LoRA included).
             optimizer: Filled when given; it must be built over the same parameters.
             scheduler: Filled when given.
+            critic: A critic's ``model``, ``optimizer`` and ``scheduler`` to fill from
+                ``critic/``, built like the ones saved.
 
         Returns:
             The ``trainer_state`` given to ``save``.
@@ -148,6 +161,8 @@ class CheckpointManager:
             if not (path / "scheduler.pt").exists():
                 raise CheckpointError(f"{path} was saved without an LR scheduler; resume with one")
             load_into(scheduler, path / "scheduler.pt", "scheduler")
+        if critic is not None:
+            _load_critic(critic, path / CRITIC)
         try:
             restore_rng(torch_load(path / "rng.pt"))
         except (KeyError, TypeError, ValueError, RuntimeError) as e:
@@ -165,6 +180,28 @@ class CheckpointManager:
             trash = self.root / f".tmp-del-{path.name}-{os.getpid()}"
             os.replace(path, trash)  # one atomic step: a kill mid-delete leaves only a .tmp- folder
             remove(trash)
+
+
+CRITIC = "critic"
+"""The folder of a checkpoint that holds the critic (``model/``, ``optimizer.pt``,
+``scheduler.pt``)."""
+
+
+def _save_critic(critic: dict[str, Any], folder: Path) -> None:
+    save_model(critic["model"], None, folder / "model")
+    torch.save(critic["optimizer"].state_dict(), folder / "optimizer.pt")
+    torch.save(critic["scheduler"].state_dict(), folder / "scheduler.pt")
+
+
+def _load_critic(critic: dict[str, Any], folder: Path) -> None:
+    if not folder.is_dir():
+        raise CheckpointError(
+            f"{folder.parent} holds no critic (it was saved by a run without one): resume with "
+            "the algorithm it was saved with, or start a new run (checkpoint.resume=never)"
+        )
+    load_model(critic["model"], folder / "model")
+    load_into(critic["optimizer"], folder / "optimizer.pt", "critic optimizer")
+    load_into(critic["scheduler"], folder / "scheduler.pt", "critic scheduler")
 
 
 def _step_name(step: int) -> str:
