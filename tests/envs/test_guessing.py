@@ -82,6 +82,39 @@ def test_running_out_of_guesses_scores_zero() -> None:
     assert env.state.stop_reason == "max_turns"
 
 
+def test_progress_reward_pays_each_guess_its_share_of_the_information() -> None:
+    # 1..100, secret 37, w = 0.5: 50 leaves 1..49 (log(100/49)/log 100), 60 is already ruled
+    # out (0), 25 leaves 26..49 (log(49/24)/log 100), the win leaves 1 (log 24/log 100).
+    import math
+
+    env = GuessNumberEnv(progress_reward=0.5)
+    assert (env.reward_range, env.pass_threshold, env.audit_floor) == ((0.0, 1.5), 1.5, 0.5)
+    env.reset(seed=0, options={"task": SECRET_37})
+    rewards = [r for _, r, _, _ in replies(env, "50", "60", "hmm", "25", "37")]
+    share = [math.log(100 / 49), 0.0, 0.0, math.log(49 / 24), math.log(24)]
+    assert rewards[:4] == pytest.approx([0.5 * x / math.log(100) for x in share[:4]], abs=1e-12)
+    assert rewards[4] == pytest.approx(1.0 + 0.5 * share[4] / math.log(100), abs=1e-12)
+    assert sum(rewards) == pytest.approx(1.5, abs=1e-12)  # a win earns all the progress
+    assert env.state.reward_components == pytest.approx({"progress": 0.5, "solved": 1.0})
+
+
+def test_progress_reward_is_reported_even_when_nothing_narrowed() -> None:
+    env = GuessNumberEnv(progress_reward=0.5, max_turns=2)
+    env.reset(seed=0, options={"task": SECRET_37})
+    assert [r for _, r, _, _ in replies(env, "no idea", "still none")] == [0.0, 0.0]
+    assert env.state.reward_components == {"progress": 0.0, "solved": 0.0}
+    with pytest.raises(EnvhubError, match="progress_reward must be >= 0"):
+        GuessNumberEnv(progress_reward=-1)
+
+
+def test_guess_number_with_progress_passes_the_env_checks_and_the_audit() -> None:
+    import envhub
+
+    env = envhub.make("guess-number", low=1, high=16, progress_reward=0.5)
+    assert envhub.check_env(env).passed
+    assert envhub.audit_env(env).passed
+
+
 @pytest.mark.parametrize(
     ("text", "number"), [("42", 42), ("between 10 and 20: 15", 15), ("-3", -3), ("no idea", None)]
 )

@@ -73,8 +73,31 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
         (
             ["algorithm.advantage=ppo"],
             "algorithm.advantage: Input should be "
-            "'grpo', 'dr_grpo', 'rloo', 'reinforce++', 'reinforce++_baseline', 'opo' or 'gpg'",
+            "'grpo', 'dr_grpo', 'rloo', 'reinforce++', 'reinforce++_baseline', 'opo', 'gpg', "
+            "'remax' or 'gae'",
         ),
+        (["algorithm.advantage=gae"], "takes its baseline from the critic, not from the group"),
+        (["algorithm.advantage=remax"], "takes its baseline from a greedy episode"),
+        (["algorithm.lam=0.9"], "algorithm.lam and algorithm.gae_unit shape GAE"),
+        (["algorithm.gae_unit=turn"], "they need algorithm.advantage=gae"),
+        (
+            [
+                "algorithm.advantage=remax",
+                "algorithm.dynamic_sampling=false",
+                "algorithm.credit=turn",
+            ],
+            "which remax cannot be (it is defined on whole sequences)",
+        ),
+        (
+            [
+                "algorithm.advantage=gae",
+                "algorithm.dynamic_sampling=false",
+                "backend.kind=megatron",
+                "rollout.engine=vllm",
+            ],
+            "the Megatron backend does not have yet",
+        ),
+        (["critic.value_clip=0"], "critic.value_clip: Input should be greater than 0"),
         (
             ["algorithm.credit=turn", "algorithm.advantage=opo"],
             "algorithm.credit=turn applies the estimator per turn, which opo cannot be",
@@ -193,7 +216,7 @@ def test_envs_are_required() -> None:
         (
             "envs: [{name: arithmetic}]\nxyzzy: 1\n",
             "unknown config key 'xyzzy' (valid: steps, seed, model, envs, rollout, algorithm, "
-            "optimizer, backend, cluster, logging, checkpoint, eval)",
+            "critic, optimizer, backend, cluster, logging, checkpoint, eval)",
         ),
         (
             "envs: [{name: arithmetic}]\nsetps: 3\noptimizer: {lrr: 1.0e-6}\n",
@@ -231,3 +254,26 @@ def test_env_args_are_the_envs_own_and_not_checked_here() -> None:
     data = {"envs": [{"name": "arithmetic", "args": {"dificulty": "easy"}}]}
     assert unknown_keys(data) == []
     assert validate_config(data).envs[0].args == {"dificulty": "easy"}
+
+
+def test_gae_takes_a_discount_per_step_and_one_sample_per_task() -> None:
+    config = validate_config(
+        {
+            "envs": [{"name": "guess-number"}],
+            "rollout": {"samples_per_task": 1},
+            "algorithm": {
+                "advantage": "gae",
+                "dynamic_sampling": False,
+                "gamma": 0.99,
+                "lam": 0.95,
+                "gae_unit": "turn",
+            },
+            "critic": {"lr": 2e-6, "warmup_steps": 2},
+        }
+    )
+    assert config.algorithm.needs_critic and not config.algorithm.needs_reference
+    assert (config.critic.lr, config.critic.warmup_steps, config.critic.value_clip) == (
+        2e-6,
+        2,
+        0.5,
+    )

@@ -173,7 +173,7 @@ def gpg(
     return alpha * centred
 
 
-def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor) -> Tensor:
+def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor | None = None) -> Tensor:
     """ReMax: ``r - b``, ``b`` the reward of a greedy episode of the same task.
 
     From "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
@@ -185,9 +185,12 @@ def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor) -> Tensor:
     Args:
         rewards: ``(N,)`` float rewards.
         group_ids: ``(N,)`` integer group ids (unused: the baseline is per sample).
-        baselines: ``(N,)`` the greedy episode's reward for each sample's task.
+        baselines: ``(N,)`` the greedy episode's reward for each sample's task; ``None``:
+            none is known (every advantage 0).
     """
     rewards = _check(rewards, group_ids)
+    if baselines is None:
+        return torch.zeros_like(rewards)
     if baselines.shape != rewards.shape:
         raise ValueError(f"baselines {tuple(baselines.shape)} != rewards {tuple(rewards.shape)}")
     baselines = baselines.to(rewards.dtype)

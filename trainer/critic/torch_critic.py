@@ -143,15 +143,19 @@ class TorchCritic:
 
 def _load_value_model(path: str, device: torch.device) -> torch.nn.Module:
     """The token-classification model with one label at ``path``, float32 on ``device``."""
-    from transformers import AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForTokenClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # "newly initialized: score.weight" is expected
     try:
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        # No dropout on the values (transformers' head has 0.1 unless the config says):
+        # PPO's critic regresses its targets, it is not a classifier to regularise.
+        config.classifier_dropout = 0.0
         model = AutoModelForTokenClassification.from_pretrained(
-            path, num_labels=1, dtype=torch.float32
+            path, config=config, dtype=torch.float32
         )
     except (OSError, ValueError) as e:
         raise ConfigError(
@@ -161,8 +165,6 @@ def _load_value_model(path: str, device: torch.device) -> torch.nn.Module:
         ) from None
     finally:
         hf_logging.set_verbosity(level)
-    if getattr(model.config, "classifier_dropout", None):
-        model.config.classifier_dropout = 0.0
     return model.to(device)
 
 

@@ -111,3 +111,16 @@ def test_gpg_scales_by_samples_over_samples_in_groups_that_differ() -> None:
 def test_gpg_without_any_group_that_differs_is_all_zero() -> None:
     out = compute_advantages("gpg", torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 1]))
     assert out.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_remax_subtracts_each_tasks_greedy_reward_and_gives_zero_without_one(device: str) -> None:
+    # Baselines: the greedy episode of each sample's task; task of id -2 had none (nan).
+    baselines = {7: 0.25, -2: math.nan, 100: 5.0}
+    b = torch.tensor([baselines[i] for i in IDS], device=device)
+    out = compute_advantages(
+        "remax", torch.tensor(REWARDS, device=device), torch.tensor(IDS), baselines=b
+    )
+    expected = [0.75, 0.0, -0.25, 0.0, 0.0, -0.25, 0.0, 0.75]
+    assert out.cpu().tolist() == pytest.approx(expected, abs=1e-7)
+    with pytest.raises(ValueError, match=r"baselines \(2,\) != rewards \(8,\)"):
+        compute_advantages("remax", torch.tensor(REWARDS), torch.tensor(IDS), baselines=b[:2])
