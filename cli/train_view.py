@@ -31,6 +31,12 @@ COLUMNS = [
 ]
 EVAL_COLUMN = ("eval/reward", "eval", "{:.3f}", 5, 1)
 """Held-out reward (``eval:``), after pass@1, in runs that evaluate; ``-`` between evaluations."""
+CRITIC_COLUMNS = [
+    ("critic/explained_variance", "ev", "{:+.2f}", 5, 1),
+    ("critic/value_loss", "v loss", "{:.4f}", 6, 2),
+]
+"""In runs with a critic (``advantage: gae``), after the policy's loss: how much of the returns
+the values the step used explained, and the critic's loss."""
 LOG_WIDTH = 200
 """Width of the table when output goes to a file or pipe (rich would assume 80 columns)."""
 
@@ -42,11 +48,15 @@ def step_width(steps: int) -> int:
 
 
 def columns_for(
-    width: int, steps: int, evaluates: bool = False
+    width: int, steps: int, evaluates: bool = False, critic: bool = False
 ) -> list[tuple[str, str, str, int, int]]:
     """The columns that fit in ``width`` characters, dropping low-priority ones first
-    (``evaluates``: the run has held-out evaluation, which gets a column)."""
+    (``evaluates``: the run has held-out evaluation, which gets a column; ``critic``: it trains
+    a critic, whose explained variance and loss get two)."""
     chosen = [*COLUMNS[:3], EVAL_COLUMN, *COLUMNS[3:]] if evaluates else list(COLUMNS)
+    if critic:
+        after_loss = [c[0] for c in chosen].index("train/loss") + 1
+        chosen[after_loss:after_loss] = CRITIC_COLUMNS
     used = step_width(steps) + sum(c[3] + 1 for c in chosen)
     for priority in (3, 2, 1):
         for column in [c for c in reversed(chosen) if c[4] == priority]:
@@ -75,6 +85,7 @@ class RichReporter:
         self._rows = 0
         self.steps = 0
         self.evaluates = False
+        self.critic = False
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
@@ -87,6 +98,7 @@ class RichReporter:
         """Print the run's header: model, envs, run size, run folder, rollout engine and workers."""
         self.steps = config.steps
         self.evaluates = getattr(config, "eval", None) is not None
+        self.critic = config.algorithm.needs_critic
         envs = ", ".join(e.name for e in config.envs)
         resumed = f", resumed at step {info['resumed_from']}" if info.get("resumed_from") else ""
         console.print(
@@ -112,6 +124,8 @@ class RichReporter:
             console.print(f"tools: {info['tools']}", soft_wrap=True)
         if info.get("eval"):
             console.print(f"held-out eval: {info['eval']}", soft_wrap=True)
+        if info.get("critic"):
+            console.print(f"critic: {info['critic']}", soft_wrap=True)
         if info.get("rollout_workers"):
             where = ", ".join(f"pid {w['pid']} on {w['node']}" for w in info["rollout_workers"])
             console.print(
@@ -130,7 +144,7 @@ class RichReporter:
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
-        columns = columns_for(console.width, self.steps, self.evaluates)
+        columns = columns_for(console.width, self.steps, self.evaluates, self.critic)
         console.print(
             step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns)
         )

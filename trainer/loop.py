@@ -38,7 +38,7 @@ from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
-from envhub.trainer.critic import Critic, make_critic, update_critic
+from envhub.trainer.critic import Critic, describe_critic, make_critic, update_critic
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.held_out import HeldOutEval
 from envhub.trainer.kl_reward import charge_kl
@@ -254,6 +254,8 @@ async def _start_rollouts(
         info["rollout_workers"] = producer.workers.info
     if held_out is not None:
         info["eval"] = held_out.describe()
+    if config.algorithm.needs_critic:
+        info["critic"] = describe_critic(config)
     reporter.start(config, info)
 
 

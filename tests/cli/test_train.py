@@ -223,3 +223,22 @@ def test_the_step_row_fits_the_terminal_dropping_minor_columns_first(
     header, row = console.export_text().splitlines()
     assert len(header) <= width and "…" not in header + row
     assert row.split()[:2] == ["3/20", "0.250"] and row.split()[-1] == "31.5"
+
+
+def test_a_run_with_a_critic_shows_its_explained_variance_after_the_loss() -> None:
+    from rich.console import Console
+
+    from envhub.cli.train_view import columns_for, step_row
+
+    columns = columns_for(200, steps=20, critic=True)
+    titles = [c[1] for c in columns]
+    assert titles[titles.index("loss") + 1 : titles.index("loss") + 3] == ["ev", "v loss"]
+    narrow = columns_for(80, steps=20, critic=True)
+    assert "ev" in [c[1] for c in narrow]  # priority 1, as the loss
+    assert sum(c[3] + 1 for c in narrow) + len("20/20") <= 80
+    console = Console(width=200, record=True)
+    metrics = {"train/loss": -0.01, "critic/explained_variance": 0.4211, "critic/value_loss": 0.05}
+    console.print(step_row(2, 20, metrics, header=True, columns=columns))
+    header, row = console.export_text().splitlines()
+    assert header.split()[6:9] == ["loss", "ev", "v"]
+    assert row.split()[6:9] == ["-0.0100", "+0.42", "0.0500"]

@@ -63,6 +63,18 @@ def update_critic(critic: Critic, batch: Batch, updates: int) -> dict[str, float
     return metrics
 
 
+def describe_critic(config: TrainConfig) -> str:
+    """The run's critic in one line, for the header: its model, learning rate, value clip, GAE
+    settings and warm-up."""
+    c, a = config.critic, config.algorithm
+    clip = f"value clip {c.value_clip}" if c.value_clip is not None else "no value clip"
+    warmup = f", policy waits {c.warmup_steps} steps" if c.warmup_steps else ""
+    return (
+        f"{c.model or config.model.name} + value head, lr {c.lr:g}, {clip}; GAE over "
+        f"{a.gae_unit}s (gamma {a.gamma:g}, lambda {a.lam:g}, credit {a.credit}){warmup}"
+    )
+
+
 def make_critic(config: TrainConfig, backend: Any) -> Critic | None:
     """The run's critic (``None`` unless ``algorithm.advantage`` is ``gae``), on the policy's
     device and under its autocast."""
@@ -73,4 +85,4 @@ def make_critic(config: TrainConfig, backend: Any) -> Critic | None:
     return TorchCritic(config, backend.device, getattr(backend, "autocast_dtype", None))
 
 
-__all__ = ["Critic", "make_critic", "update_critic"]
+__all__ = ["Critic", "describe_critic", "make_critic", "update_critic"]
