@@ -1,4 +1,4 @@
-"""Test-only: lets megatron-core 0.16 train on a CPU torch over gloo.
+"""Test-only: lets megatron-core 0.16 and 0.19 train on a CPU torch over gloo.
 
 megatron-core assumes CUDA in a few places that do not matter to the maths: buffers created
 on ``torch.cuda.current_device()`` or ``device="cuda"``, ``.cuda()`` moves, CUDA streams, the
@@ -9,7 +9,8 @@ GPU-only tests).
 
 Load it in every trainer process before Megatron builds anything: the tests point
 ``ENVHUB_MEGATRON_WORKER_SETUP`` at this file. ``apply()`` is idempotent and refuses other
-megatron-core versions (the patched call sites were read in 0.16.1);
+megatron-core versions (the patched call sites were read in 0.16.1 and again in 0.19.2, where
+every one of them is still needed);
 ``test_cpu_compat.py`` notices when upstream stops needing the main ones.
 """
 
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-SUPPORTED = ("0.16.",)
+SUPPORTED = ("0.16.", "0.19.")
 _applied = False
 
 
