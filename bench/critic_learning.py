@@ -1,11 +1,11 @@
 """PPO with a critic against GRPO on a multi-turn env with per-turn rewards, within the CPU
 quickstart's budget: reward curves side by side, and the critic's explained variance per step.
 
-The env is ``guess-number`` on 1..16 (5 guesses) with ``progress_reward=0.5``: every guess pays
+The env is ``guess-number`` on 1..8 (4 guesses) with ``progress_reward=0.5``: every guess pays
 its share of the information the hint gave (up to 0.5 in all), the win pays 1.0 more. Each run
 trains SmolLM2-135M-Instruct on the CPU with the in-process HF engine for ``--steps`` steps of
-8 tasks x 4 samples (32 episodes, as the quickstart), same seed, and evaluates 16 held-out
-secrets greedily before the first step and every 5 steps:
+4 tasks x 4 samples (a multi-turn episode is ~4x the quickstart's tokens), same seed, and
+evaluates 16 held-out secrets greedily before the first step and every 5 steps:
 
 - ``grpo``: the quickstart's algorithm (GRPO on episode rewards, dynamic sampling);
 - ``rloo-turn``: per-turn credit without a critic (RLOO per turn position on the returns);
@@ -30,10 +30,10 @@ from envhub.trainer.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ENV = {"name": "guess-number", "args": {"low": 1, "high": 16, "progress_reward": 0.5}}
+ENV = {"name": "guess-number", "args": {"low": 1, "high": 8, "progress_reward": 0.5}}
 HELD_OUT = {
     "name": "guess-number",
-    "label": "held-out",
+    "label": "greedy",
     "args": {**ENV["args"], "task_seed": 1},
     "num_tasks": 16,
 }
@@ -57,15 +57,15 @@ def run_config(name: str, steps: int, out: Path, seed: int) -> dict[str, Any]:
         "model": {"name": "smollm2-135m"},
         "envs": [ENV],
         "rollout": {
-            "tasks_per_step": 8,
+            "tasks_per_step": 4,
             "samples_per_task": 4,
-            "max_tokens": 8,
+            "max_tokens": 6,
             "temperature": 1.0,
         },
         "algorithm": ALGORITHMS[name],
         "critic": {"lr": 2e-5},
         "optimizer": {"lr": 2e-5, "grad_clip": 1.0},
-        "backend": {"device": "cpu", "micro_batch_tokens": 4096},
+        "backend": {"device": "cpu", "micro_batch_tokens": 2048},
         "logging": {"output_dir": str(out), "run_name": name, "plot": False},
         "checkpoint": {"every": steps, "keep_last": 1, "export_hf": False, "resume": "never"},
         "eval": {"envs": [HELD_OUT], "every": 5},
@@ -103,7 +103,7 @@ def plot(results: dict[str, dict[str, Any]], png: Path) -> None:
             "--o",
             color=line.get_color(),
             markersize=4,
-            label=f"{name}, held-out (greedy)",
+            label=f"{name}, greedy eval",
         )
         explained = [r for r in rows if "critic/explained_variance" in r]
         if explained:
@@ -113,7 +113,7 @@ def plot(results: dict[str, dict[str, Any]], png: Path) -> None:
                 color=line.get_color(),
                 label=name,
             )
-    left.set(xlabel="step", ylabel="reward (max 1.5)", title="guess-number 1..16, dense reward")
+    left.set(xlabel="step", ylabel="reward (max 1.5)", title="guess-number 1..8, dense reward")
     left.legend(fontsize=8)
     right.axhline(0.0, color="grey", linewidth=0.8)
     right.set(xlabel="step", ylabel="explained variance", title="the critic's values vs returns")

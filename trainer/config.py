@@ -595,11 +595,6 @@ class TrainConfig(_Part):
                 "the Megatron backend trains all weights: "
                 "remove model.lora (or use backend.kind=torch)"
             )
-        if self.algorithm.advantage == "gae":
-            raise ValueError(
-                "algorithm.advantage=gae trains a critic, which the Megatron backend does not "
-                "have yet: use backend.kind=torch, or a critic-free estimator (grpo, rloo, remax)"
-            )
 
     @property
     def run_name(self) -> str:

@@ -88,15 +88,6 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
             ],
             "which remax cannot be (it is defined on whole sequences)",
         ),
-        (
-            [
-                "algorithm.advantage=gae",
-                "algorithm.dynamic_sampling=false",
-                "backend.kind=megatron",
-                "rollout.engine=vllm",
-            ],
-            "the Megatron backend does not have yet",
-        ),
         (["critic.value_clip=0"], "critic.value_clip: Input should be greater than 0"),
         (
             ["algorithm.credit=turn", "algorithm.advantage=opo"],

@@ -59,8 +59,8 @@ def test_ppo_trains_a_critic_beside_the_policy_and_checkpoints_it(
         assert row["critic/lr"] == 1e-3 and row["critic/warmup"] == 0.0
         assert row["train/grad_norm"] > 0  # the policy learned too
         assert row["time/values"] > 0 and row["time/critic"] > 0
-    # Step 1's values come from a fresh head; step 2's from the critic after one update.
-    assert rows[0]["critic/values_mean"] != rows[1]["critic/values_mean"]
+    # Step 1's values come from the new head, zero everywhere; step 2's from the trained one.
+    assert rows[0]["critic/values_mean"] == 0.0 and rows[1]["critic/values_mean"] != 0.0
     checkpoints = tmp_path / "run" / "checkpoints"
     one, two = (
         _critic_state(checkpoints / "step-000001"),

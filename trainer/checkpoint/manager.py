@@ -188,9 +188,10 @@ CRITIC = "critic"
 
 
 def _save_critic(critic: dict[str, Any], folder: Path) -> None:
-    save_model(critic["model"], None, folder / "model")
-    torch.save(critic["optimizer"].state_dict(), folder / "optimizer.pt")
-    torch.save(critic["scheduler"].state_dict(), folder / "scheduler.pt")
+    save_model(critic["model"], None, folder / "model")  # a sharded one saves its optimizer
+    for name in ("optimizer", "scheduler"):
+        if critic.get(name) is not None:
+            torch.save(critic[name].state_dict(), folder / f"{name}.pt")
 
 
 def _load_critic(critic: dict[str, Any], folder: Path) -> None:
@@ -200,8 +201,9 @@ def _load_critic(critic: dict[str, Any], folder: Path) -> None:
             "the algorithm it was saved with, or start a new run (checkpoint.resume=never)"
         )
     load_model(critic["model"], folder / "model")
-    load_into(critic["optimizer"], folder / "optimizer.pt", "critic optimizer")
-    load_into(critic["scheduler"], folder / "scheduler.pt", "critic scheduler")
+    for name in ("optimizer", "scheduler"):
+        if critic.get(name) is not None:
+            load_into(critic[name], folder / f"{name}.pt", f"critic {name}")
 
 
 def _step_name(step: int) -> str:

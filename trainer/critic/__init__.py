@@ -5,7 +5,8 @@
 A critic is another model behind an interface of its own (:class:`Critic`), not a branch inside
 the policy's update: the loop asks it for the values of the step's sequences before the
 advantages, and hands it GAE's returns after the policy's update. ``torch_critic`` holds the
-torch backend's (an HF token-classification model with one output, in the trainer's process).
+torch backend's (an HF token-classification model with one output, in the trainer's process);
+``envhub.trainer.megatron.critic`` the Megatron backend's (megatron-core ranks on Ray).
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def make_critic(config: TrainConfig, backend: Any) -> Critic | None:
     device and under its autocast."""
     if not config.algorithm.needs_critic:
         return None
+    if config.backend.kind == "megatron":
+        from envhub.trainer.megatron.critic import MegatronCritic
+
+        return MegatronCritic(config, backend.pad_id)
     from envhub.trainer.critic.torch_critic import TorchCritic
 
     return TorchCritic(config, backend.device, getattr(backend, "autocast_dtype", None))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -168,3 +169,27 @@ def _whiten_together(advantages: list[Tensor], masks: list[Tensor]) -> list[Tens
     lengths = [len(a) for a in advantages]
     flat = masked_whiten(torch.cat(advantages), torch.cat(masks))
     return list(torch.split(flat, lengths))
+
+
+def stack_targets(
+    targets: Sequence[ValueTarget | None], width: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Old values, returns and mask of a micro-batch's sequences, right-padded to ``width``
+    places (float32, float32, bool): laid out like its ``loss_mask``."""
+    old = torch.zeros((len(targets), width), dtype=torch.float32)
+    returns = torch.zeros_like(old)
+    mask = torch.zeros_like(old, dtype=torch.bool)
+    for row, t in enumerate(targets):
+        if t is None:
+            raise ValueError("every sample the critic learns from needs a value_target")
+        n = len(t.mask)
+        old[row, :n], returns[row, :n], mask[row, :n] = t.old_values, t.returns, t.mask
+    return old, returns, mask
+
+
+def value_places(samples: Sequence[Any]) -> int:
+    """How many places the critic learns on in ``samples`` (their value targets' masks): the
+    value loss's normaliser for the whole update."""
+    if any(s.value_target is None for s in samples):
+        raise ValueError("every sample the critic learns from needs a value_target")
+    return sum(int(s.value_target.mask.sum()) for s in samples)

@@ -3,10 +3,10 @@
 ``AutoModelForTokenClassification(num_labels=1)`` is the critic verl and OpenRLHF train for
 PPO: the policy's transformer (or another model's) with a linear value head on every position
 instead of the vocabulary head. Loaded from the policy's folder it starts from the policy's
-weights (a copy: the two never share a tensor) with a freshly initialised head; transformers
-warns that the head is new, which is the point. It lives on the policy's device, in float32
-with the same autocast, and is checkpointed as an HF folder (``critic/model``), so it can be
-loaded on its own afterwards.
+weights (a copy: the two never share a tensor) with a new head initialised to zero
+(:func:`zero_value_head`); loaded from a saved critic it keeps that critic's head. It lives on
+the policy's device, in float32 with the same autocast, and is checkpointed as an HF folder
+(``critic/model``), so it can be loaded on its own afterwards.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from envhub.errors import ConfigError
 from envhub.trainer.algorithms import clipped_value_loss
 from envhub.trainer.batch import Sample, pack
 from envhub.trainer.config import TrainConfig
-from envhub.trainer.critic.targets import ValueTarget
+from envhub.trainer.critic.targets import stack_targets, value_places
 from envhub.trainer.models import resolve_model
 
 
@@ -77,17 +77,14 @@ class TorchCritic:
         accumulation over micro-batches, the loss normalised by the whole update's count of
         value places). Returns ``value_loss``, ``value_clip_frac``, ``value_error`` (mean
         squared error before the update), ``grad_norm`` and ``lr``."""
-        targets = [s.value_target for s in samples]
-        if any(t is None for t in targets):
-            raise ValueError("every sample the critic learns from needs a value_target")
-        num_places = sum(int(t.mask.sum()) for t in targets if t is not None)
+        num_places = value_places(samples)
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         totals = {"loss": 0.0, "clip_frac": 0.0, "error": 0.0}
         for indices in pack([len(s) for s in samples], self.budget):
             batch = [samples[i] for i in indices]
             ids, attention = _pad([s.token_ids for s in batch], self.pad_id, self.device)
-            old, returns, mask = _stack([s.value_target for s in batch], ids.shape[1] - 1)
+            old, returns, mask = stack_targets([s.value_target for s in batch], ids.shape[1] - 1)
             loss, metrics = clipped_value_loss(
                 self._forward(ids, attention),
                 old.to(self.device),
@@ -154,8 +151,8 @@ def _load_value_model(path: str, device: torch.device) -> torch.nn.Module:
         # No dropout on the values (transformers' head has 0.1 unless the config says):
         # PPO's critic regresses its targets, it is not a classifier to regularise.
         config.classifier_dropout = 0.0
-        model = AutoModelForTokenClassification.from_pretrained(
-            path, config=config, dtype=torch.float32
+        model, loading = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=torch.float32, output_loading_info=True
         )
     except (OSError, ValueError) as e:
         raise ConfigError(
@@ -165,7 +162,19 @@ def _load_value_model(path: str, device: torch.device) -> torch.nn.Module:
         ) from None
     finally:
         hf_logging.set_verbosity(level)
+    if any(key.startswith("score.") for key in loading["missing_keys"]):
+        zero_value_head(model.score)
     return model.to(device)
+
+
+@torch.no_grad()
+def zero_value_head(head: torch.nn.Linear) -> None:
+    """A new value head starts at zero (both backends do this): every value is 0 until the
+    critic has learned, so the first advantages are the returns themselves (REINFORCE), and the
+    start is the same on every rank and backend."""
+    head.weight.zero_()
+    if head.bias is not None:
+        head.bias.zero_()
 
 
 def _pad(
@@ -179,17 +188,3 @@ def _pad(
         ids[row, : len(s)] = torch.tensor(list(s))
         attention[row, : len(s)] = 1
     return ids.to(device), attention.to(device)
-
-
-def _stack(
-    targets: Sequence[ValueTarget | None], width: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Old values, returns and mask of a micro-batch, right-padded to ``width`` places."""
-    old = torch.zeros((len(targets), width), dtype=torch.float32)
-    returns = torch.zeros_like(old)
-    mask = torch.zeros_like(old, dtype=torch.bool)
-    for row, t in enumerate(targets):
-        assert t is not None
-        n = len(t.mask)
-        old[row, :n], returns[row, :n], mask[row, :n] = t.old_values, t.returns, t.mask
-    return old, returns, mask

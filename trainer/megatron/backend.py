@@ -219,11 +219,19 @@ class ShardedCheckpoint:
 
 
 def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:
-    """Ranks and their (tp, pp, dp) layout from ``backend.megatron`` and ``cluster``."""
+    """Ranks and their (tp, pp, dp) layout from ``backend.megatron`` and ``cluster``; with a
+    critic, of each of the two groups (policy, critic), which share the GPUs half and half."""
     m, cluster, engine = config.backend.megatron, config.cluster, config.rollout.vllm
     gpus = (
         cluster.gpus_per_node if cluster.gpus_per_node is not None else _trainer_gpus_here(config)
     )
+    if config.algorithm.needs_critic and gpus:  # the critic's ranks take the other half
+        if gpus % 2:
+            raise ConfigError(
+                f"a critic (algorithm.advantage=gae) takes half of the trainer's GPUs on each "
+                f"node, beside the policy's: {gpus} per node do not halve"
+            )
+        gpus //= 2
     model_parallel = m.tensor_parallel * m.pipeline_parallel
     if gpus == 0:
         if not os.environ.get(SETUP_ENV):

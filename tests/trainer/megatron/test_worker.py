@@ -5,10 +5,7 @@ matches the torch backend on the same tiny model and batch."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import socket
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -40,13 +37,8 @@ def _load_rank_main() -> ModuleType:
 rank_main = _load_rank_main()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(
+    run_torchrun: Callable[..., None],
     model_dir: Path,
     out: Path,
     *,
@@ -60,17 +52,9 @@ def run_ranks(
     """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
     ``recompute``: activation recomputation; ``engine_urls``: weight-transfer engines to sync
     to); each rank's record, in rank order."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("ENVHUB_MEGATRON_WORKER_SETUP", None)
-    if engine_urls:
-        env[rank_main.ENGINES_ENV] = ",".join(engine_urls)
-    if setup is not None:
-        env["ENVHUB_MEGATRON_WORKER_SETUP"] = str(setup)
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world}",
-               f"--master-port={_free_port()}", str(HERE / "rank_main.py"), str(model_dir),
-               str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    env = {rank_main.ENGINES_ENV: ",".join(engine_urls)} if engine_urls else {}
+    args = [str(model_dir), str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]
+    run_torchrun("rank_main.py", args, world=world, setup=setup, env=env)
     return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
 
 
@@ -117,12 +101,14 @@ def layout_run(
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
     shm_engines,
+    run_torchrun: Callable[..., None],
 ) -> tuple[list[dict], list]:
     """Each layout's ranks, and the two engines they synced their trained weights to."""
     tp, pp, recompute = LAYOUTS[request.param]
     engines = shm_engines(2)
     urls = [url for url, _ in engines]
     records = run_ranks(
+        run_torchrun,
         tiny_model_dir,
         tmp_path_factory.mktemp(request.param),
         world=2,
@@ -232,10 +218,10 @@ def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_one_gpu_rank_matches_the_torch_backend(
-    tiny_model_dir: Path, tmp_path: Path, reference: dict
+    tiny_model_dir: Path, tmp_path: Path, reference: dict, run_torchrun: Callable[..., None]
 ) -> None:
     """The GPU path: NCCL, megatron-core's distributed optimizer, no compatibility module."""
-    (rank,) = run_ranks(tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None)
+    (rank,) = run_ranks(run_torchrun, tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None)
     for k, mb in enumerate(reference["mbs"]):
         mask = mb.loss_mask.bool()
         torch.testing.assert_close(
