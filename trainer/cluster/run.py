@@ -1,8 +1,8 @@
 """The Ray cluster of a run: which of its parts live on Ray, and one local cluster sized for
 them when no ``cluster.address`` is given.
 
-Parts on Ray: the Megatron backend's trainer ranks, a vLLM engine with ``rollout.vllm.mode:
-ray`` and rollout workers. Each reserves logical CPUs; on one machine they take turns on the
+Parts on Ray: the Megatron backend's trainer ranks (and its critic's, with ``advantage: gae``),
+a vLLM engine with ``rollout.vllm.mode: ray`` and rollout workers. Each reserves logical CPUs; on one machine they take turns on the
 same cores (rollouts, then the update), so the local cluster offers what they reserve even
 when that is more than the machine's core count.
 """
@@ -20,7 +20,8 @@ def ray_cpus(config: TrainConfig) -> int:
         from envhub.trainer.megatron.backend import plan
 
         placement, _ = plan(config)
-        cpus += placement.world_size * placement.cpus_per_rank
+        groups = 2 if config.algorithm.needs_critic else 1  # the critic's ranks, like the policy's
+        cpus += groups * placement.world_size * placement.cpus_per_rank
     engine = config.rollout.vllm
     if config.rollout.engine == "vllm" and engine.mode == "ray" and not engine.colocate:
         cpus += engine.engines

@@ -243,3 +243,30 @@ def test_vllm_placement_settings_that_contradict_each_other_are_refused() -> Non
         match=r"rollout.vllm.url names a running server: it needs rollout.vllm.mode=server",
     ):
         _config(rollout={"engine": "vllm", "vllm": {"mode": "ray", "url": "http://127.0.0.1:8000"}})
+
+
+def test_a_critic_takes_the_other_half_of_the_gpus_with_the_same_layout() -> None:
+    gae = {"advantage": "gae", "dynamic_sampling": False}
+    placement, layout = plan(
+        _config(
+            backend={"kind": "megatron", "megatron": {"tensor_parallel": 2}},
+            cluster={"address": "auto", "nodes": 2, "gpus_per_node": 8},
+            algorithm=gae,
+        )
+    )
+    # 16 GPUs: 8 for the policy's ranks (tp 2 x dp 4), 8 for the critic's, 4 per node each.
+    assert (placement.world_size, placement.gpus_per_node, layout) == (8, 4, (2, 1, 4))
+    with pytest.raises(ConfigError, match="3 per node do not halve"):
+        plan(_config(cluster={"address": "auto", "gpus_per_node": 3}, algorithm=gae))
+
+
+def test_the_local_ray_cluster_holds_the_critics_ranks_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from envhub.trainer.cluster.run import ray_cpus
+
+    monkeypatch.setenv(SETUP_ENV, "cpu_compat.py")  # CPU ranks, as the tests run them
+    megatron = {"kind": "megatron", "megatron": {"pipeline_parallel": 2}}
+    assert ray_cpus(_config(backend=megatron)) == 2
+    gae = {"advantage": "gae", "dynamic_sampling": False}
+    assert ray_cpus(_config(backend=megatron, algorithm=gae)) == 4

@@ -112,3 +112,60 @@ def test_the_critics_checkpoint_resumes_to_the_same_update(ranks: list[dict]) ->
         _per_sequence(ranks, "values_after"), _per_sequence(ranks, "values_resumed"), strict=True
     ):
         assert torch.equal(ours, again)
+
+
+def test_the_driver_runs_the_critic_on_ray_ranks_as_the_torch_critic(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``MegatronCritic`` on two Ray CPU ranks (PP=2): the loop's calls (values, update, a
+    checkpoint through the manager) give what the torch critic gives."""
+    import ray
+
+    from envhub.trainer.checkpoint import CheckpointManager
+    from envhub.trainer.megatron.critic import MegatronCritic
+    from envhub.trainer.megatron.worker import SETUP_ENV
+
+    monkeypatch.setenv(SETUP_ENV, str(HERE / "cpu_compat.py"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    o = critic_main.OPTIMIZER
+    config = validate_config({
+        "model": {"name": str(tiny_model_dir)}, "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm"}, "backend": {"kind": "megatron", "micro_batch_tokens": 20,
+        "megatron": {"pipeline_parallel": 2}},
+        "algorithm": {"advantage": "gae", "dynamic_sampling": False},
+        "critic": {"lr": o["lr"], "grad_clip": o["grad_clip"], "weight_decay": o["weight_decay"],
+                   "value_clip": critic_main.VALUE_CLIP},
+    })  # fmt: skip
+    b = critic_main.critic_batch()
+    sequences = [s.token_ids for s in b.samples]
+    torch_critic = _torch_critic(tiny_model_dir)
+    expected = torch_critic.update(b.samples)
+    critic = MegatronCritic(config, pad_id=0)
+    try:
+        assert all(torch.equal(v, torch.zeros_like(v)) for v in critic.values(sequences))
+        got = critic.update(b.samples)
+        for name in ("value_loss", "value_error", "grad_norm", "lr"):
+            assert got[name] == pytest.approx(expected[name], rel=1e-4), name
+        checkpoints = CheckpointManager(tmp_path / "checkpoints")
+        policy = _NoPolicy()  # only the critic matters here
+        folder = checkpoints.save(1, model=policy, trainer_state={}, critic=critic.state())
+        after_one = [v.clone() for v in critic.values(sequences)]
+        for ours, theirs in zip(after_one, torch_critic.values(sequences), strict=True):
+            torch.testing.assert_close(ours, theirs, atol=2e-4, rtol=2e-3)
+        critic.update(b.samples)
+        checkpoints.load(folder, model=policy, critic=critic.state())
+        for ours, saved in zip(critic.values(sequences), after_one, strict=True):
+            assert torch.equal(ours, saved)
+    finally:
+        critic.close()
+        ray.shutdown()
+
+
+class _NoPolicy:
+    """A policy with nothing to save (a ``ShardedModel`` that writes an empty folder)."""
+
+    def save_checkpoint(self, folder: Path) -> None:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+
+    def load_checkpoint(self, folder: Path) -> None:
+        pass
