@@ -11,6 +11,7 @@ torch backend's (an HF token-classification model with one output, in the traine
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,17 +47,19 @@ def update_critic(critic: Critic, batch: Batch, updates: int) -> dict[str, float
     """The critic's step: ``updates`` optimizer updates on the batch cut as the policy's is
     (``algorithm.updates_per_step`` mini-batches). Returns ``critic/*`` metrics: each update's
     metrics averaged, and how well the values the advantages used explained the returns
-    (``explained_variance``), with their means."""
+    (``explained_variance``, left out when the returns do not vary), with their means."""
     from envhub.trainer.algorithms import explained_variance
 
     targets = [s.value_target for s in batch.samples if s.value_target is not None]
     old = torch.cat([t.old_values[t.mask] for t in targets])
     returns = torch.cat([t.returns[t.mask] for t in targets])
     metrics = {
-        "critic/explained_variance": explained_variance(old, returns),
         "critic/values_mean": float(old.mean()) if old.numel() else 0.0,
         "critic/returns_mean": float(returns.mean()) if returns.numel() else 0.0,
     }
+    explained = explained_variance(old, returns)
+    if not math.isnan(explained):  # undefined when the returns do not vary: left out
+        metrics["critic/explained_variance"] = explained
     updates = min(updates, len(batch.samples))
     for i in range(updates):
         for name, value in critic.update(batch.samples[i::updates]).items():
