@@ -1,9 +1,7 @@
-"""From trajectories to training tensors: rewards -> advantages -> filter -> pack.
+"""From scored trajectories to training tensors: filter -> pack.
 
-Advantages are one per sequence (``credit: episode``, broadcast over its tokens), one per turn
-(``credit: turn``, each turn's on its own sampled tokens, see ``trainer/credit.py``) or one per
-token (``advantage: gae``, from a critic's values, see ``trainer/critic/targets.py``); either
-way a micro-batch carries them per target token, laid out like its ``loss_mask``.
+The rewards, groups and advantages come from ``trainer/scoring.py``; a micro-batch carries the
+advantages per target token, laid out like its ``loss_mask``.
 
 The token record of each trajectory is used exactly as sampled (``token_ids``, ``loss_mask``,
 ``sampler_logprobs``); nothing is re-tokenised. Trajectories whose ``outcome`` is a failure
@@ -17,24 +15,17 @@ padding (its budget counts real tokens; :class:`Packing` says where each sequenc
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 
 import torch
 
-from envhub.trainer.algorithms import (
-    compute_advantages,
-    discounted_returns,
-    overlong_penalty,
-    per_turn_advantages,
-    zero_variance_groups,
-)
+from envhub.trainer.algorithms import zero_variance_groups
 from envhub.trainer.config import AlgorithmConfig
-from envhub.trainer.credit import span_sums, spread, turn_rewards, turn_spans
-from envhub.trainer.critic.targets import ValueTarget, gae_targets
-from envhub.types import TRAINED_OUTCOMES, Trajectory
+from envhub.trainer.critic.targets import ValueTarget
+from envhub.trainer.scoring import Advantages, Scored, estimate_advantages, score
+from envhub.types import Trajectory
 
 
 @dataclass
@@ -131,167 +122,6 @@ def build_batch(
     """
     scored = score(trajectories, algorithm, max_tokens)
     return select(scored, estimate_advantages(scored, algorithm), algorithm)
-
-
-@dataclass
-class Scored:
-    """The step's rollouts with the reward and group of each one the loss can use."""
-
-    trajectories: Sequence[Trajectory]
-    """All of the step's rollouts, usable or not."""
-    usable: list[int]
-    """Indices of the trajectories the loss can use (a token record, no outside failure)."""
-    rewards: torch.Tensor
-    """``(len(usable),)`` float64 rewards, the overlong soft penalty included."""
-    groups: torch.Tensor
-    """``(len(usable),)`` group numbers (0, 1, ... in order of first appearance)."""
-    kl_penalty: list[torch.Tensor] | None = None
-    """With ``algorithm.kl_in_reward``: per usable trajectory, ``coef * KL`` of each token,
-    aligned with its ``token_ids`` (0 where the policy did not sample), which the advantages
-    take off its rewards (``rewards`` stay the env's: dynamic sampling judges those)."""
-
-    def baselines(self) -> torch.Tensor:
-        """``(len(usable),)`` each usable trajectory's ReMax baseline (the reward of the greedy
-        episode of its task; ``nan`` where there is none)."""
-        values = [self.trajectories[i].baseline_reward for i in self.usable]
-        return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
-
-    def lengths(self) -> torch.Tensor:
-        """``(len(usable),)`` tokens the policy sampled in each usable trajectory."""
-        counts = [sum(self.trajectories[i].loss_mask or []) for i in self.usable]
-        return torch.tensor(counts, dtype=torch.float64)
-
-
-def score(
-    trajectories: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int
-) -> Scored:
-    """Rewards of the usable trajectories and their groups.
-
-    Args:
-        trajectories: The step's rollouts (groups share ``group_id``).
-        algorithm: Its ``overlong.soft_penalty_buffer`` shapes the rewards (DAPO) when set.
-        max_tokens: The per-turn token budget (for the overlong penalty).
-    """
-    usable = [i for i, t in enumerate(trajectories) if _trainable(t)]
-    rewards = torch.tensor([trajectories[i].reward for i in usable], dtype=torch.float64)
-    buffer = algorithm.overlong.soft_penalty_buffer
-    if buffer is not None and usable:
-        longest_turn = torch.tensor(
-            [_longest_turn(trajectories[i]) for i in usable], dtype=torch.float64
-        )
-        rewards = rewards + overlong_penalty(longest_turn, max_tokens, buffer)
-    groups = _group_index([trajectories[i].group_id for i in usable])
-    return Scored(trajectories, usable, rewards, groups)
-
-
-def has_signal(group: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int) -> bool:
-    """Whether dynamic sampling would keep this one group: its usable rewards (shaped as
-    :func:`score` shapes them) are not all equal."""
-    scored = score(group, algorithm, max_tokens)
-    return bool(scored.usable) and bool(zero_variance_groups(scored.rewards, scored.groups).all())
-
-
-@dataclass
-class Advantages:
-    """The step's advantages, one entry per usable trajectory (:func:`estimate_advantages`)."""
-
-    sequence: torch.Tensor
-    """``(len(usable),)`` each sequence's advantage (with ``credit: turn``, its first turn's)."""
-    tokens: list[list[float]] | None = None
-    """With ``credit: turn``: each trajectory's per-token advantages (see
-    :attr:`Sample.token_advantages`)."""
-    turns: torch.Tensor | None = None
-    """With ``credit: turn``: every turn's advantage, flat (for the step's metrics); with
-    ``advantage: gae``, every sampled token's."""
-    value_targets: list[ValueTarget] | None = None
-    """With ``advantage: gae``: what the critic learns on each trajectory."""
-
-    def abs_mean(self) -> float:
-        """Mean absolute advantage, over sequences (or over turns, with ``credit: turn``)."""
-        values = self.sequence if self.turns is None else self.turns
-        return float(values.abs().mean()) if values.numel() else 0.0
-
-
-def estimate_advantages(
-    scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None = None
-) -> Advantages:
-    """Advantages by ``algorithm.advantage``, per group, of the usable trajectories.
-
-    With ``credit: episode`` (the default) one per sequence from its episode reward; with
-    ``credit: turn`` one per turn from the discounted return from that turn on (``gamma``), the
-    estimator applied per turn position (``algorithm.returns.per_turn_advantages``). With KL in
-    the reward, the KL penalty of a sequence's (or a turn's) tokens is taken off its reward.
-    ``gae`` estimates one per token from the critic's ``values`` (``critic/targets.py``).
-
-    Args:
-        scored: The step's rewards and groups (:func:`score`).
-        algorithm: Names the estimator and the credit.
-        values: ``advantage: gae`` only: the critic's ``(L - 1,)`` values of each usable
-            trajectory.
-    """
-    if not scored.usable:
-        return Advantages(torch.zeros(0, dtype=torch.float64))
-    if algorithm.advantage == "gae":
-        return _gae_advantages(scored, algorithm, values)
-    if algorithm.credit == "turn":
-        return _turn_advantages(scored, algorithm)
-    rewards = scored.rewards
-    if scored.kl_penalty is not None:
-        rewards = rewards - torch.stack([p.sum() for p in scored.kl_penalty])
-    options: dict[str, torch.Tensor] = {}
-    if algorithm.advantage == "opo":
-        options["lengths"] = scored.lengths()
-    if algorithm.advantage == "remax":
-        options["baselines"] = scored.baselines()
-    return Advantages(compute_advantages(algorithm.advantage, rewards, scored.groups, **options))
-
-
-def _gae_advantages(
-    scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None
-) -> Advantages:
-    """``advantage: gae``: per-token advantages and the critic's targets (``critic/targets``)."""
-    if values is None or len(values) != len(scored.usable):
-        raise ValueError("advantage gae needs the critic's values of every usable trajectory")
-    result = gae_targets(
-        [scored.trajectories[i] for i in scored.usable],
-        scored.rewards,
-        values,
-        algorithm,
-        scored.kl_penalty,
-    )
-    first = torch.tensor(
-        [_first_policy_value(a, scored.trajectories[i]) for a, i in zip(
-            result.token_advantages, scored.usable, strict=True
-        )],
-        dtype=torch.float64,
-    )  # fmt: skip
-    return Advantages(first, result.token_advantages, result.policy_tokens, result.value_targets)
-
-
-def _first_policy_value(per_token: list[float], t: Trajectory) -> float:
-    """The advantage of the first token the policy sampled."""
-    mask = t.loss_mask or []
-    return next((a for a, m in zip(per_token, mask, strict=True) if m), 0.0)
-
-
-def _turn_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
-    """``credit: turn``: per-turn returns, baselined per turn position, spread over the turns'
-    tokens (see ``trainer/credit.py`` for which tokens are whose)."""
-    spans, returns = [], []
-    for k, i in enumerate(scored.usable):
-        t = scored.trajectories[i]
-        spans.append(turn_spans(t))
-        rewards = turn_rewards(t, float(scored.rewards[k]))
-        if scored.kl_penalty is not None:
-            rewards = rewards - span_sums(spans[-1], scored.kl_penalty[k])
-        returns.append(discounted_returns(rewards, algorithm.gamma))
-    per_turn = per_turn_advantages(algorithm.advantage, returns, scored.groups)
-    tokens = [
-        spread(s, a, len(scored.trajectories[i].token_ids or []))
-        for s, a, i in zip(spans, per_turn, scored.usable, strict=True)
-    ]
-    first = torch.stack([a[0] for a in per_turn])
-    return Advantages(first, tokens, torch.cat(per_turn))
 
 
 def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -> Batch:
@@ -520,14 +350,6 @@ def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> Micro
 # -- helpers ----------------------------------------------------------------------------------
 
 
-def _trainable(t: Trajectory) -> bool:
-    """Has a token record with policy tokens, and an outcome the loss learns from
-    (:data:`~envhub.types.TRAINED_OUTCOMES`: ``ok`` or ``policy_failure``; env, infrastructure
-    and timeout failures say nothing about the policy)."""
-    has_tokens = t.token_ids is not None and t.loss_mask is not None and any(t.loss_mask)
-    return t.outcome in TRAINED_OUTCOMES and has_tokens
-
-
 def _sample(
     t: Trajectory,
     advantage: float,
@@ -548,18 +370,9 @@ def _sample(
     )
 
 
-def _group_index(group_ids: Sequence[str]) -> torch.Tensor:
-    numbers: dict[str, int] = {}
-    return torch.tensor([numbers.setdefault(g, len(numbers)) for g in group_ids], dtype=torch.long)
-
-
 def _dropped_groups(rewards: torch.Tensor, groups: torch.Tensor) -> int:
     keep = zero_variance_groups(rewards, groups)
     return len(set(groups[~keep].tolist()))
-
-
-def _longest_turn(t: Trajectory) -> int:
-    return max((turn.completion_tokens or 0 for turn in t.turns), default=0)
 
 
 def _hit_length(t: Trajectory) -> bool:

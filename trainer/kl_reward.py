@@ -21,7 +21,8 @@ import torch
 
 from envhub.trainer.algorithms import KLController, kl_token_rewards, measured_kl
 from envhub.trainer.backends.base import TrainBackend
-from envhub.trainer.batch import Batch, Sample, Scored
+from envhub.trainer.batch import Batch, Sample
+from envhub.trainer.scoring import Scored
 
 
 def charge_kl(

@@ -34,7 +34,7 @@ from envhub.rollout.tool_prompt import where_tools_go
 from envhub.trainer import trainer_logprobs
 from envhub.trainer.algorithms import KLController, ObjectiveSpec, make_kl_controller
 from envhub.trainer.backends import TrainBackend, make_backend
-from envhub.trainer.batch import Batch, NoSignal, estimate_advantages, no_signal, score, select
+from envhub.trainer.batch import Batch, NoSignal, no_signal, select
 from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
@@ -47,6 +47,7 @@ from envhub.trainer.models import resolve_model
 from envhub.trainer.no_signal import EmptySteps
 from envhub.trainer.producer import GroupProducer
 from envhub.trainer.rollout_workers import RolloutWorkers
+from envhub.trainer.scoring import estimate_advantages, score
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
 from envhub.trainer.trainer_logprobs import TrainerLogprobs

@@ -35,11 +35,11 @@ from typing import Any
 
 import numpy as np
 
-from envhub.trainer.batch import has_signal
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.groups import Group, IdleClock, InFlight, Taken
 from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
+from envhub.trainer.scoring import has_signal
 from envhub.trainer.tasks import TaskSchedule
 from envhub.types import Trajectory
 

@@ -13,14 +13,13 @@ from envhub.trainer.batch import (
     bin_of_sequence,
     build_batch,
     collate,
-    estimate_advantages,
     micro_batches,
     no_signal,
     pack,
-    score,
     select,
 )
 from envhub.trainer.config import AlgorithmConfig, OverlongConfig
+from envhub.trainer.scoring import estimate_advantages, score
 from envhub.types import EnvRef, ErrorRecord, Message, Trajectory, TurnRecord
 
 

@@ -12,8 +12,9 @@ from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
-from envhub.trainer.batch import build_batch, score
+from envhub.trainer.batch import build_batch
 from envhub.trainer.config import AlgorithmConfig
+from envhub.trainer.scoring import score
 from envhub.types import TRAINED_OUTCOMES, AssistantTurn, Message, Trajectory, user
 
 TASKS = [{"question": f"q{i}", "answer": f"a{i}"} for i in range(6)]

@@ -16,10 +16,11 @@ from envhub.envs.calculator import reference_policy
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.trainer.algorithms import compute_advantages, make_kl_controller
-from envhub.trainer.batch import build_batch, collate, estimate_advantages, micro_batches, score
+from envhub.trainer.batch import build_batch, collate, micro_batches
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.credit import turn_rewards, turn_spans
 from envhub.trainer.kl_reward import charge_kl
+from envhub.trainer.scoring import estimate_advantages, score
 from envhub.types import Message, Trajectory, user
 
 

@@ -2,9 +2,9 @@
 them when no ``cluster.address`` is given.
 
 Parts on Ray: the Megatron backend's trainer ranks (and its critic's, with ``advantage: gae``),
-a vLLM engine with ``rollout.vllm.mode: ray`` and rollout workers. Each reserves logical CPUs; on one machine they take turns on the
-same cores (rollouts, then the update), so the local cluster offers what they reserve even
-when that is more than the machine's core count.
+a vLLM engine with ``rollout.vllm.mode: ray`` and rollout workers. Each reserves logical CPUs;
+on one machine they take turns on the same cores (rollouts, then the update), so the local
+cluster offers what they reserve even when that is more than the machine's core count.
 """
 
 from __future__ import annotations
