@@ -6,6 +6,11 @@ with ``\\boxed{...}``. Reward: 1 for the right number; tool validity is reported
 component. The answer must be a number (:func:`~envhub.rewards.match.number_answer`): math-verify
 evaluates expressions, so echoing the question ("Compute: 73 * (5349 + 6467)") scored 1.0
 without a single tool call (the reward audit, :mod:`envhub.audit`, found it).
+
+``tool_call_reward=w`` adds a dense reward for learning the tool's format: the first turn of an
+episode whose calls all run pays ``w`` at once (``State.pay``, component ``tool_use``), so
+per-turn credit can reward a well-formed call before the model can finish a task. Any
+well-formed call earns it, so ``w`` becomes the env's ``audit_floor``.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import random
 import re
 from typing import Any
 
+from envhub.env import State
 from envhub.envs.expressions import evaluate, format_number, make_problem
 from envhub.envs.procedural import ProceduralTasks
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
@@ -21,7 +27,7 @@ from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
 from envhub.tools.tool import tool
-from envhub.types import Message
+from envhub.types import AssistantTurn, Message
 
 
 @tool(inline=True)
@@ -65,6 +71,8 @@ class CalculatorEnv(ToolEnv):
     Args:
         num_tasks: Size of the generated task set.
         task_seed: Seed of the task generator (different seeds, different problems).
+        tool_call_reward: Paid once per episode, for the first turn whose tool calls all run
+            (see the module docstring; 0: only the answer pays).
         **kwargs: See :class:`~envhub.multiturn.ToolEnv`.
     """
 
@@ -75,13 +83,43 @@ class CalculatorEnv(ToolEnv):
     reward_range = (0.0, 1.0)
     tools = (calculate,)
 
-    def __init__(self, num_tasks: int = 1000, task_seed: int = 0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        num_tasks: int = 1000,
+        task_seed: int = 0,
+        tool_call_reward: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
+        if tool_call_reward < 0:
+            raise ValueError(f"calculator: tool_call_reward must be >= 0, got {tool_call_reward}")
         self.num_tasks, self.task_seed = num_tasks, task_seed
+        self.tool_call_reward = float(tool_call_reward)
+        if self.tool_call_reward:
+            self.reward_range = (0.0, 1.0 + self.tool_call_reward)
+            self.pass_threshold = 1.0
+            self.audit_floor = self.tool_call_reward  # any well-formed call earns it
         super().__init__(**kwargs)
 
     def load_dataset(self) -> ProblemSet:
         """``num_tasks`` calculator problems, generated from ``task_seed``."""
         return ProblemSet(self.num_tasks, self.task_seed)
+
+    async def setup_state(self, state: State) -> None:
+        """With ``tool_call_reward``: report the ``tool_use`` component in every episode."""
+        await super().setup_state(state)
+        if self.tool_call_reward:
+            state.paid["tool_use"] = 0.0
+
+    async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
+        """Run the turn's calls; pay ``tool_call_reward`` for the episode's first turn whose
+        calls all ran."""
+        calls, errors = state.metrics["tool_calls"], state.metrics["tool_errors"]
+        reply = await super().env_response(state, turn)
+        made = state.metrics["tool_calls"] - calls
+        failed = state.metrics["tool_errors"] - errors
+        if self.tool_call_reward and made and not failed and not state.paid.get("tool_use"):
+            state.pay(self.tool_call_reward, "tool_use")
+        return reply
 
     def default_rubric(self) -> Rubric:
         """1.0 for the right number; tool-call validity is logged with weight 0."""
