@@ -13,7 +13,8 @@ evaluates 16 held-out secrets greedily before the first step and every 5 steps:
   the critic a value head on a copy of the policy.
 
     .venv/bin/python bench/critic_learning.py [--runs grpo ppo] [--steps 20] \
-        [--png docs/critic-vs-grpo.png] [--json out.json]
+        [--critic-lr 2e-5] [--png docs/critic-vs-grpo.png] [--json out.json] \
+        [--suffix " (critic lr 1e-4)" --previous earlier.json]
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ ALGORITHMS: dict[str, dict[str, Any]] = {
 }
 
 
-def run_config(name: str, steps: int, out: Path, seed: int) -> dict[str, Any]:
+def run_config(
+    name: str, steps: int, out: Path, seed: int, critic_lr: float = 2e-5
+) -> dict[str, Any]:
     """The training run ``name``: the same run but for its ``algorithm`` part."""
     return {
         "steps": steps,
@@ -63,7 +66,7 @@ def run_config(name: str, steps: int, out: Path, seed: int) -> dict[str, Any]:
             "temperature": 1.0,
         },
         "algorithm": ALGORITHMS[name],
-        "critic": {"lr": 2e-5},
+        "critic": {"lr": critic_lr},
         "optimizer": {"lr": 2e-5, "grad_clip": 1.0},
         "backend": {"device": "cpu", "micro_batch_tokens": 2048},
         "logging": {"output_dir": str(out), "run_name": name, "plot": False},
@@ -72,10 +75,10 @@ def run_config(name: str, steps: int, out: Path, seed: int) -> dict[str, Any]:
     }
 
 
-def run(name: str, steps: int, out: Path, seed: int) -> dict[str, Any]:
+def run(name: str, steps: int, out: Path, seed: int, critic_lr: float) -> dict[str, Any]:
     """Train run ``name`` and return its metric rows and wall time."""
     started = time.perf_counter()
-    result = train(validate_config(run_config(name, steps, out, seed)))
+    result = train(validate_config(run_config(name, steps, out, seed, critic_lr)))
     seconds = time.perf_counter() - started
     print(f"{name}: {seconds:.0f} s", flush=True)
     return {"seconds": seconds, "history": result.history}
@@ -129,17 +132,24 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", default=["grpo", "ppo"], choices=sorted(ALGORITHMS))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--critic-lr", type=float, default=2e-5)
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "critic-vs-grpo.png")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--suffix", default="", help="added to the runs' names in the table")
+    parser.add_argument("--previous", type=Path, help="a --json file whose runs to show too")
     args = parser.parse_args()
+    results = json.loads(args.previous.read_text()) if args.previous else {}
     with tempfile.TemporaryDirectory() as tmp:
-        results = {name: run(name, args.steps, Path(tmp), args.seed) for name in args.runs}
-    print(f"{'run':10} {'min':>5} {'reward first5':>13} {'last5':>6} {'held-out 0 -> end':>18}")
+        for name in args.runs:
+            results[name + args.suffix] = run(
+                name, args.steps, Path(tmp), args.seed, args.critic_lr
+            )
+    print(f"{'run':28} {'min':>5} {'reward first5':>13} {'last5':>6} {'greedy 0 -> end':>16}")
     for name, result in results.items():
         rows = [r["reward/mean"] for r in result["history"] if "reward/mean" in r]
         evals = [r["eval/reward"] for r in result["history"] if "eval/reward" in r]
         print(
-            f"{name:10} {result['seconds'] / 60:5.1f} {sum(rows[:5]) / 5:13.3f} "
+            f"{name:28} {result['seconds'] / 60:5.1f} {sum(rows[:5]) / 5:13.3f} "
             f"{sum(rows[-5:]) / 5:6.3f} {evals[0]:8.3f} -> {evals[-1]:.3f}"
         )
     plot(results, args.png)

@@ -24,7 +24,7 @@ import torch
 
 from envhub.trainer.algorithms import clipped_value_loss
 from envhub.trainer.batch import MicroBatch, Packing
-from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec, _metrics, _sum_reports
+from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 
 
 class ValueHead(torch.nn.Module):
@@ -75,24 +75,9 @@ class MegatronCriticWorker(MegatronWorker):
         """Values of this data rank's share of ``batches`` (``[n, width - 1]`` each, place ``t``
         the state before token ``t + 1``), keyed by micro-batch index, on the first tensor rank
         of the last stage; ``None`` on the others (they still take part)."""
-
-        def collect(
-            k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
-            values = _place_values(output, packing, mb)
-            report = {"index": k, "values": values.cpu()}
-            return output.new_zeros(()), torch.tensor(1, dtype=torch.int), report
-
-        self.model.eval()
-        try:
-            reports = self._schedule(
-                self.model, self._my_batches(batches), collect, forward_only=True
-            )
-        finally:
-            self.model.train()
-        if not self._holds_output():
-            return None
-        return {r["index"]: r["values"] for r in reports if r["index"] >= 0}
+        return self._collect(
+            self.model, batches, lambda mb, packing, row, output: _place_values(output, packing, mb)
+        )
 
     def update_values(
         self,
@@ -104,23 +89,7 @@ class MegatronCriticWorker(MegatronWorker):
         values, returns, mask, laid out like its ``loss_mask``) with PPO's clipped value loss,
         normalised by the update's ``num_places``. Its metrics on the output rank, else
         ``None``."""
-        from megatron.core import parallel_state as mpu
-
-        self.model.train()
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        loss = partial(self._value_loss, targets, num_places)
-        reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
-        totals = _sum_reports(reports)
-        if mpu.is_pipeline_last_stage(ignore_virtual=True):
-            torch.distributed.all_reduce(totals, group=mpu.get_data_parallel_group())
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.spec.lr * self._lr_multiplier(self.updates)
-        _, grad_norm, _ = self.optimizer.step()
-        self.updates += 1
-        if not self._is_output_rank():
-            return None
-        return _metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
+        return self._train_on(batches, partial(self._value_loss, targets, num_places))
 
     def _value_loss(
         self,

@@ -214,29 +214,14 @@ class MegatronWorker:
         if model is None:
             raise ValueError("reference logprobs need a reference model (algorithm.kl_beta > 0)")
         scale = temperature or self.spec.temperature
-        mine = self._my_batches(batches)
 
-        def collect(
-            k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
-        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        def token_logprobs(
+            mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
+        ) -> torch.Tensor:
             logits, targets = _scaled_logits_and_targets(output, row, scale)
-            logprobs = packing.unpack(
-                vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1]
-            )
-            return (
-                output.new_zeros(()),
-                torch.tensor(1, dtype=torch.int),
-                {"index": k, "logprobs": logprobs.cpu()},
-            )
+            return packing.unpack(vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1])
 
-        model.eval()
-        try:
-            reports = self._schedule(model, mine, collect, forward_only=True)
-        finally:
-            model.train()
-        if not self._holds_output():
-            return None
-        return {r["index"]: r["logprobs"] for r in reports if r["index"] >= 0}
+        return self._collect(model, batches, token_logprobs)
 
     def update(
         self,
@@ -249,12 +234,41 @@ class MegatronWorker:
         num_sequences: int,
     ) -> dict[str, float] | None:
         """One optimizer update over ``batches``; its metrics on the output rank, else ``None``."""
+        loss = partial(self._loss, spec, old_logprobs, ref_logprobs, num_tokens, num_sequences)
+        return self._train_on(batches, loss)
+
+    def _collect(
+        self, model: torch.nn.Module, batches: list[MicroBatch], extract: Callable
+    ) -> dict[int, torch.Tensor] | None:
+        """``extract(mb, packing, row, output)`` of this data rank's share of ``batches`` in eval
+        mode, keyed by micro-batch index, on the ranks that hold the output (:meth:`_holds_output`);
+        ``None`` on the others (they still take part)."""
+
+        def collect(
+            k: int, mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+            report = {"index": k, "value": extract(mb, packing, row, output).cpu()}
+            return output.new_zeros(()), torch.tensor(1, dtype=torch.int), report
+
+        model.eval()
+        try:
+            reports = self._schedule(model, self._my_batches(batches), collect, forward_only=True)
+        finally:
+            model.train()
+        if not self._holds_output():
+            return None
+        return {r["index"]: r["value"] for r in reports if r["index"] >= 0}
+
+    def _train_on(self, batches: list[MicroBatch], loss: Callable) -> dict[str, float] | None:
+        """One optimizer update: ``loss`` (``(k, mb, packing, row, output) -> (loss, count,
+        report)``) over this data rank's share of ``batches``, data-parallel gradients summed,
+        the learning rate of this update set; the summed reports as metrics on the output
+        rank, else ``None``."""
         from megatron.core import parallel_state as mpu
 
         self.model.train()
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        loss = partial(self._loss, spec, old_logprobs, ref_logprobs, num_tokens, num_sequences)
         reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
         totals = _sum_reports(reports)
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
