@@ -113,14 +113,16 @@ def _by_token(
     algorithm: AlgorithmConfig,
     kl_penalty: Tensor | None,
 ) -> tuple[Tensor, ValueTarget]:
-    """GAE with every sampled token a step; rewards on each turn's last token."""
+    """GAE with every sampled token a step; rewards on each turn's last token (``credit:
+    episode``: the episode's on the last sampled token, without reading the turn records)."""
     mask = _policy_places(t)
     rewards = torch.zeros_like(values)
-    spans = turn_spans(t)
-    for place, reward in zip(
-        _reward_places(spans), _step_rewards(t, episode_reward, algorithm).tolist(), strict=True
-    ):
-        rewards[place] += reward
+    if algorithm.credit == "turn":
+        places = _reward_places(turn_spans(t))
+        for place, reward in zip(places, turn_rewards(t, episode_reward).tolist(), strict=True):
+            rewards[place] += reward
+    else:
+        rewards[int(mask.nonzero().max())] = episode_reward
     if kl_penalty is not None:
         rewards = rewards - kl_penalty[1:].double()
     advantages, returns = gae(rewards, values, algorithm.gamma, algorithm.lam, mask)
