@@ -7,6 +7,9 @@ component. The answer must be a number (:func:`~envhub.rewards.match.number_answ
 evaluates expressions, so echoing the question ("Compute: 73 * (5349 + 6467)") scored 1.0
 without a single tool call (the reward audit, :mod:`envhub.audit`, found it).
 
+``demonstration=True`` puts one worked exchange before the question (a question, the call, the
+tool's answer, the boxed result): a small model that never writes a call on its own imitates it
+(SmolLM2-135M: no attempt in 32 episodes without it, 14 with it).
 ``tool_call_reward=w`` adds a dense reward for learning the tool's format: the first turn of an
 episode whose calls all run pays ``w`` at once (``State.pay``, component ``tool_use``), so
 per-turn credit can reward a well-formed call before the model can finish a task. Any
@@ -27,7 +30,7 @@ from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
 from envhub.tools.tool import tool
-from envhub.types import AssistantTurn, Message
+from envhub.types import AssistantTurn, Message, assistant, user
 
 
 @tool(inline=True)
@@ -73,6 +76,8 @@ class CalculatorEnv(ToolEnv):
         task_seed: Seed of the task generator (different seeds, different problems).
         tool_call_reward: Paid once per episode, for the first turn whose tool calls all run
             (see the module docstring; 0: only the answer pays).
+        demonstration: Show one worked exchange before the question (in the prompt, never
+            trained on).
         **kwargs: See :class:`~envhub.multiturn.ToolEnv`.
     """
 
@@ -88,12 +93,14 @@ class CalculatorEnv(ToolEnv):
         num_tasks: int = 1000,
         task_seed: int = 0,
         tool_call_reward: float = 0.0,
+        demonstration: bool = False,
         **kwargs: Any,
     ) -> None:
         if tool_call_reward < 0:
             raise ValueError(f"calculator: tool_call_reward must be >= 0, got {tool_call_reward}")
         self.num_tasks, self.task_seed = num_tasks, task_seed
         self.tool_call_reward = float(tool_call_reward)
+        self.demonstration = demonstration
         if self.tool_call_reward:
             self.reward_range = (0.0, 1.0 + self.tool_call_reward)
             self.pass_threshold = 1.0
@@ -103,6 +110,12 @@ class CalculatorEnv(ToolEnv):
     def load_dataset(self) -> ProblemSet:
         """``num_tasks`` calculator problems, generated from ``task_seed``."""
         return ProblemSet(self.num_tasks, self.task_seed)
+
+    def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The system prompt and the question, with the worked exchange between them when
+        ``demonstration`` is on."""
+        *head, question = super().format_prompt(task)
+        return [*head, *DEMONSTRATION, question] if self.demonstration else [*head, question]
 
     async def setup_state(self, state: State) -> None:
         """With ``tool_call_reward``: report the ``tool_use`` component in every episode."""
@@ -125,6 +138,17 @@ class CalculatorEnv(ToolEnv):
         """1.0 for the right number; tool-call validity is logged with weight 0."""
         return Rubric([number_answer(), tool_call_validity()])
 
+
+DEMONSTRATION = (
+    user("Compute: (12 + 30) * 5"),
+    assistant(
+        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "(12 + 30) * 5"}}\n'
+        "</tool_call>"
+    ),
+    Message(role="tool", content="210", tool_call_id="call_0", name="calculate"),
+    assistant("The result is \\boxed{210}."),
+)
+"""The worked exchange ``demonstration`` shows: one call, its result, the boxed answer."""
 
 _EXPRESSION = re.compile(r"Compute: (.+)$")
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import envhub
-from envhub.envs.calculator import CalculatorEnv, reference_policy
+from envhub.env import as_turn
+from envhub.envs.calculator import CalculatorEnv, calculate, reference_policy
 
 BROKEN_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "1 +"}}</tool_call>'
 GOOD_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 3"}}</tool_call>'
@@ -41,3 +44,17 @@ def test_without_it_nothing_changes() -> None:
     assert "tool_use" not in env.state.reward_components
     with pytest.raises(ValueError, match="tool_call_reward must be >= 0"):
         CalculatorEnv(tool_call_reward=-0.1)
+
+
+def test_the_demonstration_is_one_worked_exchange_before_the_question() -> None:
+    env = CalculatorEnv(demonstration=True)
+    prompt, _ = env.reset(seed=0, options={"task_index": 2})
+    assert [m.role for m in prompt] == ["system", "user", "assistant", "tool", "assistant", "user"]
+    call = env.parse_turn(env.state, as_turn(prompt[2].content)).calls[0]
+    assert (call.function.name, json.loads(call.function.arguments)) == (
+        "calculate",
+        {"expression": "(12 + 30) * 5"},
+    )
+    assert prompt[3].content == calculate("(12 + 30) * 5") == "210"
+    assert prompt[-1].content == CalculatorEnv().format_prompt(env.dataset[2])[-1].content
+    assert envhub.check_env(CalculatorEnv(demonstration=True)).passed
