@@ -2,8 +2,10 @@
 
 Rough by design: it tells a 135M CPU run from a 7B run that will not fit, before anything
 starts. Training memory = parameters (fp32 master copy) + gradients + AdamW's two moments for
-trainable parameters, + a reference model when the KL penalty is on, + activations of one
-micro-batch (the logits over the vocabulary dominate for small models), + the generation KV cache.
+trainable parameters, + a reference model when the KL penalty is on, + a critic (another copy
+of the weights, its gradients and AdamW moments, no vocabulary logits) with ``advantage: gae``,
++ activations of one micro-batch (the logits over the vocabulary dominate for small models),
++ the generation KV cache.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def estimate(config: TrainConfig) -> dict[str, str]:
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads
     context = 1024 + rc.max_tokens
     kv_cache = min(rc.max_concurrency, episodes) * context * 2 * layers * kv_heads * head_dim * 4
-    total = weights + optimizer + logits + activations + kv_cache
+    critic = params * (4 + 4 + 8) if config.algorithm.needs_critic else 0
+    total = weights + optimizer + critic + logits + activations + kv_cache
     figures = {
         "model": (
             f"{config.model.name} ({hf.model_type}, {layers} layers, "
@@ -63,6 +66,7 @@ def estimate(config: TrainConfig) -> dict[str, str]:
         ),
         "weights (fp32)": _gib(weights),
         "gradients + AdamW": _gib(optimizer),
+        **({"critic (weights, gradients, AdamW)": _gib(critic)} if critic else {}),
         "activations per micro-batch": (
             f"{_gib(logits + activations)} ({tokens} tokens; logits {_gib(logits)})"
         ),
