@@ -49,6 +49,11 @@ CHART_GROUPS: list[tuple[str, str, Callable[[str], bool]]] = [
         "per episode",
         lambda k: k in ("rollout/truncated", "rollout/errors", "rollout/token_drift"),
     ),
+    (
+        "Critic: explained variance and value loss",
+        "",
+        lambda k: k in ("critic/explained_variance", "critic/value_loss", "critic/value_clip_frac"),
+    ),
     ("Time by phase", "seconds", lambda k: k.startswith("time/")),
     (
         "Throughput",

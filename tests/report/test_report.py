@@ -153,3 +153,16 @@ def test_command_writes_report_html_in_the_run_folder(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert f"wrote {tmp_path / 'report.html'}" in result.output.replace("\n", "")
     assert 'id="step-data-eval-0"' in (tmp_path / "report.html").read_text()
+
+
+def test_a_run_with_a_critic_gets_a_chart_of_its_explained_variance_and_loss() -> None:
+    rows = [
+        {"step": 1, "critic/explained_variance": -0.5, "critic/value_loss": 0.2},
+        {"step": 2, "critic/value_loss": 0.1},  # returns that did not vary: no EV that step
+    ]
+    (chart,) = chart_specs(rows)
+    assert chart["title"] == "Critic: explained variance and value loss"
+    assert [(s["name"], s["x"], s["y"]) for s in chart["series"]] == [
+        ("critic/explained_variance", [1], [-0.5]),
+        ("critic/value_loss", [1, 2], [0.2, 0.1]),
+    ]
