@@ -102,7 +102,9 @@ class RunnerOptions:
             greedy_baseline,
         )
 
-    def runner(self, engine: InferenceEngine, env_factory: Callable[[], Any], seed: int) -> Any:
+    def runner(
+        self, engine: InferenceEngine, env_factory: Callable[[], Any], seed: int
+    ) -> RolloutRunner:
         """A :class:`RolloutRunner` that samples as these options say."""
         return RolloutRunner(
             engine, env_factory, sampling=self.sampling, max_concurrency=self.max_concurrency,
