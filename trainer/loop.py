@@ -303,7 +303,7 @@ async def train_step(
                 charge_kl, scored, backend, kl_control, estimator
             )
     values = None
-    if critic is not None:
+    if critic is not None and scored.usable:
         with timer("values"):
             sequences = [scored.trajectories[i].token_ids or [] for i in scored.usable]
             values = await asyncio.to_thread(critic.values, sequences)

@@ -60,6 +60,8 @@ class MegatronCritic:
 
     def values(self, sequences: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         """Each sequence's ``(L - 1,)`` float64 values, gathered from the ranks that hold them."""
+        if not sequences:
+            return []
         samples = [
             Sample(list(ids), [1] * len(ids), [0.0] * len(ids), 0.0, i)
             for i, ids in enumerate(sequences)
