@@ -30,6 +30,8 @@ class Outcome:
     killed_for: str | None
     """``timeout`` or ``output_limit`` when this side killed the process, else ``None``."""
     seconds: float
+    sandbox_init: int | None = None
+    """The host pid of the sandbox's pid 1 (bubblewrap runs only), once it was known."""
 
 
 class _Capped:

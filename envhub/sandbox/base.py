@@ -50,7 +50,8 @@ class Limits:
         wall_time: Seconds of real time before the run is killed (``timeout``).
         cpu_time: Seconds of CPU time (RLIMIT_CPU) before the run is killed (``timeout``).
         memory_mb: Address space per process (RLIMIT_AS), in MiB (``memory``).
-        processes: Processes and threads alive at once (RLIMIT_NPROC): a fork bomb stops here.
+        processes: Processes and threads alive at once in a run, its init included
+            (RLIMIT_NPROC): a fork bomb stops here.
         file_size_mb: Largest file a process may write (RLIMIT_FSIZE); bigger writes fail (EFBIG).
         output_bytes: Bytes of stdout and of stderr kept; more is ``output_limit`` and a kill.
         disk_mb: Size of the writable scratch space (working folder and ``/tmp`` together).

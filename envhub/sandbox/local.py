@@ -1,17 +1,24 @@
 """The local backend: bubblewrap namespaces plus rlimits, as a non-root uid.
 
-Each run is ``prlimit <limits> -- setpriv --reuid U --regid U --clear-groups -- bwrap <flags> --
-<command>``: the rlimits are set first, then the process drops to an unprivileged uid of its
-own (RLIMIT_NPROC does not bind uid 0, so a fork bomb is only contained this way), then
-bubblewrap builds an empty world: new user, pid, network, ipc, uts and cgroup namespaces, the
-system's ``/usr`` read-only, a private size-limited tmpfs as the working folder (``/sandbox``,
-``/tmp`` points into it), no environment variables, no nested user namespaces, and every
-process killed when the run ends or the caller dies (``--die-with-parent``).
+Each run is ``setpriv --reuid U --regid U --clear-groups -- bwrap <flags> -- /bin/sh -c <init>
+<command>``: the process drops to an unprivileged uid of its own (RLIMIT_NPROC does not bind
+uid 0, so a fork bomb is only contained this way), bubblewrap builds an empty world, and the
+sandbox's init sets the rlimits with its ``ulimit`` builtin before it starts the command. That
+is where ``/bin/sh`` is dash (Debian, Ubuntu); with another shell ``prlimit <limits> --`` goes
+in front instead, one more exec per run. The world bubblewrap builds: new user, pid, network,
+ipc, uts and cgroup namespaces, the system's ``/usr`` read-only, a private size-limited tmpfs as
+the working folder (``/sandbox``, ``/tmp`` points into it), no environment variables, no nested
+user namespaces, and every process killed when the run ends or the caller dies
+(``--die-with-parent``).
 
 Each concurrent run gets its own uid from a pool (``base_uid`` upwards), so the process limit of
 one run is not shared with another and no process of a finished run can survive unnoticed: a
-run's uid is only handed out again once it owns no process. When envhub is not root, runs use
-the caller's own uid (the process limit then counts the caller's processes too).
+run's uid is only handed out again once it owns no process. That is known without reading
+``/proc`` when the sandbox's init (its pid 1, whose host pid bubblewrap reports) is gone: the
+kernel kills and reaps every process of a pid namespace before its init's exit completes.
+Otherwise (a run bubblewrap could not start, the rlimits fallback) the host's ``/proc`` is
+searched for the uid. When envhub is not root, runs use the caller's own uid (the process limit
+then counts the caller's processes too).
 
 ``isolation="rlimits"`` is the documented weaker fallback for machines without user namespaces:
 rlimits and the uid drop only (memory, CPU, processes, file size, output and wall time are
@@ -21,6 +28,7 @@ limited; host files and the network are NOT protected). It is never chosen autom
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -44,16 +52,10 @@ from envhub.sandbox.base import (
     classify_exit,
 )
 from envhub.sandbox.outputs import ALL_FILES, frame, init_script, parse_outputs
+from envhub.sandbox.system_files import prepared_etc
 
 Isolation = Literal["bwrap", "rlimits"]
 _RO_SYSTEM = ("/usr",)
-_RO_OPTIONAL = (
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/alternatives",
-    "/etc/localtime",
-)
 _NET_FILES = (
     "/etc/resolv.conf",
     "/etc/hosts",
@@ -165,6 +167,8 @@ class LocalSandbox(Sandbox):
         first, step = (base_uid, 1) if self.as_root else (os.getuid(), 0)
         self.uids = _process.uid_pool(first, self.max_concurrency, step)
         self.ro_binds = tuple(ro_binds)
+        self.limits_in_init = isolation == "bwrap" and shell_is_dash()
+        """Whether the sandbox's init sets the rlimits (dash's ``ulimit``), not ``prlimit``."""
 
     async def arun(
         self,
@@ -190,37 +194,40 @@ class LocalSandbox(Sandbox):
             else [check_relative(p) for p in output_files]
         )
         uid = await self.uids.acquire()
+        outcome = None
         try:
             if self.isolation == "bwrap":
                 outcome = await self._run_bwrap(uid, argv, stdin, inputs, wanted, limits)
             else:
                 outcome = await self._run_rlimits(uid, argv, stdin, inputs, wanted, limits)
         finally:
-            await self._release(uid)
+            await self._release(uid, outcome.sandbox_init if outcome else None)
         return _result(outcome, wanted, limits)
 
-    async def _release(self, uid: int) -> None:
+    async def _release(self, uid: int, sandbox_init: int | None) -> None:
+        """Return ``uid`` to the pool once it owns no process: at once when the sandbox's init
+        has gone (with it every process of its pid namespace), else after searching /proc."""
         try:
-            if self.as_root:
+            if self.as_root and (sandbox_init is None or os.path.exists(f"/proc/{sandbox_init}")):
                 await _process.wait_uid_gone(uid)
         finally:
             self.uids.release(uid)
 
+    def _nproc(self, uid: int, limits: Limits) -> int:
+        """RLIMIT_NPROC for a run, so that ``limits.processes`` counts the run's own processes
+        (its init included). Set by the init inside the sandbox's user namespace it counts just
+        those (Linux >= 5.14 counts processes per user namespace). Set before bubblewrap by
+        prlimit it also counts the outer bubblewrap and, when not root, the caller's own
+        processes (the same uid): both are added."""
+        if self.limits_in_init:
+            return limits.processes
+        outer = 1 if self.isolation == "bwrap" else 0
+        return limits.processes + outer + (0 if self.as_root else len(_process.uid_processes(uid)))
+
     def _prefix(self, uid: int, limits: Limits) -> list[str]:
-        """prlimit + setpriv: the limits, then the drop to ``uid``."""
-        mib = 1 << 20
-        nproc = limits.processes + (0 if self.as_root else len(_process.uid_processes(uid)))
-        cpu = limits.cpu_seconds
-        argv = [
-            "prlimit",
-            f"--as={limits.memory_mb * mib}",
-            f"--cpu={cpu}:{cpu + 1}",
-            f"--fsize={limits.file_size_mb * mib}",
-            f"--nproc={nproc}",
-            f"--nofile={limits.open_files}",
-            "--core=0",
-            "--",
-        ]
+        """The argv before bubblewrap (or the rlimits fallback's command): ``prlimit`` unless the
+        init sets the limits, then (as root) ``setpriv``'s drop to ``uid``."""
+        argv = [] if self.limits_in_init else prlimit_argv(limits, self._nproc(uid, limits))
         if self.as_root:
             argv += [
                 "setpriv",
@@ -250,28 +257,39 @@ class LocalSandbox(Sandbox):
             channel = f"/proc/self/fd/{channel_write}"
         # sh is the sandbox's pid 1 (--as-pid-1): bubblewrap's own init would leave a zombie
         # for the host's init to reap, holding a slot of the uid's process limit meanwhile.
-        init = ["/bin/sh", "-c", init_script(wanted, channel), "sh"]
+        prologue = ulimit_prologue(limits, self._nproc(uid, limits)) if self.limits_in_init else ""
+        init = ["/bin/sh", "-c", init_script(wanted, channel, prologue=prologue), "sh"]
+        # bubblewrap writes the host pid of the sandbox's init here (closed inside the sandbox).
+        info_read, info_write = os.pipe()
+        fds.append(info_write)
         # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
         full = [
             *self._prefix(uid, limits),
             self.bwrap,
             *self._bwrap_flags(limits),
             *flags,
+            "--info-fd",
+            str(info_write),
             "--remount-ro",
             "/",
             "--",
             *init,
             *argv,
         ]
-        return await _process.execute(
-            full,
-            stdin=as_bytes(stdin or b""),
-            output_cap=limits.output_bytes,
-            deadline=limits.wall_time,
-            pass_fds=fds,
-            channel_fd=channel_read,
-            channel_cap=(limits.disk_mb << 20) + (1 << 20),
-        )
+        try:
+            outcome = await _process.execute(
+                full,
+                stdin=as_bytes(stdin or b""),
+                output_cap=limits.output_bytes,
+                deadline=limits.wall_time,
+                pass_fds=fds,
+                channel_fd=channel_read,
+                channel_cap=(limits.disk_mb << 20) + (1 << 20),
+            )
+            outcome.sandbox_init = _sandbox_init(info_read)
+        finally:
+            os.close(info_read)
+        return outcome
 
     def _bwrap_flags(self, limits: Limits) -> list[str]:
         flags = [
@@ -293,7 +311,9 @@ class LocalSandbox(Sandbox):
                 flags += ["--symlink", target, link]
             else:  # a system whose /lib is a real folder
                 flags += ["--ro-bind", link, link]
-        for path in (*_RO_OPTIONAL, *(_NET_FILES if limits.network else ()), *self.ro_binds):
+        on_top = (*(_NET_FILES if limits.network else ()), *self.ro_binds)
+        flags += ["--ro-bind", prepared_etc(on_top), "/etc"]
+        for path in on_top:
             flags += ["--ro-bind-try", path, path]
         flags += ["--proc", "/proc", "--dev", "/dev"]
         flags += [
@@ -349,6 +369,57 @@ class LocalSandbox(Sandbox):
             )
             outcome.channel = _read_back(root, wanted)
             return outcome
+
+
+def shell_is_dash(shell: str = "/bin/sh") -> bool:
+    """Whether ``shell`` is dash, whose ``ulimit`` builtin sets every limit a run needs with the
+    units :func:`ulimit_prologue` uses (bash's ``ulimit -p`` is the pipe size, not processes)."""
+    return os.path.basename(os.path.realpath(shell)) == "dash"
+
+
+def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
+    """``prlimit`` setting a run's rlimits before it execs the rest of the argv."""
+    mib = 1 << 20
+    cpu = limits.cpu_seconds
+    return [
+        "prlimit",
+        f"--as={limits.memory_mb * mib}",
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--fsize={limits.file_size_mb * mib}",
+        f"--nproc={nproc}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+        "--",
+    ]
+
+
+def ulimit_prologue(limits: Limits, nproc: int) -> str:
+    """The same rlimits as :func:`prlimit_argv`, set by dash's ``ulimit`` in the sandbox's init
+    before the command starts (KiB for memory, 512-byte blocks for file size); the run stops
+    with status 125 if one cannot be set, so no command runs without its limits."""
+    cpu = limits.cpu_seconds
+    settings = [
+        f"-v {limits.memory_mb * 1024}",
+        f"-S -t {cpu}",  # soft first: a hard limit below the current soft one is refused
+        f"-H -t {cpu + 1}",
+        f"-f {limits.file_size_mb * 2048}",
+        f"-p {nproc}",
+        f"-n {limits.open_files}",
+        "-c 0",
+    ]
+    setters = " && ".join(f"ulimit {setting}" for setting in settings)
+    return f'{setters} || {{ echo "envhub sandbox: cannot set its limits" >&2; exit 125; }}\n'
+
+
+def _sandbox_init(info_fd: int) -> int | None:
+    """The host pid of the sandbox's init from bubblewrap's ``--info-fd`` JSON (written before
+    the command starts), or ``None`` when bubblewrap wrote none (it failed to start)."""
+    os.set_blocking(info_fd, False)
+    try:
+        info = json.loads(os.read(info_fd, 1 << 16))
+        return int(info["child-pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _input_files(inputs: dict[str, bytes]) -> tuple[list[int], list[str]]:

@@ -33,16 +33,21 @@ ALL_FILES = "**"
 
 
 def init_script(
-    wanted: Sequence[str] = (), channel: str | None = None, *, kill_all: bool = True
+    wanted: Sequence[str] = (),
+    channel: str | None = None,
+    *,
+    kill_all: bool = True,
+    prologue: str = "",
 ) -> str:
-    """The ``sh -c`` script that runs ``"$@"`` as the sandbox's pid 1 would: it waits for the
-    command, kills whatever the command left behind (``kill -9 -1``: every process its uid may
-    signal, so only where that uid is the sandbox's alone), sends the ``wanted`` files to
-    ``channel`` (when given) and exits with the command's status (``128 + n`` for signal n)."""
+    """The ``sh -c`` script that runs ``"$@"`` as the sandbox's pid 1 would: it runs
+    ``prologue`` (the rlimits, when the init sets them), waits for the command, kills whatever
+    the command left behind (``kill -9 -1``: every process its uid may signal, so only where
+    that uid is the sandbox's alone), sends the ``wanted`` files to ``channel`` (when given)
+    and exits with the command's status (``128 + n`` for signal n)."""
     for path in wanted:
         if "\n" in path:
             raise ConfigError(f"output file names cannot contain a newline: {path!r}")
-    script = INIT + (_KILL_ALL if kill_all else "")
+    script = prologue + INIT + (_KILL_ALL if kill_all else "")
     if wanted and channel:
         emits = (
             _EMIT_ALL + ";"

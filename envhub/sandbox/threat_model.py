@@ -6,7 +6,8 @@ shortcut to reward. The host is a researcher's workstation or a training node ru
 Contained by the local backend (each item has a test in ``tests/sandbox/``):
 
 - **Resources** — wall time (killed), CPU time (RLIMIT_CPU), memory (RLIMIT_AS), processes
-  (RLIMIT_NPROC, as a non-root uid of its own: a fork bomb stops there), file size
+  (RLIMIT_NPROC, for a non-root uid of its own, set by the sandbox's init before the command
+  starts and counted in its user namespace: a fork bomb stops there), file size
   (RLIMIT_FSIZE), scratch disk (a size-limited tmpfs), open files, stdout/stderr size (killed).
 - **The host's files** — only ``/usr`` (and a few ``/etc`` files the loader needs) is mounted,
   read-only; the project tree, ``/root``, ``/etc/shadow``, other users' files are not there.

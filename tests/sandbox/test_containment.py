@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub.sandbox import LocalSandbox
+from envhub.sandbox import Limits, LocalSandbox
 
 from .conftest import live_sandbox_processes
 
@@ -46,9 +46,9 @@ def after(sandbox: LocalSandbox) -> Iterator[None]:
 
 
 def test_fork_bomb_hits_the_process_limit(sandbox: LocalSandbox, after: None) -> None:
-    # 16 processes for the uid: the outer bwrap, the sandbox's sh init, python, 13 children.
+    # 16 processes in the sandbox: its sh init, python, 14 children.
     result = sandbox.run_python(FORK_COUNT)
-    assert (result.stdout, result.exit_code, result.stop_reason) == ("13 11\n", 0, "ok")
+    assert (result.stdout, result.exit_code, result.stop_reason) == ("14 11\n", 0, "ok")
 
 
 def test_unbounded_fork_bomb(sandbox: LocalSandbox, after: None) -> None:
@@ -171,6 +171,17 @@ def test_host_files_and_secrets_are_invisible(
     )
     result = sandbox.run_python(code)
     assert result.stdout.splitlines() == ["2", "2", "2", "2", "2", "False", "['1', '2']"]
+
+
+def test_etc_holds_only_what_programs_need_read_only(sandbox: LocalSandbox, after: None) -> None:
+    listing = "import os\nprint(sorted(os.listdir('/etc')))\nopen('/etc/x', 'w')"
+    result = sandbox.run_python(listing)
+    wanted = ["alternatives", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime"]
+    assert result.stdout == f"{[name for name in wanted if os.path.lexists('/etc/' + name)]}\n"
+    assert result.stderr.endswith("OSError: [Errno 30] Read-only file system: '/etc/x'\n")
+    # With network the resolver's files are bound on top, the host's own.
+    hosts = sandbox.run("cat /etc/hosts", limits=Limits(wall_time=5, network=True))
+    assert hosts.stdout == Path("/etc/hosts").read_text()
 
 
 def test_no_network_not_even_the_hosts_loopback(sandbox: LocalSandbox, after: None) -> None:

@@ -4,6 +4,7 @@ exit status, stop reasons, limits, concurrency; and its inputs are checked."""
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -187,3 +188,72 @@ def test_the_rlimits_fallback_limits_but_does_not_isolate() -> None:
         weak.run_python("while True: pass", limits=Limits(wall_time=0.5)).stop_reason == "timeout"
     )
     assert live_sandbox_processes(weak) == []
+
+
+RLIMITS = """\
+import resource as r
+for name in ("AS", "CPU", "FSIZE", "NOFILE", "CORE", "NPROC"):
+    print(name, *r.getrlimit(getattr(r, "RLIMIT_" + name)))
+"""
+
+
+@pytest.mark.parametrize("in_init", [True, False], ids=["ulimit-in-init", "prlimit"])
+def test_both_ways_of_setting_rlimits_give_the_same_limits(in_init: bool) -> None:
+    box = LocalSandbox(
+        Limits(wall_time=5, cpu_time=3, memory_mb=300, processes=12, file_size_mb=2, open_files=99),
+        base_uid=61000,
+        max_concurrency=8,
+    )
+    if not in_init and not box.limits_in_init:
+        pytest.skip("/bin/sh is not dash here: prlimit is the only way")
+    box.limits_in_init = in_init
+    mib = 1 << 20
+    # prlimit also counts the outer bubblewrap, outside the sandbox: one more, same room.
+    nproc = 12 if in_init else 13
+    assert box.run_python(RLIMITS).stdout == (
+        f"AS {300 * mib} {300 * mib}\nCPU 3 4\nFSIZE {2 * mib} {2 * mib}\nNOFILE 99 99\n"
+        f"CORE 0 0\nNPROC {nproc} {nproc}\n"
+    )
+    # Either way 12 processes for the run: the sandbox's sh init, python and 10 children.
+    result = box.run_python(
+        "import os, time\nn = 0\nwhile True:\n    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(30)\n"
+        "        os._exit(0)\n    n += 1\nprint(n)"
+    )
+    assert (result.stdout, result.stop_reason) == ("10\n", "ok")
+    # A write past 2 MiB: SIGXFSZ (128 + 25) with exactly 2 MiB written.
+    big = box.run("head -c 3000000 /dev/zero > f; echo $?; wc -c < f")
+    assert (big.stdout, big.stderr) == ("153\n2097152\n", "File size limit exceeded\n")
+    assert live_sandbox_processes(box) == []
+
+
+def test_a_limit_the_init_cannot_set_stops_the_run() -> None:
+    box = LocalSandbox(Limits(wall_time=5), base_uid=61000, max_concurrency=8)
+    if not box.limits_in_init:
+        pytest.skip("/bin/sh is not dash here")
+    # More open files than the kernel allows a process (fs.nr_open): ulimit refuses it.
+    result = box.run("echo ran", limits=Limits(wall_time=5, open_files=1 << 30))
+    assert (result.stdout, result.exit_code) == ("", 125)
+    assert "envhub sandbox: cannot set its limits" in result.stderr
+
+
+def test_a_uid_whose_sandbox_init_is_gone_is_free_without_searching_proc(
+    sandbox: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    searched: list[int] = []
+
+    async def search(uid: int, timeout: float = 10.0) -> None:
+        searched.append(uid)
+
+    monkeypatch.setattr("envhub.sandbox._process.wait_uid_gone", search)
+    assert sandbox.run("echo hi").stdout == "hi\n"
+    assert searched == []  # bubblewrap named the init; it has gone, and its namespace with it
+    if not sandbox.as_root:
+        return
+    # No init known (bubblewrap never started one), or one still alive: /proc is searched.
+    alive = os.getpid()
+    for init in (None, alive):
+        uid = asyncio.run(sandbox.uids.acquire())
+        asyncio.run(sandbox._release(uid, init))
+        assert searched[-1] == uid
+    assert len(searched) == 2
