@@ -368,7 +368,7 @@ def test_group_rewards_are_added_to_each_sample() -> None:
     ]
 
 
-def test_on_trajectory_sees_every_trajectory_in_order() -> None:
+def test_on_trajectory_sees_every_trajectory_group_by_group() -> None:
     seen: list[Trajectory] = []
     trajectories = run(
         RolloutRunner(ScriptedEngine(answer), Quiz, max_concurrency=3),
@@ -376,8 +376,32 @@ def test_on_trajectory_sees_every_trajectory_in_order() -> None:
         samples=2,
         on_trajectory=seen.append,
     )
-    assert seen == trajectories
-    assert [(t.task_index, t.sample_index) for t in seen] == [(3, 0), (3, 1), (1, 0), (1, 1)]
+    order = [(t.task_index, t.sample_index) for t in trajectories]
+    assert order == [(3, 0), (3, 1), (1, 0), (1, 1)]
+    # As each group finishes (whichever first), its samples together and in order.
+    assert sorted(seen, key=trajectories.index) == trajectories
+    assert [(t.task_index, t.sample_index) for t in seen] in (
+        [(3, 0), (3, 1), (1, 0), (1, 1)],
+        [(1, 0), (1, 1), (3, 0), (3, 1)],
+    )
+
+
+def test_a_fast_env_factory_runs_on_the_loop_and_a_slow_one_in_threads() -> None:
+    def made_where(delay: float) -> set[str]:
+        places: list[str] = []
+
+        def factory() -> Quiz:
+            places.append(threading.current_thread().name)
+            time.sleep(delay)
+            return Quiz()
+
+        runner = RolloutRunner(ScriptedEngine(answer), factory, max_concurrency=2)
+        run(runner, [0, 1])
+        run(runner, [2, 3])  # a new pool: its envs are made again, now that the speed is known
+        return set(places[2:])
+
+    assert made_where(0.0) == {"MainThread"}
+    assert "MainThread" not in made_where(0.005)
 
 
 def test_a_failing_tokenizer_is_recorded_as_the_engines_error() -> None:
