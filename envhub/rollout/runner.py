@@ -136,7 +136,9 @@ class RolloutRunner:
         self._created: list[Env] = []
         self._env_ref: EnvRef | None = None
         self._tools_in_prompt: ToolsInPrompt | None = None
-        self._factory_seconds = float("inf")  # unknown until the first env is made
+        self._factory_seconds = float("inf")
+        self._inline_factory: bool | None = None  # unknown until the first env is made
+        self._probing: asyncio.Event | None = None
         self.sampler: SamplerRef | None = None
         """What samples this runner's turns (the engine's description and ``sampling``), once
         :meth:`run` has started the engine; recorded on every trajectory."""
@@ -162,6 +164,7 @@ class RolloutRunner:
             update={"sampling": self.sampling.model_dump(mode="json")}
         )
         self._pool = asyncio.Queue()
+        self._probing = None  # a run cut off while timing the factory left its event behind
         for _ in range(self.max_concurrency):  # None = a slot whose env is not made yet
             self._pool.put_nowait(None)
         groups = [
@@ -465,13 +468,25 @@ class RolloutRunner:
         return env
 
     async def _make_env(self) -> Env:
-        """A new env from the factory: in a thread (a slow factory must not stall the other
-        episodes), or on the loop while the factory's last call took under a millisecond (a
-        thread hop per env cost more than making it: 1024 at once were a tenth of a token-level
-        run of bench/rollout_throughput.py)."""
-        if self._factory_seconds < _INLINE_FACTORY_SECONDS:
-            return self._timed_factory()
-        return await asyncio.to_thread(self._timed_factory)
+        """A new env from the factory. The first one is made in a thread and timed while other
+        episodes wait; from then on envs are made on the loop when that took under a
+        millisecond (a thread hop per env cost more than the env: 1024 of them were a tenth of
+        a token-level run of bench/rollout_throughput.py), else in threads, so a slow factory
+        never stalls the loop. Deciding once keeps the order in which episodes reach the engine
+        (and so what a batching engine samples) the same from run to run."""
+        if self._inline_factory is None:
+            if self._probing is not None:
+                await self._probing.wait()
+            else:
+                self._probing = asyncio.Event()
+                try:
+                    return await asyncio.to_thread(self._timed_factory)
+                finally:
+                    self._inline_factory = self._factory_seconds < _INLINE_FACTORY_SECONDS
+                    self._probing.set()
+        if self._inline_factory:
+            return self.env_factory()
+        return await asyncio.to_thread(self.env_factory)
 
     def _timed_factory(self) -> Env:
         started = time.perf_counter()
