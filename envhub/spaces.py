@@ -11,12 +11,36 @@ from pydantic import ValidationError
 from envhub.types import AssistantTurn, Message
 
 
+class _TextSampler:
+    """The gymnasium ``Text`` space a chat space samples from, made on first use: making one
+    costs ~75 us, and a rollout makes an env (with two chat spaces) per concurrent episode
+    while almost never sampling from them."""
+
+    def __init__(self, max_length: int, seed: int | np.random.Generator | None) -> None:
+        self.max_length = max_length
+        self._seed = seed
+        self._space: spaces.Text | None = None
+
+    def seed(self, seed: int | None) -> None:
+        """Seed the space now, or when it is made."""
+        if self._space is None:
+            self._seed = seed
+        else:
+            self._space.seed(seed)
+
+    def sample(self) -> str:
+        """A random text from the space."""
+        if self._space is None:
+            self._space = spaces.Text(max_length=self.max_length, seed=self._seed)
+        return self._space.sample()
+
+
 class MessagesSpace(spaces.Space[list]):
     """Lists of OpenAI-format chat messages (``Message`` objects or dicts)."""
 
     def __init__(self, seed: int | np.random.Generator | None = None) -> None:
+        self._text = _TextSampler(64, seed)  # first: a seed given here reaches seed()
         super().__init__(shape=None, dtype=None, seed=seed)
-        self._text = spaces.Text(max_length=64, seed=seed)
 
     @property
     def is_np_flattenable(self) -> bool:
@@ -57,8 +81,8 @@ class AssistantTurnSpace(spaces.Space[Any]):
     def __init__(
         self, max_length: int = 256, seed: int | np.random.Generator | None = None
     ) -> None:
+        self._text = _TextSampler(max_length, seed)  # first: a seed given here reaches seed()
         super().__init__(shape=None, dtype=None, seed=seed)
-        self._text = spaces.Text(max_length=max_length, seed=seed)
 
     @property
     def is_np_flattenable(self) -> bool:

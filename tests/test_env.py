@@ -467,6 +467,18 @@ def test_seeded_spaces_sample_reproducibly(space: Any) -> None:
     assert [space.sample() for _ in range(3)] == first
 
 
+def test_spaces_sample_what_gymnasiums_text_space_samples() -> None:
+    from gymnasium import spaces
+
+    # The text space is made on first use; seeding before or at construction is the same.
+    expected = spaces.Text(max_length=256, seed=3)
+    late = AssistantTurnSpace()
+    late.seed(3)
+    assert [AssistantTurnSpace(seed=3).sample(), late.sample()] == [expected.sample()] * 2
+    messages = MessagesSpace(seed=5).sample()
+    assert messages == [user(spaces.Text(max_length=64, seed=5).sample())]
+
+
 def test_state_views() -> None:
     prompt = [user("q")]
     state = State(
