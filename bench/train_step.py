@@ -66,6 +66,7 @@ def envhub_config(output_dir: Path, args: argparse.Namespace) -> Any:
                 "max_tokens": MAX_NEW_TOKENS,
                 "temperature": 1.0,
                 "top_p": 1.0,
+                "engine": args.engine,
             },
             "algorithm": {
                 "advantage": "grpo",
@@ -232,6 +233,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_common_arguments(parser)
     parser.add_argument("--side", choices=["both", "envhub", "trl"], default="both")
+    parser.add_argument(
+        "--engine",
+        choices=["hf", "vllm"],
+        default="hf",
+        help="envhub's rollout engine: HF generate as TRL (default), or vLLM (a vllm serve child "
+        "process on the same cores, weights synced after every step)",
+    )
     parser.add_argument(
         "--trl-json", type=Path, default=None, help="reuse a trl_grpo_step.py result"
     )
