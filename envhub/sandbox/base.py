@@ -264,3 +264,19 @@ class Sandbox(ABC):
 def quote(argv: Sequence[str]) -> str:
     """An argument list as one shell command line."""
     return shlex.join(argv)
+
+
+def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
+    """``prlimit`` setting a run's rlimits before it execs the rest of the argv."""
+    mib = 1 << 20
+    cpu = limits.cpu_seconds
+    return [
+        "prlimit",
+        f"--as={limits.memory_mb * mib}",
+        f"--cpu={cpu}:{cpu + 1}",
+        f"--fsize={limits.file_size_mb * mib}",
+        f"--nproc={nproc}",
+        f"--nofile={limits.open_files}",
+        "--core=0",
+        "--",
+    ]

@@ -3,8 +3,8 @@
 One VM serves many runs: it is created on first use (``Sandbox.create``, network off unless
 ``Limits.network``) and killed by :meth:`E2BSandbox.aclose`. Each run gets a fresh folder,
 its stdin from a file that is deleted before the command starts, and the same rlimits as the
-local backend through ``prlimit``; the wall time, output limit and stop reasons are enforced
-here, on the host, exactly as for the local backend.
+local backend, set by ``prlimit`` (:func:`~envhub.sandbox.base.prlimit_argv`); the wall time,
+output limit and stop reasons are enforced here, on the host, exactly as for the local backend.
 
 Differences from the local backend: runs share one VM (each in its own folder, as the VM's
 unprivileged user), so isolation *between runs* is weaker; ``disk_mb`` is not enforced (only
@@ -31,6 +31,7 @@ from envhub.sandbox.base import (
     as_bytes,
     check_relative,
     classify_exit,
+    prlimit_argv,
 )
 
 RUN_ROOT = "/tmp/envhub-runs"
@@ -146,12 +147,7 @@ class E2BSandbox(Sandbox):
 def _wrapped(argv: list[str], limits: Limits) -> str:
     """The shell line that runs ``argv`` with the rlimits, stdin from a file that is gone
     before the command starts (the program cannot read the harness's input back)."""
-    mib, cpu = 1 << 20, limits.cpu_seconds
-    prlimit = [
-        "prlimit", f"--as={limits.memory_mb * mib}", f"--cpu={cpu}:{cpu + 1}",
-        f"--fsize={limits.file_size_mb * mib}", f"--nproc={limits.processes}",
-        f"--nofile={limits.open_files}", "--core=0", "--",
-    ]  # fmt: skip
+    prlimit = prlimit_argv(limits, limits.processes)
     return f"exec < .stdin && rm -f .stdin && exec {shlex.join(prlimit + argv)}"
 
 

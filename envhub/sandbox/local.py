@@ -50,6 +50,7 @@ from envhub.sandbox.base import (
     as_bytes,
     check_relative,
     classify_exit,
+    prlimit_argv,
 )
 from envhub.sandbox.outputs import ALL_FILES, frame, init_script, parse_outputs
 from envhub.sandbox.system_files import prepared_etc
@@ -375,22 +376,6 @@ def shell_is_dash(shell: str = "/bin/sh") -> bool:
     """Whether ``shell`` is dash, whose ``ulimit`` builtin sets every limit a run needs with the
     units :func:`ulimit_prologue` uses (bash's ``ulimit -p`` is the pipe size, not processes)."""
     return os.path.basename(os.path.realpath(shell)) == "dash"
-
-
-def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
-    """``prlimit`` setting a run's rlimits before it execs the rest of the argv."""
-    mib = 1 << 20
-    cpu = limits.cpu_seconds
-    return [
-        "prlimit",
-        f"--as={limits.memory_mb * mib}",
-        f"--cpu={cpu}:{cpu + 1}",
-        f"--fsize={limits.file_size_mb * mib}",
-        f"--nproc={nproc}",
-        f"--nofile={limits.open_files}",
-        "--core=0",
-        "--",
-    ]
 
 
 def ulimit_prologue(limits: Limits, nproc: int) -> str:
