@@ -45,6 +45,13 @@ from trl_grpo_step import (
     summarize,
 )
 
+KEPT_METRICS = ("time/", "train/mismatch_", "sync/logprob_diff_")
+"""Per-step metrics of envhub's run kept in the JSON: phase times, the sampler/trainer logprob
+gap on the trained tokens and on the sync check's fixed sequence."""
+
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+"""envhub's ``model.dtype`` for each ``--precision`` (bfloat16: autocast, fp32 master weights)."""
+
 TOKENS_PER_SEQUENCE = 128
 """Padded-token budget per sequence for envhub's micro-batches (a prompt is ~40 tokens)."""
 
@@ -58,7 +65,7 @@ def envhub_config(output_dir: Path, args: argparse.Namespace) -> Any:
         {
             "steps": steps,
             "seed": args.seed,
-            "model": {"name": "smollm2-135m", "dtype": "float32"},
+            "model": {"name": "smollm2-135m", "dtype": DTYPES[args.precision]},
             "envs": [{"name": "arithmetic", "args": {"difficulty": "easy"}}],
             "rollout": {
                 "tasks_per_step": PROMPTS_PER_STEP,
@@ -67,6 +74,12 @@ def envhub_config(output_dir: Path, args: argparse.Namespace) -> Any:
                 "temperature": 1.0,
                 "top_p": 1.0,
                 "engine": args.engine,
+                "vllm": {
+                    "dtype": args.engine_dtype,
+                    # The check's gap between a 16-bit engine and the trainer is rounding, up
+                    # to ~0.36 here; it is reported (sync/logprob_diff_max), not a failure.
+                    "verify_tolerance": 1.0 if args.precision == "bf16" else None,
+                },
             },
             "algorithm": {
                 "advantage": "grpo",
@@ -153,7 +166,7 @@ def run_envhub(args: argparse.Namespace) -> dict[str, Any]:
             rollout_end[1] - begin[1],
             tokens,
         )
-        record |= {k: v for k, v in row.items() if k.startswith("time/")}
+        record |= {k: v for k, v in row.items() if k.startswith(KEPT_METRICS)}
         steps.append(record)
     return {
         "side": "envhub",
@@ -173,7 +186,7 @@ def run_trl(args: argparse.Namespace) -> dict[str, Any]:
             "--json",
             str(out),
         ]
-        for flag in ("steps", "warmup", "threads", "micro_batch", "seed"):
+        for flag in ("steps", "warmup", "threads", "micro_batch", "precision", "seed"):
             command += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         subprocess.run(command, check=True)
         return json.loads(out.read_text())
@@ -220,6 +233,14 @@ def print_table(result: dict[str, Any]) -> None:
         result[side]["summary"]["load_average_1m"] for side in ("envhub", "trl") if result[side]
     ]
     print(f"(medians of the timed steps; 1-minute load average at the end of each side: {loads})")
+    ours = result["envhub"]["summary"] if result["envhub"] else {}
+    if "train/mismatch_kl" in ours:
+        print(
+            "envhub sampler vs trainer on the trained tokens: "
+            f"KL {ours['train/mismatch_kl']:.2e}, "
+            f"mean |logprob diff| {ours['train/mismatch_abs_logprob_diff_mean']:.2e}, "
+            f"max {ours['train/mismatch_abs_logprob_diff_max']:.3f}"
+        )
 
 
 def _version(package: str) -> str:
@@ -239,6 +260,12 @@ def main() -> None:
         default="hf",
         help="envhub's rollout engine: HF generate as TRL (default), or vLLM (a vllm serve child "
         "process on the same cores, weights synced after every step)",
+    )
+    parser.add_argument(
+        "--engine-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="vLLM's dtype (default auto: the trainer's precision)",
     )
     parser.add_argument(
         "--trl-json", type=Path, default=None, help="reuse a trl_grpo_step.py result"

@@ -123,7 +123,7 @@ def grpo_config(output_dir: str, args: argparse.Namespace) -> Any:
     return GRPOConfig(
         output_dir=output_dir,
         use_cpu=True,
-        bf16=False,
+        bf16=args.precision == "bf16",  # accelerate: CPU autocast over fp32 weights
         fp16=False,
         gradient_checkpointing=False,
         per_device_train_batch_size=args.micro_batch,
@@ -221,6 +221,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     parser.add_argument(
         "--micro-batch", type=int, default=8, help="sequences per forward/backward (default 8)"
+    )
+    parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="fp32, or bf16 autocast over fp32 master weights on both sides (default fp32)",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None, help="write the numbers to this file")

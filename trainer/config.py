@@ -131,8 +131,8 @@ class VLLMConfig(_Part):
     run with ``VLLM_SERVER_DEV_MODE=1`` and the flags ``envhub.trainer.engines.vllm.serve_args``
     lists (weight transfer, logprobs mode, dtype); the trainer checks and says what is missing."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    """Engine dtype; ``auto`` is float32 on the CPU (the trainer's dtype, so logprobs match to
-    ~1e-6) and bfloat16 on GPUs."""
+    """Engine dtype; ``auto`` is the trainer's: float32 on the CPU (logprobs match to ~1e-6), or
+    ``model.dtype`` when that is 16-bit (autocast), and bfloat16 on GPUs."""
     max_model_len: int | None = None
     """Context to allocate for (default: 4096, or the model's limit when smaller)."""
     gpu_memory_utilization: float = Field(0.4, gt=0.0, le=1.0)
@@ -154,7 +154,7 @@ class VLLMConfig(_Part):
     after every sync, only the first one (at start or resume), or never."""
     verify_tolerance: float | None = Field(None, gt=0.0)
     """Largest allowed |vLLM - trainer| logprob on that sequence; default 1e-3 when the engine
-    runs in float32 and 0.25 in 16-bit (rounding alone differs that much)."""
+    runs in float32 and 0.5 in 16-bit (rounding alone differs up to ~0.36)."""
     verify_tokens: int = Field(64, ge=2)
     enforce_eager: bool | None = None
     """Skip vLLM's graph compilation. Default: eager on the CPU (SmolLM2-135M on 2 cores starts in

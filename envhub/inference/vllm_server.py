@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from envhub.errors import EngineUnavailableError, MissingDependencyError
+from envhub.inference.vllm_idle import ENV as IDLE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
     threads to one core, keeping another for the server; binding all cores measured 1.5x faster
     end to end here (``envhub eval``, SmolLM2-135M, 2 cores: 145 -> 219 tokens/s). Bigger
     machines keep vLLM's own NUMA-aware choice, and so do parallel runs (vLLM then needs one
-    core list per rank, ``|``-separated).
+    core list per rank, ``|``-separated). On small machines vLLM's worker also stops spinning
+    10 ms after a request instead of 1 s (:mod:`envhub.inference.vllm_idle`).
     """
     defaults = {"VLLM_CPU_KVCACHE_SPACE": "2"}
     cores = (
@@ -56,6 +58,8 @@ def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
     )
     if len(cores) <= 8 and not parallel:
         defaults["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    if len(cores) <= 8:  # the cores are shared with the trainer: idle soon (see vllm_idle)
+        defaults[IDLE_ENV] = "0.01"
     return defaults
 
 

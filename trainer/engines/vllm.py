@@ -302,7 +302,7 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
     from envhub.inference.vllm_server import default_context_length
 
     v = config.rollout.vllm
-    dtype = v.dtype if v.dtype != "auto" else ("bfloat16" if on_gpu else "float32")
+    dtype = v.dtype if v.dtype != "auto" else _engine_dtype(config.model.dtype, on_gpu)
     shares_gpu = v.mode == "inprocess" or v.colocate
     sleep = v.sleep == "on" or (
         v.sleep == "auto" and on_gpu and shares_gpu and not config.rollout.max_staleness
@@ -322,6 +322,15 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
         enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu,
         extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
     )
+
+
+def _engine_dtype(trainer_dtype: str, on_gpu: bool) -> str:
+    """The engine computes in the trainer's precision: bfloat16 on GPUs; on the CPU float32,
+    or the 16-bit dtype the trainer autocasts to (a float32 engine beside a bfloat16 trainer
+    differs from it by more than a bfloat16 engine does)."""
+    if on_gpu:
+        return "bfloat16"
+    return trainer_dtype if trainer_dtype in ("bfloat16", "float16") else "float32"
 
 
 def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:

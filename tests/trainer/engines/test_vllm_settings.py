@@ -60,6 +60,34 @@ def test_cpu_settings_run_float32_without_sleep_and_serve_with_training_flags() 
     assert default_tolerance(settings.dtype) == 1e-3
 
 
+@pytest.mark.parametrize(
+    ("trainer", "engine", "on_gpu", "expected"),
+    [
+        ("auto", "auto", False, "float32"),
+        ("float32", "auto", False, "float32"),
+        ("bfloat16", "auto", False, "bfloat16"),  # the trainer autocasts: the engine follows
+        ("float16", "auto", False, "float16"),
+        ("bfloat16", "float32", False, "float32"),  # asked for: kept
+        ("float32", "auto", True, "bfloat16"),
+    ],
+)
+def test_an_auto_engine_computes_in_the_trainers_precision(
+    trainer: str, engine: str, on_gpu: bool, expected: str
+) -> None:
+    config = validate_config(
+        {
+            "envs": [{"name": "arithmetic"}],
+            "model": {"dtype": trainer},
+            "rollout": {"engine": "vllm", "vllm": {"dtype": engine}},
+        }
+    )
+
+    settings = resolve_settings(config, "/m", on_gpu=on_gpu)
+
+    assert settings.dtype == expected
+    assert default_tolerance(settings.dtype) == (1e-3 if expected == "float32" else 0.5)
+
+
 def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
     settings = resolve_settings(
         _config(mode="inprocess", gpu_memory_utilization=0.3), "/models/m", on_gpu=True
@@ -71,7 +99,7 @@ def test_gpu_inprocess_settings_sleep_between_rollouts_and_use_bf16() -> None:
         "ipc",
         False,
     )
-    assert default_tolerance(settings.dtype) == 0.25
+    assert default_tolerance(settings.dtype) == 0.5
     assert serve_args(settings)[-3:] == ["--gpu-memory-utilization", "0.3", "--enable-sleep-mode"]
 
 
