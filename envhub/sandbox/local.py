@@ -1,15 +1,16 @@
 """The local backend: bubblewrap namespaces plus rlimits, as a non-root uid.
 
 Each run is ``setpriv --reuid U --regid U --clear-groups -- bwrap <flags> -- /bin/sh -c <init>
-<command>``: the process drops to an unprivileged uid of its own (RLIMIT_NPROC does not bind
-uid 0, so a fork bomb is only contained this way), bubblewrap builds an empty world, and the
-sandbox's init sets the rlimits with its ``ulimit`` builtin before it starts the command. That
-is where ``/bin/sh`` is dash (Debian, Ubuntu); with another shell ``prlimit <limits> --`` goes
-in front instead, one more exec per run. The world bubblewrap builds: new user, pid, network,
-ipc, uts and cgroup namespaces, the system's ``/usr`` read-only, a private size-limited tmpfs as
-the working folder (``/sandbox``, ``/tmp`` points into it), no environment variables, no nested
-user namespaces, and every process killed when the run ends or the caller dies
-(``--die-with-parent``).
+<command>`` (as root, ``nsenter --net=<U's namespace> --setuid U --setgid U`` in place of
+``setpriv``: see :mod:`envhub.sandbox.netns`): the process drops to an unprivileged uid of its
+own (RLIMIT_NPROC does not bind uid 0, so a fork bomb is only contained this way), bubblewrap
+builds an empty world, and the sandbox's init sets the rlimits with its ``ulimit`` builtin
+before it starts the command. That is where ``/bin/sh`` is dash (Debian, Ubuntu); with another
+shell ``prlimit <limits> --`` goes in front instead, one more exec per run. The world
+bubblewrap builds: new user, pid, network, ipc, uts and cgroup namespaces, the system's
+``/usr`` read-only, a private size-limited tmpfs as the working folder (``/sandbox``, ``/tmp``
+points into it), no environment variables, no nested user namespaces, and every process killed
+when the run ends or the caller dies (``--die-with-parent``).
 
 Each concurrent run gets its own uid from a pool (``base_uid`` upwards), so the process limit of
 one run is not shared with another and no process of a finished run can survive unnoticed: a
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Literal
 
 from envhub.errors import ConfigError, SandboxUnavailableError
-from envhub.sandbox import _process
+from envhub.sandbox import _process, netns
 from envhub.sandbox.base import (
     WORKDIR,
     Command,
@@ -170,6 +171,9 @@ class LocalSandbox(Sandbox):
         self.ro_binds = tuple(ro_binds)
         self.limits_in_init = isolation == "bwrap" and shell_is_dash()
         """Whether the sandbox's init sets the rlimits (dash's ``ulimit``), not ``prlimit``."""
+        self.keeps_netns = isolation == "bwrap" and self.as_root and bool(shutil.which("nsenter"))
+        """Whether runs start in their uid's kept network namespace (:mod:`.netns`), not one
+        bubblewrap makes per run."""
 
     async def arun(
         self,
@@ -225,10 +229,20 @@ class LocalSandbox(Sandbox):
         outer = 1 if self.isolation == "bwrap" else 0
         return limits.processes + outer + (0 if self.as_root else len(_process.uid_processes(uid)))
 
-    def _prefix(self, uid: int, limits: Limits) -> list[str]:
+    def _prefix(self, uid: int, limits: Limits, namespace: str | None = None) -> list[str]:
         """The argv before bubblewrap (or the rlimits fallback's command): ``prlimit`` unless the
-        init sets the limits, then (as root) ``setpriv``'s drop to ``uid``."""
+        init sets the limits, then (as root) the drop to ``uid``: ``nsenter``'s, into the
+        network namespace at ``namespace`` when there is one, else ``setpriv``'s."""
         argv = [] if self.limits_in_init else prlimit_argv(limits, self._nproc(uid, limits))
+        if namespace is not None:  # nsenter -G also drops the supplementary groups
+            return [
+                *argv,
+                "nsenter",
+                f"--net={namespace}",
+                f"--setuid={uid}",
+                f"--setgid={uid}",
+                "--",
+            ]
         if self.as_root:
             argv += [
                 "setpriv",
@@ -263,11 +277,13 @@ class LocalSandbox(Sandbox):
         # bubblewrap writes the host pid of the sandbox's init here (closed inside the sandbox).
         info_read, info_write = os.pipe()
         fds.append(info_write)
+        # No network: the uid's kept namespace (bubblewrap keeps it), else a new one per run.
+        namespace = None if limits.network or not self.keeps_netns else netns.netns_path(uid)
         # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
         full = [
-            *self._prefix(uid, limits),
+            *self._prefix(uid, limits, namespace),
             self.bwrap,
-            *self._bwrap_flags(limits),
+            *self._bwrap_flags(limits, keep_net=namespace is not None),
             *flags,
             "--info-fd",
             str(info_write),
@@ -292,7 +308,7 @@ class LocalSandbox(Sandbox):
             os.close(info_read)
         return outcome
 
-    def _bwrap_flags(self, limits: Limits) -> list[str]:
+    def _bwrap_flags(self, limits: Limits, keep_net: bool = False) -> list[str]:
         flags = [
             "--unshare-all",
             "--unshare-user",
@@ -303,7 +319,7 @@ class LocalSandbox(Sandbox):
             "--hostname",
             "sandbox",
         ]
-        if limits.network:
+        if limits.network or keep_net:
             flags += ["--share-net"]
         for path in _RO_SYSTEM:
             flags += ["--ro-bind", path, path]

@@ -15,7 +15,9 @@ Contained by the local backend (each item has a test in ``tests/sandbox/``):
 - **Secrets in the environment** — the run starts with an empty environment (``--clearenv``).
 - **The network** — its own network namespace with only a loopback: the host's loopback
   services (an inference server, a database) and the internet are unreachable (opt in with
-  ``Limits(network=True)``).
+  ``Limits(network=True)``). As root the namespace is kept per pool uid and reused by that
+  uid's later runs, never by two at once (:mod:`envhub.sandbox.netns`): a run can meet an
+  earlier run's closed connections in TIME_WAIT, nothing else.
 - **Other processes** — its own pid namespace: it cannot see or signal the caller, the host or
   other runs; init ignores its signals; no process survives the run (the namespace dies with
   it, and a run's uid is reused only once it owns no process), nor the caller being killed

@@ -1,0 +1,98 @@
+"""One network namespace per uid of the local sandbox's pool, made once and reused by its runs.
+
+bubblewrap's ``--unshare-net`` makes a network namespace for every run, and the kernel tears it
+down after: ~1.5 ms of a ~17 ms ``print(1)`` run on 2 cores (measured). As root the local
+backend instead starts each run inside a namespace kept for its uid (``nsenter --net=...``,
+which also drops to the uid as ``setpriv`` did) and tells bubblewrap to keep it
+(``--share-net``). Each namespace has only a loopback interface, up, as bubblewrap's own. It is
+never shared by two runs at once: a uid is handed out again only once it owns no process, so a
+run finds nothing of an earlier one but, at most, its closed TCP connections' TIME_WAIT entries
+(a fixed port bound without ``SO_REUSEADDR`` may then be refused for a minute). The sandbox's
+root cannot reconfigure it: the namespace belongs to the host's user namespace, where the
+sandbox has no capability.
+
+Where the namespace cannot be made (not root, or a container without ``CAP_SYS_ADMIN``) runs
+fall back to bubblewrap's own ``--unshare-net``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import os
+import socket
+import struct
+import threading
+
+_CLONE_NEWNET = 0x40000000
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
+
+_lock = threading.Lock()
+_namespaces: dict[int, int] = {}
+"""uid -> an open file descriptor of its namespace (this process's; see ``_owner``)."""
+_owner = os.getpid()
+_unavailable: list[str] = []
+
+
+def netns_path(uid: int) -> str | None:
+    """A path naming ``uid``'s network namespace for ``nsenter --net=``, made on first use;
+    ``None`` where this process cannot make one (then bubblewrap makes one per run)."""
+    global _owner
+    with _lock:
+        if _owner != os.getpid():  # a forked child: the parent's descriptors are not ours
+            _namespaces.clear()
+            _unavailable.clear()
+            _owner = os.getpid()
+        if _unavailable:
+            return None
+        fd = _namespaces.get(uid)
+        if fd is None:
+            try:
+                fd = _namespaces[uid] = _new_namespace()
+            except OSError as e:
+                _unavailable.append(str(e))
+                return None
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def _new_namespace() -> int:
+    """A new network namespace with its loopback up, as an open descriptor. Made on a thread
+    of its own: ``unshare`` moves only the calling thread, which then ends."""
+    made: list[int] = []
+    failed: list[OSError] = []
+
+    def make() -> None:
+        try:
+            if _libc().unshare(_CLONE_NEWNET) != 0:
+                error = ctypes.get_errno()
+                raise OSError(error, f"unshare(CLONE_NEWNET): {os.strerror(error)}")
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            made.append(fd)
+            _loopback_up()
+        except OSError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=make, name="envhub-netns")
+    thread.start()
+    thread.join()
+    if failed:
+        for fd in made:
+            os.close(fd)
+        raise failed[0]
+    return made[0]
+
+
+def _loopback_up() -> None:
+    """Bring ``lo`` of the calling thread's network namespace up."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH", b"lo", 0)
+        flags = struct.unpack("16sH", fcntl.ioctl(s, _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | _IFF_UP))
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
