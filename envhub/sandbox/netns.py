@@ -32,20 +32,14 @@ _IFF_UP = 0x1
 
 _lock = threading.Lock()
 _namespaces: dict[int, int] = {}
-"""uid -> an open file descriptor of its namespace (this process's; see ``_owner``)."""
-_owner = os.getpid()
+"""uid -> an open file descriptor of its namespace (a forked child inherits them)."""
 _unavailable: list[str] = []
 
 
 def netns_path(uid: int) -> str | None:
     """A path naming ``uid``'s network namespace for ``nsenter --net=``, made on first use;
     ``None`` where this process cannot make one (then bubblewrap makes one per run)."""
-    global _owner
     with _lock:
-        if _owner != os.getpid():  # a forked child: the parent's descriptors are not ours
-            _namespaces.clear()
-            _unavailable.clear()
-            _owner = os.getpid()
         if _unavailable:
             return None
         fd = _namespaces.get(uid)
