@@ -8,38 +8,20 @@ import os
 import time
 
 import httpx
+import psutil
 import pytest
 
 pytestmark = [pytest.mark.vllm, pytest.mark.model]
 
 
-def _tree(root: int) -> list[int]:
-    """``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = open(f"/proc/{entry}/stat").read()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo += children.get(pid, [])
-    return found
-
-
-def _cpu_seconds(pids: list[int]) -> float:
+def _cpu_seconds(processes: list[psutil.Process]) -> float:
     total = 0.0
-    for pid in pids:
+    for process in processes:
         try:
-            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        except OSError:
+            times = process.cpu_times()
+        except psutil.Error:  # it ended meanwhile
             continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        total += times.user + times.system
     return total
 
 
@@ -51,7 +33,8 @@ def test_vllm_goes_idle_right_after_a_request(vllm_server):
         timeout=120,
     )
     response.raise_for_status()
-    processes = _tree(vllm_server.process.pid)
+    server = psutil.Process(vllm_server.process.pid)
+    processes = [server, *server.children(recursive=True)]
     before = _cpu_seconds(processes)
     time.sleep(1.5)
 
