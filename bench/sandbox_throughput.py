@@ -1,8 +1,9 @@
 """Sandbox throughput and latency: executions/s and p50/p99 of ``print(1)`` and of a 10-case
-unit-test reward, sequential and with concurrency 2/8/32: the local bubblewrap sandbox, and the
-e2b backend through the real e2b SDK to envhub's local envd on 127.0.0.1 (which runs each
-command in the local sandbox, so its rows are the local ones plus the SDK and RPC), against a
-bare ``python3 -c`` on the host (the limit: no sandbox at all).
+unit-test reward, sequential and with concurrency 2/8/32: the local bubblewrap sandbox (as
+made, with warm sandboxes started ahead, and cold: ``warm=0``), and the e2b backend through the
+real e2b SDK to envhub's local envd on 127.0.0.1 (which runs each command in the local sandbox,
+so its rows are the local ones plus the SDK and RPC), against a bare ``python3 -c`` on the host
+(the limit: no sandbox at all).
 
     .venv/bin/python bench/sandbox_throughput.py [--runs 64] [--no-e2b]
 """
@@ -81,9 +82,11 @@ async def main(runs: int, e2b: bool) -> None:
         e2b: Also time the e2b backend against a local envd started for the run.
     """
     local = LocalSandbox(Limits(wall_time=30), max_concurrency=32)
+    cold = LocalSandbox(Limits(wall_time=30), max_concurrency=32, warm=0)
     jobs: dict[str, Callable[[], Awaitable[object]]] = {
         "host python -c print(1)": bare_print,
         **jobs_for("local", local),
+        **jobs_for("local cold", cold),
     }
     envd = contextlib.ExitStack()
     if e2b:

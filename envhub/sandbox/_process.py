@@ -6,11 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import os
+import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,36 +36,244 @@ class Outcome:
     """The host pid of the sandbox's pid 1 (bubblewrap runs only), once it was known."""
 
 
-class _Capped:
-    """Reads a stream, keeping at most ``cap`` bytes; ``over`` is set once more arrives."""
+def spawn(
+    argv: Sequence[str],
+    *,
+    pass_fds: Sequence[int] = (),
+    cwd: str | None = None,
+    new_session: bool = False,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with pipes for stdin, stdout and stderr (the child inherits
+    ``pass_fds``, closed here once it has them). Not tied to an event loop: :func:`drive` runs
+    it later on whichever loop the caller has, so a process can be started ahead of its use."""
+    try:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=tuple(pass_fds),
+            cwd=cwd,
+            start_new_session=new_session,
+        )
+    except OSError as e:
+        raise SandboxError(f"cannot start {argv[0]}: {e}") from e
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
 
-    def __init__(
-        self, stream: asyncio.StreamReader | None, cap: int, on_over: asyncio.Event
-    ) -> None:
-        self.stream, self.cap, self.on_over = stream, cap, on_over
-        self.data = bytearray()
 
-    async def drain(self) -> None:
-        if self.stream is None:
-            return
-        # Read to the end even past the cap (discarding): asyncio only reports the process
-        # as finished once every pipe is closed, and a paused pipe never closes.
-        while chunk := await self.stream.read(_CHUNK):
-            room = self.cap - len(self.data)
+async def execute(
+    argv: Sequence[str],
+    *,
+    stdin: bytes,
+    output_cap: int,
+    deadline: float,
+    pass_fds: Sequence[int] = (),
+    channel_fd: int | None = None,
+    channel_cap: int = 0,
+    cwd: str | None = None,
+    new_session: bool = False,
+) -> Outcome:
+    """Run ``argv`` (:func:`spawn`, then :func:`drive`)."""
+    started = time.perf_counter()
+    proc = spawn(argv, pass_fds=pass_fds, cwd=cwd, new_session=new_session)
+    return await drive(
+        proc,
+        stdin=stdin,
+        output_cap=output_cap,
+        deadline=deadline,
+        channel_fd=channel_fd,
+        channel_cap=channel_cap,
+        new_session=new_session,
+        started=started,
+    )
+
+
+async def drive(
+    proc: subprocess.Popen[bytes],
+    *,
+    stdin: bytes,
+    output_cap: int,
+    deadline: float,
+    feeds: Sequence[tuple[int, bytes]] = (),
+    channel_fd: int | None = None,
+    channel_cap: int = 0,
+    new_session: bool = False,
+    started: float | None = None,
+) -> Outcome:
+    """Feed a :func:`spawn`-ed process ``stdin`` (and each ``(fd, data)`` of ``feeds``: write
+    ends of other pipes it reads, closed after), collect its output and wait for it; kill it
+    (SIGKILL to the direct child) at ``deadline`` seconds or when a stream passes
+    ``output_cap`` bytes. ``channel_fd`` is the read end of an extra pipe the child writes; it
+    is read to EOF alongside. Every fd given is closed on return."""
+    started = time.perf_counter() if started is None else started
+    run = _Run(asyncio.get_running_loop(), proc, output_cap)
+    for fd, _ in feeds:
+        run.own(fd, functools.partial(os.close, fd))
+    channel = (
+        asyncio.ensure_future(_read_channel(channel_fd, channel_cap))
+        if channel_fd is not None
+        else None
+    )
+    killed_for = None
+    work = asyncio.gather(
+        run.read(run.stdout_fd, run.stdout),
+        run.read(run.stderr_fd, run.stderr),
+        *[run.write(fd, data) for fd, data in feeds],
+        run.write(run.stdin_fd, stdin),
+        run.exited(),
+    )
+    try:
+        done, _ = await asyncio.wait(
+            {work, run.over}, timeout=deadline, return_when=asyncio.FIRST_COMPLETED
+        )
+        if work not in done:
+            killed_for = "output_limit" if run.over in done else "timeout"
+            kill(proc, new_session)
+            await _reap(run)
+        await run.exited()
+    except BaseException:  # cancelled (or worse): never leave the sandbox behind
+        kill(proc, new_session)
+        _reap_later(proc)
+        raise
+    finally:
+        run.close()
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await work
+    channel_data = await channel if channel is not None else b""
+    exit_code = None if killed_for else _status(proc.returncode)
+    return Outcome(
+        bytes(run.stdout),
+        bytes(run.stderr),
+        channel_data,
+        exit_code,
+        killed_for,
+        time.perf_counter() - started,
+    )
+
+
+class _Run:
+    """One process's pipes and exit on an event loop, by ``add_reader``/``add_writer`` on the
+    raw fds and a pidfd (no asyncio transports, so the process need not have been started on
+    this loop). Output past ``cap`` bytes is read and dropped (``over`` is set): a pipe left
+    unread would block the writer and never close."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, proc: subprocess.Popen[bytes], cap: int):
+        self.loop, self.proc, self.cap = loop, proc, cap
+        self.stdout, self.stderr = bytearray(), bytearray()
+        self.over: asyncio.Future[None] = loop.create_future()
+        self._exit: asyncio.Future[None] | None = None
+        self._watched: list[tuple[str, int]] = []
+        self._owned: dict[int, Callable[[], object]] = {}
+        streams = (proc.stdin, proc.stdout, proc.stderr)
+        assert all(streams), "drive() needs a process from spawn()"
+        self.stdin_fd, self.stdout_fd, self.stderr_fd = (s.fileno() for s in streams)  # type: ignore[union-attr]
+        for stream in streams:  # closed here, once (never as a bare fd: its number is reused)
+            self.own(stream.fileno(), stream.close)  # type: ignore[union-attr]
+        proc.stdin = proc.stdout = proc.stderr = None
+
+    def own(self, fd: int, closer: Callable[[], object]) -> None:
+        """Close ``fd`` with ``closer`` when done with it, or at :meth:`close`."""
+        self._owned[fd] = closer
+
+    def read(self, fd: int, into: bytearray) -> asyncio.Future[None]:
+        """Read ``fd`` to end-of-file into ``into`` (at most ``cap`` bytes kept)."""
+        done = self.loop.create_future()
+        os.set_blocking(fd, False)
+
+        def readable() -> None:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self._unwatch("r", fd)
+                self._close(fd)
+                if not done.done():
+                    done.set_result(None)
+                return
+            room = self.cap - len(into)
             if room > 0:
-                self.data += chunk[:room]
-            if len(chunk) > room:
-                self.on_over.set()
+                into.extend(chunk[:room])
+            if len(chunk) > room and not self.over.done():
+                self.over.set_result(None)
 
+        self._watch("r", fd, readable)
+        return done
 
-async def _feed(proc: asyncio.subprocess.Process, data: bytes) -> None:
-    assert proc.stdin is not None
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        if data:
-            proc.stdin.write(data)
-            await proc.stdin.drain()
-    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-        proc.stdin.close()
+    def write(self, fd: int, data: bytes) -> asyncio.Future[None]:
+        """Write ``data`` to ``fd``, then close it (a reader that went away ends the write)."""
+        done = self.loop.create_future()
+        view = memoryview(data)
+        os.set_blocking(fd, False)
+
+        def finish() -> None:
+            self._unwatch("w", fd)
+            self._close(fd)
+            if not done.done():
+                done.set_result(None)
+
+        def writable() -> None:
+            nonlocal view
+            try:
+                while view:
+                    view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                return
+            except OSError:  # the reader closed its end (or exited)
+                pass
+            finish()
+
+        writable()
+        if not done.done():
+            self._watch("w", fd, writable)
+        return done
+
+    def exited(self) -> asyncio.Future[None]:
+        """Done once the process has exited and been reaped (``proc.returncode`` is set)."""
+        if self._exit is not None:
+            return self._exit
+        self._exit = self.loop.create_future()
+        try:
+            pidfd = os.pidfd_open(self.proc.pid)
+        except OSError:  # no pidfd (Linux < 5.3): a thread waits instead
+            waiter = self.loop.run_in_executor(None, self.proc.wait)
+            waiter.add_done_callback(lambda _: self._exited())
+            return self._exit
+        self.own(pidfd, functools.partial(os.close, pidfd))
+        self._watch("r", pidfd, lambda: self.proc.poll() is not None and self._exited())
+        return self._exit
+
+    def _exited(self) -> None:
+        assert self._exit is not None
+        if not self._exit.done():
+            self._exit.set_result(None)
+
+    def _watch(self, kind: str, fd: int, callback: Callable[[], object]) -> None:
+        (self.loop.add_reader if kind == "r" else self.loop.add_writer)(fd, callback)
+        self._watched.append((kind, fd))
+
+    def _unwatch(self, kind: str, fd: int) -> None:
+        if (kind, fd) in self._watched:
+            self._watched.remove((kind, fd))
+            (self.loop.remove_reader if kind == "r" else self.loop.remove_writer)(fd)
+
+    def _close(self, fd: int) -> None:
+        closer = self._owned.pop(fd, None)
+        if closer is not None:
+            with contextlib.suppress(OSError):
+                closer()
+
+    def close(self) -> None:
+        """Stop watching and close every fd still open (the process's pipes included)."""
+        for kind, fd in list(self._watched):
+            self._unwatch(kind, fd)
+        for fd in list(self._owned):
+            self._close(fd)
 
 
 async def _read_channel(fd: int, cap: int) -> bytes:
@@ -80,76 +290,6 @@ async def _read_channel(fd: int, cap: int) -> bytes:
     return await asyncio.to_thread(read)
 
 
-async def execute(
-    argv: Sequence[str],
-    *,
-    stdin: bytes,
-    output_cap: int,
-    deadline: float,
-    pass_fds: Sequence[int] = (),
-    channel_fd: int | None = None,
-    channel_cap: int = 0,
-    cwd: str | None = None,
-    new_session: bool = False,
-) -> Outcome:
-    """Run ``argv``; kill it (SIGKILL to the direct child) at ``deadline`` seconds or when a
-    stream passes ``output_cap`` bytes. ``channel_fd`` is the read end of an extra pipe whose
-    write end the child holds in ``pass_fds``; it is read to EOF alongside."""
-    started = time.perf_counter()
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            pass_fds=tuple(pass_fds),
-            cwd=cwd,
-            start_new_session=new_session,
-        )
-    except OSError as e:
-        raise SandboxError(f"cannot start {argv[0]}: {e}") from e
-    finally:
-        for fd in pass_fds:
-            os.close(fd)
-    over = asyncio.Event()
-    out, err = _Capped(proc.stdout, output_cap, over), _Capped(proc.stderr, output_cap, over)
-    channel = (
-        asyncio.ensure_future(_read_channel(channel_fd, channel_cap))
-        if channel_fd is not None
-        else None
-    )
-    work = asyncio.gather(out.drain(), err.drain(), _feed(proc, stdin), proc.wait())
-    watch = asyncio.ensure_future(over.wait())
-    killed_for = None
-    try:
-        done, _ = await asyncio.wait(
-            {work, watch}, timeout=deadline, return_when=asyncio.FIRST_COMPLETED
-        )
-        if work not in done:
-            killed_for = "output_limit" if watch in done else "timeout"
-            _kill(proc, new_session)
-            await _reap(proc)
-        await proc.wait()
-    except BaseException:  # cancelled (or worse): never leave the sandbox behind
-        _kill(proc, new_session)
-        raise
-    finally:
-        watch.cancel()
-        work.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await work
-    channel_data = await channel if channel is not None else b""
-    exit_code = None if killed_for else _status(proc.returncode)
-    return Outcome(
-        bytes(out.data),
-        bytes(err.data),
-        channel_data,
-        exit_code,
-        killed_for,
-        time.perf_counter() - started,
-    )
-
-
 def _status(returncode: int | None) -> int | None:
     """asyncio gives ``-n`` for death by signal n; report it as a shell does: ``128 + n``."""
     if returncode is None:
@@ -157,7 +297,7 @@ def _status(returncode: int | None) -> int | None:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _kill(proc: asyncio.subprocess.Process, group: bool) -> None:
+def kill(proc: subprocess.Popen[bytes], group: bool) -> None:
     """Kill a run. For bubblewrap, kill the namespace's init (the child of the outer bwrap)
     first: the kernel then kills everything in the namespace and the outer bwrap reaps it and
     exits. Killing the outer bwrap alone would orphan that init as a zombie for the host's
@@ -182,14 +322,29 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-async def _reap(proc: asyncio.subprocess.Process, grace: float = 2.0) -> None:
+async def _reap(run: _Run, grace: float = 2.0) -> None:
     """Wait for a killed run; SIGKILL the direct child too if it lingers."""
     try:
-        await asyncio.wait_for(proc.wait(), grace)
+        await asyncio.wait_for(asyncio.shield(run.exited()), grace)
     except (asyncio.TimeoutError, TimeoutError):
         with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
+            run.proc.kill()
+        await run.exited()
+
+
+def _reap_later(proc: subprocess.Popen[bytes], grace: float = 2.0) -> None:
+    """Reap a killed process on a thread (the loop may be going away): a child never waited
+    for stays a zombie, which still counts as a process of its uid."""
+
+    def reap() -> None:
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+    threading.Thread(target=reap, name="envhub-sandbox-reap", daemon=True).start()
 
 
 def uid_processes(uid: int, *, live: bool = False) -> list[int]:
@@ -241,15 +396,33 @@ class UidPool:
         self.uids: tuple[int, ...] = tuple(_claim(base, size) if step else [base] * size)
         self._free = list(reversed(self.uids))
         self._lock = threading.Lock()
+        self.waiting = 0
+        """Calls of :meth:`acquire` waiting for a uid now."""
+        self.warm: set[int] = set()
+        """Uids held by warm sandboxes (started ahead, running no call yet), of any
+        :class:`~envhub.sandbox.LocalSandbox` sharing this pool."""
 
     async def acquire(self) -> int:
+        """A free uid, waiting (polling) while there is none."""
         delay = 0.001
-        while True:
+        if (uid := self.try_acquire()) is not None:
+            return uid
+        with self._lock:
+            self.waiting += 1
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+                if (uid := self.try_acquire()) is not None:
+                    return uid
+        finally:
             with self._lock:
-                if self._free:
-                    return self._free.pop()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.02)
+                self.waiting -= 1
+
+    def try_acquire(self) -> int | None:
+        """A free uid, or ``None`` when there is none now."""
+        with self._lock:
+            return self._free.pop() if self._free else None
 
     def release(self, uid: int) -> None:
         with self._lock:
@@ -287,6 +460,14 @@ def _claim(base: int, size: int) -> list[int]:
 _HELD: list[int] = []
 _POOLS: dict[tuple[int, int, int], UidPool] = {}
 _POOLS_LOCK = threading.Lock()
+
+
+def forget_pools() -> None:
+    """Forget every pool (in a forked child: the parent goes on using their uids; pools made
+    after this claim others)."""
+    global _POOLS_LOCK
+    _POOLS.clear()
+    _POOLS_LOCK = threading.Lock()
 
 
 def uid_pool(base: int, size: int, step: int = 1) -> UidPool:

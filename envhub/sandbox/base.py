@@ -44,7 +44,8 @@ Files = Mapping[str, str | bytes]
 
 @dataclass(frozen=True)
 class Limits:
-    """What one run may use. ``None`` for ``cpu_time`` means "the same as ``wall_time``".
+    """What one run may use. ``None`` for ``cpu_time`` means "a second more than
+    ``wall_time``": a backstop for many threads, never racing the wall clock for one.
 
     Attributes:
         wall_time: Seconds of real time before the run is killed (``timeout``).
@@ -90,9 +91,12 @@ class Limits:
 
     @property
     def cpu_seconds(self) -> int:
-        """Whole CPU seconds for RLIMIT_CPU (rounded up, at least 1)."""
-        seconds = self.cpu_time if self.cpu_time is not None else self.wall_time
-        return max(1, int(-(-seconds // 1)))
+        """Whole CPU seconds for RLIMIT_CPU (rounded up, at least 1). Without ``cpu_time``,
+        one more than ``wall_time``: a single thread then always meets the wall clock first
+        (``timeout``, killed by the host), however early its interpreter started."""
+        if self.cpu_time is None:
+            return max(1, int(-(-self.wall_time // 1))) + 1
+        return max(1, int(-(-self.cpu_time // 1)))
 
     def with_(self, **changes: Any) -> Limits:
         """A copy with some limits changed."""

@@ -21,7 +21,9 @@ Contained by the local backend (each item has a test in ``tests/sandbox/``):
 - **Other processes** — its own pid namespace: it cannot see or signal the caller, the host or
   other runs; init ignores its signals; no process survives the run (the namespace dies with
   it, and a run's uid is reused only once it owns no process), nor the caller being killed
-  (``--die-with-parent``).
+  (``--die-with-parent``). A warm sandbox (started ahead, :mod:`envhub.sandbox.warm`) is the
+  same sandbox started earlier and serves one call only; its stub runs as the run's uid inside
+  it, so the call's code can read or change it (nothing of the host or of another call).
 - **Privilege** — a non-root uid, no capabilities, ``no_new_privs``, no nested user namespaces.
 - **Faked results** — code rewards never read a verdict from the program's stdout or files;
   harness results carry a per-run nonce; expected values of call and stdin/stdout cases never

@@ -18,16 +18,22 @@ requires_bwrap = pytest.mark.skipif(
 
 
 def live_sandbox_processes(uids: LocalSandbox | Sequence[int]) -> list[int]:
-    """Live processes of any uid of a sandbox's pool."""
-    pool = uids.uids.uids if isinstance(uids, LocalSandbox) else uids
+    """Live processes of any uid of a sandbox's pool but those of warm sandboxes (started
+    ahead, running no call's code; the pool is shared by sandboxes with the same range)."""
+    if isinstance(uids, LocalSandbox):
+        pool = [uid for uid in uids.uids.uids if uid not in uids.uids.warm]
+    else:
+        pool = list(uids)
     return [pid for uid in pool for pid in uid_processes(uid, live=True)]
 
 
-@pytest.fixture(scope="module")
-def sandbox() -> Iterator[LocalSandbox]:
+@pytest.fixture(scope="module", params=[0, 2], ids=["cold", "warm"])
+def sandbox(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
+    """The module's sandbox, once with every run started cold and once with Python runs
+    taking sandboxes started ahead (the second and later of each kind)."""
     if bwrap_problem() is not None:
         pytest.skip(f"no bubblewrap here: {bwrap_problem()}")
     with LocalSandbox(
-        Limits(wall_time=5, processes=16), base_uid=BASE_UID, max_concurrency=8
+        Limits(wall_time=5, processes=16), base_uid=BASE_UID, max_concurrency=8, warm=request.param
     ) as box:
         yield box

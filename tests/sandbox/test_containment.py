@@ -51,6 +51,25 @@ def test_fork_bomb_hits_the_process_limit(sandbox: LocalSandbox, after: None) ->
     assert (result.stdout, result.exit_code, result.stop_reason) == ("14 11\n", 0, "ok")
 
 
+def test_a_run_cannot_raise_its_limits(sandbox: LocalSandbox, after: None) -> None:
+    raise_each = (
+        "import resource as r\n"
+        "for name in ('AS', 'CPU', 'FSIZE', 'NPROC', 'NOFILE', 'CORE'):\n"
+        "    kind = getattr(r, 'RLIMIT_' + name)\n"
+        "    soft, hard = r.getrlimit(kind)\n"
+        "    try:\n"
+        "        r.setrlimit(kind, (hard, hard + 1))\n"
+        "        print(name, 'raised')\n"
+        "    except (ValueError, OSError) as e:\n"
+        "        print(name, type(e).__name__)\n"
+    )
+    for _ in range(2):  # a cold run, then (the warm fixture) a warm one
+        result = sandbox.run_python(raise_each)
+        assert result.stdout.split("\n")[:-1] == [
+            f"{name} ValueError" for name in ("AS", "CPU", "FSIZE", "NPROC", "NOFILE", "CORE")
+        ]
+
+
 def test_unbounded_fork_bomb(sandbox: LocalSandbox, after: None) -> None:
     result = sandbox.run_python("import os\nwhile True:\n    os.fork()")
     assert (result.exit_code, result.stop_reason) == (1, "ok")

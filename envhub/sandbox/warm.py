@@ -1,0 +1,222 @@
+"""Warm sandboxes: Python runs whose sandbox and interpreter were started before the call.
+
+A ``print(1)`` run spends ~16 ms before the program's first line: bubblewrap builds the
+namespaces and mounts (~4 ms), the init shell starts (~1-2 ms), the interpreter starts and
+imports ``site`` (~10 ms). The local backend starts a few sandboxes ahead for each kind of
+Python run it has seen (the interpreter's flags, the network setting, the disk size), each
+stopped inside :data:`STUB`, blocked on a pipe. A call takes one and sends it the job; the stub
+then does what the interpreter would have done with ``python FLAGS SCRIPT ARGS``:
+
+1. writes the call's files into the working folder (as bubblewrap's ``--file`` would have,
+   mode 0666, folders 0755);
+2. sets the call's rlimits (``setrlimit``: the same values the init's ``ulimit`` sets for a
+   cold run, counted the same way inside the sandbox's user namespace); a limit it cannot set
+   stops the run with status 125, as a cold run's init does;
+3. makes ``SCRIPT`` the ``__main__`` module (``__file__`` absolute, ``sys.argv``,
+   ``sys.orig_argv`` and ``sys.path[0]`` as the interpreter sets them) and runs it; an uncaught
+   exception is printed by ``sys.excepthook`` without the stub's frames and exits 1 (a
+   ``KeyboardInterrupt``: the ``atexit`` handlers, then SIGINT, as the interpreter does).
+
+Each warm sandbox is single-use: one call, then it exits like any run, and its uid goes back to
+the pool only once it owns no process. Nothing of one call reaches another.
+
+What a program can still tell apart from a cold start: the stub's frame below its own in
+``inspect.stack()``, the modules the stub imported (``resource``, already imported by most
+programs that care), the CPU time the interpreter's start-up used (~10 ms, counted against
+``cpu_time``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from subprocess import Popen
+
+from envhub.sandbox._process import UidPool, kill, uid_processes
+from envhub.sandbox.base import Limits
+from envhub.sandbox.outputs import frame
+
+FLAGS = frozenset({"-I", "-S", "-E", "-s", "-B", "-u", "-P", "-O", "-OO"})
+"""Interpreter flags a warm sandbox can be started with (none takes an argument)."""
+
+_JOB = "\0job"
+
+STUB = r"""
+import os, sys, resource
+def _envhub_job(fd):
+    data = bytearray()
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    os.close(fd)
+    entries, at = [], 0
+    while at < len(data):
+        name_end = data.index(b"\n", at)
+        size_end = data.index(b"\n", name_end + 1)
+        end = size_end + 1 + int(data[name_end + 1 : size_end])
+        entries.append((data[at:name_end].decode(), bytes(data[size_end + 1 : end])))
+        at = end
+    fields = entries[0][1].decode("utf-8", "surrogateescape").split("\0")
+    for name, content in entries[1:]:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if not os.path.isdir(folder):
+                os.mkdir(folder)
+                os.chmod(folder, 0o755)
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        os.fchmod(out, 0o666)
+        view = memoryview(content)
+        while view:
+            view = view[os.write(out, view):]
+        os.close(out)
+    memory, cpu_soft, cpu_hard, fsize, nproc, nofile, script = (int(x) for x in fields[:7])
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_hard))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    except (OSError, ValueError):
+        os.write(2, b"envhub sandbox: cannot set its limits\n")
+        os._exit(125)
+    argv = fields[7:]
+    path = os.path.abspath(argv[script])
+    sys.orig_argv[:] = argv
+    sys.argv[:] = argv[script:]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.path.dirname(path)
+    main = type(sys)("__main__")
+    main.__file__, main.__cached__, main.__annotations__ = path, None, {}
+    main.__builtins__ = sys.modules["builtins"]
+    main.__loader__ = sys.modules["_frozen_importlib_external"].SourceFileLoader("__main__", path)
+    sys.modules["__main__"] = main
+    with open(path, "rb") as f:
+        return compile(f.read(), path, "exec"), main.__dict__
+try:
+    exec(*_envhub_job(int(sys.argv[1])))
+except SystemExit:
+    raise
+except BaseException as e:
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == "<string>":
+        tb = tb.tb_next
+    e.__traceback__ = tb
+    sys.excepthook(type(e), e, tb)
+    if isinstance(e, KeyboardInterrupt):
+        import atexit, signal
+        atexit._run_exitfuncs()
+        sys.stdout.flush(), sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+"""
+
+Kind = tuple[tuple[str, ...], bool, int]
+"""What a warm sandbox is started with: the interpreter's flags, the network, the disk size."""
+
+
+@dataclass
+class WarmSandbox:
+    """One sandbox started ahead, its stub waiting for a job."""
+
+    kind: Kind
+    uid: int
+    proc: Popen[bytes]
+    job_fd: int
+    """The write end of the pipe the stub reads its job from."""
+    info_fd: int
+    """The read end of bubblewrap's ``--info-fd`` pipe (the sandbox init's host pid)."""
+
+
+@dataclass
+class WarmSet:
+    """The warm sandboxes of one local sandbox, by kind, with the pool their uids are from."""
+
+    uids: UidPool
+    boxes: dict[Kind, list[WarmSandbox]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def script_of(argv: Sequence[str], python: str, files: Mapping[str, bytes]) -> int | None:
+    """Where the script is in ``argv`` when it is ``python [FLAGS] SCRIPT [ARGS]`` with
+    ``SCRIPT`` one of the call's ``files`` and every flag in :data:`FLAGS`, else ``None``."""
+    if len(argv) < 2 or argv[0] != python:
+        return None
+    for position, word in enumerate(argv[1:], start=1):
+        if word in FLAGS:
+            continue
+        usable = word in files and word.endswith(".py") and not any("\n" in f for f in files)
+        return position if usable else None
+    return None
+
+
+def kind_of(argv: Sequence[str], script: int, limits: Limits) -> Kind:
+    """The kind of warm sandbox that can run ``argv`` under ``limits``."""
+    return (tuple(argv[1:script]), limits.network, limits.disk_mb)
+
+
+def stub_argv(python: str, kind: Kind, job_fd: int) -> list[str]:
+    """The interpreter command a warm sandbox of ``kind`` runs."""
+    return [python, *kind[0], "-c", STUB, str(job_fd)]
+
+
+def job_for(
+    argv: Sequence[str], script: int, files: Mapping[str, bytes], limits: Limits, nproc: int
+) -> bytes:
+    """The job for a stub: its rlimits (as :func:`~envhub.sandbox.local.ulimit_prologue` sets
+    them for a cold run), where the script is in ``argv``, ``argv``, then the files."""
+    cpu = limits.cpu_seconds
+    numbers = [
+        limits.memory_mb << 20,
+        cpu,
+        cpu + 1,
+        limits.file_size_mb << 20,
+        nproc,
+        limits.open_files,
+        script,
+    ]
+    head = "\0".join([*(str(n) for n in numbers), *argv]).encode("utf-8", "surrogateescape")
+    return frame({_JOB: head, **files})
+
+
+def close_fds(box: WarmSandbox) -> None:
+    """Close what this process holds of a warm sandbox: its job and info pipes, its stdio."""
+    for fd in (box.job_fd, box.info_fd):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    for stream in (box.proc.stdin, box.proc.stdout, box.proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def stop(box: WarmSandbox, uids: UidPool) -> None:
+    """Stop a warm sandbox and wait for it (blocking: for clean-up outside an event loop)."""
+    kill(box.proc, False)
+    try:
+        box.proc.wait(5)
+    except subprocess.TimeoutExpired:
+        box.proc.kill()
+        box.proc.wait()
+    close_fds(box)
+    stop = time.monotonic() + 2
+    while uid_processes(box.uid) and time.monotonic() < stop:
+        time.sleep(0.005)
+    if not uid_processes(box.uid):  # else the uid stays out of the pool
+        uids.release(box.uid)
+
+
+def stop_all(warm: WarmSet) -> None:
+    """Stop every warm sandbox of a :class:`~envhub.sandbox.LocalSandbox` (it was collected, or the
+    interpreter exits)."""
+    with warm.lock:
+        every = [box for kind in warm.boxes.values() for box in kind]
+        warm.boxes.clear()
+        warm.uids.warm.difference_update(box.uid for box in every)
+    for box in every:
+        stop(box, warm.uids)
