@@ -324,20 +324,9 @@ class LocalSandbox(Sandbox):
         limits = self.limits.with_(network=kind[1], disk_mb=kind[2])
         job_read, job_write = os.pipe()
         info_read, info_write = os.pipe()
-        namespace = None if limits.network or not self.keeps_netns else netns.netns_path(uid)
         init = ["/bin/sh", "-c", init_script(), "sh"]
-        full = [
-            *self._prefix(uid, limits, namespace, rlimits=False),
-            self.bwrap,
-            *self._bwrap_flags(limits, keep_net=namespace is not None),
-            "--info-fd",
-            str(info_write),
-            "--remount-ro",
-            "/",
-            "--",
-            *init,
-            *stub_argv(self.python, kind, job_read),
-        ]
+        command = [*init, *stub_argv(self.python, kind, job_read)]
+        full = self._bwrap_argv(uid, limits, [], info_write, command, rlimits=False)
         try:
             proc = _process.spawn(full, pass_fds=[job_read, info_write])
         except SandboxError:
@@ -454,22 +443,7 @@ class LocalSandbox(Sandbox):
         # bubblewrap writes the host pid of the sandbox's init here (closed inside the sandbox).
         info_read, info_write = os.pipe()
         fds.append(info_write)
-        # No network: the uid's kept namespace (bubblewrap keeps it), else a new one per run.
-        namespace = None if limits.network or not self.keeps_netns else netns.netns_path(uid)
-        # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
-        full = [
-            *self._prefix(uid, limits, namespace),
-            self.bwrap,
-            *self._bwrap_flags(limits, keep_net=namespace is not None),
-            *flags,
-            "--info-fd",
-            str(info_write),
-            "--remount-ro",
-            "/",
-            "--",
-            *init,
-            *argv,
-        ]
+        full = self._bwrap_argv(uid, limits, flags, info_write, [*init, *argv])
         try:
             outcome = await _process.execute(
                 full,
@@ -484,6 +458,34 @@ class LocalSandbox(Sandbox):
         finally:
             os.close(info_read)
         return outcome
+
+    def _bwrap_argv(
+        self,
+        uid: int,
+        limits: Limits,
+        flags: list[str],
+        info_fd: int,
+        command: list[str],
+        rlimits: bool = True,
+    ) -> list[str]:
+        """The whole argv of a bubblewrap run of ``command`` as ``uid`` (see :meth:`_prefix`
+        for ``rlimits``), with extra bubblewrap ``flags``; bubblewrap writes the sandbox init's
+        host pid to ``info_fd``."""
+        # No network: the uid's kept namespace (bubblewrap keeps it), else a new one per run.
+        namespace = None if limits.network or not self.keeps_netns else netns.netns_path(uid)
+        # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
+        return [
+            *self._prefix(uid, limits, namespace, rlimits=rlimits),
+            self.bwrap,
+            *self._bwrap_flags(limits, keep_net=namespace is not None),
+            *flags,
+            "--info-fd",
+            str(info_fd),
+            "--remount-ro",
+            "/",
+            "--",
+            *command,
+        ]
 
     def _bwrap_flags(self, limits: Limits, keep_net: bool = False) -> list[str]:
         flags = [
