@@ -149,6 +149,12 @@ class VLLMConfig(_Part):
     ``ipc`` for ``inprocess`` on a GPU, ``nccl`` for a GPU server."""
     bucket_mb: int = Field(256, ge=1)
     """Weights are sent in buckets of about this size (whole layers)."""
+    lora_sync: Literal["auto", "adapter", "merged"] = "auto"
+    """How a LoRA run (``model.lora``) sends the policy. ``adapter``: vLLM serves the base model
+    with the policy's adapter, reloaded after each step (megabytes per sync instead of the whole
+    model; ``server`` mode, engines on the trainer's host). ``merged``: every weight, LoRA
+    merged, as a full run. ``auto``: adapter on GPUs in server mode, else merged (vLLM's CPU
+    LoRA layers made generation 2x slower than the merged model, measured)."""
     verify: Literal["every", "first", "off"] = "every"
     """After a sync, compare vLLM's logprobs of a fixed sequence with the trainer's:
     after every sync, only the first one (at start or resume), or never."""
@@ -550,6 +556,25 @@ class TrainConfig(_Part):
                 "rollout.max_staleness >= 1 spends sampling: set rollout.vllm.sleep=auto or off"
             )
 
+    def _check_adapter_sync(self) -> None:
+        if self.model.lora is None:
+            raise ValueError(
+                "rollout.vllm.lora_sync=adapter sends the LoRA adapter: set model.lora "
+                "(or rollout.vllm.lora_sync=auto)"
+            )
+        if self.rollout.engine != "vllm" or self.rollout.vllm.mode != "server":
+            raise ValueError(
+                "rollout.vllm.lora_sync=adapter is built for rollout.engine=vllm with "
+                "rollout.vllm.mode=server (the engine loads the adapter from a folder on the "
+                "trainer's host): use that mode, or rollout.vllm.lora_sync=merged"
+            )
+        if self.rollout.workers:
+            raise ValueError(
+                "rollout.vllm.lora_sync=adapter is not built for rollout.workers (the workers' "
+                "requests would name the base model): set rollout.workers=0 or "
+                "rollout.vllm.lora_sync=merged"
+            )
+
     def _check_rollout_workers(self) -> None:
         if self.rollout.engine != "vllm":
             raise ValueError(
@@ -567,6 +592,8 @@ class TrainConfig(_Part):
 
     def _check_vllm_placement(self) -> None:
         v = self.rollout.vllm
+        if v.lora_sync == "adapter":
+            self._check_adapter_sync()
         if v.url is not None and v.mode != "server":
             raise ValueError(
                 "rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"

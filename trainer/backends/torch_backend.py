@@ -147,6 +147,18 @@ class TorchBackend:
         :func:`hf_weights`)."""
         return hf_weights(self._model)
 
+    def save_adapter(self, target: Path) -> int:
+        """Write the policy's LoRA adapter alone (PEFT's format: ``adapter_config.json`` and
+        ``adapter_model.safetensors``) to the folder ``target``; return its size in bytes.
+
+        Raises:
+            ConfigError: The policy has no LoRA adapter (``model.lora`` is not set).
+        """
+        if not hasattr(self._model, "peft_config"):
+            raise ConfigError("the policy has no LoRA adapter to save: set model.lora")
+        self._model.save_pretrained(str(target))
+        return sum(f.stat().st_size for f in Path(target).iterdir() if f.is_file())
+
     def weight_sender(self, plan: TransferPlan) -> None:
         """None: the weights live in this process, which sends them."""
         return None

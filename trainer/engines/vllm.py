@@ -38,6 +38,7 @@ from envhub.trainer.engines.vllm_transport import (
     serve_args,
 )
 from envhub.trainer.weight_sync import TransferPlan, WeightSender, transfers
+from envhub.trainer.weight_sync.adapter import AdapterSender, engine_lora_rank
 from envhub.trainer.weight_sync.verify import Verifier, default_tolerance
 from envhub.types import SamplerRef, template_sha256
 
@@ -267,6 +268,9 @@ class VLLMEngine(RolloutEngine):
         reach the engines (``TrainBackend.weight_sender``), else this process (blocking)."""
         from envhub.trainer.weight_sync.driver import connect_driver
 
+        if self.settings.lora_rank is not None:
+            return AdapterSender(backend, self.transport.replicas, loop)  # type: ignore[arg-type]
+
         plan = TransferPlan(
             self.settings.weight_transfer,
             self.bucket_bytes,
@@ -321,7 +325,18 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
         on_gpu=on_gpu,
         enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu,
         extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
+        lora_rank=_lora_rank(config, on_gpu),
     )
+
+
+def _lora_rank(config: Any, on_gpu: bool) -> int | None:
+    """The engine's ``--max-lora-rank`` when the run syncs its LoRA adapter alone (see
+    ``rollout.vllm.lora_sync``), else ``None``."""
+    v, lora = config.rollout.vllm, config.model.lora
+    adapter = v.lora_sync == "adapter" or (
+        v.lora_sync == "auto" and on_gpu and v.mode == "server" and not config.rollout.workers
+    )
+    return engine_lora_rank(lora.rank) if lora is not None and adapter else None
 
 
 def _engine_dtype(trainer_dtype: str, on_gpu: bool) -> str:

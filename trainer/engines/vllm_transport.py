@@ -42,6 +42,8 @@ class EngineSettings:
     on_gpu: bool
     enforce_eager: bool = False
     extra_args: tuple[str, ...] = ()
+    lora_rank: int | None = None
+    """Serve the policy as a LoRA adapter of at most this rank (adapter syncs), else ``None``."""
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,8 @@ def serve_args(settings: EngineSettings) -> list[str]:
     ]  # fmt: skip
     if settings.enforce_eager:
         args.append("--enforce-eager")
+    if settings.lora_rank is not None:
+        args += ["--enable-lora", "--max-lora-rank", str(settings.lora_rank), "--max-loras", "1"]
     if settings.on_gpu:
         args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
         if settings.sleep:
@@ -140,6 +144,8 @@ def server_env(settings: EngineSettings) -> dict[str, str]:
     IPC over HTTP: permission to unpickle the IPC handles; the trainer is the only client of a
     server on 127.0.0.1)."""
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"}
+    if settings.lora_rank is not None:  # the adapter routes
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     return env | dict(transfers.get(settings.weight_transfer).server_env)
 
 
@@ -166,6 +172,8 @@ class ServerTransport:
         """The server's base URL (known once started, when this transport starts it)."""
         self.http: OpenAIEngine | None = None
         self._routes: VLLMRoutes | None = None
+        self.model_name = "policy"
+        """What requests name: the base model, or the policy's LoRA adapter once loaded."""
 
     @property
     def replicas(self) -> list[EngineTransport]:
@@ -187,7 +195,11 @@ class ServerTransport:
         """Start the server (or connect to it) and check it serves the weight-update routes."""
         self.url = await self._launch()
         self.http = OpenAIEngine(
-            self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2
+            self.url,
+            model=self.model_name,
+            mode="tokens",
+            max_concurrency=self.settings.max_concurrency,
+            max_retries=2,
         )
         await self.http.start()
         self._routes = VLLMRoutes(self.http.root, on_unreachable=self.check_alive)
@@ -231,7 +243,7 @@ class ServerTransport:
     async def prompt_logprobs(self, ids: list[int]) -> list[float]:
         """vLLM's prompt logprobs of ``ids`` (temperature 1)."""
         body = {
-            "model": "policy",
+            "model": self.model_name,
             "prompt": ids,
             "max_tokens": 1,
             "temperature": 0.0,
@@ -242,6 +254,14 @@ class ServerTransport:
         return [
             entry[str(token)]["logprob"] for entry, token in zip(entries[1:], ids[1:], strict=True)
         ]
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the policy's LoRA adapter from ``path`` as ``name`` (in place of the last one);
+        requests name it from now on."""
+        await self.routes.load_lora_adapter(name, path)
+        self.model_name = name
+        if self.http is not None:
+            self.http.model = name
 
     async def world_size(self) -> int:
         """The server's workers."""

