@@ -269,7 +269,8 @@ class VLLMEngine(RolloutEngine):
         from envhub.trainer.weight_sync.driver import connect_driver
 
         if self.settings.lora_rank is not None:
-            return AdapterSender(backend, self.transport.replicas, loop)  # type: ignore[arg-type]
+            replicas = self.transport.replicas
+            return AdapterSender(backend, replicas, loop, self.settings.lora_slots)  # type: ignore[arg-type]
 
         plan = TransferPlan(
             self.settings.weight_transfer,
@@ -326,6 +327,7 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
         enforce_eager=v.enforce_eager if v.enforce_eager is not None else not on_gpu,
         extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
         lora_rank=_lora_rank(config, on_gpu),
+        lora_slots=config.rollout.max_staleness + 1,
     )
 
 

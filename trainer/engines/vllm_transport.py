@@ -44,6 +44,9 @@ class EngineSettings:
     extra_args: tuple[str, ...] = ()
     lora_rank: int | None = None
     """Serve the policy as a LoRA adapter of at most this rank (adapter syncs), else ``None``."""
+    lora_slots: int = 1
+    """Adapters vLLM holds at once (the policy's last versions: requests in flight keep the
+    one they started with)."""
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,8 @@ def serve_args(settings: EngineSettings) -> list[str]:
     if settings.enforce_eager:
         args.append("--enforce-eager")
     if settings.lora_rank is not None:
-        args += ["--enable-lora", "--max-lora-rank", str(settings.lora_rank), "--max-loras", "1"]
+        args += ["--enable-lora", "--max-lora-rank", str(settings.lora_rank)]
+        args += ["--max-loras", str(settings.lora_slots)]
     if settings.on_gpu:
         args += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
         if settings.sleep:
@@ -256,12 +260,16 @@ class ServerTransport:
         ]
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Load the policy's LoRA adapter from ``path`` as ``name`` (in place of the last one);
-        requests name it from now on."""
+        """Load a version of the policy's LoRA adapter from ``path`` as ``name``; requests name
+        it from now on."""
         await self.routes.load_lora_adapter(name, path)
         self.model_name = name
         if self.http is not None:
             self.http.model = name
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forget an older version of the adapter."""
+        await self.routes.unload_lora_adapter(name)
 
     async def world_size(self) -> int:
         """The server's workers."""

@@ -3,15 +3,19 @@ adapter on top, reloaded in place after each optimizer step.
 
 A LoRA run trains a few million parameters; a merged sync would send every weight of the model
 each step (0.5 GB for SmolLM2-135M in float32). Here each sync writes the adapter in PEFT's
-format to a folder of the run (``adapter_model.safetensors``: ~10-40 MB for a small model at
-rank 8-16) and asks each engine to load it there (vLLM's ``/v1/load_lora_adapter`` with
-``load_inplace``); requests name the adapter from then on. The engines must see the folder:
-``vllm serve`` processes on the trainer's host (``rollout.vllm.mode: server``).
+format to a folder (``adapter_model.safetensors``: ~10-40 MB for a small model at rank 8-16)
+and asks each engine to load it as a new version (vLLM's ``/v1/load_lora_adapter``,
+``policy-lora-N``); requests name the newest from then on. Requests in flight keep the version
+they started with (an asynchronous run's paused requests too: each is wholly one version, the
+one recorded on its turn), so vLLM holds the last ``max_staleness + 1`` versions and the one
+before them is unloaded and its folder removed. Not in place: vLLM re-reads an adapter loaded
+in place from disk at every forward step (vLLM 0.32). The engines must see the folder: ``vllm
+serve`` processes on the trainer's host (``rollout.vllm.mode: server``).
 
 When it pays: on GPUs vLLM applies adapters with fused kernels at little cost. On the CPU its
-LoRA layers are plain torch and generation ran 2x slower than the merged model (SmolLM2-135M,
-2 cores, measured), far more than the ~1 s a merged sync costs, so ``lora_sync: auto`` merges
-there.
+LoRA layers are plain torch and generation ran 2.25x slower than the merged model
+(SmolLM2-135M, rank 16, 2 cores: 72 against 162 tokens/s, ``bench/lora_sync.py``), far more
+than the ~0.9 s a merged sync costs, so ``lora_sync: auto`` merges there.
 """
 
 from __future__ import annotations
@@ -19,14 +23,14 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from envhub.trainer.weight_sync.plan import SentWeights
 
-ADAPTER_NAME = "policy-lora"
-"""The name requests use for the policy once its adapter is loaded."""
+ADAPTER_PREFIX = "policy-lora"
+"""Requests name the policy ``policy-lora-N`` once the adapter of sync N is loaded."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The ``--max-lora-rank`` values vLLM accepts."""
@@ -53,10 +57,14 @@ class SavesAdapter(Protocol):
 
 
 class LoadsAdapter(Protocol):
-    """An engine that can load an adapter (``ServerTransport``)."""
+    """An engine that can load adapters (``ServerTransport``)."""
 
     async def load_adapter(self, name: str, path: str) -> None:
-        """Load the adapter at ``path`` as ``name``."""
+        """Load the adapter at ``path`` as ``name``; requests name it from now on."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forget the adapter ``name``."""
         ...
 
 
@@ -67,6 +75,7 @@ class AdapterSender:
         backend: Writes the adapter.
         engines: Every engine of the policy.
         loop: The event loop the engines' calls belong to (``send`` runs in a worker thread).
+        slots: Versions the engines hold at once (``max_staleness + 1``).
         root: Where the adapters are written (default: a temporary folder, removed on close).
         timeout_s: How long an engine may take to load one.
     """
@@ -78,29 +87,48 @@ class AdapterSender:
         backend: SavesAdapter,
         engines: Sequence[LoadsAdapter],
         loop: asyncio.AbstractEventLoop,
+        slots: int = 1,
         root: Path | None = None,
         timeout_s: float = 600.0,
     ) -> None:
         self.backend, self.engines, self.loop = backend, list(engines), loop
+        self.slots = slots
         self.root = root or Path(tempfile.mkdtemp(prefix="envhub-lora-"))
         self.timeout_s = timeout_s
         self.syncs = 0
 
     def send(self) -> SentWeights:
-        """Save the adapter to a new folder, have every engine load it, drop the last one."""
+        """Save the adapter as the next version, have every engine load it, and drop the
+        version that no request may use any more."""
         self.syncs += 1
-        folder = self.root / f"sync-{self.syncs:06d}"
-        size = self.backend.save_adapter(folder)
-        loads = [engine.load_adapter(ADAPTER_NAME, str(folder)) for engine in self.engines]
-        future: Any = asyncio.run_coroutine_threadsafe(_all(loads), self.loop)
-        future.result(self.timeout_s)
-        previous = self.root / f"sync-{self.syncs - 1:06d}"
-        shutil.rmtree(previous, ignore_errors=True)  # vLLM read it when it loaded it
+        size = self.backend.save_adapter(self.folder(self.syncs))
+        self._on_engines(
+            engine.load_adapter(adapter_name(self.syncs), str(self.folder(self.syncs)))
+            for engine in self.engines
+        )
+        retired = self.syncs - self.slots
+        if retired >= 1:
+            name = adapter_name(retired)
+            self._on_engines(engine.unload_adapter(name) for engine in self.engines)
+            shutil.rmtree(self.folder(retired), ignore_errors=True)
         return SentWeights(1, size)
+
+    def folder(self, sync: int) -> Path:
+        """Where the adapter of ``sync`` is written."""
+        return self.root / f"sync-{sync:06d}"
+
+    def _on_engines(self, calls: Iterable[Any]) -> None:
+        future: Any = asyncio.run_coroutine_threadsafe(_all(list(calls)), self.loop)
+        future.result(self.timeout_s)
 
     def close(self) -> None:
         """Remove the adapters' folder."""
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def adapter_name(sync: int) -> str:
+    """The name of the adapter of ``sync`` on the engines."""
+    return f"{ADAPTER_PREFIX}-{sync}"
 
 
 async def _all(calls: list[Any]) -> None:

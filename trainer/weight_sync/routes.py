@@ -95,10 +95,10 @@ class VLLMRoutes:
         await self.call("POST", "/wake_up" + (f"?tags={tags}" if tags else ""))
 
     async def load_lora_adapter(self, name: str, path: str) -> None:
-        """Load the LoRA adapter saved at ``path`` (a folder on the server's host) as ``name``,
-        replacing the one of that name in place (the server needs
-        ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``)."""
-        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        """Load the LoRA adapter saved at ``path`` (a folder on the server's host) as ``name``
+        (the server needs ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``).
+        Never in place: vLLM re-reads an in-place adapter from disk at every forward step."""
+        body = {"lora_name": name, "lora_path": path}
         try:
             await self.call("POST", "/v1/load_lora_adapter", body)
         except EngineError as e:
@@ -107,6 +107,10 @@ class VLLMRoutes:
                 "--max-lora-rank R and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, on the trainer's "
                 "host; or set rollout.vllm.lora_sync=merged)"
             ) from e
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Forget the adapter ``name`` (requests in flight keep theirs)."""
+        await self.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})
 
     async def serves_weight_routes(self) -> bool:
         """Whether the server runs in dev mode (vLLM serves the weight routes only then)."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from envhub.inference.base import GenerateRequest, SamplingParams
-from envhub.trainer.weight_sync.adapter import ADAPTER_NAME, engine_lora_rank
+from envhub.trainer.weight_sync.adapter import adapter_name, engine_lora_rank
 
 
 def _config(model_dir: Path | str, *, lora_sync: str = "adapter", **more: Any) -> Any:
@@ -67,6 +67,7 @@ def test_which_runs_sync_the_adapter(lora_sync: str, mode: str, on_gpu: bool, ra
         ({"model": {"name": "m"}}, "set model.lora"),
         ({"vllm": {"mode": "inprocess"}}, "rollout.vllm.mode=server"),
         ({"workers": 2}, "not built for rollout.workers"),
+        ({"max_staleness": 1}, "not built for rollout.max_staleness"),
     ],
 )
 def test_an_adapter_sync_the_run_cannot_do_is_refused(change: dict, message: str) -> None:
@@ -81,8 +82,9 @@ def test_an_adapter_sync_the_run_cannot_do_is_refused(change: dict, message: str
         raw["model"] = change["model"]
     if "vllm" in change:
         raw["rollout"]["vllm"] |= change["vllm"]  # type: ignore[index]
-    if "workers" in change:
-        raw["rollout"]["workers"] = change["workers"]  # type: ignore[index]
+    for key in ("workers", "max_staleness"):
+        if key in change:
+            raw["rollout"][key] = change[key]  # type: ignore[index]
     with pytest.raises(ValueError, match=message):
         validate_config(raw)
 
@@ -134,16 +136,18 @@ def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> 
     assert 0 < first["sync/megabytes"] * 2**20 < full_bytes / 20
     assert first["sync/logprob_diff_max"] < 1e-4
     transport = setup.engine.transport
-    assert transport.model_name == ADAPTER_NAME
+    assert transport.model_name == adapter_name(1)
 
     setup.train_a_little(seed=1)
     with pytest.raises(EngineError, match="differ from the trainer's"):
         setup.run(setup.engine.check_weights(setup.backend))  # vLLM still has the last adapter
     second = setup.run(setup.engine.update_weights(setup.backend))
     assert second["sync/logprob_diff_max"] < 1e-4
-    # Only the adapter vLLM serves now is kept on disk.
+    # Only the adapter vLLM serves now is kept, on disk and in vLLM.
     sender = setup.engine._sender
     assert [p.name for p in sender.root.iterdir()] == ["sync-000002"]
+    served = {m["id"] for m in setup.run(transport.routes.call("GET", "/v1/models"))["data"]}
+    assert served == {"policy", adapter_name(2)}
 
     # The adapter is what makes the difference: the base model's logprobs are far off.
     trainer = setup.engine.verifier.trainer_logprobs(setup.backend)
@@ -151,7 +155,7 @@ def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> 
     try:
         base = setup.run(transport.prompt_logprobs(setup.engine.verifier.ids))
     finally:
-        transport.model_name = ADAPTER_NAME
+        transport.model_name = adapter_name(2)
     assert max(abs(a - b) for a, b in zip(base, trainer, strict=True)) > 0.05
 
 
@@ -170,3 +174,48 @@ def test_generation_samples_from_the_adapter(setup: Setup) -> None:
     scored = trainer[len(prompt) - 1 :]
     assert len(out.logprobs) == len(out.token_ids) >= 1
     assert max(abs(a - b) for a, b in zip(out.logprobs, scored, strict=True)) < 1e-3
+
+
+@pytest.mark.vllm
+def test_a_lora_run_trains_on_adapter_syncs_and_resumes(
+    tiny_model_dir: Path, tmp_path: Path, require_vllm: None, letter_env: str
+) -> None:
+    """Every step's adapter is loaded as a new version and verified; a rerun with more steps
+    resumes from the checkpoint and pushes its adapter first."""
+    import json
+
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    config = validate_config({
+        "steps": 3,
+        "seed": 5,
+        "model": {"name": str(tiny_model_dir), "lora": {"rank": 4, "alpha": 8}},
+        "envs": [{"name": letter_env}],
+        "rollout": {"engine": "vllm", "tasks_per_step": 2, "samples_per_task": 4,
+                    "max_tokens": 8,
+                    "vllm": {"kv_cache_gb": 1, "lora_sync": "adapter"}},
+        "optimizer": {"lr": 5e-2},
+        "backend": {"device": "cpu", "micro_batch_tokens": 256},
+        "logging": {"output_dir": str(tmp_path), "run_name": "run", "plot": False},
+        "checkpoint": {"every": 1, "keep_last": 2},
+    })  # fmt: skip
+    train(config)
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["sync/logprob_diff_max"] < 1e-4
+        assert row["sync/megabytes"] < 1.0  # the adapter of a 2-layer model, not its weights
+        assert row["rollout/errors"] == 0.0
+    # The adapter moved: a stale sampler would have been off by this much.
+    assert max(r["sync/stale_logprob_diff_max"] for r in rows) > 1e-3
+
+    config.steps = 4
+    result = train(config)
+    assert result.resumed_from == 3
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["sync/logprob_diff_max"] < 1e-4
