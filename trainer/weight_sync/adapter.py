@@ -5,10 +5,10 @@ A LoRA run trains a few million parameters; a merged sync would send every weigh
 each step (0.5 GB for SmolLM2-135M in float32). Here each sync writes the adapter in PEFT's
 format to a folder (``adapter_model.safetensors``: ~10-40 MB for a small model at rank 8-16)
 and asks each engine to load it as a new version (vLLM's ``/v1/load_lora_adapter``,
-``policy-lora-N``); requests name the newest from then on. Requests in flight keep the version
-they started with (an asynchronous run's paused requests too: each is wholly one version, the
-one recorded on its turn), so vLLM holds the last ``max_staleness + 1`` versions and the one
-before them is unloaded and its folder removed. Not in place: vLLM re-reads an adapter loaded
+``policy-lora-N``); requests name the newest from then on, and the one before is unloaded and
+its folder removed. (Built for ``max_staleness + 1`` versions at once, requests in flight
+keeping the one they started with; asynchronous runs are refused for now, see
+``TrainConfig._check_adapter_sync``.) Not in place: vLLM re-reads an adapter loaded
 in place from disk at every forward step (vLLM 0.32). The engines must see the folder: ``vllm
 serve`` processes on the trainer's host (``rollout.vllm.mode: server``).
 
