@@ -25,6 +25,8 @@ from envhub.testing import LetterEnv
 from envhub.trainer.backends.base import sequence_logprobs
 from envhub.types import Message
 
+from .conftest import EngineSetup
+
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
 
 
@@ -40,18 +42,9 @@ def _config(model_dir: Path, **vllm: Any) -> Any:
     })  # fmt: skip
 
 
-class Setup:
+class Setup(EngineSetup):
     def __init__(self, model_dir: Path) -> None:
-        from envhub.trainer.backends.torch_backend import TorchBackend
-        from envhub.trainer.engines.vllm import make_vllm_engine
-
-        self.config = _config(model_dir)
-        self.backend = TorchBackend(self.config)
-        self.engine = make_vllm_engine(self.config, self.backend)
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
+        super().__init__(_config(model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ the trainer's; the settings that choose it (no vLLM needed)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,8 @@ import pytest
 
 from envhub.inference.base import GenerateRequest, SamplingParams
 from envhub.trainer.weight_sync.adapter import adapter_name, engine_lora_rank
+
+from .conftest import EngineSetup
 
 
 def _config(model_dir: Path | str, *, lora_sync: str = "adapter", **more: Any) -> Any:
@@ -92,18 +93,9 @@ def test_an_adapter_sync_the_run_cannot_do_is_refused(change: dict, message: str
 # -- against a real vLLM -----------------------------------------------------------------------
 
 
-class Setup:
+class Setup(EngineSetup):
     def __init__(self, model_dir: Path) -> None:
-        from envhub.trainer.backends.torch_backend import TorchBackend
-        from envhub.trainer.engines.vllm import make_vllm_engine
-
-        self.config = _config(model_dir)
-        self.backend = TorchBackend(self.config)
-        self.engine = make_vllm_engine(self.config, self.backend)
-        self.loop = asyncio.new_event_loop()
-
-    def run(self, coroutine: Any) -> Any:
-        return self.loop.run_until_complete(coroutine)
+        super().__init__(_config(model_dir))
 
     def train_a_little(self, seed: int) -> None:
         """Change the adapter as steps would (its B matrices start at zero)."""
