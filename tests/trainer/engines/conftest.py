@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -22,3 +23,13 @@ class EngineSetup:
     def run(self, coroutine: Any) -> Any:
         """Run ``coroutine`` to its end on the setup's loop."""
         return self.loop.run_until_complete(coroutine)
+
+    def started(self) -> Iterator[EngineSetup]:
+        """Start the engine, yield the setup, then stop the engine and close the loop (the
+        body of a module fixture)."""
+        self.run(self.engine.start())
+        try:
+            yield self
+        finally:
+            self.run(self.engine.aclose())
+            self.loop.close()

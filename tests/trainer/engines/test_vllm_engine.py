@@ -49,13 +49,7 @@ class Setup(EngineSetup):
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir: Path) -> Iterator[Setup]:
-    s = Setup(tiny_model_dir)
-    s.run(s.engine.start())
-    try:
-        yield s
-    finally:
-        s.run(s.engine.aclose())
-        s.loop.close()
+    yield from Setup(tiny_model_dir).started()  # type: ignore[misc]
 
 
 def _perturb(model: torch.nn.Module, only: str | None = None, scale: float = 0.05) -> None:

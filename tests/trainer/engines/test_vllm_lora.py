@@ -110,13 +110,7 @@ class Setup(EngineSetup):
 
 @pytest.fixture(scope="module")
 def setup(tiny_model_dir: Path, require_vllm: None) -> Iterator[Setup]:
-    s = Setup(tiny_model_dir)
-    s.run(s.engine.start())
-    try:
-        yield s
-    finally:
-        s.run(s.engine.aclose())
-        s.loop.close()
+    yield from Setup(tiny_model_dir).started()  # type: ignore[misc]
 
 
 @pytest.mark.vllm
