@@ -245,7 +245,13 @@ class _Run:
             waiter.add_done_callback(lambda _: self._exited())
             return self._exit
         self.own(pidfd, functools.partial(os.close, pidfd))
-        self._watch("r", pidfd, lambda: self.proc.poll() is not None and self._exited())
+
+        def readable() -> None:  # stays readable once the process has exited: stop watching
+            if self.proc.poll() is not None:
+                self._unwatch("r", pidfd)
+                self._exited()
+
+        self._watch("r", pidfd, readable)
         return self._exit
 
     def _exited(self) -> None:
