@@ -202,7 +202,7 @@ for name in ("AS", "CPU", "FSIZE", "NOFILE", "CORE", "NPROC"):
 def test_every_way_of_setting_rlimits_gives_the_same_limits(way: str) -> None:
     box = LocalSandbox(
         Limits(wall_time=5, cpu_time=3, memory_mb=300, processes=12, file_size_mb=2, open_files=99),
-        base_uid=61000,
+        base_uid=61100,  # a pool of its own: the module's sandboxes keep warm ones in theirs
         max_concurrency=8,
         warm=2 if way == "warm-stub" else 0,
     )
@@ -223,6 +223,7 @@ def test_every_way_of_setting_rlimits_gives_the_same_limits(way: str) -> None:
         f"AS {300 * mib} {300 * mib}\nCPU 3 4\nFSIZE {2 * mib} {2 * mib}\nNOFILE 99 99\n"
         f"CORE 0 0\nNPROC {nproc} {nproc}\n"
     )
+    assert box.warm_runs == (1 if way == "warm-stub" else 0)
     # Any way 12 processes for the run: the sandbox's sh init, python and 10 children.
     result = box.run_python(fork_all)
     assert (result.stdout, result.stop_reason) == ("10\n", "ok")

@@ -17,6 +17,10 @@ from .conftest import live_sandbox_processes, requires_bwrap
 
 pytestmark = requires_bwrap
 
+BASE = 61200
+"""Uids of this module's sandboxes: pools of their own (other modules' sandboxes keep warm
+ones in theirs)."""
+
 PROGRAMS = {
     "argv and module": (
         "import os, stat, sys\n"
@@ -58,7 +62,7 @@ def _outcome(result: object) -> tuple:
 
 @pytest.mark.parametrize("flags", [["-I"], ["-I", "-S"]], ids=["-I", "-I -S"])
 def test_a_warm_run_gives_exactly_what_a_cold_run_gives(flags: list[str]) -> None:
-    cold, warm = LocalSandbox(warm=0), LocalSandbox(warm=2)
+    cold, warm = LocalSandbox(warm=0, base_uid=BASE), LocalSandbox(warm=2, base_uid=BASE)
 
     async def compare() -> None:
         for name, code in PROGRAMS.items():
@@ -78,7 +82,7 @@ def test_a_warm_run_gives_exactly_what_a_cold_run_gives(flags: list[str]) -> Non
 
 
 def test_a_warm_run_finds_nothing_of_the_one_before() -> None:
-    box = LocalSandbox(warm=2)
+    box = LocalSandbox(warm=2, base_uid=BASE)
     leave = (
         "import subprocess\n"
         "open('mine', 'w').write('x'); open('/tmp/mine', 'w').write('x')\n"
@@ -98,7 +102,7 @@ def test_a_warm_run_finds_nothing_of_the_one_before() -> None:
 
 
 def test_a_call_that_needs_a_uid_stops_a_warm_sandbox_for_it() -> None:
-    box = LocalSandbox(max_concurrency=2, warm=2)
+    box = LocalSandbox(max_concurrency=2, warm=2, base_uid=BASE)
     assert box.run_python("pass").ok
     assert len(box.warm_uids) == 1  # the one uid the first run did not hold
 
@@ -112,7 +116,7 @@ def test_a_call_that_needs_a_uid_stops_a_warm_sandbox_for_it() -> None:
 
 
 def test_warm_sandboxes_stop_when_the_sandbox_is_closed_or_collected() -> None:
-    box = LocalSandbox(warm=2)
+    box = LocalSandbox(warm=2, base_uid=BASE)
     box.run_python("pass")
     uids = sorted(box.warm_uids)
     assert len(uids) == 2 and live_sandbox_processes(uids) != []
@@ -127,7 +131,7 @@ def test_warm_sandboxes_stop_when_the_sandbox_is_closed_or_collected() -> None:
 
 
 def test_a_warm_sandbox_killed_while_waiting_is_passed_over() -> None:
-    box = LocalSandbox(warm=2)
+    box = LocalSandbox(warm=2, base_uid=BASE)
     box.run_python("pass")
     for boxes in box._warm.boxes.values():
         for waiting in boxes:
@@ -140,7 +144,7 @@ def test_a_warm_sandbox_killed_while_waiting_is_passed_over() -> None:
 
 
 def test_each_warm_call_gets_its_own_limits() -> None:
-    box = LocalSandbox(Limits(wall_time=5), warm=2)
+    box = LocalSandbox(Limits(wall_time=5), warm=2, base_uid=BASE)
     box.run_python("pass")
     small = box.run_python("a = bytearray(300 << 20)", limits=Limits(wall_time=5, memory_mb=200))
     assert (small.exit_code, small.stop_reason) == (1, "memory")
@@ -166,7 +170,7 @@ def test_only_python_scripts_of_the_call_run_warm() -> None:
 
 
 def test_a_forked_child_leaves_its_parents_warm_sandboxes_and_uids_alone() -> None:
-    box = LocalSandbox(warm=2)
+    box = LocalSandbox(warm=2, base_uid=BASE)
     box.run_python("pass")
     parent_uids, warm_pids = (
         set(box.uids.uids),
