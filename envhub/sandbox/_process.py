@@ -399,6 +399,8 @@ class UidPool:
 
     def __init__(self, base: int, size: int, step: int = 1) -> None:
         self.base, self.size = base, size
+        self.exclusive = bool(step)
+        """Whether each uid is one run's alone (as root), not the caller's own repeated."""
         self.uids: tuple[int, ...] = tuple(_claim(base, size) if step else [base] * size)
         self._free = list(reversed(self.uids))
         self._lock = threading.Lock()

@@ -204,16 +204,19 @@ def stop(box: WarmSandbox, uids: UidPool) -> None:
         box.proc.kill()
         box.proc.wait()
     close_fds(box)
-    stop = time.monotonic() + 2
-    while uid_processes(box.uid) and time.monotonic() < stop:
+    if not uids.exclusive:  # the caller's own uid: nothing to wait for (as LocalSandbox does)
+        uids.release(box.uid)
+        return
+    deadline = time.monotonic() + 2
+    while uid_processes(box.uid) and time.monotonic() < deadline:
         time.sleep(0.005)
     if not uid_processes(box.uid):  # else the uid stays out of the pool
         uids.release(box.uid)
 
 
 def stop_all(warm: WarmSet) -> None:
-    """Stop every warm sandbox of a :class:`~envhub.sandbox.LocalSandbox` (it was collected, or the
-    interpreter exits)."""
+    """Stop every warm sandbox of a :class:`~envhub.sandbox.LocalSandbox` (it was collected, or
+    the interpreter exits)."""
     with warm.lock:
         every = [box for kind in warm.boxes.values() for box in kind]
         warm.boxes.clear()
