@@ -194,3 +194,19 @@ def test_a_forked_child_leaves_its_parents_warm_sandboxes_and_uids_alone() -> No
     assert all(os.path.exists(f"/proc/{p}") for p in warm_pids)  # still waiting, untouched
     assert box.run_python("print(1)").stdout == "1\n" and box.warm_runs == 1
     box.close()
+
+
+def test_calls_start_cold_once_runs_queue_for_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    box = LocalSandbox(warm=2, base_uid=BASE)
+    box.run_python("pass")  # cold; warms two
+
+    async def three_at_once() -> list[str]:
+        runs = [box.arun_python(f"print({i})") for i in range(3)]
+        return [r.stdout for r in await asyncio.gather(*runs)]
+
+    # On 2 cores only a call that finds no other run in flight takes a warm sandbox.
+    assert asyncio.run(three_at_once()) == ["0\n", "1\n", "2\n"]
+    assert box.warm_runs == 1
+    assert box.run_python("print(3)").stdout == "3\n" and box.warm_runs == 2
+    box.close()
