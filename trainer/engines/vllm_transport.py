@@ -177,7 +177,7 @@ class ServerTransport:
         self.http: OpenAIEngine | None = None
         self._routes: VLLMRoutes | None = None
         self.model_name = "policy"
-        """What requests name: the base model, or the policy's LoRA adapter once loaded."""
+        """What requests name: the server's model, or the policy's LoRA adapter once loaded."""
 
     @property
     def replicas(self) -> list[EngineTransport]:
@@ -199,13 +199,11 @@ class ServerTransport:
         """Start the server (or connect to it) and check it serves the weight-update routes."""
         self.url = await self._launch()
         self.http = OpenAIEngine(
-            self.url,
-            model=self.model_name,
-            mode="tokens",
-            max_concurrency=self.settings.max_concurrency,
-            max_retries=2,
+            self.url, mode="tokens", max_concurrency=self.settings.max_concurrency, max_retries=2
         )
         await self.http.start()
+        # The server's model (``policy`` when started here; a running server's own name).
+        self.model_name = self.http.model or self.model_name
         self._routes = VLLMRoutes(self.http.root, on_unreachable=self.check_alive)
         if not await self._routes.serves_weight_routes():
             raise EngineError(
