@@ -556,31 +556,34 @@ class TrainConfig(_Part):
                 "rollout.max_staleness >= 1 spends sampling: set rollout.vllm.sleep=auto or off"
             )
 
-    def _check_adapter_sync(self) -> None:
+    def adapter_sync_problem(self) -> str | None:
+        """Why this run cannot sync its LoRA adapter alone (``rollout.vllm.lora_sync``), as a
+        message saying what to set; ``None`` when it can."""
         if self.model.lora is None:
-            raise ValueError(
+            return (
                 "rollout.vllm.lora_sync=adapter sends the LoRA adapter: set model.lora "
                 "(or rollout.vllm.lora_sync=auto)"
             )
         if self.rollout.engine != "vllm" or self.rollout.vllm.mode != "server":
-            raise ValueError(
+            return (
                 "rollout.vllm.lora_sync=adapter is built for rollout.engine=vllm with "
                 "rollout.vllm.mode=server (the engine loads the adapter from a folder on the "
                 "trainer's host): use that mode, or rollout.vllm.lora_sync=merged"
             )
         if self.rollout.workers:
-            raise ValueError(
+            return (
                 "rollout.vllm.lora_sync=adapter is not built for rollout.workers (the workers' "
                 "requests would name the base model): set rollout.workers=0 or "
                 "rollout.vllm.lora_sync=merged"
             )
         if self.rollout.max_staleness:
-            raise ValueError(
+            return (
                 "rollout.vllm.lora_sync=adapter is not built for rollout.max_staleness >= 1: "
                 "vLLM 0.32's CPU LoRA layers fail on a sync's verification batched with running "
                 "requests (a prompt-logprobs request beside decodes), and the GPU path is "
                 "untested; set rollout.max_staleness=0 or rollout.vllm.lora_sync=merged"
             )
+        return None
 
     def _check_rollout_workers(self) -> None:
         if self.rollout.engine != "vllm":
@@ -599,8 +602,8 @@ class TrainConfig(_Part):
 
     def _check_vllm_placement(self) -> None:
         v = self.rollout.vllm
-        if v.lora_sync == "adapter":
-            self._check_adapter_sync()
+        if v.lora_sync == "adapter" and (problem := self.adapter_sync_problem()):
+            raise ValueError(problem)
         if v.url is not None and v.mode != "server":
             raise ValueError(
                 "rollout.vllm.url names a running server: it needs rollout.vllm.mode=server"

@@ -334,11 +334,11 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
 def _lora_rank(config: Any, on_gpu: bool) -> int | None:
     """The engine's ``--max-lora-rank`` when the run syncs its LoRA adapter alone (see
     ``rollout.vllm.lora_sync``), else ``None``."""
-    v, lora = config.rollout.vllm, config.model.lora
-    adapter = v.lora_sync == "adapter" or (
-        v.lora_sync == "auto" and on_gpu and v.mode == "server" and not config.rollout.workers
-    )
-    return engine_lora_rank(lora.rank) if lora is not None and adapter else None
+    lora_sync, lora = config.rollout.vllm.lora_sync, config.model.lora
+    if lora is None or lora_sync == "merged" or (lora_sync == "auto" and not on_gpu):
+        return None
+    # ``adapter`` was checked when the config was made; ``auto`` takes it where it can.
+    return engine_lora_rank(lora.rank) if config.adapter_sync_problem() is None else None
 
 
 def _engine_dtype(trainer_dtype: str, on_gpu: bool) -> str:

@@ -1,5 +1,5 @@
 """LoRA runs send the adapter alone: vLLM serves the frozen base model with the policy's
-adapter on top, reloaded in place after each optimizer step.
+adapter on top, loaded anew after each optimizer step.
 
 A LoRA run trains a few million parameters; a merged sync would send every weight of the model
 each step (0.5 GB for SmolLM2-135M in float32). Here each sync writes the adapter in PEFT's
@@ -8,7 +8,7 @@ and asks each engine to load it as a new version (vLLM's ``/v1/load_lora_adapter
 ``policy-lora-N``); requests name the newest from then on, and the one before is unloaded and
 its folder removed. (Built for ``max_staleness + 1`` versions at once, requests in flight
 keeping the one they started with; asynchronous runs are refused for now, see
-``TrainConfig._check_adapter_sync``.) Not in place: vLLM re-reads an adapter loaded
+``TrainConfig.adapter_sync_problem``.) Not in place: vLLM re-reads an adapter loaded
 in place from disk at every forward step (vLLM 0.32). The engines must see the folder: ``vllm
 serve`` processes on the trainer's host (``rollout.vllm.mode: server``).
 

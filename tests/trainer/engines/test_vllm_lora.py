@@ -62,6 +62,14 @@ def test_which_runs_sync_the_adapter(lora_sync: str, mode: str, on_gpu: bool, ra
     assert ("VLLM_ALLOW_RUNTIME_LORA_UPDATING" in server_env(settings)) == (rank is not None)
 
 
+def test_auto_merges_where_an_adapter_sync_would_be_refused() -> None:
+    from envhub.trainer.engines.vllm import resolve_settings
+
+    for more in ({"max_staleness": 1}, {"workers": 2}):
+        config = _config("m", lora_sync="auto", vllm={"max_model_len": 512}, **more)
+        assert resolve_settings(config, "m", on_gpu=True).lora_rank is None, more
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
