@@ -106,20 +106,20 @@ async def drive(
     ends of other pipes it reads, closed after), collect its output and wait for it; kill it
     (SIGKILL to the direct child) at ``deadline`` seconds or when a stream passes
     ``output_cap`` bytes. ``channel_fd`` is the read end of an extra pipe the child writes; it
-    is read to EOF alongside. Every fd given is closed on return."""
+    is read to EOF alongside (at most ``channel_cap`` bytes kept). Every fd given is closed on
+    return."""
     started = time.perf_counter() if started is None else started
     run = _Run(asyncio.get_running_loop(), proc, output_cap)
     for fd, _ in feeds:
         run.own(fd, functools.partial(os.close, fd))
-    channel = (
-        asyncio.ensure_future(_read_channel(channel_fd, channel_cap))
-        if channel_fd is not None
-        else None
-    )
+    channel = bytearray()
+    reads = [run.read(run.stdout_fd, run.stdout), run.read(run.stderr_fd, run.stderr)]
+    if channel_fd is not None:
+        run.own(channel_fd, functools.partial(os.close, channel_fd))
+        reads.append(run.read(channel_fd, channel, channel_cap, stops_run=False))
     killed_for = None
     work = asyncio.gather(
-        run.read(run.stdout_fd, run.stdout),
-        run.read(run.stderr_fd, run.stderr),
+        *reads,
         *[run.write(fd, data) for fd, data in feeds],
         run.write(run.stdin_fd, stdin),
         run.exited(),
@@ -142,12 +142,11 @@ async def drive(
         work.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await work
-    channel_data = await channel if channel is not None else b""
     exit_code = None if killed_for else _status(proc.returncode)
     return Outcome(
         bytes(run.stdout),
         bytes(run.stderr),
-        channel_data,
+        bytes(channel),
         exit_code,
         killed_for,
         time.perf_counter() - started,
@@ -178,8 +177,12 @@ class _Run:
         """Close ``fd`` with ``closer`` when done with it, or at :meth:`close`."""
         self._owned[fd] = closer
 
-    def read(self, fd: int, into: bytearray) -> asyncio.Future[None]:
-        """Read ``fd`` to end-of-file into ``into`` (at most ``cap`` bytes kept)."""
+    def read(
+        self, fd: int, into: bytearray, cap: int | None = None, stops_run: bool = True
+    ) -> asyncio.Future[None]:
+        """Read ``fd`` to end-of-file into ``into``, keeping at most ``cap`` bytes (default:
+        the output cap); past it ``over`` is set when ``stops_run``, else the rest is dropped."""
+        cap = self.cap if cap is None else cap
         done = self.loop.create_future()
         os.set_blocking(fd, False)
 
@@ -196,10 +199,10 @@ class _Run:
                 if not done.done():
                     done.set_result(None)
                 return
-            room = self.cap - len(into)
+            room = cap - len(into)
             if room > 0:
                 into.extend(chunk[:room])
-            if len(chunk) > room and not self.over.done():
+            if stops_run and len(chunk) > room and not self.over.done():
                 self.over.set_result(None)
 
         self._watch("r", fd, readable)
@@ -280,20 +283,6 @@ class _Run:
             self._unwatch(kind, fd)
         for fd in list(self._owned):
             self._close(fd)
-
-
-async def _read_channel(fd: int, cap: int) -> bytes:
-    """Read a pipe's read end to EOF in a thread (at most ``cap`` bytes kept)."""
-
-    def read() -> bytes:
-        data = bytearray()
-        with os.fdopen(fd, "rb", buffering=0) as f:
-            while chunk := f.read(_CHUNK):
-                if len(data) < cap:
-                    data += chunk[: cap - len(data)]
-        return bytes(data)
-
-    return await asyncio.to_thread(read)
 
 
 def _status(returncode: int | None) -> int | None:
