@@ -269,36 +269,23 @@ class LocalSandbox(Sandbox):
     async def aclose(self) -> None:
         """Stop the warm sandboxes (their uids go back to the pool). Calls after this start
         new ones as needed."""
-        with self._warm.lock:
-            boxes = [box for boxes in self._warm.boxes.values() for box in boxes]
-            self._warm.boxes.clear()
-            self.uids.warm.difference_update(box.uid for box in boxes)
-        await asyncio.gather(*[self._discard(box) for box in boxes])
+        await asyncio.gather(*[self._discard(box) for box in self._warm.take_all()])
 
     async def _acquire(self) -> int:
         """A uid for a run: a free one, else one a warm sandbox held (stopped for it), else
         the next one freed."""
         uid = self.uids.try_acquire()
-        if uid is None:
-            with self._warm.lock:
-                kinds = [boxes for boxes in self._warm.boxes.values() if boxes]
-                evicted = kinds[0].pop(0) if kinds else None
-            if evicted is not None:
-                self.uids.warm.discard(evicted.uid)
-                await self._discard(evicted)
-                uid = self.uids.try_acquire()
+        if uid is None and (evicted := self._warm.take()) is not None:
+            await self._discard(evicted)
+            uid = self.uids.try_acquire()
         return uid if uid is not None else await self.uids.acquire()
 
     def _take_warm(self, kind: Kind) -> WarmSandbox | None:
         """A warm sandbox of ``kind`` whose stub is still alive, or ``None``."""
-        with self._warm.lock:
-            boxes = self._warm.boxes.setdefault(kind, [])
-            while boxes:
-                box = boxes.pop(0)
-                self.uids.warm.discard(box.uid)
-                if box.proc.poll() is None:
-                    return box
-                stop(box, self.uids)  # it died waiting (killed from outside)
+        while (box := self._warm.take(kind)) is not None:
+            if box.proc.poll() is None:
+                return box
+            stop(box, self.uids)  # it died waiting (killed from outside)
         return None
 
     def _refill(self, kind: Kind) -> None:
@@ -314,8 +301,7 @@ class LocalSandbox(Sandbox):
                 if uid is None:
                     return
                 try:
-                    boxes.append(self._start_warm(kind, uid))
-                    self.uids.warm.add(uid)
+                    self._warm.put(self._start_warm(kind, uid))
                 except SandboxError:
                     self.uids.release(uid)  # it never started: the uid owns nothing
                     return
@@ -582,7 +568,7 @@ def _after_fork_in_child() -> None:
     _process.forget_pools()
     for box in list(_INSTANCES):
         box._warm.boxes.clear()
-        box._warm.lock = threading.Lock()
+        box._warm.lock = threading.RLock()
         box._in_flight = 0  # the parent's calls, which never end here
         step = 1 if box.as_root else 0
         box.uids = box._warm.uids = _process.uid_pool(box.uids.base, box.uids.size, step)

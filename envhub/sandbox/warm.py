@@ -136,11 +136,37 @@ class WarmSandbox:
 
 @dataclass
 class WarmSet:
-    """The warm sandboxes of one local sandbox, by kind, with the pool their uids are from."""
+    """The warm sandboxes of one local sandbox, by kind, with the pool their uids are from
+    (whose ``warm`` set it keeps in step: every box goes in and out through here)."""
 
     uids: UidPool
     boxes: dict[Kind, list[WarmSandbox]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def put(self, box: WarmSandbox) -> None:
+        """Keep ``box`` ready for a call of its kind."""
+        with self.lock:
+            self.boxes.setdefault(box.kind, []).append(box)
+            self.uids.warm.add(box.uid)
+
+    def take(self, kind: Kind | None = None) -> WarmSandbox | None:
+        """The oldest box of ``kind`` (of any kind when ``None``), or ``None``."""
+        with self.lock:
+            kinds = [kind] if kind is not None else list(self.boxes)
+            for boxes in (self.boxes.get(k) for k in kinds):
+                if boxes:
+                    box = boxes.pop(0)
+                    self.uids.warm.discard(box.uid)
+                    return box
+        return None
+
+    def take_all(self) -> list[WarmSandbox]:
+        """Every box, of every kind."""
+        with self.lock:
+            every = [box for boxes in self.boxes.values() for box in boxes]
+            self.boxes.clear()
+            self.uids.warm.difference_update(box.uid for box in every)
+        return every
 
 
 def script_of(argv: Sequence[str], python: str, files: Mapping[str, bytes]) -> int | None:
@@ -217,9 +243,5 @@ def stop(box: WarmSandbox, uids: UidPool) -> None:
 def stop_all(warm: WarmSet) -> None:
     """Stop every warm sandbox of a :class:`~envhub.sandbox.LocalSandbox` (it was collected, or
     the interpreter exits)."""
-    with warm.lock:
-        every = [box for kind in warm.boxes.values() for box in kind]
-        warm.boxes.clear()
-        warm.uids.warm.difference_update(box.uid for box in every)
-    for box in every:
+    for box in warm.take_all():
         stop(box, warm.uids)

@@ -210,3 +210,15 @@ def test_calls_start_cold_once_runs_queue_for_the_cores(monkeypatch: pytest.Monk
     assert box.warm_runs == 1
     assert box.run_python("print(3)").stdout == "3\n" and box.warm_runs == 2
     box.close()
+
+
+def test_at_most_four_kinds_of_run_are_kept_warm() -> None:
+    box = LocalSandbox(warm=1, base_uid=BASE)
+    kinds = [["-I"], ["-I", "-S"], ["-S"], ["-B"], ["-E"]]
+    for flags in kinds:
+        result = box.run(["python3", *flags, "main.py"], files={"main.py": "print(1)"})
+        assert result.stdout == "1\n"
+    warm_kinds = {kind[0] for kind, boxes in box._warm.boxes.items() if boxes}
+    assert warm_kinds == {tuple(flags) for flags in kinds[:4]}
+    assert len(box.warm_uids) == 4
+    box.close()
