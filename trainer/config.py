@@ -458,9 +458,15 @@ class BackendConfig(_Part):
     device: str = "auto"
     """``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
     micro_batch_tokens: int = Field(4096, ge=16)
-    """Tokens per micro-batch (gradient accumulation bins sequences up to this): padded tokens on
-    the torch backend, which right-pads each bin; real tokens on the Megatron backend, which
-    packs each bin into one row without padding."""
+    """Tokens per micro-batch (gradient accumulation bins sequences up to this): real tokens
+    where a bin is packed into one row without padding (the Megatron backend; the torch backend
+    with ``packing: packed``), padded tokens where it is right-padded."""
+    packing: Literal["auto", "packed", "padded"] = "auto"
+    """The torch backend's micro-batches: ``packed`` lays each one's sequences end to end in one
+    row (no padding; each sequence attends to itself, see ``backends/packed_attention.py``),
+    ``padded`` right-pads them into a ``[n, longest]`` batch. ``auto``: packed on the CPU for
+    models that take transformers' attention functions, else padded (on a GPU, padded SDPA
+    batches are what was measured)."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
 

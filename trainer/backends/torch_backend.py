@@ -24,6 +24,7 @@ from envhub.trainer.algorithms import (
     selective_log_softmax,
     token_entropy,
 )
+from envhub.trainer.backends import packed_attention
 from envhub.trainer.backends.base import StepResult
 from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.config import TrainConfig
@@ -59,6 +60,8 @@ class TorchBackend:
         self.temperature = config.rollout.temperature
         self.model_path = resolve_model(config.model.name)
         self.tokenizer, self._model = _load(self.model_path, config, self.device)
+        self.packed = _packs(self._model, config, self.device)
+        """Micro-batches run packed into one row each (``backend.packing``), not padded."""
         self.reference = (
             _load(self.model_path, config, self.device, frozen=True)[1]
             if config.algorithm.needs_reference
@@ -102,9 +105,11 @@ class TorchBackend:
     # -- the operations the loop needs ----------------------------------------------------------
 
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
-        """Right-padded micro-batches of at most ``backend.micro_batch_tokens`` tokens, padding
-        counted (the model runs each one as a padded ``[n, width]`` batch)."""
-        return micro_batches(batch, self.config.backend.micro_batch_tokens, self.pad_id)
+        """Micro-batches of at most ``backend.micro_batch_tokens`` tokens: real tokens when the
+        model runs each one packed into one row, padded ones when it runs a padded
+        ``[n, width]`` batch (:attr:`packed`)."""
+        budget = self.config.backend.micro_batch_tokens
+        return micro_batches(batch, budget, self.pad_id, packed=self.packed)
 
     @torch.no_grad()
     def logprobs(
@@ -262,7 +267,7 @@ class TorchBackend:
         logits. Other models score every place.
         """
         with self._autocast():
-            logits, keep = target_logits(model, mb)
+            logits, keep = target_logits(model, mb, packed=self.packed)
         logits = logits.float() / (temperature or self.temperature)
         if keep is None:  # [n, width - 1, V]
             logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
@@ -302,25 +307,54 @@ on some positions only."""
 
 
 def target_logits(
-    model: torch.nn.Module, mb: MicroBatch
+    model: torch.nn.Module, mb: MicroBatch, packed: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The logits that score ``mb``'s targets (position ``t`` scores token ``t + 1``).
 
     Returns ``(logits [N, V], keep)`` with ``keep`` the ``[n, width - 1]`` boolean mask of the
     ``N`` targets the loss uses, when the model's head is plain (:data:`PLAIN_HEAD`); else
-    ``(logits [n, width - 1, V], None)`` from the whole model.
+    ``(logits [n, width - 1, V], None)`` from the whole model, whose places past a sequence's
+    end hold no score of it. With ``packed`` the model runs the sequences end to end in one row
+    (its attention must be :mod:`packed_attention`'s); the logits come back in the same
+    layout either way.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in PLAIN_HEAD:
-        logits = model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-        ).logits
-        return logits[:, :-1], None
-    hidden = model.get_decoder()(
-        input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False
-    ).last_hidden_state
-    keep = mb.loss_mask > 0
-    return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
+    plain = model_type in PLAIN_HEAD
+    keep = mb.loss_mask > 0 if plain else None
+    if not packed:
+        inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}
+        if plain:
+            hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+            return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
+        return model(**inputs, use_cache=False).logits[:, :-1], None
+    row, inputs = _packed_row(mb)
+    if plain:
+        hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
+        return model.get_output_embeddings()(hidden[0, row[keep]]), keep
+    return model(**inputs, use_cache=False).logits[0, row], None
+
+
+def _packed_row(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
+    """``mb``'s sequences end to end in one ``[1, total]`` row, as model inputs (restarted
+    positions, segment boundaries for :func:`packed_attention.packed_sdpa`), and the ``[n,
+    width - 1]`` place in the row of each target's scoring position (clamped into the row
+    where ``mb`` has padding)."""
+    real = mb.attention_mask > 0
+    lengths = real.sum(1)
+    ends = lengths.cumsum(0)
+    boundaries = torch.cat([ends.new_zeros(1), ends]).to("cpu", torch.int32)
+    column = torch.arange(mb.input_ids.shape[1] - 1, device=lengths.device)
+    row = ((ends - lengths)[:, None] + column[None, :]).clamp(max=int(ends[-1]) - 1)
+    longest = int(lengths.max())
+    inputs = {
+        "input_ids": mb.input_ids[real][None],
+        "position_ids": (real.cumsum(1) - 1)[real][None],
+        "cu_seq_lens_q": boundaries,
+        "cu_seq_lens_k": boundaries,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
+    return row, inputs
 
 
 def _spread(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -377,6 +411,8 @@ def _load(
         raise ConfigError(f"cannot load model {config.model.name!r}: {e}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if not config.model.attn_implementation and type(model)._supports_attention_backend:
+        model.set_attn_implementation(packed_attention.register())
     if frozen:
         model.requires_grad_(False)
         return tokenizer, model.eval()
@@ -386,6 +422,26 @@ def _load(
     if config.model.lora is not None:
         model = _with_lora(model, config)
     return tokenizer, model
+
+
+def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> bool:
+    """Whether the policy's micro-batches run packed (``backend.packing``).
+
+    Raises:
+        ConfigError: ``packing: packed`` for a model that does not run
+            :mod:`packed_attention` (its class takes no attention functions, or
+            ``model.attn_implementation`` names another).
+    """
+    choice = config.backend.packing
+    able = getattr(model.config, "_attn_implementation", None) == packed_attention.NAME
+    if choice == "packed" and not able:
+        raise ConfigError(
+            f"backend.packing=packed: {config.model.name!r} runs attention "
+            f"{getattr(model.config, '_attn_implementation', None)!r}, which cannot attend to "
+            "packed sequences separately; leave model.attn_implementation unset (for a model "
+            "that supports transformers' attention functions) or set backend.packing=padded"
+        )
+    return able and (choice == "packed" or (choice == "auto" and device.type == "cpu"))
 
 
 def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
