@@ -236,13 +236,59 @@ def _size(bin_: list[int], lengths: Sequence[int], extra: int, padded: bool) -> 
 
 
 def micro_batches(
-    batch: Batch, budget: int, pad_id: int, *, packed: bool = False
+    batch: Batch,
+    budget: int,
+    pad_id: int,
+    *,
+    packed: bool = False,
+    shared_prompts: bool = False,
 ) -> list[MicroBatch]:
     """The batch as micro-batches of at most ``budget`` tokens each (padded, or packed: see
-    :func:`pack`). The tensors are right-padded either way; a packing backend lays each one
-    out with :class:`Packing`."""
-    bins = pack([len(s) for s in batch.samples], budget, padded=not packed)
+    :func:`pack`; packed with ``shared_prompts``: see :func:`pack_sharing_prompts`). The tensors
+    are right-padded either way; a packing backend lays each one out as its row."""
+    if shared_prompts:
+        bins = pack_sharing_prompts(batch.samples, budget)
+    else:
+        bins = pack([len(s) for s in batch.samples], budget, padded=not packed)
     return [collate([batch.samples[i] for i in b], b, pad_id) for b in bins]
+
+
+def pack_sharing_prompts(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Bins of sequence indices for rows where sequences with the same prompt (the tokens before
+    the first trained one) run it once: a bin costs each of its prompts once plus every
+    sequence's rest. The samples of a prompt stay together, in as few bins as the budget allows
+    (longest first); these groups and the lone sequences then go first-fit decreasing."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, s in enumerate(samples):
+        p = prompt_length(s)
+        key = tuple(s.token_ids[:p]) if 0 < p < len(s) else (-1 - i,)
+        by_prompt.setdefault(key, []).append(i)
+    items: list[tuple[int, list[int]]] = []  # (tokens, indices)
+    for key, members in by_prompt.items():
+        shared = len(key) if len(members) > 1 else 0
+        chunk: list[int] = []
+        for i in sorted(members, key=lambda j: (-len(samples[j]), j)):
+            rest = len(samples[i]) - shared
+            if chunk and shared + sum(len(samples[j]) - shared for j in chunk) + rest > budget:
+                items.append((shared + sum(len(samples[j]) - shared for j in chunk), chunk))
+                chunk = []
+            chunk.append(i)
+        items.append((shared + sum(len(samples[j]) - shared for j in chunk), chunk))
+    bins: list[tuple[int, list[int]]] = []
+    for tokens, indices in sorted(items, key=lambda item: (-item[0], item[1][0])):
+        for k, (used, held) in enumerate(bins):
+            if used + tokens <= budget:
+                bins[k] = (used + tokens, held + indices)
+                break
+        else:
+            bins.append((tokens, list(indices)))
+    return [held for _, held in bins]
+
+
+def prompt_length(sample: Sample) -> int:
+    """Tokens before the sample's first trained token (its whole length when none is): what
+    sequences with the same start can share in a packed row."""
+    return next((t for t in range(1, len(sample)) if sample.loss_mask[t]), len(sample))
 
 
 def bin_of_sequence(bins: Sequence[Sequence[int]]) -> dict[int, int]:

@@ -1,30 +1,131 @@
-"""Attention for the torch backend's packed micro-batches, as a transformers attention function.
+"""Packed micro-batches for the torch backend: the row layout and its transformers attention
+function.
 
-A packed micro-batch is one ``[1, total]`` row holding its sequences end to end, positions
-restarting at 0 in each (``batch.Packing``), so no token is padding. Transformers' own packed
-path builds a ``total x total`` block-diagonal mask, which on the CPU makes SDPA attend over the
-whole row: its cost grows with the square of the row, not of each sequence. Here each sequence's
-slice of the row goes through SDPA on its own (causal, no mask), which is the varlen attention
-that flash-attention gives GPUs, written with torch's own kernel.
+A packed micro-batch runs as one ``[1, total]`` row holding its sequences end to end, so no
+token is padding. Sequences that begin with the same prompt (a GRPO group's samples, the first
+turn of multi-turn episodes) share it: the prompt runs once, followed by each sequence's own
+rest, which attends to the shared prompt and causally to itself, at the positions it has in the
+whole sequence. Every hidden state is the one the sequence would get alone (the same keys at the
+same positions), so logprobs and gradients are the unpacked ones, and a group of ``k`` samples
+with a ``P``-token prompt runs ``(k - 1) * P`` fewer tokens.
 
-Given no segment boundaries (``cu_seq_lens_q``), e.g. a right-padded batch or generation with a
-KV cache, the function is transformers' ``sdpa`` unchanged, and so is the mask built for it.
+Transformers' own packed path builds a ``total x total`` block mask, over which CPU SDPA attends
+to the whole row. Here each :class:`Segment` goes through SDPA on its own (causal, or with the
+shared prompt's keys in front), the varlen attention flash-attention gives GPUs, written with
+torch's kernel. Without segments (a right-padded batch, generation with a KV cache) the function
+is transformers' ``sdpa`` unchanged, and so is the mask built for it.
 
 On the CPU, 16-bit queries, keys and values (bfloat16 autocast) are attended in float32: torch's
-CPU flash-attention backward is ~3x slower in bfloat16 than in float32 at these sizes, and the
+CPU flash-attention backward is slower in bfloat16 than in float32 at these sizes, and the
 float32 result is the more exact one. On other devices they stay in their dtype.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from envhub.trainer.batch import MicroBatch
 
 NAME = "envhub_packed_sdpa"
 """The name the function is registered under (``attn_implementation``)."""
 
+SEGMENTS = "envhub_segments"
+"""The keyword that carries a packed row's :class:`Segment` list to the attention function."""
+
 _HALF = (torch.bfloat16, torch.float16)
+
+
+class Segment(NamedTuple):
+    """A run of the packed row that attends causally to itself, after a shared prompt's keys
+    when ``prompt_length`` > 0."""
+
+    start: int
+    length: int
+    prompt_start: int = 0
+    prompt_length: int = 0
+    mask: torch.Tensor | None = None
+    """``[length, prompt_length + length]``, True where a query may look (set with a prompt)."""
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """The layout of a micro-batch as one row (see the module docstring)."""
+
+    input_ids: torch.Tensor
+    """``[1, total]`` the row's tokens."""
+    position_ids: torch.Tensor
+    """``[1, total]`` each token's position in its own sequence."""
+    segments: list[Segment]
+    scoring: torch.Tensor
+    """``[n, width - 1]`` where in the row the state that scores each target sits (position
+    ``t`` of sequence ``i`` scores its token ``t + 1``); 0 on padding."""
+
+    @classmethod
+    def of(cls, mb: MicroBatch, share_prompts: bool = True) -> PackedRow:
+        """Lay out ``mb`` (right-padded), sharing prompts between its sequences unless told not
+        to. A sequence's prompt is what precedes its first trained token; sequences share one
+        when theirs are the same tokens."""
+        ids, device = mb.input_ids, mb.input_ids.device
+        lengths = (mb.attention_mask > 0).sum(1).tolist()
+        groups = _prompt_groups(ids, mb.loss_mask, lengths) if share_prompts else None
+        tokens: list[torch.Tensor] = []
+        positions: list[torch.Tensor] = []
+        segments: list[Segment] = []
+        scoring = torch.zeros(mb.loss_mask.shape, dtype=torch.long, device=device)
+        at = 0
+        for prompt, members in groups or [(0, [i]) for i in range(len(lengths))]:
+            if prompt:  # the shared prompt once, scoring every member's targets inside it
+                tokens.append(ids[members[0], :prompt])
+                positions.append(torch.arange(prompt, device=device))
+                segments.append(Segment(at, prompt))
+                for i in members:
+                    scoring[i, :prompt] = torch.arange(at, at + prompt, device=device)
+            prompt_start, at = at, at + prompt
+            for i in members:
+                rest = lengths[i] - prompt
+                tokens.append(ids[i, prompt : lengths[i]])
+                positions.append(torch.arange(prompt, lengths[i], device=device))
+                if prompt:
+                    mask = _after_prompt(prompt, rest, device)
+                    segments.append(Segment(at, rest, prompt_start, prompt, mask))
+                else:
+                    segments.append(Segment(at, rest))
+                scoring[i, prompt : lengths[i] - 1] = torch.arange(at, at + rest - 1, device=device)
+                at += rest
+        return cls(torch.cat(tokens)[None], torch.cat(positions)[None], segments, scoring)
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments for the model's forward (no attention mask: the segments say who
+        attends to whom)."""
+        return {
+            "input_ids": self.input_ids,
+            "position_ids": self.position_ids,
+            SEGMENTS: self.segments,
+        }
+
+
+def _prompt_groups(
+    ids: torch.Tensor, loss_mask: torch.Tensor, lengths: list[int]
+) -> list[tuple[int, list[int]]]:
+    """``(shared prompt length, rows)`` in row order: rows whose tokens before their first
+    trained one are equal share that prompt; a row alone (or with nothing trained) gets 0."""
+    trained = loss_mask > 0
+    first = torch.where(trained.any(1), trained.float().argmax(1) + 1, 0).tolist()
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, p in enumerate(first):
+        key = tuple(ids[i, :p].tolist()) if 0 < p < lengths[i] else (-1 - i,)
+        by_prompt.setdefault(key, []).append(i)
+    return [(first[rows[0]] if len(rows) > 1 else 0, rows) for rows in by_prompt.values()]
+
+
+def _after_prompt(prompt: int, length: int, device: torch.device) -> torch.Tensor:
+    """``[length, prompt + length]``: query ``q`` sees the prompt and its own ``0..q``."""
+    keys = torch.arange(prompt + length, device=device)
+    return keys[None, :] <= prompt + torch.arange(length, device=device)[:, None]
 
 
 def register() -> str:
@@ -51,8 +152,8 @@ def packed_sdpa(
     """Attention of ``query [b, heads, T, d]`` over ``key``/``value [b, kv_heads, T, d]``,
     returned as ``[b, T, heads, d]`` like every transformers attention function.
 
-    With ``cu_seq_lens_q`` (``[0, end_0, end_1, ...]`` of a packed ``b = 1`` row) each segment
-    attends causally to itself only; without it, transformers' ``sdpa``.
+    With :data:`SEGMENTS` (a packed ``b = 1`` row) each :class:`Segment` attends as it says;
+    without, transformers' ``sdpa``.
     """
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
@@ -61,28 +162,41 @@ def packed_sdpa(
     out_dtype = next((t.dtype for t in (value, query, key) if t.dtype in _HALF), query.dtype)
     compute = torch.float32 if query.device.type == "cpu" else out_dtype
     query, key, value = query.to(compute), key.to(compute), value.to(compute)
-    boundaries = kwargs.pop("cu_seq_lens_q", None)
-    for unused in ("cu_seq_lens_k", "max_length_q", "max_length_k"):
-        kwargs.pop(unused, None)
+    segments: list[Segment] | None = kwargs.pop(SEGMENTS, None)
     with torch.autocast(query.device.type, enabled=False):
-        if boundaries is None:
+        if segments is None:
             out, _ = sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout, scaling, **kwargs
             )
             return out.to(out_dtype), None
         groups = query.shape[1] // key.shape[1]
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        ends = boundaries.tolist()
-        parts = [
-            torch.nn.functional.scaled_dot_product_attention(
-                query[:, :, start:end],
-                key[:, :, start:end],
-                value[:, :, start:end],
-                dropout_p=dropout,
-                scale=scaling,
-                is_causal=True,
-            )
-            for start, end in zip(ends[:-1], ends[1:], strict=True)
-        ]
+        parts = [_attend(query, key, value, s, dropout, scaling) for s in segments]
     out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     return out.transpose(1, 2).contiguous().to(out_dtype), None
+
+
+def _attend(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    s: Segment,
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """One segment's attention output, ``[1, heads, s.length, d]``."""
+    own = slice(s.start, s.start + s.length)
+    keys, values = key[:, :, own], value[:, :, own]
+    if s.prompt_length:
+        shared = slice(s.prompt_start, s.prompt_start + s.prompt_length)
+        keys = torch.cat([key[:, :, shared], keys], dim=2)
+        values = torch.cat([value[:, :, shared], values], dim=2)
+    return torch.nn.functional.scaled_dot_product_attention(
+        query[:, :, own],
+        keys,
+        values,
+        attn_mask=s.mask,
+        dropout_p=dropout,
+        scale=scaling,
+        is_causal=not s.prompt_length,
+    )

@@ -105,11 +105,14 @@ class TorchBackend:
     # -- the operations the loop needs ----------------------------------------------------------
 
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
-        """Micro-batches of at most ``backend.micro_batch_tokens`` tokens: real tokens when the
-        model runs each one packed into one row, padded ones when it runs a padded
-        ``[n, width]`` batch (:attr:`packed`)."""
+        """Micro-batches of at most ``backend.micro_batch_tokens`` tokens: the tokens of its row
+        when the model runs each one packed (a shared prompt counted once, the samples of a
+        prompt kept together), padded ones when it runs a padded ``[n, width]`` batch
+        (:attr:`packed`)."""
         budget = self.config.backend.micro_batch_tokens
-        return micro_batches(batch, budget, self.pad_id, packed=self.packed)
+        return micro_batches(
+            batch, budget, self.pad_id, packed=self.packed, shared_prompts=self.packed
+        )
 
     @torch.no_grad()
     def logprobs(
@@ -314,9 +317,9 @@ def target_logits(
     Returns ``(logits [N, V], keep)`` with ``keep`` the ``[n, width - 1]`` boolean mask of the
     ``N`` targets the loss uses, when the model's head is plain (:data:`PLAIN_HEAD`); else
     ``(logits [n, width - 1, V], None)`` from the whole model, whose places past a sequence's
-    end hold no score of it. With ``packed`` the model runs the sequences end to end in one row
-    (its attention must be :mod:`packed_attention`'s); the logits come back in the same
-    layout either way.
+    end hold no score of it. With ``packed`` the model runs the sequences end to end in one row,
+    shared prompts once (:class:`packed_attention.PackedRow`; the model's attention must be
+    :mod:`packed_attention`'s); the logits come back in the same layout either way.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     plain = model_type in PLAIN_HEAD
@@ -327,34 +330,11 @@ def target_logits(
             hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
             return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
         return model(**inputs, use_cache=False).logits[:, :-1], None
-    row, inputs = _packed_row(mb)
+    layout = packed_attention.PackedRow.of(mb)
     if plain:
-        hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
-        return model.get_output_embeddings()(hidden[0, row[keep]]), keep
-    return model(**inputs, use_cache=False).logits[0, row], None
-
-
-def _packed_row(mb: MicroBatch) -> tuple[torch.Tensor, dict[str, Any]]:
-    """``mb``'s sequences end to end in one ``[1, total]`` row, as model inputs (restarted
-    positions, segment boundaries for :func:`packed_attention.packed_sdpa`), and the ``[n,
-    width - 1]`` place in the row of each target's scoring position (clamped into the row
-    where ``mb`` has padding)."""
-    real = mb.attention_mask > 0
-    lengths = real.sum(1)
-    ends = lengths.cumsum(0)
-    boundaries = torch.cat([ends.new_zeros(1), ends]).to("cpu", torch.int32)
-    column = torch.arange(mb.input_ids.shape[1] - 1, device=lengths.device)
-    row = ((ends - lengths)[:, None] + column[None, :]).clamp(max=int(ends[-1]) - 1)
-    longest = int(lengths.max())
-    inputs = {
-        "input_ids": mb.input_ids[real][None],
-        "position_ids": (real.cumsum(1) - 1)[real][None],
-        "cu_seq_lens_q": boundaries,
-        "cu_seq_lens_k": boundaries,
-        "max_length_q": longest,
-        "max_length_k": longest,
-    }
-    return row, inputs
+        hidden = model.get_decoder()(**layout.model_inputs(), use_cache=False).last_hidden_state
+        return model.get_output_embeddings()(hidden[0, layout.scoring[keep]]), keep
+    return model(**layout.model_inputs(), use_cache=False).logits[0, layout.scoring], None
 
 
 def _spread(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,9 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.backends import packed_attention
+from envhub.trainer.backends.packed_attention import SEGMENTS, PackedRow, Segment
 from envhub.trainer.backends.torch_backend import TorchBackend
-from envhub.trainer.batch import Batch, Sample, micro_batches
+from envhub.trainer.batch import Batch, Sample, micro_batches, pack_sharing_prompts
 from envhub.trainer.config import validate_config
 
 transformers = pytest.importorskip("transformers")
@@ -34,30 +35,54 @@ def _qkv(lengths: list[int], dtype: torch.dtype = torch.float32):
     return q, k, v
 
 
-def _boundaries(lengths: list[int]) -> torch.Tensor:
-    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+def _reference(q, k, v, queries: slice, keys: list[slice], scale: float) -> torch.Tensor:
+    """Attention by hand: ``queries`` over ``keys`` (their concatenation), causal with the
+    queries at the end, grouped heads repeated."""
+    kk = torch.cat([k[:, :, s] for s in keys], 2).repeat_interleave(2, 1)
+    vv = torch.cat([v[:, :, s] for s in keys], 2).repeat_interleave(2, 1)
+    n, m = queries.stop - queries.start, kk.shape[2]
+    scores = (q[:, :, queries] @ kk.transpose(-1, -2)) * scale
+    future = torch.arange(m)[None, :] > (m - n + torch.arange(n))[:, None]
+    return (scores.masked_fill(future, float("-inf")).softmax(-1) @ vv).transpose(1, 2)
+
+
+def _check(out: torch.Tensor, expected: torch.Tensor, inputs: tuple) -> None:
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-6)
+    grads = torch.autograd.grad(out.square().sum(), inputs)
+    reference = torch.autograd.grad(expected.square().sum(), inputs)
+    for got, want in zip(grads, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def test_each_segment_attends_causally_to_itself_alone() -> None:
-    lengths = [5, 1, 7]
-    q, k, v = _qkv(lengths)
+    q, k, v = _qkv([5, 1, 7])
+    segments = [Segment(0, 5), Segment(5, 1), Segment(6, 7)]
     out, weights = packed_attention.packed_sdpa(
-        _Attention(), q, k, v, None, scaling=0.3, cu_seq_lens_q=_boundaries(lengths)
+        _Attention(), q, k, v, None, scaling=0.3, **{SEGMENTS: segments}
     )
-    assert weights is None and out.shape == (1, sum(lengths), 4, 8)
-    expected, start = [], 0
-    for n in lengths:  # each sequence alone, grouped heads repeated by hand
-        s = slice(start, start + n)
-        kk, vv = k[:, :, s].repeat_interleave(2, 1), v[:, :, s].repeat_interleave(2, 1)
-        scores = (q[:, :, s] @ kk.transpose(-1, -2)) * 0.3
-        scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-        expected.append((scores.softmax(-1) @ vv).transpose(1, 2))
-        start += n
-    torch.testing.assert_close(out, torch.cat(expected, 1), rtol=0, atol=1e-6)
-    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
-    reference = torch.autograd.grad(torch.cat(expected, 1).square().sum(), (q, k, v))
-    for got, want in zip(grads, reference, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert weights is None and out.shape == (1, 13, 4, 8)
+    spans = [slice(0, 5), slice(5, 6), slice(6, 13)]
+    expected = torch.cat([_reference(q, k, v, s, [s], 0.3) for s in spans], 1)
+    _check(out, expected, (q, k, v))
+
+
+def test_a_rest_attends_to_its_shared_prompt_as_the_whole_sequence_would() -> None:
+    q, k, v = _qkv([3, 4, 2])  # a 3-token prompt, then two sequences' rests
+    prompt, first, second = slice(0, 3), slice(3, 7), slice(7, 9)
+    segments = [
+        Segment(0, 3),
+        Segment(3, 4, 0, 3, packed_attention._after_prompt(3, 4, torch.device("cpu"))),
+        Segment(7, 2, 0, 3, packed_attention._after_prompt(3, 2, torch.device("cpu"))),
+    ]
+    out, _ = packed_attention.packed_sdpa(
+        _Attention(), q, k, v, None, scaling=0.3, **{SEGMENTS: segments}
+    )
+    expected = torch.cat([
+        _reference(q, k, v, prompt, [prompt], 0.3),
+        _reference(q, k, v, first, [prompt, first], 0.3),
+        _reference(q, k, v, second, [prompt, second], 0.3),
+    ], 1)  # fmt: skip
+    _check(out, expected, (q, k, v))
 
 
 def test_without_boundaries_it_is_transformers_sdpa() -> None:
@@ -73,14 +98,14 @@ def test_without_boundaries_it_is_transformers_sdpa() -> None:
 
 
 def test_16_bit_attention_on_the_cpu_runs_in_float32() -> None:
-    lengths = [4, 3]
-    q, k, v = _qkv(lengths, torch.bfloat16)
+    q, k, v = _qkv([4, 3], torch.bfloat16)
+    segments = [Segment(0, 4), Segment(4, 3)]
     with torch.autocast("cpu", dtype=torch.bfloat16):  # queries rotated in float32, as in a model
         out, _ = packed_attention.packed_sdpa(
-            _Attention(), q.float(), k.float(), v, None, cu_seq_lens_q=_boundaries(lengths)
+            _Attention(), q.float(), k.float(), v, None, **{SEGMENTS: segments}
         )
     exact, _ = packed_attention.packed_sdpa(
-        _Attention(), q.float(), k.float(), v.float(), None, cu_seq_lens_q=_boundaries(lengths)
+        _Attention(), q.float(), k.float(), v.float(), None, **{SEGMENTS: segments}
     )
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, exact.to(torch.bfloat16))
@@ -100,13 +125,25 @@ def _backend(model_dir: Path, model: dict | None = None, **backend: object) -> T
 
 
 def _batch() -> Batch:
+    """Samples 0, 1, 3 and 4 start with the same 3-token prompt (4 goes on with a tool result
+    between two trained turns); 2 stands alone; 5 starts the same but trains nothing."""
     generator = torch.Generator().manual_seed(5)
-    masks = [[0, 0, 0, 1, 1, 1, 0, 0, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0, 1], [0, 1]]
-    return Batch([
-        Sample(torch.randint(0, 400, (len(m),), generator=generator).tolist(), m,
-               [0.0] * len(m), 1.0, i)
-        for i, m in enumerate(masks)
-    ])  # fmt: skip
+    prompt = torch.randint(0, 400, (3,), generator=generator).tolist()
+    masks = [
+        [0, 0, 0, 1, 1, 1, 0],
+        [0, 0, 0, 1, 1],
+        [0, 0, 0, 0, 1, 1, 1],
+        [0, 0, 0, 1],
+        [0, 0, 0, 1, 1, 0, 0, 0, 1, 1],
+        [0, 0, 0, 0, 0],
+    ]
+    samples = []
+    for i, m in enumerate(masks):
+        ids = torch.randint(0, 400, (len(m),), generator=generator).tolist()
+        if i != 2:
+            ids[:3] = prompt
+        samples.append(Sample(ids, m, [0.0] * len(m), 1.0 - 0.25 * i, i))
+    return Batch(samples)
 
 
 def _scores(backend: TorchBackend, mb) -> tuple[torch.Tensor, torch.Tensor, dict]:
@@ -121,7 +158,8 @@ def _scores(backend: TorchBackend, mb) -> tuple[torch.Tensor, torch.Tensor, dict
 def test_a_packed_micro_batch_scores_and_trains_as_the_padded_one(
     tiny_model_dir: Path, lora: bool
 ) -> None:
-    model = {"lora": {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}} if lora else {}
+    adapters = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+    model = {"lora": adapters} if lora else {}
     backend = _backend(tiny_model_dir, model)
     assert backend.packed  # the CPU default
     (mb,) = micro_batches(_batch(), 1024, pad_id=0)
@@ -146,13 +184,50 @@ def test_a_model_with_a_post_processed_head_packs_too(tiny_model_dir: Path) -> N
     torch.testing.assert_close(packed[real], padded[real], rtol=0, atol=1e-5)
 
 
-def test_packed_bins_count_real_tokens_and_padded_bins_padded_ones(tiny_model_dir: Path) -> None:
-    batch = _batch()  # lengths 10, 5, 7, 2
-    packed = _backend(tiny_model_dir, micro_batch_tokens=17)
-    padded = _backend(tiny_model_dir, micro_batch_tokens=17, packing="padded")
+def test_a_packed_row_runs_a_shared_prompt_once() -> None:
+    a = Sample([5, 6, 7, 8, 9], [0, 0, 0, 1, 1], [0.0] * 5, 1.0, 0)
+    b = Sample([5, 6, 7, 10], [0, 0, 0, 1], [0.0] * 4, 1.0, 1)
+    c = Sample([1, 2, 3], [0, 1, 1], [0.0] * 3, 1.0, 2)
+    (mb,) = micro_batches(Batch([a, b, c]), 1024, pad_id=0)
+    assert mb.samples == [0, 1, 2]
+    layout = PackedRow.of(mb)
+    assert layout.input_ids.tolist() == [[5, 6, 7, 8, 9, 10, 1, 2, 3]]
+    assert layout.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 0, 1, 2]]
+    assert [s[:4] for s in layout.segments] == [(0, 3, 0, 0), (3, 2, 0, 3), (5, 1, 0, 3),
+                                                (6, 3, 0, 0)]  # fmt: skip
+    assert layout.segments[1].mask.tolist() == [[True] * 4 + [False], [True] * 5]
+    # position t scores token t + 1: a's first trained token (8) from the prompt's last state
+    assert layout.scoring.tolist() == [[0, 1, 2, 3], [0, 1, 2, 0], [6, 7, 0, 0]]
+    alone = PackedRow.of(mb, share_prompts=False)
+    assert alone.input_ids.tolist() == [[5, 6, 7, 8, 9, 5, 6, 7, 10, 1, 2, 3]]
+    assert [s[:4] for s in alone.segments] == [(0, 5, 0, 0), (5, 4, 0, 0), (9, 3, 0, 0)]
+
+
+def test_bins_keep_a_prompts_samples_together_and_count_its_tokens_once() -> None:
+    def sample(ids: list[int], trained_from: int) -> Sample:
+        mask = [0] * trained_from + [1] * (len(ids) - trained_from)
+        return Sample(ids, mask, [0.0] * len(ids), 1.0, 0)
+
+    samples = [
+        sample([5, 6, 7, 8, 9], 3),  # 0: prompt 5 6 7, rest 2
+        sample([5, 6, 7, 10], 3),  # 1: rest 1
+        sample([1, 2, 3], 1),  # 2: alone, 3
+        sample([5, 6, 7, 1, 1, 1], 3),  # 3: rest 3
+        sample([9] * 8, 8),  # 4: nothing trained, 8
+    ]
+    # the prompt's group costs 3 + 3 + 2 + 1 = 9 tokens, not 15
+    assert pack_sharing_prompts(samples, 10) == [[3, 0, 1], [4], [2]]
+    # at 7 it splits longest first: [3] costs 6, [0, 1] costs 6
+    assert pack_sharing_prompts(samples, 7) == [[4], [0, 1], [3], [2]]
+
+
+def test_the_backend_bins_as_it_runs(tiny_model_dir: Path) -> None:
+    batch = _batch()  # lengths 7, 5, 7, 4, 10, 5; the shared prompt's group costs 3 + 17
+    packed = _backend(tiny_model_dir, micro_batch_tokens=20)
+    padded = _backend(tiny_model_dir, micro_batch_tokens=20, packing="padded")
     assert packed.packed and not padded.packed
-    assert [mb.samples for mb in packed.micro_batches(batch)] == [[0, 2], [1, 3]]
-    assert [mb.samples for mb in padded.micro_batches(batch)] == [[0], [2, 1], [3]]
+    assert [mb.samples for mb in packed.micro_batches(batch)] == [[4, 0, 1, 3], [2, 5]]
+    assert [mb.samples for mb in padded.micro_batches(batch)] == [[4, 0], [2, 1], [5, 3]]
 
 
 def test_packing_is_refused_for_an_attention_that_cannot_separate_sequences(
