@@ -463,8 +463,9 @@ class BackendConfig(_Part):
     with ``packing: packed``), padded tokens where it is right-padded."""
     packing: Literal["auto", "packed", "padded"] = "auto"
     """The torch backend's micro-batches: ``packed`` lays each one's sequences end to end in one
-    row (no padding; each sequence attends to itself, see ``backends/packed_attention.py``),
-    ``padded`` right-pads them into a ``[n, longest]`` batch. ``auto``: packed on the CPU for
+    row (no padding; each sequence attends to itself; sequences with the same prompt run it
+    once, see ``backends/packed_attention.py``), ``padded`` right-pads them into a
+    ``[n, longest]`` batch. ``auto``: packed on the CPU for
     models that take transformers' attention functions, else padded (on a GPU, padded SDPA
     batches are what was measured)."""
     threads: int | None = None
