@@ -330,6 +330,9 @@ def target_logits(
             hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
             return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
         return model(**inputs, use_cache=False).logits[:, :-1], None
+    if getattr(model.config, "_attn_implementation", None) != packed_attention.NAME:
+        # Any other attention would ignore the segments and attend across the whole row.
+        raise ConfigError("a packed micro-batch needs the model's attention to be packed_sdpa")
     layout = packed_attention.PackedRow.of(mb)
     if plain:
         hidden = model.get_decoder()(**layout.model_inputs(), use_cache=False).last_hidden_state
@@ -391,7 +394,7 @@ def _load(
         raise ConfigError(f"cannot load model {config.model.name!r}: {e}") from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if not config.model.attn_implementation and type(model)._supports_attention_backend:
+    if _takes_packed_attention(model, config, device):
         model.set_attn_implementation(packed_attention.register())
     if frozen:
         model.requires_grad_(False)
@@ -402,6 +405,16 @@ def _load(
     if config.model.lora is not None:
         model = _with_lora(model, config)
     return tokenizer, model
+
+
+def _takes_packed_attention(
+    model: torch.nn.Module, config: TrainConfig, device: torch.device
+) -> bool:
+    """Whether the model gets :mod:`packed_attention`'s function: where packing may run (the
+    CPU, or ``packing: packed``), no attention is asked for, and its class takes attention
+    functions. Elsewhere (a GPU by default) it keeps transformers' own choice."""
+    wanted = device.type == "cpu" or config.backend.packing == "packed"
+    return wanted and not config.model.attn_implementation and model._supports_attention_backend
 
 
 def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> bool:

@@ -12,7 +12,11 @@ import torch
 from envhub.errors import ConfigError
 from envhub.trainer.backends import packed_attention
 from envhub.trainer.backends.packed_attention import SEGMENTS, PackedRow, Segment
-from envhub.trainer.backends.torch_backend import TorchBackend
+from envhub.trainer.backends.torch_backend import (
+    TorchBackend,
+    _takes_packed_attention,
+    target_logits,
+)
 from envhub.trainer.batch import Batch, Sample, micro_batches, pack_sharing_prompts
 from envhub.trainer.config import validate_config
 
@@ -236,3 +240,24 @@ def test_packing_is_refused_for_an_attention_that_cannot_separate_sequences(
     with pytest.raises(ConfigError, match="attn_implementation.*backend.packing=padded"):
         _backend(tiny_model_dir, {"attn_implementation": "eager"}, packing="packed")
     assert not _backend(tiny_model_dir, {"attn_implementation": "eager"}).packed
+
+
+def test_a_gpu_keeps_transformers_attention_unless_packing_is_asked(tiny_model_dir: Path) -> None:
+    backend = _backend(tiny_model_dir)
+    model, cuda = backend.model, torch.device("cuda")  # a device object; nothing runs on it
+    assert not _takes_packed_attention(model, backend.config, cuda)
+    packed = validate_config(backend.config.model_dump() | {"backend": {"packing": "packed"}})
+    assert _takes_packed_attention(model, packed, cuda)
+    eager = validate_config(backend.config.model_dump(mode="json") | {
+        "model": {"name": str(tiny_model_dir), "attn_implementation": "eager"}
+    })  # fmt: skip
+    assert not _takes_packed_attention(model, eager, torch.device("cpu"))
+
+
+def test_a_packed_forward_refuses_an_attention_that_would_ignore_the_segments(
+    tiny_model_dir: Path,
+) -> None:
+    backend = _backend(tiny_model_dir, {"attn_implementation": "sdpa"}, packing="padded")
+    (mb,) = micro_batches(_batch(), 1024, pad_id=0)
+    with pytest.raises(ConfigError, match="packed_sdpa"):
+        target_logits(backend.model, mb, packed=True)
