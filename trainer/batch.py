@@ -267,18 +267,20 @@ def pack_sharing_prompts(samples: Sequence[Sample], budget: int) -> list[list[in
     for key, members in by_prompt.items():
         shared = len(key) if len(members) > 1 else 0
         chunk: list[int] = []
+        used = shared
         for i in sorted(members, key=lambda j: (-len(samples[j]), j)):
             rest = len(samples[i]) - shared
-            if chunk and shared + sum(len(samples[j]) - shared for j in chunk) + rest > budget:
-                items.append((shared + sum(len(samples[j]) - shared for j in chunk), chunk))
-                chunk = []
+            if chunk and used + rest > budget:
+                items.append((used, chunk))
+                chunk, used = [], shared
             chunk.append(i)
-        items.append((shared + sum(len(samples[j]) - shared for j in chunk), chunk))
+            used += rest
+        items.append((used, chunk))
     bins: list[tuple[int, list[int]]] = []
     for tokens, indices in sorted(items, key=lambda item: (-item[0], item[1][0])):
-        for k, (used, held) in enumerate(bins):
-            if used + tokens <= budget:
-                bins[k] = (used + tokens, held + indices)
+        for k, (filled, held) in enumerate(bins):
+            if filled + tokens <= budget:
+                bins[k] = (filled + tokens, held + indices)
                 break
         else:
             bins.append((tokens, list(indices)))

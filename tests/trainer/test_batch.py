@@ -10,12 +10,15 @@ import torch
 from envhub.trainer.batch import (
     NoSignal,
     Packing,
+    Sample,
     bin_of_sequence,
     build_batch,
     collate,
     micro_batches,
     no_signal,
     pack,
+    pack_sharing_prompts,
+    prompt_length,
     select,
 )
 from envhub.trainer.config import AlgorithmConfig, OverlongConfig
@@ -302,3 +305,22 @@ def test_the_overlong_filter_emptying_the_step_is_named() -> None:
     assert _no_signal(trajectories, overlong=OverlongConfig(filter=True)).reason == (
         "the overlong filter dropped every group with signal (all hit the length limit)"
     )
+
+
+def test_bins_keep_a_prompts_samples_together_and_count_its_tokens_once() -> None:
+    def sample(ids: list[int], trained_from: int) -> Sample:
+        mask = [0] * trained_from + [1] * (len(ids) - trained_from)
+        return Sample(ids, mask, [0.0] * len(ids), 1.0, 0)
+
+    samples = [
+        sample([5, 6, 7, 8, 9], 3),  # 0: prompt 5 6 7, rest 2
+        sample([5, 6, 7, 10], 3),  # 1: rest 1
+        sample([1, 2, 3], 1),  # 2: alone, 3
+        sample([5, 6, 7, 1, 1, 1], 3),  # 3: rest 3
+        sample([9] * 8, 8),  # 4: nothing trained, 8
+    ]
+    assert [prompt_length(s) for s in samples] == [3, 3, 1, 3, 8]
+    # the prompt's group costs 3 + 3 + 2 + 1 = 9 tokens, not 15
+    assert pack_sharing_prompts(samples, 10) == [[3, 0, 1], [4], [2]]
+    # at 7 it splits longest first: [3] costs 6, [0, 1] costs 6
+    assert pack_sharing_prompts(samples, 7) == [[4], [0, 1], [3], [2]]

@@ -17,7 +17,7 @@ from envhub.trainer.backends.torch_backend import (
     _takes_packed_attention,
     target_logits,
 )
-from envhub.trainer.batch import Batch, Sample, micro_batches, pack_sharing_prompts
+from envhub.trainer.batch import Batch, Sample, micro_batches
 from envhub.trainer.config import validate_config
 
 transformers = pytest.importorskip("transformers")
@@ -205,24 +205,6 @@ def test_a_packed_row_runs_a_shared_prompt_once() -> None:
     alone = PackedRow.of(mb, share_prompts=False)
     assert alone.input_ids.tolist() == [[5, 6, 7, 8, 9, 5, 6, 7, 10, 1, 2, 3]]
     assert [s[:4] for s in alone.segments] == [(0, 5, 0, 0), (5, 4, 0, 0), (9, 3, 0, 0)]
-
-
-def test_bins_keep_a_prompts_samples_together_and_count_its_tokens_once() -> None:
-    def sample(ids: list[int], trained_from: int) -> Sample:
-        mask = [0] * trained_from + [1] * (len(ids) - trained_from)
-        return Sample(ids, mask, [0.0] * len(ids), 1.0, 0)
-
-    samples = [
-        sample([5, 6, 7, 8, 9], 3),  # 0: prompt 5 6 7, rest 2
-        sample([5, 6, 7, 10], 3),  # 1: rest 1
-        sample([1, 2, 3], 1),  # 2: alone, 3
-        sample([5, 6, 7, 1, 1, 1], 3),  # 3: rest 3
-        sample([9] * 8, 8),  # 4: nothing trained, 8
-    ]
-    # the prompt's group costs 3 + 3 + 2 + 1 = 9 tokens, not 15
-    assert pack_sharing_prompts(samples, 10) == [[3, 0, 1], [4], [2]]
-    # at 7 it splits longest first: [3] costs 6, [0, 1] costs 6
-    assert pack_sharing_prompts(samples, 7) == [[4], [0, 1], [3], [2]]
 
 
 def test_the_backend_bins_as_it_runs(tiny_model_dir: Path) -> None:
