@@ -1,6 +1,7 @@
 """Packed micro-batches on the torch backend: each sequence of a packed row attends to itself
-only, so the logprobs, entropies and gradients equal the padded batch's; 16-bit attention on the
-CPU runs in float32; the setting picks the layout or refuses with a reason."""
+only, and a shared prompt runs once with every sequence after it attending to it, so the
+logprobs, entropies and gradients equal the padded batch's; 16-bit attention on the CPU runs in
+float32; the setting picks the layout or refuses with a reason."""
 
 from __future__ import annotations
 
