@@ -163,6 +163,8 @@ def packed_sdpa(
     compute = torch.float32 if query.device.type == "cpu" else out_dtype
     query, key, value = query.to(compute), key.to(compute), value.to(compute)
     segments: list[Segment] | None = kwargs.pop(SEGMENTS, None)
+    if segments is not None:
+        _refuse_what_segments_ignore(segments, kwargs)
     with torch.autocast(query.device.type, enabled=False):
         if segments is None:
             out, _ = sdpa_attention_forward(
@@ -174,6 +176,23 @@ def packed_sdpa(
         parts = [_attend(query, key, value, s, dropout, scaling) for s in segments]
     out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
     return out.transpose(1, 2).contiguous().to(out_dtype), None
+
+
+def _refuse_what_segments_ignore(segments: list[Segment], kwargs: dict[str, Any]) -> None:
+    """Raise where the layer asks for what per-segment causal attention does not do: a sliding
+    window shorter than a segment's keys, logit soft-capping, attention sinks."""
+    window = kwargs.get("sliding_window")
+    span = max(s.prompt_length + s.length for s in segments)
+    if window is not None and span > window:
+        raise ValueError(
+            f"a packed sequence spans {span} tokens, over this layer's sliding window of "
+            f"{window}; set backend.packing=padded"
+        )
+    for unsupported in ("softcap", "s_aux"):
+        if kwargs.get(unsupported) is not None:
+            raise ValueError(
+                f"packed attention does not apply {unsupported!r}; set backend.packing=padded"
+            )
 
 
 def _attend(

@@ -411,10 +411,18 @@ def _takes_packed_attention(
     model: torch.nn.Module, config: TrainConfig, device: torch.device
 ) -> bool:
     """Whether the model gets :mod:`packed_attention`'s function: where packing may run (the
-    CPU, or ``packing: packed``), no attention is asked for, and its class takes attention
-    functions. Elsewhere (a GPU by default) it keeps transformers' own choice."""
+    CPU, or ``packing: packed``), for the model types of :data:`PLAIN_HEAD` (their attention is
+    plain causal attention; others may soft-cap or add sinks), when no attention is asked for
+    and the class takes attention functions. Elsewhere (a GPU by default) the model keeps
+    transformers' own choice."""
     wanted = device.type == "cpu" or config.backend.packing == "packed"
-    return wanted and not config.model.attn_implementation and model._supports_attention_backend
+    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD  # standard attention too
+    return (
+        wanted
+        and plain
+        and not config.model.attn_implementation
+        and model._supports_attention_backend
+    )
 
 
 def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> bool:

@@ -90,6 +90,25 @@ def test_a_rest_attends_to_its_shared_prompt_as_the_whole_sequence_would() -> No
     _check(out, expected, (q, k, v))
 
 
+@pytest.mark.parametrize(
+    ("extra", "reason"),
+    [
+        ({"sliding_window": 6}, "spans 7 tokens, over this layer's sliding window of 6"),
+        ({"softcap": 50.0}, "'softcap'"),
+        ({"s_aux": torch.zeros(4)}, "'s_aux'"),
+    ],
+)
+def test_what_segments_cannot_honour_is_refused(extra: dict, reason: str) -> None:
+    q, k, v = _qkv([5, 7])
+    segments = [Segment(0, 5), Segment(5, 7)]
+    with pytest.raises(ValueError, match=reason + ".*backend.packing=padded"):
+        packed_attention.packed_sdpa(_Attention(), q, k, v, None, **{SEGMENTS: segments}, **extra)
+    window = {"sliding_window": 7}  # every segment fits: nothing to refuse
+    out, _ = packed_attention.packed_sdpa(_Attention(), q, k, v, None, **{SEGMENTS: segments},
+                                          **window)  # fmt: skip
+    assert out.shape == (1, 12, 4, 8)
+
+
 def test_without_boundaries_it_is_transformers_sdpa() -> None:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -235,6 +254,8 @@ def test_a_gpu_keeps_transformers_attention_unless_packing_is_asked(tiny_model_d
         "model": {"name": str(tiny_model_dir), "attn_implementation": "eager"}
     })  # fmt: skip
     assert not _takes_packed_attention(model, eager, torch.device("cpu"))
+    model.config.model_type = "gemma2"  # soft-caps its attention logits: stays transformers'
+    assert not _takes_packed_attention(model, backend.config, torch.device("cpu"))
 
 
 def test_a_packed_forward_refuses_an_attention_that_would_ignore_the_segments(
