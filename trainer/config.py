@@ -465,9 +465,9 @@ class BackendConfig(_Part):
     """The torch backend's micro-batches: ``packed`` lays each one's sequences end to end in one
     row (no padding; each sequence attends to itself; sequences with the same prompt run it
     once, see ``backends/packed_attention.py``), ``padded`` right-pads them into a
-    ``[n, longest]`` batch. ``auto``: packed on the CPU for
-    models that take transformers' attention functions, else padded (on a GPU, padded SDPA
-    batches are what was measured)."""
+    ``[n, longest]`` batch. ``auto``: packed on the CPU for the plain-attention model types
+    (Llama, Mistral, Qwen2/3, Phi-3, OLMo 2), else padded (on a GPU, padded SDPA batches are
+    what was measured)."""
     threads: int | None = None
     """CPU threads for torch (default: torch's choice)."""
 

@@ -430,8 +430,8 @@ def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) ->
 
     Raises:
         ConfigError: ``packing: packed`` for a model that does not run
-            :mod:`packed_attention` (its class takes no attention functions, or
-            ``model.attn_implementation`` names another).
+            :mod:`packed_attention` (its type is not one of :data:`PLAIN_HEAD`'s, its class
+            takes no attention functions, or ``model.attn_implementation`` names another).
     """
     choice = config.backend.packing
     able = getattr(model.config, "_attn_implementation", None) == packed_attention.NAME
@@ -439,8 +439,8 @@ def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) ->
         raise ConfigError(
             f"backend.packing=packed: {config.model.name!r} runs attention "
             f"{getattr(model.config, '_attn_implementation', None)!r}, which cannot attend to "
-            "packed sequences separately; leave model.attn_implementation unset (for a model "
-            "that supports transformers' attention functions) or set backend.packing=padded"
+            "packed sequences separately; leave model.attn_implementation unset (for a "
+            f"model of type {', '.join(sorted(PLAIN_HEAD))}) or set backend.packing=padded"
         )
     return able and (choice == "packed" or (choice == "auto" and device.type == "cpu"))
 
