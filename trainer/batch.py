@@ -258,14 +258,9 @@ def pack_sharing_prompts(samples: Sequence[Sample], budget: int) -> list[list[in
     the first trained one) run it once: a bin costs each of its prompts once plus every
     sequence's rest. The samples of a prompt stay together, in as few bins as the budget allows
     (longest first); these groups and the lone sequences then go first-fit decreasing."""
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for i, s in enumerate(samples):
-        p = prompt_length(s)
-        key = tuple(s.token_ids[:p]) if 0 < p < len(s) else (-1 - i,)
-        by_prompt.setdefault(key, []).append(i)
+    groups = prompt_groups([s.token_ids for s in samples], [s.loss_mask for s in samples])
     items: list[tuple[int, list[int]]] = []  # (tokens, indices)
-    for key, members in by_prompt.items():
-        shared = len(key) if len(members) > 1 else 0
+    for shared, members in groups:
         chunk: list[int] = []
         used = shared
         for i in sorted(members, key=lambda j: (-len(samples[j]), j)):
@@ -290,7 +285,26 @@ def pack_sharing_prompts(samples: Sequence[Sample], budget: int) -> list[list[in
 def prompt_length(sample: Sample) -> int:
     """Tokens before the sample's first trained token (its whole length when none is): what
     sequences with the same start can share in a packed row."""
-    return next((t for t in range(1, len(sample)) if sample.loss_mask[t]), len(sample))
+    return _first_trained(sample.loss_mask, len(sample))
+
+
+def prompt_groups(
+    token_ids: Sequence[Sequence[int]], loss_masks: Sequence[Sequence[int]]
+) -> list[tuple[int, list[int]]]:
+    """Sequences grouped by their prompt (the tokens before their first trained one; masks
+    aligned with the tokens), in order of first appearance: ``(shared prompt length,
+    indices)``, the length 0 for a sequence alone or one with nothing trained."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, (ids, mask) in enumerate(zip(token_ids, loss_masks, strict=True)):
+        p = _first_trained(mask, len(ids))
+        key = tuple(ids[:p]) if p < len(ids) else (-1 - i,)
+        by_prompt.setdefault(key, []).append(i)
+    return [(len(key) if len(rows) > 1 else 0, rows) for key, rows in by_prompt.items()]
+
+
+def _first_trained(mask: Sequence[int], length: int) -> int:
+    """The index of the first trained token after the first (``length`` when none is)."""
+    return next((t for t in range(1, length) if mask[t]), length)
 
 
 def bin_of_sequence(bins: Sequence[Sequence[int]]) -> dict[int, int]:

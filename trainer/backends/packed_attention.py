@@ -23,12 +23,11 @@ float32 result is the more exact one. On other devices they stay in their dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from envhub.trainer.batch import MicroBatch
+from envhub.trainer.batch import MicroBatch, prompt_groups
 
 NAME = "envhub_packed_sdpa"
 """The name the function is registered under (``attn_implementation``)."""
@@ -71,7 +70,7 @@ class PackedRow:
         when theirs are the same tokens."""
         ids, device = mb.input_ids, mb.input_ids.device
         lengths = (mb.attention_mask > 0).sum(1).tolist()
-        groups = _prompt_groups(ids, mb.loss_mask, lengths) if share_prompts else None
+        groups = _prompt_groups(mb, lengths) if share_prompts else None
         tokens: list[torch.Tensor] = []
         positions: list[torch.Tensor] = []
         segments: list[Segment] = []
@@ -108,18 +107,12 @@ class PackedRow:
         }
 
 
-def _prompt_groups(
-    ids: torch.Tensor, loss_mask: torch.Tensor, lengths: list[int]
-) -> list[tuple[int, list[int]]]:
-    """``(shared prompt length, rows)`` in row order: rows whose tokens before their first
-    trained one are equal share that prompt; a row alone (or with nothing trained) gets 0."""
-    trained = loss_mask > 0
-    first = torch.where(trained.any(1), trained.float().argmax(1) + 1, 0).tolist()
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for i, p in enumerate(first):
-        key = tuple(ids[i, :p].tolist()) if 0 < p < lengths[i] else (-1 - i,)
-        by_prompt.setdefault(key, []).append(i)
-    return [(first[rows[0]] if len(rows) > 1 else 0, rows) for rows in by_prompt.values()]
+def _prompt_groups(mb: MicroBatch, lengths: list[int]) -> list[tuple[int, list[int]]]:
+    """``batch.prompt_groups`` of ``mb``'s rows (its loss mask is aligned with the targets: a
+    row's token ``t`` is trained where ``loss_mask[t - 1]``)."""
+    ids = [mb.input_ids[i, :n].tolist() for i, n in enumerate(lengths)]
+    masks = [[0, *mb.loss_mask[i, : n - 1].tolist()] for i, n in enumerate(lengths)]
+    return prompt_groups(ids, masks)
 
 
 def _after_prompt(prompt: int, length: int, device: torch.device) -> torch.Tensor:
