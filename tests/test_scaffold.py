@@ -368,6 +368,26 @@ def test_rendered_package_passes_its_own_tests(rendered, template):
 # -- packaging --------------------------------------------------------------------------------
 
 
+def test_every_code_package_is_listed_for_the_wheel():
+    """Each folder with an ``__init__.py`` under a mapped source folder is a listed package.
+
+    An editable install finds unlisted subpackages anyway, so only a wheel install (a GPU
+    machine, a user's ``pip install envhub``) would miss one, as it once missed
+    ``envhub.trainer.critic``. Templates' folders are data and are checked by the wheel test."""
+    setuptools = read_pyproject(REPO)["tool"]["setuptools"]
+    listed = set(setuptools["packages"])
+    found = set()
+    for package, folder in setuptools["package-dir"].items():
+        if package == "envhub.templates":
+            continue
+        for init in (REPO / folder).rglob("__init__.py"):
+            relative = init.parent.relative_to(REPO / folder).parts
+            if "__pycache__" not in relative:
+                found.add(".".join((package, *relative)))
+    missing = found - listed
+    assert not missing, f"add to pyproject's [tool.setuptools] packages: {sorted(missing)}"
+
+
 def test_wheel_ships_every_template_file(tmp_path):
     """Build envhub's wheel (from a copy of the sources, so the tree stays clean) and find
     every file of templates/ in it."""

