@@ -76,9 +76,6 @@ def envhub_config(output_dir: Path, args: argparse.Namespace) -> Any:
                 "engine": args.engine,
                 "vllm": {
                     "dtype": args.engine_dtype,
-                    # The check's gap between a 16-bit engine and the trainer is rounding, up
-                    # to ~0.36 here; it is reported (sync/logprob_diff_max), not a failure.
-                    "verify_tolerance": 1.0 if args.precision == "bf16" else None,
                 },
             },
             "algorithm": {

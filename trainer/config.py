@@ -159,8 +159,9 @@ class VLLMConfig(_Part):
     """After a sync, compare vLLM's logprobs of a fixed sequence with the trainer's:
     after every sync, only the first one (at start or resume), or never."""
     verify_tolerance: float | None = Field(None, gt=0.0)
-    """Largest allowed |vLLM - trainer| logprob on that sequence; default 1e-3 when the engine
-    runs in float32 and 0.5 in 16-bit (rounding alone differs up to ~0.36)."""
+    """Largest allowed |vLLM - trainer| logprob difference on that sequence: its largest for a
+    float32 engine (default 1e-3), its mean for a 16-bit one (default 0.2; rounding alone gives
+    means of ~0.05 and moves single unlikely tokens by up to ~0.6)."""
     verify_tokens: int = Field(64, ge=2)
     enforce_eager: bool | None = None
     """Skip vLLM's graph compilation. Default: eager on the CPU (SmolLM2-135M on 2 cores starts in

@@ -39,7 +39,7 @@ from envhub.trainer.engines.vllm_transport import (
 )
 from envhub.trainer.weight_sync import TransferPlan, WeightSender, transfers
 from envhub.trainer.weight_sync.adapter import AdapterSender, engine_lora_rank
-from envhub.trainer.weight_sync.verify import Verifier, default_tolerance
+from envhub.trainer.weight_sync.verify import Verifier, checked_statistic, default_tolerance
 from envhub.types import SamplerRef, template_sha256
 
 if TYPE_CHECKING:
@@ -60,7 +60,8 @@ class VLLMEngine(RolloutEngine):
         transport: How to reach vLLM, when the caller built it (``ray`` mode).
         bucket_bytes: Size of one weight-transfer bucket.
         verify: ``every`` sync, only the ``first``, or ``off``.
-        verify_tolerance: Largest allowed |vLLM - trainer| logprob on the fixed sequence.
+        verify_tolerance: Largest allowed |vLLM - trainer| logprob difference on the fixed
+            sequence: the largest one for a float32 engine, the mean for a 16-bit one.
         verify_tokens: Length of the fixed sequence.
         in_flight_updates: Update the weights without draining the engine (asynchronous
             training): requests in flight are paused, keep the tokens they have, and go on with
@@ -97,7 +98,9 @@ class VLLMEngine(RolloutEngine):
             tokenizer, max_length=settings.max_model_len, generation_config=generation_config
         )
         self.bucket_bytes = bucket_bytes
-        self.verifier = Verifier(tokenizer, verify, verify_tolerance, verify_tokens)
+        self.verifier = Verifier(
+            tokenizer, verify, verify_tolerance, verify_tokens, checked_statistic(settings.dtype)
+        )
         self.in_flight_updates = in_flight_updates
         self.syncs = 0
         """Syncs done (:attr:`weights_version` is the policy's version, which the loop sets)."""
