@@ -1,9 +1,10 @@
 """Sandbox throughput and latency: executions/s and p50/p99 of ``print(1)`` and of a 10-case
 unit-test reward, sequential and with concurrency 2/8/32: the local bubblewrap sandbox (as
-made, with warm sandboxes started ahead, and cold: ``warm=0``), and the e2b backend through the
-real e2b SDK to envhub's local envd on 127.0.0.1 (which runs each command in the local sandbox,
-so its rows are the local ones plus the SDK and RPC), against a bare ``python3 -c`` on the host
-(the limit: no sandbox at all).
+made: as root, Python runs forked from a zygote into sandboxes started ahead; with a stub
+interpreter per warm sandbox instead, ``zygote=False``; and cold: ``warm=0``), and the e2b
+backend through the real e2b SDK to envhub's local envd on 127.0.0.1 (which runs each command
+in the local sandbox, so its rows are the local ones plus the SDK and RPC), against a bare
+``python3 -c`` on the host (the limit: no sandbox at all).
 
     .venv/bin/python bench/sandbox_throughput.py [--runs 64] [--no-e2b]
 """
@@ -82,10 +83,12 @@ async def main(runs: int, e2b: bool) -> None:
         e2b: Also time the e2b backend against a local envd started for the run.
     """
     local = LocalSandbox(Limits(wall_time=30), max_concurrency=32)
-    cold = LocalSandbox(Limits(wall_time=30), max_concurrency=32, warm=0)
+    stub = LocalSandbox(Limits(wall_time=30), max_concurrency=32, zygote=False)
+    cold = LocalSandbox(Limits(wall_time=30), max_concurrency=32, warm=0, zygote=False)
     jobs: dict[str, Callable[[], Awaitable[object]]] = {
         "host python -c print(1)": bare_print,
-        **jobs_for("local", local),
+        **jobs_for("local" + (" (zygote)" if local.zygote else ""), local),
+        **({**jobs_for("local stub", stub)} if local.zygote else {}),
         **jobs_for("local cold", cold),
     }
     envd = contextlib.ExitStack()
@@ -96,13 +99,13 @@ async def main(runs: int, e2b: bool) -> None:
         url = envd.enter_context(local_envd_process())
         remote = E2BSandbox(Limits(wall_time=30), debug=True, sandbox_url=url, http_version="1.1")
         jobs.update(jobs_for("e2b->envd", remote))
-    print(f"{'what':26} {'conc':>4} {'exec/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
+    print(f"{'what':28} {'conc':>4} {'exec/s':>8} {'p50 ms':>8} {'p99 ms':>8}")
     try:
         for name, job in jobs.items():
             for concurrency in (1, 2, 8, 32):
                 rate, p50, p99 = await measure(job, runs, concurrency)
                 print(
-                    f"{name:26} {concurrency:>4} {rate:>8.1f} {p50:>8.1f} {p99:>8.1f}", flush=True
+                    f"{name:28} {concurrency:>4} {rate:>8.1f} {p50:>8.1f} {p99:>8.1f}", flush=True
                 )
     finally:
         envd.close()

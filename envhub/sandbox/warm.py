@@ -132,6 +132,9 @@ class WarmSandbox:
     """The write end of the pipe the stub reads its job from."""
     info_fd: int
     """The read end of bubblewrap's ``--info-fd`` pipe (the sandbox init's host pid)."""
+    zygote_fds: tuple[int, int] | None = None
+    """A zygote run's (:mod:`envhub.sandbox.zygote`): the write end of its init's status pipe
+    and the read end of its job pipe, for the zygote; ``None``: the stub runs in the box."""
 
 
 @dataclass
@@ -213,7 +216,7 @@ def job_for(
 
 def close_fds(box: WarmSandbox) -> None:
     """Close what this process holds of a warm sandbox: its job and info pipes, its stdio."""
-    for fd in (box.job_fd, box.info_fd):
+    for fd in (box.job_fd, box.info_fd, *(box.zygote_fds or ())):
         with contextlib.suppress(OSError):
             os.close(fd)
     for stream in (box.proc.stdin, box.proc.stdout, box.proc.stderr):

@@ -27,13 +27,23 @@ def live_sandbox_processes(uids: LocalSandbox | Sequence[int]) -> list[int]:
     return [pid for uid in pool for pid in uid_processes(uid, live=True)]
 
 
-@pytest.fixture(scope="module", params=[0, 2], ids=["cold", "warm"])
+@pytest.fixture(
+    scope="module", params=[(0, False), (2, False), (2, True)], ids=["cold", "warm", "zygote"]
+)
 def sandbox(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
-    """The module's sandbox, once with every run started cold and once with Python runs
-    taking sandboxes started ahead (the second and later of each kind)."""
+    """The module's sandbox: every run started cold; Python runs taking sandboxes started
+    ahead (the second and later of each kind) with their own interpreter; and (as root) Python
+    runs forked from a zygote into their sandboxes (:mod:`envhub.sandbox.zygote`)."""
     if bwrap_problem() is not None:
         pytest.skip(f"no bubblewrap here: {bwrap_problem()}")
+    warm, zygote = request.param
     with LocalSandbox(
-        Limits(wall_time=5, processes=16), base_uid=BASE_UID, max_concurrency=8, warm=request.param
+        Limits(wall_time=5, processes=16),
+        base_uid=BASE_UID,
+        max_concurrency=8,
+        warm=warm,
+        zygote=zygote,
     ) as box:
+        if zygote and not box.zygote:
+            pytest.skip("zygotes serve runs only when envhub runs as root")
         yield box

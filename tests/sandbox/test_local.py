@@ -198,16 +198,19 @@ for name in ("AS", "CPU", "FSIZE", "NOFILE", "CORE", "NPROC"):
 """
 
 
-@pytest.mark.parametrize("way", ["ulimit-in-init", "prlimit", "warm-stub"])
+@pytest.mark.parametrize("way", ["ulimit-in-init", "prlimit", "warm-stub", "zygote"])
 def test_every_way_of_setting_rlimits_gives_the_same_limits(way: str) -> None:
     box = LocalSandbox(
         Limits(wall_time=5, cpu_time=3, memory_mb=300, processes=12, file_size_mb=2, open_files=99),
         base_uid=61100,  # a pool of its own: the module's sandboxes keep warm ones in theirs
         max_concurrency=8,
         warm=2 if way == "warm-stub" else 0,
+        zygote=way == "zygote",
     )
     if way == "prlimit" and not box.limits_in_init:
         pytest.skip("/bin/sh is not dash here: prlimit is the only way")
+    if way == "zygote" and not box.zygote:
+        pytest.skip("zygotes serve runs only when envhub runs as root")
     box.limits_in_init = way != "prlimit"
     mib = 1 << 20
     # prlimit also counts the outer bubblewrap, outside the sandbox: one more, same room.
@@ -224,7 +227,9 @@ def test_every_way_of_setting_rlimits_gives_the_same_limits(way: str) -> None:
         f"CORE 0 0\nNPROC {nproc} {nproc}\n"
     )
     assert box.warm_runs == (1 if way == "warm-stub" else 0)
-    # Any way 12 processes for the run: the sandbox's sh init, python and 10 children.
+    assert box.zygote_runs == (1 if way == "zygote" else 0)
+    # Any way 12 processes for the run: the sandbox's sh init, python and 10 children (a
+    # zygote's run sets its own limits inside the sandbox, as the init does).
     result = box.run_python(fork_all)
     assert (result.stdout, result.stop_reason) == ("10\n", "ok")
     # A write past 2 MiB: SIGXFSZ (128 + 25) with exactly 2 MiB written.

@@ -60,9 +60,13 @@ def _outcome(result: object) -> tuple:
     return (result.stdout, result.stderr, result.exit_code, result.stop_reason)  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("zygote", [False, True], ids=["stub", "zygote"])
 @pytest.mark.parametrize("flags", [["-I"], ["-I", "-S"]], ids=["-I", "-I -S"])
-def test_a_warm_run_gives_exactly_what_a_cold_run_gives(flags: list[str]) -> None:
-    cold, warm = LocalSandbox(warm=0, base_uid=BASE), LocalSandbox(warm=2, base_uid=BASE)
+def test_a_warm_run_gives_exactly_what_a_cold_run_gives(flags: list[str], zygote: bool) -> None:
+    cold = LocalSandbox(warm=0, base_uid=BASE, zygote=False)
+    warm = LocalSandbox(warm=2, base_uid=BASE, zygote=zygote)
+    if zygote and not warm.zygote:
+        pytest.skip("zygotes serve runs only when envhub runs as root")
 
     async def compare() -> None:
         for name, code in PROGRAMS.items():
@@ -78,7 +82,10 @@ def test_a_warm_run_gives_exactly_what_a_cold_run_gives(flags: list[str]) -> Non
 
     asyncio.run(compare())
     assert warm.warm_runs >= len(PROGRAMS) - 1
+    # A zygote forks every run of a kind, the first too (into a sandbox started for it).
+    assert warm.zygote_runs == (warm.warm_runs + 1 if zygote else 0)
     warm.close()
+    cold.close()
 
 
 def test_a_warm_run_finds_nothing_of_the_one_before() -> None:
@@ -198,7 +205,7 @@ def test_a_forked_child_leaves_its_parents_warm_sandboxes_and_uids_alone() -> No
 
 def test_calls_start_cold_once_runs_queue_for_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    box = LocalSandbox(warm=2, base_uid=BASE)
+    box = LocalSandbox(warm=2, base_uid=BASE, zygote=False)
     box.run_python("pass")  # cold; warms two
 
     async def three_at_once() -> list[str]:
@@ -212,8 +219,9 @@ def test_calls_start_cold_once_runs_queue_for_the_cores(monkeypatch: pytest.Monk
     box.close()
 
 
-def test_at_most_four_kinds_of_run_are_kept_warm() -> None:
-    box = LocalSandbox(warm=1, base_uid=BASE)
+@pytest.mark.parametrize("zygote", [False, True], ids=["stub", "zygote"])
+def test_at_most_four_kinds_of_run_are_kept_warm(zygote: bool) -> None:
+    box = LocalSandbox(warm=1, base_uid=BASE, zygote=zygote)
     kinds = [["-I"], ["-I", "-S"], ["-S"], ["-B"], ["-E"]]
     for flags in kinds:
         result = box.run(["python3", *flags, "main.py"], files={"main.py": "print(1)"})
@@ -221,4 +229,5 @@ def test_at_most_four_kinds_of_run_are_kept_warm() -> None:
     warm_kinds = {kind[0] for kind, boxes in box._warm.boxes.items() if boxes}
     assert warm_kinds == {tuple(flags) for flags in kinds[:4]}
     assert len(box.warm_uids) == 4
+    assert sorted(box._zygotes) == (sorted(tuple(f) for f in kinds[:4]) if box.zygote else [])
     box.close()
