@@ -8,10 +8,9 @@ environment, that forks each run instead. The sandbox itself is built exactly as
 starting any program, until the run's status arrives (:func:`init_script`). For each run:
 
 1. envhub sends the zygote the host pids of the sandbox's init and of bubblewrap, and the uid,
-   with two file descriptors: the
-   write end of the init's status pipe and the read end of the run's job pipe (the job itself,
-   files and code, goes straight from envhub to the run: it never passes through the zygote's
-   memory, so no run can find another's in its own).
+   with two file descriptors: the write end of the init's status pipe and the read end of the
+   run's job pipe (the job itself, files and code, goes straight from envhub to the run: it
+   never passes through the zygote's memory, so no run can find another's in its own).
 2. The zygote forks a *joiner*, which waits until bubblewrap has built the sandbox and started
    its init (never a half-built world), checks that the init and bubblewrap run as the run's
    uid, opens bubblewrap's stdin, stdout and stderr (the run's: envhub's pipes; the init's
@@ -23,8 +22,13 @@ starting any program, until the run's status arrives (:func:`init_script`). For 
    its ``/proc`` entries are its uid's), closes every file descriptor but its stdio and the job
    pipe, and becomes the program through :mod:`envhub.sandbox.warm`'s stub (files, rlimits,
    ``__main__``): from here on it is what a warm run is.
-4. The joiner waits for the run and writes its status to the init, which kills whatever the
+4. A program that ends without an exception exits as the interpreter would, minus the
+   teardown of every module (:data:`EXIT`).
+5. The joiner waits for the run and writes its status to the init, which kills whatever the
    run left, and exits with it; envhub reads the run's output and status as for any run.
+
+Measured on 2 cores (``print(1)`` at concurrency 32): 10-11 ms of CPU a run instead of ~18
+cold, 157-169 runs/s instead of ~115.
 
 What a program can still tell apart from a cold start, beyond a warm run's differences: its
 parent is outside the sandbox (``os.getppid()`` is 0), and every run of one zygote shares its
@@ -161,7 +165,41 @@ del _envhub_zygote, _envhub_join, _envhub_baseline, _envhub_name
 :data:`~envhub.sandbox.warm.STUB` follows it (the run returns from the loop to module level, so
 the program's exit is the interpreter's own: ``atexit``, threads, buffered output)."""
 
-SOURCE = JOINER + STUB
+EXIT = r"""
+def _envhub_exit():
+    import gc
+    def flushed():
+        try:
+            for stream in (sys.stdout, sys.stderr):
+                if stream is not None and not stream.closed:
+                    stream.flush()
+            return True
+        except Exception:
+            return False
+    if "threading" in sys.modules:
+        sys.modules["threading"]._shutdown()
+    import atexit
+    atexit._run_exitfuncs()
+    if not flushed():
+        return
+    gc.collect()
+    main = sys.modules.get("__main__")
+    if main is not None:
+        main.__dict__.clear()
+    gc.collect()
+    if flushed():
+        os._exit(0)
+_envhub_exit()
+"""
+"""How a run that ends without an exception exits: what the interpreter's own exit does that a
+program can see, in its order (join its threads, ``atexit``, flush stdout and stderr, collect
+cycles, destroy ``__main__``'s objects so that their ``__del__`` and unflushed files run),
+then ``os._exit``; when a flush fails, the interpreter's own exit reports it (status 120).
+The teardown of every module it skips is what a forked interpreter's exit mostly costs (~2 ms
+of copy-on-write faults a run). An exception or ``sys.exit`` takes the interpreter's own
+exit."""
+
+SOURCE = JOINER + STUB + EXIT
 """What a zygote runs (``python FLAGS -c SOURCE CONTROL_FD``)."""
 
 

@@ -49,6 +49,20 @@ PROGRAMS = {
         "print(__doc__, __spec__, __package__, __cached__)\nx: int = 3\nprint(__annotations__)"
     ),
     "coding": "# -*- coding: latin-1 -*-\nprint('ok')\n",
+    "unflushed file": "import os\nout = open(1, 'w', closefd=False)\nout.write('via fd 1\\n')\n",
+    "__del__ at exit": (
+        "class A:\n    def __del__(self):\n        print('del', flush=True)\na = A()\n"
+        "class B:\n    def __del__(self):\n        print('cycle', flush=True)\n"
+        "b = B()\nb.me = b\ndel b\n"
+    ),
+    "threads and atexit": (
+        "import atexit, threading, time\natexit.register(print, 'bye')\n"
+        "def late():\n    time.sleep(0.1)\n    print('thread')\n"
+        "threading.Thread(target=late).start()\nthreading.Thread(target=time.sleep, args=(9,),"
+        " daemon=True).start()\nprint('main')\n"
+    ),
+    "closed stdout": "import sys\nprint('x')\nsys.stdout.close()\n",
+    "stdout fd closed": "import os\nprint('lost')\nos.close(1)\n",
     "child process": (
         "import subprocess, sys\n"
         "print(subprocess.run([sys.executable, '-c', 'print(7)'], capture_output=True).stdout)"
