@@ -24,6 +24,13 @@ Contained by the local backend (each item has a test in ``tests/sandbox/``):
   (``--die-with-parent``). A warm sandbox (started ahead, :mod:`envhub.sandbox.warm`) is the
   same sandbox started earlier and serves one call only; its stub runs as the run's uid inside
   it, so the call's code can read or change it (nothing of the host or of another call).
+  A zygote run (as root, :mod:`envhub.sandbox.zygote`) is forked by a root process on the host
+  into the namespaces of a sandbox built for it, after bubblewrap has finished building it; it
+  drops every capability and takes the run's uid before any code of the call runs, and keeps
+  no file descriptor of the zygote's. The zygote's child that waits for it stays outside the
+  sandbox's pid namespace (invisible, unsignalable from inside). The run can write a status to
+  its init's pipe as it can choose its own exit status; the zygote's memory, which each run
+  inherits, holds pids and uids only (the call's code and files reach the run by a pipe).
 - **Privilege** — a non-root uid, no capabilities, ``no_new_privs``, no nested user namespaces.
 - **Faked results** — code rewards never read a verdict from the program's stdout or files;
   harness results carry a per-run nonce; expected values of call and stdin/stdout cases never
