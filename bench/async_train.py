@@ -97,8 +97,14 @@ def workload_overrides(workload: str, turns: int) -> list[str]:
         env = (
             f"{{name: {SlowGraderArithmetic.name}, args: {{difficulty: tiny, max_turns: {turns}}}}}"
         )
-        # Every group trains (no filter): each step then does the same work at every k.
-        return [*common, f"envs=[{env}]", "algorithm.dynamic_sampling=false"]
+        # Every group trains (no filter): each step then does the same work at every k, also
+        # a step whose rewards all tie (it would count towards stopping a run that learns nothing).
+        return [
+            *common,
+            f"envs=[{env}]",
+            "algorithm.dynamic_sampling=false",
+            "algorithm.max_empty_steps=null",
+        ]
     if workload == "code":
         return [
             *common,
@@ -106,6 +112,7 @@ def workload_overrides(workload: str, turns: int) -> list[str]:
             "rollout.tasks_per_step=4",
             "rollout.max_tokens=96",
             "algorithm.dynamic_sampling=false",
+            "algorithm.max_empty_steps=null",
         ]
     raise SystemExit(f"unknown workload {workload!r}")
 

@@ -263,7 +263,8 @@ class LocalSandbox(Sandbox):
             if kind is not None:
                 self._refill(kind)  # the first of its kind, or none was ready: warm the next
             if kind is not None and self._uses_zygote(kind):  # none was ready: start one now
-                return await self._run_zygote_now(kind, uid, argv, script, stdin, inputs, limits)  # type: ignore[arg-type]
+                box = self._start_now(kind, uid)
+                return await self._run_warm(box, argv, script, stdin, inputs, limits)  # type: ignore[arg-type]
             outcome = None
             try:
                 if self.isolation == "bwrap":
@@ -350,23 +351,13 @@ class LocalSandbox(Sandbox):
             raise
         return WarmSandbox(kind, uid, proc, job_write, info_read, zygote_fds)
 
-    async def _run_zygote_now(
-        self,
-        kind: Kind,
-        uid: int,
-        argv: list[str],
-        script: int,
-        stdin: str | bytes | None,
-        inputs: dict[str, bytes],
-        limits: Limits,
-    ) -> ExecResult:
-        """A zygote run in a sandbox started for it now (none of its kind was ready)."""
+    def _start_now(self, kind: Kind, uid: int) -> WarmSandbox:
+        """A sandbox of ``kind`` started for the call at hand (none was ready), as ``uid``."""
         try:
-            box = self._start_warm(kind, uid)
+            return self._start_warm(kind, uid)
         except SandboxError:
             self.uids.release(uid)  # it never started: the uid owns nothing
             raise
-        return await self._run_warm(box, argv, script, stdin, inputs, limits)
 
     def _uses_zygote(self, kind: Kind) -> bool:
         """Whether runs of ``kind`` fork from a zygote: with zygotes on, for the first
