@@ -377,6 +377,14 @@ class LocalSandbox(Sandbox):
                 self._zygotes[kind[0]] = zygote
             return zygote
 
+    def _drop_zygote(self, kind: Kind) -> None:
+        """Forget (and end) the zygote of ``kind``'s flags: the next run starts another."""
+        with self._warm.lock:
+            zygote = self._zygotes.pop(kind[0], None)
+        if zygote is not None:
+            zygote.proc.kill()
+            zygote.stop()
+
     async def _hand_to_zygote(self, box: WarmSandbox) -> int | None:
         """Have a zygote fork ``box``'s run into it; the sandbox init's host pid (``None``:
         bubblewrap failed, and so does the run, with bubblewrap's error)."""
@@ -385,8 +393,11 @@ class LocalSandbox(Sandbox):
         box.zygote_fds = None
         try:
             if init is not None:
-                zygote = self._zygote_for(box.kind)
-                zygote.start(init, box.proc.pid, box.uid, status_fd, job_fd)
+                try:
+                    self._zygote_for(box.kind).start(init, box.proc.pid, box.uid, status_fd, job_fd)
+                except SandboxError:  # it died since it was last seen alive: once more, anew
+                    self._drop_zygote(box.kind)
+                    self._zygote_for(box.kind).start(init, box.proc.pid, box.uid, status_fd, job_fd)
                 self.zygote_runs += 1
         finally:
             os.close(status_fd)  # the joiner holds it now: the init's read ends with its status
@@ -405,9 +416,15 @@ class LocalSandbox(Sandbox):
         """Run ``argv`` in a warm sandbox: send its stub the job, then drive it as a run."""
         started = time.perf_counter()
         payload = job_for(argv, script, inputs, limits, limits.processes)
+        init = None
+        if box.zygote_fds:
+            try:
+                init = await self._hand_to_zygote(box)
+            except BaseException:  # no zygote took it: stop the sandbox, free its uid
+                await self._discard(box)
+                raise
         outcome = None
         try:
-            init = await self._hand_to_zygote(box) if box.zygote_fds else None
             outcome = await _process.drive(
                 box.proc,
                 stdin=as_bytes(stdin or b""),

@@ -70,3 +70,18 @@ def test_a_dead_zygote_is_replaced(box: LocalSandbox) -> None:
     runs = box.zygote_runs
     assert box.run_python("print(2)").stdout == "2\n"
     assert box.zygote_runs == runs + 1 and box._zygotes[("-I",)] is not zygote
+
+
+def test_a_zygote_that_died_unseen_is_replaced_for_the_call(
+    box: LocalSandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its death noticed only when the call's request cannot be sent: the call still runs."""
+    assert box.run_python("print(1)").stdout == "1\n"
+    zygote = box._zygotes[("-I",)]
+    os.kill(zygote.proc.pid, signal.SIGKILL)
+    zygote.proc.wait()
+    monkeypatch.setattr(type(zygote), "alive", property(lambda self: True))
+    runs = box.zygote_runs
+    assert box.run_python("print(3)").stdout == "3\n"
+    assert box.zygote_runs == runs + 1 and box._zygotes[("-I",)] is not zygote
+    assert live_sandbox_processes(box) == []
