@@ -207,7 +207,7 @@ class LocalSandbox(Sandbox):
         """Whether runs start in their uid's kept network namespace (:mod:`.netns`), not one
         bubblewrap makes per run."""
         self.warm = max(0, warm) if isolation == "bwrap" else 0
-        self.zygote = zygote and isolation == "bwrap" and zygotes.usable()
+        self.zygote = zygote and isolation == "bwrap" and self.as_root
         """Whether Python runs fork from a zygote (as root), not a stub of their own."""
         self._zygotes: dict[tuple[str, ...], zygotes.Zygote] = {}
         self.zygote_runs = 0
@@ -391,13 +391,17 @@ class LocalSandbox(Sandbox):
         init = await _await_sandbox_init(box.info_fd, 10.0)
         status_fd, job_fd = box.zygote_fds  # type: ignore[misc]
         box.zygote_fds = None
+
+        def send() -> None:
+            self._zygote_for(box.kind).start(init, box.proc.pid, box.uid, status_fd, job_fd)
+
         try:
             if init is not None:
                 try:
-                    self._zygote_for(box.kind).start(init, box.proc.pid, box.uid, status_fd, job_fd)
+                    send()
                 except SandboxError:  # it died since it was last seen alive: once more, anew
                     self._drop_zygote(box.kind)
-                    self._zygote_for(box.kind).start(init, box.proc.pid, box.uid, status_fd, job_fd)
+                    send()
                 self.zygote_runs += 1
         finally:
             os.close(status_fd)  # the joiner holds it now: the init's read ends with its status
@@ -703,9 +707,16 @@ def _sandbox_init(info_fd: int) -> int | None:
     the command starts), or ``None`` when bubblewrap wrote none (it failed to start)."""
     os.set_blocking(info_fd, False)
     try:
-        info = json.loads(os.read(info_fd, 1 << 16))
-        return int(info["child-pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return _child_pid(os.read(info_fd, 1 << 16))
+    except OSError:
+        return None
+
+
+def _child_pid(info: bytes) -> int | None:
+    """The ``child-pid`` of bubblewrap's info JSON; ``None`` until the JSON is whole."""
+    try:
+        return int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
         return None
 
 
@@ -729,10 +740,8 @@ async def _await_sandbox_init(info_fd: int, wait: float) -> int | None:
         except OSError:
             return None
         data += chunk or b""
-        try:
-            return int(json.loads(data)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            pass
+        if (pid := _child_pid(data)) is not None:
+            return pid
         if chunk == b"" or loop.time() >= deadline:  # EOF, or out of time
             return None
         readable = loop.create_future()

@@ -41,7 +41,6 @@ unprivileged caller has only in a different order (not written; such runs start 
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import threading
@@ -275,8 +274,3 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-
-
-def usable() -> bool:
-    """Whether zygotes can serve runs here: as root, on Linux with ``socket.send_fds``."""
-    return os.geteuid() == 0 and hasattr(socket, "send_fds")
