@@ -195,7 +195,7 @@ class RemoteEnv(Env):
         """
         request = p.TruncateRequest(
             id=_new_id(), op="truncate", session=self._require_session(), reason=reason
-        )
+        ).model_dump()
         try:
             result, _ = await self._call(request, p.TruncateResult, self._nearby())
         except RemoteEnvUnavailableError as e:
@@ -226,7 +226,9 @@ class RemoteEnv(Env):
         return await coro if IO.is_current() else await IO.arun(coro)
 
     async def _create(self) -> None:
-        request = p.CreateRequest(id=_new_id(), op="create", env_args=p.encode(self.env_args))
+        request = p.CreateRequest(
+            id=_new_id(), op="create", env_args=p.encode(self.env_args)
+        ).model_dump(mode="json")
         created, generation = await self._call(request, p.Created, self._transport)
         self._session, self._generation, self._limits = (
             created.session,
@@ -241,15 +243,13 @@ class RemoteEnv(Env):
         self._in_episode, self._state = False, None
         if self._session is None or not self._transport.alive(self._generation):
             await self._on_io(self._create())  # the old session went with its connection
-        request = p.ResetRequest(
-            id=_new_id(), op="reset", session=self._session, seed=seed, options=p.encode(options)
-        )
+        request = p.reset_request(_new_id(), self._session, seed, options)
         try:
             result, _ = await self._call(request, p.ResetResult, via)
         except RemoteEnvUnavailableError:
             # Expired while idle, or the server restarted: between episodes, start afresh.
             await self._on_io(self._create())
-            request = request.model_copy(update={"id": _new_id(), "session": self._session})
+            request = p.reset_request(_new_id(), self._session, seed, options)
             result, _ = await self._call(request, p.ResetResult, via)
         self._tools, self._remaining = result.tool_schemas, result.remaining_tokens
         self._in_episode = True
@@ -266,7 +266,7 @@ class RemoteEnv(Env):
 
     async def _step(self, action: Action, via: Transport) -> StepResult:
         session = self._require_session()
-        request = p.StepRequest(id=_new_id(), op="step", session=session, action=p.encode(action))
+        request = p.step_request(_new_id(), session, action)
         try:
             result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:
@@ -310,6 +310,7 @@ class RemoteEnv(Env):
         try:
             if self._session is not None and self._transport.alive(self._generation):
                 request = p.CloseRequest(id=_new_id(), op="close", session=self._session)
+                request = request.model_dump()
                 await self._call(request, p.Closed, self._transport, timeout=5.0)
         except RemoteEnvError:
             pass  # the server is gone: so is the session
@@ -319,26 +320,26 @@ class RemoteEnv(Env):
 
     async def _call(
         self,
-        request: p.Request,
+        request: dict[str, Any],
         result_type: type[R],
         via: Transport,
         timeout: float | None = None,
     ) -> tuple[R, int]:
-        """Send ``request`` over ``via``; ``(result, connection generation)``, or raise the
-        reply's error."""
-        frame = p.dumps(request.model_dump(mode="json"))
+        """Send ``request`` (a request's JSON-ready data) over ``via``; ``(result, connection
+        generation)``, or raise the reply's error."""
+        frame = p.dumps(request)
         limit = self._limits.max_message_bytes if self._limits else None
         if limit is not None and len(frame) > limit // 4 and len(frame.encode()) > limit:
             raise RemoteEnvError(
-                f"the {request.op} request is {len(frame.encode())} bytes; the server at "
+                f"the {request['op']} request is {len(frame.encode())} bytes; the server at "
                 f"{self.url} accepts at most {limit} (envhub serve --max-message-bytes)",
                 remote_type=p.TOO_LARGE,
             )
         reply, generation = await via.request(
-            frame, request.id, timeout or self.timeout, self.retries
+            frame, request["id"], timeout or self.timeout, self.retries
         )
         if not reply["ok"]:
-            raise_for_error(reply["error"], self.url, request.op)
+            raise_for_error(reply["error"], self.url, request["op"])
         return result_type.model_validate(reply["result"]), generation
 
 

@@ -174,13 +174,12 @@ class ServeApp:
 
     async def _read_frames(self, websocket: WebSocket, caller: Caller) -> None:
         outbox = Outbox(websocket, caller.batches)
+        caller.send = outbox.send
         room = asyncio.Semaphore(MAX_IN_FLIGHT)
         limit = self.service.limits.max_message_bytes
 
-        def deliver(answer: asyncio.Future[dict]) -> None:
+        def finished(answer: asyncio.Future[dict]) -> None:
             room.release()
-            if not answer.cancelled():
-                outbox.put(self.service.done(answer.result()))
 
         try:
             while True:
@@ -196,9 +195,10 @@ class ServeApp:
                     if isinstance(answer, dict):
                         outbox.put(answer)
                     else:
+                        # Its task sends the reply; the env calls go on if the client goes (a
+                        # retry finds their answers).
                         await room.acquire()
-                        # The env calls go on if the client goes (a retry finds their answers).
-                        answer.add_done_callback(deliver)
+                        answer.add_done_callback(finished)
         finally:
             outbox.close()
 
@@ -206,9 +206,12 @@ class ServeApp:
 class Outbox:
     """Replies on their way out of one WebSocket connection.
 
-    A writer task sends what has gathered since it last woke: replies that finish together
-    leave together, without a wait. To a client that takes batches they go as JSON arrays (up
-    to :data:`BATCH_BYTES` each): one frame and one write for many sessions' replies.
+    The first reply of a loop iteration is sent at once, by the task that made it (one
+    session: nothing between the env's answer and the socket). Replies made later in the same
+    iteration (many sessions answering together) are queued for a writer task, which sends
+    what has gathered since it last woke, without a wait. To a client that takes batches they
+    go as JSON arrays (up to :data:`BATCH_BYTES` each): one frame and one write for many
+    sessions' replies.
     """
 
     def __init__(self, websocket: WebSocket, batches: bool) -> None:
@@ -216,14 +219,35 @@ class Outbox:
         self.replies: list[str] = []
         self.ready = asyncio.Event()
         self.writer = asyncio.ensure_future(self._write())
+        self._sent_at_once = False
+        self._closed = False
+
+    async def send(self, reply: dict) -> None:
+        """Send ``reply`` now if it is the first of this loop iteration, else queue it; never
+        raises (a connection that is gone drops it)."""
+        if self._sent_at_once or self.replies or self._closed:
+            self.put(reply)
+            return
+        self._sent_at_once = True
+        asyncio.get_running_loop().call_soon(self._next_iteration)
+        try:
+            await self.websocket.send_text(p.dumps(reply))
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # the client went away; its sessions are closed by the caller
+
+    def _next_iteration(self) -> None:
+        self._sent_at_once = False
 
     def put(self, reply: dict) -> None:
-        """Queue ``reply`` for sending."""
+        """Queue ``reply`` for the writer."""
+        if self._closed:
+            return
         self.replies.append(p.dumps(reply))
         self.ready.set()
 
     def close(self) -> None:
         """Stop sending (the connection is gone); queued replies are dropped."""
+        self._closed = True
         self.writer.cancel()
 
     async def _write(self) -> None:

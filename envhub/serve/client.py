@@ -113,6 +113,10 @@ class WebSocketTransport(Transport):
     """Requests multiplexed over one WebSocket connection (reopened when it drops)."""
 
     def __init__(self, url: str, token: str | None, open_timeout: float | None) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        self._closed_error = ConnectionClosed
+        """websockets' error for a dropped connection (imported once, not per request)."""
         self.url, self.token, self.open_timeout = url, token, open_timeout
         self.generation = 0
         self._ws: Any = None
@@ -165,8 +169,6 @@ class WebSocketTransport(Transport):
     async def _send(self, frame: str, loop: asyncio.AbstractEventLoop) -> None:
         """Send the first frame of a loop iteration at once (no wait when one session runs);
         queue the others for the writer, which sends them together (a batch)."""
-        from websockets.exceptions import ConnectionClosed
-
         ws = self._ws if self._ws is not None else await self._connection()
         if self._sent_at_once or self._outbox:
             self._outbox.append(frame)
@@ -176,7 +178,7 @@ class WebSocketTransport(Transport):
         loop.call_soon(self._next_iteration)
         try:
             await ws.send(frame)
-        except ConnectionClosed as e:
+        except self._closed_error as e:
             raise _ConnectionLost(self._lost(e)) from e
 
     def _next_iteration(self) -> None:

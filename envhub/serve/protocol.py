@@ -122,9 +122,13 @@ def _hashable(key: Any) -> Any:
     return tuple(key) if isinstance(key, list) else key
 
 
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every frame (``json.dumps`` with options makes one per call)."""
+
+
 def dumps(payload: Any) -> str:
     """A frame's JSON text (compact; ``inf`` and ``nan`` kept)."""
-    return json.dumps(payload, separators=(",", ":"))
+    return _ENCODER.encode(payload)
 
 
 def batches(frames: list[str], limit: int) -> list[str]:
@@ -230,6 +234,25 @@ REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 
 
+def step_request(request_id: str, session: str, action: Any) -> dict[str, Any]:
+    """A ``step`` request, ready for :func:`dumps`: what ``StepRequest(...).model_dump()`` gives,
+    without a model per request (the client's hot path)."""
+    return {"id": request_id, "op": "step", "session": session, "action": encode(action)}
+
+
+def reset_request(
+    request_id: str, session: str, seed: int | None, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A ``reset`` request, ready for :func:`dumps` (see :func:`step_request`)."""
+    return {
+        "id": request_id,
+        "op": "reset",
+        "session": session,
+        "seed": seed,
+        "options": encode(options),
+    }
+
+
 def parse_request(payload: Any) -> Request:
     """The typed request in a decoded frame.
 
@@ -291,15 +314,108 @@ class Reply(BaseModel):
     error: ErrorInfo | None = None
 
 
-def ok_reply(request_id: str, result: BaseModel) -> dict[str, Any]:
-    """A success reply, ready for :func:`dumps`."""
-    return {"id": request_id, "ok": True, "result": result.model_dump(mode="json")}
+def ok_reply(request_id: str, result: BaseModel | dict[str, Any]) -> dict[str, Any]:
+    """A success reply, ready for :func:`dumps` (``result``: a result model, or its dump)."""
+    data = result if isinstance(result, dict) else result.model_dump(mode="json")
+    return {"id": request_id, "ok": True, "result": data}
 
 
 def error_reply(request_id: str | None, error: RequestError) -> dict[str, Any]:
     """An error reply, ready for :func:`dumps`."""
     info = ErrorInfo(code=error.code, type=error.type, message=error.message)
     return {"id": request_id, "ok": False, "error": info.model_dump()}
+
+
+def step_result(
+    observation: Any,
+    reward: Any,
+    terminated: Any,
+    truncated: Any,
+    info: Any,
+    remaining_tokens: Any,
+    state: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``StepResult(...).model_dump(mode="json")`` of encoded values and a :func:`episode_state`.
+
+    When every value already has the type the model would keep (a Python ``int`` or ``float``
+    reward, ``bool`` flags: the common case), the dict is built as it is, without a model per
+    step (the server's hot path); anything else (a numpy reward, an ``int`` flag, a wrong type)
+    goes through the model, which converts it or raises as it always did.
+    """
+    if (
+        type(reward) in _NUMBER
+        and type(terminated) is bool
+        and type(truncated) is bool
+        and (remaining_tokens is None or type(remaining_tokens) is int)
+    ):
+        return {
+            "observation": observation,
+            "reward": reward,
+            "terminated": terminated,
+            "truncated": truncated,
+            "info": info,
+            "remaining_tokens": remaining_tokens,
+            "state": state,
+        }
+    result = StepResult(
+        observation=observation,
+        reward=reward,
+        terminated=terminated,
+        truncated=truncated,
+        info=info,
+        remaining_tokens=remaining_tokens,
+        state=state,
+    )
+    return result.model_dump(mode="json")
+
+
+def episode_state(
+    start: int,
+    messages: list[Any],
+    observation_follows: bool,
+    turn: Any,
+    tokens: Any,
+    metrics: dict[Any, Any],
+    stop_reason: Any,
+    reward_components: dict[Any, Any],
+) -> dict[str, Any]:
+    """``EpisodeView(...).model_dump(mode="json")``, built as a dict when the counters are plain
+    ``int``/``float`` values under string keys (as :func:`step_result`; else through the model)."""
+    if (
+        type(turn) is int
+        and type(tokens) is int
+        and (stop_reason is None or type(stop_reason) is str)
+        and _plain_numbers(metrics)
+        and _plain_numbers(reward_components)
+    ):
+        return {
+            "start": start,
+            "messages": messages,
+            "observation_follows": observation_follows,
+            "turn": turn,
+            "tokens": tokens,
+            "metrics": dict(metrics),
+            "stop_reason": stop_reason,
+            "reward_components": dict(reward_components),
+        }
+    view = EpisodeView(
+        start=start,
+        messages=messages,
+        observation_follows=observation_follows,
+        turn=turn,
+        tokens=tokens,
+        metrics=metrics,
+        stop_reason=stop_reason,
+        reward_components=reward_components,
+    )
+    return view.model_dump(mode="json")
+
+
+_NUMBER = (int, float)
+
+
+def _plain_numbers(values: dict[Any, Any]) -> bool:
+    return all(type(k) is str and type(v) in _NUMBER for k, v in values.items())
 
 
 class Limits(BaseModel):

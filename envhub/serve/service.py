@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,8 @@ from envhub.serve.sessions import AnswerCache, Session, SessionStore, close_env
 logger = logging.getLogger(__name__)
 
 Answer = dict[str, Any] | asyncio.Future[dict[str, Any]]
-"""A reply, or the future of one."""
+"""A reply, or the future of one (for a caller that sends its own replies: the future of one
+already sent)."""
 EnvFactory = Callable[[dict[str, Any]], Env]
 """Makes an env from a session's env args (merged over the server's)."""
 
@@ -37,6 +38,9 @@ class Caller:
     """Answers to its ``create`` requests (they have no session to be cached in yet)."""
     batches: bool = False
     """It sends batches of requests (JSON arrays) and takes batches of replies."""
+    send: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    """Sends one reply to it, never raising (a WebSocket connection): the task that answers a
+    request sends the reply as soon as it has it. ``None``: replies are awaited (HTTP)."""
 
 
 class EnvService:
@@ -55,8 +59,9 @@ class EnvService:
     def start(self, frame: str | bytes, caller: Caller) -> list[Answer]:
         """Start answering a frame: per request, its reply (an error, a close) or the future
         of it. A frame holds one request, or a batch of them (a JSON array) from a client
-        that takes batches. Counts the requests and the errors answered now; the caller
-        passes a future's reply through :meth:`done`."""
+        that takes batches. Counts the requests and the errors answered now. A future's reply
+        is sent by its task when the caller has :attr:`Caller.send` (the future is done once it
+        was); otherwise the caller passes it through :meth:`done`."""
         try:
             payload = json.loads(frame)
         except json.JSONDecodeError as e:
@@ -92,17 +97,28 @@ class EnvService:
                 return self.done(self._close(request))
             if isinstance(request, p.CreateRequest):
                 answer, replayed = caller.creates.start(
-                    request.id, lambda: self._create(request, caller)
+                    request.id, lambda: self._sent(caller, self._create(request, caller))
                 )
             else:
                 session = self.store.get(request.session)
                 answer, replayed = session.answers.start(
-                    request.id, lambda: self._in_session(session, request)
+                    request.id, lambda: self._sent(caller, self._in_session(session, request))
                 )
         except p.RequestError as e:
             return self.done(p.error_reply(_id_of(payload), e))
-        self.metrics.replays += replayed
+        if replayed:
+            self.metrics.replays += 1
+            if caller.send is not None:  # the first answer went to whoever asked first
+                return asyncio.ensure_future(self._sent(caller, asyncio.shield(answer)))
         return answer
+
+    async def _sent(self, caller: Caller, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """The reply ``work`` makes, sent to ``caller`` (if it sends its own) from this task:
+        no callback and no writer task between the env's answer and the socket."""
+        reply = await work
+        if caller.send is not None:
+            await caller.send(self.done(reply))
+        return reply
 
     async def _create(self, request: p.CreateRequest, caller: Caller) -> dict[str, Any]:
         try:
@@ -157,14 +173,14 @@ class EnvService:
                 p.decode(request.action)
             )
             self.metrics.steps += 1
-            return p.StepResult(
-                observation=p.encode(observation),
-                reward=reward,
-                terminated=terminated,
-                truncated=truncated,
-                info=p.encode(info),
-                remaining_tokens=env.remaining_tokens,
-                state=episode_view(session, observation),
+            return p.step_result(
+                p.encode(observation),
+                reward,
+                terminated,
+                truncated,
+                p.encode(info),
+                env.remaining_tokens,
+                episode_view(session, observation),
             )
         if isinstance(request, p.TruncateRequest):
             if not isinstance(env, TaskEnv):
@@ -216,7 +232,7 @@ def env_info(env: Env) -> p.EnvInfo:
     )
 
 
-def episode_view(session: Session, observation: list[Any]) -> p.EpisodeView | None:
+def episode_view(session: Session, observation: list[Any]) -> dict[str, Any] | None:
     """What changed in the state of the session's ``TaskEnv`` since the client last heard
     (``None`` for other envs). The observation, when the state ends with it (a ``TaskEnv``
     appends its reply to the state), is left out: it travels once, as the observation."""
@@ -228,15 +244,15 @@ def episode_view(session: Session, observation: list[Any]) -> p.EpisodeView | No
     n = len(observation)
     follows = 0 < n <= len(new) and all(a is b for a, b in zip(new[-n:], observation, strict=True))
     session.shown = len(state.messages)
-    return p.EpisodeView(
-        start=start,
-        messages=p.encode(new[:-n] if follows else new),
-        observation_follows=follows,
-        turn=state.turn,
-        tokens=state.tokens,
-        metrics=dict(state.metrics),
-        stop_reason=state.stop_reason,
-        reward_components=dict(state.reward_components),
+    return p.episode_state(
+        start,
+        p.encode(new[:-n] if follows else new),
+        follows,
+        state.turn,
+        state.tokens,
+        state.metrics,
+        state.stop_reason,
+        state.reward_components,
     )
 
 

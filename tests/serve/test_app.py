@@ -14,6 +14,7 @@ from websockets.sync.client import ClientConnection, connect
 
 import envhub
 from envhub.errors import RemoteEnvError
+from envhub.types import user
 
 TOKEN = "s3cret-token"
 LIMIT = 4096
@@ -198,3 +199,43 @@ def test_a_client_that_did_not_ask_gets_no_batches(ws: ClientConnection) -> None
     assert "envhub-batch" not in ws.response.headers
     reply = call(ws, json.dumps([{"id": "x", "op": "create"}]))
     assert reply["id"] is None and "a frame must be a JSON object" in reply["error"]["message"]
+
+
+class AsyncEcho(envhub.Env):
+    """Natively async and never waits: its requests finish in the loop iteration they start."""
+
+    name = "test-async-echo"
+
+    async def areset(self, *, seed: Any = None, options: Any = None) -> Any:
+        return [user("go")], {}
+
+    async def astep(self, action: Any) -> Any:
+        return [user(str(action))], 0.5, False, False, {}
+
+
+def test_the_first_reply_leaves_at_once_and_the_ones_finishing_with_it_in_one_array(
+    serve: Callable[..., Any],
+) -> None:
+    envhub.register(AsyncEcho.name, AsyncEcho, override=True)
+    server = serve(AsyncEcho.name)
+    with connect(server.url(), additional_headers={"envhub-batch": "1"}) as ws:
+        ws.send(json.dumps([{"id": f"c{i}", "op": "create"} for i in range(6)]))
+        sessions: list[str] = []
+        while len(sessions) < 6:
+            frame = json.loads(ws.recv(timeout=10))
+            sessions += [
+                r["result"]["session"] for r in (frame if isinstance(frame, list) else [frame])
+            ]
+        steps = [
+            {"id": f"s{i}", "op": "step", "session": s, "action": f"a{i}"}
+            for i, s in enumerate(sessions)
+        ]
+        ws.send(json.dumps(steps))
+        first, rest = json.loads(ws.recv(timeout=10)), json.loads(ws.recv(timeout=10))
+    # The six steps run in one iteration: the first reply is sent by its own task, the other
+    # five are gathered by the writer into one frame.
+    assert isinstance(first, dict) and isinstance(rest, list) and len(rest) == 5
+    replies = {r["id"]: r["result"] for r in [first, *rest]}
+    assert sorted(replies) == [f"s{i}" for i in range(6)]
+    assert all(replies[f"s{i}"]["observation"][0]["value"]["content"] == f"a{i}" for i in range(6))
+    assert {r["reward"] for r in replies.values()} == {0.5}

@@ -75,3 +75,72 @@ def test_malformed_requests_are_refused_with_what_is_wrong(payload: object, mess
 def test_a_valid_request_parses_to_its_op_type() -> None:
     request = p.parse_request({"id": "7", "op": "reset", "session": "s", "seed": 3})
     assert request == p.ResetRequest(id="7", op="reset", session="s", seed=3)
+
+
+def test_the_clients_request_dicts_are_the_models_dumps() -> None:
+    step = p.step_request("7", "s-1", assistant("hi"))
+    assert step == p.StepRequest(
+        id="7", op="step", session="s-1", action=p.encode(assistant("hi"))
+    ).model_dump(mode="json")
+    assert p.parse_request(json.loads(p.dumps(step))).action == p.encode(assistant("hi"))
+    reset = p.reset_request("8", "s-1", 3, {"level": (1, 2)})
+    assert reset == p.ResetRequest(
+        id="8", op="reset", session="s-1", seed=3, options=p.encode({"level": (1, 2)})
+    ).model_dump(mode="json")
+    assert p.decode(p.parse_request(reset).options) == {"level": (1, 2)}
+
+
+def model_step(*values: object) -> dict[str, object]:
+    names = ("observation", "reward", "terminated", "truncated", "info", "remaining_tokens")
+    fields = dict(zip(names, values, strict=False))
+    return p.StepResult(**fields, state=values[6]).model_dump(mode="json")
+
+
+STATE = p.episode_state(1, [], True, 2, 40, {"tool_calls": 2}, None, {"exact": 1.0})
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ([], 1.0, True, False, {}, None, None),
+        (["obs"], 0, False, True, {"x": [1]}, 12, STATE),
+        ([], -math.inf, False, False, {}, 0, None),
+    ],
+)
+def test_a_plain_step_result_is_built_as_the_model_dumps_it(values: tuple[object, ...]) -> None:
+    built = p.step_result(*values)
+    assert built == model_step(*values)
+    assert [type(v) for v in built.values()] == [type(v) for v in model_step(*values).values()]
+
+
+def test_other_step_values_go_through_the_model_as_before() -> None:
+    # The model converts numpy and int values (np.int64 3 -> 3.0, 1 -> True) or refuses them.
+    converted = p.step_result([], np.int64(3), 1, np.bool_(False), {}, None, None)
+    assert converted == model_step([], np.int64(3), 1, np.bool_(False), {}, None, None)
+    assert (converted["reward"], converted["terminated"], converted["truncated"]) == (
+        3.0,
+        True,
+        False,
+    )
+    assert type(converted["reward"]) is float and type(converted["terminated"]) is bool
+    with pytest.raises(ValueError, match="reward"):
+        p.step_result([], "high", False, False, {}, None, None)
+    with pytest.raises(ValueError, match="remaining_tokens"):
+        p.step_result([], 1.0, False, False, {}, "many", None)
+
+
+def test_an_episode_state_is_the_models_dump_and_odd_counters_go_through_the_model() -> None:
+    fields = (2, [{"x": 1}], False, 3, 50, {"tool_calls": 1, "rate": 0.5}, "done", {"a": 1.0})
+    assert p.episode_state(*fields) == p.EpisodeView(
+        **dict(zip(p.EpisodeView.model_fields, fields, strict=True))
+    ).model_dump(mode="json")
+    odd = p.episode_state(0, [], False, 1, 5, {"tool_calls": np.int64(2)}, None, {})
+    assert odd["metrics"] == {"tool_calls": 2.0}  # as the model always converted it
+    assert type(odd["metrics"]["tool_calls"]) is float
+    with pytest.raises(ValueError, match="turn"):
+        p.episode_state(0, [], False, "one", 5, {}, None, {})
+
+
+def test_frames_are_compact_and_keep_infinity_and_nan() -> None:
+    text = p.dumps({"a": [1, 2.5], "low": -math.inf, "x": math.nan})
+    assert text == '{"a":[1,2.5],"low":-Infinity,"x":NaN}'
