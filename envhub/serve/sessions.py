@@ -95,10 +95,13 @@ class SessionStore:
     Args:
         max_sessions: Sessions open at once (counting ones being made); more are refused.
         ttl: Seconds a session may stay idle.
-        answers_per_session: Answers kept per session for retries.
+        answers_per_session: Answers kept per session for retries. A ``RemoteEnv`` has one
+            request in flight per session; a few more let a client pipeline. Kept small: with
+            64 each, 1024 sessions held ~0.5M objects for the garbage collector to walk, and
+            ``bench/openenv_compare.py`` ran ~10% slower at 1024 sessions.
     """
 
-    def __init__(self, max_sessions: int, ttl: float, answers_per_session: int = 64) -> None:
+    def __init__(self, max_sessions: int, ttl: float, answers_per_session: int = 8) -> None:
         self.max_sessions, self.ttl = max_sessions, ttl
         self.answers_per_session = answers_per_session
         self.metrics = Metrics()
