@@ -16,7 +16,8 @@ and the goal it is held to (issue 15):
   (``bench/async_train.py``; no goal, the issue asks for it measured).
 - ``serve``: steps/s of a trivial multi-turn env through ``envhub serve`` + ``RemoteEnv``
   against openenv-core's own server and client at 1, 64 and 1024 sessions
-  (``bench/openenv_compare.py``; goal >= 3x).
+  (``bench/openenv_compare.py``; goal >= 3x), and the 1-session floor of the transport itself
+  (a bare WebSocket echo against OpenEnv's 1-session rate: no server on this stack does better).
 
 ``--quick`` shrinks every part (fewer runs, episodes and steps) for a smoke check; the README's
 table comes from a full run.
@@ -187,7 +188,7 @@ def serve_rows(quick: bool) -> list[Row]:
         print("serve: skipped, openenv-core is not installed (scripts/install.sh installs it)")
         return []
     result = _run_json("openenv_compare.py", ["--seconds", "1" if quick else "3"])
-    return [
+    rows = [
         judged(
             Row(
                 "serve",
@@ -202,6 +203,11 @@ def serve_rows(quick: bool) -> list[Row]:
         )
         for r in result["rows"]
     ]
+    ones = [r["openenv"] for r in result["rows"] if r["sessions"] == 1]
+    if ones:  # what any server on this stack could reach with one session (no goal)
+        what = "round trips/s, 1 client, bare uvicorn + Starlette WebSocket echo (the floor)"
+        rows.append(Row("serve", what, "/s", result["echo_floor"], ones[0], "OpenEnv, 1 session"))
+    return rows
 
 
 MEASURES: dict[str, Callable[[bool], list[Row]]] = {

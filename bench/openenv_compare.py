@@ -16,9 +16,14 @@ The same env on three servers, each in its own process (uvicorn, one worker), at
 Clients connect before the clock starts; every client runs on one event loop in this process.
 On a 2-core machine the clients and the server share the cores.
 
+One more line bounds the 1-session column: a bare uvicorn + Starlette WebSocket echo (no env, no
+JSON, no protocol) driven by a bare ``websockets`` client, one message in flight. No server on
+this stack answers one session faster than that.
+
     .venv/bin/python bench/openenv_compare.py [--seconds 3] [--sessions 1 64 1024] [--json out.json]
 
-JSON: ``{"env": ..., "seconds": s, "cpus": n, "goal": 3.0, "rows": [{"sessions": n,
+JSON: ``{"env": ..., "seconds": s, "cpus": n, "goal": 3.0, "echo_floor": round trips/s,
+"rows": [{"sessions": n,
 "envhub": steps/s, "openenv": steps/s, "envhub_openenv_protocol": steps/s,
 "speedup": envhub / openenv, "server_speedup": envhub_openenv_protocol / openenv}, ...]}``
 (``server_speedup`` compares the servers alone: the same OpenEnv client drives both).
@@ -130,6 +135,22 @@ def openenv_app(max_sessions: int) -> Any:
     )
 
 
+def bare_echo_app() -> Any:
+    """A Starlette app that sends every WebSocket message back: the transport and nothing else."""
+    from starlette.applications import Starlette
+    from starlette.routing import WebSocketRoute
+
+    async def echo(websocket: Any) -> None:
+        await websocket.accept()
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            await websocket.send_text(message["text"])
+
+    return Starlette(routes=[WebSocketRoute("/", echo)])
+
+
 def run_server(kind: str, port: int, max_sessions: int) -> None:
     """A server process: serve the echo env the ``kind`` way until killed."""
     import logging
@@ -143,7 +164,9 @@ def run_server(kind: str, port: int, max_sessions: int) -> None:
     echo = envhub_echo()
     envhub.register(echo.name, echo, override=True)
     settings = ServeSettings(env=echo.name, port=port, max_sessions=max_sessions)
-    if kind == "openenv":
+    if kind == "bare_echo":
+        app = bare_echo_app()
+    elif kind == "openenv":
         app = openenv_app(max_sessions)
     elif kind == "envhub_openenv_protocol":
         from envhub.serve.openenv_protocol import build_openenv_app
@@ -166,7 +189,7 @@ def start_server(kind: str, max_sessions: int) -> tuple[subprocess.Popen[bytes],
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            httpx.get(f"http://127.0.0.1:{port}{health}")
+            httpx.get(f"http://127.0.0.1:{port}{health}")  # any answer (even 404): it is up
             return process, f"http://127.0.0.1:{port}"
         except httpx.TransportError:
             time.sleep(0.05)
@@ -237,10 +260,26 @@ async def openenv_client_rate(url: str, sessions: int, seconds: float) -> float:
     return rate
 
 
+async def bare_echo_rate(url: str, seconds: float) -> float:
+    """Round trips/s of one bare ``websockets`` client against the bare echo, one in flight."""
+    from websockets.asyncio.client import connect
+
+    frame = json.dumps({"id": "0123456789abcdef-1", "op": "step", "session": "s-1", "action": "hi"})
+    async with connect(url.replace("http://", "ws://") + "/", compression=None) as ws:
+        trips, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            await ws.send(frame)
+            await ws.recv()
+            trips += 1
+        return trips / (time.perf_counter() - started)
+
+
 def measure(kind: str, sessions: int, seconds: float) -> float:
     """Steps/s of ``sessions`` clients on a fresh ``kind`` server."""
     process, url = start_server(kind, max(sessions, 1))
     try:
+        if kind == "bare_echo":
+            return asyncio.run(bare_echo_rate(url, seconds))
         rate = envhub_rate if kind == "envhub" else openenv_client_rate
         return asyncio.run(rate(url, sessions, seconds))
     finally:
@@ -266,10 +305,13 @@ def main() -> None:
         + "  speedup (server alone), steps/s"
     )
     rows = []
+    floor = 0.0
     for n in args.sessions:
         row: dict[str, float] = {"sessions": n}
         for kind in kinds:
             row[kind] = measure(kind, n, args.seconds)
+        if not floor:  # once, beside the first (1-session) row: this machine's speed drifts
+            floor = measure("bare_echo", 1, args.seconds)
         row["speedup"] = row["envhub"] / row["openenv"]
         row["server_speedup"] = row["envhub_openenv_protocol"] / row["openenv"]
         rows.append(row)
@@ -277,12 +319,16 @@ def main() -> None:
         print(
             f"{n:>8}  {cells}  {row['speedup']:>6.1f}x  ({row['server_speedup']:.1f}x)", flush=True
         )
+    ones = [row["openenv"] for row in rows if row["sessions"] == 1]
+    versus = f" = {floor / ones[0]:.1f}x OpenEnv's 1-session rate" if ones else ""
+    print(f"1-session floor, bare uvicorn + Starlette WebSocket echo: {floor:,.0f}/s{versus}")
     if args.json:
         result = {
             "env": f"echo, {TURNS} turns, reward 1 at the end",
             "seconds": args.seconds,
             "cpus": os.cpu_count(),
             "goal": GOAL,
+            "echo_floor": floor,
             "rows": rows,
         }
         args.json.write_text(json.dumps(result, indent=2) + "\n")
