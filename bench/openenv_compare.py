@@ -5,8 +5,8 @@ The same env on three servers, each in its own process (uvicorn, one worker), at
 1 at the end), so what is measured is the transport:
 
 - ``envhub``: ``envhub serve`` driven by ``RemoteEnv`` over WebSocket (every session on the
-  event loop's one connection, requests multiplexed by id; those made in the same loop
-  iteration go out as one frame, and so do replies that finish together);
+  event loop's one connection, requests multiplexed by id; the first of a loop iteration goes
+  out at once, the others made in the same iteration as one frame, and replies likewise);
 - ``openenv``: openenv-core's FastAPI app (``create_fastapi_app``, ``max_concurrent_envs`` =
   the session count, the env marked ``SUPPORTS_CONCURRENT_SESSIONS``) driven by its own
   ``GenericEnvClient``: one WebSocket per session, one request in flight on each;

@@ -7,7 +7,8 @@ Routes:
 - ``POST /ENV`` — one request per HTTP call; the reply's status is its error code (200 if ok).
 - ``GET /healthz`` — ``{"status": "ok", "env": ...}``; ``GET /metrics`` — Prometheus text.
 
-Replies go out as requests finish, gathered: those ready together leave in one write. A client
+Replies go out as requests finish: the first of a loop iteration is sent at once by the task
+that made it; those finishing with it are gathered and leave in one write. A client
 that sends the ``envhub-batch: 1`` header in its handshake gets the header back with the
 largest frame the server reads; it may then send a JSON array of requests in a frame (up to that
 size), and gets the replies in arrays too (one frame, one write, for many sessions' replies).
