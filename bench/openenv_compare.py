@@ -5,8 +5,9 @@ The same env on three servers, each in its own process (uvicorn, one worker), at
 1 at the end), so what is measured is the transport:
 
 - ``envhub``: ``envhub serve`` driven by ``RemoteEnv`` over WebSocket (every session on the
-  event loop's one connection, requests multiplexed by id; the first of a loop iteration goes
-  out at once, the others made in the same iteration as one frame, and replies likewise);
+  event loop's one connection, requests multiplexed by id; a request alone on it goes out at
+  once, the others as one frame; the server sends the first reply of a loop iteration at once
+  and those finishing with it as one frame);
 - ``openenv``: openenv-core's FastAPI app (``create_fastapi_app``, ``max_concurrent_envs`` =
   the session count, the env marked ``SUPPORTS_CONCURRENT_SESSIONS``) driven by its own
   ``GenericEnvClient``: one WebSocket per session, one request in flight on each;

@@ -8,10 +8,10 @@ that loop's own connection (:func:`nearby`): handing each request to another thr
 answer back costs about 100 us, more than the rest of a request. A session is not tied to the
 connection a request comes over, only to the one that opened it (the I/O loop's).
 
-- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. The first
-  request of a loop iteration goes out at once; the ones made in the same iteration (many
-  sessions stepping together) are sent together by a writer task, as one frame (a JSON array)
-  when the server takes batches (``envhub-batch`` handshake header). A timed-out
+- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. A request
+  alone on the connection goes out at once; the others (many sessions stepping together) are
+  sent together by a writer task, as one frame (a JSON array) when the server takes batches
+  (``envhub-batch`` handshake header). A timed-out
   request is sent again with the same id (the server answers it once). When the connection
   drops, every request waiting on it fails with :class:`~envhub.errors.RemoteEnvUnavailableError`,
   and the server closes the sessions opened on it; the next request opens a new connection.
@@ -167,10 +167,12 @@ class WebSocketTransport(Transport):
             self._pending.pop(request_id, None)
 
     async def _send(self, frame: str, loop: asyncio.AbstractEventLoop) -> None:
-        """Send the first frame of a loop iteration at once (no wait when one session runs);
-        queue the others for the writer, which sends them together (a batch)."""
+        """Send a frame at once when it is the only request waiting and the first of this loop
+        iteration (one session: no wait); queue the others for the writer, which sends them
+        together (a batch; with other requests in flight, one iteration's wait costs nothing,
+        and fuller batches gave ~25% more steps/s at 1024 sessions)."""
         ws = self._ws if self._ws is not None else await self._connection()
-        if self._sent_at_once or self._outbox:
+        if self._sent_at_once or self._outbox or len(self._pending) > 1:
             self._outbox.append(frame)
             self._ready.set()
             return
