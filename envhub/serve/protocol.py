@@ -338,35 +338,26 @@ def step_result(
     """``StepResult(...).model_dump(mode="json")`` of encoded values and a :func:`episode_state`.
 
     When every value already has the type the model would keep (a Python ``int`` or ``float``
-    reward, ``bool`` flags: the common case), the dict is built as it is, without a model per
-    step (the server's hot path); anything else (a numpy reward, an ``int`` flag, a wrong type)
-    goes through the model, which converts it or raises as it always did.
+    reward, ``bool`` flags: the common case), the fields are the dump as they are, without a
+    model per step (the server's hot path); anything else (a numpy reward, an ``int`` flag, a
+    wrong type) goes through the model, which converts it or raises as it always did.
     """
-    if (
+    fields = {
+        "observation": observation,
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "info": info,
+        "remaining_tokens": remaining_tokens,
+        "state": state,
+    }
+    plain = (
         type(reward) in _NUMBER
         and type(terminated) is bool
         and type(truncated) is bool
         and (remaining_tokens is None or type(remaining_tokens) is int)
-    ):
-        return {
-            "observation": observation,
-            "reward": reward,
-            "terminated": terminated,
-            "truncated": truncated,
-            "info": info,
-            "remaining_tokens": remaining_tokens,
-            "state": state,
-        }
-    result = StepResult(
-        observation=observation,
-        reward=reward,
-        terminated=terminated,
-        truncated=truncated,
-        info=info,
-        remaining_tokens=remaining_tokens,
-        state=state,
     )
-    return result.model_dump(mode="json")
+    return fields if plain else StepResult(**fields).model_dump(mode="json")
 
 
 def episode_state(
@@ -379,36 +370,27 @@ def episode_state(
     stop_reason: Any,
     reward_components: dict[Any, Any],
 ) -> dict[str, Any]:
-    """``EpisodeView(...).model_dump(mode="json")``, built as a dict when the counters are plain
-    ``int``/``float`` values under string keys (as :func:`step_result`; else through the model)."""
-    if (
+    """``EpisodeView(...).model_dump(mode="json")``, the fields as they are when the counters
+    are plain ``int``/``float`` values under string keys (as :func:`step_result`; else through
+    the model)."""
+    fields = {
+        "start": start,
+        "messages": messages,
+        "observation_follows": observation_follows,
+        "turn": turn,
+        "tokens": tokens,
+        "metrics": dict(metrics),
+        "stop_reason": stop_reason,
+        "reward_components": dict(reward_components),
+    }
+    plain = (
         type(turn) is int
         and type(tokens) is int
         and (stop_reason is None or type(stop_reason) is str)
         and _plain_numbers(metrics)
         and _plain_numbers(reward_components)
-    ):
-        return {
-            "start": start,
-            "messages": messages,
-            "observation_follows": observation_follows,
-            "turn": turn,
-            "tokens": tokens,
-            "metrics": dict(metrics),
-            "stop_reason": stop_reason,
-            "reward_components": dict(reward_components),
-        }
-    view = EpisodeView(
-        start=start,
-        messages=messages,
-        observation_follows=observation_follows,
-        turn=turn,
-        tokens=tokens,
-        metrics=metrics,
-        stop_reason=stop_reason,
-        reward_components=reward_components,
     )
-    return view.model_dump(mode="json")
+    return fields if plain else EpisodeView(**fields).model_dump(mode="json")
 
 
 _NUMBER = (int, float)
