@@ -27,6 +27,7 @@ import asyncio
 import functools
 import json
 import logging
+import math
 import ssl
 import threading
 from collections.abc import Coroutine
@@ -128,6 +129,7 @@ class WebSocketTransport(Transport):
         """The largest batch frame the server takes (0: it takes no batches)."""
         self._sent_at_once = False
         """A frame went out at once in this loop iteration (the next ones are queued)."""
+        self._deadlines = Deadlines()
 
     def alive(self, generation: int) -> bool:
         """True while the connection that ``generation`` names is open."""
@@ -144,19 +146,17 @@ class WebSocketTransport(Transport):
             for attempt in range(retries + 1):
                 # A fresh future per try; a late answer to an earlier try resolves the current one.
                 answer = self._pending[request_id] = loop.create_future()
-                # A timer, not asyncio.wait_for: that costs a task and a shield per request.
-                timer = None
                 try:
                     await self._send(frame, loop)
-                    timer = loop.call_later(timeout, _time_out, answer) if timeout else None
+                    if timeout:
+                        self._deadlines.watch(answer, timeout, loop)
                     reply = await answer
                 except _ConnectionLost:
                     if attempt == retries:
                         raise
                     continue
                 finally:
-                    if timer is not None:
-                        timer.cancel()
+                    self._deadlines.forget(answer)
                 if reply is not _TIMED_OUT:
                     return reply
                 logger.warning("%s: no answer in %g s; sending it again", self.url, timeout)
@@ -342,11 +342,49 @@ def _tls() -> ssl.SSLContext:
 
 
 _TIMED_OUT: Any = object()
+"""What a request's future holds when its time ran out."""
 
 
-def _time_out(answer: asyncio.Future[Any]) -> None:
-    if not answer.done():
-        answer.set_result(_TIMED_OUT)
+class Deadlines:
+    """Time-outs of a transport's requests, kept by one timer: a watched future holds
+    :data:`_TIMED_OUT` once its time is up, noticed within a quarter of the shortest timeout
+    being watched. A timer per request, armed and cancelled every time (and the heap of
+    cancelled timers the loop then sifts), cost ~6 of the client's ~30 us per step at 64
+    sessions."""
+
+    def __init__(self) -> None:
+        self._due: dict[asyncio.Future[Any], float] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tick = math.inf
+
+    def watch(
+        self, answer: asyncio.Future[Any], timeout: float, loop: asyncio.AbstractEventLoop
+    ) -> None:
+        """Time ``answer`` out after ``timeout`` seconds (or up to a tick later)."""
+        self._due[answer] = loop.time() + timeout
+        tick = max(timeout / 4, 0.005)
+        if tick < self._tick:  # checks must come more often: re-arm
+            self._tick = tick
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        if self._timer is None:
+            self._timer = loop.call_later(self._tick, self._check, loop)
+
+    def forget(self, answer: asyncio.Future[Any]) -> None:
+        """Stop watching ``answer`` (it was answered, or failed)."""
+        self._due.pop(answer, None)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        now = loop.time()
+        for answer in [a for a, due in self._due.items() if due <= now]:
+            del self._due[answer]
+            if not answer.done():
+                answer.set_result(_TIMED_OUT)
+        if self._due:
+            self._timer = loop.call_later(self._tick, self._check, loop)
+        else:
+            self._timer, self._tick = None, math.inf
 
 
 def _new(url: str, token: str | None, open_timeout: float | None) -> Transport:

@@ -144,3 +144,24 @@ def test_an_episode_state_is_the_models_dump_and_odd_counters_go_through_the_mod
 def test_frames_are_compact_and_keep_infinity_and_nan() -> None:
     text = p.dumps({"a": [1, 2.5], "low": -math.inf, "x": math.nan})
     assert text == '{"a":[1,2.5],"low":-Infinity,"x":NaN}'
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {
+            "s": 'h\u00e9llo "x"\n\u2603',
+            "big": 10**30,
+            "tiny": 1e-300,
+            "flags": [True, False, None],
+        },
+        {1: "int key", "nested": {"deep": [[{"a": -0.0}]]}},
+        [],
+        "just text",
+        3,
+    ],
+)
+def test_the_reused_c_encoder_writes_what_json_dumps_writes(payload: object) -> None:
+    assert p.dumps(payload) == json.dumps(payload, separators=(",", ":"))
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        p.dumps({"x": {1, 2}})
