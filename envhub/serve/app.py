@@ -45,6 +45,9 @@ BATCH_HEADER = "envhub-batch"
 """The handshake header by which a client asks for batches, and the server says it takes them."""
 BATCH_BYTES = 1024 * 1024
 """Replies are gathered into one frame up to about this size."""
+CHUNK = 64
+"""Replies that finish together leave in frames of at most about this many, each as soon as it
+is full: the client starts on the first while the rest are made."""
 
 
 class ServeApp:
@@ -228,6 +231,8 @@ class Outbox:
         raises (a connection that is gone drops it)."""
         if self._sent_at_once or self.replies or self._closed:
             self.put(reply)
+            if len(self.replies) >= CHUNK:  # the client can start on these while we go on
+                await self._flush()
             return
         self._sent_at_once = True
         asyncio.get_running_loop().call_soon(self._next_iteration)
@@ -252,13 +257,17 @@ class Outbox:
         self.writer.cancel()
 
     async def _write(self) -> None:
+        while True:
+            await self.ready.wait()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        """Send what is queued."""
+        self.ready.clear()
+        replies, self.replies = self.replies, []
         try:
-            while True:
-                await self.ready.wait()
-                self.ready.clear()
-                replies, self.replies = self.replies, []
-                for frame in p.batches(replies, BATCH_BYTES) if self.batches else replies:
-                    await self.websocket.send_text(frame)
+            for frame in p.batches(replies, BATCH_BYTES) if self.batches else replies:
+                await self.websocket.send_text(frame)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; its sessions are closed by the caller
 

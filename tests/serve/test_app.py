@@ -14,6 +14,7 @@ from websockets.sync.client import ClientConnection, connect
 
 import envhub
 from envhub.errors import RemoteEnvError
+from envhub.serve.app import CHUNK
 from envhub.types import user
 
 TOKEN = "s3cret-token"
@@ -213,29 +214,48 @@ class AsyncEcho(envhub.Env):
         return [user(str(action))], 0.5, False, False, {}
 
 
+def open_async_echo_sessions(ws: ClientConnection, n: int) -> list[str]:
+    """``n`` new sessions (request ids unique to the call: a create id seen before is replayed)."""
+    ws.send(json.dumps([{"id": f"c{n}-{i}", "op": "create"} for i in range(n)]))
+    created: list[dict[str, Any]] = []
+    while len(created) < n:
+        frame = json.loads(ws.recv(timeout=10))
+        created += frame if isinstance(frame, list) else [frame]
+    by_id = {r["id"]: r["result"]["session"] for r in created}
+    return [by_id[f"c{n}-{i}"] for i in range(n)]
+
+
+def step_all(ws: ClientConnection, sessions: list[str]) -> list[Any]:
+    """Step every session in one frame; the reply frames, as they came."""
+    steps = [
+        {"id": f"s{i}", "op": "step", "session": s, "action": f"a{i}"}
+        for i, s in enumerate(sessions)
+    ]
+    ws.send(json.dumps(steps))
+    frames: list[Any] = []
+    while sum(len(f) if isinstance(f, list) else 1 for f in frames) < len(sessions):
+        frames.append(json.loads(ws.recv(timeout=10)))
+    return frames
+
+
 def test_the_first_reply_leaves_at_once_and_the_ones_finishing_with_it_in_one_array(
     serve: Callable[..., Any],
 ) -> None:
     envhub.register(AsyncEcho.name, AsyncEcho, override=True)
     server = serve(AsyncEcho.name)
     with connect(server.url(), additional_headers={"envhub-batch": "1"}) as ws:
-        ws.send(json.dumps([{"id": f"c{i}", "op": "create"} for i in range(6)]))
-        sessions: list[str] = []
-        while len(sessions) < 6:
-            frame = json.loads(ws.recv(timeout=10))
-            sessions += [
-                r["result"]["session"] for r in (frame if isinstance(frame, list) else [frame])
-            ]
-        steps = [
-            {"id": f"s{i}", "op": "step", "session": s, "action": f"a{i}"}
-            for i, s in enumerate(sessions)
-        ]
-        ws.send(json.dumps(steps))
-        first, rest = json.loads(ws.recv(timeout=10)), json.loads(ws.recv(timeout=10))
-    # The six steps run in one iteration: the first reply is sent by its own task, the other
-    # five are gathered by the writer into one frame.
-    assert isinstance(first, dict) and isinstance(rest, list) and len(rest) == 5
-    replies = {r["id"]: r["result"] for r in [first, *rest]}
-    assert sorted(replies) == [f"s{i}" for i in range(6)]
-    assert all(replies[f"s{i}"]["observation"][0]["value"]["content"] == f"a{i}" for i in range(6))
-    assert {r["reward"] for r in replies.values()} == {0.5}
+        frames = step_all(ws, open_async_echo_sessions(ws, 6))
+        # The six steps run in one iteration: the first reply is sent by its own task, the
+        # other five are gathered by the writer into one frame.
+        assert [len(f) if isinstance(f, list) else "one" for f in frames] == ["one", 5]
+        replies = {r["id"]: r["result"] for r in [frames[0], *frames[1]]}
+        assert sorted(replies) == [f"s{i}" for i in range(6)]
+        assert all(
+            replies[f"s{i}"]["observation"][0]["value"]["content"] == f"a{i}" for i in range(6)
+        )
+        assert {r["reward"] for r in replies.values()} == {0.5}
+        # Beyond CHUNK replies finishing together, each full frame leaves as soon as it is full.
+        frames = step_all(ws, open_async_echo_sessions(ws, 70))
+        assert [len(f) if isinstance(f, list) else "one" for f in frames] == ["one", CHUNK, 5]
+        ids = [r["id"] for f in frames for r in (f if isinstance(f, list) else [f])]
+        assert sorted(ids) == sorted(f"s{i}" for i in range(70))
