@@ -203,6 +203,17 @@ def serve_rows(quick: bool) -> list[Row]:
         )
         for r in result["rows"]
     ]
+    rows += [
+        Row(
+            "serve",
+            f"CPU us per step, server + client, {r['sessions']} sessions",
+            "us",
+            r["envhub_cpu_us"],
+            r["openenv_cpu_us"],
+            "OpenEnv server + client",
+        )
+        for r in result["rows"]
+    ]
     ones = [r["openenv"] for r in result["rows"] if r["sessions"] == 1]
     if ones:  # what any server on this stack could reach with one session (no goal)
         what = "round trips/s, 1 client, bare uvicorn + Starlette WebSocket echo (the floor)"

@@ -17,6 +17,10 @@ The same env on three servers, each in its own process (uvicorn, one worker), at
 Clients connect before the clock starts; every client runs on one event loop in this process.
 On a 2-core machine the clients and the server share the cores.
 
+Beside the rates, the CPU that the server and the client process spent per step while the clock
+ran (server + client, microseconds): on a shared 2-core machine whose speed drifts between runs,
+the steadier measure of what each stack costs.
+
 One more line bounds the 1-session column: a bare uvicorn + Starlette WebSocket echo (no env, no
 JSON, no protocol) driven by a bare ``websockets`` client, one message in flight. No server on
 this stack answers one session faster than that.
@@ -26,7 +30,8 @@ this stack answers one session faster than that.
 JSON: ``{"env": ..., "seconds": s, "cpus": n, "goal": 3.0, "echo_floor": round trips/s,
 "rows": [{"sessions": n,
 "envhub": steps/s, "openenv": steps/s, "envhub_openenv_protocol": steps/s,
-"speedup": envhub / openenv, "server_speedup": envhub_openenv_protocol / openenv}, ...]}``
+"speedup": envhub / openenv, "server_speedup": envhub_openenv_protocol / openenv,
+"envhub_cpu_us": server + client CPU us per step (also ``openenv_cpu_us``, ...)}, ...]}``
 (``server_speedup`` compares the servers alone: the same OpenEnv client drives both).
 """
 
@@ -35,15 +40,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 TURNS = 8
 GOAL = 3.0
@@ -198,11 +206,26 @@ def start_server(kind: str, max_sessions: int) -> tuple[subprocess.Popen[bytes],
     raise RuntimeError(f"the {kind} server did not start")
 
 
+@dataclass
+class Measured:
+    """Steps/s, and the CPU that the server and this client process spent per step while the
+    clock ran (on a shared, noisy machine the steadier of the two numbers)."""
+
+    rate: float
+    cpu_us: float
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that process ``pid`` has spent."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 async def drive(
-    sessions: int, seconds: float, connect: Any, episode: Any
-) -> tuple[float, list[Any]]:
-    """Open ``sessions`` clients, then run episodes on all of them for ``seconds``; the steps/s
-    and the clients."""
+    sessions: int, seconds: float, connect: Any, episode: Any, server_pid: int
+) -> tuple[Measured, list[Any]]:
+    """Open ``sessions`` clients, then run episodes on all of them for ``seconds``; what was
+    measured, and the clients."""
     clients = [await connect() for _ in range(sessions)]
     steps = 0
     deadline = time.perf_counter() + seconds
@@ -213,13 +236,18 @@ async def drive(
             taken = await episode(client)  # not `steps += await ...`: that reads steps first
             steps += taken
 
-    started = time.perf_counter()
+    started, server_cpu, client_cpu = (
+        time.perf_counter(),
+        cpu_seconds(server_pid),
+        time.process_time(),
+    )
     await asyncio.gather(*(worker(c) for c in clients))
     elapsed = time.perf_counter() - started
-    return steps / elapsed, clients
+    cpu = cpu_seconds(server_pid) - server_cpu + time.process_time() - client_cpu
+    return Measured(steps / elapsed, 1e6 * cpu / max(steps, 1)), clients
 
 
-async def envhub_rate(url: str, sessions: int, seconds: float) -> float:
+async def envhub_rate(url: str, sessions: int, seconds: float, server_pid: int) -> Measured:
     """``RemoteEnv`` clients over WebSocket."""
     import envhub
 
@@ -234,13 +262,13 @@ async def envhub_rate(url: str, sessions: int, seconds: float) -> float:
             steps += 1
         return steps
 
-    rate, envs = await drive(sessions, seconds, connect, episode)
+    measured, envs = await drive(sessions, seconds, connect, episode, server_pid)
     for env in envs:
         await asyncio.to_thread(env.close)
-    return rate
+    return measured
 
 
-async def openenv_client_rate(url: str, sessions: int, seconds: float) -> float:
+async def openenv_client_rate(url: str, sessions: int, seconds: float, server_pid: int) -> Measured:
     """OpenEnv's ``GenericEnvClient``s, one WebSocket each."""
     from openenv.core import GenericEnvClient
 
@@ -256,9 +284,9 @@ async def openenv_client_rate(url: str, sessions: int, seconds: float) -> float:
             if result.done:
                 return steps
 
-    rate, clients = await drive(sessions, seconds, connect, episode)
+    measured, clients = await drive(sessions, seconds, connect, episode, server_pid)
     await asyncio.gather(*(c.disconnect() for c in clients))
-    return rate
+    return measured
 
 
 async def bare_echo_rate(url: str, seconds: float) -> float:
@@ -275,14 +303,14 @@ async def bare_echo_rate(url: str, seconds: float) -> float:
         return trips / (time.perf_counter() - started)
 
 
-def measure(kind: str, sessions: int, seconds: float) -> float:
-    """Steps/s of ``sessions`` clients on a fresh ``kind`` server."""
+def measure(kind: str, sessions: int, seconds: float) -> Measured:
+    """Steps/s (and CPU per step) of ``sessions`` clients on a fresh ``kind`` server."""
     process, url = start_server(kind, max(sessions, 1))
     try:
         if kind == "bare_echo":
-            return asyncio.run(bare_echo_rate(url, seconds))
+            return Measured(asyncio.run(bare_echo_rate(url, seconds)), math.nan)
         rate = envhub_rate if kind == "envhub" else openenv_client_rate
-        return asyncio.run(rate(url, sessions, seconds))
+        return asyncio.run(rate(url, sessions, seconds, process.pid))
     finally:
         process.kill()
         process.wait()
@@ -303,22 +331,25 @@ def main() -> None:
     print(
         f"{'sessions':>8}  "
         + "  ".join(f"{k:>24}" for k in kinds)
-        + "  speedup (server alone), steps/s"
+        + "  speedup (server alone), steps/s; CPU us/step envhub vs openenv"
     )
     rows = []
     floor = 0.0
     for n in args.sessions:
         row: dict[str, float] = {"sessions": n}
         for kind in kinds:
-            row[kind] = measure(kind, n, args.seconds)
+            measured = measure(kind, n, args.seconds)
+            row[kind], row[f"{kind}_cpu_us"] = measured.rate, measured.cpu_us
         if not floor:  # once, beside the first (1-session) row: this machine's speed drifts
-            floor = measure("bare_echo", 1, args.seconds)
+            floor = measure("bare_echo", 1, args.seconds).rate
         row["speedup"] = row["envhub"] / row["openenv"]
         row["server_speedup"] = row["envhub_openenv_protocol"] / row["openenv"]
         rows.append(row)
         cells = "  ".join(f"{row[k]:>24,.0f}" for k in kinds)
+        cpu = f"{row['envhub_cpu_us']:.0f} vs {row['openenv_cpu_us']:.0f}"
         print(
-            f"{n:>8}  {cells}  {row['speedup']:>6.1f}x  ({row['server_speedup']:.1f}x)", flush=True
+            f"{n:>8}  {cells}  {row['speedup']:>6.1f}x  ({row['server_speedup']:.1f}x)  {cpu}",
+            flush=True,
         )
     ones = [row["openenv"] for row in rows if row["sessions"] == 1]
     versus = f" = {floor / ones[0]:.1f}x OpenEnv's 1-session rate" if ones else ""
