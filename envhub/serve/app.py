@@ -213,9 +213,10 @@ class Outbox:
     The first reply of a loop iteration is sent at once, by the task that made it (one
     session: nothing between the env's answer and the socket). Replies made later in the same
     iteration (many sessions answering together) are queued for a writer task, which sends
-    what has gathered since it last woke, without a wait. To a client that takes batches they
-    go as JSON arrays (up to :data:`BATCH_BYTES` each): one frame and one write for many
-    sessions' replies.
+    what has gathered since it last woke, without a wait; once :data:`CHUNK` have gathered, the
+    task that queued the last sends them at once. To a client that takes batches they go as
+    JSON arrays (up to :data:`BATCH_BYTES` each): one frame and one write for many sessions'
+    replies.
     """
 
     def __init__(self, websocket: WebSocket, batches: bool) -> None:
@@ -227,8 +228,9 @@ class Outbox:
         self._closed = False
 
     async def send(self, reply: dict) -> None:
-        """Send ``reply`` now if it is the first of this loop iteration, else queue it; never
-        raises (a connection that is gone drops it)."""
+        """Send ``reply`` now if it is the first of this loop iteration, else queue it (and send
+        the queue if it reached :data:`CHUNK`); never raises (a connection that is gone drops
+        it)."""
         if self._sent_at_once or self.replies or self._closed:
             self.put(reply)
             if len(self.replies) >= CHUNK:  # the client can start on these while we go on
