@@ -89,7 +89,8 @@ class RemoteEnv(Env):
     Args:
         url: ``ws://HOST:PORT/ENV[?ARG=VALUE...]`` (or ``http://``, ``wss://``, ``https://``).
         token: Bearer token (default: ``$ENVHUB_SERVE_TOKEN``).
-        timeout: Seconds to wait for each answer before sending the request again (same id).
+        timeout: Seconds to wait for each answer before sending the request again (same id;
+            over WebSocket noticed up to a quarter of it later: one timer serves all requests).
         retries: How many times to send a request again before giving up.
         **env_args: Constructor arguments for the env (over the URL's query ones).
 
