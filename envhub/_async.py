@@ -58,3 +58,23 @@ async def within(seconds: float, coro: Coroutine[Any, Any, T]) -> T:
     if task.cancelled():
         raise TimeoutError
     return task.result()
+
+
+class FirstInIteration:
+    """Tells whether a caller is the first of the running event loop's iteration to ask: the
+    first frame of an iteration goes out at once, those made after it in the same iteration
+    are gathered into one (the serve client's and server's batching)."""
+
+    def __init__(self) -> None:
+        self._taken = False
+
+    def take(self) -> bool:
+        """``True`` for the first call in this loop iteration (and only for it)."""
+        if self._taken:
+            return False
+        self._taken = True
+        asyncio.get_running_loop().call_soon(self._next_iteration)
+        return True
+
+    def _next_iteration(self) -> None:
+        self._taken = False

@@ -1,4 +1,4 @@
-"""``within``: a timeout that never swallows its caller's cancellation."""
+"""``within``: a timeout that never swallows its caller's cancellation; ``FirstInIteration``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from envhub._async import within
+from envhub._async import FirstInIteration, within
 
 
 def test_a_cancel_that_lands_as_the_step_finishes_is_not_lost() -> None:
@@ -47,3 +47,13 @@ def test_the_deadline_raises_a_bare_timeout_and_the_coroutines_own_pass_through(
         return str(deadline.value), str(own.value), await within(5, asyncio.sleep(0, 7))
 
     assert asyncio.run(main()) == ("", "the socket timed out", 7)
+
+
+def test_only_the_first_caller_of_a_loop_iteration_is_first() -> None:
+    async def scenario() -> list[bool]:
+        first = FirstInIteration()
+        seen = [first.take(), first.take(), first.take()]
+        await asyncio.sleep(0)  # the next iteration
+        return [*seen, first.take(), first.take()]
+
+    assert asyncio.run(scenario()) == [True, False, False, True, False]

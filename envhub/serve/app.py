@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from envhub._async import FirstInIteration
 from envhub.serve import protocol as p
 from envhub.serve.service import Caller, EnvService
 
@@ -224,27 +225,22 @@ class Outbox:
         self.replies: list[str] = []
         self.ready = asyncio.Event()
         self.writer = asyncio.ensure_future(self._write())
-        self._sent_at_once = False
+        self._first = FirstInIteration()
         self._closed = False
 
     async def send(self, reply: dict) -> None:
         """Send ``reply`` now if it is the first of this loop iteration, else queue it (and send
         the queue if it reached :data:`CHUNK`); never raises (a connection that is gone drops
         it)."""
-        if self._sent_at_once or self.replies or self._closed:
+        if self.replies or self._closed or not self._first.take():
             self.put(reply)
             if len(self.replies) >= CHUNK:  # the client can start on these while we go on
                 await self._flush()
             return
-        self._sent_at_once = True
-        asyncio.get_running_loop().call_soon(self._next_iteration)
         try:
             await self.websocket.send_text(p.dumps(reply))
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; its sessions are closed by the caller
-
-    def _next_iteration(self) -> None:
-        self._sent_at_once = False
 
     def put(self, reply: dict) -> None:
         """Queue ``reply`` for the writer."""
