@@ -7,6 +7,8 @@ installed everywhere (it is GPU-only):
 
 - without TE the layers use megatron-core's *local* spec (torch norms and linears);
 - the local spec's torch norms do not support sequence parallelism, so it is off;
+- the local spec's attention takes no packed sequences: ``attention.PackedAttention`` (torch's
+  SDPA per sequence) replaces it;
 - the local spec names the two RMSNorms ``input_layernorm`` and ``pre_mlp_layernorm`` (TE
   fuses them into the next linear as ``layer_norm_weight``), so their HF names are added to
   the bridge's maps.
@@ -22,6 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from envhub.trainer.megatron.attention import PackedAttention
 
 _LOCAL_SPEC_NAMES = {
     "_OTHER_MAPPING": {
@@ -88,9 +92,12 @@ def _use_local_spec(bridge: Any) -> None:
 
     def local_spec(vp_stage: int | None = None) -> Any:
         bridge.has_vp_stage = True
-        return get_gpt_decoder_block_spec(
+        block = get_gpt_decoder_block_spec(
             bridge.config, use_transformer_engine=False, vp_stage=vp_stage
         )
+        for layer in block.layer_specs:  # built afresh by each call: safe to change in place
+            layer.submodules.self_attention.submodules.core_attention = PackedAttention
+        return block
 
     bridge._get_transformer_layer_spec = local_spec
     for attribute, names in _LOCAL_SPEC_NAMES.items():

@@ -41,3 +41,14 @@ def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     partition = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
     weighted = reduce_from_tensor_model_parallel_region((exp * shifted).sum(dim=-1))
     return partition.log() - weighted / partition
+
+
+@torch.no_grad()
+def vocab_parallel_entropy_report(logits: torch.Tensor, rows: int = 1024) -> torch.Tensor:
+    """:func:`vocab_parallel_entropy` without a gradient (a metric), ``rows`` token positions at a
+    time: the softmax temporaries of a whole micro-batch (three ``tokens x V / tp`` float
+    tensors, 7.5 GB for 4096 tokens of a 152k vocabulary) made a 1.5B model run out of memory
+    on an 80 GB GPU."""
+    flat = logits.reshape(-1, logits.shape[-1])
+    parts = [vocab_parallel_entropy(flat[i : i + rows]) for i in range(0, flat.shape[0], rows)]
+    return torch.cat(parts).reshape(logits.shape[:-1]) if parts else flat.new_zeros(0)

@@ -3,7 +3,7 @@
 Every rank runs the same calls (the driver broadcasts them through Ray). The micro-batches of
 an update are dealt round-robin to the data-parallel ranks and pushed through megatron-core's
 pipeline schedule, each packed into one row without padding (``batch.Packing``): varlen
-attention over the sequences with Transformer Engine, a block-diagonal causal mask without it;
+attention over the sequences (Transformer Engine's, else torch's SDPA per sequence);
 logprobs are unpacked to the padded layout the losses take. The loss of each micro-batch is
 already normalised by the totals of the whole update (``algorithms.aggregation``), so
 ``calculate_per_token_loss`` keeps megatron-core from averaging it again, and data-parallel
@@ -28,13 +28,13 @@ import torch
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
 from envhub.trainer.backends.torch_backend import lr_multiplier
 from envhub.trainer.batch import MicroBatch, Packing
-from envhub.trainer.megatron.bridge import (
-    build_model,
-    have_transformer_engine,
-    hf_weights,
-    load_bridge,
+from envhub.trainer.megatron.attention import packed_seq_params
+from envhub.trainer.megatron.bridge import build_model, hf_weights, load_bridge
+from envhub.trainer.megatron.loss import (
+    vocab_parallel_entropy,
+    vocab_parallel_entropy_report,
+    vocab_parallel_logprobs,
 )
-from envhub.trainer.megatron.loss import vocab_parallel_entropy, vocab_parallel_logprobs
 from envhub.trainer.weight_sync.plan import TransferPlan
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ RECOMPUTE = {
 }
 """megatron-core's settings for ``model.gradient_checkpointing`` (what the torch backend's HF
 gradient checkpointing does: keep each layer's input, recompute the layer)."""
+
+CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+"""How the distributed optimizer (GPU runs) lays out its checkpoint: one tensor per parameter, so
+any tensor/pipeline/data split can load it. megatron-core 0.19's default
+(``fully_sharded_model_space``) fails to save ("ShardedTensor.flattened_range is not
+supported"); the single-process optimizers (CPU runs) ignore it."""
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -376,7 +382,9 @@ class MegatronWorker:
 
     def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
         state = {"model": self.model.module.sharded_state_dict()}
-        state["optimizer"] = self.optimizer.sharded_state_dict(state["model"], is_loading=loading)
+        state["optimizer"] = self.optimizer.sharded_state_dict(
+            state["model"], is_loading=loading, metadata=CHECKPOINT_METADATA
+        )
         return state
 
     def shutdown(self) -> None:
@@ -409,7 +417,10 @@ class MegatronWorker:
         logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
         logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), width)
         entropy = packing.unpack(
-            vocab_parallel_entropy(logits if self.spec.entropy_coef else logits.detach()), width
+            vocab_parallel_entropy(logits)
+            if self.spec.entropy_coef
+            else vocab_parallel_entropy_report(logits),
+            width,
         )
         loss, metrics = policy_objective(
             spec,
@@ -474,24 +485,11 @@ class MegatronWorker:
         )
 
     def _forward(self, model: torch.nn.Module, row: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """The packed ``row`` through the model. With Transformer Engine, varlen attention over the
-        segments (THD); without it, the local attention with a block-diagonal causal mask. RoPE
-        is relative, so the local path's row-wide positions score each sequence as if alone."""
+        """The packed ``row`` through the model: varlen attention over its segments (THD), by
+        Transformer Engine where installed, else by ``attention.PackedAttention``."""
         ids = row.to(self.device)
         positions = packing.positions().to(self.device)
-        if not have_transformer_engine():
-            return model(ids, positions, packing.blocked().to(self.device))
-        from megatron.core.packed_seq_params import PackedSeqParams
-
-        bounds = packing.cu_seqlens().to(self.device)
-        longest = max(packing.segments)
-        params = PackedSeqParams(
-            qkv_format="thd",
-            cu_seqlens_q=bounds,
-            cu_seqlens_kv=bounds,
-            max_seqlen_q=longest,
-            max_seqlen_kv=longest,
-        )
+        params = packed_seq_params(packing.segments, self.device)
         return model(ids, positions, None, packed_seq_params=params)
 
     def _row_multiple(self) -> int:
