@@ -106,7 +106,7 @@ def _use_local_spec(bridge: Any) -> None:
 
 def build_model(bridge: Any, *, vp_stage: int | None = None) -> torch.nn.Module:
     """This rank's ``GPTModel`` chunk (its pipeline stage, its tensor shard), randomly
-    initialised."""
+    initialised, every parameter in the bridge's dtype."""
     from megatron.core import parallel_state as mpu
 
     provider = bridge._model_provider([])
@@ -115,8 +115,14 @@ def build_model(bridge: Any, *, vp_stage: int | None = None) -> torch.nn.Module:
     model = provider(pre_process=first, post_process=last, vp_stage=vp_stage)
     from megatron.core import tensor_parallel
 
+    dtype = bridge.config.params_dtype
     for parameter in model.parameters():
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(parameter)
+        # The local spec's torch norms are made in float32 whatever the dtype (Megatron-LM casts
+        # its model whole); a bf16 model with float32 norms breaks the distributed optimizer's
+        # checkpoints, whose parameter order assumes one dtype.
+        if parameter.is_floating_point() and parameter.dtype != dtype:
+            parameter.data = parameter.data.to(dtype)
     return model
 
 

@@ -35,6 +35,7 @@ from envhub.trainer.megatron.loss import (
     vocab_parallel_entropy_report,
     vocab_parallel_logprobs,
 )
+from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out, unshare_steps
 from envhub.trainer.weight_sync.plan import TransferPlan
 
 if TYPE_CHECKING:
@@ -87,6 +88,9 @@ class WorkerSpec:
     """Recompute each transformer layer's activations in the backward pass (megatron-core's
     full, uniform recomputation, one layer per unit): activation memory for one layer's inputs
     per layer, at the cost of a second forward."""
+    distributed_optimizer: bool | None = None
+    """Shard the optimizer state and the fp32 master weights across the data-parallel ranks
+    (megatron-core's distributed optimizer); ``None``: on GPUs (it takes CUDA tensors only)."""
 
 
 class MegatronWorker:
@@ -104,6 +108,11 @@ class MegatronWorker:
 
         self.spec = spec
         self.device = _init_distributed()
+        self.distributed_optimizer = (
+            self.device.type == "cuda"
+            if spec.distributed_optimizer is None
+            else spec.distributed_optimizer
+        )
         mpu.initialize_model_parallel(spec.tensor_parallel, spec.pipeline_parallel)
         tensor_parallel.model_parallel_cuda_manual_seed(spec.seed)
         dtype = _DTYPES[spec.dtype]
@@ -142,7 +151,7 @@ class MegatronWorker:
 
         config = self.bridge.config
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, use_distributed_optimizer=self.device.type == "cuda"
+            grad_reduce_in_fp32=True, use_distributed_optimizer=self.distributed_optimizer
         )
         wrapped = DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
         config.no_sync_func = wrapped.no_sync
@@ -165,10 +174,13 @@ class MegatronWorker:
             clip_grad=spec.grad_clip or 0.0,
             bf16=spec.dtype == "bfloat16",
             fp16=spec.dtype == "float16",
-            use_distributed_optimizer=self.device.type == "cuda",
+            use_distributed_optimizer=self.distributed_optimizer,
         )
         # ``{}``: weight decay on every parameter, as the torch backend does.
-        return get_megatron_optimizer(config, [self.model], config_overrides={})
+        optimizer = get_megatron_optimizer(config, [self.model], config_overrides={})
+        if self.distributed_optimizer:
+            keep_states_a_load_leaves_out(optimizer)
+        return optimizer
 
     # -- what the driver calls ------------------------------------------------------------------
 
@@ -378,6 +390,7 @@ class MegatronWorker:
         loaded = dist_checkpointing.load(self._sharded_state(loading=True), folder)
         self.model.module.load_state_dict(loaded["model"])
         self.optimizer.load_state_dict(loaded["optimizer"])
+        unshare_steps(self.optimizer)
         self.updates = json.loads((Path(folder) / WORKER_STATE).read_text())["updates"]
 
     def _sharded_state(self, loading: bool = False) -> dict[str, Any]:

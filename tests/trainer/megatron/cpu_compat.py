@@ -98,6 +98,19 @@ def _no_cuda_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8)
 
 
+_tensor_type = torch.Tensor.type
+
+
+def _cuda_type_name(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+    """Patch 8: the distributed optimizer accepts parameters whose ``type()`` names a CUDA
+    tensor (``torch.cuda.FloatTensor``); a CPU tensor's name gets the ``cuda.`` it would have
+    on a GPU. Only the no-argument call (a type query) changes; conversions do not."""
+    name = _tensor_type(self, *args, **kwargs)
+    if args or kwargs or not name.startswith("torch.") or name.startswith("torch.cuda."):
+        return name
+    return "torch.cuda." + name.removeprefix("torch.")
+
+
 def apply() -> None:
     """Install the patches (once) and enter the device mode for the rest of the process."""
     global _applied
@@ -122,6 +135,7 @@ def apply() -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.Tensor.cuda = lambda self, *a, **k: self  # patch 5: ``.cuda()`` moves stay on the CPU
     torch.nn.Module.cuda = lambda self, *a, **k: self
+    torch.Tensor.type = _cuda_type_name
     mp_random.CudaRNGStatesTracker.fork = _no_fork
     mp_random.CudaRNGStatesTracker.add = _add_seed
     mp_optimizer.clip_grad_by_total_norm_fp32 = _clip_by_total_norm

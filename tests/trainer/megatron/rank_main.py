@@ -5,7 +5,8 @@ conversion round trip), the token logprobs, and the metrics and weights after tw
 the batch that ``batch()`` makes, syncs those weights to the engines named in
 ``ENVHUB_TEST_ENGINE_URLS`` (when set), then reloads the checkpoint saved between the updates
 and repeats the second one; saves what this rank holds to ``OUT/rank-R.pt``.
-Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP [recompute]``.
+Usage: ``torchrun --nproc-per-node N rank_main.py MODEL_DIR OUT TP PP [recompute]
+[distributed-optimizer] [bfloat16]``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,15 @@ def sync_to_engines(worker: MegatronWorker, urls: list[str]) -> dict:
     }
 
 
-def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) -> None:
+def main(
+    model_dir: str,
+    out: str,
+    tp: int,
+    pp: int,
+    recompute: bool = False,
+    distributed_optimizer: bool = False,
+    dtype: str = "float32",
+) -> None:
     worker = MegatronWorker(
         WorkerSpec(
             model_dir,
@@ -82,6 +91,8 @@ def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) ->
             temperature=TEMPERATURE,
             reference=True,
             recompute=recompute,
+            distributed_optimizer=distributed_optimizer,
+            dtype=dtype,
             **OPTIMIZER,
         )
     )
@@ -93,6 +104,9 @@ def main(model_dir: str, out: str, tp: int, pp: int, recompute: bool = False) ->
         "logprobs": worker.logprobs(mbs),
     }
     record["recompute"] = worker.bridge.config.recompute_granularity
+    inner = getattr(worker.optimizer, "chained_optimizers", [worker.optimizer])[0]
+    record["optimizer"] = type(inner).__name__
+    record["parameter_dtypes"] = sorted({str(p.dtype) for p in worker.model.parameters()})
     spec = ObjectiveSpec()
 
     def update() -> dict | None:
@@ -130,5 +144,7 @@ if __name__ == "__main__":
         sys.argv[2],
         int(sys.argv[3]),
         int(sys.argv[4]),
-        recompute=sys.argv[5:] == ["recompute"],
+        recompute="recompute" in sys.argv[5:],
+        distributed_optimizer="distributed-optimizer" in sys.argv[5:],
+        dtype="bfloat16" if "bfloat16" in sys.argv[5:] else "float32",
     )

@@ -47,13 +47,18 @@ def run_ranks(
     pp: int,
     setup: Path | None = COMPAT,
     recompute: bool = False,
+    distributed_optimizer: bool = False,
+    bfloat16: bool = False,
     engine_urls: list[str] = (),
 ) -> list[dict]:
     """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
-    ``recompute``: activation recomputation; ``engine_urls``: weight-transfer engines to sync
-    to); each rank's record, in rank order."""
+    ``recompute``: activation recomputation; ``distributed_optimizer``: megatron-core's, which
+    GPUs take anyway; ``bfloat16``: parameters in bf16, not float32; ``engine_urls``:
+    weight-transfer engines to sync to); each rank's record, in rank order."""
     env = {rank_main.ENGINES_ENV: ",".join(engine_urls)} if engine_urls else {}
-    args = [str(model_dir), str(out), str(tp), str(pp), *(["recompute"] if recompute else [])]
+    flags = ["recompute"] * recompute + ["distributed-optimizer"] * distributed_optimizer
+    flags += ["bfloat16"] * bfloat16
+    args = [str(model_dir), str(out), str(tp), str(pp), *flags]
     run_torchrun("rank_main.py", args, world=world, setup=setup, env=env)
     return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
 
@@ -91,8 +96,10 @@ def reference(tiny_model_dir: Path) -> dict:
     }
 
 
-LAYOUTS = {"tp2": (2, 1, False), "pp2": (1, 2, True), "dp2": (1, 1, False)}
-"""tp, pp and activation recomputation (the pipeline layout recomputes: the same update)."""
+LAYOUTS = {"tp2": (2, 1, False, False), "pp2": (1, 2, True, False), "dp2": (1, 1, False, True)}
+"""tp, pp, activation recomputation and the distributed optimizer: the pipeline layout
+recomputes, the data-parallel one shards its optimizer state (the GPU default) over the two
+replicas; each gives the same update."""
 
 
 @pytest.fixture(scope="module", params=sorted(LAYOUTS))
@@ -104,7 +111,7 @@ def layout_run(
     run_torchrun: Callable[..., None],
 ) -> tuple[list[dict], list]:
     """Each layout's ranks, and the two engines they synced their trained weights to."""
-    tp, pp, recompute = LAYOUTS[request.param]
+    tp, pp, recompute, distributed_optimizer = LAYOUTS[request.param]
     engines = shm_engines(2)
     urls = [url for url, _ in engines]
     records = run_ranks(
@@ -115,6 +122,7 @@ def layout_run(
         tp=tp,
         pp=pp,
         recompute=recompute,
+        distributed_optimizer=distributed_optimizer,
         engine_urls=urls,
     )
     return records, [engine for _, engine in engines]
@@ -136,6 +144,9 @@ def test_layout_of_the_ranks(ranks: list[dict]) -> None:
     pp = max(i["pp"] for i in infos) + 1
     dp = max(i["dp"] for i in infos) + 1
     assert tp * pp * dp == 2
+    sharded = "DistributedOptimizer" if dp == 2 else "FP32Optimizer"
+    assert [r["optimizer"] for r in ranks] == [sharded] * 2
+    assert [r["parameter_dtypes"] for r in ranks] == [["torch.float32"]] * 2
     assert sum(i["output"] for i in infos) == 1  # one rank reports the update
 
 
@@ -203,6 +214,25 @@ def test_a_checkpoint_resumes_to_the_same_update(ranks: list[dict]) -> None:
     assert set(resumed) == set(after)
     for name, tensor in after.items():
         assert torch.equal(resumed[name], tensor), name
+
+
+def test_a_bfloat16_model_resumes_exactly_under_the_distributed_optimizer(
+    tiny_model_dir: Path, tmp_path: Path, run_torchrun: Callable[..., None]
+) -> None:
+    """What a GPU run without Transformer Engine holds: bf16 parameters throughout (the local
+    spec's norms too) with float32 master weights in megatron-core's distributed optimizer,
+    which runs torch's Adam there. Its checkpoint gives the same next update; before the fixes
+    in ``torch_adam.py`` and ``bridge.build_model`` it failed to save, then to load, then
+    resumed to a smaller update."""
+    (rank,) = run_ranks(
+        run_torchrun, tiny_model_dir, tmp_path, world=1, tp=1, pp=1,
+        distributed_optimizer=True, bfloat16=True,
+    )  # fmt: skip
+    assert rank["optimizer"] == "DistributedOptimizer"
+    assert rank["parameter_dtypes"] == ["torch.bfloat16"]
+    assert rank["metrics_resumed"] == rank["metrics"][1]
+    for name, tensor in rank["weights_after"].items():
+        assert torch.equal(rank["weights_resumed"][name], tensor), name
 
 
 def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None:
