@@ -6,8 +6,9 @@ for the backward pass. On one H100 that made a 4096-token micro-batch of Qwen2.5
 and reach 4% MFU. :class:`PackedAttention` runs torch's ``scaled_dot_product_attention``
 once per sequence of the packed row instead (flash attention on a GPU in bf16/fp16), so a
 sequence never attends to its neighbours and nothing quadratic is kept. It is the layer spec's
-``core_attention`` wherever the local spec is used (see ``bridge.py``), and takes the same
-``PackedSeqParams`` (``qkv_format="thd"``) as Transformer Engine's attention.
+``core_attention`` wherever the local spec is used (see ``bridge.py``). The worker hands it the
+row's sequences as :func:`segment_lengths` in place of the mask; it also takes THD
+``PackedSeqParams``, as Transformer Engine's attention does (:func:`packed_seq_params`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ import torch.nn.functional as F
 SEGMENTS = "envhub_segments"
 """The attribute of a ``PackedSeqParams`` that holds the segment lengths as Python ints (read
 without a device sync; set by :func:`packed_seq_params`)."""
+
+
+def segment_lengths(segments: list[int]) -> torch.Tensor:
+    """What the worker passes as the attention mask of a packed row to layers that attend with
+    :class:`PackedAttention`: the sequences' lengths, a CPU tensor. Passed this way, and not as
+    THD ``packed_seq_params``, rotary embeddings take the row's positions in one go (RoPE is
+    relative: a sequence scores the same at any offset) instead of megatron-core's loop over
+    sequences, which reads the boundaries back from the GPU in every layer; and, being a
+    tensor argument, it reaches the layers again when they are recomputed."""
+    return torch.tensor(segments, dtype=torch.int64)
 
 
 def packed_seq_params(segments: list[int], device: torch.device) -> Any:
@@ -82,33 +93,62 @@ class PackedAttention(torch.nn.Module):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        """Packed: ``query`` ``[t, heads, d]``, ``key``/``value`` ``[t, groups, d]``, returns
-        ``[t, heads * d]``. Unpacked: ``[s, b, heads, d]`` in, ``[s, b, heads * d]`` out."""
+        """Causal attention within each sequence of a packed row.
+
+        The row's sequences come either as THD ``packed_seq_params`` (``query`` ``[t, heads,
+        d]``, ``key``/``value`` ``[t, groups, d]``; returns ``[t, heads * d]``) or as
+        ``attention_mask`` holding :func:`segment_lengths` (``[s, 1, heads, d]`` in,
+        ``[s, 1, heads * d]`` out). With neither, each batch row of ``[s, b, heads, d]`` is one
+        sequence."""
         if attention_bias is not None:
             raise ValueError("PackedAttention takes no attention bias")
-        if packed_seq_params is None:  # [s, b, h, d] -> one sequence per batch row
-            out = self._attend(*(t.permute(1, 2, 0, 3) for t in (query, key, value)))
-            return out.permute(2, 0, 1, 3).flatten(2)
-        outputs = []
-        start = 0
-        for length in getattr(packed_seq_params, SEGMENTS):
-            window = slice(start, start + length)
-            q, k, v = (t[window].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-            outputs.append(self._attend(q, k, v)[0].transpose(0, 1))
-            start += length
-        return torch.cat(outputs).flatten(1)
+        if packed_seq_params is not None:
+            return self._attend_packed(query, key, value, getattr(packed_seq_params, SEGMENTS))
+        if attention_mask is not None:
+            segments = attention_mask.tolist()  # a CPU tensor: no device sync
+            row = self._attend_packed(query[:, 0], key[:, 0], value[:, 0], segments)
+            return row.unsqueeze(1)
+        out = self._attend(*(t.permute(1, 2, 0, 3) for t in (query, key, value)))
+        return out.permute(2, 0, 1, 3).flatten(2)
+
+    def _attend_packed(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: list[int]
+    ) -> torch.Tensor:
+        """``[t, heads, d]`` queries, ``[t, groups, d]`` keys and values of a row of
+        ``segments`` (lengths) -> ``[t, heads * d]``."""
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # [1, h, t, d]
+        k, v = _share_groups(k, v, q.shape[1])  # once per row, not per sequence
+        if len(segments) == 1:
+            out = self._attend(q, k, v)
+        else:
+            parts, start = [], 0
+            for length in segments:
+                window = slice(start, start + length)
+                parts.append(self._attend(q[:, :, window], k[:, :, window], v[:, :, window]))
+                start += length
+            out = torch.cat(parts, dim=2)
+        return out[0].transpose(0, 1).flatten(1)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Causal attention of ``[b, heads, s, d]`` queries on ``[b, groups, s, d]`` keys and
         values (each group shared by ``heads / groups`` query heads)."""
-        if k.shape[1] != q.shape[1]:
-            repeats = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        k, v = _share_groups(k, v, q.shape[1])
         dropout = self.dropout if self.training else 0.0
         with _dropout_rng() if dropout else contextlib.nullcontext():
             return F.scaled_dot_product_attention(
                 q, k, v, dropout_p=dropout, is_causal=True, scale=self.scale
             )
+
+
+def _share_groups(
+    k: torch.Tensor, v: torch.Tensor, heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[b, groups, s, d]`` keys and values repeated to ``heads`` (query head ``h`` reads
+    group ``h // (heads / groups)``, as megatron-core's and HF's attention do)."""
+    if k.shape[1] == heads:
+        return k, v
+    repeats = heads // k.shape[1]
+    return k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
 
 
 def _dropout_rng() -> Any:

@@ -24,7 +24,7 @@ import torch
 
 from envhub.trainer.algorithms import clipped_value_loss
 from envhub.trainer.batch import MicroBatch, Packing
-from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
+from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec, micro_batch_report
 
 
 class ValueHead(torch.nn.Module):
@@ -105,18 +105,14 @@ class MegatronCriticWorker(MegatronWorker):
         if k < 0:  # a filler: nothing to learn
             old = returns = torch.zeros_like(values)
             mask = torch.zeros_like(values, dtype=torch.bool)
+            weight = 0.0
         else:
+            weight = float(targets[k][2].sum())  # counted on the host, before the move
             old, returns, mask = (t.to(values.device) for t in targets[k])
         loss, metrics = clipped_value_loss(
             values, old, returns, mask, clip=self.value_clip, num_tokens=num_places
         )
-        weight = float(mask.sum())
-        report = {
-            "loss": float(loss.detach()),
-            "weight": weight,
-            **{name: float(v) * weight for name, v in metrics.items()},
-        }
-        return loss, torch.tensor(1, dtype=torch.int), report
+        return loss, torch.tensor(1, dtype=torch.int), micro_batch_report(loss, weight, metrics)
 
 
 def _place_values(output: torch.Tensor, packing: Packing, mb: MicroBatch) -> torch.Tensor:

@@ -28,8 +28,13 @@ import torch
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
 from envhub.trainer.backends.torch_backend import lr_multiplier
 from envhub.trainer.batch import MicroBatch, Packing
-from envhub.trainer.megatron.attention import packed_seq_params
-from envhub.trainer.megatron.bridge import build_model, hf_weights, load_bridge
+from envhub.trainer.megatron.attention import packed_seq_params, segment_lengths
+from envhub.trainer.megatron.bridge import (
+    build_model,
+    have_transformer_engine,
+    hf_weights,
+    load_bridge,
+)
 from envhub.trainer.megatron.loss import (
     vocab_parallel_entropy,
     vocab_parallel_entropy_report,
@@ -289,7 +294,7 @@ class MegatronWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
-        totals = _sum_reports(reports).to(self.device)  # NCCL reduces only CUDA tensors
+        totals = _sum_reports(reports, self.device)  # NCCL reduces only CUDA tensors
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             torch.distributed.all_reduce(totals, group=mpu.get_data_parallel_group())
         for group in self.optimizer.param_groups:
@@ -425,6 +430,7 @@ class MegatronWorker:
         row: torch.Tensor,
         output: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, dict[str, Any]]:
+        weight = float(mb.num_tokens)  # counted on the host, before the batch moves
         mb = mb.to(output.device)
         width = mb.input_ids.shape[1]
         logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
@@ -447,13 +453,7 @@ class MegatronWorker:
             ref_logprobs=ref[k].to(output.device) if ref and k >= 0 else None,
             entropy=entropy,
         )
-        weight = float(mb.num_tokens)
-        report = {
-            "loss": float(loss.detach()),
-            "weight": weight,
-            **{name: float(v) * weight for name, v in metrics.items()},
-        }
-        return loss, torch.tensor(1, dtype=torch.int), report
+        return loss, torch.tensor(1, dtype=torch.int), micro_batch_report(loss, weight, metrics)
 
     def _my_batches(self, batches: list[MicroBatch]) -> list[tuple[int, MicroBatch]]:
         """This data rank's micro-batches, round-robin. Every data rank runs the same number of
@@ -498,12 +498,15 @@ class MegatronWorker:
         )
 
     def _forward(self, model: torch.nn.Module, row: torch.Tensor, packing: Packing) -> torch.Tensor:
-        """The packed ``row`` through the model: varlen attention over its segments (THD), by
-        Transformer Engine where installed, else by ``attention.PackedAttention``."""
+        """The packed ``row`` through the model, each sequence attending only to itself: THD
+        varlen attention with Transformer Engine; else ``attention.PackedAttention`` given the
+        sequences' lengths in place of the mask."""
         ids = row.to(self.device)
         positions = packing.positions().to(self.device)
-        params = packed_seq_params(packing.segments, self.device)
-        return model(ids, positions, None, packed_seq_params=params)
+        if have_transformer_engine():
+            params = packed_seq_params(packing.segments, self.device)
+            return model(ids, positions, None, packed_seq_params=params)
+        return model(ids, positions, segment_lengths(packing.segments))
 
     def _row_multiple(self) -> int:
         """A sequence-parallel split needs rows that divide among the tensor ranks."""
@@ -552,10 +555,27 @@ def _empty_like(mb: MicroBatch) -> MicroBatch:
     )
 
 
-def _sum_reports(reports: list[dict[str, Any]]) -> torch.Tensor:
-    """This rank's reports summed, as a tensor (keys in sorted order) for one all-reduce."""
+def micro_batch_report(
+    loss: torch.Tensor, weight: float, metrics: dict[str, Any]
+) -> dict[str, torch.Tensor | float]:
+    """A micro-batch's loss and its metrics times ``weight``, left on the device: reading them
+    here would make the host wait for the GPU after every forward pass instead of queueing the
+    backward pass."""
+    return {
+        "loss": loss.detach().double(),
+        "weight": weight,
+        **{name: torch.as_tensor(v).detach().double() * weight for name, v in metrics.items()},
+    }
+
+
+def _sum_reports(reports: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
+    """This rank's reports summed, as one float64 tensor on ``device`` (keys in sorted order),
+    for one all-reduce."""
     keys = sorted(reports[0]) if reports else []
-    return torch.tensor([sum(r[key] for r in reports) for key in keys], dtype=torch.float64)
+    sums = [sum(r[key] for r in reports) for key in keys]
+    if not sums:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in sums])
 
 
 def _metrics(

@@ -11,7 +11,11 @@ import torch
 pytest.importorskip("megatron.core")
 
 from envhub.errors import ConfigError  # noqa: E402
-from envhub.trainer.megatron.attention import PackedAttention, packed_seq_params  # noqa: E402
+from envhub.trainer.megatron.attention import (  # noqa: E402
+    PackedAttention,
+    packed_seq_params,
+    segment_lengths,
+)
 
 HEADS, GROUPS, DIM = 4, 2, 8
 SEGMENTS = [5, 1, 7, 3]
@@ -58,6 +62,23 @@ def test_each_packed_sequence_attends_only_to_itself_causally() -> None:
     for n in SEGMENTS:
         window = slice(start, start + n)
         torch.testing.assert_close(out[window], _by_hand(q[window], k[window], v[window]))
+        start += n
+
+
+def test_segment_lengths_in_place_of_the_mask_give_the_same_attention() -> None:
+    """The worker's path without Transformer Engine: ``[s, 1, heads, d]`` layer inputs, the
+    lengths as a CPU tensor where megatron-core passes the mask."""
+    q, k, v = _qkv(sum(SEGMENTS))
+    lengths = segment_lengths(SEGMENTS)
+    assert lengths.device.type == "cpu" and lengths.tolist() == SEGMENTS
+    out = _attention()(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), lengths)
+    assert out.shape == (sum(SEGMENTS), 1, HEADS * DIM)
+    params = packed_seq_params(SEGMENTS, torch.device("cpu"))
+    torch.testing.assert_close(out[:, 0], _attention()(q, k, v, None, packed_seq_params=params))
+    start = 0
+    for n in SEGMENTS:
+        window = slice(start, start + n)
+        torch.testing.assert_close(out[window, 0], _by_hand(q[window], k[window], v[window]))
         start += n
 
 
