@@ -36,9 +36,9 @@ from envhub.trainer.megatron.bridge import (
     load_bridge,
 )
 from envhub.trainer.megatron.loss import (
+    chunked_logprobs,
     vocab_parallel_entropy,
     vocab_parallel_entropy_report,
-    vocab_parallel_logprobs,
 )
 from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out, unshare_steps
 from envhub.trainer.weight_sync.plan import TransferPlan
@@ -242,8 +242,8 @@ class MegatronWorker:
         def token_logprobs(
             mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
         ) -> torch.Tensor:
-            logits, targets = _scaled_logits_and_targets(output, row, scale)
-            return packing.unpack(vocab_parallel_logprobs(logits, targets), mb.input_ids.shape[1])
+            logits, targets = _next_token_logits(output, row)
+            return packing.unpack(chunked_logprobs(logits, targets, scale), mb.input_ids.shape[1])
 
         return self._collect(model, batches, token_logprobs)
 
@@ -433,12 +433,13 @@ class MegatronWorker:
         weight = float(mb.num_tokens)  # counted on the host, before the batch moves
         mb = mb.to(output.device)
         width = mb.input_ids.shape[1]
-        logits, targets = _scaled_logits_and_targets(output, row, self.spec.temperature)
-        logprobs = packing.unpack(vocab_parallel_logprobs(logits, targets), width)
+        logits, targets = _next_token_logits(output, row)
+        temperature = self.spec.temperature
+        logprobs = packing.unpack(chunked_logprobs(logits, targets, temperature), width)
         entropy = packing.unpack(
-            vocab_parallel_entropy(logits)
+            vocab_parallel_entropy(logits.float() / temperature)  # a loss term: whole, with grad
             if self.spec.entropy_coef
-            else vocab_parallel_entropy_report(logits),
+            else vocab_parallel_entropy_report(logits, temperature),
             width,
         )
         loss, metrics = policy_objective(
@@ -534,13 +535,13 @@ class MegatronWorker:
         return self._holds_output() and mpu.get_data_parallel_rank() == 0
 
 
-def _scaled_logits_and_targets(
-    output: torch.Tensor, row: torch.Tensor, temperature: float
+def _next_token_logits(
+    output: torch.Tensor, row: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The float logits of the packed ``row`` that predict each next token, over
-    ``temperature``, and those tokens (the distribution the engine sampled from, as the torch
-    backend scores it)."""
-    return output[:, :-1].float() / temperature, row[:, 1:].to(output.device)
+    """The logits of the packed ``row`` that predict each next token (as the model returned
+    them: the losses divide by the temperature in float32, scoring the distribution the engine
+    sampled from as the torch backend does), and those tokens."""
+    return output[:, :-1], row[:, 1:].to(output.device)
 
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:
