@@ -216,23 +216,49 @@ def test_a_checkpoint_resumes_to_the_same_update(ranks: list[dict]) -> None:
         assert torch.equal(resumed[name], tensor), name
 
 
-def test_a_bfloat16_model_resumes_exactly_under_the_distributed_optimizer(
-    tiny_model_dir: Path, tmp_path: Path, run_torchrun: Callable[..., None]
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+            ],
+        ),
+    ],
+)
+def test_a_bfloat16_model_resumes_under_the_distributed_optimizer(
+    device: str, tiny_model_dir: Path, tmp_path: Path, run_torchrun: Callable[..., None]
 ) -> None:
     """What a GPU run without Transformer Engine holds: bf16 parameters throughout (the local
     spec's norms too) with float32 master weights in megatron-core's distributed optimizer,
-    which runs torch's Adam there. Its checkpoint gives the same next update; before the fixes
-    in ``torch_adam.py`` and ``bridge.build_model`` it failed to save, then to load, then
-    resumed to a smaller update."""
+    which runs torch's Adam there. Its checkpoint gives the same next update (bit for bit on the
+    CPU; on a GPU within what flash attention's backward may vary); before the fixes in
+    ``torch_adam.py`` and ``bridge.build_model`` it failed to save, then to load, then resumed
+    to an update 0.65x the right one."""
     (rank,) = run_ranks(
         run_torchrun, tiny_model_dir, tmp_path, world=1, tp=1, pp=1,
-        distributed_optimizer=True, bfloat16=True,
+        setup=COMPAT if device == "cpu" else None, distributed_optimizer=True, bfloat16=True,
     )  # fmt: skip
     assert rank["optimizer"] == "DistributedOptimizer"
     assert rank["parameter_dtypes"] == ["torch.bfloat16"]
-    assert rank["metrics_resumed"] == rank["metrics"][1]
-    for name, tensor in rank["weights_after"].items():
-        assert torch.equal(rank["weights_resumed"][name], tensor), name
+    before, after, resumed = (
+        rank[k] for k in ("weights_before", "weights_after", "weights_resumed")
+    )
+    if device == "cpu":
+        assert rank["metrics_resumed"] == rank["metrics"][1]
+        for name, tensor in after.items():
+            assert torch.equal(resumed[name], tensor), name
+        return
+    for name in ("loss", "grad_norm"):
+        assert rank["metrics_resumed"][name] == pytest.approx(rank["metrics"][1][name], rel=1e-3)
+    # Two updates' worth of change, the second one resumed ("<=": bf16 norm weights of 1 may
+    # round a whole step away and not move at all).
+    for name, tensor in after.items():
+        moved, moved_resumed = (t.double() - before[name].double() for t in (tensor, resumed[name]))
+        assert (moved_resumed - moved).norm() <= 0.05 * moved.norm(), name
 
 
 def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None:
