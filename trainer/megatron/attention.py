@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from itertools import accumulate
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from envhub.trainer.batch import Packing
 
 SEGMENTS = "envhub_segments"
 """The attribute of a ``PackedSeqParams`` that holds the segment lengths as Python ints (read
@@ -36,13 +37,13 @@ def segment_lengths(segments: list[int]) -> torch.Tensor:
     return torch.tensor(segments, dtype=torch.int64)
 
 
-def packed_seq_params(segments: list[int], device: torch.device) -> Any:
-    """megatron-core's ``PackedSeqParams`` for one packed row of ``segments`` (lengths), on
-    ``device``, with the lengths also kept as ints for :class:`PackedAttention`."""
+def packed_seq_params(packing: Packing, device: torch.device) -> Any:
+    """megatron-core's THD ``PackedSeqParams`` for ``packing``'s row, on ``device``, with the
+    segment lengths also kept as ints for :class:`PackedAttention`."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    bounds = torch.tensor([0, *accumulate(segments)], dtype=torch.int32, device=device)
-    longest = max(segments)
+    bounds = packing.cu_seqlens().to(device)
+    longest = max(packing.segments)
     params = PackedSeqParams(
         qkv_format="thd",
         cu_seqlens_q=bounds,
@@ -50,7 +51,7 @@ def packed_seq_params(segments: list[int], device: torch.device) -> Any:
         max_seqlen_q=longest,
         max_seqlen_kv=longest,
     )
-    setattr(params, SEGMENTS, tuple(segments))
+    setattr(params, SEGMENTS, tuple(packing.segments))
     return params
 
 

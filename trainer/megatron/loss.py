@@ -19,14 +19,11 @@ CHUNK_ROWS = 1024
 
 def vocab_parallel_entropy(logits: torch.Tensor) -> torch.Tensor:
     """Entropy of ``softmax(logits)`` over the whole vocabulary, ``(...)``, differentiable."""
-    from megatron.core import parallel_state as mpu
     from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
 
-    peak = logits.detach().amax(dim=-1, keepdim=True)
-    if mpu.get_tensor_model_parallel_world_size() > 1:
-        torch.distributed.all_reduce(
-            peak, op=torch.distributed.ReduceOp.MAX, group=mpu.get_tensor_model_parallel_group()
-        )
+    peak = _tp_all_reduce(
+        logits.detach().amax(dim=-1, keepdim=True), torch.distributed.ReduceOp.MAX
+    )
     shifted = logits - peak
     exp = shifted.exp()
     partition = reduce_from_tensor_model_parallel_region(exp.sum(dim=-1))
@@ -44,8 +41,8 @@ def vocab_parallel_entropy_report(
     4096 tokens of a 152k vocabulary) made a 1.5B model run out of memory on an 80 GB GPU."""
     flat = logits.reshape(-1, logits.shape[-1])
     parts = [
-        vocab_parallel_entropy(flat[i : i + rows].float() / temperature)
-        for i in range(0, flat.shape[0], rows)
+        vocab_parallel_entropy(flat[window].float() / temperature)
+        for window in _windows(flat.shape[0], rows)
     ]
     return torch.cat(parts).reshape(logits.shape[:-1]) if parts else flat.new_zeros(0).float()
 
@@ -85,8 +82,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
         local, inside = _local_targets(picked_ids, flat.shape[-1])
         logprobs = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
         log_partition = torch.empty_like(logprobs)
-        for i in range(0, flat.shape[0], rows):
-            window = slice(i, i + rows)
+        for window in _windows(flat.shape[0], rows):
             z = flat[window].float() / temperature
             peak = _tp_all_reduce(z.amax(dim=-1), torch.distributed.ReduceOp.MAX)
             target = z.gather(-1, local[window, None])[:, 0] * inside[window]
@@ -103,13 +99,17 @@ class _ChunkedLogprobs(torch.autograd.Function):
         flat = logits.reshape(-1, logits.shape[-1])
         grad = grad.reshape(-1).float() / ctx.temperature
         out = torch.empty_like(flat)
-        for i in range(0, flat.shape[0], ctx.rows):
-            window = slice(i, i + ctx.rows)
+        for window in _windows(flat.shape[0], ctx.rows):
             z = flat[window].float() / ctx.temperature
             chunk = (z - log_partition[window, None]).exp().mul_(-grad[window, None])
             chunk.scatter_add_(-1, local[window, None], (grad[window] * inside[window])[:, None])
             out[window] = chunk.to(out.dtype)
         return out.reshape(logits.shape), None, None, None
+
+
+def _windows(positions: int, rows: int) -> list[slice]:
+    """``positions`` split into consecutive slices of at most ``rows``."""
+    return [slice(i, i + rows) for i in range(0, positions, rows)]
 
 
 def _local_targets(targets: torch.Tensor, local_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -505,7 +505,7 @@ class MegatronWorker:
         ids = row.to(self.device)
         positions = packing.positions().to(self.device)
         if have_transformer_engine():
-            params = packed_seq_params(packing.segments, self.device)
+            params = packed_seq_params(packing, self.device)
             return model(ids, positions, None, packed_seq_params=params)
         return model(ids, positions, segment_lengths(packing.segments))
 

@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from envhub.errors import ConfigError  # noqa: E402
+from envhub.trainer.batch import Packing  # noqa: E402
 from envhub.trainer.megatron.attention import (  # noqa: E402
     PackedAttention,
     packed_seq_params,
@@ -55,7 +56,7 @@ def _qkv(total: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 
 def test_each_packed_sequence_attends_only_to_itself_causally() -> None:
     q, k, v = _qkv(sum(SEGMENTS))
-    params = packed_seq_params(SEGMENTS, torch.device("cpu"))
+    params = packed_seq_params(Packing(tuple(SEGMENTS)), torch.device("cpu"))
     out = _attention()(q, k, v, None, packed_seq_params=params)
     assert out.shape == (sum(SEGMENTS), HEADS * DIM)
     start = 0
@@ -73,7 +74,7 @@ def test_segment_lengths_in_place_of_the_mask_give_the_same_attention() -> None:
     assert lengths.device.type == "cpu" and lengths.tolist() == SEGMENTS
     out = _attention()(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), lengths)
     assert out.shape == (sum(SEGMENTS), 1, HEADS * DIM)
-    params = packed_seq_params(SEGMENTS, torch.device("cpu"))
+    params = packed_seq_params(Packing(tuple(SEGMENTS)), torch.device("cpu"))
     torch.testing.assert_close(out[:, 0], _attention()(q, k, v, None, packed_seq_params=params))
     start = 0
     for n in SEGMENTS:
@@ -83,7 +84,7 @@ def test_segment_lengths_in_place_of_the_mask_give_the_same_attention() -> None:
 
 
 def test_the_params_carry_megatrons_boundaries_and_the_lengths() -> None:
-    params = packed_seq_params(SEGMENTS, torch.device("cpu"))
+    params = packed_seq_params(Packing(tuple(SEGMENTS)), torch.device("cpu"))
     assert params.qkv_format == "thd"
     assert params.cu_seqlens_q.tolist() == params.cu_seqlens_kv.tolist() == [0, 5, 6, 13, 16]
     assert params.cu_seqlens_q.dtype == torch.int32
@@ -102,7 +103,7 @@ def test_unpacked_input_is_one_causal_sequence_per_batch_row() -> None:
 
 def test_a_softmax_scale_from_the_config_is_used() -> None:
     q, k, v = _qkv(4)
-    params = packed_seq_params([4], torch.device("cpu"))
+    params = packed_seq_params(Packing((4,)), torch.device("cpu"))
     scaled = PackedAttention(_config(), 1, None, "self", softmax_scale=2 / DIM**0.5)
     torch.testing.assert_close(
         scaled(q, k, v, None, packed_seq_params=params), _by_hand(2 * q, k, v)
