@@ -47,7 +47,6 @@ from envhub.serve.client import (
     IO,
     Transport,
     acquire,
-    let_go,
     nearby,
     raise_for_error,
     release,
@@ -208,8 +207,6 @@ class RemoteEnv(Env):
     def on_close(self) -> None:
         """Close the session on the server (best effort) and let go of the connection(s)."""
         IO.run(self._close())
-        if self._near[1] is not None:
-            let_go(self._near[1])
 
     def _nearby(self) -> Transport:
         """The transport of the running loop (the I/O loop's own when called there)."""

@@ -1,10 +1,13 @@
-"""The client transport's one-timer time-outs (``Deadlines``), on a real event loop."""
+"""The client transport's one-timer time-outs (``Deadlines``), on a real event loop, and the
+HTTP transport's proxy, read from the environment once."""
 
 from __future__ import annotations
 
 import asyncio
 
-from envhub.serve.client import _TIMED_OUT, Deadlines
+import pytest
+
+from envhub.serve.client import _TIMED_OUT, Deadlines, _env_proxy
 
 
 def test_each_watched_request_times_out_after_its_own_timeout_and_no_sooner() -> None:
@@ -34,3 +37,18 @@ def test_each_watched_request_times_out_after_its_own_timeout_and_no_sooner() ->
     assert 0.6 <= seen["long"] < 0.6 + 0.3
     assert seen["answered"] == "reply"
     assert seen["timer_after"] == "stopped"
+
+
+def test_the_http_transport_takes_its_proxy_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    assert _env_proxy("http://envs.example:8000/calculator") is None
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.corp:3128")
+    monkeypatch.setenv("HTTPS_PROXY", "http://tls-proxy.corp:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost,.internal")
+    assert _env_proxy("http://envs.example:8000/calculator") == "http://proxy.corp:3128"
+    assert _env_proxy("https://envs.example/calculator") == "http://tls-proxy.corp:3128"
+    assert _env_proxy("http://localhost:8000/calculator") is None
+    assert _env_proxy("http://gpu7.internal:8000/calculator") is None

@@ -20,10 +20,10 @@ print(json.dumps(loaded))
 
 
 def test_neither_envhub_nor_the_client_imports_the_server_or_the_network_clients() -> None:
-    modules = (*SERVER, "websockets", "httpx")
+    modules = (*SERVER, "websockets", "httpx", "aiohttp")
     result = subprocess.run(
         [sys.executable, "-c", _PROBE % {"mods": modules}], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
-    # websockets and httpx load when a RemoteEnv connects, not when its module is imported.
+    # websockets, httpx and aiohttp load when a RemoteEnv connects, not when its module is imported.
     assert json.loads(result.stdout) == {"import envhub": [], "envhub.remote": []}

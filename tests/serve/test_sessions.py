@@ -58,8 +58,9 @@ def server(serve: Callable[..., Any]) -> Any:
     return serve(Counter.name)
 
 
-def test_a_step_retried_after_a_client_timeout_steps_once(server: Any) -> None:
-    remote = envhub.make(server.url(), delay=0.35, timeout=0.1, retries=30)
+@pytest.mark.parametrize("scheme", ["ws", "http"])
+def test_a_step_retried_after_a_client_timeout_steps_once(server: Any, scheme: str) -> None:
+    remote = envhub.make(server.url(scheme), delay=0.35, timeout=0.1, retries=30)
     remote.reset(seed=0)
     before = server.metrics()
     assert remote.step("one")[4] == {"turn": 1}
@@ -132,3 +133,6 @@ def test_a_graceful_shutdown_closes_every_session(serve: Callable[..., Any]) -> 
     assert len(CLOSED) == closed + 3
     with pytest.raises(RemoteEnvUnavailableError, match="lost mid-episode"):
         remotes[0].step("two")
+    # HTTP has no connection to lose: its retries find no server, and the error says so
+    with pytest.raises(RemoteEnvUnavailableError, match=r"no answer from http://.* after 3 tries"):
+        remotes[2].step("two")
