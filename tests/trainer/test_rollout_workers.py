@@ -38,6 +38,7 @@ from envhub.trainer.rollout_workers import (  # noqa: E402
     deal,
     forwarded_env,
     merge_stats,
+    stats_since,
 )
 from envhub.types import Trajectory  # noqa: E402
 
@@ -205,6 +206,29 @@ def test_engine_counters_add_up_and_the_mean_request_time_is_weighted() -> None:
         "seconds_per_request": 0.0,
     }
     assert merge_stats([]) == {}
+
+
+def test_counters_between_two_reads_of_running_totals() -> None:
+    # a worker's totals after step 1 (3 requests, 1 s each) and after step 2 (2 more, 2.5 s
+    # each): step 2 had 2 requests of 2.5 s on average, 20 tokens, 2 of them on engine 1
+    before = {
+        "generated_tokens": 30.0,
+        "requests": 3.0,
+        "seconds_per_request": 1.0,
+        "requests_engine0": 2.0,
+        "requests_engine1": 1.0,
+    }
+    now = {"generated_tokens": 50.0, "requests": 5.0, "seconds_per_request": 1.6,
+           "requests_engine0": 2.0, "requests_engine1": 3.0}  # fmt: skip
+
+    since = stats_since(now, before)
+
+    assert since == pytest.approx({
+        "generated_tokens": 20.0, "requests": 2.0, "seconds_per_request": 2.5,
+        "requests_engine0": 0.0, "requests_engine1": 2.0,
+    })  # fmt: skip
+    assert stats_since(now, {}) == now  # the first read: everything so far
+    assert stats_since(now, now)["seconds_per_request"] == 0.0  # no request in between
 
 
 def test_workers_get_the_drivers_credentials_and_envhub_settings() -> None:
