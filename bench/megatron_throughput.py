@@ -16,6 +16,11 @@ bf16 of an H100/H200 SXM, 989 TFLOP/s; pass your card's figure).
     .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-0.5b          # one GPU
     .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-1.5b --tp 2   # two GPUs
     .venv/bin/python bench/megatron_throughput.py --shape tiny --tokens 4096    # CPU check (gloo)
+
+``--profile`` runs one more update under ``torch.profiler`` and prints, from rank 0, where its
+time went: the device's busy time against the wall time (a device idle for most of the update
+waits on the host, Python launching kernels), the host-device syncs, and the top ops by host
+and by device time.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -170,6 +176,7 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
         t.numel() * t.element_size() for _, t in hf_weights(worker.bridge, [worker.model.module])
     )
     parameters = worker.num_parameters()  # a collective: every rank
+    profiled = profile_update(update, gpu) if args.profile else None
     if torch.distributed.get_rank() == 0:
         memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         report = {
@@ -177,9 +184,40 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
             "weight_bytes": weight_bytes, "lengths": [len(s) for s in batch.samples],
             "micro_batches": len(mbs), "parameters": parameters,
             "device": torch.cuda.get_device_name() if gpu else "cpu", "max_memory_gib": memory,
+            "profile": profiled,
         }  # fmt: skip
         print("REPORT " + json.dumps(report), flush=True)
     worker.shutdown()
+
+
+SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSynchronize")
+"""Ops that make the host wait for the device (``.item()``, ``.tolist()``, explicit syncs)."""
+
+
+def profile_update(update: Callable[[], None], gpu: bool, rows: int = 25) -> str:
+    """One ``update()`` under ``torch.profiler``: the device's busy time against the wall time,
+    the host-device syncs, and the top ``rows`` ops by host time (and by device time on a
+    GPU), as text. Every rank runs it (the update's collectives need them all)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    torch.distributed.barrier()
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        update()
+        if gpu:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    events = prof.key_averages()
+    syncs = {e.key: e.count for e in events if e.key in SYNC_OPS}
+    lines = [f"profiled update: {wall:.3f} s wall (profiler on); host-device syncs: {syncs}"]
+    if gpu:
+        kernels = [e for e in events if e.device_type.name == "CUDA"]
+        busy = sum(e.self_device_time_total for e in kernels) / 1e6
+        lines.append(f"device busy {busy:.3f} s = {busy / wall:.0%} of the wall time")
+        lines.append(events.table(sort_by="self_device_time_total", row_limit=rows))
+    lines.append(events.table(sort_by="self_cpu_time_total", row_limit=rows))
+    return "\n".join(lines)
 
 
 def measure(model: Path, args: argparse.Namespace) -> dict:
@@ -213,7 +251,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
              "--tokens", str(args.tokens), "--seq", str(args.seq),
              "--micro-batch-tokens", str(args.micro_batch_tokens),
              "--steps", str(args.steps)]  # fmt: skip
-    return [*flags, "--recompute"] if args.recompute else flags
+    return flags + ["--recompute"] * args.recompute + ["--profile"] * args.profile
 
 
 def print_report(report: dict, args: argparse.Namespace) -> None:
@@ -257,6 +295,8 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    if report.get("profile"):
+        print(report["profile"])
 
 
 def main() -> None:
@@ -280,6 +320,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--peak-tflops", type=float, default=H100_BF16_TFLOPS, help="the card's dense bf16 peak"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="profile one more update (see the docstring)"
     )
     parser.add_argument("--rank", metavar="MODEL")
     args = parser.parse_args()
