@@ -353,7 +353,12 @@ class WorkerGroup:
                 "(and resume from the last checkpoint)"
             )
 
-    def _release(self, reason: str) -> None:
+    def _release(self, reason: str, *, keep_placement: bool = False) -> None:
+        """Close the group and kill its ranks; free the placement group too unless
+        ``keep_placement``. A failure keeps it until :meth:`shutdown`: actors placed in its
+        bundles by others (a colocated vLLM engine) must be stopped by their owners first, as
+        removing the group kills them at once, and a vLLM server killed so leaves its engine
+        process running."""
         ray = import_ray()
         if self._closed is None:
             self._closed = reason
@@ -363,7 +368,7 @@ class WorkerGroup:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
-        if self._pg is not None:
+        if self._pg is not None and not keep_placement:
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self._pg)
@@ -381,7 +386,10 @@ class WorkerGroup:
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
                 late = sorted(rank_of[ref] for ref in pending)
-                self._release(f"ranks {late} did not finish {method} within {timeout:g} s")
+                self._release(
+                    f"ranks {late} did not finish {method} within {timeout:g} s",
+                    keep_placement=True,
+                )
                 raise TimeoutError(
                     f"trainer ranks {late} did not finish {method} within {timeout:g} s; "
                     "the group is closed"
@@ -410,7 +418,7 @@ class WorkerGroup:
         rank = deaths[0] if deaths else next(iter(failed))
         others = [f"rank {r}: {describe_failure(e)[:200]}" for r, e in failed.items() if r != rank]
         error = self._error(rank, method, failed[rank], others)
-        self._release(str(error))
+        self._release(str(error), keep_placement=True)
         raise error from failed[rank]
 
     def _error(self, rank: int, method: str, err: Exception, others: list[str]) -> WorkerError:

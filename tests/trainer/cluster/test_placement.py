@@ -193,6 +193,34 @@ def test_a_dead_rank_is_reported_while_its_peer_waits_in_a_collective(cluster: s
     group.shutdown()
 
 
+class Neighbour:
+    """An actor placed in a rank's bundle by someone else (as a colocated vLLM engine is)."""
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_failed_group_keeps_its_bundles_until_shutdown_for_the_actors_placed_in_them(
+    cluster: str,
+) -> None:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    live = _live_placement_groups()
+    group = WorkerGroup(Probe, Placement(world_size=2), kwargs={"distributed": True})
+    in_bundle = PlacementGroupSchedulingStrategy(group.placement_group, 0)
+    neighbour = ray.remote(Neighbour).options(num_cpus=0, scheduling_strategy=in_bundle).remote()
+    pid = ray.get(neighbour.pid.remote())
+    with pytest.raises(WorkerDiedError):
+        group.call("die_on", 1)
+
+    # its owner can still stop it cleanly (a vLLM server with its whole process group)
+    assert ray.get(neighbour.pid.remote(), timeout=10) == pid
+    assert _live_placement_groups() == live + 1
+    group.shutdown()
+    assert _live_placement_groups() == live
+    assert _wait_gone([pid]) == []  # removing the bundles killed it
+
+
 def test_a_death_right_after_an_exception_is_reported_as_the_cause(cluster: str) -> None:
     group = WorkerGroup(Probe, Placement(world_size=2))
     with pytest.raises(WorkerDiedError) as caught:
