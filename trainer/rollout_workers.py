@@ -497,7 +497,7 @@ class RolloutWorkers:
     def stats(self) -> dict[str, float]:
         """The workers' engine counters (:func:`merge_stats`) since the last call, as far as
         the calls of :meth:`run` that ended tell: exact in sum, and per step when draws do not
-        overlap (a request is counted in the step whose read follows the end of its call)."""
+        overlap (a request is counted at the first read after a call on its worker ends)."""
         now = merge_stats(list(self._totals.values()))
         since, self._read = stats_since(now, self._read), now
         return since
