@@ -271,6 +271,10 @@ def _request_seconds(stats: dict[str, float]) -> float:
     return stats.get("seconds_per_request", 0.0) * stats.get("requests", 0.0)
 
 
+def _progress(totals: dict[str, float]) -> tuple[float, float]:
+    return totals.get("requests", 0.0), totals.get("generated_tokens", 0.0)
+
+
 @dataclass(frozen=True)
 class Part:
     """A worker's groups of one job."""
@@ -280,10 +284,6 @@ class Part:
     """The job, with only this part's tasks."""
     positions: list[int]
     """Where those tasks are in the whole job (the numbers of their groups)."""
-
-
-def _progress(totals: dict[str, float]) -> tuple[float, float]:
-    return totals.get("requests", 0.0), totals.get("generated_tokens", 0.0)
 
 
 def deal(jobs: Sequence[RolloutJob], workers: int) -> list[list[Part]]:

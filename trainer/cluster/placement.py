@@ -336,6 +336,7 @@ class WorkerGroup:
         """Kills the actors and frees the placement group; stops Ray only if this group started
         it. Idempotent."""
         self._release("it was shut down")
+        self._free_placement()
         if self._started_ray:
             self._started_ray = False
             import_ray().shutdown()
@@ -353,12 +354,11 @@ class WorkerGroup:
                 "(and resume from the last checkpoint)"
             )
 
-    def _release(self, reason: str, *, keep_placement: bool = False) -> None:
-        """Close the group and kill its ranks; free the placement group too unless
-        ``keep_placement``. A failure keeps it until :meth:`shutdown`: actors placed in its
-        bundles by others (a colocated vLLM engine) must be stopped by their owners first, as
-        removing the group kills them at once, and a vLLM server killed so leaves its engine
-        process running."""
+    def _release(self, reason: str) -> None:
+        """Close the group and kill its ranks. Its placement group stays until :meth:`shutdown`:
+        actors placed in its bundles by others (a colocated vLLM engine) must be stopped by
+        their owners first, as removing the group kills them at once, and a vLLM server killed
+        so leaves its engine process running."""
         ray = import_ray()
         if self._closed is None:
             self._closed = reason
@@ -368,11 +368,13 @@ class WorkerGroup:
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
-        if self._pg is not None and not keep_placement:
+
+    def _free_placement(self) -> None:
+        if self._pg is not None and import_ray().is_initialized():
             from ray.util.placement_group import remove_placement_group
 
             remove_placement_group(self._pg)
-            self._pg = None
+        self._pg = None
 
     def _gather(self, refs: list[Any], method: str, timeout: float | None) -> list[Any]:
         """Every ref's result in order; the first failure closes the group and raises at once."""
@@ -386,10 +388,7 @@ class WorkerGroup:
             ready, pending = ray.wait(pending, num_returns=1, timeout=left)
             if not ready:
                 late = sorted(rank_of[ref] for ref in pending)
-                self._release(
-                    f"ranks {late} did not finish {method} within {timeout:g} s",
-                    keep_placement=True,
-                )
+                self._release(f"ranks {late} did not finish {method} within {timeout:g} s")
                 raise TimeoutError(
                     f"trainer ranks {late} did not finish {method} within {timeout:g} s; "
                     "the group is closed"
@@ -418,7 +417,7 @@ class WorkerGroup:
         rank = deaths[0] if deaths else next(iter(failed))
         others = [f"rank {r}: {describe_failure(e)[:200]}" for r, e in failed.items() if r != rank]
         error = self._error(rank, method, failed[rank], others)
-        self._release(str(error), keep_placement=True)
+        self._release(str(error))
         raise error from failed[rank]
 
     def _error(self, rank: int, method: str, err: Exception, others: list[str]) -> WorkerError:
