@@ -36,8 +36,8 @@ from typing import Any
 import psutil
 
 import envhub
-from envhub.env import State
 from envhub.envs.arithmetic import ArithmeticEnv
+from envhub.state import State
 from envhub.types import AssistantTurn, Message, user
 
 ROOT = Path(__file__).resolve().parents[1]

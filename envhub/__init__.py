@@ -16,7 +16,7 @@ _EXPORTS = {
     "Env": "envhub.env",
     "TaskEnv": "envhub.env",
     "SingleTurnEnv": "envhub.env",
-    "State": "envhub.env",
+    "State": "envhub.state",
     "RequiredField": "envhub.rows",
     "MultiTurnEnv": "envhub.multiturn",
     "ToolEnv": "envhub.multiturn",
@@ -76,7 +76,7 @@ __all__ = [
 if TYPE_CHECKING:
     from envhub.audit import audit_env
     from envhub.checker import check_env
-    from envhub.env import Env, SingleTurnEnv, State, TaskEnv
+    from envhub.env import Env, SingleTurnEnv, TaskEnv
     from envhub.inference.base import InferenceEngine, SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.loader import make
@@ -85,6 +85,7 @@ if TYPE_CHECKING:
     from envhub.rewards.rubric import Rubric, group_reward, reward
     from envhub.rollout.runner import RolloutRunner
     from envhub.rows import RequiredField
+    from envhub.state import State
     from envhub.tools.tool import Injected, Tool, tool
     from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
 

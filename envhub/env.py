@@ -5,10 +5,10 @@ actions are the model's assistant turns.
     step(action) -> (messages, reward, terminated, truncated, info)  the env's reply to one turn
 
 Observations are the *new* messages (the prompt on reset, the env's reply on step); the env
-keeps the whole conversation in ``env.state``. ``terminated`` means the episode reached its end
-(an answer was given, the game was won or lost); ``truncated`` means a budget ran out (turns or
-tokens) first. The reward arrives on the final step; ``info["reward_components"]`` holds every
-component of it.
+keeps the whole conversation in ``env.state`` (a :class:`~envhub.state.State`). ``terminated``
+means the episode reached its end (an answer was given, the game was won or lost); ``truncated``
+means a budget ran out (turns or tokens) first. The reward arrives on the final step;
+``info["reward_components"]`` holds every component of it.
 
 Async twins ``areset``/``astep`` let the rollout runner drive thousands of episodes on one event
 loop. Write either form: the sync methods of an async env run it on a private loop, and the
@@ -24,9 +24,7 @@ Classes here, from general to specific:
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -37,10 +35,10 @@ from envhub.errors import EnvhubError, EnvLoadError
 from envhub.rewards.rubric import Rubric
 from envhub.rows import RequiredField, missing_message, needs_argument, rows_without
 from envhub.spaces import AssistantTurnSpace, MessagesSpace
+from envhub.state import State
 from envhub.types import (
     AssistantTurn,
     EnvRef,
-    ErrorRecord,
     Message,
     as_message,
     assistant,
@@ -184,70 +182,6 @@ class Env(gym.Env[list[Message], Action]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-@dataclass
-class State:
-    """Everything about the current episode of a :class:`TaskEnv`."""
-
-    task: dict[str, Any]
-    """The dataset row this episode was drawn from."""
-    task_index: int
-    prompt: list[Message]
-    messages: list[Message]
-    """The whole conversation: prompt, assistant turns and env replies."""
-    turn: int = 0
-    tokens: int = 0
-    """Tokens sampled by the policy so far (when the engine reports them)."""
-    done: bool = False
-    """Set by an env's reply hook to end the episode (``terminated``)."""
-    stop_reason: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    """Scratch space for the env (game state, a sandbox handle, ...)."""
-    metrics: Counter[str] = field(default_factory=Counter)
-    errors: list[ErrorRecord] = field(default_factory=list)
-    reward_components: dict[str, float] = field(default_factory=dict)
-    step_reward: float = 0.0
-    """What the reply hook paid for the turn being answered (see :meth:`pay`)."""
-    paid: dict[str, float] = field(default_factory=dict)
-    """Everything :meth:`pay` paid this episode, per component."""
-
-    def pay(self, amount: float, component: str = "progress") -> None:
-        """Pay ``amount`` for the turn being answered, from a reply hook: a dense reward that
-        the step returns at once (per-turn credit sees it on this turn). The episode's reward
-        is the sum of its steps' rewards, so the rubric's total on the final step comes on top;
-        ``reward_components[component]`` reports the sum paid."""
-        self.step_reward += amount
-        self.paid[component] = self.paid.get(component, 0.0) + amount
-
-    def truncate(self, reason: str) -> None:
-        """End the episode as truncated (not solved, not failed: cut short) from a reply hook,
-        e.g. when a wrapped simulator hits its own time limit. ``reason`` becomes the
-        trajectory's ``stop_reason``."""
-        self.stop_reason = reason
-
-    @property
-    def completion(self) -> list[Message]:
-        """The messages after the prompt: assistant turns and env replies."""
-        return self.messages[len(self.prompt) :]
-
-    @property
-    def response(self) -> str:
-        """Text of the last assistant message ("" if there is none)."""
-        for message in reversed(self.messages):
-            if message.role == "assistant":
-                return message.content or ""
-        return ""
-
-    @property
-    def answer(self) -> Any:
-        """The task's reference answer (its ``"answer"`` field), or ``None``."""
-        return self.task.get("answer")
-
-    @property
-    def info(self) -> dict[str, Any]:
-        """The task's ``"info"`` field (extra data for the env and rewards), or ``{}``."""
-        return self.task.get("info") or {}
 
 
 class TaskEnv(Env):

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from envhub.env import State, TaskEnv
+from envhub.env import TaskEnv
+from envhub.state import State
 from envhub.tools.executor import ToolExecutor
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.tools.prompt import TOOL_FORMAT_HINT

@@ -40,7 +40,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from pydantic import BaseModel
 
-from envhub.env import Action, Env, State, StepResult
+from envhub.env import Action, Env, StepResult
 from envhub.errors import ConfigError, RemoteEnvError, RemoteEnvUnavailableError
 from envhub.serve import protocol as p
 from envhub.serve.client import (
@@ -51,6 +51,7 @@ from envhub.serve.client import (
     raise_for_error,
     release,
 )
+from envhub.state import State
 from envhub.types import EnvRef, Message
 
 R = TypeVar("R", bound=BaseModel)

@@ -1,8 +1,8 @@
 """Typed wire objects shared by envs, the rollout runner, inference engines and the trainer.
 
 Messages follow the OpenAI chat format, so anything that speaks that format (vLLM, SGLang, hosted
-APIs) can be driven without translation. Everything here is a frozen pydantic model except the
-mutable episode ``State`` that an env owns.
+APIs) can be driven without translation. Everything here is a frozen pydantic model; the mutable
+episode state that an env owns is :class:`~envhub.state.State`, one layer up.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from envhub.audit import (
     longest_output,
     question_numbers,
 )
-from envhub.env import SingleTurnEnv, State
+from envhub.env import SingleTurnEnv
 from envhub.envs.arithmetic import ArithmeticEnv
 from envhub.errors import EnvCheckError
 from envhub.multiturn import MultiTurnEnv, ToolEnv
@@ -31,6 +31,7 @@ from envhub.rewards.code import code_tests
 from envhub.rewards.format import has_answer
 from envhub.rewards.math import math_answer
 from envhub.rewards.rubric import Rubric, reward
+from envhub.state import State
 from envhub.tools.tool import tool
 from envhub.types import AssistantTurn, Message, system, user
 

@@ -10,11 +10,12 @@ import gymnasium as gym
 import pytest
 
 from envhub.checker import check_env, spread_tasks
-from envhub.env import Env, SingleTurnEnv, State
+from envhub.env import Env, SingleTurnEnv
 from envhub.envs.calculator import CalculatorEnv
 from envhub.errors import EnvCheckError
 from envhub.rewards.match import exact_match
 from envhub.rewards.rubric import Rubric, reward
+from envhub.state import State
 from envhub.types import Message, user
 
 CHECKS = [

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from envhub.env import Env, SingleTurnEnv, State, TaskEnv, as_turn
+from envhub.env import Env, SingleTurnEnv, TaskEnv, as_turn
 from envhub.errors import EnvhubError, EnvLoadError
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.match import exact_match
 from envhub.rewards.rubric import Rubric, group_reward, reward
 from envhub.spaces import AssistantTurnSpace, MessagesSpace
+from envhub.state import State
 from envhub.types import AssistantTurn, ErrorRecord, Message, assistant, system, user
 
 TASKS = [{"question": f"Say {i}", "answer": str(i)} for i in range(50)]

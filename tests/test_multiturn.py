@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 import pytest
 
-from envhub.env import State
 from envhub.errors import ConfigError, ToolDefinitionError
 from envhub.multiturn import ToolEnv
 from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import exact_match
 from envhub.rewards.rubric import Rubric
+from envhub.state import State
 from envhub.tools.tool import Injected, tool
 from envhub.types import AssistantTurn, ToolCall, assistant, system, tool_message, user
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from envhub.env import SingleTurnEnv, State
+from envhub.env import SingleTurnEnv
 from envhub.envs.calculator import CalculatorEnv
 from envhub.envs.calculator import reference_policy as calculator_policy
 from envhub.errors import ConfigError
@@ -20,6 +20,7 @@ from envhub.rescore import find_results, report_lines, rescore_results, stored_e
 from envhub.rewards.rubric import Rubric, group_reward, reward
 from envhub.rollout.io import TrajectoryWriter, read_trajectories
 from envhub.rollout.runner import RolloutRunner
+from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
 from envhub.tools.parsers import parse_hermes
 from envhub.types import AssistantTurn, EnvRef, Message, Trajectory, assistant, user

@@ -22,13 +22,13 @@ import random
 import re
 from typing import Any
 
-from envhub.env import State
 from envhub.envs.expressions import evaluate, format_number, make_problem
 from envhub.envs.procedural import ProceduralTasks
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
+from envhub.state import State
 from envhub.tools.tool import tool
 from envhub.types import AssistantTurn, Message, assistant, user
 

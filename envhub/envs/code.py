@@ -25,12 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
-from envhub.env import SingleTurnEnv, State
+from envhub.env import SingleTurnEnv
 from envhub.errors import EnvhubError
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.code import code_tests, default_sandbox
 from envhub.rewards.rubric import Rubric
 from envhub.sandbox.base import Limits, Sandbox
+from envhub.state import State
 from envhub.tools.tool import Injected, tool
 from envhub.types import Message
 

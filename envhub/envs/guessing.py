@@ -25,11 +25,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from envhub.env import State
 from envhub.envs.procedural import ProceduralTasks
 from envhub.errors import EnvhubError
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
+from envhub.state import State
 from envhub.types import AssistantTurn, Message, user
 
 

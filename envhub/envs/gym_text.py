@@ -32,11 +32,11 @@ from typing import Any
 import gymnasium as gym
 from gymnasium.wrappers import OrderEnforcing, PassiveEnvChecker, TimeLimit
 
-from envhub.env import State
 from envhub.envs.procedural import ProceduralTasks
 from envhub.errors import EnvhubError
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
+from envhub.state import State
 from envhub.types import AssistantTurn, Message, system, user
 
 GymSource = str | gym.Env | Callable[[], gym.Env]

@@ -34,14 +34,12 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envhub.errors import ConfigError, SandboxError
 from envhub.rewards.rubric import RewardFunction, reward
 from envhub.sandbox.base import Limits, Sandbox
-
-if TYPE_CHECKING:
-    from envhub.env import State
+from envhub.state import State
 
 HARNESS = (Path(__file__).parent / "code_harness.py").read_text(encoding="utf-8")
 _FENCE = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)```", re.DOTALL)

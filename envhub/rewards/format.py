@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from envhub.rewards.match import extract_answer
 from envhub.rewards.rubric import RewardFunction, reward
-
-if TYPE_CHECKING:
-    from envhub.env import State
+from envhub.state import State
 
 
 def has_answer(weight: float = 0.1, name: str = "format") -> RewardFunction:

@@ -21,13 +21,11 @@ import math
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from envhub.errors import RewardDefinitionError
+from envhub.state import State
 from envhub.types import ErrorRecord, is_infrastructure_error
-
-if TYPE_CHECKING:
-    from envhub.env import State
 
 EPISODE_ARGS = ("prompt", "completion", "response", "answer", "info", "task", "state")
 GROUP_ARGS = tuple(f"{name}s" for name in EPISODE_ARGS)

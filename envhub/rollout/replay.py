@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.env import Env, EpisodeEnv, State
+from envhub.env import Env, EpisodeEnv
+from envhub.state import State
 from envhub.types import (
     AssistantTurn,
     ErrorRecord,

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from envhub._async import within
-from envhub.env import Env, EpisodeEnv, State
+from envhub.env import Env, EpisodeEnv
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
 from envhub.rollout.gc_scope import relaxed_gc
 from envhub.rollout.tokens import TokenTrace, append_env_turn
 from envhub.rollout.tool_prompt import ToolsInPrompt
+from envhub.state import State
 from envhub.types import (
     AssistantTurn,
     EnvRef,

@@ -17,9 +17,9 @@ from envhub import registry
 from envhub.cli.app import app
 from envhub.cli.console import console
 from envhub.doctor import env_conversations
-from envhub.env import State
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
+from envhub.state import State
 from envhub.types import AssistantTurn, Message, user
 
 runner = CliRunner()

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from envhub.env import State
 from envhub.rewards.judge import DEFAULT_TEMPLATE, SCORE_TEMPLATE, judge_reward, parse_verdict
 from envhub.rewards.rubric import Rubric
+from envhub.state import State
 from envhub.types import ErrorRecord, assistant, system, user
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from envhub.env import State
 from envhub.rewards.format import has_answer, tool_call_validity, xml_tags
 from envhub.rewards.match import exact_match, extract_answer, normalize, number_answer, parse_number
 from envhub.rewards.math import math_answer, verify_math
 from envhub.rewards.rubric import Rubric
+from envhub.state import State
 from envhub.types import assistant, user
 
 

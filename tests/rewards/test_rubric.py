@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envhub.env import State
 from envhub.errors import RewardDefinitionError
 from envhub.rewards.rubric import RewardFunction, Rubric, episode_arguments, group_reward, reward
+from envhub.state import State
 from envhub.types import ErrorRecord, Message, assistant, tool_message, user
 
 

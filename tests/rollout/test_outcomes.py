@@ -10,13 +10,14 @@ from typing import Any
 
 import httpx
 
-from envhub.env import Env, SingleTurnEnv, State
+from envhub.env import Env, SingleTurnEnv
 from envhub.errors import EngineError, SandboxUnavailableError
 from envhub.evaluation import summarize
 from envhub.inference.base import SamplingParams
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.runner import RolloutRunner
+from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
 from envhub.types import AssistantTurn, ErrorRecord, Message, Trajectory, user
 

@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 
-from envhub.env import Env, SingleTurnEnv, State
+from envhub.env import Env, SingleTurnEnv
 from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.match import exact_match
 from envhub.rewards.rubric import Rubric, group_reward, reward
 from envhub.rollout.runner import RolloutRunner, episode_seed
+from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
 from envhub.types import AssistantTurn, EnvRef, ErrorRecord, Message, Trajectory, assistant, user
 

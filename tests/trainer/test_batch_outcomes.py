@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from envhub.env import SingleTurnEnv, State
+from envhub.env import SingleTurnEnv
 from envhub.errors import EngineError, SandboxUnavailableError
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.runner import RolloutRunner
+from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
 from envhub.trainer.batch import build_batch
 from envhub.trainer.config import AlgorithmConfig

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from envhub.env import State
 from envhub.errors import EngineUnavailableError
 from envhub.rollout.io import iter_trajectories
+from envhub.state import State
 from envhub.testing import LetterEnv
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]

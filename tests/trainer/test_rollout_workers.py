@@ -24,8 +24,8 @@ ray = pytest.importorskip("ray")
 
 import envhub  # noqa: E402
 from envhub import registry  # noqa: E402
-from envhub.env import State  # noqa: E402
 from envhub.errors import ConfigError, WorkerDiedError  # noqa: E402
+from envhub.state import State  # noqa: E402
 from envhub.testing import ByteChatTokenizer, LetterEnv, ScriptedEngine  # noqa: E402
 from envhub.trainer.cluster.run import ray_cpus  # noqa: E402
 from envhub.trainer.config import load_config, validate_config  # noqa: E402

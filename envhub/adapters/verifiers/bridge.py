@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from envhub.adapters.verifiers._load import MODEL
-from envhub.env import State
 from envhub.errors import EnvhubError
+from envhub.state import State
 from envhub.types import AssistantTurn, Message, ToolCall
 
 

@@ -17,8 +17,9 @@ from envhub.adapters.verifiers.bridge import (
     _tool_schema,
 )
 from envhub.adapters.verifiers.rubric import VerifiersRubric
-from envhub.env import Action, State, StepResult, TaskEnv
+from envhub.env import Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError, EnvLoadError
+from envhub.state import State
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.types import AssistantTurn, ErrorRecord, Message, is_infrastructure_error
 

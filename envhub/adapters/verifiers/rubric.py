@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
-from envhub.env import State
 from envhub.rewards.rubric import Rubric, Score
+from envhub.state import State
 from envhub.types import ErrorRecord, is_infrastructure_error
 
 _reward_errors: ContextVar[list[ErrorRecord] | None] = ContextVar("_reward_errors", default=None)
