@@ -2,6 +2,8 @@
 
 import re
 import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -11,8 +13,15 @@ README = (ROOT / "README.md").read_text()
 def test_python_example_runs():
     blocks = re.findall(r"```python\n(.*?)```", README, re.DOTALL)
     assert blocks, "README has no python example"
-    for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})
+    for block in blocks:  # each in a process of its own: what it registers stays there
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(block)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"README example failed:\n{block}\n{done.stderr}"
 
 
 def test_ci_runs_the_readme_test_command():

@@ -10,11 +10,47 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from envhub.errors import ConfigError
+from envhub.trainer.algorithms.registry import (  # names only: no torch
+    ADVANTAGES,
+    AGGREGATIONS,
+    KL_ESTIMATORS,
+    MISMATCH_MODES,
+    POLICY_LOSSES,
+    Estimator,
+    Registry,
+)
+
+
+def _registered(registry: Registry[Any]) -> AfterValidator:
+    """A validator that accepts the names ``registry`` holds when the config is validated
+    (built-in or registered since), and names the nearest one otherwise."""
+
+    def check(name: str) -> str:
+        if name not in registry:
+            raise ValueError(registry.unknown(name))
+        return name
+
+    return AfterValidator(check)
+
+
+AdvantageName = Annotated[str, _registered(ADVANTAGES)]
+PolicyLossName = Annotated[str, _registered(POLICY_LOSSES)]
+AggregationName = Annotated[str, _registered(AGGREGATIONS)]
+KLEstimatorName = Annotated[str, _registered(KL_ESTIMATORS)]
+MismatchName = Annotated[str, _registered(MISMATCH_MODES)]
 
 
 class _Part(BaseModel):
@@ -247,8 +283,9 @@ class KLInRewardConfig(_Part):
     """``adaptive``: the KL per token (mean over sequences) to steer towards."""
     horizon: int | None = Field(None, ge=1)
     """``adaptive``: sequences over which the controller closes most of the gap (verl: 10000)."""
-    estimator: Literal["k1", "k2", "k3"] = "k1"
-    """Per-token KL estimate: ``k1`` is ``logp - ref`` (verl's ``kl``)."""
+    estimator: KLEstimatorName = "k1"
+    """Per-token KL estimate (``registry.KL_ESTIMATORS``): ``k1`` is ``logp - ref`` (verl's
+    ``kl``)."""
 
     @model_validator(mode="after")
     def _check(self) -> KLInRewardConfig:
@@ -265,33 +302,20 @@ class KLInRewardConfig(_Part):
         return self
 
 
-TURN_CREDIT_ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline")
-"""The estimators ``credit: turn`` can apply per turn position (OPO and GPG are defined on
-whole sequences: a length-weighted baseline, a batch-level correction)."""
-
-
 class AlgorithmConfig(_Part):
     """The RL objective: advantages, policy loss, aggregation, regularisers, corrections."""
 
-    advantage: Literal[
-        "grpo",
-        "dr_grpo",
-        "rloo",
-        "reinforce++",
-        "reinforce++_baseline",
-        "opo",
-        "gpg",
-        "remax",
-        "gae",
-    ] = "grpo"
-    """``opo``: the group's length-weighted mean reward as the baseline; ``gpg``: ``r - group
-    mean`` scaled by samples / samples in groups whose rewards differ (needs
-    ``dynamic_sampling: false``, which makes the same correction by dropping those groups);
-    ``remax``: ``r`` minus the reward of a greedy episode of the same task, rolled out beside
-    the samples (one more episode per task, not trained on); ``gae``: PPO with a learned
-    critic (``critic:``), generalised advantage estimation over tokens or turns
-    (``gae_unit``, ``gamma``, ``lam``). ``remax`` and ``gae`` need ``dynamic_sampling: false``
-    (their baselines do not come from the group)."""
+    advantage: AdvantageName = "grpo"
+    """The advantage estimator, a name of ``registry.ADVANTAGES`` (each entry says what it needs):
+    ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++``, ``reinforce++_baseline``; ``opo``: the
+    group's length-weighted mean reward as the baseline; ``gpg``: ``r - group mean`` scaled by
+    samples / samples in groups whose rewards differ (needs ``dynamic_sampling: false``, which
+    makes the same correction by dropping those groups); ``remax``: ``r`` minus the reward of a
+    greedy episode of the same task, rolled out beside the samples (one more episode per task,
+    not trained on); ``gae``: PPO with a learned critic (``critic:``), generalised advantage
+    estimation over tokens or turns (``gae_unit``, ``gamma``, ``lam``). ``remax`` and ``gae``
+    need ``dynamic_sampling: false`` (their baselines do not come from the group). Or the
+    name of one you registered."""
     credit: Literal["episode", "turn"] = "episode"
     """``episode``: one advantage per sequence from its episode reward. ``turn``: each turn's
     tokens get the advantage of the discounted return from that turn on (the rewards the env
@@ -313,20 +337,23 @@ class AlgorithmConfig(_Part):
     normalisation)."""
     kl_in_reward: KLInRewardConfig | None = None
     """Charge the KL to the reference model in the reward (loads a reference model)."""
-    policy_loss: Literal["ppo_clip", "gspo"] = "ppo_clip"
+    policy_loss: PolicyLossName = "ppo_clip"
+    """A name of ``registry.POLICY_LOSSES``: ``ppo_clip`` or ``gspo``."""
     eps_low: float = Field(0.2, ge=0.0)
     eps_high: float = Field(0.28, ge=0.0)
     """Upper clip range; larger than ``eps_low`` is DAPO's clip-higher."""
     dual_clip: float | None = Field(None, gt=1.0)
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
-        "token-mean"
-    )
+    aggregation: AggregationName = "token-mean"
+    """A name of ``registry.AGGREGATIONS``: ``token-mean``, ``seq-mean-token-mean`` or
+    ``seq-mean-token-sum-norm``."""
     kl_beta: float = Field(0.0, ge=0.0)
     """KL penalty to the initial model; 0 loads no reference model."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: KLEstimatorName = "k3"
+    """A name of ``registry.KL_ESTIMATORS``: ``k1``, ``k2`` or ``k3``."""
     entropy_coef: float = 0.0
-    mismatch: Literal["tis", "mask-token", "mask-sequence", "none"] = "tis"
-    """Correction for sampler-vs-trainer logprob differences."""
+    mismatch: MismatchName = "tis"
+    """Correction for sampler-vs-trainer logprob differences, a name of
+    ``registry.MISMATCH_MODES``: ``tis``, ``mask-token``, ``mask-sequence`` or ``none``."""
     mismatch_cap: float = Field(2.0, gt=0.0)
     mismatch_low: float = Field(0.5, gt=0.0)
     mismatch_high: float = Field(2.0, gt=0.0)
@@ -346,46 +373,50 @@ class AlgorithmConfig(_Part):
 
     @model_validator(mode="after")
     def _check_credit(self) -> AlgorithmConfig:
-        gae = self.advantage == "gae"
-        if self.credit == "turn" and not gae and self.advantage not in TURN_CREDIT_ESTIMATORS:
+        estimator = self.estimator
+        if self.credit == "turn" and not estimator.turn_credit:
+            valid = [name for name, e in ADVANTAGES.items() if e.turn_credit]
             raise ValueError(
                 f"algorithm.credit=turn applies the estimator per turn, which "
                 f"{self.advantage} cannot be (it is defined on whole sequences): use one of "
-                f"{', '.join(TURN_CREDIT_ESTIMATORS)} or gae, or credit=episode"
+                f"{', '.join(valid)}, or credit=episode"
             )
-        if self.credit == "episode" and self.gamma != 1.0 and not gae:
+        if self.credit == "episode" and self.gamma != 1.0 and not estimator.needs_critic:
             raise ValueError(
                 "algorithm.gamma discounts per-turn returns: it needs algorithm.credit=turn "
-                "or advantage=gae (an episode's reward is not discounted)"
+                f"or advantage={_critic_estimators()} (an episode's reward is not discounted)"
             )
-        if not gae and (self.lam != 1.0 or self.gae_unit != "token"):
+        if not estimator.needs_critic and (self.lam != 1.0 or self.gae_unit != "token"):
             raise ValueError(
-                "algorithm.lam and algorithm.gae_unit shape GAE: they need algorithm.advantage=gae"
+                "algorithm.lam and algorithm.gae_unit shape GAE: they need "
+                f"algorithm.advantage={_critic_estimators()}"
             )
-        if self.advantage == "gpg" and self.dynamic_sampling:
+        if estimator.without_dynamic_sampling and self.dynamic_sampling:
             raise ValueError(
-                "algorithm.advantage=gpg scales the advantages for the groups whose rewards are "
-                "all equal, which dynamic sampling drops: set algorithm.dynamic_sampling=false "
-                "(or use another estimator)"
-            )
-        if self.advantage in ("gae", "remax") and self.dynamic_sampling:
-            raise ValueError(
-                f"algorithm.advantage={self.advantage} takes its baseline from "
-                f"{'the critic' if gae else 'a greedy episode'}, not from the group, so a group "
-                "whose rewards are all equal still carries signal (and with one sample per task "
-                "every group would be dropped): set algorithm.dynamic_sampling=false"
+                f"algorithm.advantage={self.advantage} {estimator.without_dynamic_sampling}: "
+                "set algorithm.dynamic_sampling=false"
             )
         return self
 
     @property
+    def estimator(self) -> Estimator:
+        """The registry's entry for ``advantage``: what the estimator needs."""
+        return ADVANTAGES.entry(self.advantage)
+
+    @property
     def needs_critic(self) -> bool:
-        """A value model is trained beside the policy (``advantage: gae``)."""
-        return self.advantage == "gae"
+        """A value model is trained beside the policy (a critic estimator: ``gae``)."""
+        return self.estimator.needs_critic
 
     @property
     def needs_reference(self) -> bool:
         """A reference model must be loaded: the KL is in the loss or in the reward."""
         return self.kl_beta > 0 or self.kl_in_reward is not None
+
+
+def _critic_estimators() -> str:
+    """The critic estimators' names, for messages (``gae``)."""
+    return " or ".join(name for name, e in ADVANTAGES.items() if e.needs_critic)
 
 
 class OptimizerConfig(_Part):
@@ -527,10 +558,7 @@ class TrainConfig(_Part):
             raise ValueError(
                 "algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens"
             )
-        if (
-            self.algorithm.advantage in ("grpo", "dr_grpo", "rloo", "opo", "gpg")
-            and self.rollout.samples_per_task < 2
-        ):
+        if self.algorithm.estimator.needs_group and self.rollout.samples_per_task < 2:
             raise ValueError(
                 f"{self.algorithm.advantage} compares samples of a task: "
                 "set rollout.samples_per_task >= 2"

@@ -74,7 +74,7 @@ class GroupProducer:
         self.max_staleness = config.rollout.max_staleness
         self.groups_per_step = config.rollout.tasks_per_step
         self.options = RunnerOptions.from_config(
-            config.rollout, greedy_baseline=config.algorithm.advantage == "remax"
+            config.rollout, greedy_baseline="baselines" in config.algorithm.estimator.inputs
         )
         algorithm = config.algorithm
         self.refill = algorithm.dynamic_sampling and algorithm.dynamic_sampling_rounds > 1

@@ -23,9 +23,10 @@ from envhub.trainer.algorithms import (
     per_turn_advantages,
     zero_variance_groups,
 )
+from envhub.trainer.algorithms.registry import Estimator
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.credit import span_sums, spread, turn_rewards, turn_spans
-from envhub.trainer.critic.targets import ValueTarget, gae_targets
+from envhub.trainer.critic.targets import GAEResult, ValueTarget
 from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 
@@ -111,13 +112,16 @@ class Advantages:
 def estimate_advantages(
     scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None = None
 ) -> Advantages:
-    """Advantages by ``algorithm.advantage``, per group, of the usable trajectories.
+    """Advantages by ``algorithm.advantage``, per group, of the usable trajectories: the one
+    place the trainer picks an estimator, by what its registry entry declares.
 
-    With ``credit: episode`` (the default) one per sequence from its episode reward; with
+    An outcome estimator gives, with ``credit: episode`` (the default), one advantage per
+    sequence from its episode reward, with the inputs it asks for (``Estimator.inputs``); with
     ``credit: turn`` one per turn from the discounted return from that turn on (``gamma``), the
     estimator applied per turn position (``algorithm.returns.per_turn_advantages``). With KL in
     the reward, the KL penalty of a sequence's (or a turn's) tokens is taken off its reward.
-    ``gae`` estimates one per token from the critic's ``values`` (``critic/targets.py``).
+    A critic estimator (``gae``) gives one per token from the critic's ``values``
+    (``critic/targets.py``).
 
     Args:
         scored: The step's rewards and groups (:func:`score`).
@@ -127,28 +131,36 @@ def estimate_advantages(
     """
     if not scored.usable:
         return Advantages(torch.zeros(0, dtype=torch.float64))
-    if algorithm.advantage == "gae":
-        return _gae_advantages(scored, algorithm, values)
+    estimator = algorithm.estimator
+    if estimator.needs_critic:
+        return _critic_advantages(estimator, scored, algorithm, values)
     if algorithm.credit == "turn":
         return _turn_advantages(scored, algorithm)
     rewards = scored.rewards
     if scored.kl_penalty is not None:
         rewards = rewards - torch.stack([p.sum() for p in scored.kl_penalty])
-    options: dict[str, torch.Tensor] = {}
-    if algorithm.advantage == "opo":
-        options["lengths"] = scored.lengths()
-    if algorithm.advantage == "remax":
-        options["baselines"] = scored.baselines()
-    return Advantages(compute_advantages(algorithm.advantage, rewards, scored.groups, **options))
+    inputs = {name: _INPUTS[name](scored) for name in estimator.inputs}
+    return Advantages(compute_advantages(estimator.name, rewards, scored.groups, **inputs))
 
 
-def _gae_advantages(
-    scored: Scored, algorithm: AlgorithmConfig, values: Sequence[torch.Tensor] | None
+_INPUTS = {"lengths": Scored.lengths, "baselines": Scored.baselines}
+"""How each of ``registry.ESTIMATOR_INPUTS`` is read off the scored step (a test checks that
+every input has a reader)."""
+
+
+def _critic_advantages(
+    estimator: Estimator,
+    scored: Scored,
+    algorithm: AlgorithmConfig,
+    values: Sequence[torch.Tensor] | None,
 ) -> Advantages:
-    """``advantage: gae``: per-token advantages and the critic's targets (``critic/targets``)."""
+    """A critic estimator (``gae``): per-token advantages and the critic's targets
+    (``critic/targets``)."""
     if values is None or len(values) != len(scored.usable):
-        raise ValueError("advantage gae needs the critic's values of every usable trajectory")
-    result = gae_targets(
+        raise ValueError(
+            f"advantage {estimator.name} needs the critic's values of every usable trajectory"
+        )
+    result: GAEResult = estimator.load()(
         [scored.trajectories[i] for i in scored.usable],
         scored.rewards,
         values,

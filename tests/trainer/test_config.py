@@ -72,9 +72,9 @@ def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
         ),
         (
             ["algorithm.advantage=ppo"],
-            "algorithm.advantage: Input should be "
-            "'grpo', 'dr_grpo', 'rloo', 'reinforce++', 'reinforce++_baseline', 'opo', 'gpg', "
-            "'remax' or 'gae'",
+            "algorithm.advantage: Value error, unknown advantage estimator 'ppo' (did you mean "
+            "'opo'?); valid: dr_grpo, gae, gpg, grpo, opo, reinforce++, reinforce++_baseline, "
+            "remax, rloo",
         ),
         (["algorithm.advantage=gae"], "takes its baseline from the critic, not from the group"),
         (["algorithm.advantage=remax"], "takes its baseline from a greedy episode"),

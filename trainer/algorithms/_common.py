@@ -1,32 +1,13 @@
-"""Helpers shared by the algorithm modules: registry look-up and masked reductions."""
+"""Helpers shared by the algorithm modules: masked reductions and the log-ratio bound."""
 
 from __future__ import annotations
-
-import difflib
-from collections.abc import Mapping
-from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-from envhub.errors import ConfigError
-
-T = TypeVar("T")
-
 # Log-ratios are clamped before exp: e^20 ~ 5e8 is far past any clip range, and an overflow to
 # inf would turn the zero gradient of a clipped branch into 0 * inf = NaN.
 MAX_LOG_RATIO = 20.0
-
-
-def lookup(registry: Mapping[str, T], name: str, what: str) -> T:
-    """``registry[name]``, or a ConfigError that lists the valid names and the nearest one."""
-    try:
-        return registry[name]
-    except KeyError:
-        close = difflib.get_close_matches(str(name), list(registry), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        valid = ", ".join(sorted(registry))
-        raise ConfigError(f"unknown {what} {name!r}{hint}; valid: {valid}") from None
 
 
 def masked_sum(values: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

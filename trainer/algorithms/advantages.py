@@ -15,9 +15,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._common import lookup
+from envhub.errors import ConfigError
+
+from .registry import ADVANTAGES, outcome_estimators
 
 AdvantageEstimator = Callable[..., Tensor]
+"""An outcome estimator's signature: ``(rewards (N,), group_ids (N,), **inputs) -> (N,)``."""
 
 
 def _check(rewards: Tensor, group_ids: Tensor) -> Tensor:
@@ -197,30 +200,27 @@ def remax(rewards: Tensor, group_ids: Tensor, *, baselines: Tensor | None = None
     return torch.where(baselines.isnan(), torch.zeros_like(rewards), rewards - baselines)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
-    "grpo": grpo,
-    "dr_grpo": dr_grpo,
-    "rloo": rloo,
-    "reinforce++": reinforce_pp,
-    "reinforce++_baseline": reinforce_pp_baseline,
-    "opo": opo,
-    "gpg": gpg,
-    "remax": remax,
-}
-
-
 def compute_advantages(name: str, rewards: Tensor, group_ids: Tensor, **kwargs: object) -> Tensor:
-    """Advantages by the estimator registered as ``name`` (see ``ADVANTAGE_ESTIMATORS``).
+    """Advantages by the outcome estimator registered as ``name`` (``registry.ADVANTAGES``).
 
     Args:
         name: ``grpo``, ``dr_grpo``, ``rloo``, ``reinforce++``, ``reinforce++_baseline``,
-            ``opo`` (needs ``lengths=``), ``gpg`` or ``remax`` (needs ``baselines=``).
+            ``opo`` (needs ``lengths=``), ``gpg``, ``remax`` (needs ``baselines=``) or one
+            registered since.
         rewards: ``(N,)`` float rewards.
         group_ids: ``(N,)`` integer group ids; samples of one task share an id.
         **kwargs: Estimator options, e.g. ``eps`` or ``scale_by_std`` for ``grpo``, ``lengths``
             for ``opo``.
 
     Raises:
-        ConfigError: ``name`` is not registered.
+        ConfigError: ``name`` is not registered, or needs a critic's values (``gae``: see
+            ``trainer/scoring.estimate_advantages``).
     """
-    return lookup(ADVANTAGE_ESTIMATORS, name, "advantage estimator")(rewards, group_ids, **kwargs)
+    if name in ADVANTAGES and ADVANTAGES[name].needs_critic:
+        raise ConfigError(
+            f"advantage {name!r} needs a critic's values, not only rewards: "
+            "trainer/scoring.estimate_advantages estimates it"
+        )
+    if name not in outcome_estimators():
+        raise ConfigError(ADVANTAGES.unknown(name, outcome_estimators()))
+    return ADVANTAGES.function(name)(rewards, group_ids, **kwargs)

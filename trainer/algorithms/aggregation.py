@@ -16,9 +16,12 @@ from torch import Tensor
 
 from envhub.errors import ConfigError
 
-from ._common import as_bool_mask, lookup, masked_sum
+from ._common import as_bool_mask, masked_sum
+from .registry import AGGREGATIONS
 
 Aggregation = Callable[..., Tensor]
+"""A loss aggregation's signature (``registry.AGGREGATIONS``): ``(token_loss, mask, *,
+num_tokens, num_sequences, norm_length) -> scalar``."""
 Count = int | float | Tensor
 
 
@@ -64,13 +67,6 @@ def seq_mean_token_sum_norm(
     return masked_sum(token_loss, mask) / (_at_least_one(num_sequences) * norm_length)
 
 
-AGGREGATIONS: dict[str, Aggregation] = {
-    "token-mean": token_mean,
-    "seq-mean-token-mean": seq_mean_token_mean,
-    "seq-mean-token-sum-norm": seq_mean_token_sum_norm,
-}
-
-
 def aggregate(
     token_loss: Tensor,
     mask: Tensor,
@@ -93,7 +89,7 @@ def aggregate(
     Raises:
         ConfigError: Unknown ``mode``, or ``norm_length`` missing where it is needed.
     """
-    reduce = lookup(AGGREGATIONS, mode, "loss aggregation")
+    reduce = AGGREGATIONS.function(mode)
     mask = as_bool_mask(mask, token_loss)
     return reduce(
         token_loss,

@@ -12,9 +12,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ._common import MAX_LOG_RATIO, as_bool_mask, lookup
+from ._common import MAX_LOG_RATIO, as_bool_mask
+from .registry import KL_ESTIMATORS
 
 KLEstimator = Callable[[Tensor, Tensor], Tensor]
+"""A KL estimator's signature (``registry.KL_ESTIMATORS``): ``(logprobs, ref) -> (B,T)``."""
 
 
 def k1(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
@@ -33,9 +35,6 @@ def k3(logprobs: Tensor, ref_logprobs: Tensor) -> Tensor:
     return log_r.exp() - log_r - 1
 
 
-KL_ESTIMATORS: dict[str, KLEstimator] = {"k1": k1, "k2": k2, "k3": k3}
-
-
 def kl_penalty(
     name: str, logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor | None = None
 ) -> Tensor:
@@ -50,7 +49,7 @@ def kl_penalty(
     Raises:
         ConfigError: ``name`` is not registered.
     """
-    estimator = lookup(KL_ESTIMATORS, name, "KL estimator")
+    estimator = KL_ESTIMATORS.function(name)
     ref_logprobs = ref_logprobs.detach()
     if mask is None:
         return estimator(logprobs, ref_logprobs)

@@ -18,11 +18,13 @@ from torch import Tensor
 
 from envhub.errors import ConfigError
 
-from ._common import MAX_LOG_RATIO, as_bool_mask, lookup, masked_mean
+from ._common import MAX_LOG_RATIO, as_bool_mask, masked_mean
+from .registry import MISMATCH_MODES
 
 # (ratio, log_ratio, mask, cap, low, high) -> (weights, keep, truncated)
 _Weighting = tuple[Tensor, Tensor, Tensor]
 MismatchMode = Callable[..., _Weighting]
+"""A mismatch correction's signature (``registry.MISMATCH_MODES``)."""
 
 
 def _tis(ratio: Tensor, log_ratio: Tensor, mask: Tensor, cap: float, **_: float) -> _Weighting:
@@ -48,14 +50,6 @@ def _mask_sequence(
 
 def _none(ratio: Tensor, log_ratio: Tensor, mask: Tensor, **_: float) -> _Weighting:
     return torch.ones_like(ratio), mask, torch.zeros_like(mask)
-
-
-MISMATCH_MODES: dict[str, MismatchMode] = {
-    "tis": _tis,
-    "mask-token": _mask_token,
-    "mask-sequence": _mask_sequence,
-    "none": _none,
-}
 
 
 def mismatch_weights(
@@ -93,7 +87,7 @@ def mismatch_weights(
     Raises:
         ConfigError: Unknown ``mode``, ``cap <= 0``, or not ``0 <= low <= 1 <= high``.
     """
-    reweight = lookup(MISMATCH_MODES, mode, "mismatch correction")
+    reweight = MISMATCH_MODES.function(mode)
     if cap <= 0 or not 0 <= low <= 1 <= high:
         raise ConfigError(
             f"need cap > 0 and 0 <= low <= 1 <= high, got cap={cap}, low={low}, high={high}"

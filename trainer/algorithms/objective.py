@@ -15,11 +15,12 @@ from torch import Tensor
 
 from envhub.errors import ConfigError
 
-from ._common import as_bool_mask, lookup, masked_mean
-from .aggregation import AGGREGATIONS, Count, aggregate
-from .kl import KL_ESTIMATORS, kl_penalty
-from .mismatch import MISMATCH_MODES, mismatch_weights
-from .policy_losses import POLICY_LOSSES, check_clip_range
+from ._common import as_bool_mask, masked_mean
+from .aggregation import Count, aggregate
+from .kl import kl_penalty
+from .mismatch import mismatch_weights
+from .policy_losses import check_clip_range
+from .registry import AGGREGATIONS, KL_ESTIMATORS, MISMATCH_MODES, POLICY_LOSSES
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,10 @@ class ObjectiveSpec:
     mismatch_high: float = 2.0
 
     def __post_init__(self) -> None:
-        lookup(POLICY_LOSSES, self.policy_loss, "policy loss")
-        lookup(AGGREGATIONS, self.aggregation, "loss aggregation")
-        lookup(KL_ESTIMATORS, self.kl_estimator, "KL estimator")
-        lookup(MISMATCH_MODES, self.mismatch, "mismatch correction")
+        POLICY_LOSSES.entry(self.policy_loss)
+        AGGREGATIONS.entry(self.aggregation)
+        KL_ESTIMATORS.entry(self.kl_estimator)
+        MISMATCH_MODES.entry(self.mismatch)
         check_clip_range(self.eps_low, self.eps_high, self.dual_clip)
         if self.aggregation == "seq-mean-token-sum-norm" and not (self.norm_length or 0) > 0:
             raise ConfigError("aggregation 'seq-mean-token-sum-norm' needs norm_length > 0")
@@ -131,7 +132,7 @@ def policy_objective(
             high=spec.mismatch_high,
         )
         metrics.update(mismatch_metrics)
-    policy = lookup(POLICY_LOSSES, spec.policy_loss, "policy loss")
+    policy = POLICY_LOSSES.function(spec.policy_loss)
     token_loss, policy_metrics = policy(
         logprobs,
         old,

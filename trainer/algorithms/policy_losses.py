@@ -17,9 +17,12 @@ from torch import Tensor
 
 from envhub.errors import ConfigError
 
-from ._common import MAX_LOG_RATIO, as_bool_mask, lookup, masked_mean
+from ._common import MAX_LOG_RATIO, as_bool_mask, masked_mean
+from .registry import POLICY_LOSSES
 
 PolicyLoss = Callable[..., tuple[Tensor, dict[str, Tensor]]]
+"""A policy loss's signature (``registry.POLICY_LOSSES``): ``(logprobs, old_logprobs, advantages,
+mask, *, eps_low, eps_high, dual_clip) -> (token_loss, metrics)``."""
 
 
 def _inputs(
@@ -150,9 +153,6 @@ def gspo(
     )
 
 
-POLICY_LOSSES: dict[str, PolicyLoss] = {"ppo_clip": ppo_clip, "gspo": gspo}
-
-
 def compute_policy_loss(
     name: str,
     logprobs: Tensor,
@@ -161,10 +161,10 @@ def compute_policy_loss(
     mask: Tensor,
     **kwargs: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The policy loss registered as ``name`` (see ``POLICY_LOSSES``).
+    """The policy loss registered as ``name`` (``registry.POLICY_LOSSES``).
 
     Raises:
         ConfigError: ``name`` is not registered, or its options are out of range.
     """
-    loss = lookup(POLICY_LOSSES, name, "policy loss")
+    loss = POLICY_LOSSES.function(name)
     return loss(logprobs, old_logprobs, advantages, mask, **kwargs)

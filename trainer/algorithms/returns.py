@@ -27,9 +27,7 @@ from torch import Tensor
 
 from ._common import as_bool_mask
 from .advantages import compute_advantages
-
-TURN_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce++", "reinforce++_baseline"})
-"""The advantage estimators :func:`per_turn_advantages` can apply per turn position."""
+from .registry import turn_estimators
 
 
 def _as_2d(values: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor, bool]:
@@ -124,7 +122,7 @@ def per_turn_advantages(
     Each turn counts once, whatever its length.
 
     Args:
-        name: An estimator in :data:`TURN_ESTIMATORS`.
+        name: An outcome estimator registered with ``turn_credit`` (``registry.turn_estimators``).
         returns: One ``(T_i,)`` tensor per sample: the return from each of its turns.
         group_ids: ``(N,)`` integer group of each sample.
         **kwargs: Estimator options (``eps``, ...).
@@ -135,8 +133,8 @@ def per_turn_advantages(
     Raises:
         ValueError: ``name`` cannot be applied per turn (it needs whole sequences).
     """
-    if name not in TURN_ESTIMATORS:
-        valid = ", ".join(sorted(TURN_ESTIMATORS))
+    if name not in turn_estimators():
+        valid = ", ".join(sorted(turn_estimators()))
         raise ValueError(f"advantage {name!r} cannot be applied per turn; valid: {valid}")
     if len(returns) != group_ids.numel():
         raise ValueError(f"{len(returns)} samples of returns but {group_ids.numel()} group ids")

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from envhub.errors import ConfigError
-from envhub.trainer.algorithms import ADVANTAGE_ESTIMATORS, compute_advantages
+from envhub.trainer.algorithms import compute_advantages
+from envhub.trainer.algorithms.registry import outcome_estimators
 
 # Three groups with arbitrary, interleaved ids and different sizes:
 #   id 7:   rewards 1, 0, 0, 1   mean 0.5, deviations +-0.5, unbiased var 4*0.25/3 = 1/3
@@ -67,7 +68,7 @@ def test_reinforce_pp_baseline_centres_per_group_then_whitens_over_the_batch() -
     assert _run("reinforce++_baseline", eps=0.0) == pytest.approx(expected, abs=1e-6)
 
 
-@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("name", sorted(outcome_estimators()))
 def test_every_estimator_gives_a_lone_sample_zero(name: str) -> None:
     out = compute_advantages(name, torch.tensor([4.0]), torch.tensor([3]))
     assert out.tolist() == [0.0]
