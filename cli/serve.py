@@ -67,7 +67,7 @@ def serve_command(
     """
     from envhub.cli.console import err_console
     from envhub.errors import ConfigError
-    from envhub.remote import parse_value
+    from envhub.serve.remote import parse_value
     from envhub.serve.server import ServeSettings, serve
 
     if protocol not in ("envhub", "openenv"):

@@ -8,7 +8,7 @@ imported only when a Hub env is asked for, so ``import envhub`` and local envs n
 Hub client.
 
 A ``ws://``, ``wss://``, ``http://`` or ``https://`` URL names an env served by ``envhub serve``
-and gives a :class:`~envhub.remote.RemoteEnv` (imported only then).
+and gives a :class:`~envhub.serve.remote.RemoteEnv` (imported only then).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def make(name: str, **kwargs: Any) -> Any:
     """Construct the env ``name`` with ``kwargs``, from the local registry or from the Hub.
 
     ``name`` may be the URL of a served env (``ws://host:port/ENV?arg=value``, or ``http://``;
-    see :class:`~envhub.remote.RemoteEnv`, which takes ``token``, ``timeout`` and ``retries``),
-    or a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
+    see :class:`~envhub.serve.remote.RemoteEnv`, which takes ``token``, ``timeout`` and
+    ``retries``), or a Hub reference, ``owner/name[@version|@commit]``: the package is resolved to
     a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
     installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
 
@@ -70,7 +70,7 @@ def make(name: str, **kwargs: Any) -> Any:
             ``trust_remote_code``.
     """
     if is_remote_url(name):
-        from envhub.remote import RemoteEnv  # the client loads only for remote envs
+        from envhub.serve.remote import RemoteEnv  # the client loads only for remote envs
 
         return RemoteEnv(name, **kwargs)
     if split_adapted(name) is not None:  # `verifiers:NAME`: another framework's env

@@ -70,7 +70,7 @@ def make_env(name: str, **kwargs: Any) -> OpenEnvEnv:
     if importlib.util.find_spec("openenv") is None:
         raise MissingDependencyError.for_extra("openenv-core", "openenv")
     from envhub.errors import ConfigError
-    from envhub.remote import parse_url
+    from envhub.serve.remote import parse_url
 
     try:
         url, query = parse_url(name)

@@ -5,7 +5,9 @@
 - :mod:`envhub.serve.service` — turns requests into ``Env`` calls; no transport in it.
 - :mod:`envhub.serve.app` — the Starlette app: WebSocket and HTTP routes, auth, size limits.
 - :mod:`envhub.serve.server` — settings and the uvicorn entry point.
-- :mod:`envhub.serve.client` — the client transports that :class:`envhub.remote.RemoteEnv` uses.
+- :mod:`envhub.serve.remote` — :class:`~envhub.serve.remote.RemoteEnv`, the client: an ``Env``
+  whose episodes run on a server (``envhub.make("ws://...")``).
+- :mod:`envhub.serve.client` — the client transports that ``RemoteEnv`` uses.
 
 Only ``app`` and ``server`` import Starlette and uvicorn (``pip install 'envhub[serve]'``);
 nothing here is imported by ``import envhub``.

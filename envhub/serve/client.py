@@ -1,7 +1,7 @@
 """The client side of ``envhub serve``: an I/O thread, per-loop connections, two transports.
 
 Sessions are opened and closed on one event loop in a daemon thread, the *I/O loop*, over a
-connection shared by every :class:`~envhub.remote.RemoteEnv` of the process (refcounted); the
+connection shared by every :class:`~envhub.serve.remote.RemoteEnv` of the process (refcounted); the
 sync ``reset``/``step`` run there too, so they work from any thread and outlive the short-lived
 loops that sync code may run on. ``areset``/``astep`` instead run on the caller's own loop, over
 that loop's own connection (:func:`nearby`): handing each request to another thread and its

@@ -13,8 +13,8 @@ import json, sys
 loaded = {}
 import envhub, envhub.loader
 loaded["import envhub"] = sorted(m for m in %(mods)r if m in sys.modules)
-import envhub.remote
-loaded["envhub.remote"] = sorted(m for m in %(mods)r if m in sys.modules)
+import envhub.serve.remote
+loaded["envhub.serve.remote"] = sorted(m for m in %(mods)r if m in sys.modules)
 print(json.dumps(loaded))
 """
 
@@ -26,4 +26,4 @@ def test_neither_envhub_nor_the_client_imports_the_server_or_the_network_clients
     )
     assert result.returncode == 0, result.stderr
     # websockets, httpx and aiohttp load when a RemoteEnv connects, not when its module is imported.
-    assert json.loads(result.stdout) == {"import envhub": [], "envhub.remote": []}
+    assert json.loads(result.stdout) == {"import envhub": [], "envhub.serve.remote": []}

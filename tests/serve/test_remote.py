@@ -12,7 +12,7 @@ import pytest
 import envhub
 from envhub import registry
 from envhub.errors import RemoteEnvError
-from envhub.remote import RemoteEnv, parse_url
+from envhub.serve.remote import RemoteEnv, parse_url
 from envhub.testing import Policy, replay
 from envhub.types import Message, assistant
 
