@@ -35,12 +35,13 @@ import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envhub.env import Env
+from envhub.serve.sessions import EnvSession
 from envhub.types import Message, ToolCall, assistant
 
 logger = logging.getLogger(__name__)
@@ -96,11 +97,9 @@ class ProtocolError(Exception):
 
 
 @dataclass(eq=False)
-class Session:
-    """One env and its episode's bookkeeping."""
+class OpenEnvSession(EnvSession):
+    """A session of the OpenEnv protocol: an env and its episode's bookkeeping."""
 
-    env: Env
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     episode_id: str | None = None
     step_count: int = 0
 
@@ -115,10 +114,10 @@ class OpenEnvService:
 
     def __init__(self, factory: Callable[[], Env], max_sessions: int) -> None:
         self.factory, self.max_sessions = factory, max_sessions
-        self.sessions: set[Session] = set()
+        self.sessions: set[OpenEnvSession] = set()
         self._reserved = 0
 
-    async def open(self) -> Session:
+    async def open(self) -> OpenEnvSession:
         """A new session with a fresh env (made in a worker thread)."""
         if self._reserved >= self.max_sessions:
             raise ProtocolError(
@@ -131,18 +130,18 @@ class OpenEnvService:
         except Exception as e:
             self._reserved -= 1
             raise ProtocolError(f"making the env failed: {e}", "FACTORY_ERROR") from e
-        session = Session(env)
+        session = OpenEnvSession(env)
         self.sessions.add(session)
         return session
 
-    async def close(self, session: Session) -> None:
+    async def close(self, session: OpenEnvSession) -> None:
         """Close the session's env (in a worker thread); safe to call twice."""
         if session in self.sessions:
             self.sessions.discard(session)
             self._reserved -= 1
             await asyncio.to_thread(_close_quietly, session.env)
 
-    async def reset(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+    async def reset(self, session: OpenEnvSession, data: dict[str, Any]) -> dict[str, Any]:
         """Reset the session's env from OpenEnv reset data; the observation payload."""
         options = dict(data)
         seed, episode_id = options.pop("seed", None), options.pop("episode_id", None)
@@ -156,7 +155,7 @@ class OpenEnvService:
         payload["observation"]["tools"] = session.env.tool_schemas
         return payload
 
-    async def step(self, session: Session, data: dict[str, Any]) -> dict[str, Any]:
+    async def step(self, session: OpenEnvSession, data: dict[str, Any]) -> dict[str, Any]:
         """Step the session's env with an OpenEnv action; the observation payload."""
         try:
             action = OpenEnvAction.model_validate(data)
@@ -171,7 +170,7 @@ class OpenEnvService:
         return _payload(observation, float(reward), terminated, truncated, info)
 
     @staticmethod
-    def state(session: Session) -> dict[str, Any]:
+    def state(session: OpenEnvSession) -> dict[str, Any]:
         """The session's OpenEnv state."""
         return OpenEnvState(
             episode_id=session.episode_id, step_count=session.step_count
@@ -193,7 +192,7 @@ class OpenEnvApp:
 
     def __init__(self, service: OpenEnvService, metadata: dict[str, Any], threads: int) -> None:
         self.service, self.metadata, self.threads = service, metadata, threads
-        self._http: Session | None = None
+        self._http: OpenEnvSession | None = None
         self._http_lock = asyncio.Lock()
 
     def starlette(self) -> Any:
@@ -310,7 +309,7 @@ class OpenEnvApp:
         with contextlib.suppress(RuntimeError):
             await websocket.close()
 
-    async def _answer(self, session: Session, text: str) -> str | None:
+    async def _answer(self, session: OpenEnvSession, text: str) -> str | None:
         """The reply to one message (``None``: the client closes the session)."""
         try:
             message = json.loads(text)

@@ -4,6 +4,9 @@ A session is opened by ``create`` and lives until ``close``, until it has been i
 session TTL, until the WebSocket connection that opened it goes away (a client that vanished
 mid-episode frees its env), or until the server shuts down. Requests of one session run one at a
 time (an env is not thread-safe); sessions run side by side.
+
+:class:`EnvSession` (an env and its lock) is what a session is under either protocol: the OpenEnv
+server (:mod:`envhub.serve.openenv_protocol`) extends it with its own episode bookkeeping.
 """
 
 from __future__ import annotations
@@ -57,16 +60,25 @@ class AnswerCache:
             del self._tasks[oldest]
 
 
-@dataclass
-class Session:
-    """One env instance served to one client."""
+@dataclass(eq=False)
+class EnvSession:
+    """One env instance served to one client: what both servers' sessions hold (``envhub``'s
+    :class:`Session`, and :class:`~envhub.serve.openenv_protocol.OpenEnvSession`)."""
+
+    env: Env
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while a request runs: an env is not thread-safe, so a session's requests run one at
+    a time."""
+
+
+@dataclass(kw_only=True)
+class Session(EnvSession):
+    """A session of the ``envhub`` protocol: its id, owner, recent answers and clock."""
 
     id: str
-    env: Env
     owner: object | None
     """The WebSocket connection that opened it (``None`` over HTTP: only the TTL ends it)."""
     answers: AnswerCache
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
     """Requests running now; a busy session never expires."""
@@ -133,7 +145,10 @@ class SessionStore:
         """Turn a reservation into a session holding ``env``."""
         self._reserved -= 1
         session = Session(
-            f"s-{secrets.token_urlsafe(12)}", env, owner, AnswerCache(self.answers_per_session)
+            env,
+            id=f"s-{secrets.token_urlsafe(12)}",
+            owner=owner,
+            answers=AnswerCache(self.answers_per_session),
         )
         self._sessions[session.id] = session
         self.metrics.sessions_created += 1
