@@ -24,6 +24,7 @@ Classes here, from general to specific:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, ClassVar, Protocol, runtime_checkable
@@ -45,6 +46,8 @@ from envhub.types import (
     system,
     user,
 )
+
+logger = logging.getLogger(__name__)
 
 Action = str | Message | AssistantTurn
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
@@ -182,6 +185,18 @@ class Env(gym.Env[list[Message], Action]):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def close_quietly(env: Env) -> None:
+    """Close ``env``, logging a failure instead of raising it.
+
+    A ``close`` that raises is the env's bug: it must not lose the rest of a rollout batch, nor
+    a server's other sessions.
+    """
+    try:
+        env.close()
+    except Exception:
+        logger.warning("closing env %r raised", env, exc_info=True)
 
 
 class TaskEnv(Env):

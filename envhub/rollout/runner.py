@@ -10,7 +10,6 @@ An env whose step timed out is discarded, since its worker thread may still be r
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from envhub._async import within
-from envhub.env import Env, EpisodeEnv
+from envhub.env import Env, EpisodeEnv, close_quietly
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
@@ -40,7 +39,6 @@ from envhub.types import (
     is_infrastructure_error,
 )
 
-logger = logging.getLogger(__name__)
 _INLINE_FACTORY_SECONDS = 0.001
 """An env factory faster than this is called on the event loop (see RolloutRunner._make_env)."""
 
@@ -503,17 +501,9 @@ class RolloutRunner:
             return
         self._created.remove(env)
         self._pool.put_nowait(None)
-        _close_quietly(env)
+        close_quietly(env)
 
     def _close_pool(self) -> None:
         for env in self._created:
-            _close_quietly(env)
+            close_quietly(env)
         self._created.clear()
-
-
-def _close_quietly(env: Env) -> None:
-    """Close an env; a ``close`` that raises is the env's bug and must not lose the batch."""
-    try:
-        env.close()
-    except Exception:
-        logger.warning("closing env %r raised", env, exc_info=True)

@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envhub.env import Env
+from envhub.env import Env, close_quietly
 from envhub.serve.sessions import EnvSession
 from envhub.types import Message, ToolCall, assistant
 
@@ -139,7 +139,7 @@ class OpenEnvService:
         if session in self.sessions:
             self.sessions.discard(session)
             self._reserved -= 1
-            await asyncio.to_thread(_close_quietly, session.env)
+            await asyncio.to_thread(close_quietly, session.env)
 
     async def reset(self, session: OpenEnvSession, data: dict[str, Any]) -> dict[str, Any]:
         """Reset the session's env from OpenEnv reset data; the observation payload."""
@@ -149,7 +149,8 @@ class OpenEnvService:
             raise ProtocolError(f"seed must be an integer, got {seed!r}", "VALIDATION_ERROR")
         async with session.lock:
             observation, info = await session.env.areset(seed=seed, options=options or None)
-            session.episode_id = str(episode_id) if episode_id is not None else _new_id()
+            # Unique across servers and restarts, unlike RemoteEnv's per-process request ids.
+            session.episode_id = str(episode_id) if episode_id is not None else uuid.uuid4().hex
             session.step_count = 0
         payload = _payload(observation, None, False, False, info)
         payload["observation"]["tools"] = session.env.tool_schemas
@@ -435,14 +436,3 @@ async def _body(request: Any) -> dict[str, Any]:
     except json.JSONDecodeError:
         return {}
     return body if isinstance(body, dict) else {}
-
-
-def _close_quietly(env: Env) -> None:
-    try:
-        env.close()
-    except Exception:
-        logger.warning("closing an env failed", exc_info=True)
-
-
-def _new_id() -> str:
-    return uuid.uuid4().hex
