@@ -1,20 +1,19 @@
-"""Process plumbing for the local backend: run an argv with capped output and a deadline,
-hand out sandbox uids, and wait until a uid owns no process any more."""
+"""Process plumbing for the local backend: run an argv with capped output and a deadline, read
+the sandbox init's host pid that bubblewrap reports, and wait until a uid owns no process any
+more. (Which uid a run gets: :mod:`envhub.sandbox.uids`.)"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import functools
+import json
 import os
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from envhub.errors import SandboxError
 
@@ -380,96 +379,53 @@ async def wait_uid_gone(uid: int, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.005)
 
 
-class UidPool:
-    """Hands out ``size`` uids from ``base`` upwards that no other process holds (see
-    :func:`_claim`), one per concurrent run, across threads and event loops: RLIMIT_NPROC
-    counts per uid, so runs that shared a uid would share a limit. ``step=0`` repeats the one
-    uid ``base`` (a concurrency bound only)."""
+def sandbox_init(info_fd: int) -> int | None:
+    """The host pid of the sandbox's init from bubblewrap's ``--info-fd`` JSON (written before
+    the command starts), or ``None`` when bubblewrap wrote none (it failed to start)."""
+    os.set_blocking(info_fd, False)
+    try:
+        return _child_pid(os.read(info_fd, 1 << 16))
+    except OSError:
+        return None
 
-    def __init__(self, base: int, size: int, step: int = 1) -> None:
-        self.base, self.size = base, size
-        self.exclusive = bool(step)
-        """Whether each uid is one run's alone (as root), not the caller's own repeated."""
-        self.uids: tuple[int, ...] = tuple(_claim(base, size) if step else [base] * size)
-        self._free = list(reversed(self.uids))
-        self._lock = threading.Lock()
-        self.waiting = 0
-        """Calls of :meth:`acquire` waiting for a uid now."""
-        self.warm: set[int] = set()
-        """Uids held by warm sandboxes (started ahead, running no call yet), of any
-        :class:`~envhub.sandbox.LocalSandbox` sharing this pool."""
 
-    async def acquire(self) -> int:
-        """A free uid, waiting (polling) while there is none."""
-        delay = 0.001
-        if (uid := self.try_acquire()) is not None:
-            return uid
-        with self._lock:
-            self.waiting += 1
+def _child_pid(info: bytes) -> int | None:
+    """The ``child-pid`` of bubblewrap's info JSON; ``None`` until the JSON is whole."""
+    try:
+        return int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    """Resolve ``future`` once (a reader callback may fire again before it is removed)."""
+    if not future.done():
+        future.set_result(None)
+
+
+async def await_sandbox_init(info_fd: int, wait: float) -> int | None:
+    """:func:`sandbox_init` once bubblewrap has written all of its JSON (in several writes),
+    waiting up to ``wait`` seconds without blocking the event loop."""
+    loop = asyncio.get_running_loop()
+    os.set_blocking(info_fd, False)
+    data, deadline = b"", loop.time() + wait
+    while True:
         try:
-            while True:
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.02)
-                if (uid := self.try_acquire()) is not None:
-                    return uid
-        finally:
-            with self._lock:
-                self.waiting -= 1
-
-    def try_acquire(self) -> int | None:
-        """A free uid, or ``None`` when there is none now."""
-        with self._lock:
-            return self._free.pop() if self._free else None
-
-    def release(self, uid: int) -> None:
-        with self._lock:
-            self._free.append(uid)
-
-
-CLAIMS = Path(tempfile.gettempdir()) / "envhub-sandbox-uids"
-"""One lock file per uid in use: other processes on the machine skip uids locked here."""
-_CLAIM_RANGE = 4096
-
-
-def _claim(base: int, size: int) -> list[int]:
-    """``size`` uids from ``base`` upwards that no other process holds, each held by a lock on
-    a file in :data:`CLAIMS` for as long as this process lives (the kernel drops the locks
-    when it dies, however it dies)."""
-    CLAIMS.mkdir(mode=0o700, exist_ok=True)
-    uids: list[int] = []
-    for uid in range(base, base + _CLAIM_RANGE):
-        fd = os.open(CLAIMS / f"{uid}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            chunk = os.read(info_fd, 1 << 16)
+        except BlockingIOError:
+            chunk = None
         except OSError:
-            os.close(fd)
-            continue
-        _HELD.append(fd)
-        uids.append(uid)
-        if len(uids) == size:
-            return uids
-    raise SandboxError(
-        f"no {size} free sandbox uids in {base}..{base + _CLAIM_RANGE - 1}; "
-        "other envhub processes hold them"
-    )
-
-
-_HELD: list[int] = []
-_POOLS: dict[tuple[int, int, int], UidPool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def forget_pools() -> None:
-    """Forget every pool (in a forked child: the parent goes on using their uids; pools made
-    after this claim others)."""
-    global _POOLS_LOCK
-    _POOLS.clear()
-    _POOLS_LOCK = threading.Lock()
-
-
-def uid_pool(base: int, size: int, step: int = 1) -> UidPool:
-    """The process-wide pool for a uid range (sandboxes with the same range share it)."""
-    with _POOLS_LOCK:
-        if (base, size, step) not in _POOLS:
-            _POOLS[base, size, step] = UidPool(base, size, step)
-        return _POOLS[base, size, step]
+            return None
+        data += chunk or b""
+        if (pid := _child_pid(data)) is not None:
+            return pid
+        if chunk == b"" or loop.time() >= deadline:  # EOF, or out of time
+            return None
+        readable = loop.create_future()
+        loop.add_reader(info_fd, _resolve, readable)
+        try:
+            await asyncio.wait_for(readable, deadline - loop.time())
+        except asyncio.TimeoutError:
+            return None
+        finally:
+            loop.remove_reader(info_fd)

@@ -1,55 +1,47 @@
-"""The local backend: bubblewrap namespaces plus rlimits, as a non-root uid.
+"""The local backend's policy: :class:`LocalSandbox`, which decides how each run starts.
 
-Each run is ``setpriv --reuid U --regid U --clear-groups -- bwrap <flags> -- /bin/sh -c <init>
-<command>`` (as root, ``nsenter --net=<U's namespace> --setuid U --setgid U`` in place of
-``setpriv``: see :mod:`envhub.sandbox.netns`): the process drops to an unprivileged uid of its
-own (RLIMIT_NPROC does not bind uid 0, so a fork bomb is only contained this way), bubblewrap
-builds an empty world, and the sandbox's init sets the rlimits with its ``ulimit`` builtin
-before it starts the command. That is where ``/bin/sh`` is dash (Debian, Ubuntu); with another
-shell ``prlimit <limits> --`` goes in front instead, one more exec per run. The world
-bubblewrap builds: new user, pid, network, ipc, uts and cgroup namespaces, the system's
-``/usr`` read-only, a private size-limited tmpfs as the working folder (``/sandbox``, ``/tmp``
-points into it), no environment variables, no nested user namespaces, and every process killed
-when the run ends or the caller dies (``--die-with-parent``).
+What a run can see and do is built elsewhere, to be reviewed on its own:
+:mod:`envhub.sandbox.jail` (bubblewrap's command line, the uid drop, the rlimits) or, with the
+weaker ``isolation="rlimits"`` fallback that is never chosen automatically,
+:mod:`envhub.sandbox.fallback`. What that contains and what it does not:
+:mod:`envhub.sandbox.threat_model`. This module decides, for each call:
 
-Each concurrent run gets its own uid from a pool (``base_uid`` upwards), so the process limit of
-one run is not shared with another and no process of a finished run can survive unnoticed: a
-run's uid is only handed out again once it owns no process. That is known without reading
-``/proc`` when the sandbox's init (its pid 1, whose host pid bubblewrap reports) is gone: the
-kernel kills and reaps every process of a pid namespace before its init's exit completes.
-Otherwise (a run bubblewrap could not start, the rlimits fallback) the host's ``/proc`` is
-searched for the uid. When envhub is not root, runs use the caller's own uid (the process limit
-then counts the caller's processes too).
+- **Which uid.** Each concurrent run gets its own uid from a pool (:mod:`envhub.sandbox.uids`,
+  ``base_uid`` upwards), so the process limit of one run is not shared with another and no
+  process of a finished run can survive unnoticed: a run's uid is only handed out again once it
+  owns no process. That is known without reading ``/proc`` when the sandbox's init (its pid 1,
+  whose host pid bubblewrap reports) is gone: the kernel kills and reaps every process of a pid
+  namespace before its init's exit completes. Otherwise (a run bubblewrap could not start, the
+  rlimits fallback) the host's ``/proc`` is searched for the uid. When envhub is not root, runs
+  use the caller's own uid (the process limit then counts the caller's processes too).
+- **How it starts.** A Python run (``python [FLAGS] SCRIPT``, no output files) can take a
+  sandbox started ahead, its interpreter waiting in a stub (:mod:`envhub.sandbox.warm`): the
+  same sandbox, started before the call instead of during it. As root, its interpreter is
+  instead forked from a zygote that started once (:mod:`envhub.sandbox.zygote`) into the
+  sandbox's namespaces, which saves the ~10 ms of CPU an interpreter start costs on every run.
+  Any other run starts cold: bubblewrap, the sandbox's init, the command.
+- **When to start sandboxes ahead**, and which waiting one to stop for a call that finds no
+  free uid.
 
-A Python run (``python [FLAGS] SCRIPT``, no output files) can take a sandbox started ahead,
-its interpreter waiting in a stub (:mod:`envhub.sandbox.warm`): the same sandbox, started
-before the call instead of during it. As root, its interpreter is instead forked from a zygote
-that started once (:mod:`envhub.sandbox.zygote`) into the sandbox's namespaces, which saves
-the ~10 ms of CPU an interpreter start costs on every run.
-
-``isolation="rlimits"`` is the documented weaker fallback for machines without user namespaces:
-rlimits and the uid drop only (memory, CPU, processes, file size, output and wall time are
-limited; host files and the network are NOT protected). It is never chosen automatically.
+A forked child leaves its parent's warm sandboxes, zygotes and uids alone: in the child, each
+:class:`LocalSandbox` forgets them and claims uids of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import json
+import dataclasses
 import os
 import shutil
-import subprocess
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar
 
 from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
-from envhub.sandbox import _process, netns
+from envhub.sandbox import _process
 from envhub.sandbox import zygote as zygotes
 from envhub.sandbox.base import (
     WORKDIR,
@@ -62,10 +54,21 @@ from envhub.sandbox.base import (
     as_bytes,
     check_relative,
     classify_exit,
-    prlimit_argv,
 )
-from envhub.sandbox.outputs import ALL_FILES, frame, init_script, parse_outputs
-from envhub.sandbox.system_files import prepared_etc
+from envhub.sandbox.fallback import fallback_argv, read_back, write_inputs
+from envhub.sandbox.jail import (
+    ENV,
+    Isolation,
+    Jail,
+    bwrap_argv,
+    bwrap_problem,
+    input_files,
+    nproc,
+    shell_is_dash,
+    ulimit_prologue,
+)
+from envhub.sandbox.outputs import ALL_FILES, init_script, parse_outputs
+from envhub.sandbox.uids import forget_pools, uid_pool
 from envhub.sandbox.warm import (
     Kind,
     WarmSandbox,
@@ -79,64 +82,12 @@ from envhub.sandbox.warm import (
     stub_argv,
 )
 
-Isolation = Literal["bwrap", "rlimits"]
-_RO_SYSTEM = ("/usr",)
-_NET_FILES = (
-    "/etc/resolv.conf",
-    "/etc/hosts",
-    "/etc/nsswitch.conf",
-    "/etc/ssl",
-    "/etc/ca-certificates",
-)
-_LINKS = {"/lib": "usr/lib", "/lib64": "usr/lib64", "/bin": "usr/bin", "/sbin": "usr/sbin"}
-ENV = {
-    "PATH": "/usr/local/bin:/usr/bin:/bin",
-    "HOME": WORKDIR,
-    "TMPDIR": "/tmp",
-    "LANG": "C.UTF-8",
-    "PYTHONDONTWRITEBYTECODE": "1",
-}
 _HINT = (
     "install bubblewrap (`apt-get install bubblewrap`) on a kernel with unprivileged user "
     "namespaces (sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0), use "
     "the e2b backend, or accept the weaker `LocalSandbox(isolation='rlimits')` (no file or "
     "network isolation) explicitly"
 )
-
-
-@functools.lru_cache(maxsize=4)
-def bwrap_problem(bwrap: str = "bwrap") -> str | None:
-    """Why bubblewrap cannot sandbox here, or ``None`` when it can (checked once per process)."""
-    path = shutil.which(bwrap)
-    if path is None:
-        return f"`{bwrap}` is not installed"
-    links = [
-        x
-        for link, target in _LINKS.items()
-        if os.path.islink(link)
-        for x in ("--symlink", target, link)
-    ]
-    probe = [
-        path,
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        *links,
-        "--",
-        "/usr/bin/true",
-    ]
-    try:
-        done = subprocess.run(probe, capture_output=True, timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"bubblewrap failed to start: {e}"
-    if done.returncode != 0:
-        reason = done.stderr.decode(errors="replace").strip()
-        return f"bubblewrap cannot create namespaces here: {reason}"
-    return None
 
 
 class LocalSandbox(Sandbox):
@@ -149,7 +100,7 @@ class LocalSandbox(Sandbox):
             takes the first ``max_concurrency`` uids from here that no other envhub process on
             the machine holds. Pick a range no user or service of the machine uses.
         isolation: ``"bwrap"`` (the default), or ``"rlimits"``: the weaker fallback without
-            namespaces, for machines that cannot run bubblewrap (see the module docstring).
+            namespaces, for machines that cannot run bubblewrap (:mod:`envhub.sandbox.fallback`).
         bwrap: The bubblewrap executable.
         ro_binds: Extra host paths mounted read-only at the same place (an interpreter that
             lives outside ``/usr``, a dataset).
@@ -167,6 +118,8 @@ class LocalSandbox(Sandbox):
     """
 
     backend = "local"
+    _instances: ClassVar[weakref.WeakSet[LocalSandbox]] = weakref.WeakSet()
+    """Every live local sandbox of this process (each resets itself in a forked child)."""
 
     def __init__(
         self,
@@ -184,30 +137,32 @@ class LocalSandbox(Sandbox):
         super().__init__(limits, python=python)
         if isolation not in ("bwrap", "rlimits"):
             raise ConfigError(f"isolation must be 'bwrap' or 'rlimits', got {isolation!r}")
-        self.isolation = isolation
         if isolation == "bwrap":
             problem = bwrap_problem(bwrap)
             if problem:
                 raise SandboxUnavailableError(f"the local sandbox cannot run: {problem}; {_HINT}")
-            self.bwrap = shutil.which(bwrap) or bwrap
+            bwrap = shutil.which(bwrap) or bwrap
         for tool in ("prlimit", "setpriv"):
             if shutil.which(tool) is None:
                 raise SandboxUnavailableError(
                     f"the local sandbox needs `{tool}` (util-linux); install util-linux"
                 )
         self.max_concurrency = max_concurrency or max(4, 4 * (os.cpu_count() or 1))
-        self.as_root = os.geteuid() == 0
+        as_root = os.geteuid() == 0
+        self.jail = Jail(
+            isolation,
+            as_root,
+            bwrap,
+            tuple(ro_binds),
+            limits_in_init=isolation == "bwrap" and shell_is_dash(),
+            keeps_netns=isolation == "bwrap" and as_root and bool(shutil.which("nsenter")),
+        )
+        """How every run is confined (:mod:`envhub.sandbox.jail`)."""
         # Not root: every run is the caller's uid; the pool then only bounds concurrency.
-        first, step = (base_uid, 1) if self.as_root else (os.getuid(), 0)
-        self.uids = _process.uid_pool(first, self.max_concurrency, step)
-        self.ro_binds = tuple(ro_binds)
-        self.limits_in_init = isolation == "bwrap" and shell_is_dash()
-        """Whether the sandbox's init sets the rlimits (dash's ``ulimit``), not ``prlimit``."""
-        self.keeps_netns = isolation == "bwrap" and self.as_root and bool(shutil.which("nsenter"))
-        """Whether runs start in their uid's kept network namespace (:mod:`.netns`), not one
-        bubblewrap makes per run."""
+        first, step = (base_uid, 1) if as_root else (os.getuid(), 0)
+        self.uids = uid_pool(first, self.max_concurrency, step)
         self.warm = max(0, warm) if isolation == "bwrap" else 0
-        self.zygote = zygote and isolation == "bwrap" and self.as_root
+        self.zygote = zygote and isolation == "bwrap" and as_root
         """Whether Python runs fork from a zygote (as root), not a stub of their own."""
         self._zygotes: dict[tuple[str, ...], zygotes.Zygote] = {}
         self.zygote_runs = 0
@@ -218,7 +173,7 @@ class LocalSandbox(Sandbox):
         self._in_flight = 0
         weakref.finalize(self, stop_all, self._warm)
         weakref.finalize(self, _stop_zygotes, self._zygotes)
-        _INSTANCES.add(self)
+        self._instances.add(self)
 
     async def arun(
         self,
@@ -279,11 +234,36 @@ class LocalSandbox(Sandbox):
                 self._in_flight -= 1
 
     @property
+    def isolation(self) -> Isolation:
+        """``"bwrap"``, or the ``"rlimits"`` fallback (:mod:`envhub.sandbox.fallback`)."""
+        return self.jail.isolation
+
+    @property
+    def as_root(self) -> bool:
+        """Whether envhub runs as root: each run then has a uid of its own."""
+        return self.jail.as_root
+
+    @property
+    def keeps_netns(self) -> bool:
+        """Whether runs start in their uid's kept network namespace (:mod:`.netns`), not one
+        bubblewrap makes per run."""
+        return self.jail.keeps_netns
+
+    @property
+    def limits_in_init(self) -> bool:
+        """Whether the sandbox's init sets the rlimits (dash's ``ulimit``), not ``prlimit``
+        (settable: ``False`` has ``prlimit`` set them on any shell)."""
+        return self.jail.limits_in_init
+
+    @limits_in_init.setter
+    def limits_in_init(self, value: bool) -> None:
+        self.jail = dataclasses.replace(self.jail, limits_in_init=value)
+
+    @property
     def warm_uids(self) -> frozenset[int]:
         """The uids held by warm sandboxes waiting for a call (their processes run no code
         of any call yet)."""
-        with self._warm.lock:
-            return frozenset(box.uid for boxes in self._warm.boxes.values() for box in boxes)
+        return self._warm.held_uids()
 
     async def aclose(self) -> None:
         """Stop the warm sandboxes (their uids go back to the pool). Calls after this start
@@ -311,12 +291,9 @@ class LocalSandbox(Sandbox):
     def _refill(self, kind: Kind) -> None:
         """Start warm sandboxes of ``kind`` up to :attr:`warm`, with uids nobody waits for."""
         with self._warm.lock:
-            boxes = self._warm.boxes.get(kind)
-            if boxes is None:
-                if len(self._warm.boxes) >= _WARM_KINDS:
-                    return
-                boxes = self._warm.boxes[kind] = []
-            while len(boxes) < self.warm and not self.uids.waiting:
+            if not self._warm.admit(kind, _WARM_KINDS):
+                return
+            while self._warm.count(kind) < self.warm and not self.uids.waiting:
                 uid = self.uids.try_acquire()
                 if uid is None:
                     return
@@ -342,7 +319,7 @@ class LocalSandbox(Sandbox):
             init = ["/bin/sh", "-c", init_script(), "sh"]
             command = [*init, *stub_argv(self.python, kind, job_read)]
             passed, zygote_fds = [job_read, info_write], None
-        full = self._bwrap_argv(uid, limits, [], info_write, command, rlimits=False)
+        full = bwrap_argv(self.jail, uid, limits, [], info_write, command, rlimits=False)
         try:
             proc = _process.spawn(full, pass_fds=passed)
         except SandboxError:
@@ -388,7 +365,7 @@ class LocalSandbox(Sandbox):
     async def _hand_to_zygote(self, box: WarmSandbox) -> int | None:
         """Have a zygote fork ``box``'s run into it; the sandbox init's host pid (``None``:
         bubblewrap failed, and so does the run, with bubblewrap's error)."""
-        init = await _await_sandbox_init(box.info_fd, 10.0)
+        init = await _process.await_sandbox_init(box.info_fd, 10.0)
         status_fd, job_fd = box.zygote_fds  # type: ignore[misc]
         box.zygote_fds = None
 
@@ -437,7 +414,7 @@ class LocalSandbox(Sandbox):
                 feeds=[(box.job_fd, payload)],
                 started=started,
             )
-            outcome.sandbox_init = init or _sandbox_init(box.info_fd)
+            outcome.sandbox_init = init or _process.sandbox_init(box.info_fd)
         finally:
             os.close(box.info_fd)
             await self._release(box.uid, outcome.sandbox_init if outcome else None)
@@ -447,7 +424,7 @@ class LocalSandbox(Sandbox):
         """Stop a warm sandbox that never got a job; its uid goes back to the pool."""
         _process.kill(box.proc, False)
         await asyncio.to_thread(box.proc.wait)
-        sandbox_init = _sandbox_init(box.info_fd)
+        sandbox_init = _process.sandbox_init(box.info_fd)
         close_fds(box)
         await self._release(box.uid, sandbox_init)
 
@@ -460,46 +437,6 @@ class LocalSandbox(Sandbox):
         finally:
             self.uids.release(uid)
 
-    def _nproc(self, uid: int, limits: Limits) -> int:
-        """RLIMIT_NPROC for a run, so that ``limits.processes`` counts the run's own processes
-        (its init included). Set by the init inside the sandbox's user namespace it counts just
-        those (Linux >= 5.14 counts processes per user namespace). Set before bubblewrap by
-        prlimit it also counts the outer bubblewrap and, when not root, the caller's own
-        processes (the same uid): both are added."""
-        if self.limits_in_init:
-            return limits.processes
-        outer = 1 if self.isolation == "bwrap" else 0
-        return limits.processes + outer + (0 if self.as_root else len(_process.uid_processes(uid)))
-
-    def _prefix(
-        self, uid: int, limits: Limits, namespace: str | None = None, rlimits: bool = True
-    ) -> list[str]:
-        """The argv before bubblewrap (or the rlimits fallback's command): ``prlimit`` unless the
-        init (or a warm sandbox's stub: ``rlimits=False``) sets the limits, then (as root) the
-        drop to ``uid``: ``nsenter``'s, into the network namespace at ``namespace`` when there
-        is one, else ``setpriv``'s."""
-        prlimit = rlimits and not self.limits_in_init
-        argv = prlimit_argv(limits, self._nproc(uid, limits)) if prlimit else []
-        if namespace is not None:  # nsenter -G also drops the supplementary groups
-            return [
-                *argv,
-                "nsenter",
-                f"--net={namespace}",
-                f"--setuid={uid}",
-                f"--setgid={uid}",
-                "--",
-            ]
-        if self.as_root:
-            argv += [
-                "setpriv",
-                f"--reuid={uid}",
-                f"--regid={uid}",
-                "--clear-groups",
-                "--no-new-privs",
-                "--",
-            ]
-        return argv
-
     async def _run_bwrap(
         self,
         uid: int,
@@ -509,7 +446,10 @@ class LocalSandbox(Sandbox):
         wanted: list[str],
         limits: Limits,
     ) -> _process.Outcome:
-        fds, flags = _input_files(inputs)
+        """Run ``argv`` cold as ``uid``: bubblewrap builds the sandbox
+        (:func:`~envhub.sandbox.jail.bwrap_argv`), whose init sets the rlimits, runs the
+        command and sends the ``wanted`` files back through a pipe."""
+        fds, flags = input_files(inputs)
         channel_read, channel = None, None
         if wanted:
             channel_read, channel_write = os.pipe()
@@ -518,12 +458,13 @@ class LocalSandbox(Sandbox):
             channel = f"/proc/self/fd/{channel_write}"
         # sh is the sandbox's pid 1 (--as-pid-1): bubblewrap's own init would leave a zombie
         # for the host's init to reap, holding a slot of the uid's process limit meanwhile.
-        prologue = ulimit_prologue(limits, self._nproc(uid, limits)) if self.limits_in_init else ""
+        in_init = self.limits_in_init
+        prologue = ulimit_prologue(limits, nproc(self.jail, uid, limits)) if in_init else ""
         init = ["/bin/sh", "-c", init_script(wanted, channel, prologue=prologue), "sh"]
         # bubblewrap writes the host pid of the sandbox's init here (closed inside the sandbox).
         info_read, info_write = os.pipe()
         fds.append(info_write)
-        full = self._bwrap_argv(uid, limits, flags, info_write, [*init, *argv])
+        full = bwrap_argv(self.jail, uid, limits, flags, info_write, [*init, *argv])
         try:
             outcome = await _process.execute(
                 full,
@@ -534,82 +475,10 @@ class LocalSandbox(Sandbox):
                 channel_fd=channel_read,
                 channel_cap=(limits.disk_mb << 20) + (1 << 20),
             )
-            outcome.sandbox_init = _sandbox_init(info_read)
+            outcome.sandbox_init = _process.sandbox_init(info_read)
         finally:
             os.close(info_read)
         return outcome
-
-    def _bwrap_argv(
-        self,
-        uid: int,
-        limits: Limits,
-        flags: list[str],
-        info_fd: int,
-        command: list[str],
-        rlimits: bool = True,
-    ) -> list[str]:
-        """The whole argv of a bubblewrap run of ``command`` as ``uid`` (see :meth:`_prefix`
-        for ``rlimits``), with extra bubblewrap ``flags``; bubblewrap writes the sandbox init's
-        host pid to ``info_fd``."""
-        # No network: the uid's kept namespace (bubblewrap keeps it), else a new one per run.
-        namespace = None if limits.network or not self.keeps_netns else netns.netns_path(uid)
-        # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
-        return [
-            *self._prefix(uid, limits, namespace, rlimits=rlimits),
-            self.bwrap,
-            *self._bwrap_flags(limits, keep_net=namespace is not None),
-            *flags,
-            "--info-fd",
-            str(info_fd),
-            "--remount-ro",
-            "/",
-            "--",
-            *command,
-        ]
-
-    def _bwrap_flags(self, limits: Limits, keep_net: bool = False) -> list[str]:
-        flags = [
-            "--unshare-all",
-            "--unshare-user",
-            "--disable-userns",
-            "--die-with-parent",
-            "--new-session",
-            "--as-pid-1",
-            "--hostname",
-            "sandbox",
-        ]
-        if limits.network or keep_net:
-            flags += ["--share-net"]
-        for path in _RO_SYSTEM:
-            flags += ["--ro-bind", path, path]
-        for link, target in _LINKS.items():
-            if os.path.islink(link) or not os.path.exists(link):
-                flags += ["--symlink", target, link]
-            else:  # a system whose /lib is a real folder
-                flags += ["--ro-bind", link, link]
-        on_top = (*(_NET_FILES if limits.network else ()), *self.ro_binds)
-        flags += ["--ro-bind", prepared_etc(on_top), "/etc"]
-        for path in on_top:
-            flags += ["--ro-bind-try", path, path]
-        flags += ["--proc", "/proc", "--dev", "/dev"]
-        flags += [
-            "--size",
-            str(limits.disk_mb << 20),
-            "--tmpfs",
-            WORKDIR,
-            "--dir",
-            f"{WORKDIR}/.tmp",
-            "--symlink",
-            f"{WORKDIR}/.tmp",
-            "/tmp",
-        ]
-        flags += [
-            "--clearenv",
-            *[x for key, value in ENV.items() for x in ("--setenv", key, value)],
-            "--chdir",
-            WORKDIR,
-        ]
-        return flags
 
     async def _run_rlimits(
         self,
@@ -620,55 +489,41 @@ class LocalSandbox(Sandbox):
         wanted: list[str],
         limits: Limits,
     ) -> _process.Outcome:
+        """Run ``argv`` as ``uid`` in the ``rlimits`` fallback (:mod:`envhub.sandbox.fallback`),
+        in a temporary folder of its own and a session of its own (a kill ends all of it)."""
         with tempfile.TemporaryDirectory(prefix="envhub-sandbox-") as folder:
-            root = Path(folder)
-            for path, data in inputs.items():
-                (root / path).parent.mkdir(parents=True, exist_ok=True)
-                (root / path).write_bytes(data)
-            if self.as_root:
-                for path in [root, *root.rglob("*")]:
-                    os.chown(path, uid, uid)
-            env_argv = [
-                "env",
-                "-i",
-                *[f"{k}={v}" for k, v in {**ENV, "HOME": folder, "TMPDIR": folder}.items()],
-            ]
-            # As root the run has a uid of its own, so its init may kill all that uid's processes.
-            init = ["/bin/sh", "-c", init_script(kill_all=self.as_root), "sh"]
+            write_inputs(Path(folder), inputs, uid, self.as_root)
             outcome = await _process.execute(
-                [*self._prefix(uid, limits), *env_argv, *init, *argv],
+                fallback_argv(self.jail, uid, limits, folder, argv),
                 stdin=as_bytes(stdin or b""),
                 output_cap=limits.output_bytes,
                 deadline=limits.wall_time,
                 cwd=folder,
                 new_session=True,
             )
-            outcome.channel = _read_back(root, wanted)
+            outcome.channel = read_back(Path(folder), wanted)
             return outcome
+
+    @classmethod
+    def _after_fork_in_child(cls) -> None:
+        """Leave the parent's uids, warm sandboxes and zygotes to the parent: forget its uid
+        pools, then have each sandbox reset itself (:meth:`_after_fork`)."""
+        forget_pools()
+        for box in list(cls._instances):
+            box._after_fork()
+
+    def _after_fork(self) -> None:
+        """In a forked child: forget the parent's zygotes and calls in flight, then (through
+        the warm set) its warm sandboxes, and claim a pool of uids of its own."""
+        self._zygotes = {}  # the parent's children, talking to the parent
+        self._in_flight = 0  # the parent's calls, which never end here
+        self.uids = self._warm.after_fork()
 
 
 _WARM_KINDS = 4
 """Kinds of Python run kept warm at most (the first ones seen)."""
 
-
-_INSTANCES: weakref.WeakSet[LocalSandbox] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    """A forked child must not use its parent's warm sandboxes (they are the parent's
-    children) nor its uids (the parent goes on using them): each sandbox forgets the first
-    and claims a pool of its own."""
-    _process.forget_pools()
-    for box in list(_INSTANCES):
-        box._warm.boxes.clear()
-        box._zygotes = {}  # the parent's children, talking to the parent
-        box._warm.lock = threading.RLock()
-        box._in_flight = 0  # the parent's calls, which never end here
-        step = 1 if box.as_root else 0
-        box.uids = box._warm.uids = _process.uid_pool(box.uids.base, box.uids.size, step)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(after_in_child=LocalSandbox._after_fork_in_child)
 
 
 def _stop_zygotes(running: dict[tuple[str, ...], zygotes.Zygote]) -> None:
@@ -676,113 +531,6 @@ def _stop_zygotes(running: dict[tuple[str, ...], zygotes.Zygote]) -> None:
     for zygote in list(running.values()):
         zygote.stop()
     running.clear()
-
-
-def shell_is_dash(shell: str = "/bin/sh") -> bool:
-    """Whether ``shell`` is dash, whose ``ulimit`` builtin sets every limit a run needs with the
-    units :func:`ulimit_prologue` uses (bash's ``ulimit -p`` is the pipe size, not processes)."""
-    return os.path.basename(os.path.realpath(shell)) == "dash"
-
-
-def ulimit_prologue(limits: Limits, nproc: int) -> str:
-    """The same rlimits as :func:`prlimit_argv`, set by dash's ``ulimit`` in the sandbox's init
-    before the command starts (KiB for memory, 512-byte blocks for file size); the run stops
-    with status 125 if one cannot be set, so no command runs without its limits."""
-    cpu = limits.cpu_seconds
-    settings = [
-        f"-v {limits.memory_mb * 1024}",
-        f"-S -t {cpu}",  # soft first: a hard limit below the current soft one is refused
-        f"-H -t {cpu + 1}",
-        f"-f {limits.file_size_mb * 2048}",
-        f"-p {nproc}",
-        f"-n {limits.open_files}",
-        "-c 0",
-    ]
-    setters = " && ".join(f"ulimit {setting}" for setting in settings)
-    return f'{setters} || {{ echo "envhub sandbox: cannot set its limits" >&2; exit 125; }}\n'
-
-
-def _sandbox_init(info_fd: int) -> int | None:
-    """The host pid of the sandbox's init from bubblewrap's ``--info-fd`` JSON (written before
-    the command starts), or ``None`` when bubblewrap wrote none (it failed to start)."""
-    os.set_blocking(info_fd, False)
-    try:
-        return _child_pid(os.read(info_fd, 1 << 16))
-    except OSError:
-        return None
-
-
-def _child_pid(info: bytes) -> int | None:
-    """The ``child-pid`` of bubblewrap's info JSON; ``None`` until the JSON is whole."""
-    try:
-        return int(json.loads(info)["child-pid"])
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    """Resolve ``future`` once (a reader callback may fire again before it is removed)."""
-    if not future.done():
-        future.set_result(None)
-
-
-async def _await_sandbox_init(info_fd: int, wait: float) -> int | None:
-    """:func:`_sandbox_init` once bubblewrap has written all of its JSON (in several writes),
-    waiting up to ``wait`` seconds without blocking the event loop."""
-    loop = asyncio.get_running_loop()
-    os.set_blocking(info_fd, False)
-    data, deadline = b"", loop.time() + wait
-    while True:
-        try:
-            chunk = os.read(info_fd, 1 << 16)
-        except BlockingIOError:
-            chunk = None
-        except OSError:
-            return None
-        data += chunk or b""
-        if (pid := _child_pid(data)) is not None:
-            return pid
-        if chunk == b"" or loop.time() >= deadline:  # EOF, or out of time
-            return None
-        readable = loop.create_future()
-        loop.add_reader(info_fd, _resolve, readable)
-        try:
-            await asyncio.wait_for(readable, deadline - loop.time())
-        except asyncio.TimeoutError:
-            return None
-        finally:
-            loop.remove_reader(info_fd)
-
-
-def _input_files(inputs: dict[str, bytes]) -> tuple[list[int], list[str]]:
-    """Each input file as a memfd bubblewrap copies into the sandbox (``--file FD DEST``)."""
-    fds, flags, made = [], [], set()
-    for path, data in inputs.items():
-        parts = path.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            folder = "/".join(parts[:i])
-            if folder not in made:
-                made.add(folder)
-                flags += ["--dir", f"{WORKDIR}/{folder}"]
-        fd = os.memfd_create("envhub-input", 0)
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.lseek(fd, 0, os.SEEK_SET)
-        fds.append(fd)
-        flags += ["--file", str(fd), f"{WORKDIR}/{path}"]
-    return fds, flags
-
-
-def _read_back(root: Path, wanted: list[str]) -> bytes:
-    found = {}
-    if wanted == [ALL_FILES]:
-        wanted = sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
-    for path in wanted:
-        target = root / path
-        if target.is_file() and not target.is_symlink():
-            found[path] = target.read_bytes()
-    return frame(found)
 
 
 def _result(outcome: _process.Outcome, wanted: list[str], limits: Limits) -> ExecResult:

@@ -3,7 +3,8 @@
 The adversary is the code a policy writes: it may be buggy or hostile, and RL will find any
 shortcut to reward. The host is a researcher's workstation or a training node running envhub.
 
-Contained by the local backend (each item has a test in ``tests/sandbox/``):
+Contained by the local backend (built flag by flag in :mod:`envhub.sandbox.jail`; each item
+has a test in ``tests/sandbox/``):
 
 - **Resources** — wall time (killed), CPU time (RLIMIT_CPU), memory (RLIMIT_AS), processes
   (RLIMIT_NPROC, for a non-root uid of its own, set by the sandbox's init before the command
@@ -48,8 +49,9 @@ Not contained (know these before you rely on it):
   slow others down within its CPU limit.
 - **The stop-reason diagnosis** — ``memory`` is read from the program's own stderr, so a program
   can fake it; it is a diagnosis, never a reward input.
-- **The ``rlimits`` fallback** (``LocalSandbox(isolation="rlimits")``) contains resources only:
-  host files, environment and network are exposed. It is never chosen automatically.
+- **The ``rlimits`` fallback** (``LocalSandbox(isolation="rlimits")``,
+  :mod:`envhub.sandbox.fallback`) contains resources only: host files, environment and network
+  are exposed. It is never chosen automatically.
 - **The e2b backend** shares one VM between the runs of one ``E2BSandbox`` (each in its own
   folder); runs are isolated from the host by the VM, from each other only by folder and rlimits.
 """

@@ -37,9 +37,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from subprocess import Popen
 
-from envhub.sandbox._process import UidPool, kill, uid_processes
+from envhub.sandbox._process import kill, uid_processes
 from envhub.sandbox.base import Limits
 from envhub.sandbox.outputs import frame
+from envhub.sandbox.uids import UidPool
 
 FLAGS = frozenset({"-I", "-S", "-E", "-s", "-B", "-u", "-P", "-O", "-OO"})
 """Interpreter flags a warm sandbox can be started with (none takes an argument)."""
@@ -140,17 +141,38 @@ class WarmSandbox:
 @dataclass
 class WarmSet:
     """The warm sandboxes of one local sandbox, by kind, with the pool their uids are from
-    (whose ``warm`` set it keeps in step: every box goes in and out through here)."""
+    (whose :attr:`~envhub.sandbox.uids.UidPool.warm` it keeps in step: every box goes in and
+    out through here). Its ``lock`` is the local sandbox's own, for its other state too."""
 
     uids: UidPool
     boxes: dict[Kind, list[WarmSandbox]] = field(default_factory=dict)
     lock: threading.RLock = field(default_factory=threading.RLock)
 
+    def admit(self, kind: Kind, most: int) -> bool:
+        """Whether boxes of ``kind`` are kept: it was admitted before, or is now, as one of the
+        first ``most`` kinds."""
+        with self.lock:
+            if kind not in self.boxes:
+                if len(self.boxes) >= most:
+                    return False
+                self.boxes[kind] = []
+            return True
+
+    def count(self, kind: Kind) -> int:
+        """How many boxes of ``kind`` wait for a call."""
+        with self.lock:
+            return len(self.boxes.get(kind, ()))
+
+    def held_uids(self) -> frozenset[int]:
+        """The uids the boxes hold."""
+        with self.lock:
+            return frozenset(box.uid for boxes in self.boxes.values() for box in boxes)
+
     def put(self, box: WarmSandbox) -> None:
         """Keep ``box`` ready for a call of its kind."""
         with self.lock:
             self.boxes.setdefault(box.kind, []).append(box)
-            self.uids.warm.add(box.uid)
+            self.uids.mark_warm(box.uid)
 
     def take(self, kind: Kind | None = None) -> WarmSandbox | None:
         """The oldest box of ``kind`` (of any kind when ``None``), or ``None``."""
@@ -159,7 +181,7 @@ class WarmSet:
             for boxes in (self.boxes.get(k) for k in kinds):
                 if boxes:
                     box = boxes.pop(0)
-                    self.uids.warm.discard(box.uid)
+                    self.uids.unmark_warm([box.uid])
                     return box
         return None
 
@@ -168,8 +190,17 @@ class WarmSet:
         with self.lock:
             every = [box for boxes in self.boxes.values() for box in boxes]
             self.boxes.clear()
-            self.uids.warm.difference_update(box.uid for box in every)
+            self.uids.unmark_warm(box.uid for box in every)
         return every
+
+    def after_fork(self) -> UidPool:
+        """In a forked child: forget the boxes (the parent's children, which it goes on using),
+        then take a pool of the child's own (:meth:`~envhub.sandbox.uids.UidPool.reclaimed`),
+        which is returned."""
+        self.boxes.clear()
+        self.lock = threading.RLock()
+        self.uids = self.uids.reclaimed()
+        return self.uids
 
 
 def script_of(argv: Sequence[str], python: str, files: Mapping[str, bytes]) -> int | None:
@@ -198,7 +229,7 @@ def stub_argv(python: str, kind: Kind, job_fd: int) -> list[str]:
 def job_for(
     argv: Sequence[str], script: int, files: Mapping[str, bytes], limits: Limits, nproc: int
 ) -> bytes:
-    """The job for a stub: its rlimits (as :func:`~envhub.sandbox.local.ulimit_prologue` sets
+    """The job for a stub: its rlimits (as :func:`~envhub.sandbox.jail.ulimit_prologue` sets
     them for a cold run), where the script is in ``argv``, ``argv``, then the files."""
     cpu = limits.cpu_seconds
     numbers = [
