@@ -15,11 +15,16 @@ import argparse
 import asyncio
 import contextlib
 import statistics
+import sys
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from envhub.rewards.code import run_tests
 from envhub.sandbox import Limits, LocalSandbox, Sandbox
+
+# The local envd is a test helper (tests/sandbox/envd_local.py), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "sandbox"))
 
 ADD = "def add(a, b):\n    return a + b\n"
 CASES = [{"fn": "add", "args": [i, i], "expected": 2 * i} for i in range(5)] + [
@@ -93,8 +98,9 @@ async def main(runs: int, e2b: bool) -> None:
     }
     envd = contextlib.ExitStack()
     if e2b:
+        from envd_local import local_envd_process
+
         from envhub.sandbox.e2b import E2BSandbox
-        from envhub.sandbox.envd_local import local_envd_process
 
         url = envd.enter_context(local_envd_process())
         remote = E2BSandbox(Limits(wall_time=30), debug=True, sandbox_url=url, http_version="1.1")

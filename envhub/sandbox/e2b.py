@@ -45,7 +45,7 @@ class E2BSandbox(Sandbox):
         template: e2b template of the VM (default: e2b's base template).
         api_key: e2b API key (default: ``E2B_API_KEY``).
         api_url, sandbox_url, domain, debug, http_version: Where and how the SDK connects (see
-            e2b's docs; tests point them at :class:`~envhub.sandbox.envd_local.LocalEnvd`).
+            e2b's docs; tests point them at a local envd, ``tests/sandbox/envd_local.py``).
         envd_port: Shorthand for ``sandbox_url=http://127.0.0.1:<port>``.
         python: The Python inside the VM.
     """

@@ -14,9 +14,9 @@ from envhub.errors import SandboxError
 from envhub.rewards.code import run_tests
 from envhub.sandbox import Limits, LocalSandbox, Sandbox
 from envhub.sandbox.e2b import E2BSandbox
-from envhub.sandbox.envd_local import LocalEnvd, local_envd_process
 
 from .conftest import live_sandbox_processes
+from .envd_local import LocalEnvd, local_envd_process
 from .test_containment import FORK_COUNT
 
 LIMITS = Limits(wall_time=5, processes=16)

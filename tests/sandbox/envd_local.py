@@ -13,8 +13,9 @@ benchmarks can measure the SDK's own overhead. It serves:
 
 A test and bench fixture: one process, no auth, no persistence, no PTY, no live stdin; the
 store keeps every run's files until the server stops. Run it in its own process
-(:func:`local_envd_process`, or ``python -m envhub.sandbox.envd_local``) when the SDK is used
-from the same program.
+(:func:`local_envd_process`, or ``python tests/sandbox/envd_local.py``) when the SDK is used
+from the same program. A test helper, not part of the package (tests beside it import it
+relatively; ``bench/`` puts this folder on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import itertools
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 from envhub.sandbox.base import Limits
@@ -239,8 +241,7 @@ def local_envd_process(
     port = port or _free_port()
     argv = [
         sys.executable,
-        "-m",
-        "envhub.sandbox.envd_local",
+        str(Path(__file__).resolve()),  # a script: this folder is no package of an installed one
         "--port",
         str(port),
         "--base-uid",
@@ -269,7 +270,7 @@ def _answers(port: int) -> bool:
 
 
 def main() -> None:
-    """``python -m envhub.sandbox.envd_local --port 49983``: serve until interrupted."""
+    """``python tests/sandbox/envd_local.py --port 49983``: serve until interrupted."""
     import argparse
     import signal
 
