@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.trainer.rollout_workers import RolloutJob
+from envhub.trainer.rollout_jobs import RolloutJob
 from envhub.types import Trajectory
 
 

@@ -19,10 +19,24 @@ from dataclasses import replace
 
 import torch
 
-from envhub.trainer.algorithms import KLController, kl_token_rewards, measured_kl
+from envhub.trainer.algorithms import (
+    KLController,
+    kl_token_rewards,
+    make_kl_controller,
+    measured_kl,
+)
 from envhub.trainer.backends.base import TrainBackend
 from envhub.trainer.batch import Batch, Sample
+from envhub.trainer.config import TrainConfig
 from envhub.trainer.scoring import Scored
+
+
+def kl_controller(config: TrainConfig) -> KLController | None:
+    """The controller of ``algorithm.kl_in_reward``'s coefficient; ``None`` when it is off."""
+    spec = config.algorithm.kl_in_reward
+    if spec is None:
+        return None
+    return make_kl_controller(spec.type, spec.coef, spec.target_kl, spec.horizon)
 
 
 def charge_kl(

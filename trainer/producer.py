@@ -38,7 +38,8 @@ import numpy as np
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.groups import Group, IdleClock, InFlight, Taken
-from envhub.trainer.rollout_workers import RolloutJob, RolloutWorkers, RunnerOptions, run_job
+from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions, run_job
+from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.scoring import has_signal
 from envhub.trainer.tasks import TaskSchedule
 from envhub.types import Trajectory
@@ -54,7 +55,8 @@ class GroupProducer:
         config: The run (``rollout``: tasks, groups, staleness; ``steps``: the last draw).
         schedule: Hands out each draw's tasks.
         engine: Samples the episodes (in this process, or through ``workers``).
-        workers: Ray actors that run the episodes, if the run has them.
+        workers: Ray actors that run the episodes, if the caller has them (it closes them);
+            :meth:`start_workers` starts the run's own instead, which :meth:`aclose` closes.
         on_progress: Called with (episodes ready for the next update, episodes it needs).
     """
 
@@ -70,6 +72,7 @@ class GroupProducer:
         self.schedule = schedule
         self.engine = engine
         self.workers = workers
+        self._owns_workers = False
         self.on_progress = on_progress
         self.max_staleness = config.rollout.max_staleness
         self.groups_per_step = config.rollout.tasks_per_step
@@ -101,6 +104,23 @@ class GroupProducer:
         """Tasks a checkpoint had in flight, to launch again at :meth:`start`."""
 
     # -- the producer ---------------------------------------------------------------------------
+
+    def start_workers(self) -> list[dict[str, Any]] | None:
+        """Start the run's ``rollout.workers`` Ray actors, which reach the started engine over
+        HTTP; :meth:`aclose` closes them. Returns where each runs (``None``: the run has none,
+        and episodes run in this process)."""
+        if not self.config.rollout.workers:
+            return None
+        self.workers = RolloutWorkers.for_run(self.config, self.engine)
+        self._owns_workers = True
+        return self.workers.info
+
+    def engine_stats(self) -> dict[str, float]:
+        """The engine's counters since the last call (from the workers' clients when they
+        sample), then the engine's reset."""
+        stats = self.workers.stats() if self.workers is not None else self.engine.stats()
+        self.engine.reset_stats()
+        return stats
 
     def start(self, first_draw: int) -> None:
         """Begin with draw ``first_draw`` (a resumed run's first step), or where a checkpoint's
@@ -383,11 +403,15 @@ class GroupProducer:
         ]
 
     async def aclose(self) -> None:
-        """Cancel the rollouts in flight and wait for them to stop."""
+        """Cancel the rollouts in flight and wait for them to stop; close the workers that
+        :meth:`start_workers` started."""
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self._owns_workers and self.workers is not None:
+            self._owns_workers = False
+            await self.workers.aclose()
 
 
 def runner_seed(seed: int, *keys: int) -> int:

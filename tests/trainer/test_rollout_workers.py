@@ -30,11 +30,10 @@ from envhub.testing import ByteChatTokenizer, LetterEnv, ScriptedEngine  # noqa:
 from envhub.trainer.cluster.run import ray_cpus  # noqa: E402
 from envhub.trainer.config import load_config, validate_config  # noqa: E402
 from envhub.trainer.engines.base import RolloutEngine  # noqa: E402
+from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions  # noqa: E402
 from envhub.trainer.rollout_workers import (  # noqa: E402
     Part,
-    RolloutJob,
     RolloutWorkers,
-    RunnerOptions,
     deal,
     forwarded_env,
     merge_stats,

@@ -8,7 +8,7 @@ A checkpoint is one folder, ``root/step-000042/``::
     optimizer.pt         ``optimizer.state_dict()``
     scheduler.pt         ``scheduler.state_dict()``, when there is a scheduler
     rng.pt               python, numpy, torch CPU and CUDA generator states (``capture_rng``)
-    trainer_state.json   the loop's own state: step, data cursors, ...
+    trainer_state.json   the loop's own state (a ``RunState``): step, task cursors, buffers, ...
     COMPLETE             written last: a manifest of every other file and its size
 
 Everything is written into ``root/.tmp-step-000042-<pid>/``, fsynced, and renamed into place, so
@@ -25,6 +25,8 @@ The modules, each importing only those listed before it:
     rng           ``capture_rng`` / ``restore_rng``
     model_state   saving and loading the model (``ShardedModel``: one that saves itself)
     manager       ``CheckpointManager``
+    run_state     what a training run's checkpoint holds: ``RunState``, ``RunParts`` (every
+                  stateful part through one Protocol), ``RunCheckpoints`` (save, resume)
     export        ``export_hf`` / ``export_hf_weights``
 """
 

@@ -17,10 +17,37 @@ _EXPORTS = {
     "VLLMEngine": "envhub.trainer.engines.vllm",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted([*_EXPORTS, "make_engine"])
 
 
 def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(import_module(_EXPORTS[name]), name)
+
+
+def make_engine(config: Any, backend: Any) -> Any:
+    """The rollout engine of ``config.rollout.engine`` for ``backend`` (a ``TrainConfig`` and a
+    ``TrainBackend``; untyped here to keep this package's import light): ``hf`` generates with
+    the policy module itself (nothing to sync); ``vllm`` runs vLLM and receives the weights
+    after every step.
+
+    Raises:
+        ConfigError: Unknown engine.
+    """
+    if config.rollout.engine == "hf":
+        from envhub.trainer.engines.hf import HFEngine
+
+        return HFEngine(
+            backend.model,
+            backend.tokenizer,
+            max_batch_size=config.rollout.max_concurrency,
+            seed=config.seed,
+        )
+    if config.rollout.engine == "vllm":
+        from envhub.trainer.engines.vllm import make_vllm_engine  # imports vLLM only when it starts
+
+        return make_vllm_engine(config, backend)
+    from envhub.errors import ConfigError
+
+    raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf, vllm")

@@ -1,0 +1,283 @@
+"""One training step, phase by phase.
+
+    take groups -> record them -> score -> (engine sleeps) -> KL in the reward -> values
+      -> advantages and batch -> update the policy (and the critic) -> sync the engine
+
+:func:`train_step` reads top to bottom; each phase is a function of its own, timed under its
+name (``time/<phase>`` metrics). The update runs in a worker thread, so that the producer's
+rollouts (with ``rollout.max_staleness >= 1``) go on meanwhile; at 0 nothing is rolling out
+then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from envhub.evaluation import summarize
+from envhub.rollout.io import TrajectoryWriter
+from envhub.rollout.manifest import update_manifest
+from envhub.trainer import trainer_logprobs
+from envhub.trainer.algorithms import KLController, ObjectiveSpec
+from envhub.trainer.backends import TrainBackend
+from envhub.trainer.batch import Batch, NoSignal, no_signal, select
+from envhub.trainer.config import TrainConfig
+from envhub.trainer.critic import Critic, update_critic
+from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.groups import Taken
+from envhub.trainer.kl_reward import charge_kl
+from envhub.trainer.memory import release_freed_memory
+from envhub.trainer.producer import GroupProducer
+from envhub.trainer.scoring import Scored, estimate_advantages, score
+from envhub.trainer.tasks import TaskSchedule
+from envhub.trainer.trainer_logprobs import TrainerLogprobs
+from envhub.types import Trajectory
+
+TRAIN_PHASES = ("logprobs", "update", "values", "critic")
+"""The phases that run the trainer's models (``throughput/train_tokens_per_s``)."""
+
+
+@dataclass
+class Run:
+    """The live parts every step of a run uses (the loop builds and closes them); also what
+    its checkpoints hold (``checkpoint.run_state.RunParts``)."""
+
+    config: TrainConfig
+    backend: TrainBackend
+    engine: RolloutEngine
+    producer: GroupProducer
+    kl_controller: KLController | None = None
+    """The KL-in-reward coefficient's controller (``algorithm.kl_in_reward``)."""
+    critic: Critic | None = None
+    """The value model of a critic estimator (``algorithm.advantage: gae``)."""
+
+    @property
+    def schedule(self) -> TaskSchedule:
+        """The task schedule the producer draws from."""
+        return self.producer.schedule
+
+
+@dataclass
+class PhaseTimer:
+    """Wall time per phase of a step (``time/<phase>`` metrics)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        """Time the ``with`` block and add its wall time to ``phase`` (a phase may be entered
+        several times in a step)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        """Seconds per phase as ``time/<phase>``, and their sum as ``time/step``."""
+        return {f"time/{k}": v for k, v in self.seconds.items()} | {
+            "time/step": sum(self.seconds.values())
+        }
+
+
+async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | None]:
+    """One step: take scored groups, build the batch, update the policy, sync the engine.
+    Returns the step's metrics and, when it had nothing to learn from, why.
+
+    With KL in the reward (``run.kl_controller``), the step's sequences are scored under the
+    policy and the reference model between the rewards and the advantages (see
+    ``kl_reward``). With a critic, it values the sequences before the advantages and learns
+    GAE's returns after the policy's update; during ``critic.warmup_steps`` only it learns.
+    """
+    timer = PhaseTimer()
+    with timer("rollout"):  # at max_staleness >= 1: the wait for groups that are not ready
+        taken = await run.producer.take(step)
+    engine_metrics = {f"engine/{k}": v for k, v in run.producer.engine_stats().items()}
+    sampled = _record(step, run.config, taken)
+    await run.engine.check_alive()  # a dead engine fails every episode: stop, don't train on it
+    with timer("prepare"):
+        scored = score(taken.trajectories, run.config.algorithm, run.config.rollout.max_tokens)
+    await run.engine.sleep()
+    scored, kl_metrics = await _charge_kl(run, scored, timer)
+    batch = await _advantages_and_batch(run, scored, timer)
+    update_metrics = await _update(step, run, batch, timer)
+    with timer("sync"):
+        sync_metrics = await run.engine.update_weights(run.backend, version=step + 1) or {}
+    metrics = (
+        rollout_metrics(sampled, run.producer.schedule)
+        | engine_metrics
+        | batch.stats
+        | kl_metrics
+        | update_metrics
+        | sync_metrics
+        | taken.metrics
+        | timer.metrics()
+        | _throughput(sampled, batch, timer)
+    )
+    return metrics, no_signal(scored, batch, run.producer.schedule.pass_threshold)
+
+
+def _record(step: int, config: TrainConfig, taken: Taken) -> list[Trajectory]:
+    """Every episode the step sampled (groups that refills replaced too), saved with the run's
+    manifest of envs and samplers."""
+    sampled = taken.trajectories + taken.set_aside
+    if config.logging.save_trajectories:
+        save_trajectories(config.run_dir / "trajectories" / f"step-{step + 1:06d}.jsonl", sampled)
+    update_manifest(config.run_dir / "manifest.json", sampled)
+    return sampled
+
+
+async def _charge_kl(run: Run, scored: Scored, timer: PhaseTimer) -> tuple[Scored, dict]:
+    """With KL in the reward: the penalty on ``scored``, which needs logprobs before the
+    advantages (``kl_reward``)."""
+    if run.kl_controller is None:
+        return scored, {}
+    with timer("logprobs"):
+        estimator = run.config.algorithm.kl_in_reward.estimator  # type: ignore[union-attr]
+        return await asyncio.to_thread(charge_kl, scored, run.backend, run.kl_controller, estimator)
+
+
+async def _advantages_and_batch(run: Run, scored: Scored, timer: PhaseTimer) -> Batch:
+    """The critic's values (when there is one), the advantages, and what the update trains on
+    (dynamic sampling, the overlong filter)."""
+    values = None
+    if run.critic is not None and scored.usable:
+        with timer("values"):
+            sequences = [scored.trajectories[i].token_ids or [] for i in scored.usable]
+            values = await asyncio.to_thread(run.critic.values, sequences)
+    with timer("prepare"):
+        advantages = estimate_advantages(scored, run.config.algorithm, values)
+        return select(scored, advantages, run.config.algorithm)
+
+
+async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
+    """The policy's update (not while the critic warms up), then the critic's."""
+    config, metrics = run.config, {}
+    warming_up = run.critic is not None and step < config.critic.warmup_steps
+    if batch.samples and not warming_up:
+        metrics, seen = await asyncio.to_thread(update_policy, batch, config, run.backend, timer)
+        release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
+        if config.logging.save_trajectories and seen:
+            path = trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1)
+            trainer_logprobs.save(path, seen)
+    if run.critic is not None and batch.samples:
+        with timer("critic"):
+            updates = config.algorithm.updates_per_step
+            metrics |= await asyncio.to_thread(update_critic, run.critic, batch, updates)
+            metrics["critic/warmup"] = float(warming_up)
+        release_freed_memory()
+    return metrics
+
+
+def _throughput(sampled: list[Trajectory], batch: Batch, timer: PhaseTimer) -> dict[str, float]:
+    """Sampled tokens per second of the rollout's wait and trained tokens per second of the
+    phases that ran the trainer's models."""
+    completion_tokens = sum(t.num_completion_tokens for t in sampled)
+    metrics = {
+        "throughput/rollout_tokens_per_s": completion_tokens / max(timer.seconds["rollout"], 1e-9)
+    }
+    train_seconds = sum(timer.seconds.get(p, 0.0) for p in TRAIN_PHASES)
+    if train_seconds:
+        metrics["throughput/train_tokens_per_s"] = (
+            sum(len(s) for s in batch.samples) / train_seconds
+        )
+    return metrics
+
+
+def update_policy(
+    batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer
+) -> tuple[dict[str, float], TrainerLogprobs]:
+    """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches, each cut
+    into micro-batches by the backend.
+
+    Returns the metrics and the trainer's logprob of each trained token: the policy's before
+    any of the step's updates (the ``old`` logprobs) when there are several, else the ones the
+    one update's loss saw (the same policy); empty when the backend returns none.
+    """
+    spec = objective_spec(config)
+    updates = min(config.algorithm.updates_per_step, len(batch.samples))
+    chunks = [Batch(batch.samples[i::updates]) for i in range(updates)]
+    packed = [backend.micro_batches(chunk) for chunk in chunks]
+    old = ref = None
+    with timer("logprobs"):
+        if updates > 1:  # later updates need the logprobs of the policy that sampled
+            old = [backend.logprobs(mbs) for mbs in packed]
+        if config.algorithm.kl_beta > 0:
+            ref = [backend.logprobs(mbs, reference=True) for mbs in packed]
+    totals: dict[str, float] = {}
+    seen: TrainerLogprobs = {}
+    with timer("update"):
+        for k, (chunk, mbs) in enumerate(zip(chunks, packed, strict=True)):
+            result = backend.update(
+                mbs,
+                spec,
+                old_logprobs=old[k] if old else None,
+                ref_logprobs=ref[k] if ref else None,
+                num_tokens=chunk.num_tokens,
+                num_sequences=chunk.num_sequences,
+            )
+            for name, value in result.metrics.items():
+                totals[f"train/{name}"] = totals.get(f"train/{name}", 0.0) + value / updates
+            if old or result.token_logprobs:
+                seen |= trainer_logprobs.collect(
+                    chunk, mbs, old[k] if old else result.token_logprobs
+                )
+    totals["train/micro_batches"] = float(sum(len(m) for m in packed))
+    return totals, seen
+
+
+def objective_spec(config: TrainConfig) -> ObjectiveSpec:
+    """The loss of ``config.algorithm`` as an :class:`ObjectiveSpec` (the length normaliser is
+    ``rollout.max_tokens``)."""
+    a = config.algorithm
+    return ObjectiveSpec(
+        policy_loss=a.policy_loss,
+        eps_low=a.eps_low,
+        eps_high=a.eps_high,
+        dual_clip=a.dual_clip,
+        aggregation=a.aggregation,
+        norm_length=config.rollout.max_tokens,
+        kl_beta=a.kl_beta,
+        kl_estimator=a.kl_estimator,
+        entropy_coef=a.entropy_coef,
+        mismatch=a.mismatch,
+        mismatch_cap=a.mismatch_cap,
+        mismatch_low=a.mismatch_low,
+        mismatch_high=a.mismatch_high,
+    )
+
+
+def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> dict[str, float]:
+    """Reward (mean, std, per component), pass@1, tool use, lengths and failures of the step."""
+    s = summarize(trajectories, pass_threshold=schedule.pass_threshold)
+    metrics = {
+        "reward/mean": s.reward_mean,
+        "reward/std": s.reward_std,
+        "pass@1": s.pass_at.get(1, 0.0),
+    }
+    metrics |= {f"reward/{name}": value for name, value in s.components.items()}
+    metrics |= {
+        "rollout/episodes": float(s.episodes),
+        "rollout/completion_tokens": s.completion_tokens_mean,
+        "rollout/turns": s.turns_mean,
+        "rollout/tool_calls": s.tool_calls,
+        "rollout/errors": float(s.episodes_with_errors),
+        "rollout/token_drift": float(s.token_drift_episodes),
+        "rollout/truncated": float(sum(t.truncated for t in trajectories))
+        / max(len(trajectories), 1),
+    }
+    if s.tool_validity is not None:
+        metrics["rollout/tool_validity"] = s.tool_validity
+    return metrics
+
+
+def save_trajectories(path: Path, trajectories: list[Trajectory]) -> None:
+    """Write a step's trajectories to ``path`` as JSON lines, replacing any earlier file."""
+    path.unlink(missing_ok=True)  # a resumed run rewrites the steps it repeats
+    with TrajectoryWriter(path) as writer:
+        for t in trajectories:
+            writer.write(t)
