@@ -161,27 +161,21 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
              api_key: str | None, mode: str, plan: TaskPlan, rollouts: int, seed: int,
              concurrency: int, sampling: dict[str, Any], timeouts: tuple[float, float],
              output: Path | None) -> Path:  # fmt: skip
-    """Run the evaluation and save it; returns the output folder."""
+    """Run the evaluation (:func:`envhub.evaluation.evaluate`) and save it; returns the output
+    folder."""
     import asyncio
     import time
 
-    from envhub import make
     from envhub.cli.console import console
-    from envhub.evaluation import summarize
+    from envhub.evaluation import evaluate
     from envhub.inference.base import SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.rollout.io import TrajectoryWriter
     from envhub.rollout.manifest import manifest
-    from envhub.rollout.runner import RolloutRunner
     from envhub.rollout.tool_prompt import where_tools_go
 
-    indices, threshold = plan.indices, plan.pass_threshold
+    indices = plan.indices
     engine = OpenAIEngine(base_url, model, api_key=api_key, mode=mode, max_concurrency=concurrency)
-    runner = RolloutRunner(
-        engine, lambda: make(env_name, **env_kwargs), sampling=SamplingParams(**sampling),
-        max_concurrency=concurrency, step_timeout=timeouts[0], episode_timeout=timeouts[1],
-        seed=seed,
-    )  # fmt: skip
     folder = output or default_output(env_name, model or "server")
     started = time.perf_counter()
     with (
@@ -193,18 +187,25 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
             writer.write(trajectory)
             advance(trajectory.reward)
 
-        async def go() -> list[Any]:
+        async def go() -> Any:
             try:
                 await engine.start()
                 if plan.num_tools:
                     where = await where_tools_go(engine.tokenizer, plan.num_tools)
                     console.print(f"tools: {where}")
-                return await runner.run(indices, rollouts, on_trajectory=record)
+                return await evaluate(
+                    engine, env_name, indices, env_args=env_kwargs, samples_per_task=rollouts,
+                    sampling=SamplingParams(**sampling), max_concurrency=concurrency,
+                    step_timeout=timeouts[0], episode_timeout=timeouts[1], seed=seed,
+                    pass_threshold=plan.pass_threshold, on_trajectory=record,
+                )  # fmt: skip
             finally:
                 await engine.aclose()
 
-        trajectories = asyncio.run(go())
-    summary = summarize(trajectories, threshold, seconds=time.perf_counter() - started)
+        result = asyncio.run(go())
+    # The time from before the engine's start, as the table's episodes/s has always counted it.
+    summary = result.summary.model_copy(update={"seconds": time.perf_counter() - started})
+    trajectories = result.trajectories
     config = {"env": env_name, "env_args": env_kwargs, "model": engine.model, "base_url": base_url,
               "mode": engine.mode, "tasks": indices, "rollouts": rollouts, "seed": seed,
               "sampling": sampling, **manifest(trajectories)}  # fmt: skip

@@ -1,4 +1,13 @@
-"""Summaries of a set of trajectories: what ``envhub eval`` prints and saves.
+"""Evaluating a policy on an env: the episodes (:func:`evaluate`) and what they add up to
+(:func:`summarize`).
+
+:func:`evaluate` is the one entry point that plays an env's tasks against an inference engine
+and summarises them: ``envhub eval`` calls it with an OpenAI-compatible server, the trainer's
+held-out evaluation with the run's own engine, and a script with whatever engine it has::
+
+    engine = envhub.OpenAIEngine("http://127.0.0.1:8000/v1", "my-model")
+    result = asyncio.run(evaluate(engine, "arithmetic", range(20), samples_per_task=4))
+    result.summary.pass_at[4]
 
 pass@k uses the unbiased estimator of Chen et al. (2021): with ``n`` samples of a task of which
 ``c`` pass, pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks.
@@ -8,13 +17,19 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from envhub.types import OUTCOMES, Trajectory
+
+if TYPE_CHECKING:
+    from envhub.env import Env
+    from envhub.inference.base import InferenceEngine, SamplingParams
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -126,3 +141,78 @@ def summarize(
         token_drift_episodes=sum(1 for t in trajectories if t.token_drift),
         seconds=seconds,
     )
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What :func:`evaluate` played, and its summary."""
+
+    trajectories: list[Trajectory]
+    """Every episode, in task then sample order."""
+    summary: EvalSummary
+    """Their summary; ``seconds`` is the rollouts' wall time."""
+
+
+async def evaluate(
+    engine: InferenceEngine,
+    env: str | Callable[[], Env],
+    tasks: Iterable[int],
+    *,
+    env_args: Mapping[str, Any] | None = None,
+    samples_per_task: int = 1,
+    sampling: SamplingParams | None = None,
+    max_concurrency: int = 32,
+    step_timeout: float | None = 60.0,
+    episode_timeout: float | None = 900.0,
+    seed: int = 0,
+    pass_threshold: float | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+) -> Evaluation:
+    """Play ``tasks`` of ``env`` against ``engine`` and summarise the episodes.
+
+    The rollout runner records every episode as training would (token ids when the engine
+    gives them, tool calls, reward components, outcomes); a failed episode is recorded, not
+    raised. The engine is started if it is not yet, and left running: its owner closes it.
+
+    Args:
+        engine: What generates the assistant turns.
+        env: A registered env's name (made with ``env_args``), or a factory of envs.
+        tasks: Task indices of the env's dataset, each played ``samples_per_task`` times.
+        env_args: Keyword arguments for ``envhub.make`` when ``env`` is a name.
+        samples_per_task: Episodes per task (pass@k for k up to this).
+        sampling: Temperature, top-p, max tokens per turn (default: the engine's defaults).
+        max_concurrency: Episodes in flight at once.
+        step_timeout: Seconds an env step may take.
+        episode_timeout: Seconds an episode may take.
+        seed: Seeds the task's episodes (the same seed plays the same episodes).
+        pass_threshold: The reward that counts as a pass; default: the env's own.
+        on_trajectory: Called with each episode as its group finishes (progress, streaming).
+    """
+    from envhub.rollout.runner import RolloutRunner
+
+    factory = _env_factory(env, env_args or {})
+    if pass_threshold is None:
+        with factory() as probe:
+            pass_threshold = float(getattr(probe, "pass_threshold", 1.0))
+    runner = RolloutRunner(
+        engine, factory, sampling=sampling, max_concurrency=max_concurrency,
+        step_timeout=step_timeout, episode_timeout=episode_timeout, seed=seed,
+    )  # fmt: skip
+    started = time.perf_counter()
+    trajectories = await runner.run(list(tasks), samples_per_task, on_trajectory=on_trajectory)
+    seconds = time.perf_counter() - started
+    return Evaluation(trajectories, summarize(trajectories, pass_threshold, seconds=seconds))
+
+
+def _env_factory(env: str | Callable[[], Env], env_args: Mapping[str, Any]) -> Callable[[], Env]:
+    """``env`` as a factory of fresh envs."""
+    if not isinstance(env, str):
+        if env_args:
+            from envhub.errors import ConfigError
+
+            raise ConfigError("env_args go with an env name; a factory takes its own arguments")
+        return env
+    from envhub.loader import make
+
+    name, args = env, dict(env_args)
+    return lambda: make(name, **args)

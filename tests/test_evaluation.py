@@ -95,3 +95,51 @@ def test_summarize_groups_components_tools_and_errors():
 def test_summarize_without_tool_calls_reports_no_validity():
     s = summarize([traj("g0", 1.0)])
     assert s.tool_validity is None and s.pass_at == {1: 1.0}
+
+
+# -- evaluate: the one entry point that plays an env and summarises it -------------------------
+
+
+def _letters_policy(messages, tools) -> str:
+    """Task 0 and 2 all ``e`` (reward 1), the others half (reward 0.5)."""
+    import re
+
+    number = int(re.search(r"\((\d+)\)", messages[-1].content).group(1))
+    return "eeee" if number in (0, 2) else "eexx"
+
+
+def test_evaluate_plays_every_task_and_summarises_it(letter_env: str) -> None:
+    import asyncio
+
+    from envhub.evaluation import evaluate
+    from envhub.testing import ScriptedEngine
+
+    seen = []
+    engine = ScriptedEngine(_letters_policy)
+    result = asyncio.run(
+        evaluate(engine, letter_env, [0, 1, 2], samples_per_task=2, on_trajectory=seen.append)
+    )
+
+    assert [t.task_index for t in result.trajectories] == [0, 0, 1, 1, 2, 2]
+    assert [t.reward for t in result.trajectories] == [1.0, 1.0, 0.5, 0.5, 1.0, 1.0]
+    assert sorted(id(t) for t in seen) == sorted(id(t) for t in result.trajectories)
+    assert engine.requests == 6
+    summary = result.summary
+    assert summary.pass_threshold == 1.0  # the env's own, read off one env
+    assert summary.pass_at == {1: pytest.approx(2 / 3), 2: pytest.approx(2 / 3)}
+    assert summary.seconds > 0
+    assert summary.model_copy(update={"seconds": 0.0}) == summarize(result.trajectories)
+
+
+def test_evaluate_takes_a_factory_and_a_threshold(letter_env: str) -> None:
+    import asyncio
+
+    from envhub.errors import ConfigError
+    from envhub.evaluation import evaluate
+    from envhub.testing import LetterEnv, ScriptedEngine
+
+    engine = ScriptedEngine(_letters_policy)
+    result = asyncio.run(evaluate(engine, LetterEnv, [1, 3], pass_threshold=0.5, seed=4))
+    assert result.summary.pass_at == {1: 1.0}
+    with pytest.raises(ConfigError, match="env_args go with an env name"):
+        asyncio.run(evaluate(engine, LetterEnv, [1], env_args={"x": 1}))

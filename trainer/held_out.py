@@ -23,10 +23,9 @@ from pathlib import Path
 
 import envhub
 from envhub.checker import spread_tasks
-from envhub.evaluation import summarize
+from envhub.evaluation import EvalSummary, Evaluation, evaluate
 from envhub.inference.base import SamplingParams
 from envhub.rollout.io import TrajectoryWriter
-from envhub.rollout.runner import RolloutRunner
 from envhub.trainer.config import EvalEnvSpec, TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.types import Trajectory
@@ -90,9 +89,9 @@ class HeldOutEval:
         metrics: dict[str, float] = {}
         episodes: list[Trajectory] = []
         for index, target in enumerate(self.targets):
-            trajectories = await self._play(target, index, engine)
-            episodes += trajectories
-            metrics |= _target_metrics(target, trajectories)
+            result = await self._play(target, index, engine)
+            episodes += result.trajectories
+            metrics |= _target_metrics(target, result.summary)
         rewards = [metrics[f"eval/{t.label}/reward"] for t in self.targets]
         metrics["eval/reward"] = sum(rewards) / len(rewards)
         metrics["time/eval"] = time.perf_counter() - started
@@ -112,21 +111,19 @@ class HeldOutEval:
         when = f"every {every} steps" if every else "after the last step"
         return f"{envs}, {when}" + (", and before the first" if self.settings.baseline else "")
 
-    async def _play(
-        self, target: EvalTarget, index: int, engine: RolloutEngine
-    ) -> list[Trajectory]:
-        spec, rollout = target.spec, self.config.rollout
-        runner = RolloutRunner(
-            engine, lambda: envhub.make(spec.name, **spec.args), sampling=self.sampling,
+    async def _play(self, target: EvalTarget, index: int, engine: RolloutEngine) -> Evaluation:
+        rollout = self.config.rollout
+        return await evaluate(
+            engine, target.spec.name, target.tasks, env_args=target.spec.args,
+            samples_per_task=self.settings.samples_per_task, sampling=self.sampling,
             max_concurrency=rollout.max_concurrency, step_timeout=rollout.step_timeout,
             episode_timeout=rollout.episode_timeout,
             seed=self.config.seed + EVAL_SEED_OFFSET + index,
+            pass_threshold=target.pass_threshold,
         )  # fmt: skip
-        return await runner.run(target.tasks, self.settings.samples_per_task)
 
 
-def _target_metrics(target: EvalTarget, trajectories: list[Trajectory]) -> dict[str, float]:
-    summary = summarize(trajectories, pass_threshold=target.pass_threshold)
+def _target_metrics(target: EvalTarget, summary: EvalSummary) -> dict[str, float]:
     prefix = f"eval/{target.label}"
     metrics = {f"{prefix}/reward": summary.reward_mean}
     metrics |= {f"{prefix}/pass@{k}": v for k, v in summary.pass_at.items()}
