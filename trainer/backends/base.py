@@ -40,6 +40,19 @@ class TrainBackend(Protocol):
     """The HF tokenizer of the policy (chat template, pad id)."""
     model_path: str
     """The local folder (or Hub id) the policy was loaded from; a vLLM engine starts from it."""
+    autocast_dtype: torch.dtype | None
+    """The dtype the policy computes in under autocast (``None``: in its parameters' own
+    dtype); a critic beside it computes in the same."""
+
+    @property
+    def pad_id(self) -> int:
+        """The id that pads micro-batches: the tokenizer's pad id, else its end-of-sequence
+        id (a critic pads the same sequences with it)."""
+        ...
+
+    def num_parameters(self, trainable_only: bool = False) -> int:
+        """The policy's parameter count (elements); ``trainable_only``: those that learn."""
+        ...
 
     @property
     def model(self) -> torch.nn.Module:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 if TYPE_CHECKING:
+    from envhub.trainer.backends.base import TrainBackend
     from envhub.trainer.batch import Batch, Sample
     from envhub.trainer.config import TrainConfig
 
@@ -79,7 +80,7 @@ def describe_critic(config: TrainConfig) -> str:
     )
 
 
-def make_critic(config: TrainConfig, backend: Any) -> Critic | None:
+def make_critic(config: TrainConfig, backend: TrainBackend) -> Critic | None:
     """The run's critic (``None`` unless ``algorithm.advantage`` is ``gae``), on the policy's
     device and under its autocast."""
     if not config.algorithm.needs_critic:
@@ -90,7 +91,7 @@ def make_critic(config: TrainConfig, backend: Any) -> Critic | None:
         return MegatronCritic(config, backend.pad_id)
     from envhub.trainer.critic.torch_critic import TorchCritic
 
-    return TorchCritic(config, backend.device, getattr(backend, "autocast_dtype", None))
+    return TorchCritic(config, backend.device, backend.autocast_dtype)
 
 
 __all__ = ["Critic", "describe_critic", "make_critic", "update_critic"]

@@ -44,6 +44,7 @@ from envhub.types import SamplerRef, template_sha256
 
 if TYPE_CHECKING:
     from envhub.trainer.backends.base import TrainBackend
+    from envhub.trainer.config import TrainConfig
 
 __all__ = ["VLLMEngine", "serve_args"]
 
@@ -357,7 +358,7 @@ def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:
     return ("--tensor-parallel-size", str(tensor_parallel)) if tensor_parallel > 1 else ()
 
 
-def make_vllm_engine(config: Any, backend: Any) -> VLLMEngine:
+def make_vllm_engine(config: TrainConfig, backend: TrainBackend) -> VLLMEngine:
     """The engine ``rollout.engine: vllm`` asks for, for ``backend``'s model and device."""
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     settings = resolve_settings(config, backend.model_path, on_gpu)

@@ -22,7 +22,7 @@ import asyncio
 import subprocess
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.errors import EngineError, EngineUnavailableError
 from envhub.inference.vllm_server import VLLMServer
@@ -34,6 +34,10 @@ from envhub.trainer.engines.vllm_transport import (
     server_env,
 )
 from envhub.trainer.weight_sync import transfers
+
+if TYPE_CHECKING:
+    from envhub.trainer.backends.base import TrainBackend
+    from envhub.trainer.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -230,8 +234,9 @@ class RayServerTransport(ServerTransport):
             ray.shutdown()
 
 
-def engine_slot(config: Any, backend: Any) -> EngineSlot:
-    """The engine's slot for ``rollout.vllm`` (colocated: the trainer's first bundle)."""
+def engine_slot(config: TrainConfig, backend: TrainBackend) -> EngineSlot:
+    """The engine's slot for ``rollout.vllm`` (colocated: the first bundle of the trainer's
+    worker group, the Megatron backend's ``group``; a backend in this process has none)."""
     v = config.rollout.vllm
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     if not v.colocate:

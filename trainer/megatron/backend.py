@@ -44,6 +44,9 @@ WEIGHT_BUCKET_BYTES = 256 << 20
 class MegatronBackend:
     """Trains with megatron-core ranks placed on Ray (see the module docstring)."""
 
+    autocast_dtype = None
+    """The ranks compute in the model's own dtype (bf16 parameters on GPUs): no autocast."""
+
     def __init__(self, config: TrainConfig) -> None:
         from transformers import AutoTokenizer
 
