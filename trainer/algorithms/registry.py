@@ -32,6 +32,11 @@ the config is validated::
 after which ``algorithm.advantage: best_of_group`` validates and trains. The function's
 signature is its family's: see :class:`Estimator` and the modules of the built-in ones
 (``advantages``, ``policy_losses``, ``aggregation``, ``kl``, ``mismatch``).
+
+A registration lives in the process that made it. Estimators run in the trainer's driver, so
+one registered there serves every backend; the loss's parts (policy loss, aggregation, KL,
+mismatch) run where the update runs, which for the Megatron backend is its Ray ranks: there
+only the built-in names (and what the ranks' own imports register) are known.
 """
 
 from __future__ import annotations
