@@ -1,6 +1,6 @@
 """Where a step's episodes run when ``rollout.workers`` asks for Ray CPU actors.
 
-By default the producer runs each step's :class:`~envhub.trainer.rollout_jobs.RolloutJob`\ s
+By default the producer runs each step's jobs (:class:`~envhub.trainer.rollout_jobs.RolloutJob`)
 in the trainer's driver. With ``rollout.workers: N``, :class:`RolloutWorkers` deals the groups
 of every job round-robin to N Ray actors (one logical CPU each), so that env code, reward
 functions and sandboxes never share a process with the trainer. Each actor runs

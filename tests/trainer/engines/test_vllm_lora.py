@@ -15,6 +15,11 @@ from envhub.trainer.weight_sync.adapter import adapter_name, engine_lora_rank
 
 from .conftest import EngineSetup
 
+SYNCED = 2e-4
+"""Largest |vLLM - trainer| logprob difference of a synced adapter: both sides run float32, but
+vLLM's CPU LoRA kernels sum in another order than peft (1.04e-4 seen once in a full-suite run,
+under 1e-4 alone); a stale adapter is more than 1e-3 off (the engine's own check says so)."""
+
 
 def _config(model_dir: Path | str, *, lora_sync: str = "adapter", **more: Any) -> Any:
     from envhub.trainer.config import validate_config
@@ -128,7 +133,7 @@ def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> 
     first = setup.run(setup.engine.update_weights(setup.backend))
     full_bytes = sum(t.numel() * 4 for _, t in setup.backend.weights())
     assert 0 < first["sync/megabytes"] * 2**20 < full_bytes / 20
-    assert first["sync/logprob_diff_max"] < 1e-4
+    assert first["sync/logprob_diff_max"] < SYNCED
     transport = setup.engine.transport
     assert transport.model_name == adapter_name(1)
 
@@ -136,7 +141,7 @@ def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> 
     with pytest.raises(EngineError, match="differ from the trainer's"):
         setup.run(setup.engine.check_weights(setup.backend))  # vLLM still has the last adapter
     second = setup.run(setup.engine.update_weights(setup.backend))
-    assert second["sync/logprob_diff_max"] < 1e-4
+    assert second["sync/logprob_diff_max"] < SYNCED
     # Only the adapter vLLM serves now is kept, on disk and in vLLM.
     sender = setup.engine._sender
     assert [p.name for p in sender.root.iterdir()] == ["sync-000002"]
@@ -200,7 +205,7 @@ def test_a_lora_run_trains_on_adapter_syncs_and_resumes(
     ]
     assert [r["step"] for r in rows] == [1, 2, 3]
     for row in rows:
-        assert row["sync/logprob_diff_max"] < 1e-4
+        assert row["sync/logprob_diff_max"] < SYNCED
         assert row["sync/megabytes"] < 1.0  # the adapter of a 2-layer model, not its weights
         assert row["rollout/errors"] == 0.0
     # The adapter moved: a stale sampler would have been off by this much.
@@ -212,4 +217,4 @@ def test_a_lora_run_trains_on_adapter_syncs_and_resumes(
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["sync/logprob_diff_max"] < 1e-4
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["sync/logprob_diff_max"] < SYNCED
