@@ -4,7 +4,7 @@ Model text is data, never trusted: brackets nested 100,000 deep, MB payloads, lo
 RTL marks, zero-width and combining characters, NUL bytes, numbers Python's ``json`` balks at
 (``1e400``, ``NaN``, integers of 10,000 digits), unbalanced or doubled ``<tool_call>`` tags,
 unknown tools, arguments of the wrong type, thousands of calls in one turn. The properties:
-nothing raises, every answer takes under a second, and what comes back is well-formed.
+nothing raises, no answer takes pathologically long, and what comes back is well-formed.
 
 The profile is deterministic and small enough for CI; ``bench/fuzz.py`` runs the same
 properties with fresh random examples for as long as it is asked to (``ENVHUB_FUZZ_PROFILE``).
@@ -28,7 +28,10 @@ from envhub.tools.parsers import PARSE_ERROR, PARSERS, ParsedTurn, ToolCallError
 from envhub.tools.tool import tool
 from envhub.types import Message, ToolCall
 
-TIME_LIMIT_S = 1.0
+TIME_LIMIT_S = 10.0
+"""A bound that catches a pathological case, not slowness: the slowest answer of the profile
+takes ~0.06 s on an idle 2-core machine (1.05 s was seen on a loaded one), while a backtracking
+regex or a quadratic pass over the megabyte inputs takes minutes."""
 
 settings.register_profile(
     "fuzz",

@@ -29,6 +29,7 @@ from envhub.errors import (  # noqa: E402
     WorkerGroupClosedError,
 )
 from envhub.trainer.cluster.placement import Placement, WorkerGroup, rank_env  # noqa: E402
+from envhub.trainer.cluster.ray_runtime import LOCAL_SYSTEM_CONFIG  # noqa: E402
 
 ENV_KEYS = (
     "RANK",
@@ -87,7 +88,13 @@ class Probe:
 def cluster() -> Iterator[str]:
     """A local Ray cluster (4 logical CPUs) for the module; yields the node IP."""
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    ray.init(num_cpus=4, num_gpus=0, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=4,
+        num_gpus=0,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=LOCAL_SYSTEM_CONFIG,  # as envhub's own local clusters
+    )
     yield ray.util.get_node_ip_address()
     ray.shutdown()
     ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
@@ -183,7 +190,7 @@ def test_a_dead_rank_is_reported_while_its_peer_waits_in_a_collective(cluster: s
     started = time.monotonic()
     with pytest.raises(WorkerDiedError) as caught:
         group.call("die_on", 1)
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # a few seconds; a peer stuck in gloo waits 30 min
     assert (caught.value.worker, caught.value.node) == (1, cluster)
     assert str(caught.value).startswith(f"trainer rank 1 on node {cluster} died: SYSTEM_ERROR: ")
     with pytest.raises(

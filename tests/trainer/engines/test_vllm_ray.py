@@ -15,6 +15,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from envhub.errors import EngineError, EngineUnavailableError  # noqa: E402
+from envhub.trainer.cluster.ray_runtime import LOCAL_SYSTEM_CONFIG  # noqa: E402
 from envhub.trainer.engines.vllm_ray import (  # noqa: E402
     COLOCATED_GPU_SHARE,
     EngineSlot,
@@ -34,7 +35,7 @@ def _settings(model: str) -> EngineSettings:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(num_cpus=2, include_dashboard=False, _system_config=LOCAL_SYSTEM_CONFIG)
     yield
     ray.shutdown()
 
