@@ -50,7 +50,7 @@ for s in $STAGES; do
         --micro-batch-tokens 16384 --steps 3 ;;
     # Where one update's time goes (device busy vs wall, host-device syncs, top ops): the full
     # tables are in $OUT/mg05prof.log.
-    mg05prof) stage mg05prof 120 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+    mg05prof) stage mg05prof 200 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 1 --profile ;;
     mg05r) stage mg05r 100 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 --recompute ;;
