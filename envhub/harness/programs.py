@@ -1,0 +1,242 @@
+"""Agent programs a harness env runs: a Python callable, or a command in a subprocess.
+
+A program gets the episode's OpenAI-compatible ``base_url`` and key and the task, runs its own
+loop against that endpoint, and returns a result. How it ended is reported as a
+:class:`ProgramError` of a kind the env records: ``start`` (it could not start), ``crash`` (it
+raised), ``exit`` (a command exited non-zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import shlex
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+MAX_OUTPUT_BYTES = 1024 * 1024
+"""A command's stdout kept as its result (the rest is dropped, and that is said)."""
+STDERR_TAIL = 2000
+"""Characters of a failed command's stderr kept in its error message."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a program is started with."""
+
+    base_url: str
+    api_key: str
+    task: dict[str, Any]
+    prompt: str
+    """The task as text (the env's :meth:`~envhub.harness.HarnessEnv.task_text`)."""
+    model: str = "policy"
+
+
+@dataclass
+class ProgramResult:
+    """What a program returned: a callable's return value, or a command's stdout and status."""
+
+    output: Any = None
+    exit_code: int | None = None
+
+
+class ProgramError(Exception):
+    """A program that did not return normally; ``kind`` says how."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class Program(Protocol):
+    """Anything a harness env can run per episode."""
+
+    async def run(self, launch: Launch) -> ProgramResult:
+        """Run on one task to the end; raise :class:`ProgramError` when it fails."""
+        ...
+
+    def describe(self) -> str:
+        """One line for logs and errors."""
+        ...
+
+
+ARGUMENTS = ("client", "base_url", "api_key", "task", "prompt", "model")
+"""The parameters a callable program may declare, filled by name."""
+
+
+@dataclass
+class CallableProgram:
+    """A Python function as a program; its parameters are filled by name from :data:`ARGUMENTS`.
+
+    ``client`` is a ready ``openai`` client pointed at the episode (``AsyncOpenAI`` for an async
+    function, ``OpenAI`` for a sync one, which runs in a worker thread); ``prompt`` is the task as
+    text, ``task`` the whole row. The return value is the episode's result.
+    """
+
+    fn: Callable[..., Any]
+    max_retries: int = 0
+    """Passed to the ``openai`` client: a retry would re-send a call the policy answered."""
+
+    def __post_init__(self) -> None:
+        params = inspect.signature(self.fn).parameters
+        unknown = [
+            name
+            for name, p in params.items()
+            if name not in ARGUMENTS
+            and p.default is inspect.Parameter.empty
+            and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
+        if unknown:
+            raise TypeError(
+                f"{self.describe()}: parameters {unknown} cannot be filled; "
+                f"a program may take {', '.join(ARGUMENTS)}"
+            )
+        self._params = [name for name in params if name in ARGUMENTS]
+        self._async = inspect.iscoroutinefunction(self.fn)
+
+    def describe(self) -> str:
+        """The function's qualified name."""
+        return f"{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.fn)}"
+
+    async def run(self, launch: Launch) -> ProgramResult:
+        """Call the function (in a worker thread when it is sync)."""
+        try:
+            if self._async:
+                kwargs, client = self._arguments(launch, asynchronous=True)
+                try:
+                    return ProgramResult(await self.fn(**kwargs))
+                finally:
+                    if client is not None:
+                        await client.close()
+            kwargs, client = self._arguments(launch, asynchronous=False)
+            try:
+                return ProgramResult(await asyncio.to_thread(self.fn, **kwargs))
+            finally:
+                if client is not None:
+                    client.close()
+        except (asyncio.CancelledError, ProgramError):
+            raise
+        except Exception as e:
+            raise ProgramError("crash", f"{type(e).__name__}: {e}") from e
+
+    def _arguments(self, launch: Launch, asynchronous: bool) -> tuple[dict[str, Any], Any]:
+        values: dict[str, Any] = {
+            "base_url": launch.base_url,
+            "api_key": launch.api_key,
+            "task": launch.task,
+            "prompt": launch.prompt,
+            "model": launch.model,
+        }
+        client = None
+        if "client" in self._params:
+            import openai
+
+            make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+            client = make(
+                base_url=launch.base_url, api_key=launch.api_key, max_retries=self.max_retries
+            )
+            values["client"] = client
+        return {name: values[name] for name in self._params}, client
+
+
+@dataclass
+class CommandProgram:
+    """A command as a program: ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` in
+    its environment, the task's text on stdin (``task_input="stdin"``) or as its last argument
+    (``"argument"``); its stdout (stripped) is the result and a non-zero exit a failure. It runs
+    in its own process group, which is killed when the episode ends, however it ends.
+    """
+
+    command: Sequence[str] | str
+    task_input: str = "stdin"
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Extra environment variables (the parent's environment is passed on too)."""
+
+    def __post_init__(self) -> None:
+        if self.task_input not in ("stdin", "argument"):
+            raise ValueError(f"task_input must be 'stdin' or 'argument', got {self.task_input!r}")
+        self.argv = shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        if not self.argv:
+            raise ValueError("the command is empty")
+
+    def describe(self) -> str:
+        """The command line."""
+        return shlex.join(self.argv)
+
+    async def run(self, launch: Launch) -> ProgramResult:
+        """Start the command, feed it the task, wait for it; kill its group if cancelled."""
+        argv = [*self.argv, launch.prompt] if self.task_input == "argument" else self.argv
+        environment = {
+            **os.environ,
+            **self.env,
+            "OPENAI_BASE_URL": launch.base_url,
+            "OPENAI_API_KEY": launch.api_key,
+            "OPENAI_MODEL": launch.model,
+        }
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                cwd=self.cwd,
+                env=environment,
+                start_new_session=True,
+            )
+        except OSError as e:
+            raise ProgramError("start", f"cannot start {self.describe()}: {e}") from e
+        try:
+            stdin = launch.prompt.encode() if self.task_input == "stdin" else b""
+            stdout, stderr = await _communicate(process, stdin)
+        finally:
+            _kill_group(process)
+        if process.returncode != 0:
+            tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+            raise ProgramError(
+                "exit", f"{self.describe()} exited with status {process.returncode}: {tail}"
+            )
+        return ProgramResult(stdout.decode(errors="replace").strip(), process.returncode)
+
+
+async def _communicate(process: asyncio.subprocess.Process, stdin: bytes) -> tuple[bytes, bytes]:
+    """Write stdin, read both pipes (stdout capped at :data:`MAX_OUTPUT_BYTES`), wait."""
+    assert process.stdin and process.stdout and process.stderr
+
+    async def feed() -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            process.stdin.write(stdin)
+            await process.stdin.drain()
+            process.stdin.close()
+
+    async def read(stream: asyncio.StreamReader, cap: int) -> bytes:
+        kept = bytearray()
+        while chunk := await stream.read(65536):
+            if len(kept) < cap:
+                kept += chunk[: cap - len(kept)]
+        return bytes(kept)
+
+    _, out, err = await asyncio.gather(
+        feed(), read(process.stdout, MAX_OUTPUT_BYTES), read(process.stderr, 64 * 1024)
+    )
+    await process.wait()
+    return out, err
+
+
+def _kill_group(process: asyncio.subprocess.Process) -> None:
+    """Kill the command and whatever it started (its process group)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+def as_program(program: Program | Callable[..., Any] | Sequence[str] | str) -> Program:
+    """A :class:`Program` from a program, a callable, or a command (a string or an argv list)."""
+    if isinstance(program, (str, list, tuple)):
+        return CommandProgram(program)
+    if callable(program) and not hasattr(program, "run"):
+        return CallableProgram(program)
+    return program  # type: ignore[return-value]
