@@ -204,7 +204,9 @@ class CommandProgram:
 
 
 async def _communicate(process: asyncio.subprocess.Process, stdin: bytes) -> tuple[bytes, bytes]:
-    """Write stdin, read both pipes (stdout capped at :data:`MAX_OUTPUT_BYTES`), wait."""
+    """Write stdin, read both pipes (stdout capped at :data:`MAX_OUTPUT_BYTES`) and wait for the
+    command; once it has exited, kill what it left running (a child that holds the pipes open
+    would otherwise keep the episode waiting for their end)."""
     assert process.stdin and process.stdout and process.stderr
 
     async def feed() -> None:
@@ -220,11 +222,34 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes) -> tup
                 kept += chunk[: cap - len(kept)]
         return bytes(kept)
 
-    _, out, err = await asyncio.gather(
-        feed(), read(process.stdout, MAX_OUTPUT_BYTES), read(process.stderr, 64 * 1024)
-    )
-    await process.wait()
+    readers = asyncio.gather(read(process.stdout, MAX_OUTPUT_BYTES), read(process.stderr, 65536))
+    try:
+        await feed()
+        await _exited(process)
+        _kill_group(process)
+        await process.wait()
+        out, err = await readers
+    finally:
+        readers.cancel()
     return out, err
+
+
+async def _exited(process: asyncio.subprocess.Process) -> None:
+    """Wait until the command itself has exited. ``process.wait()`` also waits for its pipes to
+    close, which a child it left running may never do; a pidfd says when the process is done."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # not Linux 5.3+: poll what asyncio's child watcher sets
+        while process.returncode is None:
+            await asyncio.sleep(0.02)
+        return
+    loop, done = asyncio.get_running_loop(), asyncio.Event()
+    loop.add_reader(pidfd, done.set)
+    try:
+        await done.wait()
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
 
 
 def _kill_group(process: asyncio.subprocess.Process) -> None:
