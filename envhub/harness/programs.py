@@ -160,7 +160,9 @@ class CommandProgram:
     def __post_init__(self) -> None:
         if self.task_input not in ("stdin", "argument"):
             raise ValueError(f"task_input must be 'stdin' or 'argument', got {self.task_input!r}")
-        self.argv = shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        self.argv = (
+            shlex.split(self.command) if isinstance(self.command, str) else list(self.command)
+        )
         if not self.argv:
             raise ValueError("the command is empty")
 

@@ -91,7 +91,9 @@ def _refuse_sampling(body: dict[str, Any]) -> None:
             raise WireError(f"{name}={body[name]!r}: {why}; leave it unset")
     for name in ("presence_penalty", "frequency_penalty"):
         if body.get(name) not in (None, 0, 0.0):
-            raise WireError(f"{name}={body[name]!r} reshapes the sampler's distribution; leave it 0")
+            raise WireError(
+                f"{name}={body[name]!r} reshapes the sampler's distribution; leave it 0"
+            )
 
 
 def _text(content: Any, where: str) -> str | None:
@@ -107,7 +109,9 @@ def _text(content: Any, where: str) -> str | None:
                 texts.append(part)
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise WireError(f"{where}: content part of type {kind!r} is not supported (text only)")
+                raise WireError(
+                    f"{where}: content part of type {kind!r} is not supported (text only)"
+                )
         return "".join(texts)
     raise WireError(f"{where}: content must be a string or a list of parts")
 
@@ -257,7 +261,9 @@ def completion_events(
         yield chunk({"content": reply.content})
     for i, call in enumerate(reply.tool_calls):
         function = {"name": call.function.name, "arguments": call.function.arguments}
-        yield chunk({"tool_calls": [{"index": i, "id": call.id, "type": "function", "function": function}]})
+        yield chunk(
+            {"tool_calls": [{"index": i, "id": call.id, "type": "function", "function": function}]}
+        )
     yield chunk({}, reply.finish_reason)
     if include_usage:
         body = {

@@ -340,9 +340,7 @@ class RolloutRunner:
                 )
         ep.tools, ep.segment_turn, ep.trace = tools, len(ep.turns), None
         if tokenizer is not None:  # a chat-level engine's next generation starts the record
-            prompt_ids = await tokenizer.render(
-                ep.conversation, tools, add_generation_prompt=True
-            )
+            prompt_ids = await tokenizer.render(ep.conversation, tools, add_generation_prompt=True)
             ep.trace = TokenTrace()
             ep.trace.start(prompt_ids)
 

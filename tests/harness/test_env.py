@@ -103,7 +103,11 @@ async def streaming_chat_agent(client: Any, prompt: str) -> str:
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
         if calls:
             message["tool_calls"] = [
-                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["arguments"]},
+                }
                 for c in calls.values()
             ]
         messages.append(message)
@@ -112,11 +116,17 @@ async def streaming_chat_agent(client: Any, prompt: str) -> str:
         for c in calls.values():
             arguments = json.loads(c["arguments"])
             messages.append(
-                {"role": "tool", "tool_call_id": c["id"], "content": str(arguments["a"] + arguments["b"])}
+                {
+                    "role": "tool",
+                    "tool_call_id": c["id"],
+                    "content": str(arguments["a"] + arguments["b"]),
+                }
             )
 
 
-def rollout(env_factory: Any, policy: Any, tasks: list[int] | None = None, **kwargs: Any) -> list[Trajectory]:
+def rollout(
+    env_factory: Any, policy: Any, tasks: list[int] | None = None, **kwargs: Any
+) -> list[Trajectory]:
     engine = ScriptedEngine(policy, ByteChatTokenizer())
     runner = RolloutRunner(engine, env_factory, **kwargs)
     return asyncio.run(runner.run(tasks or [0]))
@@ -199,7 +209,9 @@ def test_a_rewritten_history_starts_a_second_segment() -> None:
     turn0, turn1 = (m for m in traj.messages if m.role == "assistant")
     first_prompt = tokenizer.render_sync(traj.messages[:1], [ADD], add_generation_prompt=True)
     assert first.token_ids == first_prompt + tokenizer.encode(turn0.content) + [257]
-    assert first.loss_mask == [0] * len(first_prompt) + [1] * (len(first.token_ids) - len(first_prompt))
+    assert first.loss_mask == [0] * len(first_prompt) + [1] * (
+        len(first.token_ids) - len(first_prompt)
+    )
     assert first.first_turn == 0
     second_prompt = tokenizer.render_sync(traj.messages[-2:-1], [ADD], add_generation_prompt=True)
     assert traj.token_ids == second_prompt + tokenizer.encode("9") + [257]
@@ -215,7 +227,10 @@ async def echo_agent(client: Any, task: dict[str, Any]) -> str:
         reply = await client.chat.completions.create(model="m", messages=messages)
         text = reply.choices[0].message.content
         assert text == f"echo {tag}", f"episode {tag} got {text!r}"
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"again {tag}"}]
+        messages += [
+            {"role": "assistant", "content": text},
+            {"role": "user", "content": f"again {tag}"},
+        ]
     return tag
 
 
@@ -234,7 +249,9 @@ def test_64_concurrent_episodes_never_see_each_others_calls() -> None:
         assert {word for word in texts.split() if word.startswith("T")} == {f"T{i}"}
 
 
-def test_the_runs_sampling_wins_and_each_override_is_said_once(caplog: Any, monkeypatch: Any) -> None:
+def test_the_runs_sampling_wins_and_each_override_is_said_once(
+    caplog: Any, monkeypatch: Any
+) -> None:
     import envhub.harness.env as harness_env
 
     monkeypatch.setattr(harness_env, "_warned", set())

@@ -1,4 +1,4 @@
-"""Every way a harness episode can fail is recorded on it as the right kind, and the batch goes on."""
+"""Every way a harness episode can fail is recorded on it as the right kind; the batch goes on."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import pytest
 
 from envhub.harness import HarnessEnv
 from envhub.rewards.rubric import Rubric, reward
-from envhub.state import State
 from envhub.rollout.runner import RolloutRunner
+from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Trajectory
 
@@ -97,7 +97,11 @@ def test_a_request_that_would_bias_training_is_refused_with_the_reason() -> None
 
 @pytest.mark.parametrize(
     ("extra", "said"),
-    [({"n": 2}, "n=2"), ({"logit_bias": {"5": 10}}, "logit_bias"), ({"presence_penalty": 0.5}, "presence_penalty")],
+    [
+        ({"n": 2}, "n=2"),
+        ({"logit_bias": {"5": 10}}, "logit_bias"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+    ],
 )
 def test_other_biasing_fields_are_refused(extra: dict[str, Any], said: str) -> None:
     async def program(client: Any) -> str:
@@ -119,7 +123,10 @@ def test_a_program_past_its_call_budget_is_cut_and_scored_as_the_policys_failure
         while True:  # never satisfied
             reply = await client.chat.completions.create(model="m", messages=messages)
             calls.append(1)
-            messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+            messages += [
+                reply.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": "more"},
+            ]
 
     traj = rollout(program, max_turns=3)
     assert traj.outcome == "policy_failure" and traj.errors == []
@@ -132,7 +139,8 @@ def test_a_command_that_exits_non_zero_is_recorded_with_its_stderr() -> None:
         """
         import openai, sys
         client = openai.OpenAI()
-        client.chat.completions.create(model="m", messages=[{"role": "user", "content": sys.stdin.read()}])
+        question = {"role": "user", "content": sys.stdin.read()}
+        client.chat.completions.create(model="m", messages=[question])
         print("tool failed: disk full", file=sys.stderr)
         sys.exit(3)
         """
