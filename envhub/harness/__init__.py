@@ -11,7 +11,14 @@ exact tokens; each run of the program on a task is one episode of a :class:`Harn
 """
 
 from envhub.harness.env import NEW_SEGMENT, HarnessEnv, HarnessError
-from envhub.harness.programs import CallableProgram, CommandProgram, Launch, Program, ProgramResult
+from envhub.harness.programs import (
+    CallableProgram,
+    CommandProgram,
+    Launch,
+    PolicyFailure,
+    Program,
+    ProgramResult,
+)
 
 __all__ = [
     "NEW_SEGMENT",
@@ -20,6 +27,7 @@ __all__ = [
     "HarnessEnv",
     "HarnessError",
     "Launch",
+    "PolicyFailure",
     "Program",
     "ProgramResult",
 ]

@@ -16,7 +16,11 @@ on it unchanged, and the runner records the exact tokens.
   for the rubric), when it fails (recorded: ``harness.crash``, ``harness.exit``,
   ``harness.start``, ``timeout``, ``harness.request`` for a request the endpoint refused;
   never a silent reward of 0), or when a budget runs out (``max_turns`` counts calls,
-  ``max_tokens`` sampled tokens: the policy's failure, scored as usual). However it ends, the
+  ``max_tokens`` sampled tokens: the policy's failure, scored as usual). A program that gives
+  up because of what the policy wrote (an agent framework's "the model called an unknown tool"
+  or "too many turns", or :class:`~envhub.harness.programs.PolicyFailure`) is also the policy's
+  failure: the episode is truncated (``stop_reason`` ``program_gave_up``), scored and trained,
+  and ``state.data["failure"]`` says why. However it ends, the
   program is stopped (a command's whole process group is killed).
 - Sampling belongs to the run: a call's temperature, max tokens, stop and seed are ignored
   (logged once per field), and fields that would bias training (``n > 1``, ``top_p < 1``, a
@@ -37,7 +41,7 @@ from envhub.env import NEW_SEGMENT, Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError
 from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded
 from envhub.harness.programs import Launch, Program, ProgramError, as_program
-from envhub.harness.wire import Reply, extends
+from envhub.harness.wire import Reply, extends, message_key
 from envhub.rewards.rubric import Rubric
 from envhub.rows import RequiredField
 from envhub.state import State
@@ -108,6 +112,10 @@ class HarnessEnv(TaskEnv):
         max_tokens: Tokens the policy may sample in the episode.
         timeout: Seconds the program may run in all.
         tool_parser: How tool calls are read from the policy's text (``auto``, ``hermes``, ...).
+        call_reward: Paid at once (``State.pay``, component ``tool_use``) for the episode's
+            first turn whose tool calls are all well formed and name tools of the call: a dense
+            reward for learning the call format before the task. Any such call earns it, so it
+            is the env's ``audit_floor``.
     """
 
     name = "harness"
@@ -126,7 +134,15 @@ class HarnessEnv(TaskEnv):
         max_tokens: int | None = None,
         timeout: float | None = None,
         tool_parser: str | None = None,
+        call_reward: float = 0.0,
     ) -> None:
+        if call_reward < 0:
+            raise ValueError(f"{self.name}: call_reward must be >= 0, got {call_reward}")
+        self.call_reward = float(call_reward)
+        if self.call_reward:
+            low, high = self.reward_range
+            self.reward_range = (low, high + self.call_reward)
+            self.audit_floor = self.call_reward
         super().__init__(dataset, rubric=rubric, max_turns=max_turns, max_tokens=max_tokens)
         self.program = as_program(program if program is not None else self.make_program())
         self.timeout = timeout if timeout is not None else self.default_timeout
@@ -135,6 +151,9 @@ class HarnessEnv(TaskEnv):
         self._tools: list[dict[str, Any]] | None = None
         self._shown: list[Message] = []
         """The conversation as the program has seen it: its last call's messages + our reply."""
+        self._sampled: dict[tuple[Any, ...], Message] = {}
+        """Our replies as the program sees them (by :func:`message_key`) -> the turns as
+        sampled, so that a re-sent reply renders as the policy wrote it."""
         self._new_segment = False
 
     # -- hooks for subclasses -------------------------------------------------------------------
@@ -174,6 +193,9 @@ class HarnessEnv(TaskEnv):
         await self._stop("a new episode started")
         index, task = self._choose_task(options or {})
         self.state = State(task=task, task_index=index, prompt=[], messages=[])
+        self._sampled = {}
+        if self.call_reward:
+            self.state.paid["tool_use"] = 0.0
         await self.setup_state(self.state)
         endpoint = Endpoint.shared()
         self._run = await endpoint.on_loop(self._start(endpoint, task))
@@ -216,9 +238,14 @@ class HarnessEnv(TaskEnv):
         """Send the turn to the waiting call; wait for the next call or the program's end."""
         reply = self._reply(state, turn)
         self._shown.append(reply.message)
+        self._sampled[message_key(reply.message)] = turn.message
         event, refused = await self._next(reply)
         self._record_refused(state, refused)
         if isinstance(event, ProgramEnded):
+            if event.failure == "policy":  # truncated, not done: the policy's failure
+                state.data["failure"] = event.message
+                state.truncate("program_gave_up")
+                return []
             state.done = True
             if event.failure is None:
                 state.data["result"] = event.output
@@ -235,7 +262,7 @@ class HarnessEnv(TaskEnv):
         state.metrics["segments"] += 1
         self._new_segment, self._tools = True, request.tools
         self._shown = list(request.messages)
-        return list(request.messages)
+        return [self._sampled.get(message_key(m), m) for m in request.messages]
 
     def on_close(self) -> None:
         """Stop a program still running."""
@@ -278,8 +305,19 @@ class HarnessEnv(TaskEnv):
             parsed = self._parse(text, f"call_{state.turn}_")
         else:
             parsed = ParsedTurn(text)
-        state.metrics["tool_calls"] += len(parsed.calls)
-        state.metrics["tool_errors"] += len(parsed.errors)
+        if parsed.calls and not message.tool_calls:  # recorded as a native tool env does
+            state.messages[-1] = message.model_copy(update={"tool_calls": tuple(parsed.calls)})
+        offered = {t["function"]["name"] for t in self._tools or ()}
+        unknown = sum(call.function.name not in offered for call in parsed.calls)
+        state.metrics["tool_calls"] += parsed.attempted
+        state.metrics["tool_errors"] += len(parsed.errors) + unknown
+        for error in parsed.errors:
+            state.metrics[f"tool_error/{error.kind}"] += 1
+        if unknown:
+            state.metrics["tool_error/unknown_tool"] += unknown
+        well_formed = parsed.calls and not parsed.errors and not unknown
+        if self.call_reward and well_formed and not state.paid.get("tool_use"):
+            state.pay(self.call_reward, "tool_use")
         # A malformed call stays in the text, so that the program shows the policy its mistake.
         content = text if parsed.errors else parsed.content
         if parsed.calls:

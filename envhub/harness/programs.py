@@ -3,7 +3,8 @@
 A program gets the episode's OpenAI-compatible ``base_url`` and key and the task, runs its own
 loop against that endpoint, and returns a result. How it ended is reported as a
 :class:`ProgramError` of a kind the env records: ``start`` (it could not start), ``crash`` (it
-raised), ``exit`` (a command exited non-zero).
+raised), ``exit`` (a command exited non-zero), or ``policy`` (it gave up because of what the
+policy wrote: see :data:`POLICY_EXCEPTIONS` and :class:`PolicyFailure`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,32 @@ class ProgramError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class PolicyFailure(Exception):  # noqa: N818 - named for what it records, like the outcome
+    """Raise it from a program to end the episode as the policy's failure (the policy wrote
+    something the program cannot go on from): the episode is scored and trained on, where any
+    other exception marks it as the program's own failure and keeps it out of the loss."""
+
+
+POLICY_EXCEPTIONS = frozenset(
+    {
+        "PolicyFailure",
+        "ModelBehaviorError",  # OpenAI Agents SDK: a call to an unknown tool, bad JSON, ...
+        "MaxTurnsExceeded",  # OpenAI Agents SDK: the agent never finished
+        "UnexpectedModelBehavior",  # pydantic-ai
+        "UsageLimitExceeded",  # pydantic-ai
+        "AgentParsingError",  # smolagents
+        "AgentMaxStepsError",  # smolagents
+    }
+)
+"""Names of exception classes that agent frameworks raise because of what the model wrote;
+a program that raises one (or a subclass) failed because of the policy."""
+
+
+def blames_policy(error: BaseException) -> bool:
+    """Whether ``error`` is a framework's way of saying the model's turn was unusable."""
+    return any(cls.__name__ in POLICY_EXCEPTIONS for cls in type(error).__mro__)
 
 
 class Program(Protocol):
@@ -121,7 +148,8 @@ class CallableProgram:
         except (asyncio.CancelledError, ProgramError):
             raise
         except Exception as e:
-            raise ProgramError("crash", f"{type(e).__name__}: {e}") from e
+            kind = "policy" if blames_policy(e) else "crash"
+            raise ProgramError(kind, f"{type(e).__name__}: {e}") from e
 
     def _arguments(self, launch: Launch, asynchronous: bool) -> tuple[dict[str, Any], Any]:
         values: dict[str, Any] = {

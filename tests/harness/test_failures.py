@@ -201,3 +201,37 @@ def _alive(pid: int) -> bool:
         return False
     status = Path(f"/proc/{pid}/stat")
     return status.exists() and status.read_text().split()[2] != "Z"
+
+
+def test_an_agent_that_gives_up_on_the_policys_turn_is_the_policys_failure() -> None:
+    agents = pytest.importorskip("agents")
+
+    @agents.function_tool
+    def add(a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    async def program(client: Any, prompt: str) -> str:
+        agents.set_tracing_disabled(True)
+        model = agents.OpenAIChatCompletionsModel(model="policy", openai_client=client)
+        agent = agents.Agent(name="adder", tools=[add], model=model)
+        return str((await agents.Runner.run(agent, prompt)).final_output)
+
+    # A call to a tool the agent does not have: the Agents SDK raises ModelBehaviorError.
+    unknown = '<tool_call>{"name": "multiply", "arguments": {"a": 2}}</tool_call>'
+    traj = rollout(program, lambda m, t: unknown)
+    assert traj.errors == [] and traj.outcome == "policy_failure"
+    assert traj.stop_reason == "program_gave_up" and len(traj.turns) == 1
+    assert traj.loss_mask is not None and sum(traj.loss_mask) == len(unknown.encode()) + 1
+
+
+def test_a_program_can_say_the_policy_failed() -> None:
+    from envhub.harness import PolicyFailure
+
+    async def program(client: Any) -> str:
+        if await ask(client) != "a number":
+            raise PolicyFailure("the model did not answer with a number")
+        return "ok"
+
+    traj = rollout(program)
+    assert traj.outcome == "policy_failure" and traj.stop_reason == "program_gave_up"
