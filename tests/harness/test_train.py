@@ -92,3 +92,51 @@ def test_two_training_steps_on_a_harness_env(
         if row["batch/kept"] > 0:  # kept episodes bring both their segments
             assert row["batch/kept"] % 2 == 0 and row["batch/segments_skipped"] == 0
     assert any(row["batch/kept"] > 0 for row in result.history)
+
+
+@pytest.mark.vllm
+@pytest.mark.usefixtures("require_vllm")
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_harness_env_trains_on_vllm_synchronously_and_asynchronously(
+    letters_agent: str, tiny_model_dir: Path, tmp_path: Path, max_staleness: int
+) -> None:
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    config = validate_config(
+        {
+            "steps": 2,
+            "seed": 5,
+            "model": {"name": str(tiny_model_dir)},
+            "envs": [{"name": letters_agent}],
+            "rollout": {
+                "engine": "vllm", "tasks_per_step": 2, "samples_per_task": 4, "max_tokens": 8,
+                "vllm": {"kv_cache_gb": 1}, "max_staleness": max_staleness,
+            },
+            "optimizer": {"lr": 1e-3},
+            "backend": {"device": "cpu", "micro_batch_tokens": 512},
+            "logging": {"output_dir": str(tmp_path), "run_name": "run", "plot": False},
+            "eval": None,
+        }
+    )  # fmt: skip
+    result = train(config)
+    assert [row["step"] for row in result.history] == [1, 2]
+    files = sorted((result.run_dir / "trajectories").glob("step-*.jsonl"))
+    trajectories = [t for f in files for t in iter_trajectories(f)]
+    assert len(trajectories) == 16 and {t.outcome for t in trajectories} == {"ok"}
+    for traj in trajectories:
+        assert len(traj.segments) == 1 and traj.sampler is not None
+        assert traj.sampler.engine == "vllm"
+        # vLLM's logprobs ride along with the sampled tokens, in both segments
+        for mask, logprobs in (
+            (traj.segments[0].loss_mask, traj.segments[0].sampler_logprobs),
+            (traj.loss_mask, traj.sampler_logprobs),
+        ):
+            sampled = [lp for m, lp in zip(mask, logprobs, strict=True) if m]
+            assert sampled and all(lp <= 0.0 for lp in sampled) and any(lp < 0 for lp in sampled)
+    for row in result.history:
+        assert row["sync/logprob_diff_max"] < 1e-4  # every weight sync verified
+        assert row["rollout/errors"] == 0.0
+        if max_staleness:  # groups within the bound, each counted at its staleness
+            assert row["async/staleness_max"] <= 1
+            assert row["async/staleness_0"] + row["async/staleness_1"] == 8.0
