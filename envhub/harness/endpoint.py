@@ -6,6 +6,10 @@ each episode has its own unguessable key, which is both the path prefix of its `
 another's record. The server runs on its own event loop in a daemon thread, so the envs that use
 it work from the sync API (``envhub check``) and from any runner's loop alike.
 
+It serves ``POST /chat/completions`` and ``POST /responses`` (streamed or not) and
+``GET /models``; both kinds of call are read as the same chat request
+(:class:`~envhub.harness.wire.ChatRequest`), so the env does not know which API a harness speaks.
+
 The endpoint does not generate: a call is handed to the episode's env as its next observation,
 the rollout runner samples the turn with the run's engine (rendering, token-in/token-out, tool
 parsing, recording, all as for any env), and the env's step hands the reply back here. Needs
@@ -22,11 +26,17 @@ import logging
 import secrets
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from envhub.errors import MissingDependencyError
+from envhub.harness.responses import (
+    ResponsesRequest,
+    read_responses_request,
+    response_body,
+    response_events,
+)
 from envhub.harness.wire import (
     ChatRequest,
     Reply,
@@ -40,6 +50,7 @@ from envhub.harness.wire import (
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+R = TypeVar("R", bound=ChatRequest)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 """The largest request body read (a long agent history fits many times over)."""
@@ -47,7 +58,7 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 
 @dataclass
 class Call:
-    """A chat-completions request waiting for the policy's turn."""
+    """A request (chat completions or responses, read as chat) waiting for the policy's turn."""
 
     request: ChatRequest
     reply: asyncio.Future[Reply]
@@ -189,6 +200,7 @@ class Endpoint:
         return Starlette(
             routes=[
                 Route("/k/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/k/{key}/v1/responses", self._responses, methods=["POST"]),
                 Route("/k/{key}/v1/models", self._models, methods=["GET"]),
             ]
         )
@@ -203,17 +215,30 @@ class Endpoint:
         )
 
     async def _chat(self, request: Any) -> Any:
-        from starlette.responses import JSONResponse, StreamingResponse
+        return await self._call(request, read_chat_request, "chatcmpl-", _chat_answer)
+
+    async def _responses(self, request: Any) -> Any:
+        return await self._call(request, read_responses_request, "resp_", _responses_answer)
+
+    async def _call(
+        self,
+        request: Any,
+        read: Callable[[Any], R],
+        id_prefix: str,
+        answer: Callable[[Reply, str, R], Any],
+    ) -> Any:
+        """Read a call with ``read``, hand it to its episode, and ``answer`` with the turn."""
+        from starlette.responses import JSONResponse
 
         episode = self._episodes.get(request.path_params["key"])
         if episode is None or episode.closed:
             return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
         try:
-            chat = read_chat_request(await _json_body(request))
+            chat = read(await _json_body(request))
         except WireError as e:
             episode.bad_requests.append(str(e))
             return JSONResponse(error_body(str(e)), 400)
-        call = Call(chat, self.loop.create_future(), f"chatcmpl-{next(self._ids)}")
+        call = Call(chat, self.loop.create_future(), f"{id_prefix}{next(self._ids)}")
         episode.calls += 1
         episode.events.put_nowait(call)
         try:
@@ -222,10 +247,25 @@ class Endpoint:
             return JSONResponse(error_body(f"the episode has ended: {e}", "episode_ended"), 409)
         except WireError as e:
             return JSONResponse(error_body(str(e)), 400)
-        if chat.stream:
-            events = completion_events(reply, call.id, chat.model, chat.include_usage)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(completion_body(reply, call.id, chat.model))
+        return answer(reply, call.id, chat)
+
+
+def _chat_answer(reply: Reply, call_id: str, chat: ChatRequest) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if chat.stream:
+        events = completion_events(reply, call_id, chat.model, chat.include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(completion_body(reply, call_id, chat.model))
+
+
+def _responses_answer(reply: Reply, call_id: str, request: ResponsesRequest) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if request.stream:
+        events = response_events(reply, call_id, request)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(response_body(reply, call_id, request))
 
 
 async def _json_body(request: Any) -> Any:

@@ -56,7 +56,7 @@ def read_chat_request(body: Any) -> ChatRequest:
     """
     if not isinstance(body, dict):
         raise WireError("the request body must be a JSON object")
-    _refuse_sampling(body)
+    refuse_sampling(body)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise WireError("`messages` must be a non-empty list")
@@ -76,7 +76,9 @@ def read_chat_request(body: Any) -> ChatRequest:
     )
 
 
-def _refuse_sampling(body: dict[str, Any]) -> None:
+def refuse_sampling(body: dict[str, Any]) -> None:
+    """Raise :class:`WireError` for a sampling field a training run must refuse (any API's
+    body: ``n > 1``, ``top_p < 1``, a logit bias, penalties)."""
     n = body.get("n")
     if n not in (None, 1):
         raise WireError(f"n={n!r}: the run samples one completion per call; send n=1")
