@@ -142,6 +142,14 @@ class Endpoint:
         )
         self._thread.start()
         started.wait()
+        # Programs run on a loop of their own: an agent that blocks its loop for a while
+        # (building clients, parsing, its own tools) must not stall the server that answers
+        # every episode (64 agents starting at once held off connections past the openai
+        # client's 5 s connect timeout when they shared the server's loop).
+        self.programs = asyncio.new_event_loop()
+        threading.Thread(
+            target=self.programs.run_forever, name="envhub-harness-programs", daemon=True
+        ).start()
 
     @classmethod
     def shared(cls) -> Endpoint:
@@ -162,6 +170,27 @@ class Endpoint:
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` run on the endpoint's loop, from any other loop."""
         return await asyncio.wrap_future(self.run(coro))
+
+    async def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start ``coro`` as a task on the programs' loop (from any loop); returns the task."""
+
+        async def create() -> asyncio.Task[None]:
+            return asyncio.ensure_future(coro)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(create(), self.programs))
+
+    async def cancel(self, task: asyncio.Task[None], within: float = 10.0) -> None:
+        """Cancel a task :meth:`spawn` started and wait up to ``within`` s for it to end."""
+
+        async def stop() -> None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=within)
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(), self.programs))
+
+    def post(self, episode: Episode, event: Event) -> None:
+        """Hand ``event`` to ``episode``'s mailbox (from any thread)."""
+        self.loop.call_soon_threadsafe(episode.events.put_nowait, event)
 
     async def open(self) -> Episode:
         """A new episode with a fresh key (on the endpoint's loop)."""

@@ -58,7 +58,7 @@ class HarnessError(EnvhubError):
 
 
 class _Run:
-    """One episode's program and mailbox, on the endpoint's loop."""
+    """One episode's mailbox (on the endpoint's loop) and program (on the programs' loop)."""
 
     def __init__(self, endpoint: Endpoint, episode: Episode, task: asyncio.Task[None]) -> None:
         self.endpoint, self.episode, self.task = endpoint, episode, task
@@ -75,15 +75,13 @@ class _Run:
     async def stop(self, why: str) -> None:
         """Close the mailbox and stop the program (kills a command's process group)."""
         await self.endpoint.discard(self.episode, why)
-        if not self.task.done():
-            self.task.cancel()
-            try:
-                await asyncio.wait_for(asyncio.shield(self.task), 10)
-            except BaseException:  # noqa: BLE001 - a program that ignores cancellation is left
-                pass
+        if not self.task.done():  # a program that ignores cancellation for 10 s is left
+            await self.endpoint.cancel(self.task)
 
 
-async def _supervise(program: Program, launch: Launch, episode: Episode, timeout: float) -> None:
+async def _supervise(
+    program: Program, launch: Launch, endpoint: Endpoint, episode: Episode, timeout: float
+) -> None:
     """Run ``program`` to its end and post how it ended to ``episode``."""
     try:
         result = await asyncio.wait_for(program.run(launch), timeout)
@@ -94,7 +92,7 @@ async def _supervise(program: Program, launch: Launch, episode: Episode, timeout
         ended = ProgramEnded(failure=e.kind, message=str(e))
     except Exception as e:  # noqa: BLE001 - whatever a program does is recorded, not raised
         ended = ProgramEnded(failure="crash", message=f"{type(e).__name__}: {e}")
-    episode.events.put_nowait(ended)
+    endpoint.post(episode, ended)
 
 
 class HarnessEnv(TaskEnv):
@@ -277,9 +275,15 @@ class HarnessEnv(TaskEnv):
 
     async def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
         episode = await endpoint.open()
-        launch = Launch(endpoint.base_url(episode.key), episode.key, task, self.task_text(task))
-        running = asyncio.create_task(_supervise(self.program, launch, episode, self.timeout))
-        return _Run(endpoint, episode, running)
+        launch = Launch(
+            endpoint.base_url(episode.key),
+            episode.key,
+            task,
+            self.task_text(task),
+            timeout=self.timeout,
+        )
+        running = _supervise(self.program, launch, endpoint, episode, self.timeout)
+        return _Run(endpoint, episode, await endpoint.spawn(running))
 
     async def _next(self, reply: Reply | None) -> tuple[Call | ProgramEnded, list[str]]:
         run = self._active_run()

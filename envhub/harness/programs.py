@@ -35,6 +35,8 @@ class Launch:
     prompt: str
     """The task as text (the env's :meth:`~envhub.harness.HarnessEnv.task_text`)."""
     model: str = "policy"
+    timeout: float | None = None
+    """Seconds the program may run; a ``client`` handed to it waits as long for a reply."""
 
 
 @dataclass
@@ -133,7 +135,9 @@ class CallableProgram:
         """Call the function (in a worker thread when it is sync)."""
         try:
             if self._async:
-                kwargs, client = self._arguments(launch, asynchronous=True)
+                # Built in a thread: an openai client loads its TLS context when made (tens of
+                # ms), and 64 made in a row on the loop starved the others' connects.
+                kwargs, client = await asyncio.to_thread(self._arguments, launch, True)
                 try:
                     return ProgramResult(await self.fn(**kwargs))
                 finally:
@@ -165,7 +169,10 @@ class CallableProgram:
 
             make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
             client = make(
-                base_url=launch.base_url, api_key=launch.api_key, max_retries=self.max_retries
+                base_url=launch.base_url,
+                api_key=launch.api_key,
+                max_retries=self.max_retries,
+                timeout=launch.timeout,  # the env's deadline is the one that counts
             )
             values["client"] = client
         return {name: values[name] for name in self._params}, client

@@ -242,6 +242,7 @@ def test_64_concurrent_episodes_never_see_each_others_calls() -> None:
 
     env = lambda: HarnessEnv(echo_agent, tasks, rubric=Rubric([correct]))  # noqa: E731
     trajectories = rollout(env, policy, list(range(64)), max_concurrency=64)
+    assert [t.errors for t in trajectories] == [[]] * 64
     assert [t.outcome for t in trajectories] == ["ok"] * 64
     assert [t.reward for t in trajectories] == [1.0] * 64
     for i, traj in enumerate(trajectories):
