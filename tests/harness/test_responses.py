@@ -319,3 +319,14 @@ def test_requests_the_endpoint_cannot_serve_are_refused(body: dict[str, Any], sa
     with pytest.raises(WireError) as caught:
         read_responses_request(body)
     assert said in str(caught.value)
+
+
+def test_an_agent_that_refuses_a_turn_cut_by_the_token_limit_fails_as_the_policy() -> None:
+    # The Agents SDK raises ModelBehaviorError on an incomplete response: the policy ran past
+    # its token budget, so the episode is the policy's failure, scored and trained.
+    traj = rollout(responses_adder, lambda m, t: "x" * 50, sampling=SamplingParams(max_tokens=5))
+    assert traj.errors == [] and traj.outcome == "policy_failure"
+    assert traj.stop_reason == "program_gave_up" and [t.finish_reason for t in traj.turns] == [
+        "length"
+    ]
+    assert sum(traj.loss_mask) == 5
