@@ -7,7 +7,9 @@ exact tokens; each run of the program on a task is one episode of a :class:`Harn
 - :mod:`envhub.harness.env` — :class:`HarnessEnv`, the env (and what an episode records);
 - :mod:`envhub.harness.endpoint` — the recording endpoint, one per process;
 - :mod:`envhub.harness.programs` — Python callables and commands as programs;
-- :mod:`envhub.harness.wire` — the chat-completions wire format.
+- :mod:`envhub.harness.wire` — the chat-completions wire format;
+- :mod:`envhub.harness.verifiers_v1` — :class:`VerifiersV1Env`, a verifiers 0.4 (v1)
+  environment run in its own venv.
 """
 
 from envhub.harness.env import NEW_SEGMENT, HarnessEnv, HarnessError
@@ -19,6 +21,7 @@ from envhub.harness.programs import (
     Program,
     ProgramResult,
 )
+from envhub.harness.verifiers_v1 import VerifiersV1Env
 
 __all__ = [
     "NEW_SEGMENT",
@@ -30,4 +33,5 @@ __all__ = [
     "PolicyFailure",
     "Program",
     "ProgramResult",
+    "VerifiersV1Env",
 ]
