@@ -8,7 +8,9 @@ exact tokens; each run of the program on a task is one episode of a :class:`Harn
 - :mod:`envhub.harness.endpoint` — the recording endpoint, one per process;
 - :mod:`envhub.harness.programs` — Python callables and commands as programs;
 - :mod:`envhub.harness.wire` — the chat-completions wire format;
-- :mod:`envhub.harness.responses` — the Responses API wire format (the Agents SDK's default).
+- :mod:`envhub.harness.responses` — the Responses API wire format (the Agents SDK's default);
+- :mod:`envhub.harness.verifiers_v1` — :class:`VerifiersV1Env`, a verifiers 0.4 (v1)
+  environment run in its own venv.
 """
 
 from envhub.harness.env import NEW_SEGMENT, HarnessEnv, HarnessError
@@ -20,6 +22,7 @@ from envhub.harness.programs import (
     Program,
     ProgramResult,
 )
+from envhub.harness.verifiers_v1 import VerifiersV1Env
 
 __all__ = [
     "NEW_SEGMENT",
@@ -31,4 +34,5 @@ __all__ = [
     "PolicyFailure",
     "Program",
     "ProgramResult",
+    "VerifiersV1Env",
 ]

@@ -267,7 +267,10 @@ async def _communicate(process: asyncio.subprocess.Process, stdin: bytes) -> tup
         await process.wait()
         out, err = await readers
     finally:
-        readers.cancel()
+        if not readers.done():  # stopped mid-run: the readers end with the process group
+            readers.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await readers
     return out, err
 
 

@@ -109,9 +109,10 @@ def test_the_wheel_ships_the_examples_and_a_pip_install_trains_on_them(tmp_path:
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(n for n in archive.namelist() if n.startswith("envhub/examples/"))
+        agents = ["verifiers_v1_agent.py", "vf_arith_v1.py"]  # harness programs (verifiers v1)
         assert shipped == ["envhub/examples/__init__.py"] + [
-            f"envhub/examples/{name}.yaml" for name in SHIPPED
-        ]
+            f"envhub/examples/agents/{name}" for name in agents
+        ] + [f"envhub/examples/{name}.yaml" for name in SHIPPED]
         archive.extractall(tmp_path / "site")
 
     # The unpacked wheel comes first on sys.path (before this checkout's editable install), and
