@@ -20,7 +20,7 @@ from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Message, Trajectory
 
-from .test_env import call, expected_turn_ids, sampled_runs
+from .test_env import assert_token_exact, call
 
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
@@ -74,13 +74,7 @@ def test_the_cli_agent_episode_is_recorded_and_its_stdout_is_scored() -> None:
     assert [m.content for m in traj.messages if m.role == "tool"] == ["395"]
     assert traj.messages[-1].content == "The answer is 395."
     assert [t["function"]["name"] for t in traj.tools] == ["calculate"]
-    tokenizer = ByteChatTokenizer()
-    rendered = tokenizer.render_sync(traj.messages, traj.tools, add_generation_prompt=False)
-    assert traj.token_ids == rendered[:-1]  # the last turn ends on its sampled end token
-    runs = sampled_runs(traj.loss_mask)
-    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
-    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
-    assert traj.prompt_token_count == runs[0][0]
+    assert_token_exact(traj)
 
 
 def test_a_policy_that_never_answers_stops_at_max_calls_and_scores_zero() -> None:

@@ -153,6 +153,19 @@ def expected_turn_ids(traj: Trajectory) -> list[list[int]]:
     ]
 
 
+def assert_token_exact(traj: Trajectory) -> None:
+    """The record is the template's rendering of the recorded conversation (the last turn ends on
+    its sampled end token), the sampled turns sit exactly where the mask is 1, and nothing else
+    is in the loss."""
+    tokenizer = ByteChatTokenizer()
+    rendered = tokenizer.render_sync(traj.messages, traj.tools, add_generation_prompt=False)
+    assert traj.token_ids == rendered[:-1]
+    runs = sampled_runs(traj.loss_mask)
+    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
+    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
+    assert traj.prompt_token_count == runs[0][0]
+
+
 def test_a_three_call_tool_episode_records_exactly_the_sampled_tokens() -> None:
     env = lambda: HarnessEnv(chat_agent, TASKS, rubric=Rubric([correct]))  # noqa: E731
     (traj,) = rollout(env, adder_policy)
@@ -166,15 +179,9 @@ def test_a_three_call_tool_episode_records_exactly_the_sampled_tokens() -> None:
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
     ]  # fmt: skip
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    # Token by token: the record is the template's rendering of that conversation, the sampled
-    # turns sit exactly where the mask is 1, and nothing else is in the loss.
-    tokenizer = ByteChatTokenizer()
-    rendered = tokenizer.render_sync(traj.messages, [ADD], add_generation_prompt=False)
-    assert traj.token_ids == rendered[:-1]  # the last turn ends on its sampled end token
-    runs = sampled_runs(traj.loss_mask)
-    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
-    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
-    assert traj.prompt_token_count == runs[0][0]
+    # Token by token: the template's rendering of that conversation, the sampled turns in the loss.
+    assert traj.tools == [ADD]
+    assert_token_exact(traj)
 
 
 def test_streaming_and_plain_calls_record_the_same_episode() -> None:

@@ -14,13 +14,14 @@ from envhub.rewards.rubric import Rubric
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 
-from .test_env import TASKS, adder_policy, correct, expected_turn_ids, sampled_runs
+from .test_env import TASKS, adder_policy, assert_token_exact, correct
 
 agents = pytest.importorskip("agents")
 
 
-async def agents_sdk_adder(client: Any, prompt: str) -> str:
-    """An Agents SDK agent with a function tool, on the chat-completions model."""
+def adder_agent(client: Any, model: Any = None) -> Any:
+    """An Agents SDK agent with an ``add`` function tool, on ``model`` (a model class; by
+    default the chat-completions model)."""
 
     @agents.function_tool
     def add(a: int, b: int) -> int:
@@ -33,13 +34,18 @@ async def agents_sdk_adder(client: Any, prompt: str) -> str:
         return a + b
 
     agents.set_tracing_disabled(True)
-    agent = agents.Agent(
+    model_class = model or agents.OpenAIChatCompletionsModel
+    return agents.Agent(
         name="adder",
         instructions="You add numbers with the add tool.",
         tools=[add],
-        model=agents.OpenAIChatCompletionsModel(model="policy", openai_client=client),
+        model=model_class(model="policy", openai_client=client),
     )
-    result = await agents.Runner.run(agent, prompt, max_turns=6)
+
+
+async def agents_sdk_adder(client: Any, prompt: str) -> str:
+    """The adder agent on the chat-completions model, run on one task."""
+    result = await agents.Runner.run(adder_agent(client), prompt, max_turns=6)
     return str(result.final_output)
 
 
@@ -54,12 +60,7 @@ def test_an_agents_sdk_tool_episode_is_recorded_token_for_token() -> None:
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
     ]  # fmt: skip
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    tokenizer = ByteChatTokenizer()
-    rendered = tokenizer.render_sync(traj.messages, traj.tools, add_generation_prompt=False)
-    assert traj.token_ids == rendered[:-1]
-    runs = sampled_runs(traj.loss_mask)
-    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
-    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
+    assert_token_exact(traj)
     assert [t["function"]["name"] for t in traj.tools] == ["add"]
 
 

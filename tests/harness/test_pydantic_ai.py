@@ -19,7 +19,7 @@ from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Trajectory
 
-from .test_env import TASKS, adder_policy, correct, expected_turn_ids, sampled_runs
+from .test_env import TASKS, adder_policy, assert_token_exact, correct
 
 pytest.importorskip("pydantic_ai")
 pytest.importorskip("uvicorn")
@@ -90,13 +90,7 @@ def assert_recorded_token_for_token(traj: Trajectory) -> None:
     assert traj.messages[0].content == "You add numbers with the add tool."
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
     assert [t["function"]["name"] for t in traj.tools] == ["add"]
-    tokenizer = ByteChatTokenizer()
-    rendered = tokenizer.render_sync(traj.messages, traj.tools, add_generation_prompt=False)
-    assert traj.token_ids == rendered[:-1]  # the last turn ends on its sampled end token
-    runs = sampled_runs(traj.loss_mask)
-    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
-    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
-    assert traj.prompt_token_count == runs[0][0]
+    assert_token_exact(traj)
 
 
 def test_a_pydantic_ai_tool_episode_is_recorded_token_for_token() -> None:

@@ -19,8 +19,8 @@ from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Message, ToolCall, Trajectory
 
-from .test_env import TASKS, adder_policy, call, correct, expected_turn_ids, sampled_runs
-from .test_frameworks import agents_sdk_adder
+from .test_env import TASKS, adder_policy, assert_token_exact, call, correct
+from .test_frameworks import adder_agent, agents_sdk_adder
 
 openai = pytest.importorskip("openai")
 agents = pytest.importorskip("agents")
@@ -38,35 +38,18 @@ ADD = {
 }
 
 
-def adder_agent(client: Any) -> Any:
-    """The Agents SDK adder of ``test_frameworks``, on the SDK's default (Responses) model."""
-
-    @agents.function_tool
-    def add(a: int, b: int) -> int:
-        """Add two integers.
-
-        Args:
-            a: The first number.
-            b: The second number.
-        """
-        return a + b
-
-    agents.set_tracing_disabled(True)
-    return agents.Agent(
-        name="adder",
-        instructions="You add numbers with the add tool.",
-        tools=[add],
-        model=agents.OpenAIResponsesModel(model="policy", openai_client=client),
-    )
+def responses_agent(client: Any) -> Any:
+    """The adder agent of ``test_frameworks`` on the SDK's default (Responses) model."""
+    return adder_agent(client, agents.OpenAIResponsesModel)
 
 
 async def responses_adder(client: Any, prompt: str) -> str:
-    result = await agents.Runner.run(adder_agent(client), prompt, max_turns=6)
+    result = await agents.Runner.run(responses_agent(client), prompt, max_turns=6)
     return str(result.final_output)
 
 
 async def streaming_responses_adder(client: Any, prompt: str) -> str:
-    result = agents.Runner.run_streamed(adder_agent(client), prompt, max_turns=6)
+    result = agents.Runner.run_streamed(responses_agent(client), prompt, max_turns=6)
     async for _ in result.stream_events():
         pass
     return str(result.final_output)
@@ -91,12 +74,7 @@ def test_an_agents_sdk_episode_on_the_responses_api_is_recorded_token_for_token(
     ]  # fmt: skip
     assert traj.messages[0].content == "You add numbers with the add tool."  # `instructions`
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    tokenizer = ByteChatTokenizer()
-    rendered = tokenizer.render_sync(traj.messages, traj.tools, add_generation_prompt=False)
-    assert traj.token_ids == rendered[:-1]
-    runs = sampled_runs(traj.loss_mask)
-    assert [traj.token_ids[a:b] for a, b in runs] == expected_turn_ids(traj)
-    assert sum(traj.loss_mask) == sum(len(ids) for ids in expected_turn_ids(traj))
+    assert_token_exact(traj)
     assert [t["function"]["name"] for t in traj.tools] == ["add"]
 
 

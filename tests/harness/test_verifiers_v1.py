@@ -20,6 +20,8 @@ from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Message, Trajectory
 
+from .test_env import sampled_runs
+
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")
 
@@ -56,18 +58,6 @@ def rollout(env_factory: Any, policy: Any, tasks: list[int]) -> list[Trajectory]
 
 def arith(**kwargs: Any) -> VerifiersV1Env:
     return VerifiersV1Env("vf-arith-v1", {"num_tasks": 4, "seed": 7}, **kwargs)
-
-
-def sampled_runs(mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of 1s in a loss mask."""
-    runs, start = [], None
-    for i, bit in enumerate([*mask, 0]):
-        if bit and start is None:
-            start = i
-        elif not bit and start is not None:
-            runs.append((start, i))
-            start = None
-    return runs
 
 
 @needs_venv
