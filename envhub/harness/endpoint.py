@@ -132,7 +132,10 @@ class Endpoint:
         self.loop = asyncio.new_event_loop()
         self._episodes: dict[str, Episode] = {}
         self._ids = itertools.count()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on each accepted connection:
+        # uvicorn writes a reply's headers and body separately, and with Nagle's algorithm the
+        # body waited for the client's delayed ACK (~40 ms a call; bench/harness_endpoint.py).
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self._sock.bind(("127.0.0.1", 0))
         self._sock.listen(1024)
         self.port: int = self._sock.getsockname()[1]

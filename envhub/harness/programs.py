@@ -168,11 +168,17 @@ class CallableProgram:
             import openai
 
             make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
+            transport = (
+                openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
+            )
             client = make(
                 base_url=launch.base_url,
                 api_key=launch.api_key,
                 max_retries=self.max_retries,
                 timeout=launch.timeout,  # the env's deadline is the one that counts
+                # The endpoint is plain http on 127.0.0.1: no CA bundle to parse (27 ms of
+                # CPU per episode with the default client).
+                http_client=transport(verify=False),
             )
             values["client"] = client
         return {name: values[name] for name in self._params}, client
