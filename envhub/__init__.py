@@ -20,6 +20,7 @@ _EXPORTS = {
     "RequiredField": "envhub.rows",
     "MultiTurnEnv": "envhub.multiturn",
     "ToolEnv": "envhub.multiturn",
+    "HarnessEnv": "envhub.harness.env",
     # messages and trajectories
     "Message": "envhub.types",
     "ToolCall": "envhub.types",
@@ -48,6 +49,7 @@ _EXPORTS = {
 __all__ = [
     "AssistantTurn",
     "Env",
+    "HarnessEnv",
     "InferenceEngine",
     "Injected",
     "Message",
@@ -79,6 +81,7 @@ if TYPE_CHECKING:
     from envhub.audit import audit_env
     from envhub.checker import check_env
     from envhub.env import Env, SingleTurnEnv, TaskEnv
+    from envhub.harness.env import HarnessEnv
     from envhub.inference.base import InferenceEngine, SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.loader import make

@@ -52,6 +52,11 @@ logger = logging.getLogger(__name__)
 Action = str | Message | AssistantTurn
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 
+NEW_SEGMENT = "new_segment"
+"""A step's ``info`` key: when true, the observation is not a reply but a whole new conversation
+(a harness rewrote its history; see :mod:`envhub.harness`), with ``info["tools"]`` its tools.
+The rollout runner then starts the episode's next token segment from that conversation."""
+
 
 def as_turn(action: Action) -> AssistantTurn:
     """Normalise an action to an :class:`AssistantTurn`."""

@@ -265,13 +265,32 @@ class TurnRecord(BaseModel):
     sampled tokens, in turn order, among the ``loss_mask`` 1s of the token record."""
 
 
+class TokenSegment(BaseModel):
+    """A token record of part of an episode, laid out like a trajectory's token fields.
+
+    An episode whose conversation was rewritten midway (a harness that cut or re-wrote its
+    history: :data:`envhub.harness.NEW_SEGMENT`) cannot be one token sequence: each stretch
+    whose prompts extend one another token for token is a segment."""
+
+    model_config = ConfigDict(frozen=True)
+
+    token_ids: list[int]
+    loss_mask: list[int]
+    sampler_logprobs: list[float]
+    prompt_token_count: int
+    first_turn: int
+    """Index of the segment's first turn in the trajectory's ``turns``."""
+
+
 class Trajectory(BaseModel):
     """One episode, recorded for evaluation, training, inspection and replay.
 
     The token fields are the contract with the trainer: ``token_ids`` is the prompt and every turn
     exactly as sampled (never re-tokenised), ``loss_mask`` is 1 on tokens the policy sampled and 0
     elsewhere, ``sampler_logprobs`` holds the sampling engine's logprob of each token (0.0 where
-    the mask is 0). They are ``None`` when the engine returned text only.
+    the mask is 0). They are ``None`` when the engine returned text only. An episode whose
+    conversation was rewritten midway records its last segment there and the ones before it in
+    ``segments``; the trainer trains each with the episode's advantage.
     """
 
     env: EnvRef
@@ -290,6 +309,9 @@ class Trajectory(BaseModel):
     sampler_logprobs: list[float] | None = None
     prompt_token_count: int | None = None
     """Tokens before the first sampled token."""
+    segments: list[TokenSegment] = Field(default_factory=list)
+    """The token records of the segments before the last (see the class doc); empty for an
+    episode that is one sequence, as every non-harness episode is."""
     reward: float = 0.0
     reward_components: dict[str, float] = Field(default_factory=dict)
     baseline_reward: float | None = None

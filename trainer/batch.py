@@ -25,7 +25,7 @@ from envhub.trainer.algorithms import zero_variance_groups
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.critic.targets import ValueTarget
 from envhub.trainer.scoring import Advantages, Scored, estimate_advantages, score
-from envhub.types import Trajectory
+from envhub.types import TokenSegment, Trajectory
 
 
 @dataclass
@@ -149,19 +149,24 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
     if algorithm.overlong.filter:
         keep &= torch.tensor([not _hit_length(trajectories[i]) for i in usable])
     tokens, targets = advantages.tokens, advantages.value_targets
-    samples = [
-        _sample(
-            trajectories[i],
-            float(advantages.sequence[k]),
-            i,
-            tokens[k] if tokens else None,
-            targets[k] if targets else None,
-        )
-        for k, i in enumerate(usable)
-        if keep[k]
-    ]
+    samples, skipped_segments = [], 0
+    for k, i in enumerate(usable):
+        if not keep[k]:
+            continue
+        t, advantage = trajectories[i], float(advantages.sequence[k])
+        token_advantages = tokens[k] if tokens else None
+        target = targets[k] if targets else None
+        samples.append(_sample(t, advantage, i, token_advantages, target))
+        # A harness episode's earlier segments train with the episode's advantage; per-token
+        # advantages (turn credit, a critic) are laid out on the last segment only, so there
+        # the earlier ones are left out and counted.
+        if token_advantages is not None or target is not None:
+            skipped_segments += len(t.segments)
+        else:
+            samples.extend(_segment_sample(segment, advantage, i) for segment in t.segments)
     stats |= {
         "batch/kept": float(len(samples)),
+        "batch/segments_skipped": float(skipped_segments),
         "batch/zero_variance_groups": float(_dropped_groups(rewards, groups))
         if algorithm.dynamic_sampling
         else 0.0,
@@ -432,6 +437,16 @@ def _sample(
     )
 
 
+def _segment_sample(segment: TokenSegment, advantage: float, index: int) -> Sample:
+    return Sample(
+        list(segment.token_ids),
+        list(segment.loss_mask),
+        list(segment.sampler_logprobs),
+        advantage,
+        index,
+    )
+
+
 def _dropped_groups(rewards: torch.Tensor, groups: torch.Tensor) -> int:
     keep = zero_variance_groups(rewards, groups)
     return len(set(groups[~keep].tolist()))
@@ -442,4 +457,9 @@ def _hit_length(t: Trajectory) -> bool:
 
 
 def _empty_stats() -> dict[str, float]:
-    return {"batch/kept": 0.0, "batch/zero_variance_groups": 0.0, "batch/advantage_abs_mean": 0.0}
+    return {
+        "batch/kept": 0.0,
+        "batch/segments_skipped": 0.0,
+        "batch/zero_variance_groups": 0.0,
+        "batch/advantage_abs_mean": 0.0,
+    }

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from envhub._async import within
-from envhub.env import Env, EpisodeEnv, close_quietly
+from envhub.env import NEW_SEGMENT, Env, EpisodeEnv, close_quietly
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
@@ -32,6 +32,7 @@ from envhub.types import (
     ErrorRecord,
     Message,
     SamplerRef,
+    TokenSegment,
     Trajectory,
     TurnRecord,
     as_message,
@@ -56,6 +57,15 @@ class _Episode:
     prompt_length: int = 0
     tools: list[dict[str, Any]] | None = None
     trace: TokenTrace | None = None
+    segment_start: int = 0
+    """Where the current segment's conversation starts in ``messages`` (0 unless the env
+    started a new segment: :data:`~envhub.env.NEW_SEGMENT`)."""
+    segments: list[TokenSegment] = field(default_factory=list)
+    """Token records of the finished segments before ``trace``."""
+    segment_turn: int = 0
+    """The first turn of the current segment."""
+    drift: list[dict[str, Any]] = field(default_factory=list)
+    """Drift recorded by the finished segments' traces."""
     turns: list[TurnRecord] = field(default_factory=list)
     errors: list[ErrorRecord] = field(default_factory=list)
     reward: float = 0.0
@@ -68,6 +78,11 @@ class _Episode:
     discard_env: bool = False
     """Set when the env timed out: its worker thread may still run, so it is not reused."""
     started: float = field(default_factory=time.perf_counter)
+
+    @property
+    def conversation(self) -> list[Message]:
+        """The current segment's messages (all of them, unless the env started a new one)."""
+        return self.messages[self.segment_start :] if self.segment_start else self.messages
 
     def fail(self, stage: str, error: BaseException | str, turn: int | None = None) -> None:
         timed_out = isinstance(error, (asyncio.TimeoutError, TimeoutError))
@@ -272,6 +287,9 @@ class RolloutRunner:
                 return ep.fail("env.step", e, turn)
             observation = _as_messages(observation)
             ep.messages.append(action.message)
+            new_segment = bool(info.get(NEW_SEGMENT))
+            if new_segment:
+                ep.segment_start = len(ep.messages)
             ep.messages.extend(observation)
             env_seconds = time.perf_counter() - started
             ep.turns.append(
@@ -282,12 +300,17 @@ class RolloutRunner:
             ep.reward += float(reward)  # the episode's reward is the sum of its steps'
             if terminated or truncated:
                 return self._finish(ep, terminated, truncated, info)
-            if tokenizer is not None and ep.trace is not None and ep.trace.valid:
+            if new_segment:
+                try:
+                    await self._start_segment(ep, tokenizer, info.get("tools"))
+                except Exception as e:
+                    return ep.fail("engine", e, turn + 1)
+            elif tokenizer is not None and ep.trace is not None and ep.trace.valid:
                 try:  # drift is recorded against the next turn, whose prompt this builds
                     await append_env_turn(
                         ep.trace,
                         tokenizer,
-                        ep.messages,
+                        ep.conversation,
                         observation,
                         ep.tools,
                         turn + 1,
@@ -295,6 +318,31 @@ class RolloutRunner:
                     )
                 except Exception as e:
                     return ep.fail("engine", e, turn + 1)
+
+    async def _start_segment(
+        self, ep: _Episode, tokenizer: ToolsInPrompt | None, tools: list[dict[str, Any]] | None
+    ) -> None:
+        """Close the current token record as a segment and start the next one from the
+        conversation the env just sent (a harness that rewrote its history)."""
+        trace = ep.trace
+        if trace is not None:
+            ep.drift.extend(trace.drift)
+            if trace.valid and 1 in trace.mask:
+                trace.trim_to_last_sampled()
+                ep.segments.append(
+                    TokenSegment(
+                        token_ids=trace.ids,
+                        loss_mask=trace.mask,
+                        sampler_logprobs=trace.logprobs,
+                        prompt_token_count=trace.prompt_length,
+                        first_turn=ep.segment_turn,
+                    )
+                )
+        ep.tools, ep.segment_turn, ep.trace = tools, len(ep.turns), None
+        if tokenizer is not None:  # a chat-level engine's next generation starts the record
+            prompt_ids = await tokenizer.render(ep.conversation, tools, add_generation_prompt=True)
+            ep.trace = TokenTrace()
+            ep.trace.start(prompt_ids)
 
     def _chat_tokenizer(self) -> ToolsInPrompt | None:
         """The engine's tokenizer, wrapped so the model sees the tools whatever its template
@@ -314,7 +362,10 @@ class RolloutRunner:
             else None
         )
         return GenerateRequest(
-            messages=ep.messages, tools=ep.tools, prompt_ids=prompt_ids, sampling=sampling
+            messages=ep.conversation,
+            tools=ep.tools,
+            prompt_ids=prompt_ids,
+            sampling=sampling,
         )
 
     def _turn_budget(self, env: Env, ep: _Episode) -> tuple[int, str]:
@@ -427,6 +478,7 @@ class RolloutRunner:
             loss_mask=trace.mask if trace else None,
             sampler_logprobs=trace.logprobs if trace else None,
             prompt_token_count=trace.prompt_length if trace else None,
+            segments=ep.segments,
             reward=0.0 if ep.stop_reason in ("error", "timeout") else ep.reward,
             reward_components=ep.components,
             terminated=ep.terminated,
@@ -435,7 +487,7 @@ class RolloutRunner:
             turns=ep.turns,
             metrics=self._metrics(ep),
             errors=ep.errors,
-            token_drift=ep.trace.drift if ep.trace is not None else [],
+            token_drift=ep.drift + (ep.trace.drift if ep.trace is not None else []),
             seconds=time.perf_counter() - ep.started,
         )
 

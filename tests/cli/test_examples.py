@@ -19,7 +19,7 @@ from envhub.errors import ConfigError
 from envhub.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["calculator-tools", "gsm8k-1gpu", "megatron-8gpu", "quickstart"]
+SHIPPED = ["calculator-agent", "calculator-tools", "gsm8k-1gpu", "megatron-8gpu", "quickstart"]
 runner = CliRunner()
 
 
@@ -83,7 +83,8 @@ def test_an_unknown_example_suggests_the_nearest() -> None:
     assert isinstance(result.exception, ConfigError)
     assert str(result.exception) == (
         "no shipped example named 'megatron' (did you mean 'megatron-8gpu'? shipped: "
-        "calculator-tools, gsm8k-1gpu, megatron-8gpu, quickstart; `envhub examples` describes them)"
+        "calculator-agent, calculator-tools, gsm8k-1gpu, megatron-8gpu, quickstart; "
+        "`envhub examples` describes them)"
     )
 
 
@@ -108,9 +109,10 @@ def test_the_wheel_ships_the_examples_and_a_pip_install_trains_on_them(tmp_path:
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(n for n in archive.namelist() if n.startswith("envhub/examples/"))
+        agents = ["verifiers_v1_agent.py", "vf_arith_v1.py"]  # harness programs (verifiers v1)
         assert shipped == ["envhub/examples/__init__.py"] + [
-            f"envhub/examples/{name}.yaml" for name in SHIPPED
-        ]
+            f"envhub/examples/agents/{name}" for name in agents
+        ] + [f"envhub/examples/{name}.yaml" for name in SHIPPED]
         archive.extractall(tmp_path / "site")
 
     # The unpacked wheel comes first on sys.path (before this checkout's editable install), and

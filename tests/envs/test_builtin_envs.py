@@ -21,6 +21,7 @@ def test_the_catalog_lists_every_builtin_env() -> None:
     assert BUILTIN == [
         "arithmetic",
         "calculator",
+        "calculator-agent",
         "code",
         "code-fix",
         "frozenlake",
@@ -31,6 +32,7 @@ def test_the_catalog_lists_every_builtin_env() -> None:
     assert WITH_REFERENCE == [
         "arithmetic",
         "calculator",
+        "calculator-agent",
         "code",
         "code-fix",
         "frozenlake",

@@ -324,3 +324,32 @@ def test_bins_keep_a_prompts_samples_together_and_count_its_tokens_once() -> Non
     assert pack_sharing_prompts(samples, 10) == [[3, 0, 1], [4], [2]]
     # at 7 it splits longest first: [3] costs 6, [0, 1] costs 6
     assert pack_sharing_prompts(samples, 7) == [[4], [0, 1], [3], [2]]
+
+
+def test_a_harness_episodes_earlier_segments_train_with_its_advantage() -> None:
+    from envhub.types import TokenSegment
+
+    earlier = TokenSegment(
+        token_ids=[1, 8, 9], loss_mask=[0, 1, 1], sampler_logprobs=[0.0, -0.1, -0.2],
+        prompt_token_count=1, first_turn=0,
+    )  # fmt: skip
+    split = _traj("a", 1.0, [1, 2, 3], [0, 1, 1]).model_copy(update={"segments": [earlier]})
+    trajectories = [split, _traj("a", 0.0, [1, 2, 4], [0, 1, 1])]
+    batch = build_batch(trajectories, AlgorithmConfig(), max_tokens=8)
+    # GRPO over the two episodes (mean 1/2, unbiased std sqrt(1/2)); the split episode's two
+    # sequences carry its advantage, and both count as sequences and tokens of the loss.
+    advantage = 0.5 / 0.5**0.5
+    assert [(s.trajectory, s.token_ids) for s in batch.samples] == [
+        (0, [1, 2, 3]), (0, [1, 8, 9]), (1, [1, 2, 4]),
+    ]  # fmt: skip
+    assert [s.advantage for s in batch.samples] == pytest.approx(
+        [advantage, advantage, -advantage], rel=1e-5
+    )
+    assert batch.samples[1].sampler_logprobs == [0.0, -0.1, -0.2]
+    assert batch.num_sequences == 3 and batch.num_tokens == 6
+    assert batch.stats["batch/segments_skipped"] == 0.0
+
+    turn_credit = AlgorithmConfig(credit="turn")
+    batch = build_batch(trajectories, turn_credit, max_tokens=8)
+    assert [s.token_ids for s in batch.samples] == [[1, 2, 3], [1, 2, 4]]
+    assert batch.stats["batch/segments_skipped"] == 1.0

@@ -1,0 +1,38 @@
+"""Harness envs: train agent programs you already have, as black boxes.
+
+An agent program (an ``openai``-SDK loop, an OpenAI Agents SDK agent, a CLI agent, ...) is
+pointed at an OpenAI-compatible endpoint that answers with the policy and records every call's
+exact tokens; each run of the program on a task is one episode of a :class:`HarnessEnv`.
+
+- :mod:`envhub.harness.env` — :class:`HarnessEnv`, the env (and what an episode records);
+- :mod:`envhub.harness.endpoint` — the recording endpoint, one per process;
+- :mod:`envhub.harness.programs` — Python callables and commands as programs;
+- :mod:`envhub.harness.wire` — the chat-completions wire format;
+- :mod:`envhub.harness.responses` — the Responses API wire format (the Agents SDK's default);
+- :mod:`envhub.harness.verifiers_v1` — :class:`VerifiersV1Env`, a verifiers 0.4 (v1)
+  environment run in its own venv.
+"""
+
+from envhub.harness.env import NEW_SEGMENT, HarnessEnv, HarnessError
+from envhub.harness.programs import (
+    CallableProgram,
+    CommandProgram,
+    Launch,
+    PolicyFailure,
+    Program,
+    ProgramResult,
+)
+from envhub.harness.verifiers_v1 import VerifiersV1Env
+
+__all__ = [
+    "NEW_SEGMENT",
+    "CallableProgram",
+    "CommandProgram",
+    "HarnessEnv",
+    "HarnessError",
+    "Launch",
+    "PolicyFailure",
+    "Program",
+    "ProgramResult",
+    "VerifiersV1Env",
+]

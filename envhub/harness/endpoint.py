@@ -1,0 +1,315 @@
+"""The recording endpoint: an OpenAI-compatible server that agent programs call for the policy.
+
+One server per process (127.0.0.1, a free port) serves every harness episode of the process;
+each episode has its own unguessable key, which is both the path prefix of its ``base_url``
+(``http://127.0.0.1:PORT/k/KEY/v1``) and its API key, so nothing one episode sends can reach
+another's record. The server runs on its own event loop in a daemon thread, so the envs that use
+it work from the sync API (``envhub check``) and from any runner's loop alike.
+
+It serves ``POST /chat/completions`` and ``POST /responses`` (streamed or not) and
+``GET /models``; both kinds of call are read as the same chat request
+(:class:`~envhub.harness.wire.ChatRequest`), so the env does not know which API a harness speaks.
+
+The endpoint does not generate: a call is handed to the episode's env as its next observation,
+the rollout runner samples the turn with the run's engine (rendering, token-in/token-out, tool
+parsing, recording, all as for any env), and the env's step hands the reply back here. Needs
+Starlette and uvicorn (``pip install 'envhub[serve]'``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import logging
+import secrets
+import socket
+import threading
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from envhub.errors import MissingDependencyError
+from envhub.harness.responses import (
+    ResponsesRequest,
+    read_responses_request,
+    response_body,
+    response_events,
+)
+from envhub.harness.wire import (
+    ChatRequest,
+    Reply,
+    WireError,
+    completion_body,
+    completion_events,
+    error_body,
+    read_chat_request,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R", bound=ChatRequest)
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+"""The largest request body read (a long agent history fits many times over)."""
+
+
+@dataclass
+class Call:
+    """A request (chat completions or responses, read as chat) waiting for the policy's turn."""
+
+    request: ChatRequest
+    reply: asyncio.Future[Reply]
+    id: str
+
+
+@dataclass
+class ProgramEnded:
+    """The program returned (``failure`` is ``None``) or failed."""
+
+    output: Any = None
+    exit_code: int | None = None
+    failure: str | None = None
+    """``crash``, ``exit``, ``start``, ``timeout`` or ``request``; ``None`` when it returned."""
+    message: str = ""
+
+
+Event = Call | ProgramEnded
+
+
+@dataclass
+class Episode:
+    """One episode's mailbox on the endpoint's loop: the calls and the end of its program."""
+
+    key: str
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    closed: bool = False
+    calls: int = 0
+    pending: Call | None = None
+    bad_requests: list[str] = field(default_factory=list)
+    """Requests the endpoint refused (the program's fault): each is recorded on the episode."""
+
+    async def next_event(self) -> Event:
+        """The next call or the program's end, whichever comes first."""
+        event = await self.events.get()
+        if isinstance(event, Call):
+            self.pending = event
+        return event
+
+    def answer(self, reply: Reply | BaseException) -> None:
+        """Hand the policy's turn (or an error) to the call waiting for it."""
+        call, self.pending = self.pending, None
+        if call is None or call.reply.done():
+            return
+        if isinstance(reply, BaseException):
+            call.reply.set_exception(reply)
+        else:
+            call.reply.set_result(reply)
+
+    def close(self, why: str) -> None:
+        """Refuse this episode's calls from now on; a waiting call gets ``why``."""
+        self.closed = True
+        self.answer(EpisodeClosed(why))
+        while not self.events.empty():
+            event = self.events.get_nowait()
+            if isinstance(event, Call) and not event.reply.done():
+                event.reply.set_exception(EpisodeClosed(why))
+
+
+class EpisodeClosed(Exception):
+    """The episode a request belongs to has ended."""
+
+
+class Endpoint:
+    """The process's recording endpoint (see the module doc); get it with :meth:`shared`."""
+
+    _shared: Endpoint | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._episodes: dict[str, Episode] = {}
+        self._ids = itertools.count()
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on each accepted connection:
+        # uvicorn writes a reply's headers and body separately, and with Nagle's algorithm the
+        # body waited for the client's delayed ACK (~40 ms a call; bench/harness_endpoint.py).
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(1024)
+        self.port: int = self._sock.getsockname()[1]
+        started = threading.Event()
+        self._thread = threading.Thread(
+            target=self._serve, args=(started,), name="envhub-harness-endpoint", daemon=True
+        )
+        self._thread.start()
+        started.wait()
+        # Programs run on a loop of their own: an agent that blocks its loop for a while
+        # (building clients, parsing, its own tools) must not stall the server that answers
+        # every episode (64 agents starting at once held off connections past the openai
+        # client's 5 s connect timeout when they shared the server's loop).
+        self.programs = asyncio.new_event_loop()
+        threading.Thread(
+            target=self.programs.run_forever, name="envhub-harness-programs", daemon=True
+        ).start()
+
+    @classmethod
+    def shared(cls) -> Endpoint:
+        """The endpoint of this process, started on first use."""
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def base_url(self, key: str) -> str:
+        """The OpenAI ``base_url`` of the episode with this key."""
+        return f"http://127.0.0.1:{self.port}/k/{key}/v1"
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the endpoint's loop (from any thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` run on the endpoint's loop, from any other loop."""
+        return await asyncio.wrap_future(self.run(coro))
+
+    async def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Start ``coro`` as a task on the programs' loop (from any loop); returns the task."""
+
+        async def create() -> asyncio.Task[None]:
+            return asyncio.ensure_future(coro)
+
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(create(), self.programs))
+
+    async def cancel(self, task: asyncio.Task[None], within: float = 10.0) -> None:
+        """Cancel a task :meth:`spawn` started and wait up to ``within`` s for it to end."""
+
+        async def stop() -> None:
+            task.cancel()
+            await asyncio.wait({task}, timeout=within)
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(), self.programs))
+
+    def post(self, episode: Episode, event: Event) -> None:
+        """Hand ``event`` to ``episode``'s mailbox (from any thread)."""
+        self.loop.call_soon_threadsafe(episode.events.put_nowait, event)
+
+    async def open(self) -> Episode:
+        """A new episode with a fresh key (on the endpoint's loop)."""
+        episode = Episode(secrets.token_urlsafe(18))
+        self._episodes[episode.key] = episode
+        return episode
+
+    async def discard(self, episode: Episode, why: str) -> None:
+        """Close ``episode`` and forget its key (on the endpoint's loop)."""
+        episode.close(why)
+        self._episodes.pop(episode.key, None)
+
+    # -- the server -----------------------------------------------------------------------------
+
+    def _serve(self, started: threading.Event) -> None:
+        try:
+            import uvicorn
+        except ImportError as e:  # pragma: no cover - the serve extra is a dev dependency
+            raise MissingDependencyError(
+                "harness envs need uvicorn and starlette: pip install 'envhub[serve]'"
+            ) from e
+        asyncio.set_event_loop(self.loop)
+        config = uvicorn.Config(
+            self._app(), log_level="warning", access_log=False, lifespan="off",
+            timeout_keep_alive=60,
+        )  # fmt: skip
+        server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # a daemon thread's server: no signals
+        self.loop.call_soon(started.set)
+        self.loop.run_until_complete(server.serve(sockets=[self._sock]))
+
+    def _app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(
+            routes=[
+                Route("/k/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+                Route("/k/{key}/v1/responses", self._responses, methods=["POST"]),
+                Route("/k/{key}/v1/models", self._models, methods=["GET"]),
+            ]
+        )
+
+    async def _models(self, request: Any) -> Any:
+        from starlette.responses import JSONResponse
+
+        if request.path_params["key"] not in self._episodes:
+            return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
+        return JSONResponse(
+            {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "envhub"}]}
+        )
+
+    async def _chat(self, request: Any) -> Any:
+        return await self._call(request, read_chat_request, "chatcmpl-", _chat_answer)
+
+    async def _responses(self, request: Any) -> Any:
+        return await self._call(request, read_responses_request, "resp_", _responses_answer)
+
+    async def _call(
+        self,
+        request: Any,
+        read: Callable[[Any], R],
+        id_prefix: str,
+        answer: Callable[[Reply, str, R], Any],
+    ) -> Any:
+        """Read a call with ``read``, hand it to its episode, and ``answer`` with the turn."""
+        from starlette.responses import JSONResponse
+
+        episode = self._episodes.get(request.path_params["key"])
+        if episode is None or episode.closed:
+            return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
+        try:
+            chat = read(await _json_body(request))
+        except WireError as e:
+            episode.bad_requests.append(str(e))
+            return JSONResponse(error_body(str(e)), 400)
+        call = Call(chat, self.loop.create_future(), f"{id_prefix}{next(self._ids)}")
+        episode.calls += 1
+        episode.events.put_nowait(call)
+        try:
+            reply = await call.reply
+        except EpisodeClosed as e:
+            return JSONResponse(error_body(f"the episode has ended: {e}", "episode_ended"), 409)
+        except WireError as e:
+            return JSONResponse(error_body(str(e)), 400)
+        return answer(reply, call.id, chat)
+
+
+def _chat_answer(reply: Reply, call_id: str, chat: ChatRequest) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if chat.stream:
+        events = completion_events(reply, call_id, chat.model, chat.include_usage)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(completion_body(reply, call_id, chat.model))
+
+
+def _responses_answer(reply: Reply, call_id: str, request: ResponsesRequest) -> Any:
+    from starlette.responses import JSONResponse, StreamingResponse
+
+    if request.stream:
+        events = response_events(reply, call_id, request)
+        return StreamingResponse(events, media_type="text/event-stream")
+    return JSONResponse(response_body(reply, call_id, request))
+
+
+async def _json_body(request: Any) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise WireError(f"the body is over {MAX_BODY_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise WireError(f"the body is over {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise WireError(f"the body is not valid JSON ({type(e).__name__})") from None
