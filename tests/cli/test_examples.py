@@ -109,7 +109,8 @@ def test_the_wheel_ships_the_examples_and_a_pip_install_trains_on_them(tmp_path:
     (wheel,) = (tmp_path / "wheel").glob("*.whl")
     with zipfile.ZipFile(wheel) as archive:
         shipped = sorted(n for n in archive.namelist() if n.startswith("envhub/examples/"))
-        agents = ["verifiers_v1_agent.py", "vf_arith_v1.py"]  # harness programs (verifiers v1)
+        agents = sorted(p.name for p in ROOT.glob("examples/agents/*.py"))  # harness programs
+        assert agents == ["cli_agent.py", "verifiers_v1_agent.py", "vf_arith_v1.py"]
         assert shipped == ["envhub/examples/__init__.py"] + [
             f"envhub/examples/agents/{name}" for name in agents
         ] + [f"envhub/examples/{name}.yaml" for name in SHIPPED]
