@@ -103,7 +103,7 @@ def test_eval_serve_finds_a_misspelled_env_before_anything_else(tmp_path):
     # here does not exist either: the env is checked first, and both before any server starts.
     result = runner.invoke(app, ["eval", "calculatr", "--serve", "-m", str(tmp_path / "none")])
     assert isinstance(result.exception, EnvNotFoundError)
-    assert "Did you mean 'calculator'?" in str(result.exception)
+    assert "Did you mean 'calculator', 'calculator-agent'?" in str(result.exception)
     bad_arg = runner.invoke(app, ["eval", "calculator", "--serve", "-a", "num_taks=3"])
     assert "unexpected keyword argument 'num_taks'" in str(bad_arg.exception)
 

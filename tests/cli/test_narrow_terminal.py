@@ -89,9 +89,9 @@ def test_list_keeps_names_whole_and_puts_descriptions_under_them_at_80_columns(
     # Each env starts a line with its whole name, then its description (and tools) under it.
     starts = [line.split()[0] for line in lines if not line.startswith(" ")]
     assert starts == ["envhub", "name", *sorted(list_envs())]
-    assert lines[1] == "name            kind         version  from"
-    assert "guess-number    multi-turn   0.1.0    envhub" in lines
-    at = lines.index("capital-cities  tool         0.3.1    envhub-capital-cities")
+    assert lines[1] == "name              kind         version  from"
+    assert "guess-number      multi-turn   0.1.0    envhub" in lines
+    at = lines.index("capital-cities    tool         0.3.1    envhub-capital-cities")
     assert lines[at + 1 : at + 3] == [
         "    Name the capital of a country; a lookup tool reads a hidden atlas.",
         "    tools: lookup_capital, list_countries",
@@ -114,7 +114,7 @@ def test_list_is_one_table_row_per_env_on_a_wide_terminal(terminal, installed_pa
         "Multi-turn", "arithmetic", "with", "a", "calculator", "tool.",
     ]  # fmt: skip
     assert rows["capital-cities"] == (
-        "capital-cities  tool         lookup_capital, list_countries  0.3.1    "
+        "capital-cities    tool         lookup_capital, list_countries  0.3.1    "
         "envhub-capital-cities  Name the capital of a country; a lookup tool reads a hidden atlas."
     )
     assert max(len(line) for line in lines) <= 200
