@@ -48,8 +48,8 @@ def test_unknown_names_suggest_the_nearest() -> None:
         envhub.make("calcultor")
     message = str(info.value)
     assert message.startswith(
-        "no env named 'calcultor'. Did you mean 'calculator', 'calculator-agent'? Run `envhub list` "
-        "to see all "
+        "no env named 'calcultor'. Did you mean 'calculator', 'calculator-agent'? "
+        "Run `envhub list` to see all "
     )
     assert message.endswith(" envs.")
     with pytest.raises(EnvNotFoundError) as info:
