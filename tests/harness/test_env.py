@@ -166,22 +166,29 @@ def assert_token_exact(traj: Trajectory) -> None:
     assert traj.prompt_token_count == runs[0][0]
 
 
-def test_a_three_call_tool_episode_records_exactly_the_sampled_tokens() -> None:
-    env = lambda: HarnessEnv(chat_agent, TASKS, rubric=Rubric([correct]))  # noqa: E731
-    (traj,) = rollout(env, adder_policy)
-    assert traj.outcome == "ok" and traj.errors == []
+def assert_adder_episode(traj: Trajectory) -> None:
+    """The 3-call adder episode (:func:`adder_policy`) as one token record: ok, rewarded, no
+    prefix break; the conversation as the program built it (its tool results answer the parsed
+    calls), recorded token for token."""
+    assert traj.errors == [] and traj.outcome == "ok"
     assert traj.reward == 1.0 and traj.reward_components == {"correct": 1.0}
     assert [t.tool_calls for t in traj.turns] == [1, 1, 0]
     assert traj.metrics["segments"] == 1 and traj.metrics["prefix_breaks"] == 0
     assert traj.segments == []
-    # The conversation as the program built it: its tool results answer the parsed calls.
     assert [m.role for m in traj.messages] == [
         "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
     ]  # fmt: skip
+    assert traj.messages[0].content == "You add numbers with the add tool."
     assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    # Token by token: the template's rendering of that conversation, the sampled turns in the loss.
-    assert traj.tools == [ADD]
+    assert [t["function"]["name"] for t in traj.tools] == ["add"]
     assert_token_exact(traj)
+
+
+def test_a_three_call_tool_episode_records_exactly_the_sampled_tokens() -> None:
+    env = lambda: HarnessEnv(chat_agent, TASKS, rubric=Rubric([correct]))  # noqa: E731
+    (traj,) = rollout(env, adder_policy)
+    assert_adder_episode(traj)
+    assert traj.tools == [ADD]
 
 
 def test_streaming_and_plain_calls_record_the_same_episode() -> None:

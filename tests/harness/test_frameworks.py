@@ -14,7 +14,7 @@ from envhub.rewards.rubric import Rubric
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 
-from .test_env import TASKS, adder_policy, assert_token_exact, correct
+from .test_env import TASKS, adder_policy, assert_adder_episode, correct
 
 agents = pytest.importorskip("agents")
 
@@ -53,15 +53,7 @@ def test_an_agents_sdk_tool_episode_is_recorded_token_for_token() -> None:
     engine = ScriptedEngine(adder_policy, ByteChatTokenizer())
     env = lambda: HarnessEnv(agents_sdk_adder, TASKS, rubric=Rubric([correct]))  # noqa: E731
     (traj,) = asyncio.run(RolloutRunner(engine, env).run([0]))
-    assert traj.errors == [] and traj.outcome == "ok"
-    assert traj.reward == 1.0 and [t.tool_calls for t in traj.turns] == [1, 1, 0]
-    assert traj.metrics["prefix_breaks"] == 0 and traj.segments == []
-    assert [m.role for m in traj.messages] == [
-        "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
-    ]  # fmt: skip
-    assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    assert_token_exact(traj)
-    assert [t["function"]["name"] for t in traj.tools] == ["add"]
+    assert_adder_episode(traj)
 
 
 def test_a_harness_env_passes_the_env_contract_check() -> None:

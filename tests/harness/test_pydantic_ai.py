@@ -19,7 +19,7 @@ from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Trajectory
 
-from .test_env import TASKS, adder_policy, assert_token_exact, correct
+from .test_env import TASKS, adder_policy, assert_adder_episode, correct
 
 pytest.importorskip("pydantic_ai")
 pytest.importorskip("uvicorn")
@@ -76,32 +76,15 @@ def run_episode(program: Any) -> Trajectory:
     return traj
 
 
-def assert_recorded_token_for_token(traj: Trajectory) -> None:
-    """The 3-call adder episode, as one token record: ok, rewarded, no prefix break; the record
-    is the template's rendering of the conversation and the mask covers the sampled turns."""
-    assert traj.errors == [] and traj.outcome == "ok"
-    assert traj.reward == 1.0 and traj.reward_components == {"correct": 1.0}
-    assert [t.tool_calls for t in traj.turns] == [1, 1, 0]
-    assert traj.metrics["segments"] == 1 and traj.metrics["prefix_breaks"] == 0
-    assert traj.segments == []
-    assert [m.role for m in traj.messages] == [
-        "system", "user", "assistant", "tool", "assistant", "tool", "assistant",
-    ]  # fmt: skip
-    assert traj.messages[0].content == "You add numbers with the add tool."
-    assert [m.content for m in traj.messages if m.role == "tool"] == ["5", "9"]
-    assert [t["function"]["name"] for t in traj.tools] == ["add"]
-    assert_token_exact(traj)
-
-
 def test_a_pydantic_ai_tool_episode_is_recorded_token_for_token() -> None:
     traj = run_episode(pydantic_ai_adder)
-    assert_recorded_token_for_token(traj)
+    assert_adder_episode(traj)
     assert traj.messages[-1].content == "The answer is 9."
 
 
 def test_a_streamed_pydantic_ai_episode_records_the_same_tokens() -> None:
     plain = run_episode(pydantic_ai_adder)
     streamed = run_episode(streaming_pydantic_ai_adder)
-    assert_recorded_token_for_token(streamed)
+    assert_adder_episode(streamed)
     assert streamed.token_ids == plain.token_ids and streamed.loss_mask == plain.loss_mask
     assert streamed.messages == plain.messages
