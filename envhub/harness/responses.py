@@ -21,7 +21,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from envhub.harness.wire import ChatRequest, Reply, WireError, refuse_sampling
+from envhub.harness.wire import (
+    ChatRequest,
+    Reply,
+    WireError,
+    content_text,
+    overridden_fields,
+    refuse_sampling,
+)
 from envhub.types import Message, ToolCall
 
 STATEFUL_FIELDS: dict[str, str] = {
@@ -36,9 +43,6 @@ OVERRIDDEN_FIELDS = ("temperature", "max_output_tokens", "reasoning")
 
 ECHOED_FIELDS = ("instructions", "tools", "tool_choice", "parallel_tool_calls", "metadata")
 """Request fields a ``response`` object repeats back."""
-
-TEXT_PARTS = ("input_text", "output_text", "text")
-"""Content part types read as text (a ``refusal`` part is read as its text too)."""
 
 
 @dataclass
@@ -80,10 +84,7 @@ def read_responses_request(body: Any) -> ResponsesRequest:
 
 
 def _overridden(body: dict[str, Any]) -> list[str]:
-    overridden = [k for k in OVERRIDDEN_FIELDS if body.get(k) is not None]
-    choice = body.get("tool_choice")
-    if choice not in (None, "auto", "none"):
-        overridden.append("tool_choice")  # forcing a call needs constrained decoding
+    overridden = overridden_fields(body, OVERRIDDEN_FIELDS)
     text = body.get("text")
     text_format = text.get("format") if isinstance(text, dict) else None
     if isinstance(text_format, dict) and text_format.get("type") not in (None, "text"):
@@ -141,21 +142,11 @@ def _read_message(item: dict[str, Any], where: str) -> Message:
 
 
 def _text(content: Any, where: str) -> str:
-    """A message's (or a call output's) content as one string; parts must be text."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
+    """A message's (or a call output's) content as one string; it must be there."""
+    text = content_text(content, where)
+    if text is None:
         raise WireError(f"{where}: content must be a string or a list of parts")
-    texts = []
-    for part in content:
-        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-        if kind in TEXT_PARTS:
-            texts.append(str(part.get("text", "")))
-        elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
-        else:
-            raise WireError(f"{where}: content part of type {kind!r} is not supported (text only)")
-    return "".join(texts)
+    return text
 
 
 def _read_call(item: dict[str, Any], where: str) -> ToolCall:

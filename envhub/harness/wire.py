@@ -28,6 +28,9 @@ OVERRIDDEN_FIELDS = ("temperature", "max_tokens", "max_completion_tokens", "stop
 """Sampling fields the run's config decides; a harness's values are ignored (as is a
 ``tool_choice`` that forces a call: the policy decides whether to call)."""
 
+TEXT_PARTS = ("input_text", "output_text", "text")
+"""Content part types read as text, in either API (a ``refusal`` part is read as its text)."""
+
 
 class WireError(ValueError):
     """A request the endpoint cannot serve; the message says what to change."""
@@ -62,9 +65,6 @@ def read_chat_request(body: Any) -> ChatRequest:
         raise WireError("`messages` must be a non-empty list")
     messages = [read_message(m, i) for i, m in enumerate(raw)]
     tools = _read_tools(body.get("tools"))
-    overridden = [k for k in OVERRIDDEN_FIELDS if body.get(k) is not None]
-    if body.get("tool_choice") not in (None, "auto", "none"):
-        overridden.append("tool_choice")  # forcing a call needs constrained decoding
     options = body.get("stream_options") or {}
     return ChatRequest(
         messages=messages,
@@ -72,8 +72,17 @@ def read_chat_request(body: Any) -> ChatRequest:
         stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         model=str(body.get("model") or "policy"),
-        overridden=overridden,
+        overridden=overridden_fields(body, OVERRIDDEN_FIELDS),
     )
+
+
+def overridden_fields(body: dict[str, Any], fields: tuple[str, ...]) -> list[str]:
+    """Which of ``fields`` (an API's sampling fields) ``body`` sets, plus ``tool_choice`` when
+    it forces a call (that needs constrained decoding; the policy decides whether to call)."""
+    overridden = [k for k in fields if body.get(k) is not None]
+    if body.get("tool_choice") not in (None, "auto", "none"):
+        overridden.append("tool_choice")
+    return overridden
 
 
 def refuse_sampling(body: dict[str, Any]) -> None:
@@ -98,24 +107,25 @@ def refuse_sampling(body: dict[str, Any]) -> None:
             )
 
 
-def _text(content: Any, where: str) -> str | None:
-    """``content`` as one string: parts of type text are joined; other parts are refused."""
+def content_text(content: Any, where: str) -> str | None:
+    """``content`` as one string: a string, or a list of parts whose text (and refusals) are
+    joined; ``None`` stays ``None``. Other parts (images, audio, files) are refused."""
     if content is None or isinstance(content, str):
         return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
-                texts.append(str(part.get("text", "")))
-            elif isinstance(part, str):
-                texts.append(part)
-            else:
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise WireError(
-                    f"{where}: content part of type {kind!r} is not supported (text only)"
-                )
-        return "".join(texts)
-    raise WireError(f"{where}: content must be a string or a list of parts")
+    if not isinstance(content, list):
+        raise WireError(f"{where}: content must be a string or a list of parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if isinstance(part, str):
+            texts.append(part)
+        elif kind in TEXT_PARTS:
+            texts.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal", "")))
+        else:
+            raise WireError(f"{where}: content part of type {kind!r} is not supported (text only)")
+    return "".join(texts)
 
 
 def read_message(raw: Any, index: int) -> Message:
@@ -127,7 +137,7 @@ def read_message(raw: Any, index: int) -> Message:
     role = "system" if role == "developer" else role
     if role not in ("system", "user", "assistant", "tool"):
         raise WireError(f"{where}: unknown role {raw.get('role')!r}")
-    content = _text(raw.get("content"), where)
+    content = content_text(raw.get("content"), where)
     calls = None
     if role == "assistant" and raw.get("tool_calls"):
         calls = tuple(_read_call(c, f"{where}.tool_calls") for c in raw["tool_calls"])
