@@ -13,7 +13,7 @@ It serves ``POST /chat/completions`` and ``POST /responses`` (streamed or not) a
 The endpoint does not generate: a call is handed to the episode's env as its next observation,
 the rollout runner samples the turn with the run's engine (rendering, token-in/token-out, tool
 parsing, recording, all as for any env), and the env's step hands the reply back here. Needs
-Starlette and uvicorn (``pip install 'envhub[serve]'``).
+Starlette and uvicorn (``pip install 'envhub[harness]'``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,6 @@ class Episode:
     key: str
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     closed: bool = False
-    calls: int = 0
     pending: Call | None = None
     bad_requests: list[str] = field(default_factory=list)
     """Requests the endpoint refused (the program's fault): each is recorded on the episode."""
@@ -129,6 +128,7 @@ class Endpoint:
     _lock = threading.Lock()
 
     def __init__(self) -> None:
+        uvicorn, app = _server_parts()  # before any thread: a missing extra fails here, clearly
         self.loop = asyncio.new_event_loop()
         self._episodes: dict[str, Episode] = {}
         self._ids = itertools.count()
@@ -141,7 +141,10 @@ class Endpoint:
         self.port: int = self._sock.getsockname()[1]
         started = threading.Event()
         self._thread = threading.Thread(
-            target=self._serve, args=(started,), name="envhub-harness-endpoint", daemon=True
+            target=self._serve,
+            args=(uvicorn, app(self._routes()), started),
+            name="envhub-harness-endpoint",
+            daemon=True,
         )
         self._thread.start()
         started.wait()
@@ -172,7 +175,7 @@ class Endpoint:
 
     async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
         """Await ``coro`` run on the endpoint's loop, from any other loop."""
-        return await asyncio.wrap_future(self.run(coro))
+        return await _on(self.loop, coro)
 
     async def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Start ``coro`` as a task on the programs' loop (from any loop); returns the task."""
@@ -180,7 +183,7 @@ class Endpoint:
         async def create() -> asyncio.Task[None]:
             return asyncio.ensure_future(coro)
 
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(create(), self.programs))
+        return await _on(self.programs, create())
 
     async def cancel(self, task: asyncio.Task[None], within: float = 10.0) -> None:
         """Cancel a task :meth:`spawn` started and wait up to ``within`` s for it to end."""
@@ -189,7 +192,7 @@ class Endpoint:
             task.cancel()
             await asyncio.wait({task}, timeout=within)
 
-        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(), self.programs))
+        await _on(self.programs, stop())
 
     def post(self, episode: Episode, event: Event) -> None:
         """Hand ``event`` to ``episode``'s mailbox (from any thread)."""
@@ -208,34 +211,24 @@ class Endpoint:
 
     # -- the server -----------------------------------------------------------------------------
 
-    def _serve(self, started: threading.Event) -> None:
-        try:
-            import uvicorn
-        except ImportError as e:  # pragma: no cover - the serve extra is a dev dependency
-            raise MissingDependencyError(
-                "harness envs need uvicorn and starlette: pip install 'envhub[serve]'"
-            ) from e
+    def _serve(self, uvicorn: Any, app: Any, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
         config = uvicorn.Config(
-            self._app(), log_level="warning", access_log=False, lifespan="off",
-            timeout_keep_alive=60,
-        )  # fmt: skip
+            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=60
+        )
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # a daemon thread's server: no signals
         self.loop.call_soon(started.set)
         self.loop.run_until_complete(server.serve(sockets=[self._sock]))
 
-    def _app(self) -> Any:
-        from starlette.applications import Starlette
+    def _routes(self) -> list[Any]:
         from starlette.routing import Route
 
-        return Starlette(
-            routes=[
-                Route("/k/{key}/v1/chat/completions", self._chat, methods=["POST"]),
-                Route("/k/{key}/v1/responses", self._responses, methods=["POST"]),
-                Route("/k/{key}/v1/models", self._models, methods=["GET"]),
-            ]
-        )
+        return [
+            Route("/k/{key}/v1/chat/completions", self._chat, methods=["POST"]),
+            Route("/k/{key}/v1/responses", self._responses, methods=["POST"]),
+            Route("/k/{key}/v1/models", self._models, methods=["GET"]),
+        ]
 
     async def _models(self, request: Any) -> Any:
         from starlette.responses import JSONResponse
@@ -271,7 +264,6 @@ class Endpoint:
             episode.bad_requests.append(str(e))
             return JSONResponse(error_body(str(e)), 400)
         call = Call(chat, self.loop.create_future(), f"{id_prefix}{next(self._ids)}")
-        episode.calls += 1
         episode.events.put_nowait(call)
         try:
             reply = await call.reply
@@ -298,6 +290,27 @@ def _responses_answer(reply: Reply, call_id: str, request: ResponsesRequest) -> 
         events = response_events(reply, call_id, request)
         return StreamingResponse(events, media_type="text/event-stream")
     return JSONResponse(response_body(reply, call_id, request))
+
+
+async def _on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` run on ``loop`` (another thread's), from the current loop."""
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+def _server_parts() -> tuple[Any, Callable[[list[Any]], Any]]:
+    """uvicorn, and a Starlette app maker (the ``serve`` extra).
+
+    Raises:
+        MissingDependencyError: Either is not installed; the message says what to install.
+    """
+    try:
+        import uvicorn
+        from starlette.applications import Starlette
+    except ImportError as e:
+        raise MissingDependencyError(
+            "harness envs need uvicorn and starlette: pip install 'envhub[harness]'"
+        ) from e
+    return uvicorn, lambda routes: Starlette(routes=routes)
 
 
 async def _json_body(request: Any) -> Any:
