@@ -15,21 +15,17 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from envhub.envs.calculator import DEMONSTRATION, SYSTEM_PROMPT, ProblemSet, reference_policy
-from envhub.envs.expressions import evaluate, format_number
+from envhub.envs.calculator import (
+    DEMONSTRATION,
+    SYSTEM_PROMPT,
+    ProblemSet,
+    calculate,
+    reference_policy,
+)
 from envhub.harness.env import HarnessEnv
 from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
-
-
-def calculate(expression: str) -> str:
-    """Evaluate an arithmetic expression exactly.
-
-    Args:
-        expression: Numbers combined with + - * / and parentheses, e.g. "(1234 + 56) * 7".
-    """
-    return format_number(evaluate(expression))
 
 
 def demonstration_items() -> list[dict[str, Any]]:
@@ -51,7 +47,7 @@ async def calculator_agent(client: Any, prompt: str, *, demonstration: bool = Fa
     agent = agents.Agent(
         name="calculator",
         instructions=SYSTEM_PROMPT,
-        tools=[agents.function_tool(calculate)],
+        tools=[agents.function_tool(calculate.fn)],  # the native env's tool, as a function tool
         model=agents.OpenAIChatCompletionsModel(model="policy", openai_client=client),
     )
     question = {"role": "user", "content": prompt}
