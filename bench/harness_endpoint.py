@@ -206,28 +206,37 @@ class BenchHarnessEnv(_Timed, HarnessEnv):
         return await super().env_response(state, turn)
 
 
+async def converse(spec: Spec, prompt: str, api_key: str, send: Any) -> str:
+    """The conversation's ``spec.calls`` calls, each through ``send(messages) -> reply text``,
+    timed around ``send`` (and marked for ``--stages``); returns the last reply."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": spec.system},
+        {"role": "user", "content": prompt},
+    ]
+    content = ""
+    for k in range(1, spec.calls + 1):
+        if STAGES.on:
+            STAGES.mark(api_key, "send")
+        started = time.perf_counter()
+        content = await send(messages)
+        REC.calls.append(time.perf_counter() - started)
+        if STAGES.on:
+            STAGES.mark(api_key, "recv")
+        messages.append({"role": "assistant", "content": content})
+        if k < spec.calls:
+            messages.append({"role": "user", "content": spec.follow_up(k)})
+    return content
+
+
 def openai_program(spec: Spec) -> Any:
     """The conversation as an ``openai``-SDK loop (the client is the one the env gives)."""
 
     async def program(client: Any, prompt: str, api_key: str) -> str:
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": spec.system},
-            {"role": "user", "content": prompt},
-        ]
-        content = ""
-        for k in range(1, spec.calls + 1):
-            if STAGES.on:
-                STAGES.mark(api_key, "send")
-            started = time.perf_counter()
+        async def send(messages: list[dict[str, Any]]) -> str:
             response = await client.chat.completions.create(model="policy", messages=messages)
-            REC.calls.append(time.perf_counter() - started)
-            if STAGES.on:
-                STAGES.mark(api_key, "recv")
-            content = response.choices[0].message.content
-            messages.append({"role": "assistant", "content": content})
-            if k < spec.calls:
-                messages.append({"role": "user", "content": spec.follow_up(k)})
-        return content
+            return response.choices[0].message.content
+
+        return await converse(spec, prompt, api_key, send)
 
     return program
 
@@ -237,30 +246,19 @@ def httpx_program(spec: Spec) -> Any:
     import httpx
 
     async def program(base_url: str, api_key: str, prompt: str) -> str:
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": spec.system},
-            {"role": "user", "content": prompt},
-        ]
-        content = ""
         headers = {"Authorization": f"Bearer {api_key}"}
-        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=None) as client:
-            for k in range(1, spec.calls + 1):
-                if STAGES.on:
-                    STAGES.mark(api_key, "send")
-                started = time.perf_counter()
-                response = await client.post(
-                    "/chat/completions", json={"model": "policy", "messages": messages}
-                )
+        # verify=False as the env's own openai client: plain http to 127.0.0.1 needs no CA
+        # bundle, and parsing one per episode would be charged to this side alone.
+        client = httpx.AsyncClient(base_url=base_url, headers=headers, timeout=None, verify=False)
+        async with client:
+
+            async def send(messages: list[dict[str, Any]]) -> str:
+                body = {"model": "policy", "messages": messages}
+                response = await client.post("/chat/completions", json=body)
                 response.raise_for_status()
-                body = response.json()
-                REC.calls.append(time.perf_counter() - started)
-                if STAGES.on:
-                    STAGES.mark(api_key, "recv")
-                content = body["choices"][0]["message"]["content"]
-                messages.append({"role": "assistant", "content": content})
-                if k < spec.calls:
-                    messages.append({"role": "user", "content": spec.follow_up(k)})
-        return content
+                return response.json()["choices"][0]["message"]["content"]
+
+            return await converse(spec, prompt, api_key, send)
 
     return program
 
