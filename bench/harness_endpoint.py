@@ -372,8 +372,14 @@ class Stages:
             return completion(*args, **kwargs)
 
         def answer_(episode: Episode, reply: Any) -> None:
-            if episode.pending is not None and not isinstance(reply, BaseException):
-                self.mark(episode.key, "answer")
+            call = episode.pending
+            if call is not None and not isinstance(reply, BaseException):
+                # Marked when the reply lands on the endpoint's loop (the callback is queued
+                # there before the reply, so it is in place when the reply is set).
+                def stamp(_: Any, key: str = episode.key) -> None:
+                    self.mark(key, "answer")
+
+                call.reply.get_loop().call_soon_threadsafe(call.reply.add_done_callback, stamp)
             answer(episode, reply)
 
         endpoint_module._json_body = json_body

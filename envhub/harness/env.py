@@ -39,7 +39,7 @@ import gymnasium as gym
 
 from envhub.env import NEW_SEGMENT, Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError
-from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded
+from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded, Spawned
 from envhub.harness.programs import Launch, Program, ProgramError, as_program
 from envhub.harness.wire import Reply, extends, message_key
 from envhub.rewards.rubric import Rubric
@@ -58,10 +58,10 @@ class HarnessError(EnvhubError):
 
 
 class _Run:
-    """One episode's mailbox (on the endpoint's loop) and program (on the programs' loop)."""
+    """One episode's mailbox (on the endpoint) and its program (on the programs' loop)."""
 
-    def __init__(self, endpoint: Endpoint, episode: Episode, task: asyncio.Task[None]) -> None:
-        self.endpoint, self.episode, self.task = endpoint, episode, task
+    def __init__(self, endpoint: Endpoint, episode: Episode, program: Spawned) -> None:
+        self.endpoint, self.episode, self.program = endpoint, episode, program
 
     async def next_event(self, reply: Reply | None) -> tuple[Any, list[str]]:
         """Answer the waiting call with ``reply`` (if any), then wait for the next event;
@@ -69,14 +69,13 @@ class _Run:
         if reply is not None:
             self.episode.answer(reply)
         event = await self.episode.next_event()
-        refused, self.episode.bad_requests = self.episode.bad_requests, []
-        return event, refused
+        return event, self.episode.take_refused()
 
     async def stop(self, why: str) -> None:
         """Close the mailbox and stop the program (kills a command's process group)."""
-        await self.endpoint.discard(self.episode, why)
-        if not self.task.done():  # a program that ignores cancellation for 10 s is left
-            await self.endpoint.cancel(self.task)
+        self.endpoint.discard(self.episode, why)
+        if not self.program.done():  # a program that ignores cancellation for 10 s is left
+            await self.program.cancel()
 
 
 async def _supervise(
@@ -196,7 +195,7 @@ class HarnessEnv(TaskEnv):
             self.state.paid["tool_use"] = 0.0
         await self.setup_state(self.state)
         endpoint = Endpoint.shared()
-        self._run = await endpoint.on_loop(self._start(endpoint, task))
+        self._run = self._start(endpoint, task)
         event, refused = await self._next(None)
         if not isinstance(event, Call):
             await self._stop("the program ended")
@@ -273,8 +272,8 @@ class HarnessEnv(TaskEnv):
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
-        episode = await endpoint.open()
+    def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
+        episode = endpoint.open()
         launch = Launch(
             endpoint.base_url(episode.key),
             episode.key,
@@ -283,16 +282,16 @@ class HarnessEnv(TaskEnv):
             timeout=self.timeout,
         )
         running = _supervise(self.program, launch, endpoint, episode, self.timeout)
-        return _Run(endpoint, episode, await endpoint.spawn(running))
+        return _Run(endpoint, episode, endpoint.spawn(running))
 
     async def _next(self, reply: Reply | None) -> tuple[Call | ProgramEnded, list[str]]:
         run = self._active_run()
-        return await run.endpoint.on_loop(run.next_event(reply))
+        return await run.next_event(reply)
 
     async def _stop(self, why: str) -> None:
         if self._run is not None:
             run, self._run = self._run, None
-            await run.endpoint.on_loop(run.stop(why))
+            await run.stop(why)
 
     def _active_run(self) -> _Run:
         if self._run is None:
