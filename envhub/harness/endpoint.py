@@ -153,7 +153,7 @@ class Endpoint:
 
     def __init__(self) -> None:
         uvicorn, app = _server_parts()  # before any thread: a missing extra fails here, clearly
-        self.loop = _new_loop()
+        self.loop = new_loop()
         self._episodes: dict[str, Episode] = {}
         self._ids = itertools.count()
         # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on each accepted connection:
@@ -176,7 +176,7 @@ class Endpoint:
         # (building clients, parsing, its own tools) must not stall the server that answers
         # every episode (64 agents starting at once held off connections past the openai
         # client's 5 s connect timeout when they shared the server's loop).
-        self.programs = _new_loop()
+        self.programs = new_loop()
         threading.Thread(
             target=self.programs.run_forever, name="envhub-harness-programs", daemon=True
         ).start()
@@ -332,7 +332,7 @@ class Spawned:
         self._task.add_done_callback(lambda _: self.ended.set_result(None))
 
 
-def _new_loop() -> asyncio.AbstractEventLoop:
+def new_loop() -> asyncio.AbstractEventLoop:
     """uvloop's event loop where it is installed (it comes with uvicorn's standard set): the
     server's sockets and every cross-thread hop cost less on it; else asyncio's own."""
     try:

@@ -40,7 +40,8 @@ import gymnasium as gym
 from envhub.env import NEW_SEGMENT, Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError
 from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded, Spawned
-from envhub.harness.programs import Launch, Program, ProgramError, as_program
+from envhub.harness.host import HostedProgram
+from envhub.harness.programs import CommandProgram, Launch, Program, ProgramError, as_program
 from envhub.harness.wire import Reply, extends, message_key
 from envhub.rewards.rubric import Rubric
 from envhub.rows import RequiredField
@@ -78,6 +79,15 @@ class _Run:
             await self.program.cancel()
 
 
+def _placed(program: Program, host: str) -> Program:
+    """``program`` as it runs in the chosen ``program_host``."""
+    if host not in ("thread", "process"):
+        raise ValueError(f"program_host must be 'thread' or 'process', got {host!r}")
+    if host == "thread" or isinstance(program, CommandProgram):
+        return program
+    return HostedProgram(program)
+
+
 async def _supervise(
     program: Program, launch: Launch, endpoint: Endpoint, episode: Episode, timeout: float
 ) -> None:
@@ -113,6 +123,11 @@ class HarnessEnv(TaskEnv):
             first turn whose tool calls are all well formed and name tools of the call: a dense
             reward for learning the call format before the task. Any such call earns it, so it
             is the env's ``audit_floor``.
+        program_host: Where a Python program runs: ``thread`` (a thread of the runner's
+            process) or ``process`` (a child process shared by the process's episodes, see
+            :mod:`envhub.harness.host`: its clients' CPU then runs beside the runner's instead
+            of under its interpreter lock; the function must be defined at module level).
+            Commands run in their own process either way.
     """
 
     name = "harness"
@@ -132,6 +147,7 @@ class HarnessEnv(TaskEnv):
         timeout: float | None = None,
         tool_parser: str | None = None,
         call_reward: float = 0.0,
+        program_host: str = "thread",
     ) -> None:
         if call_reward < 0:
             raise ValueError(f"{self.name}: call_reward must be >= 0, got {call_reward}")
@@ -141,7 +157,9 @@ class HarnessEnv(TaskEnv):
             self.reward_range = (low, high + self.call_reward)
             self.audit_floor = self.call_reward
         super().__init__(dataset, rubric=rubric, max_turns=max_turns, max_tokens=max_tokens)
-        self.program = as_program(program if program is not None else self.make_program())
+        self.program = _placed(
+            as_program(program if program is not None else self.make_program()), program_host
+        )
         self.timeout = timeout if timeout is not None else self.default_timeout
         self._parse = get_parser(tool_parser or self.tool_parser)
         self._run: _Run | None = None
