@@ -253,22 +253,23 @@ class Session(ABC):
         self.close()
 
 
-# Exit 2: no such file; 3: a folder; 4: not a regular file. `cat` reports anything else.
+# Exit 102: no such file; 103: a folder; 104: not a regular file (statuses no shell error
+# uses). `cat`, `mkdir` and the shell report anything else.
 _READ = (
-    'if [ -d "$1" ]; then exit 3; elif [ ! -e "$1" ]; then exit 2; '
-    'elif [ ! -f "$1" ]; then exit 4; fi; exec cat -- "$1"'
+    'if [ -d "$1" ]; then exit 103; elif [ ! -e "$1" ]; then exit 102; '
+    'elif [ ! -f "$1" ]; then exit 104; fi; exec cat -- "$1"'
 )
-_WRITE = 'if [ -d "$1" ]; then exit 3; fi; mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+_WRITE = 'if [ -d "$1" ]; then exit 103; fi; mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 
 
 def _raise_file_error(result: ExecResult, path: str) -> None:
     """Raise what a file helper's result means, if it failed."""
     if result.ok:
         return
-    if result.exit_code == 2:
+    if result.exit_code == 102:
         raise FileNotFoundError(2, "No such file in the session", path)
-    if result.exit_code == 3:
+    if result.exit_code == 103:
         raise IsADirectoryError(21, "A folder, not a file", path)
-    if result.exit_code == 4:
+    if result.exit_code == 104:
         raise SandboxError(f"{path} is not a regular file")
     raise SandboxError(f"{path}: {result.describe()}: {result.stderr.strip()[-300:]}")
