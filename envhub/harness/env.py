@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -45,6 +46,8 @@ from envhub.harness.programs import CommandProgram, Launch, Program, ProgramErro
 from envhub.harness.wire import Reply, extends, message_key
 from envhub.rewards.rubric import Rubric
 from envhub.rows import RequiredField
+from envhub.sandbox.base import Sandbox
+from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.types import AssistantTurn, ErrorRecord, Message
@@ -59,10 +62,14 @@ class HarnessError(EnvhubError):
 
 
 class _Run:
-    """One episode's mailbox (on the endpoint) and its program (on the programs' loop)."""
+    """One episode's mailbox (on the endpoint), its program (on the programs' loop) and its
+    sandbox session, if any."""
 
-    def __init__(self, endpoint: Endpoint, episode: Episode, program: Spawned) -> None:
+    def __init__(
+        self, endpoint: Endpoint, episode: Episode, program: Spawned, session: Session | None
+    ) -> None:
         self.endpoint, self.episode, self.program = endpoint, episode, program
+        self.session = session
 
     async def next_event(self, reply: Reply | None) -> tuple[Any, list[str]]:
         """Answer the waiting call with ``reply`` (if any), then wait for the next event;
@@ -73,10 +80,15 @@ class _Run:
         return event, self.episode.take_refused()
 
     async def stop(self, why: str) -> None:
-        """Close the mailbox and stop the program (kills a command's process group)."""
+        """Close the mailbox, stop the program (kills a command's process group), and end the
+        session (every process in it)."""
         self.endpoint.discard(self.episode, why)
-        if not self.program.done():  # a program that ignores cancellation for 10 s is left
-            await self.program.cancel()
+        try:
+            if not self.program.done():  # a program that ignores cancellation for 10 s is left
+                await self.program.cancel()
+        finally:
+            if self.session is not None:
+                await self.session.aclose()
 
 
 def _placed(program: Program, host: str) -> Program:
@@ -128,6 +140,12 @@ class HarnessEnv(TaskEnv):
             :mod:`envhub.harness.host`: its clients' CPU then runs beside the runner's instead
             of under its interpreter lock; the function must be defined at module level).
             Commands run in their own process either way.
+        sandbox: Gives each episode a session of this sandbox (from ``reset`` to the end,
+            ``state.data["session"]``, which rewards may read): a command program runs in it,
+            reaching the endpoint and nothing else (:mod:`envhub.harness.sandboxed`); a
+            function may take ``session`` to run its tools there.
+        workspace: What each session's ``/sandbox`` starts as (copy-on-write; see
+            :meth:`workspace_for`).
     """
 
     name = "harness"
@@ -148,6 +166,8 @@ class HarnessEnv(TaskEnv):
         tool_parser: str | None = None,
         call_reward: float = 0.0,
         program_host: str = "thread",
+        sandbox: Sandbox | None = None,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
     ) -> None:
         if call_reward < 0:
             raise ValueError(f"{self.name}: call_reward must be >= 0, got {call_reward}")
@@ -160,6 +180,13 @@ class HarnessEnv(TaskEnv):
         self.program = _placed(
             as_program(program if program is not None else self.make_program()), program_host
         )
+        if sandbox is not None and isinstance(self.program, HostedProgram):
+            raise ValueError(
+                f"{self.name}: a program in the program host cannot use the episode's sandbox "
+                "session; use program_host='thread', or a command"
+            )
+        self.sandbox = sandbox
+        self.workspace = workspace
         self.timeout = timeout if timeout is not None else self.default_timeout
         self._parse = get_parser(tool_parser or self.tool_parser)
         self._run: _Run | None = None
@@ -176,6 +203,10 @@ class HarnessEnv(TaskEnv):
     def make_program(self) -> Program | Callable[..., Any] | Sequence[str] | str:
         """The program to run when none is passed in."""
         raise EnvhubError(f"{self.name}: pass `program=` or override `make_program()`")
+
+    def workspace_for(self, task: dict[str, Any]) -> Workspace | str | os.PathLike[str] | None:
+        """What the task's session starts from (with a ``sandbox``): the env's ``workspace``."""
+        return self.workspace
 
     def task_text(self, task: dict[str, Any]) -> str:
         """The task as the program gets it (``prompt``/stdin): its ``prompt`` or ``question``."""
@@ -291,6 +322,10 @@ class HarnessEnv(TaskEnv):
     # -- internals ------------------------------------------------------------------------------
 
     def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
+        session = None
+        if self.sandbox is not None:
+            session = self.sandbox.session(self.workspace_for(task))
+            self.state.data["session"] = session
         episode = endpoint.open()
         launch = Launch(
             endpoint.base_url(episode.key),
@@ -298,9 +333,10 @@ class HarnessEnv(TaskEnv):
             task,
             self.task_text(task),
             timeout=self.timeout,
+            session=session,
         )
         running = _supervise(self.program, launch, endpoint, episode, self.timeout)
-        return _Run(endpoint, episode, endpoint.spawn(running))
+        return _Run(endpoint, episode, endpoint.spawn(running), session)
 
     async def _next(self, reply: Reply | None) -> tuple[Call | ProgramEnded, list[str]]:
         run = self._active_run()

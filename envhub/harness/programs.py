@@ -38,6 +38,10 @@ class Launch:
     model: str = "policy"
     timeout: float | None = None
     """Seconds the program may run; a ``client`` handed to it waits as long for a reply."""
+    session: Any = None
+    """The episode's sandbox session (a :class:`~envhub.sandbox.Session`) when the env has a
+    sandbox: a command runs in it, a function may take it (``session``) to run its tools
+    there."""
 
 
 @dataclass
@@ -94,7 +98,7 @@ class Program(Protocol):
         ...
 
 
-ARGUMENTS = ("client", "base_url", "api_key", "task", "prompt", "model")
+ARGUMENTS = ("client", "base_url", "api_key", "task", "prompt", "model", "session")
 """The parameters a callable program may declare, filled by name."""
 
 
@@ -159,6 +163,7 @@ class CallableProgram:
             "task": launch.task,
             "prompt": launch.prompt,
             "model": launch.model,
+            "session": launch.session,
         }
         client = None
         if "client" in self._params:
@@ -212,7 +217,9 @@ class CommandProgram:
     """A command as a program: ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` in
     its environment, the task's text on stdin (``task_input="stdin"``) or as its last argument
     (``"argument"``); its stdout (stripped) is the result and a non-zero exit a failure. It runs
-    in its own process group, which is killed when the episode ends, however it ends.
+    in its own process group, which is killed when the episode ends, however it ends; in the
+    episode's sandbox session when the env has a sandbox (then with the sandbox's environment,
+    not this process's, plus ``env``).
     """
 
     command: Sequence[str] | str
@@ -235,7 +242,12 @@ class CommandProgram:
         return shlex.join(self.argv)
 
     async def run(self, launch: Launch) -> ProgramResult:
-        """Start the command, feed it the task, wait for it; kill its group if cancelled."""
+        """Start the command, feed it the task, wait for it; kill its group if cancelled. With
+        a session (the env has a sandbox) it runs there: :mod:`envhub.harness.sandboxed`."""
+        if launch.session is not None:
+            from envhub.harness.sandboxed import run_in_session
+
+            return await run_in_session(self, launch)
         argv = [*self.argv, launch.prompt] if self.task_input == "argument" else self.argv
         environment = {
             **os.environ,

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
-from envhub.sandbox import _process
+from envhub.sandbox import _process, netns
 from envhub.sandbox._pipes import CallPipes
 from envhub.sandbox.base import (
     WORKDIR,
@@ -176,6 +176,20 @@ class LocalSession(Session):
             self._finalizer.detach()  # type: ignore[union-attr]
             await asyncio.to_thread(_end, running)
             await self.sandbox._release(running.uid, running.init_pid)
+
+    async def alisten(self, port: int) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1:port`` in the session's network namespace,
+        held by the caller (see :meth:`Session.alisten`); starts the session if needed.
+
+        Raises:
+            SandboxError: The session is closed, or the socket cannot be made there.
+        """
+        async with self._serialized():
+            running = await self._started()
+        try:
+            return netns.listen_in(f"/proc/{running.init_pid}/ns/net", port)
+        except OSError as e:
+            raise SandboxError(f"cannot listen on port {port} in the session: {e}") from e
 
     async def __aenter__(self) -> LocalSession:
         async with self._serialized():

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 import posixpath
 import shutil
+import socket
 import stat
 import tempfile
 import weakref
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub._async import run_sync
-from envhub.errors import ConfigError, SandboxError
+from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
 from envhub.sandbox.base import WORKDIR, Command, ExecResult, Limits, as_bytes, check_relative
 
 FILE_MODE, FOLDER_MODE = 0o666, 0o777
@@ -231,6 +232,20 @@ class Session(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """End every process of the session and drop its files. Safe to call twice."""
+
+    async def alisten(self, port: int) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1:port`` inside the session, accepted by the
+        caller on the host: a program in the session can reach what the caller serves there
+        (an agent, its model endpoint) and nothing else, the session keeping no network. Close
+        it before the session ends.
+
+        Raises:
+            SandboxUnavailableError: The backend cannot do it (a remote sandbox).
+        """
+        raise SandboxUnavailableError(
+            f"{type(self).__name__} cannot serve the host into its sandbox; use the local "
+            "(bubblewrap) backend for programs that call back to this machine"
+        )
 
     def run(self, command: Command, **kwargs: Any) -> ExecResult:
         """Synchronous :meth:`arun`."""
