@@ -260,6 +260,27 @@ def test_turn_credit_puts_each_segments_turns_advantages_on_its_own_tokens() -> 
     assert batch.stats["batch/segments_skipped"] == 0.0
 
 
+def test_a_stored_harness_episode_replays_through_its_program_for_a_rescore() -> None:
+    """``envhub rescore``'s replay: the program is run again and fed the stored turns; the
+    two-segment episode comes out with the same reward and conversation, and no divergence."""
+    from envhub.rollout.replay import replay_episode
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        return call("add", a=2, b=3) if "so far" not in messages[-1].content else "9"
+
+    make = lambda: HarnessEnv(forgetful_agent, TASKS, rubric=Rubric([correct]))  # noqa: E731
+    (traj,) = rollout(make, policy)
+    env = make()
+    try:
+        replayed = asyncio.run(replay_episode(env, traj))
+    finally:
+        env.close()
+    assert replayed.divergence is None and replayed.errors == []
+    assert (replayed.reward, replayed.components) == (1.0, {"correct": 1.0})
+    assert replayed.metrics["segments"] == 2 and replayed.state.data["result"] == "9"
+    assert replayed.state.messages == traj.messages
+
+
 async def echo_agent(client: Any, task: dict[str, Any]) -> str:
     """Two calls; each reply must name this episode's own tag."""
     tag = task["tag"]
