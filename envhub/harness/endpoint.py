@@ -40,6 +40,7 @@ from envhub.harness.responses import (
     response_events,
 )
 from envhub.harness.wire import (
+    POLICY_MODEL,
     ChatRequest,
     Reply,
     WireError,
@@ -250,9 +251,8 @@ class Endpoint:
 
         if request.path_params["key"] not in self._episodes:
             return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "envhub"}]}
-        )
+        model = {"id": POLICY_MODEL, "object": "model", "owned_by": "envhub"}
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def _chat(self, request: Any) -> Any:
         return await self._call(request, read_chat_request, "chatcmpl-", _chat_answer)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from envhub.harness.wire import POLICY_MODEL
+
 MAX_OUTPUT_BYTES = 1024 * 1024
 """A command's stdout kept as its result (the rest is dropped, and that is said)."""
 STDERR_TAIL = 2000
@@ -35,7 +37,7 @@ class Launch:
     task: dict[str, Any]
     prompt: str
     """The task as text (the env's :meth:`~envhub.harness.HarnessEnv.task_text`)."""
-    model: str = "policy"
+    model: str = POLICY_MODEL
     timeout: float | None = None
     """Seconds the program may run; a ``client`` handed to it waits as long for a reply."""
     session: Any = None
