@@ -373,8 +373,8 @@ class HarnessEnv(TaskEnv):
         if unknown:
             state.metrics["tool_error/unknown_tool"] += unknown
         well_formed = parsed.calls and not parsed.errors and not unknown
-        if self.call_reward and well_formed and not state.paid.get("tool_use"):
-            state.pay(self.call_reward, "tool_use")
+        if self.call_reward and well_formed:
+            state.pay_once(self.call_reward, "tool_use")
         # A malformed call stays in the text, so that the program shows the policy its mistake.
         content = text if parsed.errors else parsed.content
         if parsed.calls:
