@@ -98,7 +98,10 @@ def _window_sums(rng: random.Random, pkg: str) -> tuple[dict[str, str], list[Pla
         "window_sums",
         [
             _test("window_sums", f"assert window_sums({xs}, {k}) == {sums}"),
-            _test("window_as_long_as_the_list", f"assert window_sums({xs[:k]}, {k}) == [{sum(xs[:k])}]"),
+            _test(
+                "window_as_long_as_the_list",
+                f"assert window_sums({xs[:k]}, {k}) == [{sum(xs[:k])}]",
+            ),
             _test("window_longer_than_the_list", f"assert window_sums([1], {k}) == []"),
         ],
     )
@@ -146,8 +149,13 @@ def _page_count(rng: random.Random, pkg: str) -> tuple[dict[str, str], list[Plan
         "pages",
         "page_count",
         [
-            _test("ragged_last_page", f"assert page_count({ragged}, {per_page}) == {-(-ragged // per_page)}"),
-            _test("full_last_page", f"assert page_count({exact}, {per_page}) == {exact // per_page}"),
+            _test(
+                "ragged_last_page",
+                f"assert page_count({ragged}, {per_page}) == {-(-ragged // per_page)}",
+            ),
+            _test(
+                "full_last_page", f"assert page_count({exact}, {per_page}) == {exact // per_page}"
+            ),
             _test("no_items", f"assert page_count(0, {per_page}) == 0"),
         ],
     )

@@ -20,9 +20,9 @@ class EditError(ValueError):
     """A tool call the model got wrong: the message says what to do instead."""
 
 
-def workspace_path(path: str) -> str:
+def workspace_path(path: str, *, allow_root: bool = False) -> str:
     """``path`` relative to the workspace (``/sandbox``): ``src/a.py`` and ``/sandbox/src/a.py``
-    both give ``src/a.py``.
+    both give ``src/a.py``; the workspace itself is ``.`` when ``allow_root``.
 
     Raises:
         EditError: The path is empty, leaves the workspace, or names the workspace itself.
@@ -31,6 +31,8 @@ def workspace_path(path: str) -> str:
         raise EditError("the path is empty; give a file path such as src/main.py")
     absolute = posixpath.normpath(posixpath.join(WORKDIR, path.strip()))
     if absolute == WORKDIR:
+        if allow_root:
+            return "."
         raise EditError(f"{path!r} is the workspace folder itself; give a file inside it")
     if not absolute.startswith(WORKDIR + "/"):
         raise EditError(
