@@ -1,0 +1,196 @@
+"""The inside of a local session: its init, and the set-up of its files before bubblewrap.
+
+A local session (:mod:`envhub.sandbox.local_session`) is one bubblewrap sandbox built as any
+run's (:mod:`envhub.sandbox.jail`: same namespaces, mounts, uid, no capabilities,
+``no_new_privs``) whose pid 1 is :data:`INIT`, a small Python loop that forks each command
+on request. Its working folder and ``/tmp`` live on a tmpfs of ``disk_mb`` mounted by
+:data:`SETUP` (as root, in a mount namespace of the session's own, before bubblewrap starts):
+an overlay whose lower layer is the workspace (copy-on-write) or a copy of it. Nothing of
+that mount namespace is visible on the host; it ends with the session's last process.
+
+The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
+
+- envhub -> init: a :mod:`marshal`-ed tuple. ``("run", id, argv, env, rlimits)`` with the
+  call's stdin, stdout and stderr as three file descriptors; ``("kill", id)``: SIGKILL the
+  call's process group; ``("killall",)``: SIGKILL every other process of the sandbox.
+- init -> envhub: ASCII lines: ``ready``; ``exit ID STATUS`` when the call's first process
+  ended (``128 + n`` for signal n; 126/127 when it could not start).
+
+Each command starts in a session of its own (its process group is what a timeout kills), with
+the default signal dispositions, its rlimits, only its three descriptors, in ``/sandbox``.
+The init reaps every orphan; it makes itself non-dumpable first, so that commands (the same
+uid) cannot ptrace it or open its ``/proc`` files to forge later calls' results; as pid 1 it
+gets no signal from them but the SIGCHLD it handles.
+"""
+
+from __future__ import annotations
+
+import marshal
+import resource
+from collections.abc import Mapping, Sequence
+
+from envhub.sandbox.base import Limits
+
+INIT = r"""
+import os, sys, _signal, _socket, select, marshal, resource
+def _main(fd):
+    import ctypes
+    if ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE 0
+        os._exit(125)
+    del sys.modules["ctypes"]
+    ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, fd)
+    _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    _signal.set_wakeup_fd(wake_w)
+    _signal.signal(_signal.SIGCHLD, lambda *_: None)
+    calls = {}
+    ctrl.send(b"ready")
+    while True:
+        try:
+            while True:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+                if pid == 0:
+                    break
+                if pid in calls:
+                    code = os.waitstatus_to_exitcode(status)
+                    ctrl.send(b"exit %d %d" % (calls.pop(pid), 128 - code if code < 0 else code))
+        except ChildProcessError:
+            pass
+        ready = select.select([ctrl, wake_r], [], [])[0]
+        if wake_r in ready:
+            while True:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    break
+        if ctrl in ready:
+            data, ancillary, _, _ = ctrl.recvmsg(1 << 22, 64)
+            if not data:
+                os._exit(0)
+            fds = []
+            for level, kind, raw in ancillary:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds += [int.from_bytes(raw[i:i + 4], sys.byteorder)
+                            for i in range(0, len(raw) - 3, 4)]
+            message = marshal.loads(data)
+            if message[0] == "run":
+                _start(ctrl, calls, message, fds, wake_w)
+            elif message[0] == "kill":
+                for pid, call in calls.items():
+                    if call == message[1]:
+                        for kill in (os.killpg, os.kill):
+                            try:
+                                kill(pid, 9)
+                            except OSError:
+                                pass
+            elif message[0] == "killall":
+                try:
+                    os.kill(-1, 9)
+                except OSError:
+                    pass
+            for fd in fds:
+                os.close(fd)
+def _start(ctrl, calls, message, fds, wake_w):
+    _, call, argv, env, limits = message
+    try:
+        pid = os.fork()
+    except OSError as e:
+        os.write(fds[2], b"envhub session: cannot start the command: %s\n" % str(e).encode())
+        ctrl.send(b"exit %d 126" % call)
+        return
+    if pid == 0:
+        try:
+            os.setsid()
+            _signal.set_wakeup_fd(-1)
+            for sig in (_signal.SIGCHLD, _signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ):
+                _signal.signal(sig, _signal.SIG_DFL)
+            for n, fd in enumerate(fds):
+                os.dup2(fd, n)
+            os.closerange(3, 1 << 20)
+            os.chdir("/sandbox")
+            for kind, soft, hard in limits:
+                resource.setrlimit(kind, (soft, hard))
+            os.execvpe(argv[0], argv, env)
+        except BaseException as e:
+            code = 127 if isinstance(e, FileNotFoundError) else 126
+            try:
+                os.write(2, b"envhub session: cannot run %s: %s\n"
+                         % (argv[0].encode(), str(e).encode()))
+            finally:
+                os._exit(code)
+    calls[pid] = call
+_main(int(sys.argv[1]))
+"""
+"""The session's init (``python3 -S -I -c INIT CONTROL_FD``), its pid 1."""
+
+SETUP = r"""
+set -e
+tmpfs=$1 workspace=$2 uid=$3 size=$4 mode=$5
+shift 5
+mount -t tmpfs -o "size=$size,mode=0755,nosuid,nodev" envhub-session "$tmpfs"
+mkdir "$tmpfs/upper" "$tmpfs/work" "$tmpfs/root" "$tmpfs/tmp"
+chown "$uid:$uid" "$tmpfs/upper" "$tmpfs/root" "$tmpfs/tmp"
+if [ "$mode" = overlay ]; then
+    cd "$workspace"
+    layers="lowerdir=.,upperdir=$tmpfs/upper,workdir=$tmpfs/work"
+    mount -t overlay envhub-session -o "$layers" "$tmpfs/root"
+    cd /
+elif [ "$mode" = copy ]; then
+    cp -a "$workspace/." "$tmpfs/root/"
+    chown -R "$uid:$uid" "$tmpfs/root"
+fi
+exec "$@"
+"""
+"""Run as root by ``unshare --mount --propagation private``: mount the session's tmpfs at
+``$1`` (an empty host folder; the mount is the new mount namespace's alone), make its
+working folder (``root``: an overlay on the workspace ``$2``, a copy of it, or empty per
+``$5``: ``overlay``, ``copy``, ``empty``) and ``tmp``, owned by the uid ``$3``, then exec the
+rest (the uid drop and bubblewrap)."""
+
+
+def scratch_flags(tmpfs: str) -> list[str]:
+    """bubblewrap's flags binding the session's working folder and ``/tmp`` from its tmpfs."""
+    return ["--bind", f"{tmpfs}/root", "/sandbox", "--bind", f"{tmpfs}/tmp", "/tmp"]
+
+
+def rlimits(limits: Limits) -> list[tuple[int, int, int]]:
+    """A call's rlimits as ``(resource, soft, hard)``, the values a cold run's init sets
+    (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
+    session's uid in its user namespace: the processes earlier calls left running too."""
+    mib, cpu = 1 << 20, limits.cpu_seconds
+    return [
+        (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        (resource.RLIMIT_CORE, 0, 0),
+    ]
+
+
+def run_message(call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits) -> bytes:
+    """The init's ``run`` request (the three stdio descriptors go beside it)."""
+    return marshal.dumps(("run", call, list(argv), dict(env), rlimits(limits)))
+
+
+def kill_message(call: int) -> bytes:
+    """The init's ``kill`` request: SIGKILL the call's process group."""
+    return marshal.dumps(("kill", call))
+
+
+KILLALL = marshal.dumps(("killall",))
+"""The init's ``killall`` request: SIGKILL every process of the sandbox but the init."""
+
+
+def parse_reply(data: bytes) -> tuple[str, int, int]:
+    """An init reply as ``(kind, call, status)`` (``("ready", 0, 0)`` for ``ready``).
+
+    Raises:
+        ValueError: Not a reply the init sends.
+    """
+    words = data.decode("ascii").split()
+    if words == ["ready"]:
+        return "ready", 0, 0
+    if len(words) == 3 and words[0] == "exit":
+        return "exit", int(words[1]), int(words[2])
+    raise ValueError(f"unexpected reply from a session's init: {data[:80]!r}")
