@@ -235,6 +235,18 @@ class TaskCheck:
         return not self.error and self.solved == 1.0 and self.unsolved < 1.0
 
 
+def check_tasks(path: str | Path, **kwargs: Any) -> list[TaskCheck]:
+    """:func:`check_task` on every task of a task folder (or folder of them), one by one.
+
+    Raises:
+        EnvLoadError: A malformed task folder; UnsupportedEnvironment: one that cannot run here.
+    """
+    from envhub._async import run_sync
+
+    with HarborEnv(path, **kwargs) as env:
+        return [run_sync(check_task(env, key)) for key in env.tasks]
+
+
 async def check_task(env: HarborEnv, key: str) -> TaskCheck:
     """Run a task's verifier after its solution, and after nothing, each in a fresh session."""
     task = env.tasks[key]
