@@ -163,8 +163,11 @@ def format_listing(path: str, find_output: str, limit: int = 400) -> str:
 
 
 def _occurrence_lines(text: str, old: str) -> list[int]:
-    lines, start = [], 0
+    lines: list[int] = []
+    start = 0
     while (at := text.find(old, start)) != -1:
-        lines.append(text.count("\n", 0, at) + 1)
+        line = text.count("\n", 0, at) + 1
+        if line not in lines:
+            lines.append(line)
         start = at + len(old)
     return lines
