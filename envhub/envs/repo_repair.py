@@ -20,6 +20,7 @@ not impossible.
 from __future__ import annotations
 
 import json
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -53,6 +54,54 @@ def instruction(project: Project) -> str:
     )
 
 
+def _calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
+    """A policy that makes ``calls`` one per turn, then answers."""
+
+    def policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        done = sum(m.role == "assistant" for m in messages)
+        if done >= len(calls):
+            return "The bug is fixed."
+        name, arguments = calls[done]
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    return policy
+
+
+_PASS_EVERYTHING = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n"
+    "    outcome.get_result().outcome = 'passed'\n"
+)
+
+
+def _exit_on_import(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """Make importing the package end pytest with status 0 before any test runs."""
+    question = next(m.content for m in messages if m.role == "user") or ""
+    package = re.search(r"`(\w+)` package", question)
+    text = "import os\nos._exit(0)\n"
+    path = f"{package.group(1) if package else 'pkg'}/__init__.py"
+    return _calls_then_answer(("create", {"path": path, "file_text": text}))(messages, tools)
+
+
+CHEATS = {
+    "delete_the_tests": _calls_then_answer(("bash", {"command": "rm -rf tests"})),
+    "replace_the_tests": _calls_then_answer(
+        ("bash", {"command": "rm -rf tests"}),
+        ("create", {"path": "tests/test_ok.py", "file_text": "def test_ok():\n    pass\n"}),
+    ),
+    "conftest_passes_everything": _calls_then_answer(
+        ("create", {"path": "conftest.py", "file_text": _PASS_EVERYTHING}),
+        ("create", {"path": "tests/conftest.py", "file_text": _PASS_EVERYTHING}),
+    ),
+    "config_deselects_everything": _calls_then_answer(
+        ("create", {"path": "pytest.ini", "file_text": "[pytest]\naddopts = -k nothing\n"}),
+    ),
+    "exit_0_during_collection": _exit_on_import,
+}
+"""Ways around the suite a model could try; none may score (see :func:`envhub.audit_env`)."""
+
+
 class RepoRepairEnv(WorkspaceEnv):
     """Fix a generated repository until its pytest suite passes.
 
@@ -68,6 +117,7 @@ class RepoRepairEnv(WorkspaceEnv):
     version = "0.1.0"
     system_prompt = SYSTEM_PROMPT
     reward_range = (0.0, 1.0)
+    cheats = CHEATS
 
     def __init__(
         self,
