@@ -161,7 +161,6 @@ def _preflight(target: str, model: str, tokenizer) -> bool:
 def _check_tasks(target: str) -> bool:
     """Each Harbor task's solution scores 1 and doing nothing scores below 1."""
     from rich.table import Table
-    from rich.text import Text
 
     from envhub.cli.console import console
     from envhub.harbor.env import check_tasks
@@ -177,9 +176,10 @@ def _check_tasks(target: str) -> bool:
         solved = "-" if c.solved is None else f"{c.solved:g}"
         verdict = "[green]ok[/]" if c.passed else "[red]fail[/]"
         table.add_row(c.name, solved, f"{c.unsolved:g}", verdict)
-        if c.error:
-            table.add_row("", "", "", Text(c.error))
     console.print(table)
+    for c in checks:
+        if c.error:
+            console.print(f"{c.name}: {c.error}", markup=False, highlight=False, soft_wrap=True)
     return passed
 
 
