@@ -71,8 +71,8 @@ class Project:
 
 
 def _suite(package: str, module: str, names: str, cases: list[str]) -> str:
-    body = "\n\n\n".join(cases)
-    return f"from {package}.{module} import {names}\n\n\n{body}\n"
+    body = "\n\n".join(cases)
+    return f"from {package}.{module} import {names}\n\n\n{body}"
 
 
 def _test(name: str, *lines: str) -> str:
@@ -360,7 +360,7 @@ def make_project(seed: int, difficulty: int) -> Project:
         raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
     rng = random.Random(f"repo-repair-{difficulty}-{seed}")
     template = rng.choice(TEMPLATES[difficulty])
-    package = f"{rng.choice(_NAMES)}_{rng.randint(10, 99)}"
+    package = f"{rng.choice(_NAMES)}_{seed}{difficulty}"  # unique per task: the prompt names it
     files, plants, count = template(rng, package)
     files = {
         f"{package}/__init__.py": f'"""The {package} package."""\n',

@@ -59,11 +59,13 @@ def test_the_same_seed_gives_the_same_bytes() -> None:
         assert first == again and first.files == again.files
         assert make_project(4, difficulty).files != first.files
     assert make_project(0, 1).files["tests/test_pages.py"] == (
-        "from juniper_81.pages import page_count\n\n\n"
-        "def test_ragged_last_page():\n    assert page_count(38, 7) == 6\n\n\n\n"
-        "def test_full_last_page():\n    assert page_count(35, 7) == 5\n\n\n\n"
-        "def test_no_items():\n    assert page_count(0, 7) == 0\n\n"
+        "from juniper_01.pages import page_count\n\n\n"
+        "def test_ragged_last_page():\n    assert page_count(52, 11) == 5\n\n\n"
+        "def test_full_last_page():\n    assert page_count(44, 11) == 4\n\n\n"
+        "def test_no_items():\n    assert page_count(0, 11) == 0\n"
     )
+    packages = [make_project(s, d).package for d in DIFFICULTIES for s in SEEDS]
+    assert len(set(packages)) == len(packages)  # the prompt names the package: one per task
     with pytest.raises(ValueError, match=r"difficulty must be one of \(1, 2, 3\), got 4"):
         make_project(0, 4)
 
