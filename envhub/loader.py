@@ -33,14 +33,16 @@ def is_remote_url(name: str) -> bool:
 
 
 def is_task_path(name: str) -> bool:
-    """Whether ``name`` is a folder of Harbor tasks: a task folder (with ``task.toml``,
-    ``instruction.md``, ``tests/`` or ``environment/``) or a folder holding task folders."""
-    from envhub.harbor.task import is_task_folder
-
+    """Whether ``name`` is a folder of Harbor tasks and no env's name: a folder with a
+    ``task.toml`` or ``instruction.md``, or one whose subfolders have them."""
     path = Path(name)
-    if not path.is_dir() or (path / "pyproject.toml").is_file():  # an env package, not tasks
+    if not path.is_dir() or name in registry.list_envs():
         return False
-    return is_task_folder(path) or any(is_task_folder(p) for p in path.iterdir())
+    return _has_task_file(path) or any(_has_task_file(p) for p in path.iterdir() if p.is_dir())
+
+
+def _has_task_file(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
 
 
 def is_hub_reference(name: str) -> bool:
