@@ -10,6 +10,7 @@ EVEN = [([4, 1, 3, 2], 2.5), ([10, 20], 15), ([1, 1, 2, 9], 1.5), ([7, 3], 5)]
 
 
 def right(median, values, expected):
+    """Whether ``median`` gives ``expected`` for ``values`` (raising counts as wrong)."""
     try:
         return median(list(values)) == expected
     except Exception:
