@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process
@@ -209,24 +209,25 @@ class LocalSession(Session):
         self, running: _Running, call: int, io: CallPipes, wall_time: float
     ) -> tuple[int, str | None]:
         """The call's exit status, and why it was killed (``timeout``, ``output_limit``)."""
-        exited = asyncio.ensure_future(_exit_of(running.control, call))
+        watch = _ExitWatch(running.control, call)
+        timer = watch.loop.call_later(wall_time, watch.settle, "timeout")
+        io.over.add_done_callback(lambda _: watch.settle("output_limit"))
         try:
-            done, _ = await asyncio.wait(
-                {exited, io.over}, timeout=wall_time, return_when=asyncio.FIRST_COMPLETED
-            )
-            if exited in done:
-                return exited.result(), None
-            killed_for = "output_limit" if io.over in done else "timeout"
+            first = await watch.first
+            if isinstance(first, int):
+                return first, None
             running.control.send(kill_message(call))
             try:
-                return await asyncio.wait_for(asyncio.shield(exited), _KILL_WAIT), killed_for
+                status = await asyncio.wait_for(watch.exited, _KILL_WAIT)
             except asyncio.TimeoutError:
                 raise SandboxError("a session's init did not end a killed call") from None
+            return int(status), first
         except BaseException:
-            exited.cancel()
-            if not exited.done() or exited.cancelled():
-                await self._abandon()  # the init's replies are out of step now
+            await self._abandon()  # cancelled, or the init failed: its replies are out of step
             raise
+        finally:
+            timer.cancel()
+            watch.close()
 
     async def _abandon(self) -> None:
         """End the session after a failure of its own (it cannot be used any more)."""
@@ -318,6 +319,62 @@ def _send_run(
     return stdin_w, stdout_r, stderr_r
 
 
+class _ExitWatch:
+    """Watches the init's replies for one call: :attr:`exited` is its exit status, and
+    :attr:`first` whichever comes first of that and what :meth:`settle` is given (the
+    deadline, the output cap)."""
+
+    def __init__(self, control: socket.socket, call: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.control, self.call = control, call
+        self.exited: asyncio.Future[int] = self.loop.create_future()
+        self.first: asyncio.Future[int | str] = self.loop.create_future()
+        self.loop.add_reader(control.fileno(), self._readable)
+
+    def settle(self, value: int | str | BaseException) -> None:
+        """Settle :attr:`first` with ``value`` (an exception is raised), unless it is."""
+        _settle(self.first, value)
+
+    def close(self) -> None:
+        """Stop watching the socket."""
+        if self.control.fileno() >= 0:
+            self.loop.remove_reader(self.control.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.control.recv(256)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._fail(SandboxError(f"the session's sandbox is gone ({e})"))
+            return
+        if not data:
+            self._fail(SandboxError("the session's sandbox ended (its init exited)"))
+            return
+        try:
+            kind, which, status = parse_reply(data)
+        except ValueError as e:
+            self._fail(SandboxError(str(e)))
+            return
+        if kind == "exit" and which == self.call:
+            _settle(self.exited, status)
+            self.settle(status)
+
+    def _fail(self, error: SandboxError) -> None:
+        self.close()  # the socket stays readable (EOF) for ever
+        _settle(self.exited, error)
+        self.settle(error)
+
+
+def _settle(future: asyncio.Future[Any], value: object) -> None:
+    if future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+
+
 async def _receive(control: socket.socket) -> bytes:
     """The init's next reply (waiting on the loop); an error when the init has gone."""
     loop = asyncio.get_running_loop()
@@ -343,14 +400,6 @@ async def _receive(control: socket.socket) -> bytes:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-async def _exit_of(control: socket.socket, call: int) -> int:
-    """The exit status the init reports for ``call`` (replies for earlier calls skipped)."""
-    while True:
-        kind, which, status = parse_reply(await _receive(control))
-        if kind == "exit" and which == call:
-            return status
 
 
 async def _await_ready(control: socket.socket, proc: object) -> None:

@@ -388,3 +388,48 @@ def _session_mounts() -> list[str]:
             except OSError:
                 continue
     return found
+
+
+# -- the e2b backend, through the real e2b SDK, against the repo's local envd ------------------
+
+
+@pytest.fixture(scope="module")
+def e2b_box() -> Iterator[Any]:
+    pytest.importorskip("e2b")
+    from envhub.sandbox.e2b import E2BSandbox
+
+    from .envd_local import local_envd_process
+
+    with local_envd_process(base_uid=61600) as url:
+        box = E2BSandbox(LIMITS, debug=True, sandbox_url=url, http_version="1.1")
+        yield box
+        box.close()
+
+
+@in_a_loop
+async def test_e2b_session_state_limits_and_files(e2b_box: Any, workspace: Workspace) -> None:
+    before = snapshot(workspace.path)
+    async with e2b_box.session(workspace) as first, e2b_box.session(workspace) as second:
+        await first.arun("echo more >> README && rm src/data.txt")
+        await first.write_file("/sandbox/new/written.bin", b"\x00\xff")
+        listing = await first.arun("cat README; ls . src new")
+        assert (
+            listing.stdout
+            == "hello\nmore\n.:\nREADME\nnew\nsrc\n\nnew:\nwritten.bin\n\nsrc:\napp.py\n"
+        )
+        assert await first.read_file("new/written.bin") == b"\x00\xff"
+        assert (await second.arun("cat README; ls src")).stdout == "hello\napp.py\ndata.txt\n"
+        piped = await first.arun(["sh", "-c", "cat; echo $FOO"], stdin="in\n", env={"FOO": "b r"})
+        assert (piped.stdout, piped.exit_code) == ("in\nb r\n", 0)
+        slow = await first.arun("sleep 30", wall_time=1)
+        assert (slow.exit_code, slow.stop_reason) == (None, "timeout")
+        fork = await first.arun(python(FORK_COUNT))
+        assert (fork.stdout, fork.stop_reason) == ("14 11\n", "ok")
+        with pytest.raises(FileNotFoundError):
+            await first.read_file("missing")
+        with pytest.raises(SandboxError, match="larger than 4 bytes"):
+            await first.read_file("README", max_bytes=4)
+        assert (await first.arun("cat README")).stdout == "hello\nmore\n"  # after the kill too
+    assert snapshot(workspace.path) == before
+    with pytest.raises(SandboxError, match="closed"):
+        await first.arun("true")
