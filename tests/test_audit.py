@@ -381,6 +381,7 @@ CHEATS = {
         "cheat:conftest_passes_everything",
         "cheat:config_deselects_everything",
         "cheat:exit_0_during_collection",
+        "cheat:background_forges_the_report",
     ],
 }
 

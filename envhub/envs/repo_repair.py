@@ -8,13 +8,14 @@ answering without a tool call.
 
 Reward: 1.0 when the whole suite passes, else 0 (``all_tests_pass``): a pass rate would pay for
 the tests the buggy code already passes. The share of tests passing is reported as a weight-0
-component (``tests_passed``). Before pytest runs, the suite is restored from the generator
-(edits to ``tests/`` gain nothing), and pytest runs isolated from the workspace's own
-configuration: its config file is envhub's, ``conftest.py`` files are ignored, and the
-interpreter does not import from the current folder before pytest starts. The code under test
-still runs in pytest's process, so a repository that fakes pytest's report from inside (by
-writing its XML and exiting) is not caught; that is what the report's count check makes hard,
-not impossible.
+component (``tests_passed``). Before pytest runs, every process the model left running is
+killed and the suite is restored from the generator (edits to ``tests/`` gain nothing); pytest
+runs isolated from the workspace's own configuration (envhub's config file, ``conftest.py``
+files ignored, nothing imported from the current folder before pytest starts), and only a run
+that exits 0 with a fresh JUnit report counting the suite's tests, all passed, pays. The cheats
+this stops are :data:`CHEATS` (the reward audit runs them). The code under test still runs in
+pytest's process, so a repository that writes a passing report itself and then exits 0 is not
+caught: the count check makes that harder, not impossible.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from envhub.sandbox.base import WORKDIR
 from envhub.sandbox.session import Session
 from envhub.state import State
 from envhub.types import Message
-from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
+from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
 SEEDS = tuple(range(20))
 """Seeds of the shipped task set: 20 projects per difficulty."""
@@ -67,6 +68,12 @@ def _calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
     return policy
 
 
+_FORGE_REPORT = (
+    "n=$(cat tests/*.py | grep -c '^def test_'); "
+    '(while true; do mkdir -p .envhub; printf \'<testsuites><testsuite name="pytest" '
+    'errors="0" failures="0" skipped="0" tests="%s"/></testsuites>\' $n '
+    "> .envhub/junit.xml; sleep 0.005; done) >/dev/null 2>&1 & echo forging"
+)
 _PASS_EVERYTHING = (
     "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
     "def pytest_runtest_makereport(item, call):\n"
@@ -75,13 +82,24 @@ _PASS_EVERYTHING = (
 )
 
 
-def _exit_on_import(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-    """Make importing the package end pytest with status 0 before any test runs."""
+def _exit_call(messages: list[Message]) -> tuple[str, dict[str, Any]]:
+    """A ``create`` that makes importing the package end pytest with status 0."""
     question = next(m.content for m in messages if m.role == "user") or ""
     package = re.search(r"`(\w+)` package", question)
-    text = "import os\nos._exit(0)\n"
     path = f"{package.group(1) if package else 'pkg'}/__init__.py"
-    return _calls_then_answer(("create", {"path": path, "file_text": text}))(messages, tools)
+    return "create", {"path": path, "file_text": "import os\nos._exit(0)\n"}
+
+
+def _exit_on_import(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """End pytest with status 0 before any test runs (no report is written)."""
+    return _calls_then_answer(_exit_call(messages))(messages, tools)
+
+
+def _forge_and_exit(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """Leave a process writing a passing report, and end pytest with status 0 before it
+    writes its own."""
+    forge = ("bash", {"command": _FORGE_REPORT})
+    return _calls_then_answer(forge, _exit_call(messages))(messages, tools)
 
 
 CHEATS = {
@@ -98,6 +116,7 @@ CHEATS = {
         ("create", {"path": "pytest.ini", "file_text": "[pytest]\naddopts = -k nothing\n"}),
     ),
     "exit_0_during_collection": _exit_on_import,
+    "background_forges_the_report": _forge_and_exit,
 }
 """Ways around the suite a model could try; none may score (see :func:`envhub.audit_env`)."""
 
@@ -158,8 +177,9 @@ class RepoRepairEnv(WorkspaceEnv):
         return self.project(task).files
 
     async def verify(self, session: Session, state: State) -> Verdict:
-        """Restore the suite, run pytest on it and read its report."""
+        """End what the model left running, restore the suite, run pytest, read its report."""
         project = self.project(state.task)
+        await session.arun(KILL_LEFTOVERS)
         await session.arun("rm -rf tests .envhub")
         for path, text in project.test_files.items():
             await session.write_file(path, text)

@@ -40,10 +40,7 @@ from envhub.sandbox.base import ExecResult
 from envhub.sandbox.session import Session
 from envhub.state import State
 from envhub.types import Message
-from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
-
-_KILL_ALL = "kill -9 -1 2>/dev/null; true"
-"""Ends every process of the session but the caller (and the session's init)."""
+from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
 
 class HarborEnv(WorkspaceEnv):
@@ -106,7 +103,7 @@ async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) 
     Raises:
         VerifierError: No reward file, or a malformed one (with the script's output's end).
     """
-    await session.arun(_KILL_ALL)
+    await session.arun(KILL_LEFTOVERS)
     await session.arun(["rm", "-rf", TESTS_DIR, VERIFIER_LOGS])
     for name, data in task.tests.items():
         await session.write_file(f"{TESTS_DIR}/{name}", data)
