@@ -43,6 +43,9 @@ whole session)."""
 WORKSPACES: OrderedDict[tuple[str, str], Workspace] = OrderedDict()
 """Prepared workspaces by (env class, task key), most recently used last."""
 MAX_WORKSPACES = 256
+LIVE_SESSIONS = 64
+"""Sessions the default sandbox keeps alive at once (each holds a uid for its episode, model
+turns included); an episode beyond them waits in ``reset`` for one to end."""
 WORKSPACE_PROMPT = (
     "You are working in a sandbox whose current folder is /sandbox, with tools to run shell "
     "commands (`bash`), view files and folders (`view`), write files (`create`) and edit them "
@@ -76,7 +79,9 @@ def default_sandbox() -> Sandbox:
         from envhub.sandbox.local import LocalSandbox
 
         bundle = pytest_bundle()
-        _default_sandbox = LocalSandbox(ro_binds=(str(bundle),) if bundle else ())
+        _default_sandbox = LocalSandbox(
+            max_concurrency=LIVE_SESSIONS, ro_binds=(str(bundle),) if bundle else ()
+        )
     return _default_sandbox
 
 
@@ -165,6 +170,9 @@ class WorkspaceEnv(ToolEnv):
         sandbox = self.sandbox or default_sandbox()
         workspace = self.workspace_for(state.task)
         self._session = sandbox.session(workspace, limits=self.limits)
+        # Start it now: waiting for a free uid, or a sandbox that cannot start, belongs to the
+        # reset (an env failure), not to the model's first tool call (a tool timeout).
+        await self._session.__aenter__()
         state.data.update(
             terminal_context(self._session, self.command_env(state.task)), workspace=workspace
         )
