@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from envhub.envs.repo_repair import RepoRepairEnv
+from envhub.pytest_bundle import SYSTEM_PATH
 from envhub.workspace_env import default_command_env
 
 
@@ -66,7 +67,8 @@ def bare(index: int, env: RepoRepairEnv) -> dict[str, float]:
             (folder / path).parent.mkdir(parents=True, exist_ok=True)
             (folder / path).write_text(text)
 
-    pytest = ["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    python = shutil.which("python3", path=SYSTEM_PATH)  # the one sandboxed commands find
+    pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     variables = {**os.environ, **default_command_env()}  # the sandbox's python3 and pytest
 
     def run() -> None:
