@@ -3,6 +3,7 @@ solution check (envhub check), and verifier failures recorded, not crashed on.""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -174,3 +175,27 @@ def test_envhub_check_on_a_task_folder(tmp_path: Path) -> None:
 def test_the_examples_pass_check_env(sandbox) -> None:
     report = check_env(HarborEnv(EXAMPLES, sandbox=sandbox), seeds=(0, 1))
     assert report.passed, report.failures
+
+
+def test_the_same_tasks_score_the_same_on_e2b() -> None:
+    """Through the real e2b SDK against the local envd of tests/sandbox (each command a local
+    sandbox run; the limits stay within that run's own)."""
+    pytest.importorskip("e2b")
+    from envhub.sandbox import Limits
+    from envhub.sandbox.e2b import E2BSandbox
+
+    spec = importlib.util.spec_from_file_location(
+        "envd_local", Path(__file__).parents[1] / "sandbox" / "envd_local.py"
+    )
+    envd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(envd)
+    with envd.local_envd_process(base_uid=61650) as url:
+        box = E2BSandbox(debug=True, sandbox_url=url, http_version="1.1")
+        env = HarborEnv(EXAMPLES, sandbox=box, limits=Limits(wall_time=10, processes=16))
+        hello = call("bash", command="echo Hello, world! > hello.txt")
+        assert play(env, 1, hello, "done")[0] == 1.0
+        assert play(env, 1, "done")[0] == 0.0
+        mean = "def median(values):\n    return sum(values) / len(values)\n"
+        assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
+        env.close()
+        box.close()
