@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 import envhub
 from envhub.checker import check_env
 from envhub.cli.app import app
+from envhub.harbor import UnsupportedEnvironment
 from envhub.harbor.env import HarborEnv, check_tasks
 from envhub.sandbox import LocalSandbox, bwrap_problem
 
@@ -199,3 +200,26 @@ def test_the_same_tasks_score_the_same_on_e2b() -> None:
         assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
         env.close()
         box.close()
+
+
+def test_unsupported_tasks_are_refused_or_left_out(tmp_path: Path, sandbox) -> None:
+    shutil.copytree(EXAMPLES, tmp_path / "tasks")
+    (tmp_path / "tasks/hello-file/environment").mkdir()
+    (tmp_path / "tasks/hello-file/environment/Dockerfile").write_text("FROM node:20\n")
+    with pytest.raises(
+        UnsupportedEnvironment, match=r"'node:20' cannot be built here.*skip_unsupported=True"
+    ):
+        HarborEnv(tmp_path / "tasks", sandbox=sandbox)
+    env = HarborEnv(tmp_path / "tasks", sandbox=sandbox, skip_unsupported=True)
+    assert [row["info"]["name"] for row in env.dataset] == ["fix-median", "log-summary"]
+
+
+def test_only_folders_with_task_files_are_made_as_tasks(tmp_path: Path, monkeypatch) -> None:
+    from envhub.loader import is_task_path
+
+    (tmp_path / "calculator" / "tests").mkdir(parents=True)  # a folder named like an env
+    (tmp_path / "notes").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not is_task_path("calculator") and not is_task_path("notes")
+    assert type(envhub.make("calculator")).__name__ == "CalculatorEnv"
+    assert is_task_path(str(EXAMPLES)) and is_task_path(str(EXAMPLES / "hello-file"))
