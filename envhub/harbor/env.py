@@ -37,7 +37,7 @@ from envhub.harbor.task import (
     load_task,
 )
 from envhub.sandbox.base import ExecResult
-from envhub.sandbox.session import Session
+from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.types import Message
 from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
@@ -88,6 +88,13 @@ class HarborEnv(WorkspaceEnv):
         """The files the task's Dockerfile puts in its working folder."""
         return self.task_of(task).files
 
+    def workspace_for(self, task: dict[str, Any]) -> Workspace:
+        """The prepared workspace, with the task's executable files executable."""
+        workspace = super().workspace_for(task)
+        for name in self.task_of(task).executables:
+            (workspace.path / name).chmod(0o777)
+        return workspace
+
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
         """The Dockerfile's ``ENV`` variables, over the default ones."""
         return {**super().command_env(task), **self.task_of(task).env}
@@ -107,6 +114,7 @@ async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) 
     await session.arun(["rm", "-rf", TESTS_DIR, VERIFIER_LOGS])
     for name, data in task.tests.items():
         await session.write_file(f"{TESTS_DIR}/{name}", data)
+    await session.arun(["chmod", "-R", "a+x", TESTS_DIR])  # scripts run as Harbor copies them
     await session.arun(["mkdir", "-p", VERIFIER_LOGS])
     result = await session.arun(
         ["bash", f"{TESTS_DIR}/test.sh"],
@@ -272,6 +280,7 @@ async def _verify_fresh(
         if solution is not None:
             for name, data in solution.items():
                 await session.write_file(f"{SOLUTION_DIR}/{name}", data)
+            await session.arun(["chmod", "-R", "a+x", SOLUTION_DIR])
             await session.arun(["bash", f"{SOLUTION_DIR}/solve.sh"], env=variables)
             await session.arun(["rm", "-rf", HARBOR_DIR])
         verdict = await run_verifier(session, env.task_of(row), variables)

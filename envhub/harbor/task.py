@@ -57,6 +57,8 @@ class HarborTask:
     instruction: str
     files: dict[str, bytes]
     """The workspace's starting files, relative to the working folder."""
+    executables: frozenset[str]
+    """Those of :attr:`files` that are executable (a workspace keeps their mode)."""
     tests: dict[str, bytes]
     """``tests/``'s files, relative to it (``test.sh`` among them)."""
     solution: dict[str, bytes] | None
@@ -111,12 +113,14 @@ def load_task(path: str | Path) -> HarborTask:
     if solution is not None and "solve.sh" not in solution:
         raise EnvLoadError(f"{solution_dir / 'solve.sh'} is missing (solution/ has no solve.sh)")
     mapped = _mapping(environment.workdir)
+    files, executables = _workspace_files(folder / "environment", environment)
     task_meta = config.get("task") if isinstance(config.get("task"), dict) else {}
     return HarborTask(
         path=folder,
         name=str(task_meta.get("name") or folder.name),
         instruction=rewrite_paths(instruction, mapped),
-        files=_workspace_files(folder / "environment", environment),
+        files=files,
+        executables=executables,
         tests=_rewrite_all(tests, mapped),
         solution=None if solution is None else _rewrite_all(solution, mapped),
         verifier_timeout=_verifier_timeout(folder / "task.toml", config),
@@ -219,9 +223,13 @@ def _environment(folder: Path, config: dict[str, Any]) -> Environment:
     return Environment(workdir=DEFAULT_WORKDIR)
 
 
-def _workspace_files(context: Path, environment: Environment) -> dict[str, bytes]:
-    """The files the Dockerfile's copies put in the working folder (none without one)."""
+def _workspace_files(
+    context: Path, environment: Environment
+) -> tuple[dict[str, bytes], frozenset[str]]:
+    """The files the Dockerfile's copies put in the working folder (none without one), and
+    which of them are executable."""
     files: dict[str, bytes] = {}
+    executable: set[str] = set()
     for source, dest in environment.copies:
         origin = (context / source).resolve()
         if not origin.is_relative_to(context.resolve()) or not origin.exists():
@@ -229,12 +237,14 @@ def _workspace_files(context: Path, environment: Environment) -> dict[str, bytes
                 f"{context / 'Dockerfile'}: COPY {source}: no such file in {context}"
             )
         if origin.is_dir():
-            for rel, data in _read_tree(origin).items():
-                files[_join(dest, rel, dir_dest=True)] = data
+            pairs = [(_join(dest, rel, dir_dest=True), origin / rel) for rel in _read_tree(origin)]
         else:
-            name = _join(dest, origin.name, dir_dest=dest.endswith("/"))
-            files[name] = origin.read_bytes()
-    return files
+            pairs = [(_join(dest, origin.name, dir_dest=dest.endswith("/")), origin)]
+        for name, path in pairs:
+            files[name] = path.read_bytes()
+            if path.stat().st_mode & 0o111:
+                executable.add(name)
+    return files, frozenset(executable)
 
 
 def _join(dest: str, name: str, *, dir_dest: bool) -> str:

@@ -223,3 +223,19 @@ def test_only_folders_with_task_files_are_made_as_tasks(tmp_path: Path, monkeypa
     assert not is_task_path("calculator") and not is_task_path("notes")
     assert type(envhub.make("calculator")).__name__ == "CalculatorEnv"
     assert is_task_path(str(EXAMPLES)) and is_task_path(str(EXAMPLES / "hello-file"))
+
+
+def test_executable_files_stay_executable(tmp_path: Path, sandbox) -> None:
+    folder = task_copy(tmp_path)
+    (folder / "environment").mkdir()
+    (folder / "environment/Dockerfile").write_text("FROM debian:12\nWORKDIR /app\nCOPY bin/ bin/\n")
+    (folder / "environment/bin").mkdir()
+    (folder / "environment/bin/greet").write_text("#!/bin/sh\necho Hello, world!\n")
+    (folder / "environment/bin/greet").chmod(0o755)
+    (folder / "tests/check.sh").write_text('[ "$(cat /app/hello.txt)" = "Hello, world!" ]\n')
+    (folder / "tests/test.sh").write_text(
+        "/tests/check.sh && r=1 || r=0; echo $r > /logs/verifier/reward.txt\n"
+    )
+    env = HarborEnv(folder, sandbox=sandbox)
+    reward, _ = play(env, 0, call("bash", command="./bin/greet > hello.txt"), "done")
+    assert reward == 1.0
