@@ -372,8 +372,18 @@ def test_the_hacks_the_audit_found_in_builtin_envs_stay_caught_with_their_old_re
 
 
 FLOORS = {"arithmetic": 0.1, "gsm8k": 0.1}
-WITH_TOOLS = {"calculator", "code-fix"}
-CHEATS = {"arithmetic": ["cheat:box the question"]}
+WITH_TOOLS = {"calculator", "code-fix", "repo-repair"}
+CHEATS = {
+    "arithmetic": ["cheat:box the question"],
+    "repo-repair": [
+        "cheat:delete_the_tests",
+        "cheat:replace_the_tests",
+        "cheat:conftest_passes_everything",
+        "cheat:config_deselects_everything",
+        "cheat:exit_0_during_collection",
+        "cheat:background_forges_the_report",
+    ],
+}
 
 
 @pytest.mark.parametrize("name", BUILTIN)

@@ -2,8 +2,8 @@
 
 A :class:`LocalSession` takes a uid of its :class:`~envhub.sandbox.LocalSandbox`'s pool for its
 whole life (so ``max_concurrency`` bounds live sessions and runs together), mounts its files
-(:data:`~envhub.sandbox.session_init.SETUP`: a tmpfs of ``disk_mb`` in a mount namespace of its
-own, holding an overlay on the workspace), and starts bubblewrap with the jail's flags
+(through :mod:`envhub.sandbox.session_launcher`: a tmpfs of ``disk_mb`` in a mount namespace of
+its own, holding an overlay on the workspace), and starts bubblewrap with the jail's flags
 (:func:`~envhub.sandbox.jail.bwrap_argv`) around its init
 (:data:`~envhub.sandbox.session_init.INIT`), which forks each call's command. The sandbox is
 started on first use.
@@ -20,14 +20,16 @@ Local sessions need root (the mounts, and a uid of their own for the process lim
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import select
+import shutil
+import signal
 import socket
-import tempfile
 import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
@@ -47,20 +49,18 @@ from envhub.sandbox.session import Session, Workspace
 from envhub.sandbox.session_init import (
     INIT,
     KILLALL,
-    SETUP,
     kill_message,
     parse_reply,
     run_message,
     scratch_flags,
 )
+from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
 
 if TYPE_CHECKING:
     from envhub.sandbox.local import LocalSandbox
     from envhub.sandbox.uids import UidPool
 
 Start = Literal["overlay", "copy"]
-MOUNT_POINT = Path(tempfile.gettempdir()) / "envhub-session-mount"
-"""Where each session mounts its tmpfs, in its own mount namespace (the host's stays empty)."""
 _START_WAIT = 30.0
 _KILL_WAIT = 5.0
 
@@ -70,10 +70,15 @@ class _Running:
     """What a started session holds on the host (kept apart from the session object, so that
     a finalizer can end it when the session is dropped unclosed)."""
 
-    proc: object
+    bwrap: int
+    """bubblewrap's pid (the launcher's child: not waitable here)."""
+    pidfd: int
+    """A pidfd of bubblewrap: readable once it has exited."""
+    errors: int
+    """The read end of bubblewrap's stderr (its errors, and the launcher's)."""
     uid: int
     control: socket.socket
-    init_pid: int | None
+    init_pid: int | None = None
 
 
 class LocalSession(Session):
@@ -145,7 +150,7 @@ class LocalSession(Session):
         running = self._running
         if running is None:
             return []
-        own = {running.init_pid, running.proc.pid}  # type: ignore[attr-defined]
+        own = {running.init_pid, running.bwrap}
         return [pid for pid in _process.uid_processes(running.uid, live=True) if pid not in own]
 
     async def akill_processes(self) -> None:
@@ -216,6 +221,8 @@ class LocalSession(Session):
             finally:
                 io.close()
             code = None if killed_for else code
+            if io.over.done():  # it also exited by itself, but its output was cut
+                killed_for = "output_limit"
             seconds = time.perf_counter() - started
             return bytes(io.stdout), bytes(io.stderr), code, killed_for, seconds
 
@@ -266,37 +273,37 @@ class LocalSession(Session):
         return self._running
 
     async def _start(self, uid: int) -> _Running:
-        """Mount the session's files and start its sandbox as ``uid``; wait for its init."""
-        MOUNT_POINT.mkdir(mode=0o755, exist_ok=True)
-        ours, theirs_socket = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        theirs = theirs_socket.detach()  # spawn() closes it once the child has it
-        info_read, info_write = os.pipe()
-        init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(theirs)]
-        jailed = bwrap_argv(
-            self.sandbox.jail,
-            uid,
-            self.limits,
-            [],
-            info_write,
-            init,
-            rlimits=False,
-            scratch=scratch_flags(str(MOUNT_POINT)),
+        """Mount the session's files and start its sandbox as ``uid`` through the launcher
+        (:mod:`envhub.sandbox.session_launcher`); wait for its init."""
+        init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        scratch = scratch_flags(str(MOUNT_POINT))
+        argv = bwrap_argv(
+            self.sandbox.jail, uid, self.limits, [], FDS["info"], init, False, scratch
         )
-        source = str(self.workspace.path) if self.workspace else "/"
-        mode = self.start if self.workspace else "empty"
-        setup = ["/bin/sh", "-c", SETUP, "sh", str(MOUNT_POINT), source, str(uid)]
-        argv = ["unshare", "--mount", "--propagation", "private", "--", *setup]
-        argv += [f"{self.limits.disk_mb}m", mode, *jailed]
+        argv[0] = shutil.which(argv[0]) or argv[0]
+        workspace = self.workspace.path if self.workspace else None
+        owner = workspace.stat().st_uid if workspace else 0
+        mode = self.start if workspace else "empty"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_read, info_write = os.pipe()
+        errors_read, errors_write = os.pipe()
+        size = self.limits.disk_mb << 20
         try:
-            proc = _process.spawn(argv, pass_fds=[theirs, info_write])
+            sent = [errors_write, theirs.fileno(), info_write]
+            pid, pidfd = launcher().launch(str(workspace), owner, uid, size, mode, argv, sent)
         except BaseException:
+            for fd in (info_read, errors_read):
+                os.close(fd)
             ours.close()
-            os.close(info_read)
             raise
+        finally:
+            theirs.close()
+            os.close(info_write)
+            os.close(errors_write)
         ours.setblocking(False)
-        running = _Running(proc, uid, ours, None)
+        running = _Running(pid, pidfd, errors_read, uid, ours)
         try:
-            await _await_ready(ours, proc)
+            await _await_ready(running)
             running.init_pid = _process.sandbox_init(info_read)
         except BaseException:
             await asyncio.to_thread(_end, running)
@@ -416,35 +423,38 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _await_ready(control: socket.socket, proc: object) -> None:
-    """Wait for the init's ``ready``; on failure, an error with what the set-up printed."""
+async def _await_ready(running: _Running) -> None:
+    """Wait for the init's ``ready``; on failure, an error with what the start printed."""
     try:
-        reply = await asyncio.wait_for(_receive(control), _START_WAIT)
+        reply = await asyncio.wait_for(_receive(running.control), _START_WAIT)
         if parse_reply(reply)[0] == "ready":
             return
     except (SandboxError, asyncio.TimeoutError, ValueError):
         pass
-    _process.kill(proc, False)  # type: ignore[arg-type]
-    stderr = await asyncio.to_thread(proc.stderr.read)  # type: ignore[attr-defined]
-    raise SandboxError(
-        f"a local session could not start: {stderr.decode(errors='replace').strip()[-500:]}"
-    )
-
-
-def _end(running: _Running) -> None:
-    """Kill a session's sandbox (its init first: the kernel then kills its pid namespace) and
-    wait for bubblewrap; close what this process holds of it (blocking)."""
-    proc = running.proc
-    _process.kill(proc, False)  # type: ignore[arg-type]
+    await asyncio.to_thread(_end, running, False)  # bubblewrap's stderr is whole once it ended
+    os.set_blocking(running.errors, False)
     try:
-        proc.wait(_KILL_WAIT)  # type: ignore[attr-defined]
-    except Exception:
-        proc.kill()  # type: ignore[attr-defined]
-        proc.wait()  # type: ignore[attr-defined]
-    running.control.close()
-    for stream in (proc.stdin, proc.stdout, proc.stderr):  # type: ignore[attr-defined]
-        if stream is not None:
-            stream.close()
+        said = os.read(running.errors, 1 << 16).decode(errors="replace").strip()
+    except OSError:
+        said = ""
+    raise SandboxError(f"a local session could not start: {said[-500:] or 'no reason given'}")
+
+
+def _end(running: _Running, close: bool = True) -> None:
+    """Kill a session's sandbox (its init first: the kernel then kills its pid namespace) and
+    wait for bubblewrap to exit; then (``close``) close what this process holds of it."""
+    for pid in _process._children(running.bwrap):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    if not select.select([running.pidfd], [], [], _KILL_WAIT)[0]:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(running.pidfd, 9)
+        select.select([running.pidfd], [], [], _KILL_WAIT)
+    if close:
+        running.control.close()
+        for fd in (running.pidfd, running.errors):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _end_and_release(running: _Running, uids: UidPool) -> None:

@@ -28,7 +28,6 @@ import os
 import posixpath
 import shutil
 import socket
-import stat
 import tempfile
 import weakref
 from abc import ABC, abstractmethod
@@ -40,18 +39,18 @@ from envhub._async import run_sync
 from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
 from envhub.sandbox.base import WORKDIR, Command, ExecResult, Limits, as_bytes, check_relative
 
-FILE_MODE, FOLDER_MODE = 0o666, 0o777
-"""Modes :meth:`Workspace.from_files` gives its files and folders: a session's commands run as
-a uid that does not own them, and must be able to change them (in their own copy)."""
+FILE_MODE, FOLDER_MODE = 0o644, 0o755
+"""Modes :meth:`Workspace.from_files` gives its files and folders."""
 
 
 class Workspace:
     """A prepared directory tree that sessions start from (read-only to them; each session sees
     its own copy-on-write view).
 
-    Inside a local session the workspace's files keep their modes but belong to nobody the
-    session knows (``nobody``): a session can change a file only where its mode lets others
-    write it. :meth:`from_files` and :meth:`make_writable` make every file so.
+    Inside a local session the files of the workspace's owner (the owner of its top folder)
+    appear owned by the session's uid, so a session can change them (in its own copy) as the
+    owner could: ``chmod``, tools that check ownership (``git``). Files of other owners appear
+    owned by ``nobody``. Every file must be readable by its owner.
 
     Args:
         path: An existing host directory. Keep it unchanged while sessions use it.
@@ -94,16 +93,6 @@ class Workspace:
         weakref.finalize(workspace, shutil.rmtree, folder, True)
         return workspace
 
-    def make_writable(self) -> Workspace:
-        """Let a session's commands change every file and folder of the workspace (in their
-        own copy): add write permission for all (and read, and search for folders). Returns
-        the workspace."""
-        for folder, subfolders, names in os.walk(self.path):
-            for name in (*subfolders, *names):
-                _widen(os.path.join(folder, name))
-        _widen(str(self.path))
-        return self
-
     def remove(self) -> None:
         """Delete the directory, if :meth:`from_files` made it (a no-op otherwise)."""
         if self._owned:
@@ -122,15 +111,6 @@ def _make_folders(root: Path, folder: Path) -> None:
     for path in reversed(missing):
         path.mkdir()
         path.chmod(FOLDER_MODE)
-
-
-def _widen(path: str) -> None:
-    """Add read and write permission for all to ``path`` (and search, to a folder)."""
-    mode = os.lstat(path).st_mode
-    if stat.S_ISLNK(mode):
-        return
-    extra = 0o777 if stat.S_ISDIR(mode) else 0o666
-    os.chmod(path, stat.S_IMODE(mode) | extra)
 
 
 def as_workspace(workspace: Workspace | str | os.PathLike[str] | None) -> Workspace | None:

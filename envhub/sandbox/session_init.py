@@ -1,12 +1,10 @@
-"""The inside of a local session: its init, and the set-up of its files before bubblewrap.
+"""The inside of a local session: its init, and what it is told.
 
 A local session (:mod:`envhub.sandbox.local_session`) is one bubblewrap sandbox built as any
 run's (:mod:`envhub.sandbox.jail`: same namespaces, mounts, uid, no capabilities,
 ``no_new_privs``) whose pid 1 is :data:`INIT`, a small Python loop that forks each command
-on request. Its working folder and ``/tmp`` live on a tmpfs of ``disk_mb`` mounted by
-:data:`SETUP` (as root, in a mount namespace of the session's own, before bubblewrap starts):
-an overlay whose lower layer is the workspace (copy-on-write) or a copy of it. Nothing of
-that mount namespace is visible on the host; it ends with the session's last process.
+on request. Its working folder and ``/tmp`` live on a tmpfs of ``disk_mb`` that the launcher
+mounted (:mod:`envhub.sandbox.session_launcher`).
 
 The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
 
@@ -139,30 +137,6 @@ def _exec(argv, env):
 _main(int(sys.argv[1]))
 """
 """The session's init (``python3 -S -I -c INIT CONTROL_FD``), its pid 1."""
-
-SETUP = r"""
-set -e
-tmpfs=$1 workspace=$2 uid=$3 size=$4 mode=$5
-shift 5
-mount -t tmpfs -o "size=$size,mode=0755,nosuid,nodev" envhub-session "$tmpfs"
-mkdir "$tmpfs/upper" "$tmpfs/work" "$tmpfs/root" "$tmpfs/tmp"
-chown "$uid:$uid" "$tmpfs/upper" "$tmpfs/root" "$tmpfs/tmp"
-if [ "$mode" = overlay ]; then
-    cd "$workspace"
-    layers="lowerdir=.,upperdir=$tmpfs/upper,workdir=$tmpfs/work"
-    mount -t overlay envhub-session -o "$layers" "$tmpfs/root"
-    cd /
-elif [ "$mode" = copy ]; then
-    cp -a "$workspace/." "$tmpfs/root/"
-    chown -R "$uid:$uid" "$tmpfs/root"
-fi
-exec "$@"
-"""
-"""Run as root by ``unshare --mount --propagation private``: mount the session's tmpfs at
-``$1`` (an empty host folder; the mount is the new mount namespace's alone), make its
-working folder (``root``: an overlay on the workspace ``$2``, a copy of it, or empty per
-``$5``: ``overlay``, ``copy``, ``empty``) and ``tmp``, owned by the uid ``$3``, then exec the
-rest (the uid drop and bubblewrap)."""
 
 
 def scratch_flags(tmpfs: str) -> list[str]:
