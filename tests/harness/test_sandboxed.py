@@ -168,3 +168,53 @@ def test_a_program_in_the_program_host_cannot_take_the_session(box: LocalSandbox
 
     with pytest.raises(ValueError, match="cannot use the episode's sandbox session"):
         HarnessEnv(breaks, TASKS, sandbox=box, program_host="process")
+
+
+async def terminal_agent(client: Any, prompt: str, session: Any) -> str:
+    """An ``openai``-SDK tool loop that offers envhub's terminal tools and runs the model's
+    calls in the episode's session (``terminal_context``)."""
+    import json
+
+    from envhub.tools.terminal import TERMINAL_TOOLS, terminal_context
+
+    tools = {t.name: t for t in TERMINAL_TOOLS}
+    context = terminal_context(session)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": prompt}]
+    while True:
+        response = await client.chat.completions.create(
+            model="m", messages=messages, tools=[t.schema for t in TERMINAL_TOOLS]
+        )
+        message = response.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content
+        for call in message.tool_calls:
+            tool = tools[call.function.name]
+            result = await tool.acall(json.loads(call.function.arguments), context)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+
+
+def test_a_harness_agent_drives_envhubs_terminal_tools_in_the_session(box: LocalSandbox) -> None:
+    def call(name: str, **arguments: Any) -> str:
+        import json
+
+        return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        replies = [m.content for m in messages if m.role == "tool"]
+        if not replies:
+            return call("create", path="answer.txt", file_text="the answer is 394\n")
+        if len(replies) == 1:
+            return call("str_replace", path="answer.txt", old_str="394", new_str="395")
+        if len(replies) == 2:
+            return call("bash", command="cat answer.txt")
+        return "Done."
+
+    env = lambda: HarnessEnv(  # noqa: E731
+        terminal_agent, TASKS, rubric=Rubric([saved_answer]), sandbox=box
+    )
+    traj = rollout(env, policy)
+    assert traj.outcome == "ok" and traj.reward == 1.0
+    replies = [m.content for m in traj.messages if m.role == "tool"]
+    assert replies[2].startswith("[exit 0]") and "the answer is 395" in replies[2]
+    assert [t.tool_calls for t in traj.turns] == [1, 1, 1, 0]
