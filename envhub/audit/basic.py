@@ -161,6 +161,6 @@ def abstain(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
 
 
 def abstain_in_format(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-    """"I don't know" in every answer format (``\\boxed{I don't know}``, ``Answer: I don't
+    """ "I don't know" in every answer format (``\\boxed{I don't know}``, ``Answer: I don't
     know``, ...), after the plain refusal."""
     return f"{ABSTENTION}\n{in_every_format(messages, DONT_KNOW)}"

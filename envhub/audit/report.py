@@ -126,7 +126,7 @@ class AuditReport:
 
     @property
     def passed(self) -> bool:
-        """True when no policy scored where it must not or crashed, and the floor means something."""
+        """True when nothing scored where it must not or crashed, and the floor means something."""
         return not self.findings and not self.problem
 
     def summary(self) -> str:

@@ -104,7 +104,7 @@ def _contrasted(
     for contrast in judged:
         pairs = [
             (mine, theirs)
-            for mine, theirs in zip(episodes[contrast.probe], episodes[contrast.baseline])
+            for mine, theirs in zip(episodes[contrast.probe], episodes[contrast.baseline], strict=True)
             if mine is not None and theirs is not None
             and mine.reward is not None and theirs.reward is not None
         ]  # fmt: skip

@@ -93,7 +93,9 @@ def _source_literals(fn: types.FunctionType) -> list[str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):  # no source (built in a REPL, say)
         return [c for c in _constants(fn.__code__) if isinstance(c, str)]
-    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+    return [
+        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
 
 
 def _constants(code: types.CodeType) -> Iterator[Any]:
@@ -178,7 +180,9 @@ def _wants_text(item: Any) -> bool:
 def _one_of(items: Any) -> str:
     """A character of a ``[...]`` set: one that is not a digit when the set has one."""
     if any(str(op) == "NEGATE" for op, _ in items):
-        return "j" if not any(str(op) == "CATEGORY" and "WORD" in str(a) for op, a in items) else " "
+        return (
+            "j" if not any(str(op) == "CATEGORY" and "WORD" in str(a) for op, a in items) else " "
+        )
     chars = []
     for op, arg in items:
         name = str(op)
@@ -199,7 +203,9 @@ def _markers(texts: list[str]) -> list[str]:
     then a sample of every regular expression among them."""
     markers: list[str] = []
     for text in texts:
-        markers += [f"<{t}>{JUNK}</{t}>" for t in _TAG.findall(text) if t.lower() not in NOT_ANSWER_TAGS]
+        markers += [
+            f"<{t}>{JUNK}</{t}>" for t in _TAG.findall(text) if t.lower() not in NOT_ANSWER_TAGS
+        ]
         markers += [f"\\{cmd}{{{JUNK}}}" for cmd in _LATEX.findall(text)]
         markers += [f"{label.strip()}: {JUNK}" for label in _LABEL.findall(text)]
         if _REGEX_HINT.search(text):

@@ -56,7 +56,9 @@ class Capitals(SingleTurnEnv):
 
 # -- a single-turn env with numeric answers ----------------------------------------------------
 
-SUMS = [{"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in ((3, 4), (12, 30), (7, 9))]
+SUMS = [
+    {"question": f"What is {a} + {b}?", "answer": str(a + b)} for a, b in ((3, 4), (12, 30), (7, 9))
+]
 _SUM = {t["question"]: t["answer"] for t in SUMS}
 
 
@@ -195,7 +197,10 @@ CODE_TASKS: list[dict[str, Any]] = [
         "question": "Write a function `square(x)` that returns x squared.",
         "info": {
             "asserts": ["assert square(3) == 9", "assert square(-2) == 4"],
-            "tests": [{"fn": "square", "args": [3], "expected": 9}, {"fn": "square", "args": [-2], "expected": 4}],
+            "tests": [
+                {"fn": "square", "args": [3], "expected": 9},
+                {"fn": "square", "args": [-2], "expected": 4},
+            ],
             "solution": "def square(x):\n    return x * x\n",
         },
     },
@@ -236,8 +241,11 @@ async def says_all_passed(response: str, info: dict[str, Any]) -> float:
 
 @reward
 async def unittest_ok(response: str, info: dict[str, Any]) -> float:
-    checks = "".join(f"        {a.replace('assert ', 'self.assertTrue(')})\n" for a in info["asserts"])
-    suite = f"import unittest\nclass T(unittest.TestCase):\n    def test(self):\n{checks}unittest.main()\n"
+    checks = "".join(
+        f"        {a.replace('assert ', 'self.assertTrue(')})\n" for a in info["asserts"]
+    )
+    head = "import unittest\nclass T(unittest.TestCase):\n    def test(self):\n"
+    suite = f"{head}{checks}unittest.main()\n"
     result = await _run_script((extract_code(response) or "") + "\n" + suite)
     return float(result.ok)
 
@@ -261,7 +269,11 @@ class CodeTasks(SingleTurnEnv):
 
 
 @tool
-async def run_tests(code: str, asserts: Annotated[list[str], Injected()], results: Annotated[dict[str, Any], Injected()]) -> str:
+async def run_tests(
+    code: str,
+    asserts: Annotated[list[str], Injected()],
+    results: Annotated[dict[str, Any], Injected()],
+) -> str:
     """Run your code against the task's tests.
 
     Args:
