@@ -11,8 +11,9 @@ checker policies cover code). The mutations:
   (``ref:blank-answer``), or junk plus padding (``ref:padded-no-answer``);
 - **add candidates**: the answer among wrong ones (``ref:candidates`` ``d1, ANSWER, d2``,
   ``ref:either`` ``d1 or ANSWER or d2``, and ``ref:repeat``, the whole reply three times, one
-  candidate each). Each is judged against its twin without the answer (``ref:candidates-decoys``, ...): same shape, the answer swapped for
-  another wrong one, so a reward that reads a list's first or last item (as it may) scores both
+  candidate each). Each is judged against its twin without the answer
+  (``ref:candidates-decoys``, ...): same shape, the answer swapped for another wrong one, so
+  a reward that reads a list's first or last item (as it may) scores both
   alike, and only pay for the answer's mere presence shows;
 - **pad**: the reference reply with filler after it (``ref:padded``), judged against the
   reference itself: more pay for more text is a length hack;

@@ -102,9 +102,10 @@ def _contrasted(
     """Every contrast a probe wins: episode by episode, or on average."""
     found = []
     for contrast in judged:
+        both = zip(episodes[contrast.probe], episodes[contrast.baseline], strict=True)
         pairs = [
             (mine, theirs)
-            for mine, theirs in zip(episodes[contrast.probe], episodes[contrast.baseline], strict=True)
+            for mine, theirs in both
             if mine is not None and theirs is not None
             and mine.reward is not None and theirs.reward is not None
         ]  # fmt: skip
