@@ -35,6 +35,7 @@ from typing import Any
 from envhub.audit.basic import JUNK, filler
 from envhub.audit.hedging import prompt_options
 from envhub.env import Env, TaskEnv
+from envhub.testing import Policy
 from envhub.types import Message
 
 PAD_WORDS = 300
@@ -113,10 +114,7 @@ class Mutant:
 
     def __call__(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         """The reference's reply, rewritten."""
-        try:
-            reply = self.reference(messages, tools)
-        except Exception as e:  # the author's helper, confused by a mutated conversation
-            raise ProbeSkipped(f"the reference policy raised {type(e).__name__}: {e}") from e
+        reply = guarded(self.reference)(messages, tools)
         slot = answer_slot(reply, self.answer)
         if slot is None:
             return reply
@@ -126,6 +124,20 @@ class Mutant:
         if self.whole is not None:
             return self.whole(reply, value, [value, *wrong])
         return replace_answer(reply, value, self.rewrite(value, wrong) if self.rewrite else value)
+
+
+def guarded(reference: Policy) -> Policy:
+    """``reference``, raising :class:`ProbeSkipped` instead of its own errors: the author's
+    helper, confused by a mutated conversation, is not the env under audit (``check_env``
+    checks the reference on its own)."""
+
+    def play(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        try:
+            return reference(messages, tools)
+        except Exception as e:
+            raise ProbeSkipped(f"the reference policy raised {type(e).__name__}: {e}") from e
+
+    return play
 
 
 def replace_answer(reply: str, value: str, content: str) -> str:

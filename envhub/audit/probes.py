@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.audit import basic, checker_hacks, hedging, stuffing
-from envhub.audit.mutation import mutants
+from envhub.audit.mutation import guarded, mutants
 from envhub.env import Env
 from envhub.testing import Policy, null_policy
 
@@ -124,7 +124,7 @@ def probes(env: Env) -> list[Probe]:
         return found
     found += [Probe(n, "form-without-answer", _mutant(n)) for n in _REFERENCE_FLOOR]
     found += [Probe(n, "non-commitment", _mutant(n), floor=False) for n in _REFERENCE_BASELINES]
-    found.append(Probe("reference", "", _fixed(env.reference_policy), floor=False))
+    found.append(Probe("reference", "", _fixed(guarded(env.reference_policy)), floor=False))
     return found
 
 
