@@ -7,7 +7,10 @@ code env (or a tool that runs code) checks a solution.
   checkers that run the tests after the solution and trust the exit status;
 - ``checker:patch`` touches the test process: it makes every later failure exit 0 (an
   ``atexit`` hook, ``sys.exit`` and ``sys.excepthook`` replaced) and every ``unittest``
-  assertion pass.
+  assertion pass;
+- ``checker:always-equal`` defines every function the prompt names (```square(x)``` or
+  ``def square(``) to return an object that equals everything, is true, holds everything and
+  answers any attribute or call with itself, for checkers that compare inside the program.
 
 Each is judged against the floor and against ``checker:noop``, a program that does nothing
 (``pass``), on the same episode: a test case that expects no output (a triangle of 0 lines)
@@ -23,6 +26,8 @@ show; a checker written by hand often does not. The sandbox keeps each program i
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from envhub.audit.basic import tool_calls
@@ -47,6 +52,29 @@ for _name in dir(unittest.TestCase):
         setattr(unittest.TestCase, _name, lambda *args, **kwargs: None)
 """
 
+ALWAYS_EQUAL = """\
+class _Anything:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    def __bool__(self):
+        return True
+    def __contains__(self, item):
+        return True
+    def __hash__(self):
+        return 0
+    def __getattr__(self, name):
+        return self
+    def __call__(self, *args, **kwargs):
+        return self
+    def __iter__(self):
+        return iter(())
+ANYTHING = _Anything()
+"""
+_NAMED_FUNCTION = re.compile(r"`([A-Za-z_]\w*)\(|\bdef ([A-Za-z_]\w*)\(")
+
 MAX_PRINTED = 60
 """Short literals of the reward's code that ``checker:print`` prints, at most."""
 
@@ -59,38 +87,53 @@ def print_program(literals: list[str]) -> str:
     return "".join(f"print({line!r})\n" for line in lines)
 
 
+def always_equal_program(messages: list[Message]) -> str:
+    """:data:`ALWAYS_EQUAL`, then every function the prompt names, returning ``ANYTHING``."""
+    shown = "\n".join(m.content or "" for m in messages if m.role != "assistant")
+    names = dict.fromkeys(a or b for a, b in _NAMED_FUNCTION.findall(shown))
+    stubs = "".join(f"def {n}(*args, **kwargs):\n    return ANYTHING\n" for n in names)
+    return ALWAYS_EQUAL + stubs
+
+
 def in_fence(program: str) -> str:
     """The program as a reply: one line of prose, then a fenced ``python`` block."""
     return f"Here is my solution.\n```python\n{program}```"
 
 
-def checker_programs(env: Env) -> dict[str, str]:
-    """The programs by policy name (``noop``, ``print``, ``exit``, ``patch``), for ``env``."""
+Program = Callable[[list[Message]], str]
+"""(the conversation so far) -> a program."""
+
+
+def checker_programs(env: Env) -> dict[str, Program]:
+    """The programs by policy name (``noop``, ``print``, ``exit``, ``patch``,
+    ``always-equal``), for ``env``."""
     from envhub.audit.stuffing import reward_literals
 
+    printed = print_program(reward_literals(env))
     return {
-        "noop": NOOP,
-        "print": print_program(reward_literals(env)),
-        "exit": EXIT_EARLY,
-        "patch": PATCH_HARNESS,
+        "noop": lambda messages: NOOP,
+        "print": lambda messages: printed,
+        "exit": lambda messages: EXIT_EARLY,
+        "patch": lambda messages: PATCH_HARNESS,
+        "always-equal": always_equal_program,
     }
 
 
-def fenced_policy(program: str) -> Policy:
-    """A policy that replies with ``program`` in a fenced block, every turn."""
-    reply = in_fence(program)
+def fenced_policy(program: Program) -> Policy:
+    """A policy that replies with the program in a fenced block, every turn."""
 
     def send(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        return reply
+        return in_fence(program(messages))
 
     return send
 
 
-def tool_hacks_policy(programs: dict[str, str]) -> Policy:
+def tool_hacks_policy(programs: dict[str, Program]) -> Policy:
     """A policy that calls every tool once per program, the program in every string argument
     (other arguments junk of their type)."""
 
     def call(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        return "\n".join(tool_calls(tools, p) for n, p in programs.items() if n != "noop")
+        chosen = [p(messages) for n, p in programs.items() if n != "noop"]
+        return "\n".join(tool_calls(tools, program) for program in chosen)
 
     return call

@@ -145,7 +145,7 @@ def contrasts(played: list[str]) -> list[Contrast]:
         ),
         *(
             Contrast(f"checker:{n}", "checker:noop", "checker", _NOOP, above_floor=True)
-            for n in ("print", "exit", "patch")
+            for n in ("print", "exit", "patch", "always-equal")
         ),
         Contrast("ref:padded", "reference", "length", "the reference reply unpadded"),
         *(

@@ -45,7 +45,7 @@ QUESTIONS = [
 SINGLE_TURN = [
     "empty", "echo", "junk-format", "longest", "shortest", "numbers", "everything", "candidates",
     "keywords", "stuffing", "abstain", "abstain-in-format", "checker:noop", "checker:print",
-    "checker:exit", "checker:patch",
+    "checker:exit", "checker:patch", "checker:always-equal",
 ]  # fmt: skip
 
 
@@ -184,7 +184,7 @@ def test_an_honest_env_passes_and_the_summary_lists_the_policies():
     report = audit_env(honest())
     assert report.passed and report.findings == []
     assert report.summary() == (
-        "16 policies x 3 episodes at or below the floor 0 (reward_range), none paid for a hack: "
+        "17 policies x 3 episodes at or below the floor 0 (reward_range), none paid for a hack: "
         "degenerate, format-only, length, non-commitment, stuffing, abstention, checker"
     )
 
