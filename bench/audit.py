@@ -3,9 +3,10 @@ episodes a policy), and the share of the hackable fixture envs (tests/audit/hack
 flagged with their hack class, with their honest twins' passes.
 
 Run from the repository root: ``python bench/audit.py`` (``--no-fixtures`` for the timing only).
-Baseline, for comparison: the audit before issue 40 (6-8 policies, no reference mutants) took
-0.01-2.9 s per built-in env on the same machine (calculator-agent 2.9 s, code 2.0 s, gsm8k 1.3 s,
-code-fix 1.2 s, the others under 0.2 s).
+The baseline, side by side: the policies the audit had before issue 40 (empty, echo,
+junk-format, junk-tools, longest, numbers, everything and the env's cheats, judged against the
+floor), played by the same runner on the same episodes: its seconds per env, and whether it
+flags each fixture at all.
 """
 
 from __future__ import annotations
@@ -22,11 +23,29 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import envhub  # noqa: E402
-from envhub.audit import audit_env  # noqa: E402
+from envhub.audit import audit_env, audit_floor, probes  # noqa: E402
+from envhub.audit.run import TOLERANCE, _play  # noqa: E402
+from envhub.checker import _starts  # noqa: E402
+
+OLD = ("empty", "echo", "junk-format", "junk-tools", "longest", "numbers", "everything")
 
 
-def builtin_rows() -> list[tuple[str, float, bool, int]]:
-    """(env, seconds, passed, policies) for every built-in env."""
+def old_audit(env) -> tuple[float, bool]:
+    """(seconds, flagged) for the policies of the audit before issue 40 (see the docstring)."""
+    floor, _ = audit_floor(env)
+    start = time.perf_counter()
+    flagged = False
+    for probe in probes(env):
+        if probe.name in OLD or probe.name.startswith("cheat:"):
+            for episode in _starts(env, (0, 1, 2)):
+                found = _play(env, probe, episode, 100)
+                reward = None if found is None else found.reward
+                flagged |= found is not None and (reward is None or reward > floor + TOLERANCE)
+    return time.perf_counter() - start, flagged
+
+
+def builtin_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(env, seconds, passed, policies, seconds of the old policies) for every built-in env."""
     rows = []
     for name, spec in sorted(envhub.list_envs().items()):
         if spec.distribution != "envhub":
@@ -34,12 +53,14 @@ def builtin_rows() -> list[tuple[str, float, bool, int]]:
         with envhub.make(name) as env:
             start = time.perf_counter()
             report = audit_env(env, raise_on_failure=False)
-            rows.append((name, time.perf_counter() - start, report.passed, len(report.policies)))
+            seconds = time.perf_counter() - start
+            rows.append((name, seconds, report.passed, len(report.policies), old_audit(env)[0]))
     return rows
 
 
-def template_rows() -> list[tuple[str, float, bool, int]]:
-    """(template, seconds, passed, policies) for every template, rendered to a temporary folder."""
+def template_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(template, seconds, passed, policies, seconds of the old policies) for every template,
+    rendered to a temporary folder."""
     from envhub.package import package_env_specs
     from envhub.scaffold import TEMPLATES, create_package
 
@@ -53,12 +74,15 @@ def template_rows() -> list[tuple[str, float, bool, int]]:
                 start = time.perf_counter()
                 report = audit_env(env, raise_on_failure=False)
                 seconds = time.perf_counter() - start
-                rows.append((f"template {template}", seconds, report.passed, len(report.policies)))
+                old = old_audit(env)[0]
+                row = (f"template {template}", seconds, report.passed, len(report.policies), old)
+                rows.append(row)
     return rows
 
 
-def fixture_rows() -> list[tuple[str, str, bool, bool, float]]:
-    """(fixture, hack class, flagged with it, twin passed, seconds) for every hackable fixture."""
+def fixture_rows() -> list[tuple[str, str, bool, bool, float, bool]]:
+    """(fixture, hack class, flagged with it, twin passed, seconds, flagged by the old policies)
+    for every hackable fixture."""
     spec = importlib.util.spec_from_file_location(
         "hackable_envs", ROOT / "tests" / "audit" / "hackable_envs.py"
     )
@@ -70,7 +94,8 @@ def fixture_rows() -> list[tuple[str, str, bool, bool, float]]:
         report = audit_env(make(), raise_on_failure=False)
         twin = audit_env(module.HONEST[name](), raise_on_failure=False)
         flagged = any(f.hack == hack for f in report.findings)
-        rows.append((name, hack, flagged, twin.passed, time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        rows.append((name, hack, flagged, twin.passed, seconds, old_audit(make())[1]))
     return rows
 
 
@@ -80,18 +105,21 @@ def main() -> None:
     parser.add_argument("--no-fixtures", action="store_true", help="Time the envs only.")
     args = parser.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}")
-    print(f"{'env':24} {'seconds':>8} {'passed':>7} {'policies':>9}")
-    for name, seconds, passed, policies in builtin_rows() + template_rows():
-        print(f"{name:24} {seconds:8.2f} {str(passed):>7} {policies:9d}")
+    print(f"{'env':24} {'seconds':>8} {'passed':>7} {'policies':>9} {'old s':>7}")
+    for name, seconds, passed, policies, old in builtin_rows() + template_rows():
+        print(f"{name:24} {seconds:8.2f} {str(passed):>7} {policies:9d} {old:7.2f}")
     if args.no_fixtures:
         return
     rows = fixture_rows()
-    print(f"\n{'fixture':24} {'class':20} {'flagged':>8} {'twin ok':>8} {'seconds':>8}")
-    for name, hack, flagged, twin, seconds in rows:
-        print(f"{name:24} {hack:20} {str(flagged):>8} {str(twin):>8} {seconds:8.2f}")
-    hits = sum(r[2] for r in rows)
-    twins = sum(r[3] for r in rows)
-    print(f"\nhit rate {hits}/{len(rows)}; honest twins passing {twins}/{len(rows)}")
+    head = f"{'fixture':24} {'class':20} {'flagged':>8} {'twin ok':>8} {'seconds':>8} {'old':>6}"
+    print(f"\n{head}")
+    for name, hack, flagged, twin, seconds, old in rows:
+        print(f"{name:24} {hack:20} {str(flagged):>8} {str(twin):>8} {seconds:8.2f} {str(old):>6}")
+    hits, twins, old = (sum(r[i] for r in rows) for i in (2, 3, 5))
+    print(
+        f"\nhit rate {hits}/{len(rows)} (old policies: {old}/{len(rows)}, any class); "
+        f"honest twins passing {twins}/{len(rows)}"
+    )
 
 
 if __name__ == "__main__":
