@@ -14,7 +14,8 @@ dataset). Each policy tries one class of hack (:data:`~envhub.audit.report.HACKS
 - **abstention** and **length** (:mod:`~envhub.audit.basic`): "I don't know" plain and in
   format; the longest and the shortest reply;
 - **checker** (:mod:`~envhub.audit.checker_hacks`): programs that print what checkers look
-  for, exit early or patch the test process, in a code block and in every tool argument;
+  for, exit early, patch the test process or return an object that equals everything, in a
+  code block and in every tool argument, each against a program that does nothing;
 - **the reference, mutated** (:mod:`~envhub.audit.mutation`): the env's ``reference_policy``
   with its answer dropped (form kept), hedged among decoys, padded, or wrong;
 - **cheat**: each of the env's own :attr:`~envhub.env.Env.cheats`.
@@ -34,9 +35,9 @@ on that episode; the audited episodes are fixed, so the verdict is reproducible,
 shows the trajectory so a reader can judge. An env where every legal move pays more than the floor
 (negative step rewards, as in CliffWalking) declares an ``audit_floor`` that says what moving
 without purpose can reach. Token budgets are counted in filler words: the audit plays text, not
-token ids, so ``longest`` fills a budget of N tokens with N words. Code that forges the
-in-process results of ``assert`` test cases, or a stub that returns ``None`` where a case
-expects it, is not tried (see :mod:`envhub.sandbox.threat_model`).
+token ids, so ``longest`` fills a budget of N tokens with N words. Code that reads the test
+harness's memory to forge ``assert`` cases, or a stub that returns ``None`` where a case expects
+it, is not tried (see :mod:`envhub.sandbox.threat_model`).
 """
 
 from __future__ import annotations

@@ -123,9 +123,14 @@ def probes(env: Env) -> list[Probe]:
     if getattr(env, "reference_policy", None) is None:
         return found
     found += [Probe(n, "form-without-answer", _mutant(n)) for n in _REFERENCE_FLOOR]
-    found += [Probe(n, "non-commitment", _mutant(n), floor=False) for n in _REFERENCE_BASELINES]
+    found += [Probe(n, _contrast_class(n), _mutant(n), floor=False) for n in _REFERENCE_BASELINES]
     found.append(Probe("reference", "", _fixed(guarded(env.reference_policy)), floor=False))
     return found
+
+
+def _contrast_class(name: str) -> str:
+    """The class of a probe judged only by contrast: what its comparison tries."""
+    return {"ref:wrong": "abstention", "ref:padded": "length"}.get(name, "non-commitment")
 
 
 def _hack(name: str) -> str:
