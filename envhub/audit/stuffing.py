@@ -37,7 +37,10 @@ MAX_WORDS = 200
 """The bag of words is cut to this many distinct words."""
 DEPTH = 3
 """How many calls deep :func:`reward_literals` follows the functions a reward uses."""
-_FRAMEWORK = ("envhub.env", "envhub.multiturn", "envhub.harness", "gymnasium", "builtins")
+_FRAMEWORK = (
+    "envhub.env", "envhub.multiturn", "envhub.harness", "envhub.serve", "envhub.adapters",
+    "gymnasium", "builtins",
+)  # fmt: skip
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]{2,}")
 _TAG = re.compile(r"</?([A-Za-z][\w-]*)>")
 _LATEX = re.compile(r"\\+([A-Za-z]+)\s*\\*\{")
@@ -51,7 +54,10 @@ def reward_literals(env: Env) -> list[str]:
     seen: set[int] = set()
     literals: list[str] = []
     for fn in _roots(env):
-        literals += _walk(fn, DEPTH, seen)
+        try:
+            literals += _walk(fn, DEPTH, seen)
+        except Exception:  # user code in odd shapes (a global that raises on access): skip it
+            continue
     return list(dict.fromkeys(literals))
 
 
@@ -83,9 +89,18 @@ def _walk(fn: Any, depth: int, seen: set[int]) -> list[str]:
             found.append(value)
         elif isinstance(value, types.FunctionType):
             found += _walk(value, depth - 1, seen)
-        elif isinstance(getattr(value, "fn", None), types.FunctionType):  # a RewardFunction
+        elif isinstance(_wrapped(value), types.FunctionType):  # a RewardFunction
             found += _walk(value.fn, depth - 1, seen)
     return found
+
+
+def _wrapped(value: Any) -> Any:
+    """``value.fn`` (a RewardFunction's function), or None; a global that raises on any
+    attribute (a lazy proxy, say) has none."""
+    try:
+        return getattr(value, "fn", None)
+    except Exception:
+        return None
 
 
 def _source_literals(fn: types.FunctionType) -> list[str]:

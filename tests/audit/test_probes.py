@@ -99,6 +99,30 @@ def test_the_reward_literals_follow_the_env_logic_into_its_helpers_and_patterns(
     assert "VERDICT:    yes" in report.findings[0].example.splitlines()
 
 
+class _Touchy:
+    """A module global that raises on any attribute, as a lazy proxy may."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"no {name} here")
+
+
+TOUCHY = _Touchy()
+
+
+@reward
+def reads_a_touchy_global(response: str) -> float:
+    return float(TOUCHY is None and response == "never")
+
+
+def test_a_global_that_raises_on_access_is_passed_over():
+    class Odd(Verdicts):
+        def default_rubric(self) -> Rubric:
+            return Rubric([reads_a_touchy_global])
+
+    assert "never" in reward_literals(Odd())
+    assert audit_env(Odd(), seeds=(0,)).passed
+
+
 @pytest.mark.parametrize(
     ("reply", "answer", "slot"),
     [
