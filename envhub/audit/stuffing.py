@@ -8,7 +8,10 @@ function of the env's rubric, of the env's own methods (a multi-turn env reads r
 junk inside; a sample of every regular expression that matches without a digit (one that needs
 a digit reads a number: a wrong answer, not stuffing); a ``Label: junk`` line for every
 ``Label:`` marker; then the bag of every word. :func:`keywords_policy` writes the bag of words
-alone, for rewards that pay for keywords but not for markup.
+alone, for rewards that pay for keywords but not for markup. Docstrings are prose, not what
+the code looks for, and stay out; so do the options the prompt offers by name (``left``,
+``down``): a bag that names one is a move, which wins a slippery game by luck
+(:mod:`envhub.audit.hedging` lists them all at once, between junk).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from envhub.audit.basic import JUNK, NOT_ANSWER_TAGS, shown_text
+from envhub.audit.hedging import prompt_options
 from envhub.env import Env
 from envhub.testing import Policy
 from envhub.types import Message
@@ -108,9 +112,21 @@ def _source_literals(fn: types.FunctionType) -> list[str]:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):  # no source (built in a REPL, say)
         return [c for c in _constants(fn.__code__) if isinstance(c, str)]
+    docstrings = {id(d) for d in _docstrings(tree)}
     return [
-        n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
     ]
+
+
+def _docstrings(tree: ast.AST) -> Iterator[ast.Constant]:
+    """The docstring nodes of ``tree``: prose about the code, not what the code looks for."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            if isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+                yield body[0].value
 
 
 def _constants(code: types.CodeType) -> Iterator[Any]:
@@ -229,11 +245,12 @@ def _markers(texts: list[str]) -> list[str]:
     return list(dict.fromkeys(markers))
 
 
-def bag_of_words(texts: list[str]) -> str:
+def bag_of_words(texts: list[str], leave_out: list[str] = ()) -> str:
     """The distinct words (three letters or more) of ``texts``, in order, at most
-    :data:`MAX_WORDS`, separated by spaces."""
+    :data:`MAX_WORDS`, separated by spaces, without those of ``leave_out``."""
+    left_out = {w.lower() for w in leave_out}
     words = dict.fromkeys(w.lower() for text in texts for w in _WORD.findall(text))
-    return " ".join(list(words)[:MAX_WORDS])
+    return " ".join([w for w in words if w not in left_out][:MAX_WORDS])
 
 
 def keywords_policy(env: Env) -> Policy:
@@ -241,7 +258,7 @@ def keywords_policy(env: Env) -> Policy:
     literals = reward_literals(env)
 
     def keywords(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-        return bag_of_words([*literals, shown_text(messages)])
+        return bag_of_words([*literals, shown_text(messages)], prompt_options(messages))
 
     return keywords
 
@@ -253,6 +270,6 @@ def stuffing_policy(env: Env) -> Policy:
 
     def stuffed(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         texts = [*literals, shown_text(messages)]
-        return "\n".join([*_markers(texts), bag_of_words(texts)])
+        return "\n".join([*_markers(texts), bag_of_words(texts, prompt_options(messages))])
 
     return stuffed

@@ -92,7 +92,10 @@ class Verdicts(MultiTurnEnv):
 def test_the_reward_literals_follow_the_env_logic_into_its_helpers_and_patterns():
     literals = reward_literals(Verdicts())
     assert {"verdict", "yes", "Noted.", r"VERDICT:\s*(yes|no)"} <= set(literals)
+    assert not any("Reads a verdict" in text for text in literals)  # docstrings are prose
     assert bag_of_words(["VERDICT: yes", "Noted. yes no", "a b"]) == "verdict yes noted"
+    # The options a prompt offers by name stay out of the bag: one named alone is a move.
+    assert bag_of_words([PROMPT[0].content], prompt_options(PROMPT)) == "actions reply with action"
     # The pattern's sample, "VERDICT:    yes", is stuffed: the reward pays for it.
     report = audit_env(Verdicts(), seeds=(0,), raise_on_failure=False)
     assert [(f.policy, f.hack) for f in report.findings] == [("stuffing", "stuffing")]
