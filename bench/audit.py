@@ -30,14 +30,14 @@ from envhub.checker import _starts  # noqa: E402
 OLD = ("empty", "echo", "junk-format", "junk-tools", "longest", "numbers", "everything")
 
 
-def old_audit(env) -> tuple[float, bool]:
+def old_audit(env, seeds: tuple[int, ...] = (0, 1, 2)) -> tuple[float, bool]:
     """(seconds, flagged) for the policies of the audit before issue 40 (see the docstring)."""
     floor, _ = audit_floor(env)
     start = time.perf_counter()
     flagged = False
     for probe in probes(env):
         if probe.name in OLD or probe.name.startswith("cheat:"):
-            for episode in _starts(env, (0, 1, 2)):
+            for episode in _starts(env, seeds):
                 found = _play(env, probe, episode, 100)
                 reward = None if found is None else found.reward
                 flagged |= found is not None and (reward is None or reward > floor + TOLERANCE)
@@ -80,6 +80,31 @@ def template_rows() -> list[tuple[str, float, bool, int, float]]:
     return rows
 
 
+VARIANTS = {
+    "guess-number progress": ("guess-number", {"progress_reward": 0.2}),
+    "guess-number 1..1000": ("guess-number", {"low": 1, "high": 1000}),
+    "calculator tool pay": ("calculator", {"tool_call_reward": 0.1}),
+    "frozenlake 8 slippery": ("frozenlake", {"size": 8, "is_slippery": True}),
+    "frozenlake 5": ("frozenlake", {"size": 5}),
+    "arithmetic 200": ("arithmetic", {"num_tasks": 200}),
+    "wordle 5 turns": ("wordle", {"max_turns": 5}),
+}
+"""Built-in envs with other settings, audited on 5 episodes: more chances for a false alarm."""
+
+
+def variant_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(variant, seconds, passed, policies, seconds of the old policies) for :data:`VARIANTS`."""
+    rows = []
+    for label, (name, kwargs) in VARIANTS.items():
+        with envhub.make(name, **kwargs) as env:
+            start = time.perf_counter()
+            report = audit_env(env, seeds=(0, 1, 2, 3, 4), raise_on_failure=False)
+            seconds = time.perf_counter() - start
+            old = old_audit(env, (0, 1, 2, 3, 4))[0]
+            rows.append((label, seconds, report.passed, len(report.policies), old))
+    return rows
+
+
 def fixture_rows() -> list[tuple[str, str, bool, bool, float, bool]]:
     """(fixture, hack class, flagged with it, twin passed, seconds, flagged by the old policies)
     for every hackable fixture."""
@@ -106,7 +131,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"cores available: {len(os.sched_getaffinity(0))}")
     print(f"{'env':24} {'seconds':>8} {'passed':>7} {'policies':>9} {'old s':>7}")
-    for name, seconds, passed, policies, old in builtin_rows() + template_rows():
+    for name, seconds, passed, policies, old in builtin_rows() + template_rows() + variant_rows():
         print(f"{name:24} {seconds:8.2f} {str(passed):>7} {policies:9d} {old:7.2f}")
     if args.no_fixtures:
         return
