@@ -14,7 +14,10 @@ for a model with a fixed, known cost. The sides:
 - ``harness/openai``: a :class:`~envhub.harness.HarnessEnv` whose program is an ``async`` loop
   over the ``AsyncOpenAI`` client it is given (``client.chat.completions.create``);
 - ``harness/httpx``: the same loop posting JSON with a raw ``httpx.AsyncClient``: its
-  difference from ``harness/openai`` is the ``openai`` SDK's own cost, the rest is the endpoint's.
+  difference from ``harness/openai`` is the ``openai`` SDK's own cost, the rest is the endpoint's;
+- ``harness/openai-host``: ``harness/openai``'s loop run in the program host, a child process
+  (``program_host="process"``): the clients' CPU runs beside the runner's, not under its
+  interpreter lock. Its ``cpu us`` adds the child's CPU time.
 
 Both sides must produce the same turns and the same token ids, episode by episode (checked: the
 bench fails otherwise), so that only the transport differs.
@@ -69,6 +72,7 @@ import argparse
 import asyncio
 import contextvars
 import cProfile
+import functools
 import json
 import os
 import pstats
@@ -82,6 +86,7 @@ from typing import Any
 import envhub.harness.endpoint as endpoint_module
 from envhub.harness import HarnessEnv
 from envhub.harness.endpoint import Call, Endpoint, Episode
+from envhub.harness.host import ProgramHost
 from envhub.inference.base import GenerateRequest, Generation
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric
@@ -90,7 +95,7 @@ from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import AssistantTurn, Message, Trajectory, user
 
-SIDES = ("direct", "harness/openai", "harness/httpx")
+SIDES = ("direct", "harness/openai", "harness/httpx", "harness/openai-host")
 GOAL_MS, GOAL_SHARE = 2.0, 0.05
 
 
@@ -200,15 +205,23 @@ class BenchHarnessEnv(_Timed, HarnessEnv):
         return result
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
-        """As :class:`HarnessEnv`'s, marked."""
+        """As :class:`HarnessEnv`'s, marked; a hosted program's call times join :data:`REC`."""
         if STAGES.on and self._run is not None:
             STAGES.mark(self._run.episode.key, "env_step")
-        return await super().env_response(state, turn)
+        messages = await super().env_response(state, turn)
+        result = state.data.get("result")
+        if isinstance(result, dict) and "call_times" in result:
+            REC.calls.extend(result["call_times"])
+        return messages
 
 
-async def converse(spec: Spec, prompt: str, api_key: str, send: Any) -> str:
+async def converse(
+    spec: Spec, prompt: str, api_key: str, send: Any, times: list[float] | None = None
+) -> str:
     """The conversation's ``spec.calls`` calls, each through ``send(messages) -> reply text``,
-    timed around ``send`` (and marked for ``--stages``); returns the last reply."""
+    timed around ``send`` into ``times`` (``REC.calls`` by default; marked for ``--stages``);
+    returns the last reply."""
+    times = REC.calls if times is None else times
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": spec.system},
         {"role": "user", "content": prompt},
@@ -219,7 +232,7 @@ async def converse(spec: Spec, prompt: str, api_key: str, send: Any) -> str:
             STAGES.mark(api_key, "send")
         started = time.perf_counter()
         content = await send(messages)
-        REC.calls.append(time.perf_counter() - started)
+        times.append(time.perf_counter() - started)
         if STAGES.on:
             STAGES.mark(api_key, "recv")
         messages.append({"role": "assistant", "content": content})
@@ -228,17 +241,33 @@ async def converse(spec: Spec, prompt: str, api_key: str, send: Any) -> str:
     return content
 
 
-def openai_program(spec: Spec) -> Any:
+async def openai_conversation(
+    spec: Spec, client: Any, prompt: str, api_key: str, times: list[float] | None = None
+) -> str:
     """The conversation as an ``openai``-SDK loop (the client is the one the env gives)."""
 
-    async def program(client: Any, prompt: str, api_key: str) -> str:
-        async def send(messages: list[dict[str, Any]]) -> str:
-            response = await client.chat.completions.create(model="policy", messages=messages)
-            return response.choices[0].message.content
+    async def send(messages: list[dict[str, Any]]) -> str:
+        response = await client.chat.completions.create(model="policy", messages=messages)
+        return response.choices[0].message.content
 
-        return await converse(spec, prompt, api_key, send)
+    return await converse(spec, prompt, api_key, send, times)
+
+
+def openai_program(spec: Spec) -> Any:
+    """:func:`openai_conversation` as a program of this process."""
+
+    async def program(client: Any, prompt: str, api_key: str) -> str:
+        return await openai_conversation(spec, client, prompt, api_key)
 
     return program
+
+
+async def hosted_openai_program(spec: Spec, client: Any, prompt: str, api_key: str) -> Any:
+    """:func:`openai_conversation` run in the program host (a child process): it returns its
+    calls' times with its reply, since :data:`REC` there is the child's."""
+    times: list[float] = []
+    content = await openai_conversation(spec, client, prompt, api_key, times)
+    return {"content": content, "call_times": times}
 
 
 def httpx_program(spec: Spec) -> Any:
@@ -267,9 +296,18 @@ def env_factory(side: str, spec: Spec, dataset: list[dict[str, Any]]) -> Any:
     """The env of ``side`` for the runner's pool."""
     if side == "direct":
         return lambda: DirectEnv(spec, dataset)
-    program = openai_program(spec) if side == "harness/openai" else httpx_program(spec)
+    if side == "harness/openai-host":
+        program, host = functools.partial(hosted_openai_program, spec), "process"
+    else:
+        program = openai_program(spec) if side == "harness/openai" else httpx_program(spec)
+        host = "thread"
     return lambda: BenchHarnessEnv(
-        program, dataset, rubric=Rubric(), max_turns=spec.calls + 1, timeout=600
+        program,
+        dataset,
+        rubric=Rubric(),
+        max_turns=spec.calls + 1,
+        timeout=600,
+        program_host=host,
     )
 
 
@@ -281,6 +319,16 @@ class Run:
     record: Record
     wall: float
     cpu: float
+
+
+def process_cpu(side: str) -> float:
+    """CPU seconds of this process, plus its program host's for a ``-host`` side."""
+    cpu = time.process_time()
+    host = ProgramHost._shared
+    if side.endswith("-host") and host is not None and host.alive():
+        fields = Path(f"/proc/{host._process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu
 
 
 def run_side(
@@ -298,11 +346,14 @@ def run_side(
         step_timeout=None,
         episode_timeout=None,
     )
+    if side.endswith("-host"):  # start the host and import the client there, untimed
+        asyncio.run(runner.run([0]))
+        REC = Record()
     if profile is not None:
         profile.start()
-    cpu, started = time.process_time(), time.perf_counter()
+    cpu, started = process_cpu(side), time.perf_counter()
     trajectories = asyncio.run(runner.run(list(range(episodes))))
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+    wall, cpu = time.perf_counter() - started, process_cpu(side) - cpu
     if profile is not None:
         profile.stop()
     for traj in trajectories:
@@ -372,8 +423,14 @@ class Stages:
             return completion(*args, **kwargs)
 
         def answer_(episode: Episode, reply: Any) -> None:
-            if episode.pending is not None and not isinstance(reply, BaseException):
-                self.mark(episode.key, "answer")
+            call = episode.pending
+            if call is not None and not isinstance(reply, BaseException):
+                # Marked when the reply lands on the endpoint's loop (the callback is queued
+                # there before the reply, so it is in place when the reply is set).
+                def stamp(_: Any, key: str = episode.key) -> None:
+                    self.mark(key, "answer")
+
+                call.reply.get_loop().call_soon_threadsafe(call.reply.add_done_callback, stamp)
             answer(episode, reply)
 
         endpoint_module._json_body = json_body

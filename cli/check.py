@@ -40,6 +40,10 @@ def check_command(
     its floor; the answer hedged among decoys must not beat the decoys alone.
     A failure prints the hack, the episode that scored and how to fix it.
 
+    A Harbor task folder (or a folder of them) runs each task's tests twice,
+    in fresh sandboxes: after its solution/solve.sh, which must score 1, and
+    after nothing, which must score below 1.
+
     A package folder also passes the push gates (what `envhub push` runs and
     puts on the Hub card): metadata, entry points, version, no answer leak in
     prompts, and its own tests.
@@ -52,9 +56,14 @@ def check_command(
         envhub check ./my-env
         envhub check calculator
         envhub check ./my-env --model Qwen/Qwen3-0.6B
+        envhub check ./tasks/hello-file
     """
+    from envhub.loader import is_task_path
+
     tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
-    if Path(target).is_dir():
+    if is_task_path(target):
+        passed = _check_tasks(target)
+    elif Path(target).is_dir():
         passed = _check_package(Path(target), seeds, tests)
     else:
         passed = _check_installed(target, seeds)
@@ -150,6 +159,31 @@ def _preflight(target: str, model: str, tokenizer) -> bool:
         checked, findings = asyncio.run(check_prefix_property(tokenizer, conversations))
         subject = f"{name} x {model} on {len(conversations)} scripted episodes"
         passed &= report_prefix_findings(subject, renders, checked, findings)
+    return passed
+
+
+def _check_tasks(target: str) -> bool:
+    """Each Harbor task's solution scores 1 and doing nothing scores below 1."""
+    from rich.table import Table
+
+    from envhub.cli.console import console
+    from envhub.harbor.env import check_tasks
+
+    checks = check_tasks(target)
+    passed = all(c.passed for c in checks)
+    table = Table(
+        title=f"{target}: {'[green]passed' if passed else '[red]FAILED'}[/]", title_justify="left"
+    )
+    for column in ("task", "with solution", "without", "result"):
+        table.add_column(column, overflow="fold")
+    for c in checks:
+        solved = "-" if c.solved is None else f"{c.solved:g}"
+        verdict = "[green]ok[/]" if c.passed else "[red]fail[/]"
+        table.add_row(c.name, solved, f"{c.unsolved:g}", verdict)
+    console.print(table)
+    for c in checks:
+        if c.error:
+            console.print(f"{c.name}: {c.error}", markup=False, highlight=False, soft_wrap=True)
     return passed
 
 

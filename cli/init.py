@@ -17,7 +17,7 @@ def init_command(
         ..., help="Package and env name: lowercase letters, digits and hyphens, e.g. my-env."
     ),
     template: str = typer.Option(
-        "single-turn", "--template", "-t", help="single-turn | multi-turn | tool | code."
+        "single-turn", "--template", "-t", help="single-turn | multi-turn | tool | code | agent."
     ),
     directory: Path = typer.Option(
         None, "--dir", help="Folder to create the package in (default: the current folder)."

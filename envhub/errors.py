@@ -10,6 +10,7 @@
     ├── ToolServerUnavailableError   an MCP tool server cannot be reached, or was lost mid-episode
     │                                (a ConnectionError: an infrastructure failure)
     ├── RewardDefinitionError        a reward function asks for an argument nobody can give
+    ├── VerifierError                a task's verifier ran but left no reward (or a malformed one)
     ├── EngineError                  an inference engine failed
     │   ├── EngineUnavailableError   the server is unreachable or died (after retries)
     │   └── WeightSyncError          after a weight sync, vLLM's logprobs differ from the trainer's
@@ -88,6 +89,10 @@ class ToolServerUnavailableError(EnvhubError, ConnectionError):
 
 class RewardDefinitionError(EnvhubError, TypeError):
     """A reward function's signature cannot be satisfied."""
+
+
+class VerifierError(EnvhubError):
+    """A task's verifier (a Harbor task's ``tests/test.sh``) ran but left no usable reward."""
 
 
 class EngineError(EnvhubError):

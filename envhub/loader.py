@@ -7,12 +7,16 @@ with a ``/`` in it is a Hub reference, ``owner/name[@version|@commit][:env]``, a
 imported only when a Hub env is asked for, so ``import envhub`` and local envs never load the
 Hub client.
 
+A folder of Harbor tasks (a task folder, or a folder of them) gives a
+:class:`~envhub.harbor.env.HarborEnv` (imported only then).
+
 A ``ws://``, ``wss://``, ``http://`` or ``https://`` URL names an env served by ``envhub serve``
 and gives a :class:`~envhub.serve.remote.RemoteEnv` (imported only then).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from envhub import registry
@@ -28,6 +32,19 @@ def is_remote_url(name: str) -> bool:
     return name.startswith(REMOTE_SCHEMES)
 
 
+def is_task_path(name: str) -> bool:
+    """Whether ``name`` is a folder of Harbor tasks and no env's name: a folder with a
+    ``task.toml`` or ``instruction.md``, or one whose subfolders have them."""
+    path = Path(name)
+    if not path.is_dir() or name in registry.list_envs():
+        return False
+    return _has_task_file(path) or any(_has_task_file(p) for p in path.iterdir() if p.is_dir())
+
+
+def _has_task_file(path: Path) -> bool:
+    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
+
+
 def is_hub_reference(name: str) -> bool:
     """Whether ``name`` goes to the Hub: it has a ``/`` and no local env has that name.
 
@@ -40,6 +57,7 @@ def is_hub_reference(name: str) -> bool:
     return (
         "/" in name
         and not is_remote_url(name)
+        and not is_task_path(name)
         and split_adapted(name) is None
         and name not in registry.list_envs()
     )
@@ -75,6 +93,10 @@ def make(name: str, **kwargs: Any) -> Any:
         return RemoteEnv(name, **kwargs)
     if split_adapted(name) is not None:  # `verifiers:NAME`: another framework's env
         return make_adapted(name, **kwargs)
+    if is_task_path(name):
+        from envhub.harbor.env import HarborEnv  # Harbor's reader loads only for task folders
+
+        return HarborEnv(name, **kwargs)
     if is_hub_reference(name):
         from envhub.hub.load import make_from_hub  # the Hub client loads only for Hub envs
 

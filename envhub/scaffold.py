@@ -33,10 +33,11 @@ from envhub.errors import ConfigError
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-TEMPLATES = ("single-turn", "multi-turn", "tool", "code")
+TEMPLATES = ("single-turn", "multi-turn", "tool", "code", "agent")
 """The templates: one prompt and one exact-match answer (capital cities); a game with feedback
 every turn (a hidden number, higher/lower hints); a tool that reads hidden per-episode state
-(a warehouse inventory); code scored by test cases run in a sandbox."""
+(a warehouse inventory); code scored by test cases run in a sandbox; an agent program of your
+own (an ``openai``-SDK tool loop) trained as it is (a harness env)."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 _RESERVED = {"envhub": "envhub itself", "tests": "the package's own tests folder"}

@@ -49,6 +49,14 @@ class State:
         self.step_reward += amount
         self.paid[component] = self.paid.get(component, 0.0) + amount
 
+    def pay_once(self, amount: float, component: str) -> bool:
+        """:meth:`pay` ``amount`` unless ``component`` was already paid in this episode: a
+        one-time bonus (the first well-formed tool call, say). Returns whether it paid now."""
+        if self.paid.get(component):
+            return False
+        self.pay(amount, component)
+        return True
+
     def truncate(self, reason: str) -> None:
         """End the episode as truncated (not solved, not failed: cut short) from a reply hook,
         e.g. when a wrapped simulator hits its own time limit. ``reason`` becomes the

@@ -505,3 +505,12 @@ def test_task_env_metadata() -> None:
     )
     assert Echo(TASKS).max_turns == 10
     assert env.tool_schemas is None
+
+
+def test_pay_once_pays_a_component_the_first_time_only() -> None:
+    state = State(task={}, task_index=0, prompt=[], messages=[])
+    assert state.pay_once(0.5, "tool_use") is True
+    assert state.pay_once(0.5, "tool_use") is False
+    assert (state.step_reward, state.paid) == (0.5, {"tool_use": 0.5})
+    state.paid["bonus"] = 0.0  # reserved (reported even if never paid), not yet paid
+    assert state.pay_once(0.25, "bonus") is True and state.paid["bonus"] == 0.25

@@ -30,7 +30,7 @@ from envhub.perf import (
 from envhub.sandbox import bwrap_problem
 
 BUILTIN = sorted(name for name, spec in envhub.list_envs().items() if spec.distribution == "envhub")
-SANDBOXED = ["code", "code-fix"]
+SANDBOXED = ["code", "code-fix", "repo-repair"]
 NO_BWRAP = bwrap_problem()
 EPISODES = 6
 

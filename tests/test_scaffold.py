@@ -35,12 +35,13 @@ REPO = Path(__file__).resolve().parents[1]
 TEMPLATE_SOURCES = REPO / "templates"
 
 # Tests each rendered package ships (the count its own `pytest` run must report).
-OWN_TESTS = {"single-turn": 6, "multi-turn": 7, "tool": 7, "code": 6}
+OWN_TESTS = {"single-turn": 6, "multi-turn": 7, "tool": 7, "code": 6, "agent": 7}
 TAGS = {
     "single-turn": ["envhub", "single-turn", "reinforcement-learning", "llm"],
     "multi-turn": ["envhub", "multi-turn", "game", "reinforcement-learning", "llm"],
     "tool": ["envhub", "tool", "tool-use", "reinforcement-learning", "llm"],
     "code": ["envhub", "code", "reinforcement-learning", "llm"],
+    "agent": ["envhub", "agent", "tool-use", "reinforcement-learning", "llm"],
 }
 
 
@@ -49,11 +50,13 @@ def package_name(template: str) -> str:
     return f"scaffold-{template}"
 
 
-def expected_files(module: str) -> list[str]:
+def expected_files(module: str, template: str = "single-turn") -> list[str]:
+    agent = [f"{module}/agent.py"] if template == "agent" else []
     return [
         ".gitignore",
         "README.md",
         f"{module}/__init__.py",
+        *agent,
         f"{module}/env.py",
         "pyproject.toml",
         "tests/test_env.py",
@@ -76,8 +79,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # -- names ------------------------------------------------------------------------------------
 
 
-def test_templates_are_the_four_shipped_folders():
-    assert list(TEMPLATES) == ["single-turn", "multi-turn", "tool", "code"]
+def test_templates_are_the_five_shipped_folders():
+    assert list(TEMPLATES) == ["single-turn", "multi-turn", "tool", "code", "agent"]
     assert sorted(
         p.name for p in TEMPLATE_SOURCES.iterdir() if p.is_dir() and p.name != "__pycache__"
     ) == sorted(TEMPLATES)
@@ -152,14 +155,17 @@ def test_invalid_name_writes_nothing(tmp_path):
         (
             "tol",
             "unknown template 'tol'. Did you mean 'tool'? "
-            "Templates: single-turn, multi-turn, tool, code",
+            "Templates: single-turn, multi-turn, tool, code, agent",
         ),
         (
             "multiturn",
             "unknown template 'multiturn'. Did you mean 'multi-turn'? "
-            "Templates: single-turn, multi-turn, tool, code",
+            "Templates: single-turn, multi-turn, tool, code, agent",
         ),
-        ("rocket", "unknown template 'rocket'. Templates: single-turn, multi-turn, tool, code"),
+        (
+            "rocket",
+            "unknown template 'rocket'. Templates: single-turn, multi-turn, tool, code, agent",
+        ),
     ],
 )
 def test_unknown_template_is_refused(tmp_path, template, message):
@@ -177,8 +183,8 @@ def test_creates_exactly_the_template_files(tmp_path, template):
     path = create_package("my-env", template, tmp_path)
     assert path == tmp_path / "my-env"
     assert [p.name for p in tmp_path.iterdir()] == ["my-env"]
-    assert listing(path) == expected_files("my_env")
-    assert template_files("my-env", template) == expected_files("my_env")
+    assert listing(path) == expected_files("my_env", template)
+    assert template_files("my-env", template) == expected_files("my_env", template)
     assert (path / "my_env" / "__init__.py").read_text() == (
         '"""my-env: an envhub environment."""\n\n'
         'from my_env.env import MyEnv\n\n__all__ = ["MyEnv"]\n'
@@ -191,7 +197,8 @@ def test_pyproject_declares_the_env(rendered, template):
     module, cls = module_name(name), class_name(name)
     project = read_pyproject(rendered[template])["project"]
     assert (project["name"], project["version"]) == (name, "0.1.0")
-    assert project["dependencies"] == [f"envhub>={envhub.__version__}"]
+    extra = "[harness]" if template == "agent" else ""  # the endpoint and the openai client
+    assert project["dependencies"] == [f"envhub{extra}>={envhub.__version__}"]
     assert project["entry-points"] == {"envhub.envs": {name: f"{module}.env:{cls}"}}
 
 
@@ -332,7 +339,8 @@ def test_rendered_env_passes_check_env(rendered, template, unload):
     details = {r.name: r.detail for r in report.results}
     assert report.passed
     assert (details["null policy at floor"], details["reference policy at top"]) == ("0.0", "1.0")
-    assert details["tool schemas"] == ("lookup" if template == "tool" else "no tools")
+    tools = {"tool": "lookup", "agent": "price"}  # the agent's: those of its latest call
+    assert details["tool schemas"] == tools.get(template, "no tools")
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

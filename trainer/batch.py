@@ -24,7 +24,13 @@ import torch
 from envhub.trainer.algorithms import zero_variance_groups
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.critic.targets import ValueTarget
-from envhub.trainer.scoring import Advantages, Scored, estimate_advantages, score
+from envhub.trainer.scoring import (
+    Advantages,
+    Scored,
+    estimate_advantages,
+    first_sampled,
+    score,
+)
 from envhub.types import TokenSegment, Trajectory
 
 
@@ -157,11 +163,17 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
         token_advantages = tokens[k] if tokens else None
         target = targets[k] if targets else None
         samples.append(_sample(t, advantage, i, token_advantages, target))
-        # A harness episode's earlier segments train with the episode's advantage; per-token
-        # advantages (turn credit, a critic) are laid out on the last segment only, so there
-        # the earlier ones are left out and counted.
-        if token_advantages is not None or target is not None:
+        # A harness episode's earlier segments train with the episode's advantage, or with
+        # turn credit their turns' own; a critic's values cover the last record only, so with
+        # one the earlier segments are left out and counted.
+        if target is not None:
             skipped_segments += len(t.segments)
+        elif advantages.segment_tokens is not None:
+            laid = advantages.segment_tokens[k]
+            samples.extend(
+                _segment_sample(segment, first_sampled(per_token, segment.loss_mask), i, per_token)
+                for segment, per_token in zip(t.segments, laid, strict=True)
+            )
         else:
             samples.extend(_segment_sample(segment, advantage, i) for segment in t.segments)
     stats |= {
@@ -437,13 +449,19 @@ def _sample(
     )
 
 
-def _segment_sample(segment: TokenSegment, advantage: float, index: int) -> Sample:
+def _segment_sample(
+    segment: TokenSegment,
+    advantage: float,
+    index: int,
+    token_advantages: list[float] | None = None,
+) -> Sample:
     return Sample(
         list(segment.token_ids),
         list(segment.loss_mask),
         list(segment.sampler_logprobs),
         advantage,
         index,
+        token_advantages,
     )
 
 

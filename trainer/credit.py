@@ -25,28 +25,67 @@ from envhub.types import Trajectory
 def turn_spans(t: Trajectory) -> list[tuple[int, int]]:
     """``[start, end)`` of each turn's sampled tokens in ``t.token_ids`` (``start == end`` for a
     turn that sampled nothing). A trajectory without turn records is one turn from its first
-    loss token to its last.
+    loss token to its last. For a trajectory with earlier segments, the spans of the turns of
+    its own (last) record: :func:`record_turn_spans` has them all.
 
     Raises:
         ValueError: No token record, or the turns' token counts do not add up to the loss mask.
     """
+    return record_turn_spans(t)[-1]
+
+
+def record_turn_spans(t: Trajectory) -> list[list[tuple[int, int]]]:
+    """The spans of every turn, per token record: ``t.segments`` in order, then ``t``'s own
+    record (:func:`turn_spans`); the records' turns follow one another in ``t.turns``.
+
+    Raises:
+        ValueError: No token record, or the turns' token counts do not add up to the records'
+            loss masks.
+    """
     if t.loss_mask is None:
         raise ValueError("a trajectory without a token record has no turn spans")
-    positions = [i for i, m in enumerate(t.loss_mask) if m]
     if not t.turns:
-        return [(positions[0], positions[-1] + 1)] if positions else []
+        positions = [i for i, m in enumerate(t.loss_mask) if m]
+        return [[(positions[0], positions[-1] + 1)] if positions else []]
     counts = [turn.completion_tokens for turn in t.turns]
+    where = f"trajectory of task {t.task_index} (sample {t.sample_index})"
+    starts = [s.first_turn for s in t.segments]
+    if t.segments:  # the last record starts after the turns that fill the last segment
+        starts.append(_filled(counts, t.segments[-1].first_turn, t.segments[-1].loss_mask, where))
+    bounds = [*starts[1:], len(counts)] if t.segments else [len(counts)]
+    masks = [*(s.loss_mask for s in t.segments), t.loss_mask]
+    firsts = starts if t.segments else [0]
+    return [
+        _spans(mask, counts[first:end], where)
+        for mask, first, end in zip(masks, firsts, bounds, strict=True)
+    ]
+
+
+def _filled(counts: list[int | None], first: int, mask: list[int], where: str) -> int:
+    """The index of the turn after those, from ``first`` on, whose tokens fill ``mask``."""
+    need, k = sum(mask), first
+    while need > 0 and k < len(counts) and counts[k] is not None:
+        need -= counts[k] or 0
+        k += 1
+    if need != 0:
+        raise ValueError(f"{where}: its turns' completion_tokens do not fill its segments")
+    return k
+
+
+def _spans(mask: list[int], counts: list[int | None], where: str) -> list[tuple[int, int]]:
+    """The spans of turns of ``counts`` tokens each, laid on the 1s of ``mask`` in order."""
+    positions = [i for i, m in enumerate(mask) if m]
     if any(c is None for c in counts) or sum(c or 0 for c in counts) != len(positions):
         raise ValueError(
-            f"trajectory of task {t.task_index} (sample {t.sample_index}): its turns' "
-            f"completion_tokens {counts} do not add up to its {len(positions)} loss tokens, so "
-            "no turn can be matched with its tokens (credit: turn needs the runner's record)"
+            f"{where}: its turns' completion_tokens {counts} do not add up to its "
+            f"{len(positions)} loss tokens, so no turn can be matched with its tokens "
+            "(credit: turn needs the runner's record)"
         )
     spans, seen = [], 0
     for count in counts:
         assert count is not None
         if count == 0:
-            at = positions[seen] if seen < len(positions) else len(t.loss_mask)
+            at = positions[seen] if seen < len(positions) else len(mask)
             spans.append((at, at))
             continue
         start, end = positions[seen], positions[seen + count - 1] + 1

@@ -25,7 +25,7 @@ from envhub.trainer.algorithms import (
 )
 from envhub.trainer.algorithms.registry import Estimator
 from envhub.trainer.config import AlgorithmConfig
-from envhub.trainer.credit import span_sums, spread, turn_rewards, turn_spans
+from envhub.trainer.credit import record_turn_spans, span_sums, spread, turn_rewards
 from envhub.trainer.critic.targets import GAEResult, ValueTarget
 from envhub.types import TRAINED_OUTCOMES, Trajectory
 
@@ -54,8 +54,9 @@ class Scored:
         return torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
 
     def lengths(self) -> torch.Tensor:
-        """``(len(usable),)`` tokens the policy sampled in each usable trajectory."""
-        counts = [sum(self.trajectories[i].loss_mask or []) for i in self.usable]
+        """``(len(usable),)`` tokens the policy sampled in each usable trajectory (in all its
+        segments)."""
+        counts = [_sampled_tokens(self.trajectories[i]) for i in self.usable]
         return torch.tensor(counts, dtype=torch.float64)
 
 
@@ -102,6 +103,9 @@ class Advantages:
     ``advantage: gae``, every sampled token's."""
     value_targets: list[ValueTarget] | None = None
     """With ``advantage: gae``: what the critic learns on each trajectory."""
+    segment_tokens: list[list[list[float]]] | None = None
+    """With ``credit: turn``: per trajectory, the per-token advantages of each of its earlier
+    segments (``Trajectory.segments``), laid out like theirs."""
 
     def abs_mean(self) -> float:
         """Mean absolute advantage, over sequences (or over turns, with ``credit: turn``)."""
@@ -168,7 +172,7 @@ def _critic_advantages(
         scored.kl_penalty,
     )
     first = torch.tensor(
-        [_first_policy_value(a, scored.trajectories[i]) for a, i in zip(
+        [first_sampled(a, scored.trajectories[i].loss_mask or []) for a, i in zip(
             result.token_advantages, scored.usable, strict=True
         )],
         dtype=torch.float64,
@@ -176,30 +180,39 @@ def _critic_advantages(
     return Advantages(first, result.token_advantages, result.policy_tokens, result.value_targets)
 
 
-def _first_policy_value(per_token: list[float], t: Trajectory) -> float:
-    """The advantage of the first token the policy sampled."""
-    mask = t.loss_mask or []
+def first_sampled(per_token: list[float], mask: list[int]) -> float:
+    """The advantage of the first token the policy sampled (its first turn's), of a record
+    whose loss mask is ``mask``."""
     return next((a for a, m in zip(per_token, mask, strict=True) if m), 0.0)
 
 
 def _turn_advantages(scored: Scored, algorithm: AlgorithmConfig) -> Advantages:
     """``credit: turn``: per-turn returns, baselined per turn position, spread over the turns'
-    tokens (see ``trainer/credit.py`` for which tokens are whose)."""
+    tokens (see ``trainer/credit.py`` for which tokens are whose). A harness episode's turns
+    run on across its segments: the returns are the whole episode's, and each segment's turns
+    get theirs on its own tokens (the KL in the reward is the last record's: the reference
+    model scores that one)."""
     spans, returns = [], []
     for k, i in enumerate(scored.usable):
         t = scored.trajectories[i]
-        spans.append(turn_spans(t))
+        spans.append(record_turn_spans(t))
         rewards = turn_rewards(t, float(scored.rewards[k]))
         if scored.kl_penalty is not None:
-            rewards = rewards - span_sums(spans[-1], scored.kl_penalty[k])
+            earlier = sum(len(record) for record in spans[-1][:-1])
+            kl = span_sums(spans[-1][-1], scored.kl_penalty[k])
+            rewards = rewards - torch.cat([torch.zeros(earlier, dtype=kl.dtype), kl])
         returns.append(discounted_returns(rewards, algorithm.gamma))
     per_turn = per_turn_advantages(algorithm.advantage, returns, scored.groups)
-    tokens = [
-        spread(s, a, len(scored.trajectories[i].token_ids or []))
-        for s, a, i in zip(spans, per_turn, scored.usable, strict=True)
-    ]
+    tokens, segment_tokens = [], []
+    for records, values, i in zip(spans, per_turn, scored.usable, strict=True):
+        t = scored.trajectories[i]
+        lengths = [len(s.token_ids) for s in t.segments] + [len(t.token_ids or [])]
+        parts = torch.split(values, [len(record) for record in records])
+        laid = [spread(r, v, n) for r, v, n in zip(records, parts, lengths, strict=True)]
+        tokens.append(laid[-1])
+        segment_tokens.append(laid[:-1])
     first = torch.stack([a[0] for a in per_turn])
-    return Advantages(first, tokens, torch.cat(per_turn))
+    return Advantages(first, tokens, torch.cat(per_turn), segment_tokens=segment_tokens)
 
 
 # -- helpers ----------------------------------------------------------------------------------
@@ -211,6 +224,10 @@ def _trainable(t: Trajectory) -> bool:
     and timeout failures say nothing about the policy)."""
     has_tokens = t.token_ids is not None and t.loss_mask is not None and any(t.loss_mask)
     return t.outcome in TRAINED_OUTCOMES and has_tokens
+
+
+def _sampled_tokens(t: Trajectory) -> int:
+    return sum(t.loss_mask or []) + sum(sum(s.loss_mask) for s in t.segments)
 
 
 def _group_index(group_ids: Sequence[str]) -> torch.Tensor:

@@ -130,8 +130,8 @@ class CalculatorEnv(ToolEnv):
         reply = await super().env_response(state, turn)
         made = state.metrics["tool_calls"] - calls
         failed = state.metrics["tool_errors"] - errors
-        if self.tool_call_reward and made and not failed and not state.paid.get("tool_use"):
-            state.pay(self.tool_call_reward, "tool_use")
+        if self.tool_call_reward and made and not failed:
+            state.pay_once(self.tool_call_reward, "tool_use")
         return reply
 
     def default_rubric(self) -> Rubric:

@@ -7,6 +7,8 @@ exact tokens; each run of the program on a task is one episode of a :class:`Harn
 - :mod:`envhub.harness.env` — :class:`HarnessEnv`, the env (and what an episode records);
 - :mod:`envhub.harness.endpoint` — the recording endpoint, one per process;
 - :mod:`envhub.harness.programs` — Python callables and commands as programs;
+- :mod:`envhub.harness.host` — the program host: Python programs in a child process;
+- :mod:`envhub.harness.mailbox` — calls and replies between the endpoint's and the runner's loops;
 - :mod:`envhub.harness.wire` — the chat-completions wire format;
 - :mod:`envhub.harness.responses` — the Responses API wire format (the Agents SDK's default);
 - :mod:`envhub.harness.verifiers_v1` — :class:`VerifiersV1Env`, a verifiers 0.4 (v1)

@@ -26,11 +26,13 @@ import logging
 import secrets
 import socket
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from envhub.errors import MissingDependencyError
+from envhub.harness.mailbox import Mailbox, MailboxClosed, settle
 from envhub.harness.responses import (
     ResponsesRequest,
     read_responses_request,
@@ -38,6 +40,7 @@ from envhub.harness.responses import (
     response_events,
 )
 from envhub.harness.wire import (
+    POLICY_MODEL,
     ChatRequest,
     Reply,
     WireError,
@@ -79,42 +82,64 @@ class ProgramEnded:
 Event = Call | ProgramEnded
 
 
-@dataclass
 class Episode:
-    """One episode's mailbox on the endpoint's loop: the calls and the end of its program."""
+    """One episode's mailbox: its agent's calls and its program's end, delivered to the loop
+    that runs the episode; the replies go back to the endpoint's loop (each hop is one wake-up,
+    :mod:`envhub.harness.mailbox`)."""
 
-    key: str
-    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
-    closed: bool = False
-    pending: Call | None = None
-    bad_requests: list[str] = field(default_factory=list)
-    """Requests the endpoint refused (the program's fault): each is recorded on the episode."""
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.events: Mailbox[Event] = Mailbox(orphaned=self._refuse_late)
+        self.pending: Call | None = None
+        self._why_closed = ""
+        self._refused: deque[str] = deque()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the episode has ended (its calls are refused)."""
+        return self.events.closed
+
+    def refuse(self, why: str) -> None:
+        """Record a request the endpoint refused (the program's fault; from any thread)."""
+        self._refused.append(why)
+
+    def take_refused(self) -> list[str]:
+        """The requests refused since the last time this was asked."""
+        taken = []
+        while self._refused:
+            taken.append(self._refused.popleft())
+        return taken
 
     async def next_event(self) -> Event:
-        """The next call or the program's end, whichever comes first."""
-        event = await self.events.get()
+        """The next call or the program's end, whichever comes first (on the episode's loop).
+
+        Raises:
+            EpisodeClosed: The episode was closed meanwhile.
+        """
+        try:
+            event = await self.events.get()
+        except MailboxClosed:
+            raise EpisodeClosed(self._why_closed or "the episode has ended") from None
         if isinstance(event, Call):
             self.pending = event
         return event
 
     def answer(self, reply: Reply | BaseException) -> None:
-        """Hand the policy's turn (or an error) to the call waiting for it."""
+        """Hand the policy's turn (or an error) to the call waiting for it (from any thread)."""
         call, self.pending = self.pending, None
-        if call is None or call.reply.done():
-            return
-        if isinstance(reply, BaseException):
-            call.reply.set_exception(reply)
-        else:
-            call.reply.set_result(reply)
+        if call is not None:
+            settle(call.reply, reply)
 
     def close(self, why: str) -> None:
-        """Refuse this episode's calls from now on; a waiting call gets ``why``."""
-        self.closed = True
+        """Refuse this episode's calls from now on; every waiting call gets ``why``."""
+        self._why_closed = why
         self.answer(EpisodeClosed(why))
-        while not self.events.empty():
-            event = self.events.get_nowait()
-            if isinstance(event, Call) and not event.reply.done():
-                event.reply.set_exception(EpisodeClosed(why))
+        for event in self.events.close():
+            self._refuse_late(event, why)
+
+    def _refuse_late(self, event: Event, why: str = "") -> None:
+        if isinstance(event, Call):
+            settle(event.reply, EpisodeClosed(why or self._why_closed))
 
 
 class EpisodeClosed(Exception):
@@ -129,7 +154,7 @@ class Endpoint:
 
     def __init__(self) -> None:
         uvicorn, app = _server_parts()  # before any thread: a missing extra fails here, clearly
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_loop()
         self._episodes: dict[str, Episode] = {}
         self._ids = itertools.count()
         # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on each accepted connection:
@@ -152,7 +177,7 @@ class Endpoint:
         # (building clients, parsing, its own tools) must not stall the server that answers
         # every episode (64 agents starting at once held off connections past the openai
         # client's 5 s connect timeout when they shared the server's loop).
-        self.programs = asyncio.new_event_loop()
+        self.programs = new_loop()
         threading.Thread(
             target=self.programs.run_forever, name="envhub-harness-programs", daemon=True
         ).start()
@@ -173,39 +198,22 @@ class Endpoint:
         """Run ``coro`` on the endpoint's loop (from any thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await ``coro`` run on the endpoint's loop, from any other loop."""
-        return await _on(self.loop, coro)
-
-    async def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
-        """Start ``coro`` as a task on the programs' loop (from any loop); returns the task."""
-
-        async def create() -> asyncio.Task[None]:
-            return asyncio.ensure_future(coro)
-
-        return await _on(self.programs, create())
-
-    async def cancel(self, task: asyncio.Task[None], within: float = 10.0) -> None:
-        """Cancel a task :meth:`spawn` started and wait up to ``within`` s for it to end."""
-
-        async def stop() -> None:
-            task.cancel()
-            await asyncio.wait({task}, timeout=within)
-
-        await _on(self.programs, stop())
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> Spawned:
+        """Start ``coro`` on the programs' loop (from any thread)."""
+        return Spawned(self.programs, coro)
 
     def post(self, episode: Episode, event: Event) -> None:
         """Hand ``event`` to ``episode``'s mailbox (from any thread)."""
-        self.loop.call_soon_threadsafe(episode.events.put_nowait, event)
+        episode.events.put(event)
 
-    async def open(self) -> Episode:
-        """A new episode with a fresh key (on the endpoint's loop)."""
+    def open(self) -> Episode:
+        """A new episode with a fresh key (from any thread)."""
         episode = Episode(secrets.token_urlsafe(18))
         self._episodes[episode.key] = episode
         return episode
 
-    async def discard(self, episode: Episode, why: str) -> None:
-        """Close ``episode`` and forget its key (on the endpoint's loop)."""
+    def discard(self, episode: Episode, why: str) -> None:
+        """Close ``episode`` and forget its key (from any thread)."""
         episode.close(why)
         self._episodes.pop(episode.key, None)
 
@@ -213,8 +221,16 @@ class Endpoint:
 
     def _serve(self, uvicorn: Any, app: Any, started: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
+        # Only local programs call it: no proxy headers to trust, no Server/Date headers to add.
         config = uvicorn.Config(
-            app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=60
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_keep_alive=60,
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
         )
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # a daemon thread's server: no signals
@@ -235,9 +251,8 @@ class Endpoint:
 
         if request.path_params["key"] not in self._episodes:
             return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
-        return JSONResponse(
-            {"object": "list", "data": [{"id": "policy", "object": "model", "owned_by": "envhub"}]}
-        )
+        model = {"id": POLICY_MODEL, "object": "model", "owned_by": "envhub"}
+        return JSONResponse({"object": "list", "data": [model]})
 
     async def _chat(self, request: Any) -> Any:
         return await self._call(request, read_chat_request, "chatcmpl-", _chat_answer)
@@ -261,10 +276,11 @@ class Endpoint:
         try:
             chat = read(await _json_body(request))
         except WireError as e:
-            episode.bad_requests.append(str(e))
+            episode.refuse(str(e))
             return JSONResponse(error_body(str(e)), 400)
         call = Call(chat, self.loop.create_future(), f"{id_prefix}{next(self._ids)}")
-        episode.events.put_nowait(call)
+        if not episode.events.put(call):
+            return JSONResponse(error_body("unknown or ended episode", "not_found"), 404)
         try:
             reply = await call.reply
         except EpisodeClosed as e:
@@ -292,9 +308,38 @@ def _responses_answer(reply: Reply, call_id: str, request: ResponsesRequest) -> 
     return JSONResponse(response_body(reply, call_id, request))
 
 
-async def _on(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """Await ``coro`` run on ``loop`` (another thread's), from the current loop."""
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+class Spawned:
+    """A coroutine running as a task on another thread's loop, stopped from any loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, None]) -> None:
+        self._loop = loop
+        self._task: asyncio.Task[None] | None = None
+        self.ended: concurrent.futures.Future[None] = concurrent.futures.Future()
+        loop.call_soon_threadsafe(self._start, coro)
+
+    def done(self) -> bool:
+        """Whether the task has ended."""
+        return self.ended.done()
+
+    async def cancel(self, within: float = 10.0) -> None:
+        """Cancel the task and wait up to ``within`` s for it to end."""
+        # Callbacks run in order: the task exists by the time this one runs.
+        self._loop.call_soon_threadsafe(lambda: self._task is not None and self._task.cancel())
+        await asyncio.wait({asyncio.wrap_future(self.ended)}, timeout=within)
+
+    def _start(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._task = self._loop.create_task(coro)
+        self._task.add_done_callback(lambda _: self.ended.set_result(None))
+
+
+def new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (it comes with uvicorn's standard set): the
+    server's sockets and every cross-thread hop cost less on it; else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def _server_parts() -> tuple[Any, Callable[[list[Any]], Any]]:

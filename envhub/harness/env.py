@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -39,11 +40,14 @@ import gymnasium as gym
 
 from envhub.env import NEW_SEGMENT, Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError
-from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded
-from envhub.harness.programs import Launch, Program, ProgramError, as_program
+from envhub.harness.endpoint import Call, Endpoint, Episode, ProgramEnded, Spawned
+from envhub.harness.host import HostedProgram
+from envhub.harness.programs import CommandProgram, Launch, Program, ProgramError, as_program
 from envhub.harness.wire import Reply, extends, message_key
 from envhub.rewards.rubric import Rubric
 from envhub.rows import RequiredField
+from envhub.sandbox.base import Sandbox
+from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.types import AssistantTurn, ErrorRecord, Message
@@ -58,10 +62,14 @@ class HarnessError(EnvhubError):
 
 
 class _Run:
-    """One episode's mailbox (on the endpoint's loop) and program (on the programs' loop)."""
+    """One episode's mailbox (on the endpoint), its program (on the programs' loop) and its
+    sandbox session, if any."""
 
-    def __init__(self, endpoint: Endpoint, episode: Episode, task: asyncio.Task[None]) -> None:
-        self.endpoint, self.episode, self.task = endpoint, episode, task
+    def __init__(
+        self, endpoint: Endpoint, episode: Episode, program: Spawned, session: Session | None
+    ) -> None:
+        self.endpoint, self.episode, self.program = endpoint, episode, program
+        self.session = session
 
     async def next_event(self, reply: Reply | None) -> tuple[Any, list[str]]:
         """Answer the waiting call with ``reply`` (if any), then wait for the next event;
@@ -69,14 +77,27 @@ class _Run:
         if reply is not None:
             self.episode.answer(reply)
         event = await self.episode.next_event()
-        refused, self.episode.bad_requests = self.episode.bad_requests, []
-        return event, refused
+        return event, self.episode.take_refused()
 
     async def stop(self, why: str) -> None:
-        """Close the mailbox and stop the program (kills a command's process group)."""
-        await self.endpoint.discard(self.episode, why)
-        if not self.task.done():  # a program that ignores cancellation for 10 s is left
-            await self.endpoint.cancel(self.task)
+        """Close the mailbox, stop the program (kills a command's process group), and end the
+        session (every process in it)."""
+        self.endpoint.discard(self.episode, why)
+        try:
+            if not self.program.done():  # a program that ignores cancellation for 10 s is left
+                await self.program.cancel()
+        finally:
+            if self.session is not None:
+                await self.session.aclose()
+
+
+def _placed(program: Program, host: str) -> Program:
+    """``program`` as it runs in the chosen ``program_host``."""
+    if host not in ("thread", "process"):
+        raise ValueError(f"program_host must be 'thread' or 'process', got {host!r}")
+    if host == "thread" or isinstance(program, CommandProgram):
+        return program
+    return HostedProgram(program)
 
 
 async def _supervise(
@@ -114,6 +135,17 @@ class HarnessEnv(TaskEnv):
             first turn whose tool calls are all well formed and name tools of the call: a dense
             reward for learning the call format before the task. Any such call earns it, so it
             is the env's ``audit_floor``.
+        program_host: Where a Python program runs: ``thread`` (a thread of the runner's
+            process) or ``process`` (a child process shared by the process's episodes, see
+            :mod:`envhub.harness.host`: its clients' CPU then runs beside the runner's instead
+            of under its interpreter lock; the function must be defined at module level).
+            Commands run in their own process either way.
+        sandbox: Gives each episode a session of this sandbox (from ``reset`` to the end,
+            ``state.data["session"]``, which rewards may read): a command program runs in it,
+            reaching the endpoint and nothing else (:mod:`envhub.harness.sandboxed`); a
+            function may take ``session`` to run its tools there.
+        workspace: What each session's ``/sandbox`` starts as (copy-on-write; see
+            :meth:`workspace_for`).
     """
 
     name = "harness"
@@ -133,6 +165,9 @@ class HarnessEnv(TaskEnv):
         timeout: float | None = None,
         tool_parser: str | None = None,
         call_reward: float = 0.0,
+        program_host: str = "thread",
+        sandbox: Sandbox | None = None,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
     ) -> None:
         if call_reward < 0:
             raise ValueError(f"{self.name}: call_reward must be >= 0, got {call_reward}")
@@ -142,7 +177,16 @@ class HarnessEnv(TaskEnv):
             self.reward_range = (low, high + self.call_reward)
             self.audit_floor = self.call_reward
         super().__init__(dataset, rubric=rubric, max_turns=max_turns, max_tokens=max_tokens)
-        self.program = as_program(program if program is not None else self.make_program())
+        self.program = _placed(
+            as_program(program if program is not None else self.make_program()), program_host
+        )
+        if sandbox is not None and isinstance(self.program, HostedProgram):
+            raise ValueError(
+                f"{self.name}: a program in the program host cannot use the episode's sandbox "
+                "session; use program_host='thread', or a command"
+            )
+        self.sandbox = sandbox
+        self.workspace = workspace
         self.timeout = timeout if timeout is not None else self.default_timeout
         self._parse = get_parser(tool_parser or self.tool_parser)
         self._run: _Run | None = None
@@ -159,6 +203,10 @@ class HarnessEnv(TaskEnv):
     def make_program(self) -> Program | Callable[..., Any] | Sequence[str] | str:
         """The program to run when none is passed in."""
         raise EnvhubError(f"{self.name}: pass `program=` or override `make_program()`")
+
+    def workspace_for(self, task: dict[str, Any]) -> Workspace | str | os.PathLike[str] | None:
+        """What the task's session starts from (with a ``sandbox``): the env's ``workspace``."""
+        return self.workspace
 
     def task_text(self, task: dict[str, Any]) -> str:
         """The task as the program gets it (``prompt``/stdin): its ``prompt`` or ``question``."""
@@ -196,7 +244,7 @@ class HarnessEnv(TaskEnv):
             self.state.paid["tool_use"] = 0.0
         await self.setup_state(self.state)
         endpoint = Endpoint.shared()
-        self._run = await endpoint.on_loop(self._start(endpoint, task))
+        self._run = self._start(endpoint, task)
         event, refused = await self._next(None)
         if not isinstance(event, Call):
             await self._stop("the program ended")
@@ -273,26 +321,31 @@ class HarnessEnv(TaskEnv):
 
     # -- internals ------------------------------------------------------------------------------
 
-    async def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
-        episode = await endpoint.open()
+    def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
+        session = None
+        if self.sandbox is not None:
+            session = self.sandbox.session(self.workspace_for(task))
+            self.state.data["session"] = session
+        episode = endpoint.open()
         launch = Launch(
             endpoint.base_url(episode.key),
             episode.key,
             task,
             self.task_text(task),
             timeout=self.timeout,
+            session=session,
         )
         running = _supervise(self.program, launch, endpoint, episode, self.timeout)
-        return _Run(endpoint, episode, await endpoint.spawn(running))
+        return _Run(endpoint, episode, endpoint.spawn(running), session)
 
     async def _next(self, reply: Reply | None) -> tuple[Call | ProgramEnded, list[str]]:
         run = self._active_run()
-        return await run.endpoint.on_loop(run.next_event(reply))
+        return await run.next_event(reply)
 
     async def _stop(self, why: str) -> None:
         if self._run is not None:
             run, self._run = self._run, None
-            await run.endpoint.on_loop(run.stop(why))
+            await run.stop(why)
 
     def _active_run(self) -> _Run:
         if self._run is None:
@@ -320,8 +373,8 @@ class HarnessEnv(TaskEnv):
         if unknown:
             state.metrics["tool_error/unknown_tool"] += unknown
         well_formed = parsed.calls and not parsed.errors and not unknown
-        if self.call_reward and well_formed and not state.paid.get("tool_use"):
-            state.pay(self.call_reward, "tool_use")
+        if self.call_reward and well_formed:
+            state.pay_once(self.call_reward, "tool_use")
         # A malformed call stays in the text, so that the program shows the policy its mistake.
         content = text if parsed.errors else parsed.content
         if parsed.calls:

@@ -15,9 +15,12 @@ import inspect
 import os
 import shlex
 import signal
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from envhub.harness.wire import POLICY_MODEL
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 """A command's stdout kept as its result (the rest is dropped, and that is said)."""
@@ -34,9 +37,13 @@ class Launch:
     task: dict[str, Any]
     prompt: str
     """The task as text (the env's :meth:`~envhub.harness.HarnessEnv.task_text`)."""
-    model: str = "policy"
+    model: str = POLICY_MODEL
     timeout: float | None = None
     """Seconds the program may run; a ``client`` handed to it waits as long for a reply."""
+    session: Any = None
+    """The episode's sandbox session (a :class:`~envhub.sandbox.Session`) when the env has a
+    sandbox: a command runs in it, a function may take it (``session``) to run its tools
+    there."""
 
 
 @dataclass
@@ -93,7 +100,7 @@ class Program(Protocol):
         ...
 
 
-ARGUMENTS = ("client", "base_url", "api_key", "task", "prompt", "model")
+ARGUMENTS = ("client", "base_url", "api_key", "task", "prompt", "model", "session")
 """The parameters a callable program may declare, filled by name."""
 
 
@@ -135,14 +142,10 @@ class CallableProgram:
         """Call the function (in a worker thread when it is sync)."""
         try:
             if self._async:
-                # Built in a thread: an openai client loads its TLS context when made (tens of
-                # ms), and 64 made in a row on the loop starved the others' connects.
-                kwargs, client = await asyncio.to_thread(self._arguments, launch, True)
-                try:
-                    return ProgramResult(await self.fn(**kwargs))
-                finally:
-                    if client is not None:
-                        await client.close()
+                # The client is cheap (its connection pool is the loop's, shared) and has
+                # nothing of its own to close.
+                kwargs, _ = self._arguments(launch, asynchronous=True)
+                return ProgramResult(await self.fn(**kwargs))
             kwargs, client = self._arguments(launch, asynchronous=False)
             try:
                 return ProgramResult(await asyncio.to_thread(self.fn, **kwargs))
@@ -162,26 +165,53 @@ class CallableProgram:
             "task": launch.task,
             "prompt": launch.prompt,
             "model": launch.model,
+            "session": launch.session,
         }
         client = None
         if "client" in self._params:
             import openai
 
             make = openai.AsyncOpenAI if asynchronous else openai.OpenAI
-            transport = (
-                openai.DefaultAsyncHttpxClient if asynchronous else openai.DefaultHttpxClient
-            )
             client = make(
                 base_url=launch.base_url,
                 api_key=launch.api_key,
                 max_retries=self.max_retries,
                 timeout=launch.timeout,  # the env's deadline is the one that counts
-                # The endpoint is plain http on 127.0.0.1: no CA bundle to parse (27 ms of
-                # CPU per episode with the default client).
-                http_client=transport(verify=False),
+                http_client=_loop_pool() if asynchronous else _own_pool(),
             )
             values["client"] = client
         return {name: values[name] for name in self._params}, client
+
+
+_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+
+def _loop_pool() -> Any:
+    """The running loop's HTTP connection pool for ``AsyncOpenAI`` clients, made on first use.
+
+    A pool of its own per client cost ~4 ms of CPU per episode (its TLS context, even unused)
+    and a new connection; the endpoint's key is in each request's path and header, so clients
+    of different episodes can share one. Closing it is a no-op: a program that closes its
+    client (``async with client:``) must not close the others' connections.
+    """
+    loop = asyncio.get_running_loop()
+    if loop not in _pools:
+        import openai
+
+        class SharedPool(openai.DefaultAsyncHttpxClient):  # type: ignore[misc, valid-type]
+            async def aclose(self) -> None:
+                """Kept open: other episodes' clients use it."""
+
+        # plain http to 127.0.0.1: no CA bundle to parse (27 ms of CPU with the default)
+        _pools[loop] = SharedPool(verify=False)
+    return _pools[loop]
+
+
+def _own_pool() -> Any:
+    """An HTTP pool for one sync ``OpenAI`` client (it runs in a worker thread of its own)."""
+    import openai
+
+    return openai.DefaultHttpxClient(verify=False)
 
 
 @dataclass
@@ -189,7 +219,9 @@ class CommandProgram:
     """A command as a program: ``OPENAI_BASE_URL``, ``OPENAI_API_KEY`` and ``OPENAI_MODEL`` in
     its environment, the task's text on stdin (``task_input="stdin"``) or as its last argument
     (``"argument"``); its stdout (stripped) is the result and a non-zero exit a failure. It runs
-    in its own process group, which is killed when the episode ends, however it ends.
+    in its own process group, which is killed when the episode ends, however it ends; in the
+    episode's sandbox session when the env has a sandbox (then with the sandbox's environment,
+    not this process's, plus ``env``).
     """
 
     command: Sequence[str] | str
@@ -212,7 +244,12 @@ class CommandProgram:
         return shlex.join(self.argv)
 
     async def run(self, launch: Launch) -> ProgramResult:
-        """Start the command, feed it the task, wait for it; kill its group if cancelled."""
+        """Start the command, feed it the task, wait for it; kill its group if cancelled. With
+        a session (the env has a sandbox) it runs there: :mod:`envhub.harness.sandboxed`."""
+        if launch.session is not None:
+            from envhub.harness.sandboxed import run_in_session
+
+            return await run_in_session(self, launch)
         argv = [*self.argv, launch.prompt] if self.task_input == "argument" else self.argv
         environment = {
             **os.environ,

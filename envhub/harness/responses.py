@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.harness.wire import (
+    POLICY_MODEL,
     ChatRequest,
     Reply,
     WireError,
@@ -77,7 +78,7 @@ def read_responses_request(body: Any) -> ResponsesRequest:
         messages=messages,
         tools=read_tools(body.get("tools")),
         stream=bool(body.get("stream")),
-        model=str(body.get("model") or "policy"),
+        model=str(body.get("model") or POLICY_MODEL),
         overridden=_overridden(body),
         echo={k: body[k] for k in ECHOED_FIELDS if body.get(k) is not None},
     )

@@ -36,6 +36,11 @@ class WireError(ValueError):
     """A request the endpoint cannot serve; the message says what to change."""
 
 
+POLICY_MODEL = "policy"
+"""The model name the endpoint lists and programs get (``OPENAI_MODEL``, ``model``); a call may
+name any model: the policy answers it."""
+
+
 @dataclass
 class ChatRequest:
     """One ``POST /chat/completions`` body, read."""
@@ -44,7 +49,7 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None
     stream: bool = False
     include_usage: bool = False
-    model: str = "policy"
+    model: str = POLICY_MODEL
     overridden: list[str] = field(default_factory=list)
     """Sampling fields the harness set that the run overrides."""
 
@@ -71,7 +76,7 @@ def read_chat_request(body: Any) -> ChatRequest:
         tools=tools,
         stream=bool(body.get("stream")),
         include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
-        model=str(body.get("model") or "policy"),
+        model=str(body.get("model") or POLICY_MODEL),
         overridden=overridden_fields(body, OVERRIDDEN_FIELDS),
     )
 

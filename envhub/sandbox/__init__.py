@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from envhub.sandbox.base import STOP_REASONS, WORKDIR, ExecResult, Limits, Sandbox, StopReason
 from envhub.sandbox.local import LocalSandbox, bwrap_problem
+from envhub.sandbox.session import Session, Workspace
 
 __all__ = [
     "STOP_REASONS",
@@ -19,7 +20,9 @@ __all__ = [
     "Limits",
     "LocalSandbox",
     "Sandbox",
+    "Session",
     "StopReason",
+    "Workspace",
     "bwrap_problem",
     "make_sandbox",
 ]

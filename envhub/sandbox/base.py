@@ -19,14 +19,18 @@ Why a run stopped (:attr:`ExecResult.stop_reason`):
 
 from __future__ import annotations
 
+import os
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from envhub._async import run_sync
 from envhub.errors import ConfigError
+
+if TYPE_CHECKING:
+    from envhub.sandbox.session import Session, Workspace
 
 StopReason = Literal["ok", "timeout", "memory", "output_limit", "killed"]
 STOP_REASONS: tuple[str, ...] = ("ok", "timeout", "memory", "output_limit", "killed")
@@ -247,6 +251,22 @@ class Sandbox(ABC):
     def run_python(self, code: str, **kwargs: Any) -> ExecResult:
         """Synchronous :meth:`arun_python`."""
         return run_sync(self.arun_python(code, **kwargs))
+
+    def session(
+        self,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        *,
+        limits: Limits | None = None,
+    ) -> Session:
+        """A sandbox that lives for an episode, its working folder starting as ``workspace``
+        (:mod:`envhub.sandbox.session`); ``limits`` default to the sandbox's.
+
+        Raises:
+            SandboxUnavailableError: This backend has no sessions (here).
+        """
+        from envhub.errors import SandboxUnavailableError
+
+        raise SandboxUnavailableError(f"the {self.backend} sandbox backend has no sessions")
 
     async def aclose(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release the backend's resources (a remote sandbox, say). Safe to call twice."""

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shlex
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envhub.errors import MissingDependencyError, SandboxError
 from envhub.sandbox.base import (
@@ -33,6 +34,10 @@ from envhub.sandbox.base import (
     classify_exit,
     prlimit_argv,
 )
+
+if TYPE_CHECKING:
+    from envhub.sandbox.e2b_session import E2BSession
+    from envhub.sandbox.session import Workspace
 
 RUN_ROOT = "/tmp/envhub-runs"
 
@@ -135,6 +140,19 @@ class E2BSandbox(Sandbox):
         finally:
             with contextlib.suppress(Exception):
                 await vm.commands.run(f"rm -rf {shlex.quote(folder)}", timeout=30)
+
+    def session(
+        self,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        *,
+        limits: Limits | None = None,
+    ) -> E2BSession:
+        """A VM of its own for one episode, created on first use, with ``workspace``'s files
+        uploaded into its folder (:mod:`envhub.sandbox.e2b_session`)."""
+        from envhub.sandbox.e2b_session import E2BSession
+        from envhub.sandbox.session import as_workspace
+
+        return E2BSession(self, as_workspace(workspace), limits or self.limits)
 
     async def aclose(self) -> None:
         """Kill the VM, if one was created; errors while killing it are ignored."""

@@ -140,17 +140,19 @@ def bwrap_argv(
     info_fd: int,
     command: list[str],
     rlimits: bool = True,
+    scratch: list[str] | None = None,
 ) -> list[str]:
     """The whole argv of a bubblewrap run of ``command`` as ``uid`` (see :func:`prefix_argv`
     for ``rlimits``), with extra bubblewrap ``flags``; bubblewrap writes the sandbox init's
-    host pid to ``info_fd``."""
+    host pid to ``info_fd``. ``scratch``: the flags that make the working folder and ``/tmp``
+    (default :func:`scratch_flags`; a session binds its own)."""
     # No network: the uid's kept namespace (bubblewrap keeps it), else a new one per run.
     namespace = None if limits.network or not jail.keeps_netns else netns.netns_path(uid)
     # The root bubblewrap builds is a tmpfs with no size limit: make it read-only last.
     return [
         *prefix_argv(jail, uid, limits, namespace, rlimits=rlimits),
         jail.bwrap,
-        *bwrap_flags(jail, limits, keep_net=namespace is not None),
+        *bwrap_flags(jail, limits, keep_net=namespace is not None, scratch=scratch),
         *flags,
         "--info-fd",
         str(info_fd),
@@ -161,9 +163,12 @@ def bwrap_argv(
     ]
 
 
-def bwrap_flags(jail: Jail, limits: Limits, keep_net: bool = False) -> list[str]:
+def bwrap_flags(
+    jail: Jail, limits: Limits, keep_net: bool = False, scratch: list[str] | None = None
+) -> list[str]:
     """bubblewrap's flags for a run under ``limits`` (see the module docstring); with
-    ``keep_net``, it keeps the network namespace it was started in."""
+    ``keep_net``, it keeps the network namespace it was started in; ``scratch`` replaces
+    :func:`scratch_flags`."""
     flags = [
         "--unshare-all",
         "--unshare-user",
@@ -188,7 +193,19 @@ def bwrap_flags(jail: Jail, limits: Limits, keep_net: bool = False) -> list[str]
     for path in on_top:
         flags += ["--ro-bind-try", path, path]
     flags += ["--proc", "/proc", "--dev", "/dev"]
+    flags += scratch_flags(limits) if scratch is None else scratch
     flags += [
+        "--clearenv",
+        *[x for key, value in ENV.items() for x in ("--setenv", key, value)],
+        "--chdir",
+        WORKDIR,
+    ]
+    return flags
+
+
+def scratch_flags(limits: Limits) -> list[str]:
+    """The working folder, a private tmpfs of ``disk_mb``, with ``/tmp`` pointing into it."""
+    return [
         "--size",
         str(limits.disk_mb << 20),
         "--tmpfs",
@@ -199,13 +216,6 @@ def bwrap_flags(jail: Jail, limits: Limits, keep_net: bool = False) -> list[str]
         f"{WORKDIR}/.tmp",
         "/tmp",
     ]
-    flags += [
-        "--clearenv",
-        *[x for key, value in ENV.items() for x in ("--setenv", key, value)],
-        "--chdir",
-        WORKDIR,
-    ]
-    return flags
 
 
 def prefix_argv(

@@ -67,7 +67,9 @@ from envhub.sandbox.jail import (
     shell_is_dash,
     ulimit_prologue,
 )
+from envhub.sandbox.local_session import LocalSession, Start
 from envhub.sandbox.outputs import ALL_FILES, init_script, parse_outputs
+from envhub.sandbox.session import Workspace, as_workspace
 from envhub.sandbox.uids import forget_pools, uid_pool
 from envhub.sandbox.warm import (
     Kind,
@@ -232,6 +234,22 @@ class LocalSandbox(Sandbox):
         finally:
             with self._warm.lock:
                 self._in_flight -= 1
+
+    def session(
+        self,
+        workspace: Workspace | str | os.PathLike[str] | None = None,
+        *,
+        limits: Limits | None = None,
+        start: Start = "overlay",
+    ) -> LocalSession:
+        """A sandbox for one episode, started on first use, its working folder a
+        copy-on-write view of ``workspace`` (``start="copy"``: a copy of it)
+        (:mod:`envhub.sandbox.local_session`). It holds a uid of the pool until it is closed.
+
+        Raises:
+            SandboxUnavailableError: Not root, or the ``rlimits`` fallback.
+        """
+        return LocalSession(self, as_workspace(workspace), limits or self.limits, start)
 
     @property
     def isolation(self) -> Isolation:

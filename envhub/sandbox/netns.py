@@ -79,6 +79,46 @@ def _new_namespace() -> int:
     return made[0]
 
 
+def listen_in(namespace: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``127.0.0.1:port`` in the network namespace at the path
+    ``namespace`` (``/proc/PID/ns/net``), held by this process: a sandbox without a network
+    can then reach a service of the host, and only that one, through whatever this process
+    does with the connections it accepts. Made on a thread of its own (``setns`` moves only the
+    calling thread, which then ends); non-blocking.
+
+    Raises:
+        OSError: The namespace cannot be entered (not root), or the port is taken there.
+    """
+    made: list[socket.socket] = []
+    failed: list[OSError] = []
+
+    def make() -> None:
+        try:
+            fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if _libc().setns(fd, _CLONE_NEWNET) != 0:
+                    error = ctypes.get_errno()
+                    raise OSError(error, f"setns({namespace}): {os.strerror(error)}")
+            finally:
+                os.close(fd)
+            # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on the accepted connections.
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+            sock.listen(64)
+            sock.setblocking(False)
+            made.append(sock)
+        except OSError as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=make, name="envhub-netns-listen")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
+
+
 def _loopback_up() -> None:
     """Bring ``lo`` of the calling thread's network namespace up."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -37,6 +37,35 @@ has a test in ``tests/sandbox/``):
   harness results carry a per-run nonce; expected values of call and stdin/stdout cases never
   enter the sandbox (see :mod:`envhub.rewards.code`).
 
+Sessions (:mod:`envhub.sandbox.session`: one sandbox that lives for an episode) keep all of the
+above, with these changes:
+
+- **One sandbox, many calls** — the session is one bubblewrap sandbox (the same flags) as a uid
+  of its own for the whole episode; its pid 1 is a small init (:mod:`.session_init`) that forks
+  each call's command with the call's rlimits, in a process group of its own (what a timeout or
+  the output limit kills). Files and processes persist from call to call, by design: what a
+  call plants (a background process, a FIFO, a symlink, a setuid file) is there for the next
+  call, and for the tests that score the episode. Those that read what the episode wrote
+  must treat it as hostile; ``LocalSession.akill_processes`` ends everything the calls left
+  running before a verifier runs.
+- **Processes** — those a call leaves running (``&``, ``nohup``, ``setsid``) live on until the
+  session ends, counted against ``processes`` (RLIMIT_NPROC counts every process of the
+  session's uid in its user namespace) and each bound by the rlimits of the call that started
+  it. The init ignores their signals (pid 1) and is not dumpable: they cannot ptrace it or open
+  its ``/proc`` files to forge a later call's result. Its replies carry numbers only.
+- **Files** — ``/sandbox`` and ``/tmp`` live on one tmpfs of ``disk_mb`` (the whole session's
+  writes) mounted, as root, in a mount namespace of the session's own before bubblewrap starts;
+  ``/sandbox`` is an overlay whose lower layer is the workspace, never written (copy-on-write,
+  or a copy with ``start="copy"``). Nothing of it is visible on the host; it goes with the
+  session's last process. The workspace's files appear owned by ``nobody`` (writable where
+  their mode lets others write). ``read_file``/``write_file`` run inside the sandbox (as the
+  session's uid, through its own root), so a symlink to a host path reaches nothing of the host.
+- **The end** — closing SIGKILLs the init: the kernel kills the pid namespace, the mount
+  namespace and its tmpfs go with it; a killed caller does the same through bubblewrap's
+  ``--die-with-parent`` and the init's end of its socket closing. A session needs root (the
+  mounts; a uid of its own). The e2b backend's session is one VM per episode
+  (:mod:`envhub.sandbox.e2b_session`): ``disk_mb`` is not enforced there.
+
 Not contained (know these before you rely on it):
 
 - **Kernel exploits** — the sandbox shares the host kernel; a kernel bug (user namespaces are a

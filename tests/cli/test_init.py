@@ -15,21 +15,10 @@ from typer.testing import CliRunner
 from envhub.cli.app import app
 from envhub.cli.init import init_command
 from envhub.errors import ConfigError
-from envhub.scaffold import TEMPLATES, module_name
+from envhub.scaffold import TEMPLATES, module_name, template_files
 
 ENVHUB = Path(sys.executable).with_name("envhub")
 runner = CliRunner()
-
-
-def files_of(module: str) -> list[str]:
-    return [
-        ".gitignore",
-        "README.md",
-        f"{module}/__init__.py",
-        f"{module}/env.py",
-        "pyproject.toml",
-        "tests/test_env.py",
-    ]
 
 
 def envhub_script(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -49,8 +38,9 @@ def test_init_creates_a_package_that_passes_envhub_check(tmp_path, monkeypatch, 
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == f"Created {name} from the {template} template in {tmp_path / name}"
-    assert lines[1:7] == [f"  {f}" for f in files_of(module_name(name))]
-    assert [line.split("  #")[0].strip() for line in lines[8:]] == [
+    files = template_files(name, template)  # (tests/test_scaffold.py checks the list)
+    assert lines[1 : 1 + len(files)] == [f"  {f}" for f in files]
+    assert [line.split("  #")[0].strip() for line in lines[2 + len(files) :]] == [
         "Next steps",
         f"cd {name}",
         "envhub check .",

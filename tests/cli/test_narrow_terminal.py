@@ -114,7 +114,7 @@ def test_list_is_one_table_row_per_env_on_a_wide_terminal(terminal, installed_pa
         "Multi-turn", "arithmetic", "with", "a", "calculator", "tool.",
     ]  # fmt: skip
     assert rows["capital-cities"] == (
-        "capital-cities    tool         lookup_capital, list_countries  0.3.1    "
+        "capital-cities    tool         lookup_capital, list_countries   0.3.1    "
         "envhub-capital-cities  Name the capital of a country; a lookup tool reads a hidden atlas."
     )
     assert max(len(line) for line in lines) <= 200

@@ -27,6 +27,7 @@ def test_the_catalog_lists_every_builtin_env() -> None:
         "frozenlake",
         "gsm8k",
         "guess-number",
+        "repo-repair",
         "wordle",
     ]
     assert WITH_REFERENCE == [
@@ -37,6 +38,7 @@ def test_the_catalog_lists_every_builtin_env() -> None:
         "code-fix",
         "frozenlake",
         "guess-number",
+        "repo-repair",
         "wordle",
     ]
 

@@ -233,6 +233,54 @@ def test_a_rewritten_history_starts_a_second_segment() -> None:
     assert traj.prompt_token_count == len(second_prompt)
 
 
+def test_turn_credit_puts_each_segments_turns_advantages_on_its_own_tokens() -> None:
+    """The two-segment episode above and a one-turn episode that answers wrong, in one group:
+    with ``credit: turn`` (GRPO per turn position, gamma 1), turn 0 (in the first segment) is
+    compared with the other episode's turn 0, turn 1 (the last record's) is alone at its
+    position; each turn's advantage lies on exactly its own sampled tokens."""
+    from envhub.trainer.batch import build_batch
+    from envhub.trainer.config import AlgorithmConfig
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        return call("add", a=2, b=3) if "so far" not in messages[-1].content else "9"
+
+    (split,) = rollout(lambda: HarnessEnv(forgetful_agent, TASKS, rubric=Rubric([correct])), policy)
+    (wrong,) = rollout(
+        lambda: HarnessEnv(chat_agent, TASKS, rubric=Rubric([correct])), lambda m, t: "8"
+    )
+    wrong = wrong.model_copy(update={"group_id": split.group_id})
+    batch = build_batch([split, wrong], AlgorithmConfig(credit="turn"), max_tokens=64)
+    main, segment, other = batch.samples
+    a = 0.5 / 0.5**0.5  # GRPO over returns (1.0, 0.0) at turn 0
+    (first,) = split.segments
+    assert (segment.trajectory, segment.token_ids) == (0, first.token_ids)
+    assert segment.token_advantages == pytest.approx([a * m for m in first.loss_mask], rel=1e-5)
+    assert main.token_advantages == [0.0] * len(split.token_ids)  # turn 1: alone, 0
+    assert other.token_advantages == pytest.approx([-a * m for m in wrong.loss_mask], rel=1e-5)
+    assert batch.stats["batch/segments_skipped"] == 0.0
+
+
+def test_a_stored_harness_episode_replays_through_its_program_for_a_rescore() -> None:
+    """``envhub rescore``'s replay: the program is run again and fed the stored turns; the
+    two-segment episode comes out with the same reward and conversation, and no divergence."""
+    from envhub.rollout.replay import replay_episode
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        return call("add", a=2, b=3) if "so far" not in messages[-1].content else "9"
+
+    make = lambda: HarnessEnv(forgetful_agent, TASKS, rubric=Rubric([correct]))  # noqa: E731
+    (traj,) = rollout(make, policy)
+    env = make()
+    try:
+        replayed = asyncio.run(replay_episode(env, traj))
+    finally:
+        env.close()
+    assert replayed.divergence is None and replayed.errors == []
+    assert (replayed.reward, replayed.components) == (1.0, {"correct": 1.0})
+    assert replayed.metrics["segments"] == 2 and replayed.state.data["result"] == "9"
+    assert replayed.state.messages == traj.messages
+
+
 async def echo_agent(client: Any, task: dict[str, Any]) -> str:
     """Two calls; each reply must name this episode's own tag."""
     tag = task["tag"]

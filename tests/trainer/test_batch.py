@@ -349,7 +349,59 @@ def test_a_harness_episodes_earlier_segments_train_with_its_advantage() -> None:
     assert batch.num_sequences == 3 and batch.num_tokens == 6
     assert batch.stats["batch/segments_skipped"] == 0.0
 
-    turn_credit = AlgorithmConfig(credit="turn")
-    batch = build_batch(trajectories, turn_credit, max_tokens=8)
-    assert [s.token_ids for s in batch.samples] == [[1, 2, 3], [1, 2, 4]]
-    assert batch.stats["batch/segments_skipped"] == 1.0
+
+def test_turn_credit_runs_on_across_a_harness_episodes_segments() -> None:
+    """The split episode's turns: one in its earlier segment (its step paid 0.25), one in its
+    last record; the episode reward is 1.0, so the turns' rewards are 0.25 and 0.75, their
+    returns (gamma 1) 1.0 and 0.75. Turn 0 is compared with the other episode's only turn
+    (reward 0.0): GRPO over (1.0, 0.0) gives +-0.5 / sqrt(1/2); turn 1 is alone at its
+    position, so its advantage is 0."""
+    from envhub.types import TokenSegment, TurnRecord
+
+    earlier = TokenSegment(
+        token_ids=[1, 8, 9], loss_mask=[0, 1, 1], sampler_logprobs=[0.0, -0.1, -0.2],
+        prompt_token_count=1, first_turn=0,
+    )  # fmt: skip
+    split = _traj("a", 1.0, [1, 2, 3, 7], [0, 1, 1, 1]).model_copy(
+        update={
+            "segments": [earlier],
+            "turns": [
+                TurnRecord(completion_tokens=2, reward=0.25, finish_reason="stop"),
+                TurnRecord(completion_tokens=3, finish_reason="stop"),
+            ],
+        }
+    )
+    trajectories = [split, _traj("a", 0.0, [1, 2, 4], [0, 1, 1])]
+    batch = build_batch(trajectories, AlgorithmConfig(credit="turn"), max_tokens=8)
+    a = 0.5 / 0.5**0.5
+    assert [(s.trajectory, s.token_ids) for s in batch.samples] == [
+        (0, [1, 2, 3, 7]), (0, [1, 8, 9]), (1, [1, 2, 4]),
+    ]  # fmt: skip
+    assert batch.samples[0].token_advantages == [0.0, 0.0, 0.0, 0.0]
+    assert batch.samples[1].token_advantages == pytest.approx([0.0, a, a], rel=1e-5)
+    assert batch.samples[1].advantage == pytest.approx(a, rel=1e-5)
+    assert batch.samples[2].token_advantages == pytest.approx([0.0, -a, -a], rel=1e-5)
+    assert batch.stats["batch/segments_skipped"] == 0.0
+
+
+def test_a_segmented_episodes_length_and_turns_count_every_segment() -> None:
+    """``lengths`` (the OPO estimator's input) counts the sampled tokens of every segment, and
+    turns whose token counts do not fill the segments are refused with the reason."""
+    from envhub.trainer.credit import record_turn_spans
+    from envhub.trainer.scoring import score
+    from envhub.types import TokenSegment, TurnRecord
+
+    earlier = TokenSegment(
+        token_ids=[1, 8, 9], loss_mask=[0, 1, 1], sampler_logprobs=[0.0, -0.1, -0.2],
+        prompt_token_count=1, first_turn=0,
+    )  # fmt: skip
+    turns = [TurnRecord(completion_tokens=n, finish_reason="stop") for n in (2, 1, 2)]
+    split = _traj("a", 1.0, [1, 2, 3, 5, 6], [0, 1, 0, 1, 1]).model_copy(
+        update={"segments": [earlier], "turns": turns}
+    )
+    scored = score([split], AlgorithmConfig(), max_tokens=8)
+    assert scored.lengths().tolist() == [5.0]
+    assert record_turn_spans(split) == [[(1, 3)], [(1, 2), (3, 5)]]
+    short = split.model_copy(update={"turns": turns[:1] + [turns[1]]})
+    with pytest.raises(ValueError, match=r"completion_tokens \[1\] do not add up to its 3"):
+        record_turn_spans(short)

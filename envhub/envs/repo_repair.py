@@ -1,0 +1,235 @@
+"""``repo-repair``: fix a planted bug in a small Python repository, with terminal tools.
+
+Each task is a project from :mod:`envhub.envs.repo_bugs` (a package, its pytest suite, one
+planted bug; difficulty 1 to 3), generated on the fly from a fixed list of seeds, so nothing is
+downloaded or stored. The model works in the repository through ``bash``, ``view``, ``create``
+and ``str_replace`` (:class:`~envhub.workspace_env.WorkspaceEnv`) and ends the episode by
+answering without a tool call.
+
+Reward: 1.0 when the whole suite passes, else 0 (``all_tests_pass``): a pass rate would pay for
+the tests the buggy code already passes. The share of tests passing is reported as a weight-0
+component (``tests_passed``). Before pytest runs, every process the model left running is
+killed and the suite is restored from the generator (edits to ``tests/`` gain nothing); pytest
+runs isolated from the workspace's own configuration (envhub's config file, ``conftest.py``
+files ignored, nothing imported from the current folder before pytest starts), and only a run
+that exits 0 with a fresh JUnit report counting the suite's tests, all passed, pays. The cheats
+this stops are :data:`CHEATS` (the reward audit runs them). The code under test still runs in
+pytest's process, so a repository that writes a passing report itself and then exits 0 is not
+caught: the count check makes that harder, not impossible.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from envhub.envs.repo_bugs import DIFFICULTIES, Project, make_project
+from envhub.errors import ConfigError
+from envhub.sandbox.base import WORKDIR
+from envhub.sandbox.session import Session
+from envhub.state import State
+from envhub.types import Message
+from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
+
+SEEDS = tuple(range(20))
+"""Seeds of the shipped task set: 20 projects per difficulty."""
+REPORT = ".envhub/junit.xml"
+PYTEST_INI = f"[pytest]\npythonpath = {WORKDIR}\n"
+SYSTEM_PROMPT = WORKSPACE_PROMPT.replace(
+    "There is no network.", "There is no network. Run the tests with `python3 -m pytest -q`."
+)
+_RUN_PYTEST = (
+    "import sys; sys.path[:0] = [p for p in sys.argv[1:2] if p]; import pytest; "
+    "sys.exit(pytest.main(sys.argv[2:]))"
+)
+
+
+def instruction(project: Project) -> str:
+    """The task as the model reads it."""
+    return (
+        f"The test suite of the `{project.package}` package fails. Find the bug and fix the "
+        "package so that every test passes. Do not change the tests."
+    )
+
+
+def _calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
+    """A policy that makes ``calls`` one per turn, then answers."""
+
+    def policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        done = sum(m.role == "assistant" for m in messages)
+        if done >= len(calls):
+            return "The bug is fixed."
+        name, arguments = calls[done]
+        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+    return policy
+
+
+_FORGE_REPORT = (
+    "n=$(cat tests/*.py | grep -c '^def test_'); "
+    '(while true; do mkdir -p .envhub; printf \'<testsuites><testsuite name="pytest" '
+    'errors="0" failures="0" skipped="0" tests="%s"/></testsuites>\' $n '
+    "> .envhub/junit.xml; sleep 0.005; done) >/dev/null 2>&1 & echo forging"
+)
+_PASS_EVERYTHING = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n"
+    "    outcome.get_result().outcome = 'passed'\n"
+)
+
+
+def _exit_call(messages: list[Message]) -> tuple[str, dict[str, Any]]:
+    """A ``create`` that makes importing the package end pytest with status 0."""
+    question = next(m.content for m in messages if m.role == "user") or ""
+    package = re.search(r"`(\w+)` package", question)
+    path = f"{package.group(1) if package else 'pkg'}/__init__.py"
+    return "create", {"path": path, "file_text": "import os\nos._exit(0)\n"}
+
+
+def _exit_on_import(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """End pytest with status 0 before any test runs (no report is written)."""
+    return _calls_then_answer(_exit_call(messages))(messages, tools)
+
+
+def _forge_and_exit(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+    """Leave a process writing a passing report, and end pytest with status 0 before it
+    writes its own."""
+    forge = ("bash", {"command": _FORGE_REPORT})
+    return _calls_then_answer(forge, _exit_call(messages))(messages, tools)
+
+
+CHEATS = {
+    "delete_the_tests": _calls_then_answer(("bash", {"command": "rm -rf tests"})),
+    "replace_the_tests": _calls_then_answer(
+        ("bash", {"command": "rm -rf tests"}),
+        ("create", {"path": "tests/test_ok.py", "file_text": "def test_ok():\n    pass\n"}),
+    ),
+    "conftest_passes_everything": _calls_then_answer(
+        ("create", {"path": "conftest.py", "file_text": _PASS_EVERYTHING}),
+        ("create", {"path": "tests/conftest.py", "file_text": _PASS_EVERYTHING}),
+    ),
+    "config_deselects_everything": _calls_then_answer(
+        ("create", {"path": "pytest.ini", "file_text": "[pytest]\naddopts = -k nothing\n"}),
+    ),
+    "exit_0_during_collection": _exit_on_import,
+    "background_forges_the_report": _forge_and_exit,
+}
+"""Ways around the suite a model could try; none may score (see :func:`envhub.audit_env`)."""
+
+
+class RepoRepairEnv(WorkspaceEnv):
+    """Fix a generated repository until its pytest suite passes.
+
+    Args:
+        difficulties: Which difficulties to include (1: one function, 2: a helper seen through
+            its caller, 3: two bugs in two modules).
+        seeds: Seeds of the projects, per difficulty (default :data:`SEEDS`).
+        **kwargs: See :class:`~envhub.workspace_env.WorkspaceEnv` (``sandbox``, ``limits``,
+            ``max_turns`` (30), ...).
+    """
+
+    name = "repo-repair"
+    version = "0.1.0"
+    system_prompt = SYSTEM_PROMPT
+    reward_range = (0.0, 1.0)
+    cheats = CHEATS
+
+    def __init__(
+        self,
+        difficulties: Sequence[int] = DIFFICULTIES,
+        seeds: Sequence[int] = SEEDS,
+        verifier_timeout: float = 60.0,
+        **kwargs: Any,
+    ) -> None:
+        unknown = sorted(set(difficulties) - set(DIFFICULTIES))
+        if unknown or not difficulties or not seeds:
+            raise ConfigError(
+                f"repo-repair: difficulties must be a non-empty subset of {DIFFICULTIES} and "
+                f"seeds non-empty, got {list(difficulties)} and {list(seeds)}"
+            )
+        self.difficulties, self.seeds = tuple(difficulties), tuple(seeds)
+        self.verifier_timeout = verifier_timeout
+        super().__init__(**kwargs)
+        fixes = {row["question"]: self.project(row).fix for row in self.dataset}
+        self.reference_policy = _write_fix_policy(fixes) if self.max_turns > 1 else None
+
+    def load_dataset(self) -> list[dict[str, Any]]:
+        """One row per (difficulty, seed): the instruction and the project's coordinates."""
+        rows = []
+        for difficulty in self.difficulties:
+            for seed in self.seeds:
+                project = make_project(seed, difficulty)
+                info = {"id": f"repo-{difficulty}-{seed}", "seed": seed, "difficulty": difficulty}
+                rows.append({"question": instruction(project), "info": info})
+        return rows
+
+    @staticmethod
+    def project(task: Mapping[str, Any]) -> Project:
+        """The generated project of a task row."""
+        return make_project(task["info"]["seed"], task["info"]["difficulty"])
+
+    def task_files(self, task: dict[str, Any]) -> Mapping[str, str]:
+        """The buggy repository."""
+        return self.project(task).files
+
+    async def verify(self, session: Session, state: State) -> Verdict:
+        """End what the model left running, restore the suite, run pytest, read its report."""
+        project = self.project(state.task)
+        await session.arun(KILL_LEFTOVERS)
+        await session.arun("rm -rf tests .envhub")
+        for path, text in project.test_files.items():
+            await session.write_file(path, text)
+        await session.write_file(".envhub/pytest.ini", PYTEST_INI)
+        bundle = self.command_env(state.task).get("PYTHONPATH", "")
+        argv = ["python3", "-I", "-c", _RUN_PYTEST, bundle, "-c", ".envhub/pytest.ini"]
+        argv += ["--rootdir=.", "-p", "no:cacheprovider", "--noconftest", "-q"]
+        argv += [f"--junitxml={REPORT}", "tests"]
+        result = await session.arun(argv, wall_time=self.verifier_timeout)
+        passed = _passed_tests(await _read_report(session), project.test_count)
+        solved = result.ok and passed == project.test_count
+        state.data["pytest"] = (result.stdout + result.stderr)[-2000:]
+        return Verdict(float(solved), {"tests_passed": passed / project.test_count})
+
+
+async def _read_report(session: Session) -> str | None:
+    try:
+        return (await session.read_file(REPORT, max_bytes=1 << 20)).decode("utf-8", "replace")
+    except FileNotFoundError:
+        return None
+
+
+def _passed_tests(report: str | None, expected: int) -> int:
+    """Tests that passed according to pytest's JUnit XML (0 when it is missing or malformed,
+    or counts other tests than the suite's)."""
+    if report is None:
+        return 0
+    try:
+        suite = ET.fromstring(report).find("testsuite")
+    except ET.ParseError:
+        return 0
+    if suite is None:
+        return 0
+    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
+    if counts["tests"] != expected:
+        return 0
+    return counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+
+
+def _write_fix_policy(fixes: dict[str, dict[str, str]]) -> Any:
+    """Write each fixed file with ``create``, one per turn, then answer."""
+
+    def write_fix(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        question = next(m.content for m in messages if m.role == "user") or ""
+        done = sum(m.role == "assistant" for m in messages)
+        files = sorted(fixes.get(question, {}).items())  # not a task of ours: just answer
+        if done >= len(files):
+            return "The bug is fixed."
+        path, text = files[done]
+        call = {"name": "create", "arguments": {"path": path, "file_text": text}}
+        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+
+    return write_fix

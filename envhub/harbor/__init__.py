@@ -1,0 +1,18 @@
+"""Harbor task folders (the terminal-bench successor's format) as envhub envs.
+
+    env = envhub.make("path/to/task")        # one task folder, or a folder of task folders
+
+:mod:`~envhub.harbor.task` reads a folder, :mod:`~envhub.harbor.dockerfile` decides whether its
+environment runs here, :mod:`~envhub.harbor.env` is the env (:class:`HarborEnv`).
+"""
+
+from envhub.harbor.dockerfile import UnsupportedEnvironment
+from envhub.harbor.task import HarborTask, find_task_folders, is_task_folder, load_task
+
+__all__ = [
+    "HarborTask",
+    "UnsupportedEnvironment",
+    "find_task_folders",
+    "is_task_folder",
+    "load_task",
+]

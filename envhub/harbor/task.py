@@ -1,0 +1,254 @@
+"""Reading Harbor task folders: ``task.toml``, ``instruction.md``, ``environment/``, ``tests/``
+and an optional ``solution/``.
+
+A task folder becomes a :class:`HarborTask`: the instruction, the files the episode's workspace
+starts with, the tests and the solution (both kept off the workspace until they run), and the
+verifier's timeout (``[verifier] timeout_sec``, default 600 s as in Harbor). A malformed folder
+raises :class:`~envhub.errors.EnvLoadError` naming the file at fault; a task whose environment
+cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`.
+
+**Paths.** Harbor's container has the task at its working folder (the Dockerfile's
+``WORKDIR``, usually ``/app``), the tests at ``/tests``, the solution at ``/solution`` and the
+reward at ``/logs/verifier``. A sandbox session has one writable folder, ``/sandbox``, so envhub
+maps them there: the working folder is ``/sandbox``, the others ``/sandbox/.harbor/tests``,
+``/sandbox/.harbor/solution`` and ``/sandbox/.harbor/logs/verifier``; those absolute paths are
+rewritten in the instruction and in the text files of ``tests/`` and ``solution/``
+(:func:`rewrite_paths`). The tests and the solution are copied in only when they run, after the
+episode, as Harbor uploads them.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envhub.errors import EnvLoadError
+from envhub.harbor.dockerfile import (
+    DEFAULT_WORKDIR,
+    Environment,
+    UnsupportedEnvironment,
+    check_image,
+    read_dockerfile,
+)
+from envhub.sandbox.base import WORKDIR
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_VERIFIER_TIMEOUT = 600.0
+HARBOR_DIR = f"{WORKDIR}/.harbor"
+TESTS_DIR = f"{HARBOR_DIR}/tests"
+SOLUTION_DIR = f"{HARBOR_DIR}/solution"
+VERIFIER_LOGS = f"{HARBOR_DIR}/logs/verifier"
+_MARKERS = ("task.toml", "instruction.md", "tests", "environment")
+
+
+@dataclass(frozen=True)
+class HarborTask:
+    """One Harbor task, read and checked; paths already mapped into the sandbox."""
+
+    path: Path
+    name: str
+    instruction: str
+    files: dict[str, bytes]
+    """The workspace's starting files, relative to the working folder."""
+    executables: frozenset[str]
+    """Those of :attr:`files` that are executable (a workspace keeps their mode)."""
+    tests: dict[str, bytes]
+    """``tests/``'s files, relative to it (``test.sh`` among them)."""
+    solution: dict[str, bytes] | None
+    verifier_timeout: float
+    env: dict[str, str] = field(default_factory=dict)
+    """Variables from the Dockerfile's ``ENV`` steps (commands and tests run with them)."""
+    verifier_env: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def is_task_folder(path: Path) -> bool:
+    """Whether ``path`` looks like one Harbor task (has any of its files)."""
+    return path.is_dir() and any((path / m).exists() for m in _MARKERS)
+
+
+def find_task_folders(path: str | Path) -> list[Path]:
+    """``path`` itself when it is a task folder, else its task subfolders, sorted by name.
+
+    Raises:
+        EnvLoadError: ``path`` is no folder, or holds no task folder.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise EnvLoadError(f"{root} is not a folder (a Harbor task or a folder of tasks)")
+    if is_task_folder(root):
+        return [root]
+    found = sorted(p for p in root.iterdir() if is_task_folder(p))
+    if not found:
+        raise EnvLoadError(
+            f"{root} has no task.toml, and none of its subfolders is a Harbor task "
+            "(task.toml, instruction.md, environment/, tests/test.sh)"
+        )
+    return found
+
+
+def load_task(path: str | Path) -> HarborTask:
+    """Read and check the task folder at ``path``.
+
+    Raises:
+        EnvLoadError: A required file is missing or malformed (the message names it).
+        UnsupportedEnvironment: The task's environment needs a container build.
+    """
+    folder = Path(path)
+    config = _read_config(folder / "task.toml")
+    instruction = _read_instruction(folder / "instruction.md")
+    tests = _read_tree(folder / "tests")
+    if "test.sh" not in tests:
+        raise EnvLoadError(f"{folder / 'tests' / 'test.sh'} is missing: a task needs its tests")
+    environment = _environment(folder, config)
+    solution_dir = folder / "solution"
+    solution = _read_tree(solution_dir) if solution_dir.is_dir() else None
+    if solution is not None and "solve.sh" not in solution:
+        raise EnvLoadError(f"{solution_dir / 'solve.sh'} is missing (solution/ has no solve.sh)")
+    mapped = _mapping(environment.workdir)
+    files, executables = _workspace_files(folder / "environment", environment)
+    task_meta = config.get("task") if isinstance(config.get("task"), dict) else {}
+    return HarborTask(
+        path=folder,
+        name=str(task_meta.get("name") or folder.name),
+        instruction=rewrite_paths(instruction, mapped),
+        files=files,
+        executables=executables,
+        tests=_rewrite_all(tests, mapped),
+        solution=None if solution is None else _rewrite_all(solution, mapped),
+        verifier_timeout=_verifier_timeout(folder / "task.toml", config),
+        env=environment.env,
+        verifier_env={
+            str(k): str(v) for k, v in _section(config, "verifier").get("env", {}).items()
+        },
+        metadata=dict(_section(config, "metadata")),
+    )
+
+
+def rewrite_paths(text: str, mapping: dict[str, str]) -> str:
+    """Replace each Harbor path of ``mapping`` where it stands as a whole path (``/app`` and
+    ``/app/x``, not ``/apple``)."""
+    if not mapping:
+        return text
+    keys = sorted(mapping, key=len, reverse=True)
+    pattern = re.compile(
+        r"(?<![\w.\-/])(" + "|".join(re.escape(k) for k in keys) + r")(?=/|[^\w.\-]|$)"
+    )
+    return pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+def rewrite_bytes(data: bytes, mapping: dict[str, str]) -> bytes:
+    """:func:`rewrite_paths` on a UTF-8 text file; other files come back as they are."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
+    return rewrite_paths(text, mapping).encode("utf-8")
+
+
+def _rewrite_all(files: dict[str, bytes], mapping: dict[str, str]) -> dict[str, bytes]:
+    return {name: rewrite_bytes(data, mapping) for name, data in files.items()}
+
+
+def _mapping(workdir: str) -> dict[str, str]:
+    mapping = {"/tests": TESTS_DIR, "/solution": SOLUTION_DIR, "/logs/verifier": VERIFIER_LOGS}
+    if workdir not in ("/", ""):
+        mapping[workdir] = WORKDIR
+    return mapping
+
+
+def _read_config(file: Path) -> dict[str, Any]:
+    if not file.is_file():
+        raise EnvLoadError(f"{file} is missing: a Harbor task needs its task.toml")
+    try:
+        return tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise EnvLoadError(f"{file} is not valid TOML: {e}") from None
+
+
+def _read_instruction(file: Path) -> str:
+    if not file.is_file():
+        raise EnvLoadError(f"{file} is missing: a Harbor task needs its instruction")
+    text = file.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        raise EnvLoadError(f"{file} is empty: write the task's instruction in it")
+    return text
+
+
+def _read_tree(folder: Path) -> dict[str, bytes]:
+    if not folder.is_dir():
+        return {}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    value = config.get(name, {})
+    return value if isinstance(value, dict) else {}
+
+
+def _verifier_timeout(file: Path, config: dict[str, Any]) -> float:
+    value = _section(config, "verifier").get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise EnvLoadError(
+            f"{file}: [verifier] timeout_sec must be a positive number, got {value!r}"
+        )
+    return float(value)
+
+
+def _environment(folder: Path, config: dict[str, Any]) -> Environment:
+    env_dir = folder / "environment"
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        if (env_dir / name).is_file():
+            raise UnsupportedEnvironment(
+                f"{env_dir / name}: a task of several containers (docker compose) cannot run "
+                "here; envhub runs Harbor tasks on the host's base system in its sandbox"
+            )
+    image = _section(config, "environment").get("docker_image")
+    if (env_dir / "Dockerfile").is_file():
+        return read_dockerfile(env_dir / "Dockerfile")
+    if image:
+        check_image(str(image), f"{folder / 'task.toml'} [environment] docker_image")
+        return Environment(image=str(image))
+    return Environment(workdir=DEFAULT_WORKDIR)
+
+
+def _workspace_files(
+    context: Path, environment: Environment
+) -> tuple[dict[str, bytes], frozenset[str]]:
+    """The files the Dockerfile's copies put in the working folder (none without one), and
+    which of them are executable."""
+    files: dict[str, bytes] = {}
+    executable: set[str] = set()
+    for source, dest in environment.copies:
+        origin = (context / source).resolve()
+        if not origin.is_relative_to(context.resolve()) or not origin.exists():
+            raise EnvLoadError(
+                f"{context / 'Dockerfile'}: COPY {source}: no such file in {context}"
+            )
+        if origin.is_dir():
+            pairs = [(_join(dest, rel, dir_dest=True), origin / rel) for rel in _read_tree(origin)]
+        else:
+            pairs = [(_join(dest, origin.name, dir_dest=dest.endswith("/")), origin)]
+        for name, path in pairs:
+            files[name] = path.read_bytes()
+            if path.stat().st_mode & 0o111:
+                executable.add(name)
+    return files, frozenset(executable)
+
+
+def _join(dest: str, name: str, *, dir_dest: bool) -> str:
+    base = dest.rstrip("/")
+    if base in ("", "."):
+        return name
+    return f"{base}/{name}" if dir_dest else base

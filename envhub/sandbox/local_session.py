@@ -1,0 +1,468 @@
+"""The local backend's session: one bubblewrap sandbox for an episode, with its own uid.
+
+A :class:`LocalSession` takes a uid of its :class:`~envhub.sandbox.LocalSandbox`'s pool for its
+whole life (so ``max_concurrency`` bounds live sessions and runs together), mounts its files
+(through :mod:`envhub.sandbox.session_launcher`: a tmpfs of ``disk_mb`` in a mount namespace of
+its own, holding an overlay on the workspace), and starts bubblewrap with the jail's flags
+(:func:`~envhub.sandbox.jail.bwrap_argv`) around its init
+(:data:`~envhub.sandbox.session_init.INIT`), which forks each call's command. The sandbox is
+started on first use.
+
+What a session adds to the threat model: see :mod:`envhub.sandbox.threat_model`. The end:
+:meth:`LocalSession.aclose` SIGKILLs the init (the kernel then kills every process of its pid
+namespace, and the mount namespace with the session's files goes with the last of them); if
+the caller dies instead, bubblewrap's ``--die-with-parent`` does the same, and the uid's claim
+lapses with the caller (:mod:`envhub.sandbox.uids`).
+
+Local sessions need root (the mounts, and a uid of their own for the process limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import select
+import shutil
+import signal
+import socket
+import time
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from envhub.errors import SandboxError, SandboxUnavailableError
+from envhub.sandbox import _process, netns
+from envhub.sandbox._pipes import CallPipes
+from envhub.sandbox.base import (
+    WORKDIR,
+    Command,
+    ExecResult,
+    Limits,
+    as_argv,
+    as_bytes,
+    classify_exit,
+)
+from envhub.sandbox.jail import ENV, bwrap_argv
+from envhub.sandbox.session import Session, Workspace
+from envhub.sandbox.session_init import (
+    INIT,
+    KILLALL,
+    kill_message,
+    parse_reply,
+    run_message,
+    scratch_flags,
+)
+from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
+
+if TYPE_CHECKING:
+    from envhub.sandbox.local import LocalSandbox
+    from envhub.sandbox.uids import UidPool
+
+Start = Literal["overlay", "copy"]
+_START_WAIT = 30.0
+_KILL_WAIT = 5.0
+
+
+@dataclass
+class _Running:
+    """What a started session holds on the host (kept apart from the session object, so that
+    a finalizer can end it when the session is dropped unclosed)."""
+
+    bwrap: int
+    """bubblewrap's pid (the launcher's child: not waitable here)."""
+    pidfd: int
+    """A pidfd of bubblewrap: readable once it has exited."""
+    errors: int
+    """The read end of bubblewrap's stderr (its errors, and the launcher's)."""
+    uid: int
+    control: socket.socket
+    init_pid: int | None = None
+
+
+class LocalSession(Session):
+    """One episode's bubblewrap sandbox (see the module docstring). Made by
+    :meth:`LocalSandbox.session <envhub.sandbox.LocalSandbox.session>`.
+
+    Args:
+        sandbox: The local sandbox whose jail, uid pool and Python it uses.
+        workspace: What ``/sandbox`` starts as (empty when ``None``).
+        limits: The limits of every call and of the session.
+        start: ``"overlay"`` (copy-on-write over the workspace) or ``"copy"`` (a copy of it,
+            made when the session starts; for comparison).
+    """
+
+    def __init__(
+        self,
+        sandbox: LocalSandbox,
+        workspace: Workspace | None,
+        limits: Limits,
+        start: Start = "overlay",
+    ) -> None:
+        if not sandbox.as_root or sandbox.isolation != "bwrap":
+            raise SandboxUnavailableError(
+                "local sessions need envhub to run as root with bubblewrap (they mount the "
+                "session's files and give it a uid of its own); use the e2b backend elsewhere"
+            )
+        if start not in ("overlay", "copy"):
+            raise ValueError(f"start must be 'overlay' or 'copy', got {start!r}")
+        self.sandbox, self.workspace, self.limits, self.start = sandbox, workspace, limits, start
+        self._running: _Running | None = None
+        self._closed = False
+        self._calls = 0
+        self._lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
+        self._finalizer: weakref.finalize | None = None  # type: ignore[type-arg]
+
+    @property
+    def uid(self) -> int | None:
+        """The session's uid on the host, once started."""
+        return self._running.uid if self._running else None
+
+    async def arun(
+        self,
+        command: Command,
+        *,
+        stdin: str | bytes | None = None,
+        wall_time: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``command`` in the session (see :meth:`Session.arun`)."""
+        limits = self.limits if wall_time is None else self.limits.with_(wall_time=wall_time)
+        out, err, code, killed_for, seconds = await self._call(
+            as_argv(command), as_bytes(stdin or b""), env or {}, limits, limits.output_bytes
+        )
+        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        reason = killed_for or classify_exit(code if code is not None else 0, stderr)
+        return ExecResult(stdout, stderr, code, reason, seconds)  # type: ignore[arg-type]
+
+    async def _run_helper(self, argv: list[str], stdin: bytes | None, cap: int) -> ExecResult:
+        limits = self.limits.with_(wall_time=max(self.limits.wall_time, 30.0))
+        out, err, code, killed_for, seconds = await self._call(argv, stdin or b"", {}, limits, cap)
+        stderr = err.decode("utf-8", "replace")
+        reason = killed_for or classify_exit(code if code is not None else 0, stderr)
+        stdout = out.decode("utf-8", "surrogateescape")
+        return ExecResult(stdout, stderr, code, reason, seconds)  # type: ignore[arg-type]
+
+    def processes(self) -> list[int]:
+        """Host pids of the session's live processes but its init and bubblewrap's: what
+        calls left running (empty before the session starts and after it ends)."""
+        running = self._running
+        if running is None:
+            return []
+        own = {running.init_pid, running.bwrap}
+        return [pid for pid in _process.uid_processes(running.uid, live=True) if pid not in own]
+
+    async def akill_processes(self) -> None:
+        """SIGKILL every process the session's calls left running (the session stays usable),
+        and wait until they are gone."""
+        async with self._serialized():
+            if self._running is None:
+                return
+            self._running.control.send(KILLALL)
+            deadline = time.monotonic() + _KILL_WAIT
+            while self.processes():
+                if time.monotonic() > deadline:
+                    raise SandboxError(f"processes {self.processes()[:5]} outlived a kill")
+                await asyncio.sleep(0.002)
+
+    def kill_processes(self) -> None:
+        """Synchronous :meth:`akill_processes`."""
+        from envhub._async import run_sync
+
+        run_sync(self.akill_processes())
+
+    async def aclose(self) -> None:
+        """SIGKILL the init (every process of the session dies with it), wait until its uid
+        owns no process, and give the uid back. Safe to call twice."""
+        self._closed = True
+        running, self._running = self._running, None
+        if running is not None:
+            self._finalizer.detach()  # type: ignore[union-attr]
+            await asyncio.to_thread(_end, running)
+            await self.sandbox._release(running.uid, running.init_pid)
+
+    async def alisten(self, port: int) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1:port`` in the session's network namespace,
+        held by the caller (see :meth:`Session.alisten`); starts the session if needed.
+
+        Raises:
+            SandboxError: The session is closed, or the socket cannot be made there.
+        """
+        async with self._serialized():
+            running = await self._started()
+        try:
+            return netns.listen_in(f"/proc/{running.init_pid}/ns/net", port)
+        except OSError as e:
+            raise SandboxError(f"cannot listen on port {port} in the session: {e}") from e
+
+    async def __aenter__(self) -> LocalSession:
+        async with self._serialized():
+            await self._started()
+        return self
+
+    # -- one call -------------------------------------------------------------------------
+
+    async def _call(
+        self, argv: list[str], stdin: bytes, env: Mapping[str, str], limits: Limits, cap: int
+    ) -> tuple[bytes, bytes, int | None, str | None, float]:
+        """Run ``argv`` through the init: (stdout, stderr, exit code, killed for, seconds)."""
+        async with self._serialized():
+            running = await self._started()
+            started = time.perf_counter()
+            self._calls += 1
+            call = self._calls
+            pipes = _send_run(running.control, call, argv, {**ENV, "PWD": WORKDIR, **env}, limits)
+            io = CallPipes(*pipes, cap)
+            try:
+                io.start(stdin)
+                code, killed_for = await self._await_exit(running, call, io, limits.wall_time)
+                io.drain()
+            finally:
+                io.close()
+            code = None if killed_for else code
+            if io.over.done():  # it also exited by itself, but its output was cut
+                killed_for = "output_limit"
+            seconds = time.perf_counter() - started
+            return bytes(io.stdout), bytes(io.stderr), code, killed_for, seconds
+
+    async def _await_exit(
+        self, running: _Running, call: int, io: CallPipes, wall_time: float
+    ) -> tuple[int, str | None]:
+        """The call's exit status, and why it was killed (``timeout``, ``output_limit``)."""
+        watch = _ExitWatch(running.control, call)
+        timer = watch.loop.call_later(wall_time, watch.settle, "timeout")
+        io.over.add_done_callback(lambda _: watch.settle("output_limit"))
+        try:
+            first = await watch.first
+            if isinstance(first, int):
+                return first, None
+            running.control.send(kill_message(call))
+            try:
+                status = await asyncio.wait_for(watch.exited, _KILL_WAIT)
+            except asyncio.TimeoutError:
+                raise SandboxError("a session's init did not end a killed call") from None
+            return int(status), first
+        except BaseException:
+            await self._abandon()  # cancelled, or the init failed: its replies are out of step
+            raise
+        finally:
+            timer.cancel()
+            watch.close()
+
+    async def _abandon(self) -> None:
+        """End the session after a failure of its own (it cannot be used any more)."""
+        await self.aclose()
+
+    # -- starting -------------------------------------------------------------------------
+
+    async def _started(self) -> _Running:
+        """The running session, started now if it was not yet."""
+        if self._closed:
+            raise SandboxError("the session is closed")
+        if self._running is None:
+            uid = await self.sandbox._acquire()
+            try:
+                self._running = await self._start(uid)
+            except BaseException:
+                await self.sandbox._release(uid, None)
+                raise
+            self._finalizer = weakref.finalize(
+                self, _end_and_release, self._running, self.sandbox.uids
+            )
+        return self._running
+
+    async def _start(self, uid: int) -> _Running:
+        """Mount the session's files and start its sandbox as ``uid`` through the launcher
+        (:mod:`envhub.sandbox.session_launcher`); wait for its init."""
+        init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        scratch = scratch_flags(str(MOUNT_POINT))
+        argv = bwrap_argv(
+            self.sandbox.jail, uid, self.limits, [], FDS["info"], init, False, scratch
+        )
+        argv[0] = shutil.which(argv[0]) or argv[0]
+        workspace = self.workspace.path if self.workspace else None
+        owner = workspace.stat().st_uid if workspace else 0
+        mode = self.start if workspace else "empty"
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_read, info_write = os.pipe()
+        errors_read, errors_write = os.pipe()
+        size = self.limits.disk_mb << 20
+        try:
+            sent = [errors_write, theirs.fileno(), info_write]
+            pid, pidfd = launcher().launch(str(workspace), owner, uid, size, mode, argv, sent)
+        except BaseException:
+            for fd in (info_read, errors_read):
+                os.close(fd)
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+            os.close(info_write)
+            os.close(errors_write)
+        ours.setblocking(False)
+        running = _Running(pid, pidfd, errors_read, uid, ours)
+        try:
+            await _await_ready(running)
+            running.init_pid = _process.sandbox_init(info_read)
+        except BaseException:
+            await asyncio.to_thread(_end, running)
+            raise
+        finally:
+            os.close(info_read)
+        return running
+
+    def _serialized(self) -> asyncio.Lock:
+        """The lock that keeps the session's calls one at a time (one per event loop)."""
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock[0] is not loop:
+            self._lock = (loop, asyncio.Lock())
+        return self._lock[1]
+
+
+def _send_run(
+    control: socket.socket, call: int, argv: list[str], env: Mapping[str, str], limits: Limits
+) -> tuple[int, int, int]:
+    """Ask the init to run ``argv``; the host's ends of its stdin, stdout and stderr."""
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    try:
+        message = run_message(call, argv, env, limits)
+        socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
+    except OSError as e:
+        for fd in (stdin_w, stdout_r, stderr_r):
+            os.close(fd)
+        raise SandboxError(f"the session's sandbox is gone ({e})") from e
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w):
+            os.close(fd)
+    return stdin_w, stdout_r, stderr_r
+
+
+class _ExitWatch:
+    """Watches the init's replies for one call: :attr:`exited` is its exit status, and
+    :attr:`first` whichever comes first of that and what :meth:`settle` is given (the
+    deadline, the output cap)."""
+
+    def __init__(self, control: socket.socket, call: int) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.control, self.call = control, call
+        self.exited: asyncio.Future[int] = self.loop.create_future()
+        self.first: asyncio.Future[int | str] = self.loop.create_future()
+        self.loop.add_reader(control.fileno(), self._readable)
+
+    def settle(self, value: int | str | BaseException) -> None:
+        """Settle :attr:`first` with ``value`` (an exception is raised), unless it is."""
+        _settle(self.first, value)
+
+    def close(self) -> None:
+        """Stop watching the socket."""
+        if self.control.fileno() >= 0:
+            self.loop.remove_reader(self.control.fileno())
+
+    def _readable(self) -> None:
+        try:
+            data = self.control.recv(256)
+        except BlockingIOError:
+            return
+        except OSError as e:
+            self._fail(SandboxError(f"the session's sandbox is gone ({e})"))
+            return
+        if not data:
+            self._fail(SandboxError("the session's sandbox ended (its init exited)"))
+            return
+        try:
+            kind, which, status = parse_reply(data)
+        except ValueError as e:
+            self._fail(SandboxError(str(e)))
+            return
+        if kind == "exit" and which == self.call:
+            _settle(self.exited, status)
+            self.settle(status)
+
+    def _fail(self, error: SandboxError) -> None:
+        self.close()  # the socket stays readable (EOF) for ever
+        _settle(self.exited, error)
+        self.settle(error)
+
+
+def _settle(future: asyncio.Future[Any], value: object) -> None:
+    if future.done():
+        return
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+
+
+async def _receive(control: socket.socket) -> bytes:
+    """The init's next reply (waiting on the loop); an error when the init has gone."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            data = control.recv(256)
+        except BlockingIOError:
+            data = None
+        except OSError as e:
+            raise SandboxError(f"the session's sandbox is gone ({e})") from e
+        if data == b"":
+            raise SandboxError("the session's sandbox ended (its init exited)")
+        if data is not None:
+            return data
+        readable = loop.create_future()
+        loop.add_reader(control.fileno(), _resolve, readable)
+        try:
+            await readable
+        finally:
+            loop.remove_reader(control.fileno())
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+async def _await_ready(running: _Running) -> None:
+    """Wait for the init's ``ready``; on failure, an error with what the start printed."""
+    try:
+        reply = await asyncio.wait_for(_receive(running.control), _START_WAIT)
+        if parse_reply(reply)[0] == "ready":
+            return
+    except (SandboxError, asyncio.TimeoutError, ValueError):
+        pass
+    await asyncio.to_thread(_end, running, False)  # bubblewrap's stderr is whole once it ended
+    os.set_blocking(running.errors, False)
+    try:
+        said = os.read(running.errors, 1 << 16).decode(errors="replace").strip()
+    except OSError:
+        said = ""
+    raise SandboxError(f"a local session could not start: {said[-500:] or 'no reason given'}")
+
+
+def _end(running: _Running, close: bool = True) -> None:
+    """Kill a session's sandbox (its init first: the kernel then kills its pid namespace) and
+    wait for bubblewrap to exit; then (``close``) close what this process holds of it."""
+    for pid in _process._children(running.bwrap):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    if not select.select([running.pidfd], [], [], _KILL_WAIT)[0]:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(running.pidfd, 9)
+        select.select([running.pidfd], [], [], _KILL_WAIT)
+    if close:
+        running.control.close()
+        for fd in (running.pidfd, running.errors):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _end_and_release(running: _Running, uids: UidPool) -> None:
+    """End a session dropped without :meth:`~LocalSession.aclose` and give its uid back once
+    it owns no process (else the uid stays out of the pool)."""
+    _end(running)
+    deadline = time.monotonic() + 2
+    while _process.uid_processes(running.uid) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if not _process.uid_processes(running.uid):
+        uids.release(running.uid)

@@ -1,0 +1,215 @@
+"""A base env for tasks done in a workspace: a sandbox session for the episode, the terminal
+tools, and a verifier that runs in the session when the episode ends.
+
+:class:`WorkspaceEnv` is a :class:`~envhub.multiturn.ToolEnv` whose ``reset`` opens a session
+(:meth:`~envhub.sandbox.Sandbox.session`) on the task's prepared
+:class:`~envhub.sandbox.Workspace`, and offers ``bash``, ``view``, ``create`` and
+``str_replace`` (:mod:`envhub.tools.terminal`) bound to it. One workspace is prepared per task
+and kept (:data:`WORKSPACES`): the samples of a group, and later episodes of the same task,
+start from it copy-on-write, so nothing is copied per episode.
+
+The episode ends when the model answers without a tool call, or when a budget runs out (the
+runner's truncation too). Either way its reward comes from :meth:`WorkspaceEnv.verify`, run in
+the session before it closes; a verifier that fails (its own bug, a broken sandbox) scores 0
+with the error recorded on the episode (an infrastructure error for a sandbox failure). An
+episode cut off before it ends (an engine failure) closes its session at the env's next
+``reset`` or ``close``. Subclasses implement :meth:`~WorkspaceEnv.task_files` (or
+:meth:`~WorkspaceEnv.workspace_for`) and :meth:`~WorkspaceEnv.verify`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
+from envhub.rewards.rubric import Rubric, reward
+from envhub.sandbox.base import Limits, Sandbox
+from envhub.sandbox.session import Session, Workspace
+from envhub.state import State
+from envhub.tools.terminal import MAX_OUTPUT_CHARS, TERMINAL_TOOLS, terminal_context
+
+logger = logging.getLogger(__name__)
+
+SESSION_LIMITS = Limits(
+    wall_time=30.0, memory_mb=1024, processes=64, disk_mb=256, output_bytes=1 << 20
+)
+"""Limits of each command in an episode's session (``processes`` and ``disk_mb`` hold for the
+whole session)."""
+WORKSPACES: OrderedDict[tuple[str, str], Workspace] = OrderedDict()
+"""Prepared workspaces by (env class, task key), most recently used last."""
+MAX_WORKSPACES = 256
+LIVE_SESSIONS = 64
+"""Sessions the default sandbox keeps alive at once (each holds a uid for its episode, model
+turns included); an episode beyond them waits in ``reset`` for one to end."""
+WORKSPACE_PROMPT = (
+    "You are working in a sandbox whose current folder is /sandbox, with tools to run shell "
+    "commands (`bash`), view files and folders (`view`), write files (`create`) and edit them "
+    "(`str_replace`). There is no network.\n\n"
+    + TOOL_FORMAT_HINT
+    + "\n\nWhen the task is done, reply without a tool call."
+)
+"""The system prompt of workspace envs: the tools, and how an episode ends."""
+_default_sandbox: Sandbox | None = None
+
+
+KILL_LEFTOVERS = "kill -9 -1 2>/dev/null; true"
+"""Ends every process of a session but the caller (and the session's init): what the model
+left running must not touch what a verifier reads or writes."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a verifier found: the reward and any extra components to report (weight 0)."""
+
+    reward: float
+    components: dict[str, float] = field(default_factory=dict)
+
+
+def default_sandbox() -> Sandbox:
+    """The process-wide local sandbox for workspace envs (pytest mounted when the system's
+    ``python3`` lacks it; see :mod:`envhub.pytest_bundle`)."""
+    global _default_sandbox
+    if _default_sandbox is None:
+        from envhub.pytest_bundle import pytest_bundle
+        from envhub.sandbox.local import LocalSandbox
+
+        bundle = pytest_bundle()
+        _default_sandbox = LocalSandbox(
+            max_concurrency=LIVE_SESSIONS, ro_binds=(str(bundle),) if bundle else ()
+        )
+    return _default_sandbox
+
+
+def default_command_env() -> dict[str, str]:
+    """Variables every command of a workspace session gets (``PYTHONPATH`` to the pytest
+    bundle, when there is one)."""
+    from envhub.pytest_bundle import pytest_bundle
+
+    bundle = pytest_bundle()
+    return {"PYTHONPATH": str(bundle)} if bundle else {}
+
+
+class WorkspaceEnv(ToolEnv):
+    """An env whose episodes work in a sandbox session and are scored by a verifier in it.
+
+    Args:
+        sandbox: Where sessions run (default: :func:`default_sandbox`, local bubblewrap).
+        limits: Limits of each command in the session (default :data:`SESSION_LIMITS`).
+        **kwargs: See :class:`~envhub.multiturn.ToolEnv` (``max_turns`` defaults to 30).
+    """
+
+    tools = TERMINAL_TOOLS
+    default_max_turns: ClassVar[int] = 30
+    reward_range = (0.0, 1.0)
+
+    def __init__(
+        self,
+        *args: Any,
+        sandbox: Sandbox | None = None,
+        limits: Limits | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.sandbox = sandbox
+        self.limits = limits or SESSION_LIMITS
+        kwargs.setdefault("tool_timeout", self.limits.wall_time + 30.0)
+        super().__init__(*args, **kwargs)
+        # The terminal tools cap their own output and say so; the executor's cap stays above.
+        self.executor.max_output_chars = MAX_OUTPUT_CHARS + 1000
+        self._session: Session | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    # -- hooks for subclasses -----------------------------------------------------------------
+
+    def task_key(self, task: dict[str, Any]) -> str:
+        """What identifies a task's workspace (default: its ``info["id"]``)."""
+        return str(task.get("info", {}).get("id"))
+
+    def task_files(self, task: dict[str, Any]) -> Mapping[str, str | bytes]:
+        """The files a task's workspace starts with."""
+        raise NotImplementedError(f"{type(self).__name__} must implement task_files()")
+
+    def workspace_for(self, task: dict[str, Any]) -> Workspace:
+        """The task's prepared workspace: made once from :meth:`task_files`, then shared."""
+        key = (type(self).__qualname__, self.task_key(task))
+        workspace = WORKSPACES.get(key)
+        if workspace is None:
+            workspace = Workspace.from_files(self.task_files(task))
+            WORKSPACES[key] = workspace
+            while len(WORKSPACES) > MAX_WORKSPACES:  # a live session keeps its own reference
+                WORKSPACES.popitem(last=False)
+        WORKSPACES.move_to_end(key)
+        return workspace
+
+    def command_env(self, task: dict[str, Any]) -> dict[str, str]:
+        """Variables the model's commands run with (default: :func:`default_command_env`)."""
+        return default_command_env()
+
+    async def verify(self, session: Session, state: State) -> Verdict:
+        """Score the finished episode by running checks in its session (start with
+        ``await session.arun(KILL_LEFTOVERS)``: the model's background processes live on)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement verify()")
+
+    # -- the episode ----------------------------------------------------------------------------
+
+    def default_rubric(self) -> Rubric:
+        """One reward, ``verifier``: what :meth:`verify` found."""
+        return Rubric([reward(self._verifier_reward, name="verifier")])
+
+    def tool_context(self, state: State) -> dict[str, Any]:
+        """The terminal tools' context (the session and command variables) plus ``state``."""
+        return {"state": state, **state.data}
+
+    async def setup_state(self, state: State) -> None:
+        """Close a session an earlier episode left open, and open this episode's."""
+        await self._end_session()
+        sandbox = self.sandbox or default_sandbox()
+        workspace = self.workspace_for(state.task)
+        self._session = sandbox.session(workspace, limits=self.limits)
+        # Start it now: waiting for a free uid, or a sandbox that cannot start, belongs to the
+        # reset (an env failure), not to the model's first tool call (a tool timeout).
+        await self._session.__aenter__()
+        state.data.update(
+            terminal_context(self._session, self.command_env(state.task)), workspace=workspace
+        )
+
+    async def _finish(self, state: State) -> float:
+        try:
+            total = await super()._finish(state)
+        finally:
+            await self._end_session()
+        verdict = state.data.get("verdict")
+        if isinstance(verdict, Verdict):
+            state.reward_components.update(verdict.components)
+        return total
+
+    async def _verifier_reward(self, state: State) -> float:
+        session = state.data.get("session")
+        if session is None:
+            raise RuntimeError("the episode has no session to verify")
+        verdict = await self.verify(session, state)
+        state.data["verdict"] = verdict
+        return verdict.reward
+
+    async def _end_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.aclose()
+
+    def on_close(self) -> None:
+        """Close the open session, if an episode was cut off with one."""
+        session, self._session = self._session, None
+        if session is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            session.close()  # no loop running: the env was used from sync code
+            return
+        task = loop.create_task(session.aclose())  # on the loop the session was opened on
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)

@@ -1,0 +1,241 @@
+"""Harbor task folders as envs: envhub.make on a folder, rewards as the tests write them, the
+solution check (envhub check), and verifier failures recorded, not crashed on."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import envhub
+from envhub.checker import check_env
+from envhub.cli.app import app
+from envhub.harbor import UnsupportedEnvironment
+from envhub.harbor.env import HarborEnv, check_tasks
+from envhub.sandbox import LocalSandbox, bwrap_problem
+
+pytestmark = pytest.mark.skipif(
+    bwrap_problem() is not None or os.geteuid() != 0,
+    reason="local sessions need bubblewrap and root",
+)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harbor"
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[LocalSandbox]:
+    with LocalSandbox(base_uid=61550, max_concurrency=4, warm=0) as box:
+        yield box
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def play(env: HarborEnv, index: int, *turns: str) -> tuple[float, dict[str, Any]]:
+    env.reset(options={"task_index": index})
+    for turn in turns:
+        _, reward, terminated, truncated, info = env.step(turn)
+        if terminated or truncated:
+            return reward, info
+    raise AssertionError("the episode did not end")
+
+
+def task_copy(tmp_path: Path, name: str = "hello-file") -> Path:
+    return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
+
+
+def test_make_on_a_folder_of_tasks_or_one_task(sandbox) -> None:
+    env = envhub.make(str(EXAMPLES), sandbox=sandbox)
+    assert isinstance(env, HarborEnv)
+    assert [row["info"]["name"] for row in env.dataset] == [
+        "fix-median",
+        "hello-file",
+        "log-summary",
+    ]
+    one = envhub.make(str(EXAMPLES / "hello-file"), sandbox=sandbox)
+    prompt, _ = one.reset(options={"task_index": 0})
+    assert (
+        prompt[-1].content
+        == "Create a file `/sandbox/hello.txt` whose only line is `Hello, world!`.\n"
+    )
+    assert [t["function"]["name"] for t in one.tool_schemas] == [
+        "bash",
+        "view",
+        "create",
+        "str_replace",
+    ]
+
+
+def test_rewards_are_what_the_tests_write(sandbox) -> None:
+    env = HarborEnv(EXAMPLES, sandbox=sandbox)
+    hello = call("create", path="/sandbox/hello.txt", file_text="Hello, world!\n")
+    assert play(env, 1, hello, "done")[0] == 1.0
+    assert play(env, 1, call("create", path="hello.txt", file_text="hi\n"), "done")[0] == 0.0
+    # fix-median: the share of even-length cases right (reward.txt): 0 for the bug, 3 of 4
+    # for the mean of all values.
+    assert play(env, 0, "nothing to do")[0] == 0.0
+    mean = "def median(values):\n    return sum(values) / len(values)\n"
+    assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
+    # log-summary: reward.json, its other keys reported as components.
+    summary = call("bash", command="printf 'errors: 16\\ntop: 10.0.0.9\\n' > summary.txt")
+    reward, info = play(env, 2, summary, "done")
+    assert reward == 0.5
+    assert info["reward_components"] == {"verifier": 0.5, "errors_line": 1.0, "top_line": 0.0}
+
+
+def test_the_tests_are_not_in_the_workspace_during_the_episode(sandbox) -> None:
+    env = HarborEnv(EXAMPLES / "fix-median", sandbox=sandbox)
+    env.reset(options={"task_index": 0})
+    observation, *_ = env.step(call("bash", command="ls -a; ls /tests 2>&1 | head -1"))
+    assert observation[0].content == (
+        "[exit 0]\n.\n..\nstats.py\nls: cannot access '/tests': No such file or directory"
+    )
+    env.close()
+
+
+def test_what_the_model_leaves_running_cannot_write_the_reward(sandbox) -> None:
+    forge = (
+        "(while true; do mkdir -p /sandbox/.harbor/logs/verifier; "
+        "echo 1 > /sandbox/.harbor/logs/verifier/reward.txt; sleep 0.01; done) "
+        ">/dev/null 2>&1 & echo planted"
+    )
+    env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
+    assert play(env, 0, call("bash", command=forge), "done")[0] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("echo hi\n", r"tests/test.sh wrote no reward \(exit 0\): it must write /logs/verifier/"),
+        ("echo abc > /logs/verifier/reward.txt\n", r"wrote reward.txt, but it holds 'abc'"),
+        (
+            "echo 2 > /logs/verifier/reward.txt\n",
+            r"wrote reward.txt with reward 2.0, not in \[0, 1\]",
+        ),
+        (
+            "echo '[1]' > /logs/verifier/reward.json\n",
+            r"wrote reward.json, but it is not a JSON object",
+        ),
+        (": > /logs/verifier/reward.txt\n", r"wrote reward.txt, but it is empty"),
+    ],
+)
+def test_a_verifier_without_a_usable_reward_is_recorded(
+    tmp_path: Path, sandbox, script: str, message: str
+) -> None:
+    folder = task_copy(tmp_path)
+    (folder / "tests/test.sh").write_text("mkdir -p /logs/verifier\n" + script)
+    reward, info = play(HarborEnv(folder, sandbox=sandbox), 0, "done")
+    assert reward == 0.0
+    (error,) = info["errors"]
+    assert (error.stage, error.type) == ("reward:verifier", "VerifierError")
+    assert error.message.startswith(str(folder / "tests/test.sh"))
+    assert __import__("re").search(message, error.message)
+
+
+def test_the_verifier_timeout_comes_from_task_toml(tmp_path: Path, sandbox) -> None:
+    folder = task_copy(tmp_path)
+    toml = (folder / "task.toml").read_text().replace("timeout_sec = 30.0", "timeout_sec = 0.5")
+    (folder / "task.toml").write_text(toml)
+    (folder / "tests/test.sh").write_text("sleep 5; echo 1 > /logs/verifier/reward.txt\n")
+    reward, info = play(HarborEnv(folder, sandbox=sandbox), 0, "done")
+    assert reward == 0.0
+    assert "wrote no reward (timeout after" in info["errors"][0].message
+
+
+def test_solutions_pass_and_doing_nothing_fails(tmp_path: Path, sandbox) -> None:
+    checks = check_tasks(EXAMPLES, sandbox=sandbox)
+    assert [(c.name, c.solved, c.unsolved, c.passed) for c in checks] == [
+        ("fix-median", 1.0, 0.0, True),
+        ("hello-file", 1.0, 0.0, True),
+        ("log-summary", 1.0, 0.0, True),
+    ]
+    broken = task_copy(tmp_path)
+    (broken / "solution/solve.sh").write_text("echo 'Hello!' > /app/hello.txt\n")
+    (check,) = check_tasks(broken, sandbox=sandbox)
+    assert (check.solved, check.unsolved, check.passed) == (0.0, 0.0, False)
+
+
+def test_envhub_check_on_a_task_folder(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["check", str(EXAMPLES / "hello-file")])
+    assert result.exit_code == 0, result.output
+    assert "│ hello-file │ 1             │ 0       │ ok     │" in result.output
+    no_solution = task_copy(tmp_path)
+    shutil.rmtree(no_solution / "solution")
+    result = CliRunner().invoke(app, ["check", str(no_solution)])
+    assert result.exit_code == 1
+    assert f"hello-file: {no_solution}/solution/solve.sh is missing\n" in result.output
+
+
+def test_the_examples_pass_check_env(sandbox) -> None:
+    report = check_env(HarborEnv(EXAMPLES, sandbox=sandbox), seeds=(0, 1))
+    assert report.passed, report.failures
+
+
+def test_the_same_tasks_score_the_same_on_e2b() -> None:
+    """Through the real e2b SDK against the local envd of tests/sandbox (each command a local
+    sandbox run; the limits stay within that run's own)."""
+    pytest.importorskip("e2b")
+    from envhub.sandbox import Limits
+    from envhub.sandbox.e2b import E2BSandbox
+
+    spec = importlib.util.spec_from_file_location(
+        "envd_local", Path(__file__).parents[1] / "sandbox" / "envd_local.py"
+    )
+    envd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(envd)
+    with envd.local_envd_process(base_uid=61650) as url:
+        box = E2BSandbox(debug=True, sandbox_url=url, http_version="1.1")
+        env = HarborEnv(EXAMPLES, sandbox=box, limits=Limits(wall_time=10, processes=16))
+        hello = call("bash", command="echo Hello, world! > hello.txt")
+        assert play(env, 1, hello, "done")[0] == 1.0
+        assert play(env, 1, "done")[0] == 0.0
+        mean = "def median(values):\n    return sum(values) / len(values)\n"
+        assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
+        env.close()
+        box.close()
+
+
+def test_unsupported_tasks_are_refused_or_left_out(tmp_path: Path, sandbox) -> None:
+    shutil.copytree(EXAMPLES, tmp_path / "tasks")
+    (tmp_path / "tasks/hello-file/environment").mkdir()
+    (tmp_path / "tasks/hello-file/environment/Dockerfile").write_text("FROM node:20\n")
+    with pytest.raises(
+        UnsupportedEnvironment, match=r"'node:20' cannot be built here.*skip_unsupported=True"
+    ):
+        HarborEnv(tmp_path / "tasks", sandbox=sandbox)
+    env = HarborEnv(tmp_path / "tasks", sandbox=sandbox, skip_unsupported=True)
+    assert [row["info"]["name"] for row in env.dataset] == ["fix-median", "log-summary"]
+
+
+def test_only_folders_with_task_files_are_made_as_tasks(tmp_path: Path, monkeypatch) -> None:
+    from envhub.loader import is_task_path
+
+    (tmp_path / "calculator" / "tests").mkdir(parents=True)  # a folder named like an env
+    (tmp_path / "notes").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert not is_task_path("calculator") and not is_task_path("notes")
+    assert type(envhub.make("calculator")).__name__ == "CalculatorEnv"
+    assert is_task_path(str(EXAMPLES)) and is_task_path(str(EXAMPLES / "hello-file"))
+
+
+def test_executable_files_stay_executable(tmp_path: Path, sandbox) -> None:
+    folder = task_copy(tmp_path)
+    (folder / "environment").mkdir()
+    (folder / "environment/Dockerfile").write_text("FROM debian:12\nWORKDIR /app\nCOPY bin/ bin/\n")
+    (folder / "environment/bin").mkdir()
+    (folder / "environment/bin/greet").write_text("#!/bin/sh\necho Hello, world!\n")
+    (folder / "environment/bin/greet").chmod(0o755)
+    (folder / "tests/check.sh").write_text('[ "$(cat /app/hello.txt)" = "Hello, world!" ]\n')
+    (folder / "tests/test.sh").write_text(
+        "/tests/check.sh && r=1 || r=0; echo $r > /logs/verifier/reward.txt\n"
+    )
+    env = HarborEnv(folder, sandbox=sandbox)
+    reward, _ = play(env, 0, call("bash", command="./bin/greet > hello.txt"), "done")
+    assert reward == 1.0
