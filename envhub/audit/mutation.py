@@ -169,9 +169,13 @@ def _pad(env: Env) -> Callable[[str], str]:
     return pad
 
 
+MUTANT_PREFIX = "ref:"
+"""The names of the reference's mutants start with it."""
+
+
 def mutants(env: Env, start: Any) -> dict[str, Mutant]:
     """Every mutant of ``env``'s reference policy for the episode ``start``, by policy name."""
-    answer, others = _task_answer(env, start), _other_answers(env, start)
+    answer, others = task_answer(env, start), _other_answers(env, start)
     pad = _pad(env)
 
     def slot(rewrite: Rewrite) -> Mutant:
@@ -195,7 +199,8 @@ def mutants(env: Env, start: Any) -> dict[str, Mutant]:
     }
 
 
-def _task_answer(env: Env, start: Any) -> Any:
+def task_answer(env: Env, start: Any) -> Any:
+    """The ``answer`` of the task ``start`` is pinned to (``None`` without one)."""
     if not isinstance(env, TaskEnv) or start.task is None:
         return None
     row = env.dataset[start.task]
@@ -211,8 +216,16 @@ def _other_answers(env: Env, start: Any, limit: int = 20) -> list[str]:
         row = env.dataset[index]
         if index != start.task and isinstance(row, dict) and row.get("answer") is not None:
             found.append(str(row["answer"]))
-    own = str(_task_answer(env, start))
+    own = str(task_answer(env, start))
     return [a for a in dict.fromkeys(found) if a != own]
 
 
-__all__ = ["Mutant", "ProbeSkipped", "answer_slot", "decoys", "mutants"]
+__all__ = [
+    "MUTANT_PREFIX",
+    "Mutant",
+    "task_answer",
+    "ProbeSkipped",
+    "answer_slot",
+    "decoys",
+    "mutants",
+]

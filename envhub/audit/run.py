@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.audit.mutation import Mutant, ProbeSkipped
+from envhub.audit.mutation import MUTANT_PREFIX, Mutant, ProbeSkipped, answer_slot, task_answer
 from envhub.audit.probes import Contrast, Probe, contrasts, probes
 from envhub.audit.report import AuditFinding, AuditReport
 from envhub.checker import _run, _starts
@@ -56,12 +56,41 @@ def audit_env(
     report.problem = _floor_problem(env, floor, declared)
     if not report.problem:
         starts = _starts(env, seeds)
-        episodes = {p.name: [_play(env, p, start, max_steps) for start in starts] for p in catalog}
+        episodes = _play_all(env, catalog, starts, max_steps)
         report.findings = _above_floor(catalog, episodes, floor)
         report.findings += _contrasted(judged, episodes, floor)
     if raise_on_failure and not report.passed:
         raise EnvCheckError(f"{report.env_name} fails the reward audit: {report.summary()}")
     return report
+
+
+def _play_all(
+    env: Env, catalog: list[Probe], starts: tuple[Any, ...], max_steps: int
+) -> dict[str, list[AuditFinding | None]]:
+    """Every probe's episode on every start, by probe name. The reference plays first: where no
+    reply of its episode shows an answer, a mutant would replay that episode unchanged, so the
+    mutants skip it (``None``) without playing it (an env whose episodes are workspaces pays
+    seconds for each)."""
+    order = sorted(catalog, key=lambda p: p.name != "reference")  # stable: the rest in order
+    played: dict[str, list[AuditFinding | None]] = {}
+    for probe in order:
+        reference = played.get("reference", [None] * len(starts))
+        played[probe.name] = [
+            None
+            if probe.name.startswith(MUTANT_PREFIX) and not _shows_an_answer(env, start, ref)
+            else _play(env, probe, start, max_steps)
+            for start, ref in zip(starts, reference, strict=True)
+        ]
+    return {p.name: played[p.name] for p in catalog}
+
+
+def _shows_an_answer(env: Env, start: Any, episode: AuditFinding | None) -> bool:
+    """False when the reference's episode finished and none of its replies shows an answer."""
+    if episode is None or episode.reward is None:
+        return True
+    answer = task_answer(env, start)
+    replies = [m.get("content") or "" for m in episode.conversation if m["role"] == "assistant"]
+    return any(answer_slot(reply, answer) is not None for reply in replies)
 
 
 def _floor_problem(env: Env, floor: float, declared: bool) -> str:
