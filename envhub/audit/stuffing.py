@@ -42,7 +42,8 @@ MAX_WORDS = 200
 DEPTH = 3
 """How many calls deep :func:`reward_literals` follows the functions a reward uses."""
 _FRAMEWORK = (
-    "envhub.env", "envhub.multiturn", "envhub.harness", "envhub.serve", "envhub.adapters",
+    "envhub.env", "envhub.multiturn", "envhub.workspace_env", "envhub.harness", "envhub.serve",
+    "envhub.adapters",
     "gymnasium", "builtins",
 )  # fmt: skip
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]{2,}")
