@@ -71,12 +71,17 @@ def _roots(env: Env) -> Iterator[Any]:
     for func in getattr(rubric, "funcs", ()):
         yield func.fn
     for cls in type(env).__mro__:
-        if cls is object or cls.__module__.startswith(_FRAMEWORK):
+        if cls is object or _framework(cls.__module__):
             continue
         for value in vars(cls).values():
             fn = getattr(value, "__func__", value)
             if isinstance(fn, types.FunctionType):
                 yield fn
+
+
+def _framework(module: str) -> bool:
+    """True for envhub's own machinery (``envhub.env``, not ``envhub.envs.arithmetic``)."""
+    return any(module == name or module.startswith(f"{name}.") for name in _FRAMEWORK)
 
 
 def _walk(fn: Any, depth: int, seen: set[int]) -> list[str]:

@@ -117,6 +117,14 @@ def reads_a_touchy_global(response: str) -> float:
     return float(TOUCHY is None and response == "never")
 
 
+def test_a_builtin_envs_own_logic_is_read_and_envhubs_machinery_is_not():
+    import envhub
+
+    literals = reward_literals(envhub.make("guess-number"))
+X
+    assert not any("call reset()" in text for text in literals)  # envhub.env's TaskEnv
+
+
 def test_a_global_that_raises_on_access_is_passed_over():
     class Odd(Verdicts):
         def default_rubric(self) -> Rubric:
