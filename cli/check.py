@@ -32,10 +32,13 @@ def check_command(
 
     The contract: determinism, schemas, rewards, budgets and close.
 
-    Every env also passes the reward audit: an empty reply, an echo of the
-    prompt, junk in the answer format, junk tool calls, the longest output,
-    the question's numbers and the env's own cheats must not score above its
-    floor. A failure prints the episode that scored.
+    Every env also passes the reward audit: replies that solve nothing (empty,
+    echoed, junk in the answer format, junk tool calls, many candidates at
+    once, keywords and markers of the reward's own code, refusals, the longest
+    and shortest replies, programs that fool a checker, the reference reply
+    with its answer dropped, and the env's own cheats) must not score above
+    its floor; the answer hedged among decoys must not beat the decoys alone.
+    A failure prints the hack, the episode that scored and how to fix it.
 
     A Harbor task folder (or a folder of them) runs each task's tests twice,
     in fresh sandboxes: after its solution/solve.sh, which must score 1, and
@@ -106,9 +109,10 @@ def _show_audit_finding(name: str, audit: dict) -> None:
 
     if not audit["findings"]:
         return
-    finding = AuditFinding(**audit["findings"][0])
+    finding = AuditFinding.from_dict(audit["findings"][0])
     head = f"{name}: reward audit: {finding.describe(audit['floor'])}. The episode:"
-    console.print(f"\n{head}\n{finding.transcript()}", markup=False, highlight=False)
+    fix = f"How to fix it: {finding.fix}." if finding.fix else ""
+    console.print(f"\n{head}\n{finding.transcript()}\n{fix}", markup=False, highlight=False)
 
 
 def _construct(name: str, spec):

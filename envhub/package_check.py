@@ -14,11 +14,13 @@ Each gate really runs; a failure in one does not hide the others.
   prompt by coincidence ("what is 5 times 1?"), a leak shows up everywhere, so the gate fails when
   the answer appears in at least half of the prompts checked (answers shorter than 2 characters
   are not checked, they would match everywhere).
-- **reward audit**: :func:`envhub.audit.audit_env` on every env: degenerate policies (empty,
-  echo of the prompt, junk in the answer format, junk tool calls, the longest output, the
-  question's numbers, all at once, and the env's own ``cheats``) must not score above its floor
-  (``audit_floor``, else the floor of ``reward_range``). The gate names the policies tried; every
-  finding, with the conversation that scored, is kept in :attr:`PackageReport.audits`.
+- **reward audit**: :func:`envhub.audit.audit_env` on every env: adversarial policies, one or
+  more per hack class (degenerate replies, junk in the answer format, hedges, stuffing,
+  abstention, length, checker-fooling programs, the reference reply mutated, the env's own
+  ``cheats``), must not score above its floor (``audit_floor``, else the floor of
+  ``reward_range``), nor a hedge beat itself without the answer. The gate names the hack classes
+  tried; every finding, with the conversation that scored and the fix, is kept in
+  :attr:`PackageReport.audits`.
 - **performance** (a measurement, not a gate): every env played by its scripted policy in a fresh
   interpreter (:func:`envhub.perf.measure_target`): step latency, reset time, episodes/s, sandbox
   cold start, peak RSS and CPU time per episode, kept in :attr:`PackageReport.performance` with

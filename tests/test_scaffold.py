@@ -353,10 +353,16 @@ def test_rendered_env_passes_the_reward_audit(rendered, template, unload):
     assert (report.floor, report.declared) == (
         (0.1, True) if template == "single-turn" else (0.0, False)
     )
-    tools = ["junk-tools"] if template == "tool" else []
-    assert report.policies == [
-        "empty", "echo", "junk-format", *tools, "longest", "numbers", "everything"
+    assert report.passed and report.findings == []
+    # Every hack class is tried, the reference's mutants included (each template has one).
+    tools = ["tool-calls"] if template == "tool" else []
+    assert report.hacks == [
+        "degenerate", "format-only", *tools, "length", "non-commitment", "stuffing",
+        "abstention", *(["checker"] if tools else []), "form-without-answer",
+        *([] if tools else ["checker"]),
     ]  # fmt: skip
+    assert {"junk-tools", "tool-hacks"} <= set(report.policies) or template != "tool"
+    assert {"ref:no-answer", "ref:candidates", "ref:padded", "reference"} <= set(report.policies)
 
 
 @pytest.mark.parametrize("template", TEMPLATES)

@@ -17,8 +17,9 @@ in-sandbox harness (its saved stdout; the program's own prints go to stderr), an
 carries a random per-run nonce, so printed text ("all tests passed"), files, or an early
 ``exit(0)`` cannot pass a case. Expected values of call and io cases never enter the sandbox.
 What is *not* covered: assert cases run in the same interpreter as the solution, so a program
-that deliberately reads the harness's memory can forge them; use call or io cases where the
-policy is adversarial. See :mod:`envhub.sandbox.threat_model`.
+that deliberately reads the harness's memory can forge them (their comparisons do refuse an
+object that equals everything); use call or io cases where the policy is adversarial. See
+:mod:`envhub.sandbox.threat_model`.
 
 Sandbox failures raise :class:`~envhub.errors.SandboxError`; inside a rubric that is recorded
 on the trajectory (reward 0 plus the reason) and the batch goes on.

@@ -9,13 +9,26 @@ Cases: ``{"kind": "assert", "code": "assert f(1) == 2"}`` runs the statement; ``
 "call", "fn": "f", "args": [...], "kwargs": {...}}`` calls the function and reports the value,
 which the host compares with the expected one (expected values never enter the sandbox).
 
+An assert case's comparisons and truth tests do not trust the solution's own dunder methods:
+each single comparison (``==``, ``<``, ``in``, ...) and the assert's truth test are rewritten to
+``_Compare`` and :func:`_truth`, which fail the case when exactly one side is a value whose
+class takes its comparison, truth or membership from code the solution compiled
+(``solution.py``), as an object that equals everything does; two such values (the test built
+one with the solution's class) compare as usual. A solution that reads the harness's memory
+can still forge an assert case; call and io cases stay the ones to use against an adversarial
+policy.
+
 Standard library only, Python 3.6+: it runs on whatever Python the sandbox has.
 """
 
+import ast
 import json
+import operator
 import os
 import signal
 import sys
+import types
+from itertools import islice
 
 
 class CaseTimeout(BaseException):
@@ -39,6 +52,116 @@ def _timed(fn, seconds):
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+_BUILTIN_SLOTS = (type(object.__eq__), type(str.join), type(len), type(object().__eq__))
+_DUNDERS = (
+    "__eq__",
+    "__ne__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__bool__",
+    "__len__",
+    "__contains__",
+)
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+_OPERATORS = {
+    "Eq": operator.eq,
+    "NotEq": operator.ne,
+    "Lt": operator.lt,
+    "LtE": operator.le,
+    "Gt": operator.gt,
+    "GtE": operator.ge,
+    "In": lambda a, b: a in b,
+    "NotIn": lambda a, b: a not in b,
+}
+
+
+def _from_solution(slot, _isinstance=isinstance, _function=types.FunctionType):
+    """True when a dunder comes from the solution's code (or is no plain function or builtin)."""
+    if _isinstance(slot, (staticmethod, classmethod)):
+        slot = slot.__func__
+    if _isinstance(slot, _function):
+        return slot.__code__.co_filename == "solution.py"
+    return not _isinstance(slot, _BUILTIN_SLOTS)
+
+
+def _forged(value, depth=0, _type=type, _isinstance=isinstance, _vars=vars, _islice=islice):
+    """True when ``value`` (or an item of a list, tuple, set or dict in it, 3 levels deep)
+    compares, tests true or holds items by the solution's own code."""
+    for klass in _type(value).__mro__:
+        found = _vars(klass)
+        if any(name in found and _from_solution(found[name]) for name in _DUNDERS):
+            return True
+    if depth < 3 and _isinstance(value, _CONTAINERS):
+        items = value.items() if _isinstance(value, dict) else value
+        for item in _islice(items, 1000):
+            parts = item if _isinstance(value, dict) else (item,)
+            if any(_forged(part, depth + 1) for part in parts):
+                return True
+    return False
+
+
+FORGED = "a value that compares or tests true by the solution's own code"
+
+
+class _Compare:
+    """``_compare.Eq(a, b)`` and the like: the comparison, refused (an AssertionError, whatever
+    negates it) when one side only is forged."""
+
+    def __getattr__(self, name, _operators=_OPERATORS, _forged=_forged, _bool=bool):
+        def compare(a, b):
+            if _forged(a) != _forged(b):
+                raise AssertionError(FORGED)
+            return _bool(_operators[name](a, b))
+
+        return compare
+
+
+def _truth(value, _forged=_forged, _bool=bool):
+    """The truth of ``value``, refused (an AssertionError) when the solution's code decides it."""
+    if _forged(value):
+        raise AssertionError(FORGED)
+    return _bool(value)
+
+
+class _Guard(ast.NodeTransformer):
+    """Rewrites single comparisons to ``__envhub_compare__.Op(a, b)`` and each assert's test to
+    ``__envhub_truth__(...)`` along its ``and``/``or``/``not`` spine."""
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        op = type(node.ops[0]).__name__
+        if len(node.ops) != 1 or op not in _OPERATORS:
+            return node
+        name = ast.Name(id="__envhub_compare__", ctx=ast.Load())
+        func = ast.Attribute(value=name, attr=op, ctx=ast.Load())
+        return ast.copy_location(
+            ast.Call(func=func, args=[node.left, node.comparators[0]], keywords=[]), node
+        )
+
+    def visit_Assert(self, node):
+        self.generic_visit(node)
+        node.test = self._spine(node.test)
+        return node
+
+    def _spine(self, node):
+        if isinstance(node, ast.BoolOp):
+            node.values = [self._spine(v) for v in node.values]
+            return node
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            node.operand = self._spine(node.operand)
+            return node
+        truth = ast.Name(id="__envhub_truth__", ctx=ast.Load())
+        return ast.copy_location(ast.Call(func=truth, args=[node], keywords=[]), node)
+
+
+def _guarded(code, filename):
+    """``code`` compiled with its comparisons and assert tests guarded (see the docstring)."""
+    tree = ast.fix_missing_locations(_Guard().visit(ast.parse(code, filename)))
+    return compile(tree, filename, "exec")
 
 
 def _jsonable(value):
@@ -86,10 +209,9 @@ def main():
 def _run_case(index, case, namespace, timeout):
     try:
         if case["kind"] == "assert":
-            _timed(
-                lambda: exec(compile(case["code"], f"test_{index}.py", "exec"), dict(namespace)),
-                timeout,
-            )
+            code = _guarded(case["code"], f"test_{index}.py")
+            scope = dict(namespace, __envhub_compare__=_Compare(), __envhub_truth__=_truth)
+            _timed(lambda: exec(code, scope), timeout)
             return {"case": index, "status": "pass"}
         fn = namespace.get(case["fn"])
         if not callable(fn):

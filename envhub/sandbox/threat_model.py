@@ -72,8 +72,10 @@ Not contained (know these before you rely on it):
   known attack surface) can break out. Use the e2b backend (a micro-VM per sandbox) or a VM for
   code from sources you would not run yourself.
 - **In-process forgery of assert cases** — assert-style test cases run in the same interpreter
-  as the solution, so code that inspects the harness's memory can forge their results. Call and
-  stdin/stdout cases cannot be forged that way.
+  as the solution, so code that inspects the harness's memory can forge their results. (Their
+  comparisons refuse a value whose class compares by the solution's own code, the object that
+  equals everything; see :mod:`envhub.rewards.code_harness`.) Call and stdin/stdout cases
+  cannot be forged that way.
 - **Side channels and CPU contention** — runs share CPUs and caches with the host; a run can
   slow others down within its CPU limit.
 - **The stop-reason diagnosis** — ``memory`` is read from the program's own stderr, so a program

@@ -61,8 +61,9 @@ def test_a_builtin_env_shows_the_audit_row(wide: None) -> None:
     assert result.exit_code == 0, result.output
     assert rows(result.output)["reward audit"] == (
         "ok",
-        "7 policies x 3 episodes at or below the floor 0.1 (audit_floor): empty, echo, "
-        "junk-format, longest, numbers, everything, cheat:box the question",
+        "30 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+        "degenerate, format-only, length, non-commitment, stuffing, abstention, cheat, "
+        "form-without-answer, checker",
     )
     assert "The episode:" not in result.output
 
@@ -72,12 +73,17 @@ def test_a_hackable_env_fails_and_its_episode_is_printed(wide: None, box_pays: s
     assert result.exit_code == 1
     table = rows(result.output)
     assert [name for name, (ok, _) in table.items() if ok != "ok"] == ["reward audit"]
-    assert table["reward audit"][1].startswith("`junk-format` scored 1 > floor 0 (seed 0, task 0)")
+    assert table["reward audit"][1].startswith(
+        "`junk-format` [format-only] scored 1 > floor 0 (seed 0, task 0)"
+    )
     episode = result.output.split("box-pays: reward audit: ", 1)[1]
     assert episode.splitlines() == [
-        "`junk-format` scored 1 > floor 0 (seed 0, task 0), first turn "
+        "`junk-format` [format-only] scored 1 > floor 0 (seed 0, task 0), reply "
         "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk'. The episode:",
         "[system] 'Give the sum in [brackets] and \\\\boxed{}.'",
         "[user] 'What is 0 + 1?'",
         "[assistant] '\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk'",
+        "How to fix it: the reward pays for the answer's form with junk inside: pay for the form "
+        "at most a small amount and declare it as the env's `audit_floor`, pay the rest only for "
+        "a right answer.",
     ]

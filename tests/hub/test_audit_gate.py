@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from envhub.audit import HACKS as HACKS_FIX
 from envhub.hub.card import render_card
 from envhub.package_check import check_package
 
+HACKS = [
+    "degenerate", "format-only", "length", "non-commitment", "stuffing", "abstention",
+    "form-without-answer", "checker",
+]  # fmt: skip
 PASSED = (
-    "6 policies x 3 episodes at or below the floor 0.1 (audit_floor): "
-    "empty, echo, junk-format, longest, numbers, everything"
+    "29 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+    + ", ".join(HACKS)
 )
 JUNK = "\\boxed{junk}\n<answer>junk</answer>\nAnswer: junk"
 
@@ -26,15 +31,15 @@ def test_the_audit_gate_names_the_policies_and_reaches_the_card(package: Path) -
     assert audit_row(report) == ("capital-cities: reward audit", True, PASSED)
     gates = [r.name for r in report.results]
     assert gates.index("capital-cities: reward audit") == gates.index("capital-cities: close") + 2
-    assert report.to_dict()["audits"] == {
-        "capital-cities": {
-            "passed": True,
-            "floor": 0.1,
-            "floor_from": "audit_floor",
-            "policies": ["empty", "echo", "junk-format", "longest", "numbers", "everything"],
-            "episodes_per_policy": 3,
-            "findings": [],
-        }
+    audit = report.to_dict()["audits"]["capital-cities"]
+    assert audit.pop("policies")[:4] == ["empty", "echo", "junk-format", "longest"]
+    assert audit == {
+        "passed": True,
+        "floor": 0.1,
+        "floor_from": "audit_floor",
+        "hacks": HACKS,
+        "episodes_per_policy": 3,
+        "findings": [],
     }
     row = f"| capital-cities: reward audit | pass | {PASSED} |"
     assert row in report.to_markdown().splitlines()
@@ -53,26 +58,31 @@ def test_a_package_that_pays_junk_fails_with_the_episode_that_scored(package: Pa
     report = check_package(package, run_tests=False, performance=False)
     assert [r.name for r in report.failures] == ["capital-cities: reward audit"]
     assert audit_row(report)[2] == (
-        "`junk-format` scored 0.1 > floor 0 (seed 0, task 0), first turn "
+        "`junk-format` [format-only] scored 0.1 > floor 0 (seed 0, task 0), reply "
         "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk' "
-        "(and 5 more: everything, junk-format)"
+        "(and 26 more: abstain-in-format, candidates, checker:print, everything, junk-format, "
+        "ref:blank-answer, ref:no-answer, ref:padded-no-answer, stuffing)"
     )
     audit = report.to_dict()["audits"]["capital-cities"]
     assert (audit["passed"], audit["floor_from"], len(audit["findings"])) == (
         False,
         "reward_range",
-        6,
+        27,
     )
     first = audit["findings"][0]
-    assert (first["policy"], first["seed"], first["task"], first["error"]) == (
+    assert (first["policy"], first["seed"], first["task"], first["error"], first["hack"]) == (
         "junk-format",
         0,
         0,
         "",
+        "format-only",
     )
+    assert (first["example"], first["fix"]) == (JUNK, HACKS_FIX["format-only"])
     assert first["conversation"][1:] == [
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": JUNK},
     ]
-    failed_row = "| capital-cities: reward audit | FAIL | `junk-format` scored 0.1 > floor 0"
+    failed_row = (
+        "| capital-cities: reward audit | FAIL | `junk-format` [format-only] scored 0.1 > floor 0"
+    )
     assert failed_row in report.to_markdown()

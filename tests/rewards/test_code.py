@@ -232,3 +232,67 @@ def test_tolerant_comparisons() -> None:
         and not outputs_match("abc", "abd")
         and not outputs_match("", "0")
     )
+
+
+ANYTHING = """\
+class Anything:
+    def __eq__(self, other):
+        return True
+    def __ne__(self, other):
+        return False
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__
+    def __bool__(self):
+        return True
+    def __contains__(self, item):
+        return True
+def add(a, b):
+    return Anything()
+def pair(a, b):
+    return [Anything(), Anything()]
+"""
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "assert add(1, 2) == 3",
+        "assert 3 == add(1, 2)",
+        "assert not add(1, 2) != 3",
+        "assert add(1, 2) >= 3 and add(1, 2) <= 3",
+        "assert 5 in add(1, 2)",
+        "assert add(1, 2)",
+        "assert pair(1, 2) == [1, 2]",
+        "result = add(1, 2)\nassert result == 3, 'wrong'",
+    ],
+)
+def test_an_object_that_equals_everything_passes_no_assert_case(
+    sandbox: LocalSandbox, case: str
+) -> None:
+    report = run(sandbox, ANYTHING, [case])
+    assert (report.passed, report.cases[0].reason) == (
+        0,
+        "AssertionError: a value that compares or tests true by the solution's own code",
+    )
+
+
+@pytest.mark.parametrize(
+    ("solution", "case"),
+    [
+        ("from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+         "assert f('aab') == {'a': 2, 'b': 1}"),
+        ("from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f():\n"
+         "    return P(1, 2)\n", "assert f() == (1, 2)"),
+        ("from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\ndef f():\n"
+         "    return P(1)\n", "assert f() == P(1)"),
+        ("class V:\n    def __init__(self, x):\n        self.x = x\n"
+         "    def __eq__(self, other):\n        return self.x == other.x\n",
+         "assert V(1) == V(1) and not V(1) == V(2)"),
+        ("def f():\n    return [1, 2]\n", "assert 2 in f() and f() and not [] and f() != [2]"),
+        ("def f():\n    return 0.1 + 0.2\n", "assert abs(f() - 0.3) < 1e-9 and 0 < f() < 1"),
+    ],
+)  # fmt: skip
+def test_plain_values_and_the_solutions_own_classes_on_both_sides_compare_as_usual(
+    sandbox: LocalSandbox, solution: str, case: str
+) -> None:
+    report = run(sandbox, solution, [case])
+    assert report.passed == 1, report.summary()

@@ -13,6 +13,7 @@ import pytest
 
 import envhub
 from envhub.audit import (
+    HACKS,
     LONGEST_TOKENS,
     audit_env,
     degenerate_policies,
@@ -41,7 +42,11 @@ QUESTIONS = [
     {"question": "Which is larger, 3, or 40?", "answer": "40"},
     {"question": "Which is larger, 25, or 5?", "answer": "25"},
 ]
-SINGLE_TURN = ["empty", "echo", "junk-format", "longest", "numbers", "everything"]
+SINGLE_TURN = [
+    "empty", "echo", "junk-format", "longest", "shortest", "numbers", "everything", "candidates",
+    "keywords", "stuffing", "abstain", "abstain-in-format", "checker:noop", "checker:print",
+    "checker:exit", "checker:patch", "checker:always-equal",
+]  # fmt: skip
 
 
 class Hackable(SingleTurnEnv):
@@ -94,7 +99,18 @@ def hacked_by(pays: Any) -> list[str]:
     ("pays", "caught_by"),
     [
         (pays_empty, ["empty"]),
-        (pays_boxed, ["junk-format", "everything"]),
+        # The reward's own "\\boxed{" is stuffed, and printed by checker:print's program.
+        (
+            pays_boxed,
+            [
+                "junk-format",
+                "everything",
+                "candidates",
+                "stuffing",
+                "abstain-in-format",
+                "checker:print",
+            ],
+        ),  # fmt: skip
         (pays_length, ["longest"]),
         (pays_echo, ["echo", "everything"]),
         (pays_listed_answer, ["numbers", "everything"]),
@@ -109,30 +125,32 @@ def test_a_finding_names_the_policy_the_episode_and_keeps_the_conversation():
     report = audit_env(Hackable(pays_boxed), raise_on_failure=False)
     first = report.findings[0]
     formats = "\\boxed{junk}\n<answer>junk</answer>\nAnswer: junk"
-    assert (first.policy, first.seed, first.task, first.reward, first.error) == (
+    assert (first.policy, first.seed, first.task, first.reward, first.error, first.hack) == (
         "junk-format",
         0,
         0,
         1.0,
         "",
+        "format-only",
     )
     assert first.conversation == [
         {"role": "system", "content": "Compare the numbers."},
         {"role": "user", "content": "Which is larger, 12, or 7?"},
         {"role": "assistant", "content": formats},
     ]
-    assert [(f.policy, f.seed, f.task) for f in report.findings] == [
-        ("junk-format", 0, 0),
-        ("junk-format", 1, 1),
-        ("junk-format", 2, 2),
-        ("everything", 0, 0),
-        ("everything", 1, 1),
-        ("everything", 2, 2),
+    assert [(f.policy, f.hack) for f in report.findings[::3]] == [
+        ("junk-format", "format-only"),
+        ("everything", "degenerate"),
+        ("candidates", "non-commitment"),
+        ("stuffing", "stuffing"),
+        ("abstain-in-format", "abstention"),
+        ("checker:print", "checker"),
     ]
     assert report.summary() == (
-        "`junk-format` scored 1 > floor 0 (seed 0, task 0), first turn "
+        "`junk-format` [format-only] scored 1 > floor 0 (seed 0, task 0), reply "
         "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk' "
-        "(and 5 more: everything, junk-format)"
+        "(and 17 more: abstain-in-format, candidates, checker:print, everything, junk-format, "
+        "stuffing)"
     )
     assert first.transcript() == (
         "[system] 'Compare the numbers.'\n"
@@ -147,14 +165,17 @@ def test_a_finding_names_the_policy_the_episode_and_keeps_the_conversation():
         3,
     )
     assert data["findings"][0]["conversation"][-1] == {"role": "assistant", "content": formats}
+    assert data["findings"][0]["example"] == formats
+    assert data["findings"][0]["fix"] == HACKS["format-only"]
+    assert data["findings"][0]["hack"] == "format-only"
 
 
 def test_raising_names_the_first_finding():
     with pytest.raises(EnvCheckError) as raised:
         audit_env(Hackable(pays_length))
     assert str(raised.value).startswith(
-        "hackable fails the reward audit: `longest` scored 1 > floor 0 (seed 0, task 0), "
-        "first turn 'filler filler"
+        "hackable fails the reward audit: `longest` [length] scored 1 > floor 0 (seed 0, task 0), "
+        "reply 'filler filler"
     )
     assert str(raised.value).endswith("...' (and 2 more: longest)")
 
@@ -163,8 +184,8 @@ def test_an_honest_env_passes_and_the_summary_lists_the_policies():
     report = audit_env(honest())
     assert report.passed and report.findings == []
     assert report.summary() == (
-        "6 policies x 3 episodes at or below the floor 0 (reward_range): "
-        "empty, echo, junk-format, longest, numbers, everything"
+        "17 policies x 3 episodes at or below the floor 0 (reward_range), none paid for a hack: "
+        "degenerate, format-only, length, non-commitment, stuffing, abstention, checker"
     )
 
 
@@ -211,12 +232,11 @@ class ToolHackable(ToolEnv):
 
 def test_a_reward_for_any_tool_call_is_caught_by_the_junk_calls():
     report = audit_env(ToolHackable(), seeds=(0,), raise_on_failure=False)
-    assert report.policies == [
-        "empty", "echo", "junk-format", "junk-tools", "longest", "numbers", "everything"
-    ]  # fmt: skip
-    assert [(f.policy, f.reward) for f in report.findings] == [
-        ("junk-tools", 1.0),
-        ("everything", 1.0),
+    assert report.policies == [*SINGLE_TURN[:3], "junk-tools", *SINGLE_TURN[3:], "tool-hacks"]
+    assert [(f.policy, f.reward, f.hack) for f in report.findings] == [
+        ("junk-tools", 1.0, "tool-calls"),
+        ("everything", 1.0, "degenerate"),
+        ("tool-hacks", 1.0, "checker"),
     ]
     call = '<tool_call>\n{"name": "weigh", "arguments": {"item": "junk", "grams": 0, "exact": false}}\n</tool_call>'  # noqa: E501
     conversation = report.findings[0].conversation
@@ -259,13 +279,15 @@ def test_echo_repeats_the_question_every_turn_and_numbers_lists_its_numbers():
     assert question_numbers(later, None) == "-3 4.5 2"
 
 
-def test_longest_fills_the_token_budget_or_the_default():
+def test_longest_fills_the_token_budget_or_the_default_in_lines_of_sentences():
     with_budget = Hackable(pays_empty, max_tokens=5)
     with_budget.reset(seed=0)
-    assert longest_output(with_budget)([], None) == "filler filler filler filler filler"
+    assert longest_output(with_budget)([], None) == "filler filler filler filler filler."
     without = Hackable(pays_empty)
     without.reset(seed=0)
-    assert longest_output(without)([], None).split() == ["filler"] * LONGEST_TOKENS
+    text = longest_output(without)([], None)
+    assert text.replace(".", "").split() == ["filler"] * LONGEST_TOKENS
+    assert len(text.splitlines()) == LONGEST_TOKENS // 16
 
 
 # -- floors, cheats and crashes ---------------------------------------------------------------
@@ -279,11 +301,14 @@ def test_format_credit_passes_only_when_declared_as_the_floor():
     undeclared.audit_floor = None
     report = audit_env(undeclared, raise_on_failure=False)
     assert (report.floor, report.declared) == (0.0, False)
-    assert sorted({(f.policy, f.reward) for f in report.findings}) == [
-        ("cheat:box the question", pytest.approx(0.1)),
-        ("everything", pytest.approx(0.1)),
-        ("junk-format", pytest.approx(0.1)),
-    ]
+    # Every reply with a \\boxed{} earns the 0.1, whatever is inside.
+    assert {round(f.reward, 9) for f in report.findings} == {0.1}
+    assert {"cheat:box the question", "everything", "junk-format", "ref:no-answer"} <= {
+        f.policy for f in report.findings
+    }
+    assert {f.policy for f in report.findings} <= {
+        p for p in report.policies if "boxed" in _reply(undeclared, p) or p.startswith("ref:")
+    }
 
 
 def test_the_authors_cheat_is_played_and_caught_when_the_reward_lets_it_through():
@@ -338,17 +363,15 @@ class CrashesOnJunk(MultiTurnEnv):
 
 def test_a_crash_under_junk_is_a_finding_with_the_turns_played():
     report = audit_env(CrashesOnJunk(), seeds=(0,), raise_on_failure=False)
-    assert [(f.policy, f.reward) for f in report.findings] == [
-        ("echo", None),
-        ("junk-format", None),
-        ("longest", None),
-        ("everything", None),
-    ]
+    # Every reply but the empty one is no integer; the env raises on each.
+    assert [(f.policy, f.reward, f.hack) for f in report.findings] == [
+        (name, None, "crash") for name in SINGLE_TURN[1:] if name != "numbers"
+    ]  # `numbers` writes "" (the question has no number), which reads as 0
     echo = report.findings[0]
     assert echo.error == "ValueError: invalid literal for int() with base 10: 'Say a number.'"
     assert echo.conversation == [{"role": "assistant", "content": "Say a number."}]
     assert echo.describe(0.0) == (
-        "`echo` crashed the episode (seed 0, task 0): "
+        "`echo` [crash] crashed the episode (seed 0, task 0): "
         "ValueError: invalid literal for int() with base 10: 'Say a number.'"
     )
 
@@ -371,6 +394,15 @@ def test_the_hacks_the_audit_found_in_builtin_envs_stay_caught_with_their_old_re
     assert found[0].conversation[-1]["content"].startswith("Write a function `mean(xs)`")
 
 
+def _reply(env: Any, policy: str) -> str:
+    """What ``policy`` (one that does not depend on the episode) writes on the env's first task."""
+    policies = degenerate_policies(env)
+    if policy not in policies:
+        return ""
+    prompt, _ = env.reset(seed=0, options={"task_index": 0})
+    return policies[policy](prompt, env.tool_schemas)
+
+
 FLOORS = {"arithmetic": 0.1, "gsm8k": 0.1}
 WITH_TOOLS = {"calculator", "code-fix", "repo-repair"}
 CHEATS = {
@@ -384,16 +416,25 @@ CHEATS = {
         "cheat:background_forges_the_report",
     ],
 }
+WITHOUT_REFERENCE = {"gsm8k"}
 
 
 @pytest.mark.parametrize("name", BUILTIN)
 def test_every_builtin_env_passes_the_audit(name: str):
     with envhub.make(name) as env:
         report = audit_env(env)
-    expected = ["empty", "echo", "junk-format", "longest", "numbers", "everything"]
-    if name in WITH_TOOLS:
-        expected.insert(3, "junk-tools")
-    assert report.policies == expected + CHEATS.get(name, [])
+    tools = name in WITH_TOOLS
+    assert report.passed and report.findings == []
+    assert report.hacks == [
+        "degenerate", "format-only", *(["tool-calls"] if tools else []), "length",
+        "non-commitment", "stuffing", "abstention", *(["checker"] if tools else []),
+        *(["cheat"] if name in CHEATS else []),
+        *([] if name in WITHOUT_REFERENCE else ["form-without-answer"]),
+        *([] if tools else ["checker"]),
+    ]  # fmt: skip
+    assert report.policies[:3] == ["empty", "echo", "junk-format"]
+    assert [p for p in report.policies if p.startswith("cheat:")] == CHEATS.get(name, [])
+    assert ("ref:no-answer" in report.policies) is (name not in WITHOUT_REFERENCE)
     assert (report.floor, report.declared, report.episodes) == (
         FLOORS.get(name, 0.0),
         name in FLOORS,

@@ -1,0 +1,151 @@
+"""The reward audit's cost and hit rate: seconds per built-in env and per template (default 3
+episodes a policy), and the share of the hackable fixture envs (tests/audit/hackable_envs.py)
+flagged with their hack class, with their honest twins' passes.
+
+Run from the repository root: ``python bench/audit.py`` (``--no-fixtures`` for the timing only).
+The baseline, side by side: the policies the audit had before issue 40 (empty, echo,
+junk-format, junk-tools, longest, numbers, everything and the env's cheats, judged against the
+floor), played by the same runner on the same episodes: its seconds per env, and whether it
+flags each fixture at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import envhub  # noqa: E402
+from envhub.audit import audit_env, audit_floor, probes  # noqa: E402
+from envhub.audit.run import TOLERANCE, _play  # noqa: E402
+from envhub.checker import _starts  # noqa: E402
+
+OLD = ("empty", "echo", "junk-format", "junk-tools", "longest", "numbers", "everything")
+
+
+def old_audit(env, seeds: tuple[int, ...] = (0, 1, 2)) -> tuple[float, bool]:
+    """(seconds, flagged) for the policies of the audit before issue 40 (see the docstring)."""
+    floor, _ = audit_floor(env)
+    start = time.perf_counter()
+    flagged = False
+    for probe in probes(env):
+        if probe.name in OLD or probe.name.startswith("cheat:"):
+            for episode in _starts(env, seeds):
+                found = _play(env, probe, episode, 100)
+                reward = None if found is None else found.reward
+                flagged |= found is not None and (reward is None or reward > floor + TOLERANCE)
+    return time.perf_counter() - start, flagged
+
+
+def builtin_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(env, seconds, passed, policies, seconds of the old policies) for every built-in env."""
+    rows = []
+    for name, spec in sorted(envhub.list_envs().items()):
+        if spec.distribution != "envhub":
+            continue
+        with envhub.make(name) as env:
+            start = time.perf_counter()
+            report = audit_env(env, raise_on_failure=False)
+            seconds = time.perf_counter() - start
+            rows.append((name, seconds, report.passed, len(report.policies), old_audit(env)[0]))
+    return rows
+
+
+def template_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(template, seconds, passed, policies, seconds of the old policies) for every template,
+    rendered to a temporary folder."""
+    from envhub.package import package_env_specs
+    from envhub.scaffold import TEMPLATES, create_package
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for template in TEMPLATES:
+            path = create_package(f"bench-{template}", template, Path(tmp))
+            sys.path.insert(0, str(path))
+            for spec in package_env_specs(path).values():
+                env = spec.load()()
+                start = time.perf_counter()
+                report = audit_env(env, raise_on_failure=False)
+                seconds = time.perf_counter() - start
+                old = old_audit(env)[0]
+                row = (f"template {template}", seconds, report.passed, len(report.policies), old)
+                rows.append(row)
+    return rows
+
+
+VARIANTS = {
+    "guess-number progress": ("guess-number", {"progress_reward": 0.2}),
+    "guess-number 1..1000": ("guess-number", {"low": 1, "high": 1000}),
+    "calculator tool pay": ("calculator", {"tool_call_reward": 0.1}),
+    "frozenlake 8 slippery": ("frozenlake", {"size": 8, "is_slippery": True}),
+    "frozenlake 5": ("frozenlake", {"size": 5}),
+    "arithmetic 200": ("arithmetic", {"num_tasks": 200}),
+    "wordle 5 turns": ("wordle", {"max_turns": 5}),
+}
+"""Built-in envs with other settings, audited on 5 episodes: more chances for a false alarm."""
+
+
+def variant_rows() -> list[tuple[str, float, bool, int, float]]:
+    """(variant, seconds, passed, policies, seconds of the old policies) for :data:`VARIANTS`."""
+    rows = []
+    for label, (name, kwargs) in VARIANTS.items():
+        with envhub.make(name, **kwargs) as env:
+            start = time.perf_counter()
+            report = audit_env(env, seeds=(0, 1, 2, 3, 4), raise_on_failure=False)
+            seconds = time.perf_counter() - start
+            old = old_audit(env, (0, 1, 2, 3, 4))[0]
+            rows.append((label, seconds, report.passed, len(report.policies), old))
+    return rows
+
+
+def fixture_rows() -> list[tuple[str, str, bool, bool, float, bool]]:
+    """(fixture, hack class, flagged with it, twin passed, seconds, flagged by the old policies)
+    for every hackable fixture."""
+    spec = importlib.util.spec_from_file_location(
+        "hackable_envs", ROOT / "tests" / "audit" / "hackable_envs.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = []
+    for name, (make, hack) in module.HACKABLE.items():
+        start = time.perf_counter()
+        report = audit_env(make(), raise_on_failure=False)
+        twin = audit_env(module.HONEST[name](), raise_on_failure=False)
+        flagged = any(f.hack == hack for f in report.findings)
+        seconds = time.perf_counter() - start
+        rows.append((name, hack, flagged, twin.passed, seconds, old_audit(make())[1]))
+    return rows
+
+
+def main() -> None:
+    """Print the timing table, then the fixtures' hit rate."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--no-fixtures", action="store_true", help="Time the envs only.")
+    args = parser.parse_args()
+    print(f"cores available: {len(os.sched_getaffinity(0))}")
+    print(f"{'env':24} {'seconds':>8} {'passed':>7} {'policies':>9} {'old s':>7}")
+    for name, seconds, passed, policies, old in builtin_rows() + template_rows() + variant_rows():
+        print(f"{name:24} {seconds:8.2f} {str(passed):>7} {policies:9d} {old:7.2f}")
+    if args.no_fixtures:
+        return
+    rows = fixture_rows()
+    head = f"{'fixture':24} {'class':20} {'flagged':>8} {'twin ok':>8} {'seconds':>8} {'old':>6}"
+    print(f"\n{head}")
+    for name, hack, flagged, twin, seconds, old in rows:
+        print(f"{name:24} {hack:20} {str(flagged):>8} {str(twin):>8} {seconds:8.2f} {str(old):>6}")
+    hits, twins, old = (sum(r[i] for r in rows) for i in (2, 3, 5))
+    print(
+        f"\nhit rate {hits}/{len(rows)} (old policies: {old}/{len(rows)}, any class); "
+        f"honest twins passing {twins}/{len(rows)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
