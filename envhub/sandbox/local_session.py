@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process
+from envhub.sandbox import zygote as zygotes
 from envhub.sandbox._pipes import CallPipes
 from envhub.sandbox.base import (
     WORKDIR,
@@ -48,6 +49,10 @@ from envhub.sandbox.jail import ENV, bwrap_argv
 from envhub.sandbox.session import Session, Workspace
 from envhub.sandbox.session_init import (
     INIT,
+    INIT_LOADER,
+    INIT_NAME,
+    INIT_VARIABLE,
+    JOINED_INIT,
     KILLALL,
     kill_message,
     parse_reply,
@@ -79,6 +84,9 @@ class _Running:
     uid: int
     control: socket.socket
     init_pid: int | None = None
+    """The host pid of the sandbox's pid 1."""
+    server_pid: int | None = None
+    """The host pid of the session's init when a zygote forked it (pid 2 in the sandbox)."""
 
 
 class LocalSession(Session):
@@ -150,7 +158,7 @@ class LocalSession(Session):
         running = self._running
         if running is None:
             return []
-        own = {running.init_pid, running.bwrap}
+        own = {running.init_pid, running.server_pid, running.bwrap}
         return [pid for pid in _process.uid_processes(running.uid, live=True) if pid not in own]
 
     async def akill_processes(self) -> None:
@@ -198,7 +206,9 @@ class LocalSession(Session):
             started = time.perf_counter()
             self._calls += 1
             call = self._calls
-            pipes = _send_run(running.control, call, argv, {**ENV, "PWD": WORKDIR, **env}, limits)
+            env = {**ENV, "PWD": WORKDIR, **env}
+            helpers = 1 if running.server_pid else 0  # a joined init's `sh` is the extra one
+            pipes = _send_run(running.control, call, argv, env, limits, helpers)
             io = CallPipes(*pipes, cap)
             try:
                 io.start(stdin)
@@ -260,8 +270,52 @@ class LocalSession(Session):
 
     async def _start(self, uid: int) -> _Running:
         """Mount the session's files and start its sandbox as ``uid`` through the launcher
-        (:mod:`envhub.sandbox.session_launcher`); wait for its init."""
-        init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        (:mod:`envhub.sandbox.session_launcher`); wait for its init: started in the sandbox,
+        or (as the sandbox's zygotes do) forked into it from a zygote."""
+        joined = self.sandbox.zygote
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_read, info_write = os.pipe()
+        errors_read, errors_write = os.pipe()
+        status_read, status_write = os.pipe() if joined else (-1, -1)
+        if joined:  # bubblewrap gets the init's status pipe; the zygote gets the socket
+            os.fchown(status_read, uid, uid)  # the init reopens it through /proc as `uid`
+            init = ["/bin/sh", "-c", zygotes.init_script(FDS["control"]), "sh"]
+        else:
+            init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        sent = [errors_write, status_read if joined else theirs.fileno(), info_write]
+        try:
+            pid, pidfd = self._launch(uid, init, sent)
+        except BaseException:
+            for fd in (info_read, errors_read, status_write):
+                if fd >= 0:
+                    os.close(fd)
+            ours.close()
+            theirs.close()
+            raise
+        finally:
+            for fd in (info_write, errors_write, status_read):
+                if fd >= 0:
+                    os.close(fd)
+        ours.setblocking(False)
+        running = _Running(pid, pidfd, errors_read, uid, ours)
+        try:
+            if joined:
+                await self._join(running, info_read, status_write, theirs)
+            await _await_ready(running)
+            running.init_pid = running.init_pid or _process.sandbox_init(info_read)
+            if joined:
+                running.server_pid = _second_process(uid)
+        except BaseException:
+            await asyncio.to_thread(_end, running)
+            raise
+        finally:
+            theirs.close()
+            os.close(info_read)
+        return running
+
+    def _launch(self, uid: int, init: list[str], fds: list[int]) -> tuple[int, int]:
+        """Have the launcher mount the session's files and start bubblewrap around ``init``
+        with ``fds`` as its stderr, descriptor 3 and info pipe; its pid and a pidfd."""
         scratch = scratch_flags(str(MOUNT_POINT))
         argv = bwrap_argv(
             self.sandbox.jail, uid, self.limits, [], FDS["info"], init, False, scratch
@@ -270,33 +324,23 @@ class LocalSession(Session):
         workspace = self.workspace.path if self.workspace else None
         owner = workspace.stat().st_uid if workspace else 0
         mode = self.start if workspace else "empty"
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        info_read, info_write = os.pipe()
-        errors_read, errors_write = os.pipe()
         size = self.limits.disk_mb << 20
+        return launcher().launch(str(workspace), owner, uid, size, mode, argv, fds)
+
+    async def _join(
+        self, running: _Running, info_read: int, status_write: int, control: socket.socket
+    ) -> None:
+        """Have the session zygote fork the init into the started sandbox (once bubblewrap
+        reports its init's pid) with ``control`` as its socket; closes ``status_write``."""
         try:
-            sent = [errors_write, theirs.fileno(), info_write]
-            pid, pidfd = launcher().launch(str(workspace), owner, uid, size, mode, argv, sent)
-        except BaseException:
-            for fd in (info_read, errors_read):
-                os.close(fd)
-            ours.close()
-            raise
+            init = await _process.await_sandbox_init(info_read, _START_WAIT)
+            if init is None:
+                return  # bubblewrap failed: the wait for `ready` reports what it said
+            running.init_pid = init
+            zygote = _zygote(self.sandbox.python)
+            zygote.start(init, running.bwrap, running.uid, status_write, control.fileno())
         finally:
-            theirs.close()
-            os.close(info_write)
-            os.close(errors_write)
-        ours.setblocking(False)
-        running = _Running(pid, pidfd, errors_read, uid, ours)
-        try:
-            await _await_ready(running)
-            running.init_pid = _process.sandbox_init(info_read)
-        except BaseException:
-            await asyncio.to_thread(_end, running)
-            raise
-        finally:
-            os.close(info_read)
-        return running
+            os.close(status_write)
 
     def _serialized(self) -> asyncio.Lock:
         """The lock that keeps the session's calls one at a time (one per event loop)."""
@@ -307,14 +351,20 @@ class LocalSession(Session):
 
 
 def _send_run(
-    control: socket.socket, call: int, argv: list[str], env: Mapping[str, str], limits: Limits
+    control: socket.socket,
+    call: int,
+    argv: list[str],
+    env: Mapping[str, str],
+    limits: Limits,
+    helpers: int,
 ) -> tuple[int, int, int]:
-    """Ask the init to run ``argv``; the host's ends of its stdin, stdout and stderr."""
+    """Ask the init to run ``argv``; the host's ends of its stdin, stdout and stderr
+    (``helpers``: :func:`~envhub.sandbox.session_init.rlimits`)."""
     stdin_r, stdin_w = os.pipe()
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     try:
-        message = run_message(call, argv, env, limits)
+        message = run_message(call, argv, env, limits, helpers)
         socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
     except OSError as e:
         for fd in (stdin_w, stdout_r, stderr_r):
@@ -324,6 +374,40 @@ def _send_run(
         for fd in (stdin_r, stdout_w, stderr_w):
             os.close(fd)
     return stdin_w, stdout_r, stderr_r
+
+
+def _second_process(uid: int) -> int | None:
+    """The host pid of ``uid``'s process that is pid 2 in its pid namespace."""
+    for pid in _process.uid_processes(uid, live=True):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                spaces = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if spaces[-1:] == ["2"]:
+            return pid
+    return None
+
+
+_ZYGOTES: dict[tuple[int, str], zygotes.Zygote] = {}
+
+
+def _zygote(python: str) -> zygotes.Zygote:
+    """This process's zygote of session inits for ``python``, started when there is none."""
+    key = (os.getpid(), python)
+    zygote = _ZYGOTES.get(key)
+    if zygote is None or not zygote.alive:
+        env = {**ENV, "PWD": WORKDIR}
+        zygote = zygotes.Zygote(
+            shutil.which(python, path=ENV["PATH"]) or python,
+            ["-S", "-I"],
+            {**env, INIT_VARIABLE: JOINED_INIT},
+            WORKDIR,
+            source=INIT_LOADER,
+            name=INIT_NAME,
+        )
+        _ZYGOTES[key] = zygote
+    return zygote
 
 
 class _ExitWatch:
@@ -371,6 +455,7 @@ class _ExitWatch:
         self.close()  # the socket stays readable (EOF) for ever
         _settle(self.exited, error)
         self.settle(error)
+        self.exited.exception()  # raised through `first`; awaited or not, it is seen
 
 
 def _settle(future: asyncio.Future[Any], value: object) -> None:

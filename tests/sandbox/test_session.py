@@ -33,9 +33,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def box() -> Iterator[LocalSandbox]:
-    with LocalSandbox(LIMITS, base_uid=61300, max_concurrency=6, warm=0) as sandbox:
+@pytest.fixture(scope="module", params=[True, False], ids=["joined", "own-init"])
+def box(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
+    """Sessions whose init a zygote forks into them (the default as root), and sessions that
+    start their own init's interpreter (``zygote=False``)."""
+    with LocalSandbox(
+        LIMITS, base_uid=61300, max_concurrency=6, warm=0, zygote=request.param
+    ) as sandbox:
         yield sandbox
         assert live_sandbox_processes(sandbox) == []
 
@@ -162,6 +166,22 @@ async def test_kill_processes_keeps_the_session(box: LocalSandbox) -> None:
         await session.akill_processes()
         assert session.processes() == []
         assert (await session.arun("cat f")).stdout == "keep\n"
+
+
+@in_a_loop
+async def test_killing_interpreters_by_name_spares_the_init(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        await session.arun("sleep 300 &")
+        kills = (
+            "pkill python",
+            "pkill -f python",
+            "killall python3",
+            "pkill -f sh",
+            "pkill -f bash",
+        )
+        for kill in kills:
+            await session.arun(kill)
+        assert (await session.arun("echo alive")).stdout == "alive\n"
 
 
 @in_a_loop
