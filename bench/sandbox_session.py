@@ -9,8 +9,8 @@
    argv on the host (no sandbox): ``true`` and ``sh -c 'echo hi'``.
 3. 64 sessions at once on one workspace: start time, memory (the proportional set size of
    every process of theirs, and the host's available memory before and after), a command in
-   each, then what is left after they close: processes of their uids, mounts of a session's
-   tmpfs or overlay in any mount namespace, files under the mount point.
+   each, then what is left after they close: processes of their uids and of the session
+   launcher, mounts of a session's tmpfs or overlay those hold, files under the mount point.
 
 Needs root and bubblewrap (as local sessions do).
 
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from envhub.sandbox import Limits, LocalSandbox, Workspace
 from envhub.sandbox._process import uid_processes
-from envhub.sandbox.local_session import MOUNT_POINT, LocalSession
+from envhub.sandbox.local_session import LocalSession
+from envhub.sandbox.session_launcher import MOUNT_POINT, launcher
 
 
 def workspace_of(files: int) -> Workspace:
@@ -132,17 +133,40 @@ def available_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 
-def session_mounts() -> int:
-    """Mount lines of a session's tmpfs or overlay, in any process's mount namespace."""
+def session_mounts(pids: list[int]) -> int:
+    """Mount lines of a session's tmpfs or overlay seen by ``pids``."""
     count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/mountinfo") as f:
-                    count += sum("envhub-session" in line for line in f)
-            except OSError:
-                continue
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/mountinfo") as f:
+                count += sum("envhub-session" in line for line in f)
+        except OSError:
+            continue
     return count
+
+
+def ours(uids: list[int]) -> list[int]:
+    """This process's session processes: the launcher's children (each session's bubblewrap,
+    whose mount namespace holds its files) and every process of the sessions' uids, but those
+    that exited and wait for their parent to reap them. (Other
+    programs on the machine may run sessions of their own at the same time.)"""
+    helper = launcher().proc.pid
+    try:
+        with open(f"/proc/{helper}/task/{helper}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except OSError:
+        children = []
+    every = {*children, *(pid for uid in uids for pid in uid_processes(uid))}
+    return sorted(pid for pid in every if not zombie(pid))
+
+
+def zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:\tZ") for line in f)
+    except OSError:
+        return True
 
 
 async def part_many(box: LocalSandbox, count: int) -> None:
@@ -159,8 +183,9 @@ async def part_many(box: LocalSandbox, count: int) -> None:
         *[s.arun(f"echo {i} >> pkg0/module_0.py && (sleep 300 &)") for i, s in enumerate(sessions)]
     )
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-    uids = [s.uid for s in sessions]
-    pids = [pid for uid in uids for pid in uid_processes(uid, live=True)]  # type: ignore[arg-type]
+    uids: list[int] = [s.uid for s in sessions]  # type: ignore[misc]
+    pids = [pid for uid in uids for pid in uid_processes(uid, live=True)]
+    mounted = session_mounts(ours(uids))
     used, pss = before - available_kib(), pss_kib(pids)
     began = time.perf_counter()
     tails = await asyncio.gather(*[s.arun("tail -n 1 pkg0/module_0.py") for s in sessions])
@@ -169,13 +194,14 @@ async def part_many(box: LocalSandbox, count: int) -> None:
     began = time.perf_counter()
     await asyncio.gather(*[s.aclose() for s in sessions])
     closed = time.perf_counter() - began
-    left = [pid for uid in uids for pid in uid_processes(uid)]  # type: ignore[arg-type]
+    left = ours(uids)
     print(f"  start all: {started * 1000:.0f} ms; a command in each: {one_each * 1000:.0f} ms")
     print(f"  processes: {len(pids)}, their PSS: {pss / 1024:.0f} MiB")
     print(f"  host memory used while they lived: {used / 1024:.0f} MiB")
     print(f"  close all: {closed * 1000:.0f} ms")
     print(
-        f"  left after close: {len(left)} processes, {session_mounts()} session mounts, "
+        f"  left after close: {len(left)} processes, {session_mounts(left)} session mounts "
+        f"(while they lived: {mounted}), "
         f"{len(list(MOUNT_POINT.iterdir()))} files under {MOUNT_POINT}, workspace unchanged: "
         f"{(workspace.path / 'pkg0/module_0.py').read_bytes() == original}"
     )
