@@ -1,18 +1,20 @@
 """The local backend's session: one bubblewrap sandbox for an episode, with its own uid.
 
 A :class:`LocalSession` takes a uid of its :class:`~envhub.sandbox.LocalSandbox`'s pool for its
-whole life (so ``max_concurrency`` bounds live sessions and runs together), mounts its files
-(through :mod:`envhub.sandbox.session_launcher`: a tmpfs of ``disk_mb`` in a mount namespace of
-its own, holding an overlay on the workspace), and starts bubblewrap with the jail's flags
-(:func:`~envhub.sandbox.jail.bwrap_argv`) around its init
-(:data:`~envhub.sandbox.session_init.INIT`), which forks each call's command. The sandbox is
-started on first use.
+whole life (so ``max_concurrency`` bounds live sessions and runs together), has the launcher
+(:mod:`envhub.sandbox.session_launcher`) mount its files (a tmpfs of ``disk_mb`` in a mount
+namespace of its own, holding an overlay on the workspace) and start bubblewrap with the jail's
+flags (:func:`~envhub.sandbox.jail.bwrap_argv`), then waits for its init
+(:mod:`envhub.sandbox.session_init`), which forks each call's command. As root with zygotes on
+(the default) the init is forked into the started sandbox by a zygote of session inits, as a
+zygote run is (:mod:`envhub.sandbox.zygote`), instead of starting an interpreter of its own
+(``zygote=False``: the sandbox's pid 1 is the init). The sandbox starts on first use.
 
 What a session adds to the threat model: see :mod:`envhub.sandbox.threat_model`. The end:
-:meth:`LocalSession.aclose` SIGKILLs the init (the kernel then kills every process of its pid
-namespace, and the mount namespace with the session's files goes with the last of them); if
-the caller dies instead, bubblewrap's ``--die-with-parent`` does the same, and the uid's claim
-lapses with the caller (:mod:`envhub.sandbox.uids`).
+:meth:`LocalSession.aclose` SIGKILLs the sandbox's pid 1 (the kernel then kills every process
+of its pid namespace, and the mount namespace with the session's files goes with bubblewrap);
+if envhub dies instead, the launcher kills every bubblewrap it started, and the uid's claim
+lapses with envhub (:mod:`envhub.sandbox.uids`).
 
 Local sessions need root (the mounts, and a uid of their own for the process limit).
 """
@@ -322,7 +324,10 @@ class LocalSession(Session):
         )
         argv[0] = shutil.which(argv[0]) or argv[0]
         workspace = self.workspace.path if self.workspace else None
-        owner = workspace.stat().st_uid if workspace else 0
+        try:
+            owner = workspace.stat().st_uid if workspace else 0
+        except OSError as e:
+            raise SandboxError(f"a local session could not start: its workspace: {e}") from e
         mode = self.start if workspace else "empty"
         size = self.limits.disk_mb << 20
         return launcher().launch(str(workspace), owner, uid, size, mode, argv, fds)

@@ -184,6 +184,43 @@ async def test_killing_interpreters_by_name_spares_the_init(box: LocalSandbox) -
         assert (await session.arun("echo alive")).stdout == "alive\n"
 
 
+INSPECT_INIT = """\
+import ctypes, os
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+init = next(p for p in pids if open(f'/proc/{p}/comm').read() == 'envhub-init\\n')
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.ptrace(16, int(init), 0, 0), ctypes.get_errno())  # PTRACE_ATTACH: EPERM
+for name in ('environ', 'fd', 'mem'):
+    try:
+        path = f'/proc/{init}/{name}'
+        os.listdir(path) if name == 'fd' else open(path, 'rb').read(1)
+        print(name, 'open')
+    except OSError as e:
+        print(name, e.errno)
+"""
+
+
+@in_a_loop
+async def test_calls_cannot_inspect_or_trace_the_init(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        result = await session.arun(python(INSPECT_INIT))
+        assert result.stdout == "-1 1\nenviron 13\nfd 13\nmem 13\n"
+        assert (await session.arun("echo alive")).stdout == "alive\n"
+
+
+@in_a_loop
+async def test_a_bad_workspace_is_a_clear_error(box: LocalSandbox, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="existing directory"):
+        box.session(tmp_path / "missing")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    session = box.session(gone)
+    gone.rmdir()
+    with pytest.raises(SandboxError, match="could not start.*gone"):
+        await session.arun("true")
+    await session.aclose()
+
+
 @in_a_loop
 async def test_limits_hold_per_call_and_the_session_survives_a_kill(box: LocalSandbox) -> None:
     async with box.session(limits=LIMITS.with_(output_bytes=1000, memory_mb=256)) as session:
