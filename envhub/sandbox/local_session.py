@@ -210,7 +210,7 @@ class LocalSession(Session):
             call = self._calls
             env = {**ENV, "PWD": WORKDIR, **env}
             helpers = 1 if running.server_pid else 0  # a joined init's `sh` is the extra one
-            pipes = _send_run(running.control, call, argv, env, limits, helpers)
+            pipes = _send_run(running.control, call, argv, env, limits, helpers, bool(stdin))
             io = CallPipes(*pipes, cap)
             try:
                 io.start(stdin)
@@ -362,10 +362,13 @@ def _send_run(
     env: Mapping[str, str],
     limits: Limits,
     helpers: int,
-) -> tuple[int, int, int]:
-    """Ask the init to run ``argv``; the host's ends of its stdin, stdout and stderr
-    (``helpers``: :func:`~envhub.sandbox.session_init.rlimits`)."""
-    stdin_r, stdin_w = os.pipe()
+    has_stdin: bool,
+) -> tuple[int | None, int, int]:
+    """Ask the init to run ``argv``; the host's ends of its stdin (``None`` without
+    ``has_stdin``: it reads ``/dev/null``), stdout and stderr (``helpers``:
+    :func:`~envhub.sandbox.session_init.rlimits`)."""
+    # No input: /dev/null (a pipe, its writer and its close cost more than the command often)
+    stdin_r, stdin_w = os.pipe() if has_stdin else (os.open(os.devnull, os.O_RDONLY), None)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     try:
@@ -373,7 +376,8 @@ def _send_run(
         socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
     except OSError as e:
         for fd in (stdin_w, stdout_r, stderr_r):
-            os.close(fd)
+            if fd is not None:
+                os.close(fd)
         raise SandboxError(f"the session's sandbox is gone ({e})") from e
     finally:
         for fd in (stdin_r, stdout_w, stderr_w):
