@@ -8,6 +8,7 @@ import asyncio
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -201,6 +202,31 @@ for name in ('environ', 'fd', 'mem'):
 
 
 @in_a_loop
+async def test_calls_of_one_session_run_one_after_another(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        calls = [session.arun(f"sleep 0.{3 - i}; echo {i} >> order") for i in range(3)]
+        await asyncio.gather(*calls)
+        assert (await session.arun("cat order")).stdout == "0\n1\n2\n"
+
+
+@in_a_loop
+async def test_a_call_that_kills_everything(box: LocalSandbox) -> None:
+    session = box.session()
+    await session.arun("sleep 300 &")
+    uid = session.uid
+    if box.zygote:  # the init is pid 2 there: it dies too, and so does the session
+        with pytest.raises(SandboxError, match="ended"):
+            await session.arun("kill -9 -1")
+        with pytest.raises(SandboxError, match="closed"):
+            await session.arun("true")
+    else:  # pid 1 gets no signal from inside its namespace
+        await session.arun("kill -9 -1")
+        assert (await session.arun("echo alive")).stdout == "alive\n"
+    await session.aclose()
+    assert live_sandbox_processes([uid]) == []  # type: ignore[list-item]
+
+
+@in_a_loop
 async def test_calls_cannot_inspect_or_trace_the_init(box: LocalSandbox) -> None:
     async with box.session() as session:
         result = await session.arun(python(INSPECT_INIT))
@@ -372,6 +398,25 @@ async def test_one_shot_containment_holds_in_a_session(
         result = await session.arun(python(code))
         assert (result.stdout, result.stop_reason) == (expected, "ok")
         assert (await session.arun("echo next")).stdout == "next\n"
+
+
+@in_a_loop
+async def test_network_only_when_asked(box: LocalSandbox) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as e:\n"
+            "    print(e.errno)"
+        )
+        async with box.session() as closed, box.session(limits=LIMITS.with_(network=True)) as open_:
+            assert (await closed.arun(python(code))).stdout == "111\n"  # its own loopback
+            assert (await open_.arun(python(code))).stdout == "connected\n"
 
 
 @in_a_loop
