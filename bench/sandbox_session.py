@@ -4,7 +4,7 @@
    workspace has 10 / 1,000 / 10,000 files: copy-on-write (the default: an overlay on the
    workspace) against a copy (``start="copy"``: ``cp -a`` into the session's tmpfs), with
    ``shutil.copytree`` of the workspace into a fresh host folder beside them (what a copy costs
-   before any sandbox).
+   before any sandbox), and a one-shot cold run of ``true`` for scale (the machine's load).
 2. Commands one after another in one session against a bare ``subprocess.run`` of the same
    argv on the host (no sandbox): ``true`` and ``sh -c 'echo hi'``.
 3. 64 sessions at once on one workspace: start time, memory (the proportional set size of
@@ -73,9 +73,21 @@ def copytree_seconds(workspace: Workspace, runs: int) -> list[float]:
     return seconds
 
 
+async def one_shot_seconds(box: LocalSandbox, runs: int) -> list[float]:
+    """Seconds of a one-shot cold run of ``true`` (bubblewrap, its init, the command): what
+    any sandbox costs on this machine now, beside the sessions' rows."""
+    seconds = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        await box.arun(["true"])
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 async def part_setup(box: LocalSandbox, sizes: list[int], runs: int) -> None:
     """Part 1: set-up and teardown by workspace size, copy against copy-on-write."""
-    print("\n1. session set-up (ready) and teardown, p50 ms")
+    one_shot = await one_shot_seconds(box, runs)
+    print(f"\n1. session set-up (ready) and teardown, p50 ms (a one-shot run: {ms(one_shot)})")
     header = ["copytree", "copy up", "copy down", "cow up", "cow down"]
     print(f"{'files':>6} " + " ".join(f"{h:>8}" for h in header))
     for size in sizes:
