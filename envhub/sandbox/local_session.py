@@ -241,8 +241,12 @@ class LocalSession(Session):
             except asyncio.TimeoutError:
                 raise SandboxError("a session's init did not end a killed call") from None
             return int(status), first
+        except asyncio.CancelledError:  # the caller gave up on it: end the call, not the session
+            if not await _end_call(running, call, watch):
+                await self._abandon()
+            raise
         except BaseException:
-            await self._abandon()  # cancelled, or the init failed: its replies are out of step
+            await self._abandon()  # the init failed: its replies are out of step
             raise
         finally:
             timer.cancel()
@@ -353,6 +357,16 @@ class LocalSession(Session):
         if self._lock is None or self._lock[0] is not loop:
             self._lock = (loop, asyncio.Lock())
         return self._lock[1]
+
+
+async def _end_call(running: _Running, call: int, watch: _ExitWatch) -> bool:
+    """Kill a call and wait for the init to report its exit; whether it did."""
+    try:
+        running.control.send(kill_message(call))
+        await asyncio.wait_for(asyncio.shield(watch.exited), _KILL_WAIT)
+        return True
+    except BaseException:
+        return False
 
 
 def _send_run(

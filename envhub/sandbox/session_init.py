@@ -12,7 +12,8 @@ The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
   call's stdin, stdout and stderr as three file descriptors; ``("kill", id)``: SIGKILL the
   call's process group; ``("killall",)``: SIGKILL every other process of the sandbox.
 - init -> envhub: ASCII lines: ``ready``; ``exit ID STATUS`` when the call's first process
-  ended (``128 + n`` for signal n; 126/127 when it could not start).
+  ended (``128 + n`` for signal n; 126/127 when it could not start); for a killed call, once
+  every process of its group has gone too.
 
 Each command starts in a session of its own (its process group is what a timeout kills), with
 the default signal dispositions, its rlimits, only its three descriptors, in ``/sandbox``.
@@ -53,16 +54,7 @@ def _main(fd):
     calls = {}
     ctrl.send(b"ready")
     while True:
-        try:
-            while True:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-                if pid in calls:
-                    code = os.waitstatus_to_exitcode(status)
-                    ctrl.send(b"exit %d %d" % (calls.pop(pid), 128 - code if code < 0 else code))
-        except ChildProcessError:
-            pass
+        _reap(ctrl, calls)
         ready = select.select([ctrl, wake_r], [], [])[0]
         if wake_r in ready:
             while True:
@@ -83,13 +75,9 @@ def _main(fd):
             if message[0] == "run":
                 _start(ctrl, calls, message, fds, wake_w)
             elif message[0] == "kill":
-                for pid, call in calls.items():
+                for pid, call in list(calls.items()):
                     if call == message[1]:
-                        for kill in (os.killpg, os.kill):
-                            try:
-                                kill(pid, 9)
-                            except OSError:
-                                pass
+                        _kill_group(ctrl, calls, pid)
             elif message[0] == "killall":
                 try:
                     os.kill(-1, 9)
@@ -97,6 +85,40 @@ def _main(fd):
                     pass
             for fd in fds:
                 os.close(fd)
+def _reap(ctrl, calls, hold=None):
+    held = None
+    try:
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid in calls:
+                code = os.waitstatus_to_exitcode(status)
+                reply = b"exit %d %d" % (calls.pop(pid), 128 - code if code < 0 else code)
+                if pid == hold:
+                    held = reply
+                else:
+                    ctrl.send(reply)
+    except ChildProcessError:
+        pass
+    return held
+def _kill_group(ctrl, calls, pid):
+    import time
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, 9)
+        except OSError:
+            pass
+    reply = None
+    for _ in range(2000):  # the call's exit goes out once its whole group is gone
+        reply = _reap(ctrl, calls, pid) or reply
+        try:
+            os.killpg(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.001)
+    if reply is not None:
+        ctrl.send(reply)
 def _start(ctrl, calls, message, fds, wake_w):
     _, call, argv, env, limits = message
     try:

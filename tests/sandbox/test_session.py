@@ -210,6 +210,15 @@ async def test_calls_of_one_session_run_one_after_another(box: LocalSandbox) -> 
 
 
 @in_a_loop
+async def test_a_cancelled_call_ends_and_the_session_goes_on(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(session.arun("echo started > f; sleep 300"), 0.5)
+        assert session.processes() == []
+        assert (await session.arun("cat f")).stdout == "started\n"
+
+
+@in_a_loop
 async def test_a_call_that_kills_everything(box: LocalSandbox) -> None:
     session = box.session()
     await session.arun("sleep 300 &")
