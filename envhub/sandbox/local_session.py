@@ -32,7 +32,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process
@@ -49,6 +49,7 @@ from envhub.sandbox.base import (
 )
 from envhub.sandbox.jail import ENV, bwrap_argv
 from envhub.sandbox.session import Session, Workspace
+from envhub.sandbox.session_channel import KILL_WAIT, ExitWatch, end_call, receive, send_run
 from envhub.sandbox.session_init import (
     INIT,
     INIT_LOADER,
@@ -58,7 +59,6 @@ from envhub.sandbox.session_init import (
     KILLALL,
     kill_message,
     parse_reply,
-    run_message,
     scratch_flags,
 )
 from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
@@ -69,7 +69,6 @@ if TYPE_CHECKING:
 
 Start = Literal["overlay", "copy"]
 _START_WAIT = 30.0
-_KILL_WAIT = 5.0
 
 
 @dataclass
@@ -170,7 +169,7 @@ class LocalSession(Session):
             if self._running is None:
                 return
             self._running.control.send(KILLALL)
-            deadline = time.monotonic() + _KILL_WAIT
+            deadline = time.monotonic() + KILL_WAIT
             while self.processes():
                 if time.monotonic() > deadline:
                     raise SandboxError(f"processes {self.processes()[:5]} outlived a kill")
@@ -210,7 +209,7 @@ class LocalSession(Session):
             call = self._calls
             env = {**ENV, "PWD": WORKDIR, **env}
             helpers = 1 if running.server_pid else 0  # a joined init's `sh` is the extra one
-            pipes = _send_run(running.control, call, argv, env, limits, helpers, bool(stdin))
+            pipes = send_run(running.control, call, argv, env, limits, helpers, bool(stdin))
             io = CallPipes(*pipes, cap)
             try:
                 io.start(stdin)
@@ -228,7 +227,7 @@ class LocalSession(Session):
         self, running: _Running, call: int, io: CallPipes, wall_time: float
     ) -> tuple[int, str | None]:
         """The call's exit status, and why it was killed (``timeout``, ``output_limit``)."""
-        watch = _ExitWatch(running.control, call)
+        watch = ExitWatch(running.control, call)
         timer = watch.loop.call_later(wall_time, watch.settle, "timeout")
         io.over.add_done_callback(lambda _: watch.settle("output_limit"))
         try:
@@ -237,12 +236,12 @@ class LocalSession(Session):
                 return first, None
             running.control.send(kill_message(call))
             try:
-                status = await asyncio.wait_for(watch.exited, _KILL_WAIT)
+                status = await asyncio.wait_for(watch.exited, KILL_WAIT)
             except asyncio.TimeoutError:
                 raise SandboxError("a session's init did not end a killed call") from None
             return int(status), first
         except asyncio.CancelledError:  # the caller gave up on it: end the call, not the session
-            if not await _end_call(running, call, watch):
+            if not await end_call(running.control, call, watch):
                 await self._abandon()
             raise
         except BaseException:
@@ -359,46 +358,6 @@ class LocalSession(Session):
         return self._lock[1]
 
 
-async def _end_call(running: _Running, call: int, watch: _ExitWatch) -> bool:
-    """Kill a call and wait for the init to report its exit; whether it did."""
-    try:
-        running.control.send(kill_message(call))
-        await asyncio.wait_for(asyncio.shield(watch.exited), _KILL_WAIT)
-        return True
-    except BaseException:
-        return False
-
-
-def _send_run(
-    control: socket.socket,
-    call: int,
-    argv: list[str],
-    env: Mapping[str, str],
-    limits: Limits,
-    helpers: int,
-    has_stdin: bool,
-) -> tuple[int | None, int, int]:
-    """Ask the init to run ``argv``; the host's ends of its stdin (``None`` without
-    ``has_stdin``: it reads ``/dev/null``), stdout and stderr (``helpers``:
-    :func:`~envhub.sandbox.session_init.rlimits`)."""
-    # No input: /dev/null (a pipe, its writer and its close cost more than the command often)
-    stdin_r, stdin_w = os.pipe() if has_stdin else (os.open(os.devnull, os.O_RDONLY), None)
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
-    try:
-        message = run_message(call, argv, env, limits, helpers)
-        socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
-    except OSError as e:
-        for fd in (stdin_w, stdout_r, stderr_r):
-            if fd is not None:
-                os.close(fd)
-        raise SandboxError(f"the session's sandbox is gone ({e})") from e
-    finally:
-        for fd in (stdin_r, stdout_w, stderr_w):
-            os.close(fd)
-    return stdin_w, stdout_r, stderr_r
-
-
 def _second_process(uid: int) -> int | None:
     """The host pid of ``uid``'s process that is pid 2 in its pid namespace."""
     for pid in _process.uid_processes(uid, live=True):
@@ -433,94 +392,10 @@ def _zygote(python: str) -> zygotes.Zygote:
     return zygote
 
 
-class _ExitWatch:
-    """Watches the init's replies for one call: :attr:`exited` is its exit status, and
-    :attr:`first` whichever comes first of that and what :meth:`settle` is given (the
-    deadline, the output cap)."""
-
-    def __init__(self, control: socket.socket, call: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.control, self.call = control, call
-        self.exited: asyncio.Future[int] = self.loop.create_future()
-        self.first: asyncio.Future[int | str] = self.loop.create_future()
-        self.loop.add_reader(control.fileno(), self._readable)
-
-    def settle(self, value: int | str | BaseException) -> None:
-        """Settle :attr:`first` with ``value`` (an exception is raised), unless it is."""
-        _settle(self.first, value)
-
-    def close(self) -> None:
-        """Stop watching the socket."""
-        if self.control.fileno() >= 0:
-            self.loop.remove_reader(self.control.fileno())
-
-    def _readable(self) -> None:
-        try:
-            data = self.control.recv(256)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            self._fail(SandboxError(f"the session's sandbox is gone ({e})"))
-            return
-        if not data:
-            self._fail(SandboxError("the session's sandbox ended (its init exited)"))
-            return
-        try:
-            kind, which, status = parse_reply(data)
-        except ValueError as e:
-            self._fail(SandboxError(str(e)))
-            return
-        if kind == "exit" and which == self.call:
-            _settle(self.exited, status)
-            self.settle(status)
-
-    def _fail(self, error: SandboxError) -> None:
-        self.close()  # the socket stays readable (EOF) for ever
-        _settle(self.exited, error)
-        self.settle(error)
-        self.exited.exception()  # raised through `first`; awaited or not, it is seen
-
-
-def _settle(future: asyncio.Future[Any], value: object) -> None:
-    if future.done():
-        return
-    if isinstance(value, BaseException):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
-
-
-async def _receive(control: socket.socket) -> bytes:
-    """The init's next reply (waiting on the loop); an error when the init has gone."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            data = control.recv(256)
-        except BlockingIOError:
-            data = None
-        except OSError as e:
-            raise SandboxError(f"the session's sandbox is gone ({e})") from e
-        if data == b"":
-            raise SandboxError("the session's sandbox ended (its init exited)")
-        if data is not None:
-            return data
-        readable = loop.create_future()
-        loop.add_reader(control.fileno(), _resolve, readable)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(control.fileno())
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
 async def _await_ready(running: _Running) -> None:
     """Wait for the init's ``ready``; on failure, an error with what the start printed."""
     try:
-        reply = await asyncio.wait_for(_receive(running.control), _START_WAIT)
+        reply = await asyncio.wait_for(receive(running.control), _START_WAIT)
         if parse_reply(reply)[0] == "ready":
             return
     except (SandboxError, asyncio.TimeoutError, ValueError):
@@ -540,10 +415,10 @@ def _end(running: _Running, close: bool = True) -> None:
     for pid in _process._children(running.bwrap):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-    if not select.select([running.pidfd], [], [], _KILL_WAIT)[0]:
+    if not select.select([running.pidfd], [], [], KILL_WAIT)[0]:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(running.pidfd, 9)
-        select.select([running.pidfd], [], [], _KILL_WAIT)
+        select.select([running.pidfd], [], [], KILL_WAIT)
     if close:
         running.control.close()
         for fd in (running.pidfd, running.errors):
