@@ -242,6 +242,18 @@ _LAUNCHER: Launcher | None = None
 _LOCK = threading.Lock()
 
 
+def _forget_in_child() -> None:
+    """In a forked child: close the parent's launcher socket (the launcher must see it close
+    when the parent dies, whoever else lives on) and start another when needed."""
+    global _LAUNCHER, _LOCK
+    if _LAUNCHER is not None:
+        _LAUNCHER._socket.close()
+    _LAUNCHER, _LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
 def launcher() -> Launcher:
     """This process's launcher, started when there is none (or it died)."""
     global _LAUNCHER
