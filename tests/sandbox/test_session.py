@@ -273,6 +273,9 @@ async def test_limits_hold_per_call_and_the_session_survives_a_kill(box: LocalSa
         assert (after.stdout, after.exit_code) == ("before\n", 0)
         echo = await session.arun(["cat"], stdin=b"x" * 300_000, wall_time=5)
         assert echo.stop_reason == "output_limit"
+    async with box.session(limits=LIMITS.with_(wall_time=10, cpu_time=1)) as session:
+        busy = await session.arun(python("while True:\n    pass"))
+        assert (busy.exit_code, busy.stop_reason) == (128 + signal.SIGXCPU, "timeout")
 
 
 @in_a_loop
