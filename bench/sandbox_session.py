@@ -4,13 +4,13 @@
    workspace has 10 / 1,000 / 10,000 files: copy-on-write (the default: an overlay on the
    workspace) against a copy (``start="copy"``: ``cp -a`` into the session's tmpfs), with
    ``shutil.copytree`` of the workspace into a fresh host folder beside them (what a copy costs
-   before any sandbox).
+   before any sandbox), and a one-shot cold run of ``true`` for scale (the machine's load).
 2. Commands one after another in one session against a bare ``subprocess.run`` of the same
    argv on the host (no sandbox): ``true`` and ``sh -c 'echo hi'``.
 3. 64 sessions at once on one workspace: start time, memory (the proportional set size of
    every process of theirs, and the host's available memory before and after), a command in
-   each, then what is left after they close: processes of their uids, mounts of a session's
-   tmpfs or overlay in any mount namespace, files under the mount point.
+   each, then what is left after they close: processes of their uids and of the session
+   launcher, mounts of a session's tmpfs or overlay those hold, files under the mount point.
 
 Needs root and bubblewrap (as local sessions do).
 
@@ -31,7 +31,8 @@ from pathlib import Path
 
 from envhub.sandbox import Limits, LocalSandbox, Workspace
 from envhub.sandbox._process import uid_processes
-from envhub.sandbox.local_session import MOUNT_POINT, LocalSession
+from envhub.sandbox.local_session import LocalSession
+from envhub.sandbox.session_launcher import MOUNT_POINT, launcher
 
 
 def workspace_of(files: int) -> Workspace:
@@ -72,9 +73,21 @@ def copytree_seconds(workspace: Workspace, runs: int) -> list[float]:
     return seconds
 
 
+async def one_shot_seconds(box: LocalSandbox, runs: int) -> list[float]:
+    """Seconds of a one-shot cold run of ``true`` (bubblewrap, its init, the command): what
+    any sandbox costs on this machine now, beside the sessions' rows."""
+    seconds = []
+    for _ in range(runs):
+        began = time.perf_counter()
+        await box.arun(["true"])
+        seconds.append(time.perf_counter() - began)
+    return seconds
+
+
 async def part_setup(box: LocalSandbox, sizes: list[int], runs: int) -> None:
     """Part 1: set-up and teardown by workspace size, copy against copy-on-write."""
-    print("\n1. session set-up (ready) and teardown, p50 ms")
+    one_shot = await one_shot_seconds(box, runs)
+    print(f"\n1. session set-up (ready) and teardown, p50 ms (a one-shot run: {ms(one_shot)})")
     header = ["copytree", "copy up", "copy down", "cow up", "cow down"]
     print(f"{'files':>6} " + " ".join(f"{h:>8}" for h in header))
     for size in sizes:
@@ -93,24 +106,29 @@ async def part_setup(box: LocalSandbox, sizes: list[int], runs: int) -> None:
 
 
 async def part_commands(box: LocalSandbox, calls: int) -> None:
-    """Part 2: commands one after another in a session against ``subprocess.run``."""
-    print(f"\n2. {calls} commands one after another")
+    """Part 2: commands one after another in a session against ``subprocess.run``, in
+    interleaved rounds of 20 (the machine's load changes under a long run): medians of the
+    rounds."""
+    print(f"\n2. {calls} commands one after another (interleaved rounds of 20, medians)")
     print(f"{'command':18} {'session ms':>10} {'host ms':>8} {'ratio':>6} {'session/s':>9}")
     async with box.session() as session:
         for argv in (["true"], ["sh", "-c", "echo hi"]):
             await session.arun(argv)
-            began = time.perf_counter()
-            for _ in range(calls):
-                result = await session.arun(argv)
-            inside = (time.perf_counter() - began) / calls
-            assert result.exit_code == 0
-            began = time.perf_counter()
-            for _ in range(calls):
-                subprocess.run(argv, capture_output=True, check=True)
-            host = (time.perf_counter() - began) / calls
+            inside, host = [], []
+            for _ in range(max(1, calls // 20)):
+                began = time.perf_counter()
+                for _ in range(20):
+                    result = await session.arun(argv)
+                inside.append((time.perf_counter() - began) / 20)
+                assert result.exit_code == 0
+                began = time.perf_counter()
+                for _ in range(20):
+                    subprocess.run(argv, capture_output=True, check=True)
+                host.append((time.perf_counter() - began) / 20)
+            mid_inside, mid_host = statistics.median(inside), statistics.median(host)
             print(
-                f"{' '.join(argv):18} {inside * 1000:10.2f} {host * 1000:8.2f} "
-                f"{inside / host:6.2f} {1 / inside:9.0f}"
+                f"{' '.join(argv):18} {mid_inside * 1000:10.2f} {mid_host * 1000:8.2f} "
+                f"{mid_inside / mid_host:6.2f} {1 / mid_inside:9.0f}"
             )
 
 
@@ -132,17 +150,40 @@ def available_kib() -> int:
         return next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
 
 
-def session_mounts() -> int:
-    """Mount lines of a session's tmpfs or overlay, in any process's mount namespace."""
+def session_mounts(pids: list[int]) -> int:
+    """Mount lines of a session's tmpfs or overlay seen by ``pids``."""
     count = 0
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/mountinfo") as f:
-                    count += sum("envhub-session" in line for line in f)
-            except OSError:
-                continue
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/mountinfo") as f:
+                count += sum("envhub-session" in line for line in f)
+        except OSError:
+            continue
     return count
+
+
+def ours(uids: list[int]) -> list[int]:
+    """This process's session processes: the launcher's children (each session's bubblewrap,
+    whose mount namespace holds its files) and every process of the sessions' uids, but those
+    that exited and wait for their parent to reap them. (Other
+    programs on the machine may run sessions of their own at the same time.)"""
+    helper = launcher().proc.pid
+    try:
+        with open(f"/proc/{helper}/task/{helper}/children") as f:
+            children = [int(pid) for pid in f.read().split()]
+    except OSError:
+        children = []
+    every = {*children, *(pid for uid in uids for pid in uid_processes(uid))}
+    return sorted(pid for pid in every if not zombie(pid))
+
+
+def zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (or is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return any(line.startswith("State:\tZ") for line in f)
+    except OSError:
+        return True
 
 
 async def part_many(box: LocalSandbox, count: int) -> None:
@@ -159,8 +200,9 @@ async def part_many(box: LocalSandbox, count: int) -> None:
         *[s.arun(f"echo {i} >> pkg0/module_0.py && (sleep 300 &)") for i, s in enumerate(sessions)]
     )
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
-    uids = [s.uid for s in sessions]
-    pids = [pid for uid in uids for pid in uid_processes(uid, live=True)]  # type: ignore[arg-type]
+    uids: list[int] = [s.uid for s in sessions]  # type: ignore[misc]
+    pids = [pid for uid in uids for pid in uid_processes(uid, live=True)]
+    mounted = session_mounts(ours(uids))
     used, pss = before - available_kib(), pss_kib(pids)
     began = time.perf_counter()
     tails = await asyncio.gather(*[s.arun("tail -n 1 pkg0/module_0.py") for s in sessions])
@@ -169,13 +211,14 @@ async def part_many(box: LocalSandbox, count: int) -> None:
     began = time.perf_counter()
     await asyncio.gather(*[s.aclose() for s in sessions])
     closed = time.perf_counter() - began
-    left = [pid for uid in uids for pid in uid_processes(uid)]  # type: ignore[arg-type]
+    left = ours(uids)
     print(f"  start all: {started * 1000:.0f} ms; a command in each: {one_each * 1000:.0f} ms")
     print(f"  processes: {len(pids)}, their PSS: {pss / 1024:.0f} MiB")
     print(f"  host memory used while they lived: {used / 1024:.0f} MiB")
     print(f"  close all: {closed * 1000:.0f} ms")
     print(
-        f"  left after close: {len(left)} processes, {session_mounts()} session mounts, "
+        f"  left after close: {len(left)} processes, {session_mounts(left)} session mounts "
+        f"(while they lived: {mounted}), "
         f"{len(list(MOUNT_POINT.iterdir()))} files under {MOUNT_POINT}, workspace unchanged: "
         f"{(workspace.path / 'pkg0/module_0.py').read_bytes() == original}"
     )

@@ -13,15 +13,17 @@ _CHUNK = 1 << 16
 
 class CallPipes:
     """The host's ends of one call's pipes (all non-blocking, all closed by :meth:`close`):
-    ``stdin`` written then closed, ``stdout`` and ``stderr`` read into buffers of at most
+    ``stdin`` (if any) written then closed, ``stdout`` and ``stderr`` read into buffers of at most
     ``cap`` bytes; :attr:`over` is set when either had more."""
 
-    def __init__(self, stdin_fd: int, stdout_fd: int, stderr_fd: int, cap: int) -> None:
+    def __init__(self, stdin_fd: int | None, stdout_fd: int, stderr_fd: int, cap: int) -> None:
         self.loop = asyncio.get_running_loop()
         self.cap = cap
         self.stdout, self.stderr = bytearray(), bytearray()
         self.over: asyncio.Future[None] = self.loop.create_future()
-        self._fds = {stdin_fd: "w", stdout_fd: "r", stderr_fd: "r"}
+        self._fds = {stdout_fd: "r", stderr_fd: "r"}
+        if stdin_fd is not None:
+            self._fds[stdin_fd] = "w"
         self._buffers = {stdout_fd: self.stdout, stderr_fd: self.stderr}
         self._watched: set[int] = set()
         for fd in self._fds:
@@ -29,10 +31,12 @@ class CallPipes:
         self._stdin_fd = stdin_fd
 
     def start(self, stdin: bytes) -> None:
-        """Begin feeding ``stdin`` and reading the output (callbacks on the loop)."""
+        """Begin feeding ``stdin`` (when there is a pipe for it) and reading the output
+        (callbacks on the loop)."""
         for fd in self._buffers:
             self._watch(fd, "r", lambda fd=fd: self._read(fd))
-        self._feed(memoryview(stdin))
+        if self._stdin_fd is not None:
+            self._feed(memoryview(stdin))
 
     def drain(self) -> None:
         """Read what the output pipes hold now (the command has exited: what it wrote is in

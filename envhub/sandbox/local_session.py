@@ -1,18 +1,20 @@
 """The local backend's session: one bubblewrap sandbox for an episode, with its own uid.
 
 A :class:`LocalSession` takes a uid of its :class:`~envhub.sandbox.LocalSandbox`'s pool for its
-whole life (so ``max_concurrency`` bounds live sessions and runs together), mounts its files
-(through :mod:`envhub.sandbox.session_launcher`: a tmpfs of ``disk_mb`` in a mount namespace of
-its own, holding an overlay on the workspace), and starts bubblewrap with the jail's flags
-(:func:`~envhub.sandbox.jail.bwrap_argv`) around its init
-(:data:`~envhub.sandbox.session_init.INIT`), which forks each call's command. The sandbox is
-started on first use.
+whole life (so ``max_concurrency`` bounds live sessions and runs together), has the launcher
+(:mod:`envhub.sandbox.session_launcher`) mount its files (a tmpfs of ``disk_mb`` in a mount
+namespace of its own, holding an overlay on the workspace) and start bubblewrap with the jail's
+flags (:func:`~envhub.sandbox.jail.bwrap_argv`), then waits for its init
+(:mod:`envhub.sandbox.session_init`), which forks each call's command. As root with zygotes on
+(the default) the init is forked into the started sandbox by a zygote of session inits, as a
+zygote run is (:mod:`envhub.sandbox.zygote`), instead of starting an interpreter of its own
+(``zygote=False``: the sandbox's pid 1 is the init). The sandbox starts on first use.
 
 What a session adds to the threat model: see :mod:`envhub.sandbox.threat_model`. The end:
-:meth:`LocalSession.aclose` SIGKILLs the init (the kernel then kills every process of its pid
-namespace, and the mount namespace with the session's files goes with the last of them); if
-the caller dies instead, bubblewrap's ``--die-with-parent`` does the same, and the uid's claim
-lapses with the caller (:mod:`envhub.sandbox.uids`).
+:meth:`LocalSession.aclose` SIGKILLs the sandbox's pid 1 (the kernel then kills every process
+of its pid namespace, and the mount namespace with the session's files goes with bubblewrap);
+if envhub dies instead, the launcher kills every bubblewrap it started, and the uid's claim
+lapses with envhub (:mod:`envhub.sandbox.uids`).
 
 Local sessions need root (the mounts, and a uid of their own for the process limit).
 """
@@ -30,10 +32,11 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process, netns
+from envhub.sandbox import zygote as zygotes
 from envhub.sandbox._pipes import CallPipes
 from envhub.sandbox.base import (
     WORKDIR,
@@ -46,12 +49,16 @@ from envhub.sandbox.base import (
 )
 from envhub.sandbox.jail import ENV, bwrap_argv
 from envhub.sandbox.session import Session, Workspace
+from envhub.sandbox.session_channel import KILL_WAIT, ExitWatch, end_call, receive, send_run
 from envhub.sandbox.session_init import (
     INIT,
+    INIT_LOADER,
+    INIT_NAME,
+    INIT_VARIABLE,
+    JOINED_INIT,
     KILLALL,
     kill_message,
     parse_reply,
-    run_message,
     scratch_flags,
 )
 from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
@@ -62,7 +69,6 @@ if TYPE_CHECKING:
 
 Start = Literal["overlay", "copy"]
 _START_WAIT = 30.0
-_KILL_WAIT = 5.0
 
 
 @dataclass
@@ -79,6 +85,9 @@ class _Running:
     uid: int
     control: socket.socket
     init_pid: int | None = None
+    """The host pid of the sandbox's pid 1."""
+    server_pid: int | None = None
+    """The host pid of the session's init when a zygote forked it (pid 2 in the sandbox)."""
 
 
 class LocalSession(Session):
@@ -150,7 +159,7 @@ class LocalSession(Session):
         running = self._running
         if running is None:
             return []
-        own = {running.init_pid, running.bwrap}
+        own = {running.init_pid, running.server_pid, running.bwrap}
         return [pid for pid in _process.uid_processes(running.uid, live=True) if pid not in own]
 
     async def akill_processes(self) -> None:
@@ -160,7 +169,7 @@ class LocalSession(Session):
             if self._running is None:
                 return
             self._running.control.send(KILLALL)
-            deadline = time.monotonic() + _KILL_WAIT
+            deadline = time.monotonic() + KILL_WAIT
             while self.processes():
                 if time.monotonic() > deadline:
                     raise SandboxError(f"processes {self.processes()[:5]} outlived a kill")
@@ -212,7 +221,9 @@ class LocalSession(Session):
             started = time.perf_counter()
             self._calls += 1
             call = self._calls
-            pipes = _send_run(running.control, call, argv, {**ENV, "PWD": WORKDIR, **env}, limits)
+            env = {**ENV, "PWD": WORKDIR, **env}
+            helpers = 1 if running.server_pid else 0  # a joined init's `sh` is the extra one
+            pipes = send_run(running.control, call, argv, env, limits, helpers, bool(stdin))
             io = CallPipes(*pipes, cap)
             try:
                 io.start(stdin)
@@ -230,7 +241,7 @@ class LocalSession(Session):
         self, running: _Running, call: int, io: CallPipes, wall_time: float
     ) -> tuple[int, str | None]:
         """The call's exit status, and why it was killed (``timeout``, ``output_limit``)."""
-        watch = _ExitWatch(running.control, call)
+        watch = ExitWatch(running.control, call)
         timer = watch.loop.call_later(wall_time, watch.settle, "timeout")
         io.over.add_done_callback(lambda _: watch.settle("output_limit"))
         try:
@@ -239,12 +250,16 @@ class LocalSession(Session):
                 return first, None
             running.control.send(kill_message(call))
             try:
-                status = await asyncio.wait_for(watch.exited, _KILL_WAIT)
+                status = await asyncio.wait_for(watch.exited, KILL_WAIT)
             except asyncio.TimeoutError:
                 raise SandboxError("a session's init did not end a killed call") from None
             return int(status), first
+        except asyncio.CancelledError:  # the caller gave up on it: end the call, not the session
+            if not await end_call(running.control, call, watch):
+                await self._abandon()
+            raise
         except BaseException:
-            await self._abandon()  # cancelled, or the init failed: its replies are out of step
+            await self._abandon()  # the init failed: its replies are out of step
             raise
         finally:
             timer.cancel()
@@ -274,43 +289,80 @@ class LocalSession(Session):
 
     async def _start(self, uid: int) -> _Running:
         """Mount the session's files and start its sandbox as ``uid`` through the launcher
-        (:mod:`envhub.sandbox.session_launcher`); wait for its init."""
-        init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        (:mod:`envhub.sandbox.session_launcher`); wait for its init: started in the sandbox,
+        or (as the sandbox's zygotes do) forked into it from a zygote."""
+        joined = self.sandbox.zygote
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        info_read, info_write = os.pipe()
+        errors_read, errors_write = os.pipe()
+        status_read, status_write = os.pipe() if joined else (-1, -1)
+        if joined:  # bubblewrap gets the init's status pipe; the zygote gets the socket
+            os.fchown(status_read, uid, uid)  # the init reopens it through /proc as `uid`
+            init = ["/bin/sh", "-c", zygotes.init_script(FDS["control"]), "sh"]
+        else:
+            init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+        sent = [errors_write, status_read if joined else theirs.fileno(), info_write]
+        try:
+            pid, pidfd = self._launch(uid, init, sent)
+        except BaseException:
+            for fd in (info_read, errors_read, status_write):
+                if fd >= 0:
+                    os.close(fd)
+            ours.close()
+            theirs.close()
+            raise
+        finally:
+            for fd in (info_write, errors_write, status_read):
+                if fd >= 0:
+                    os.close(fd)
+        ours.setblocking(False)
+        running = _Running(pid, pidfd, errors_read, uid, ours)
+        try:
+            if joined:
+                await self._join(running, info_read, status_write, theirs)
+            await _await_ready(running)
+            running.init_pid = running.init_pid or _process.sandbox_init(info_read)
+            if joined:
+                running.server_pid = _second_process(uid)
+        except BaseException:
+            await asyncio.to_thread(_end, running)
+            raise
+        finally:
+            theirs.close()
+            os.close(info_read)
+        return running
+
+    def _launch(self, uid: int, init: list[str], fds: list[int]) -> tuple[int, int]:
+        """Have the launcher mount the session's files and start bubblewrap around ``init``
+        with ``fds`` as its stderr, descriptor 3 and info pipe; its pid and a pidfd."""
         scratch = scratch_flags(str(MOUNT_POINT))
         argv = bwrap_argv(
             self.sandbox.jail, uid, self.limits, [], FDS["info"], init, False, scratch
         )
         argv[0] = shutil.which(argv[0]) or argv[0]
         workspace = self.workspace.path if self.workspace else None
-        owner = workspace.stat().st_uid if workspace else 0
+        try:
+            owner = workspace.stat().st_uid if workspace else 0
+        except OSError as e:
+            raise SandboxError(f"a local session could not start: its workspace: {e}") from e
         mode = self.start if workspace else "empty"
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        info_read, info_write = os.pipe()
-        errors_read, errors_write = os.pipe()
         size = self.limits.disk_mb << 20
+        return launcher().launch(str(workspace), owner, uid, size, mode, argv, fds)
+
+    async def _join(
+        self, running: _Running, info_read: int, status_write: int, control: socket.socket
+    ) -> None:
+        """Have the session zygote fork the init into the started sandbox (once bubblewrap
+        reports its init's pid) with ``control`` as its socket; closes ``status_write``."""
         try:
-            sent = [errors_write, theirs.fileno(), info_write]
-            pid, pidfd = launcher().launch(str(workspace), owner, uid, size, mode, argv, sent)
-        except BaseException:
-            for fd in (info_read, errors_read):
-                os.close(fd)
-            ours.close()
-            raise
+            init = await _process.await_sandbox_init(info_read, _START_WAIT)
+            if init is None:
+                return  # bubblewrap failed: the wait for `ready` reports what it said
+            running.init_pid = init
+            zygote = _zygote(self.sandbox.python)
+            zygote.start(init, running.bwrap, running.uid, status_write, control.fileno())
         finally:
-            theirs.close()
-            os.close(info_write)
-            os.close(errors_write)
-        ours.setblocking(False)
-        running = _Running(pid, pidfd, errors_read, uid, ours)
-        try:
-            await _await_ready(running)
-            running.init_pid = _process.sandbox_init(info_read)
-        except BaseException:
-            await asyncio.to_thread(_end, running)
-            raise
-        finally:
-            os.close(info_read)
-        return running
+            os.close(status_write)
 
     def _serialized(self) -> asyncio.Lock:
         """The lock that keeps the session's calls one at a time (one per event loop)."""
@@ -320,113 +372,44 @@ class LocalSession(Session):
         return self._lock[1]
 
 
-def _send_run(
-    control: socket.socket, call: int, argv: list[str], env: Mapping[str, str], limits: Limits
-) -> tuple[int, int, int]:
-    """Ask the init to run ``argv``; the host's ends of its stdin, stdout and stderr."""
-    stdin_r, stdin_w = os.pipe()
-    stdout_r, stdout_w = os.pipe()
-    stderr_r, stderr_w = os.pipe()
-    try:
-        message = run_message(call, argv, env, limits)
-        socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
-    except OSError as e:
-        for fd in (stdin_w, stdout_r, stderr_r):
-            os.close(fd)
-        raise SandboxError(f"the session's sandbox is gone ({e})") from e
-    finally:
-        for fd in (stdin_r, stdout_w, stderr_w):
-            os.close(fd)
-    return stdin_w, stdout_r, stderr_r
-
-
-class _ExitWatch:
-    """Watches the init's replies for one call: :attr:`exited` is its exit status, and
-    :attr:`first` whichever comes first of that and what :meth:`settle` is given (the
-    deadline, the output cap)."""
-
-    def __init__(self, control: socket.socket, call: int) -> None:
-        self.loop = asyncio.get_running_loop()
-        self.control, self.call = control, call
-        self.exited: asyncio.Future[int] = self.loop.create_future()
-        self.first: asyncio.Future[int | str] = self.loop.create_future()
-        self.loop.add_reader(control.fileno(), self._readable)
-
-    def settle(self, value: int | str | BaseException) -> None:
-        """Settle :attr:`first` with ``value`` (an exception is raised), unless it is."""
-        _settle(self.first, value)
-
-    def close(self) -> None:
-        """Stop watching the socket."""
-        if self.control.fileno() >= 0:
-            self.loop.remove_reader(self.control.fileno())
-
-    def _readable(self) -> None:
+def _second_process(uid: int) -> int | None:
+    """The host pid of ``uid``'s process that is pid 2 in its pid namespace."""
+    for pid in _process.uid_processes(uid, live=True):
         try:
-            data = self.control.recv(256)
-        except BlockingIOError:
-            return
-        except OSError as e:
-            self._fail(SandboxError(f"the session's sandbox is gone ({e})"))
-            return
-        if not data:
-            self._fail(SandboxError("the session's sandbox ended (its init exited)"))
-            return
-        try:
-            kind, which, status = parse_reply(data)
-        except ValueError as e:
-            self._fail(SandboxError(str(e)))
-            return
-        if kind == "exit" and which == self.call:
-            _settle(self.exited, status)
-            self.settle(status)
-
-    def _fail(self, error: SandboxError) -> None:
-        self.close()  # the socket stays readable (EOF) for ever
-        _settle(self.exited, error)
-        self.settle(error)
+            with open(f"/proc/{pid}/status") as f:
+                spaces = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+        except OSError:
+            continue
+        if spaces[-1:] == ["2"]:
+            return pid
+    return None
 
 
-def _settle(future: asyncio.Future[Any], value: object) -> None:
-    if future.done():
-        return
-    if isinstance(value, BaseException):
-        future.set_exception(value)
-    else:
-        future.set_result(value)
+_ZYGOTES: dict[tuple[int, str], zygotes.Zygote] = {}
 
 
-async def _receive(control: socket.socket) -> bytes:
-    """The init's next reply (waiting on the loop); an error when the init has gone."""
-    loop = asyncio.get_running_loop()
-    while True:
-        try:
-            data = control.recv(256)
-        except BlockingIOError:
-            data = None
-        except OSError as e:
-            raise SandboxError(f"the session's sandbox is gone ({e})") from e
-        if data == b"":
-            raise SandboxError("the session's sandbox ended (its init exited)")
-        if data is not None:
-            return data
-        readable = loop.create_future()
-        loop.add_reader(control.fileno(), _resolve, readable)
-        try:
-            await readable
-        finally:
-            loop.remove_reader(control.fileno())
-
-
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+def _zygote(python: str) -> zygotes.Zygote:
+    """This process's zygote of session inits for ``python``, started when there is none."""
+    key = (os.getpid(), python)
+    zygote = _ZYGOTES.get(key)
+    if zygote is None or not zygote.alive:
+        env = {**ENV, "PWD": WORKDIR}
+        zygote = zygotes.Zygote(
+            shutil.which(python, path=ENV["PATH"]) or python,
+            ["-S", "-I"],
+            {**env, INIT_VARIABLE: JOINED_INIT},
+            WORKDIR,
+            source=INIT_LOADER,
+            name=INIT_NAME,
+        )
+        _ZYGOTES[key] = zygote
+    return zygote
 
 
 async def _await_ready(running: _Running) -> None:
     """Wait for the init's ``ready``; on failure, an error with what the start printed."""
     try:
-        reply = await asyncio.wait_for(_receive(running.control), _START_WAIT)
+        reply = await asyncio.wait_for(receive(running.control), _START_WAIT)
         if parse_reply(reply)[0] == "ready":
             return
     except (SandboxError, asyncio.TimeoutError, ValueError):
@@ -446,10 +429,10 @@ def _end(running: _Running, close: bool = True) -> None:
     for pid in _process._children(running.bwrap):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-    if not select.select([running.pidfd], [], [], _KILL_WAIT)[0]:
+    if not select.select([running.pidfd], [], [], KILL_WAIT)[0]:
         with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(running.pidfd, 9)
-        select.select([running.pidfd], [], [], _KILL_WAIT)
+        select.select([running.pidfd], [], [], KILL_WAIT)
     if close:
         running.control.close()
         for fd in (running.pidfd, running.errors):

@@ -12,7 +12,8 @@ The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
   call's stdin, stdout and stderr as three file descriptors; ``("kill", id)``: SIGKILL the
   call's process group; ``("killall",)``: SIGKILL every other process of the sandbox.
 - init -> envhub: ASCII lines: ``ready``; ``exit ID STATUS`` when the call's first process
-  ended (``128 + n`` for signal n; 126/127 when it could not start).
+  ended (``128 + n`` for signal n; 126/127 when it could not start); for a killed call, once
+  every process of its group has gone too.
 
 Each command starts in a session of its own (its process group is what a timeout kills), with
 the default signal dispositions, its rlimits, only its three descriptors, in ``/sandbox``.
@@ -28,6 +29,7 @@ import marshal
 import resource
 from collections.abc import Mapping, Sequence
 
+from envhub.sandbox import zygote as zygotes
 from envhub.sandbox.base import Limits
 
 INIT = r"""
@@ -41,6 +43,9 @@ def _main(fd):
     prctl = Function(_ctypes.dlsym(_ctypes.dlopen(None), "prctl"))
     if prctl(4, 0, 0, 0, 0) != 0 or prctl(3, 0, 0, 0, 0) != 0:  # PR_SET/GET_DUMPABLE
         os._exit(125)
+    if os.getpid() != 1 and prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+        os._exit(125)
+    prctl(15, b"envhub-init", 0, 0, 0)  # PR_SET_NAME: killing interpreters by name spares it
     ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, fd)
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -49,16 +54,7 @@ def _main(fd):
     calls = {}
     ctrl.send(b"ready")
     while True:
-        try:
-            while True:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-                if pid == 0:
-                    break
-                if pid in calls:
-                    code = os.waitstatus_to_exitcode(status)
-                    ctrl.send(b"exit %d %d" % (calls.pop(pid), 128 - code if code < 0 else code))
-        except ChildProcessError:
-            pass
+        _reap(ctrl, calls)
         ready = select.select([ctrl, wake_r], [], [])[0]
         if wake_r in ready:
             while True:
@@ -79,13 +75,9 @@ def _main(fd):
             if message[0] == "run":
                 _start(ctrl, calls, message, fds, wake_w)
             elif message[0] == "kill":
-                for pid, call in calls.items():
+                for pid, call in list(calls.items()):
                     if call == message[1]:
-                        for kill in (os.killpg, os.kill):
-                            try:
-                                kill(pid, 9)
-                            except OSError:
-                                pass
+                        _kill_group(ctrl, calls, pid)
             elif message[0] == "killall":
                 try:
                     os.kill(-1, 9)
@@ -93,6 +85,40 @@ def _main(fd):
                     pass
             for fd in fds:
                 os.close(fd)
+def _reap(ctrl, calls, hold=None):
+    held = None
+    try:
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            if pid in calls:
+                code = os.waitstatus_to_exitcode(status)
+                reply = b"exit %d %d" % (calls.pop(pid), 128 - code if code < 0 else code)
+                if pid == hold:
+                    held = reply
+                else:
+                    ctrl.send(reply)
+    except ChildProcessError:
+        pass
+    return held
+def _kill_group(ctrl, calls, pid):
+    import time
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, 9)
+        except OSError:
+            pass
+    reply = None
+    for _ in range(2000):  # the call's exit goes out once its whole group is gone
+        reply = _reap(ctrl, calls, pid) or reply
+        try:
+            os.killpg(pid, 0)
+        except OSError:
+            break
+        time.sleep(0.001)
+    if reply is not None:
+        ctrl.send(reply)
 def _start(ctrl, calls, message, fds, wake_w):
     _, call, argv, env, limits = message
     try:
@@ -136,7 +162,22 @@ def _exec(argv, env):
     raise error
 _main(int(sys.argv[1]))
 """
-"""The session's init (``python3 -S -I -c INIT CONTROL_FD``), its pid 1."""
+"""The session's init (``python3 -S -I -c INIT CONTROL_FD``): its pid 1, or (forked from a
+zygote, :data:`JOINED_INIT`) its pid 2, the reaper of every orphan of its calls."""
+
+INIT_NAME = "envhub-session-init"
+INIT_VARIABLE = "ENVHUB_SESSION_INIT"
+INIT_LOADER = f"import os;exec(os.environ.pop({INIT_VARIABLE!r}))"
+"""How a joined init's zygote starts: ``INIT_NAME -S -I -c INIT_LOADER``, its program in the
+environment variable ``INIT_VARIABLE``. A pid-2 init can be killed by the session's calls,
+unlike a pid 1: this keeps its command line short and free of words that a call's
+``pkill -f python`` (or ``bash``, ``sh``...) would match."""
+
+JOINED_INIT = zygotes.JOINER + INIT
+"""A zygote's program whose runs are session inits (:mod:`envhub.sandbox.zygote`): the
+sandbox's pid 1 is then the zygote init's ``sh``, which waits; the session's init is forked
+into the sandbox (pid 2, the session's uid, no capabilities, ``no_new_privs``) with the
+control socket as its descriptor 3, instead of starting an interpreter per session (~10 ms)."""
 
 
 def scratch_flags(tmpfs: str) -> list[str]:
@@ -144,24 +185,29 @@ def scratch_flags(tmpfs: str) -> list[str]:
     return ["--bind", f"{tmpfs}/root", "/sandbox", "--bind", f"{tmpfs}/tmp", "/tmp"]
 
 
-def rlimits(limits: Limits) -> list[tuple[int, int, int]]:
+def rlimits(limits: Limits, helpers: int = 0) -> list[tuple[int, int, int]]:
     """A call's rlimits as ``(resource, soft, hard)``, the values a cold run's init sets
-    (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
-    session's uid in its user namespace: the processes earlier calls left running too."""
+        (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
+        session's uid in its user namespace: the processes earlier calls left running too, and the
+    init; ``helpers`` more are allowed for the session's own processes beyond one init (the
+    waiting ``sh`` of a joined init), so that ``processes`` means the same either way."""
     mib, cpu = 1 << 20, limits.cpu_seconds
     return [
         (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
         (resource.RLIMIT_CPU, cpu, cpu + 1),
         (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
-        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
+        (resource.RLIMIT_NPROC, limits.processes + helpers, limits.processes + helpers),
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
         (resource.RLIMIT_CORE, 0, 0),
     ]
 
 
-def run_message(call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits) -> bytes:
-    """The init's ``run`` request (the three stdio descriptors go beside it)."""
-    return marshal.dumps(("run", call, list(argv), dict(env), rlimits(limits)))
+def run_message(
+    call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits, helpers: int = 0
+) -> bytes:
+    """The init's ``run`` request (the three stdio descriptors go beside it); ``helpers`` as
+    for :func:`rlimits`."""
+    return marshal.dumps(("run", call, list(argv), dict(env), rlimits(limits, helpers)))
 
 
 def kill_message(call: int) -> bytes:

@@ -9,7 +9,8 @@ forks a child that, in a mount namespace of its own (nothing of it is visible on
 2. makes the session's working folder there: an overlay whose lower layer is the workspace,
    bound through an *idmapped* mount (the workspace's owner appears as the session's uid, so
    its files are the session's own: ``chmod``, ``git``'s ownership check; the workspace on disk
-   is never written), or a copy of the workspace (``start="copy"``), or nothing;
+   is never written; on a filesystem without idmapped mounts, a plain read-only bind: the files
+   then appear owned by ``nobody``), or a copy of the workspace (``start="copy"``), or nothing;
 3. takes the descriptors it was sent as 2 (stderr), 3 (the init's control socket) and 4
    (bubblewrap's info pipe), closes every other, and execs the uid drop and bubblewrap.
 
@@ -92,7 +93,9 @@ def mount_files(workspace, owner, uid, size, mode):
         tree = check(libc.syscall(428, -100, workspace.encode(), 1 | os.O_CLOEXEC | 0x8000),
                      "open_tree(workspace)")
         attr = struct.pack("QQQQ", 0x100000 | 1, 0, 0, userns(owner, uid))
-        check(libc.syscall(442, tree, b"", 0x1000 | 0x8000, attr, len(attr)), "idmap workspace")
+        if libc.syscall(442, tree, b"", 0x1000 | 0x8000, attr, len(attr)) != 0:
+            attr = struct.pack("QQQQ", 1, 0, 0, 0)  # a filesystem without idmapped mounts
+            check(libc.syscall(442, tree, b"", 0x1000 | 0x8000, attr, len(attr)), "bind")
         check(libc.syscall(429, tree, b"", -100, f"{MP}/lower".encode(), 4), "move_mount")
         os.close(tree)
         layers = f"lowerdir={MP}/lower,upperdir={MP}/upper,workdir={MP}/work".encode()
@@ -240,6 +243,18 @@ class Launcher:
 
 _LAUNCHER: Launcher | None = None
 _LOCK = threading.Lock()
+
+
+def _forget_in_child() -> None:
+    """In a forked child: close the parent's launcher socket (the launcher must see it close
+    when the parent dies, whoever else lives on) and start another when needed."""
+    global _LAUNCHER, _LOCK
+    if _LAUNCHER is not None:
+        _LAUNCHER._socket.close()
+    _LAUNCHER, _LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def launcher() -> Launcher:

@@ -41,29 +41,36 @@ Sessions (:mod:`envhub.sandbox.session`: one sandbox that lives for an episode) 
 above, with these changes:
 
 - **One sandbox, many calls** — the session is one bubblewrap sandbox (the same flags) as a uid
-  of its own for the whole episode; its pid 1 is a small init (:mod:`.session_init`) that forks
-  each call's command with the call's rlimits, in a process group of its own (what a timeout or
-  the output limit kills). Files and processes persist from call to call, by design: what a
-  call plants (a background process, a FIFO, a symlink, a setuid file) is there for the next
-  call, and for the tests that score the episode. Those that read what the episode wrote
-  must treat it as hostile; ``LocalSession.akill_processes`` ends everything the calls left
-  running before a verifier runs.
+  of its own for the whole episode; a small init (:mod:`.session_init`) forks each call's
+  command with the call's rlimits, in a process group of its own (what a timeout or the output
+  limit kills). Files and processes persist from call to call, by design: what a call plants
+  (a background process, a FIFO, a symlink, a setuid file) is there for the next call, and for
+  the tests that score the episode. Those must treat what the episode left as hostile;
+  ``LocalSession.akill_processes`` ends everything the calls left running before a verifier
+  runs.
 - **Processes** — those a call leaves running (``&``, ``nohup``, ``setsid``) live on until the
   session ends, counted against ``processes`` (RLIMIT_NPROC counts every process of the
   session's uid in its user namespace) and each bound by the rlimits of the call that started
-  it. The init ignores their signals (pid 1) and is not dumpable: they cannot ptrace it or open
-  its ``/proc`` files to forge a later call's result. Its replies carry numbers only.
+  it. The init is not dumpable: calls cannot ptrace it or open its ``/proc`` files to forge a
+  later call's result; its replies carry numbers only. As root it is forked into the sandbox by
+  a zygote (pid 2, as a one-shot zygote run: the session's uid, no capabilities,
+  ``no_new_privs``, a child subreaper): a call can kill it (``kill -9 -1``, ``kill 2``), which
+  ends its own session (the next call raises ``SandboxError``); its command line names no
+  interpreter, so ``pkill -f python`` spares it. With ``zygote=False`` it is the sandbox's pid 1
+  and ignores their signals.
 - **Files** — ``/sandbox`` and ``/tmp`` live on one tmpfs of ``disk_mb`` (the whole session's
-  writes) mounted, as root, in a mount namespace of the session's own before bubblewrap starts;
-  ``/sandbox`` is an overlay whose lower layer is the workspace, never written (copy-on-write,
-  or a copy with ``start="copy"``). Nothing of it is visible on the host; it goes with the
-  session's last process. The workspace's files appear owned by ``nobody`` (writable where
-  their mode lets others write). ``read_file``/``write_file`` run inside the sandbox (as the
-  session's uid, through its own root), so a symlink to a host path reaches nothing of the host.
-- **The end** — closing SIGKILLs the init: the kernel kills the pid namespace, the mount
-  namespace and its tmpfs go with it; a killed caller does the same through bubblewrap's
-  ``--die-with-parent`` and the init's end of its socket closing. A session needs root (the
-  mounts; a uid of its own). The e2b backend's session is one VM per episode
+  writes), mounted by a root helper (:mod:`.session_launcher`) in a mount namespace of the
+  session's own before bubblewrap starts; ``/sandbox`` is an overlay whose lower layer is the
+  workspace through an idmapped, read-only mount (its owner's files appear as the session's
+  uid's; the workspace is never written), or a copy (``start="copy"``). Nothing of it is
+  visible on the host; it goes with the session's last process. ``read_file``/``write_file``
+  run inside the sandbox as the session's uid, so a symlink to a host path reaches nothing of
+  the host.
+- **The end** — closing SIGKILLs the sandbox's pid 1: the kernel kills its pid namespace, and
+  the mount namespace with its tmpfs goes with bubblewrap. When envhub dies however it dies, the
+  launcher sees its socket close and SIGKILLs every session's bubblewrap, and a session's
+  ``--die-with-parent`` does the same if the launcher itself is killed. A local session needs
+  root (the mounts; a uid of its own). The e2b backend's session is one VM per episode
   (:mod:`envhub.sandbox.e2b_session`): ``disk_mb`` is not enforced there.
 
 Not contained (know these before you rely on it):

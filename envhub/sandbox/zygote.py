@@ -224,16 +224,26 @@ class Zygote:
         flags: Its flags (``-I``, ``-S``...), those of the runs it serves.
         env: The environment of every run (the sandbox's).
         workdir: The runs' working folder inside the sandbox.
+        source: What it runs: :data:`JOINER` and, after it, what a run does (default
+            :data:`SOURCE`; a local session's init: :mod:`envhub.sandbox.session_init`).
+        name: Its ``argv[0]`` (default: ``python``), what its runs' command line starts with.
     """
 
     def __init__(
-        self, python: str, flags: Sequence[str], env: Mapping[str, str], workdir: str
+        self,
+        python: str,
+        flags: Sequence[str],
+        env: Mapping[str, str],
+        workdir: str,
+        source: str = SOURCE,
+        name: str | None = None,
     ) -> None:
         self.workdir = workdir
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self.proc = subprocess.Popen(
-                [python, *flags, "-c", SOURCE, str(theirs.fileno())],
+                [name or python, *flags, "-c", source, str(theirs.fileno())],
+                executable=python if name else None,
                 pass_fds=[theirs.fileno()],
                 env=dict(env),
                 cwd="/",

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,9 +34,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def box() -> Iterator[LocalSandbox]:
-    with LocalSandbox(LIMITS, base_uid=61300, max_concurrency=6, warm=0) as sandbox:
+@pytest.fixture(scope="module", params=[True, False], ids=["joined", "own-init"])
+def box(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
+    """Sessions whose init a zygote forks into them (the default as root), and sessions that
+    start their own init's interpreter (``zygote=False``)."""
+    with LocalSandbox(
+        LIMITS, base_uid=61300, max_concurrency=6, warm=0, zygote=request.param
+    ) as sandbox:
         yield sandbox
         assert live_sandbox_processes(sandbox) == []
 
@@ -165,6 +170,93 @@ async def test_kill_processes_keeps_the_session(box: LocalSandbox) -> None:
 
 
 @in_a_loop
+async def test_killing_interpreters_by_name_spares_the_init(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        await session.arun("sleep 300 &")
+        kills = (
+            "pkill python",
+            "pkill -f python",
+            "killall python3",
+            "pkill -f sh",
+            "pkill -f bash",
+        )
+        for kill in kills:
+            await session.arun(kill)
+        assert (await session.arun("echo alive")).stdout == "alive\n"
+
+
+INSPECT_INIT = """\
+import ctypes, os
+pids = [p for p in os.listdir('/proc') if p.isdigit()]
+init = next(p for p in pids if open(f'/proc/{p}/comm').read() == 'envhub-init\\n')
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.ptrace(16, int(init), 0, 0), ctypes.get_errno())  # PTRACE_ATTACH: EPERM
+for name in ('environ', 'fd', 'mem'):
+    try:
+        path = f'/proc/{init}/{name}'
+        os.listdir(path) if name == 'fd' else open(path, 'rb').read(1)
+        print(name, 'open')
+    except OSError as e:
+        print(name, e.errno)
+"""
+
+
+@in_a_loop
+async def test_calls_of_one_session_run_one_after_another(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        calls = [session.arun(f"sleep 0.{3 - i}; echo {i} >> order") for i in range(3)]
+        await asyncio.gather(*calls)
+        assert (await session.arun("cat order")).stdout == "0\n1\n2\n"
+
+
+@in_a_loop
+async def test_a_cancelled_call_ends_and_the_session_goes_on(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(session.arun("echo started > f; sleep 300"), 0.5)
+        assert session.processes() == []
+        assert (await session.arun("cat f")).stdout == "started\n"
+
+
+@in_a_loop
+async def test_a_call_that_kills_everything(box: LocalSandbox) -> None:
+    session = box.session()
+    await session.arun("sleep 300 &")
+    uid = session.uid
+    if box.zygote:  # the init is pid 2 there: it dies too, and so does the session
+        with pytest.raises(SandboxError, match="ended"):
+            await session.arun("kill -9 -1")
+        with pytest.raises(SandboxError, match="closed"):
+            await session.arun("true")
+    else:  # pid 1 gets no signal from inside its namespace
+        await session.arun("kill -9 -1")
+        assert (await session.arun("echo alive")).stdout == "alive\n"
+    await session.aclose()
+    assert live_sandbox_processes([uid]) == []  # type: ignore[list-item]
+
+
+@in_a_loop
+async def test_calls_cannot_inspect_or_trace_the_init(box: LocalSandbox) -> None:
+    async with box.session() as session:
+        result = await session.arun(python(INSPECT_INIT))
+        assert result.stdout == "-1 1\nenviron 13\nfd 13\nmem 13\n"
+        assert (await session.arun("echo alive")).stdout == "alive\n"
+
+
+@in_a_loop
+async def test_a_bad_workspace_is_a_clear_error(box: LocalSandbox, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="existing directory"):
+        box.session(tmp_path / "missing")
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    session = box.session(gone)
+    gone.rmdir()
+    with pytest.raises(SandboxError, match="could not start.*gone"):
+        await session.arun("true")
+    await session.aclose()
+
+
+@in_a_loop
 async def test_limits_hold_per_call_and_the_session_survives_a_kill(box: LocalSandbox) -> None:
     async with box.session(limits=LIMITS.with_(output_bytes=1000, memory_mb=256)) as session:
         await session.arun("echo before > state")
@@ -181,6 +273,9 @@ async def test_limits_hold_per_call_and_the_session_survives_a_kill(box: LocalSa
         assert (after.stdout, after.exit_code) == ("before\n", 0)
         echo = await session.arun(["cat"], stdin=b"x" * 300_000, wall_time=5)
         assert echo.stop_reason == "output_limit"
+    async with box.session(limits=LIMITS.with_(wall_time=10, cpu_time=1)) as session:
+        busy = await session.arun(python("while True:\n    pass"))
+        assert (busy.exit_code, busy.stop_reason) == (128 + signal.SIGXCPU, "timeout")
 
 
 @in_a_loop
@@ -315,6 +410,25 @@ async def test_one_shot_containment_holds_in_a_session(
         result = await session.arun(python(code))
         assert (result.stdout, result.stop_reason) == (expected, "ok")
         assert (await session.arun("echo next")).stdout == "next\n"
+
+
+@in_a_loop
+async def test_network_only_when_asked(box: LocalSandbox) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        code = (
+            "import socket\n"
+            "try:\n"
+            f"    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            "    print('connected')\n"
+            "except OSError as e:\n"
+            "    print(e.errno)"
+        )
+        async with box.session() as closed, box.session(limits=LIMITS.with_(network=True)) as open_:
+            assert (await closed.arun(python(code))).stdout == "111\n"  # its own loopback
+            assert (await open_.arun(python(code))).stdout == "connected\n"
 
 
 @in_a_loop
