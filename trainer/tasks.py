@@ -22,7 +22,7 @@ import numpy as np
 
 import envhub
 from envhub.env import Env
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, EnvhubError
 from envhub.trainer.config import CurriculumConfig, EnvSpec
 from envhub.trainer.curriculum import Curriculum, pass_rate
 
@@ -225,24 +225,32 @@ def _dataset_size(env: Env, name: str) -> int:
 
 
 def _levels_of(env: Env, slot: EnvSlot, index: int) -> tuple[tuple[str, ...], str] | None:
-    """An env's levels and the one it starts at, learning each level's size (``None``: the
+    """An env's levels and the one its args select, learning each level's size (``None``: the
     env has no levels).
 
     Raises:
-        ConfigError: The env's args select a level it does not list.
+        ConfigError: The env's args select none of its levels, or it cannot be made at one.
     """
     names = tuple(getattr(env, "levels", ()) or ())
     if not names:
         return None
-    start = env.current_level() or names[0]
-    if start not in names:
+    where = f"envs.{index} ({slot.spec.name})"
+    start = env.current_level()
+    if start is None:
         raise ConfigError(
-            f"envs.{index} ({slot.spec.name}): its level {start!r} is not one of its levels "
-            f"({', '.join(names)}), so curriculum.levels cannot move it"
+            f"{where}: its args select none of its levels ({', '.join(names)}), so "
+            f"curriculum.levels cannot move it: select one with envs.{index}.args."
+            f"{env.level_arg}, or turn curriculum.levels off"
         )
     slot.level_arg = env.level_arg
     for level in names:
-        made = slot.factory(level)()
+        try:
+            made = slot.factory(level)()
+        except EnvhubError as e:
+            raise ConfigError(
+                f"{where} cannot be made at its level {level!r} ({e}): select its level with "
+                f"envs.{index}.args.{env.level_arg} alone, or turn curriculum.levels off"
+            ) from None
         try:
             slot.level_sizes[level] = _dataset_size(made, slot.spec.name)
         finally:

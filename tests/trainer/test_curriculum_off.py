@@ -2,8 +2,8 @@
 
 The golden values below were recorded with the trainer as it was before the curriculum was
 added (commit 83c5460): each step's groups (id and task) and a digest of every token id, from a
-3-step run of two weighted LetterEnv envs on the tiny random Llama with the hf engine (one torch thread: the digest was seen to move once in five runs with
-torch's default threads on 2 shared cores).
+3-step run of two weighted LetterEnv envs on the tiny random Llama with the hf engine, on one
+torch thread (with torch's default threads on 2 shared cores the digest moved once in 5 runs).
 """
 
 from __future__ import annotations
