@@ -70,24 +70,6 @@ class GuessingGame(MultiTurnEnv):
         return f"{left} guess{'' if left == 1 else 'es'} left"
 
 
-def _number_range(low: int | None, high: int | None, level: str | None) -> tuple[int, int]:
-    """The number game's range from its arguments: ``level``'s, or ``low..high`` (default
-    1..100).
-
-    Raises:
-        EnvhubError: An unknown level, or a level given with ``low`` or ``high``.
-    """
-    if level is None:
-        return (1 if low is None else low, 100 if high is None else high)
-    if level not in NUMBER_LEVELS:
-        raise EnvhubError(
-            f"guess-number: level must be one of {', '.join(NUMBER_LEVELS)}, got {level!r}"
-        )
-    if low is not None or high is not None:
-        raise EnvhubError("guess-number: give either level or low/high, not both")
-    return NUMBER_LEVELS[level]
-
-
 # -- the number game ------------------------------------------------------------------------
 
 _INTEGER = re.compile(r"-?\d+")
@@ -122,6 +104,25 @@ def number_tasks(low: int, high: int, size: int, seed: int) -> ProceduralTasks:
 NUMBER_LEVELS = {"1-10": (1, 10), "1-100": (1, 100), "1-1000": (1, 1000), "1-10000": (1, 10000)}
 """The number game's difficulty levels (``level=``), easiest first: the range of the secret
 (and so, by default, the guesses allowed: 4, 7, 10, 14)."""
+
+
+def _number_range(low: int | None, high: int | None, level: str | None) -> tuple[int, int]:
+    """The number game's range from its arguments: ``level``'s, or ``low..high`` (default
+    1..100).
+
+    Raises:
+        EnvhubError: An unknown level, or a level given with ``low`` or ``high``.
+    """
+    if level is None:
+        return (1 if low is None else low, 100 if high is None else high)
+    if level not in NUMBER_LEVELS:
+        raise EnvhubError(
+            f"guess-number: level must be one of {', '.join(NUMBER_LEVELS)}, got {level!r}"
+        )
+    if low is not None or high is not None:
+        raise EnvhubError("guess-number: give either level or low/high, not both")
+    return NUMBER_LEVELS[level]
+
 
 NUMBER_SYSTEM_PROMPT = (
     "Let's play a guessing game. Each turn, reply with one whole number as your guess. "
