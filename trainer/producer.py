@@ -346,10 +346,11 @@ class GroupProducer:
         )
 
     def _observe(self, groups: list[Group]) -> None:
-        """Report the groups an update takes to the curriculum (if any), in job order."""
+        """Report the groups an update takes to the curriculum (if any), in job order. An
+        episode lost to the infrastructure (engine, sandbox, network) says nothing of the task."""
         for group in groups:
             task = group.trajectories[0].task_index
-            rewards = [t.reward for t in group.trajectories]
+            rewards = [t.reward for t in group.trajectories if t.outcome != "infra_failure"]
             self.schedule.observe_group(group.env_index, group.level, task, rewards)
 
     def _drop_stale(self, step: int) -> None:
