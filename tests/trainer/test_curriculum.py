@@ -11,15 +11,22 @@ step 1; a settled task is drawn when its number is below ``revisit``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import deque
 
 import numpy as np
 import pytest
 
+from envhub.envs.arithmetic import problem_set, reference_policy
 from envhub.errors import ConfigError
+from envhub.inference.base import GenerateRequest, Generation
+from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.trainer.config import CurriculumConfig, EnvSpec, LevelsConfig, validate_config
 from envhub.trainer.curriculum import Curriculum, pass_rate
+from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.groups import Taken
+from envhub.trainer.producer import GroupProducer
 from envhub.trainer.tasks import TaskSchedule
 
 SIX = [EnvSpec(name="arithmetic", args={"num_tasks": 6})]
@@ -287,3 +294,53 @@ def test_deques_keep_only_the_window() -> None:
     schedule = _schedule(window=2)
     _rates(schedule, {0: [0.0, 1.0, 1.0]})
     assert schedule.curriculum.stats[(0, None, 0)] == deque([1.0, 1.0])
+
+
+# -- in the producer ---------------------------------------------------------------------------
+
+
+class SolvingEngine(RolloutEngine):
+    """Answers every arithmetic problem right (the env's reference policy), token by token."""
+
+    def __init__(self) -> None:
+        self.inner = ScriptedEngine(reference_policy, ByteChatTokenizer())
+        self.tokenizer = self.inner.tokenizer
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        return await self.inner.generate(request)
+
+
+def test_the_producer_plays_each_draw_at_the_level_its_env_has_then() -> None:
+    """Every group is solved, so with a level window of 2 groups the env moves up a level
+    after each step of 2 tasks: the jobs carry the level and the envs are made at it."""
+    config = validate_config({
+        "seed": 3, "steps": 4,
+        "envs": [{"name": "arithmetic", "args": {"difficulty": "tiny", "num_tasks": 5}}],
+        "rollout": {"tasks_per_step": 2, "samples_per_task": 2, "max_tokens": 16},
+        "curriculum": {"levels": {"window": 2}},
+    })  # fmt: skip
+    schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
+    engine = SolvingEngine()
+
+    async def steps() -> list[Taken]:
+        producer = GroupProducer(config, schedule, engine)
+        producer.start(first_draw=0)
+        taken = []
+        try:
+            for step in range(config.steps):
+                taken.append(await producer.take(step))
+                engine.weights_version = step + 1
+                producer.advance()
+        finally:
+            await producer.aclose()
+        return taken
+
+    taken = asyncio.run(steps())
+    for step, level in zip(taken, ["tiny", "easy", "medium", "hard"], strict=True):
+        problems = problem_set(level, 5, seed=0)
+        for t in step.trajectories:  # each prompt is the problem of its task at that level
+            question = next(m.content for m in t.messages if m.role == "user")
+            assert question == problems[t.task_index]["question"]
+    assert all(t.reward == 1.1 for s in taken for t in s.trajectories)
+    levels = [s.metrics["curriculum/level/arithmetic"] for s in taken]
+    assert levels == [1.0, 2.0, 3.0, 3.0]  # after each step's groups; hard is the last
