@@ -4,7 +4,9 @@ tokens trained per hour, and the held-out reward at the end.
 
 Both runs are ``examples/quickstart.yaml`` (SmolLM2-135M-Instruct, GRPO, hf engine on the CPU)
 with the same seed, on three arithmetic envs of equal weight: ``tiny`` (mastered within a few
-steps), ``easy`` and ``hard`` (hopeless for a 135M model: groups tied at 0). The second run
+steps), ``easy`` and ``hard`` (hopeless for a 135M model: groups tied at 0), each of
+``--tasks-per-env`` tasks (default 8, so that tasks come round again within a short run: the
+curriculum's statistics are per task, and a task seen once is never skipped). The second run
 adds ``curriculum:`` (``--revisit``, ``--window``); with ``--levels`` it instead trains on one
 arithmetic env that starts at ``tiny`` and moves between levels (``curriculum.levels``). The
 held-out eval is the quickstart's (32 two-digit problems, greedy), run once at the end.
@@ -15,7 +17,8 @@ and completion) of the samples in groups that were not tied, per hour of the run
 about 5 minutes on 2 cores); the issue's measurement is the long run:
 
     .venv/bin/python bench/curriculum.py                       # 4 steps each, 8 eval tasks
-    .venv/bin/python bench/curriculum.py --steps 40 --eval-tasks 32 [--levels] [--json out.json]
+    .venv/bin/python bench/curriculum.py --steps 40 --eval-tasks 32 --tasks-per-env 32 \
+        [--levels] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,9 +37,7 @@ from envhub.trainer.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
-MIXED = [
-    {"name": "arithmetic", "args": {"difficulty": level}} for level in ("tiny", "easy", "hard")
-]
+MIXED = ("tiny", "easy", "hard")
 
 
 def run(args: argparse.Namespace, curriculum: dict[str, Any] | None, out: Path) -> dict:
@@ -53,10 +54,11 @@ def run(args: argparse.Namespace, curriculum: dict[str, Any] | None, out: Path) 
         "eval.baseline=false",
         f"eval.envs.0.num_tasks={args.eval_tasks}",
     ]
-    if args.levels and curriculum is not None:
-        envs = [{"name": "arithmetic", "args": {"difficulty": "tiny"}}]
-    else:
-        envs = MIXED
+    levels = ("tiny",) if args.levels and curriculum is not None else MIXED
+    envs = [
+        {"name": "arithmetic", "args": {"difficulty": level, "num_tasks": args.tasks_per_env}}
+        for level in levels
+    ]
     overrides.append(f"envs={json.dumps(envs)}")
     if curriculum is not None:
         overrides.append(f"curriculum={json.dumps(curriculum)}")
@@ -99,6 +101,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--eval-tasks", type=int, default=8)
+    parser.add_argument("--tasks-per-env", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--revisit", type=float, default=0.1)
     parser.add_argument("--window", type=int, default=2)
