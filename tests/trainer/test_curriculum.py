@@ -344,3 +344,19 @@ def test_the_producer_plays_each_draw_at_the_level_its_env_has_then() -> None:
     assert all(t.reward == 1.1 for s in taken for t in s.trajectories)
     levels = [s.metrics["curriculum/level/arithmetic"] for s in taken]
     assert levels == [1.0, 2.0, 3.0, 3.0]  # after each step's groups; hard is the last
+
+
+def test_held_out_evaluation_keeps_its_fixed_tasks_and_level() -> None:
+    from envhub.trainer.held_out import HeldOutEval
+
+    def targets(curriculum: object) -> list[tuple]:
+        config = validate_config({
+            "envs": [{"name": "arithmetic", "args": {"difficulty": "tiny"}}],
+            "eval": {"envs": [{"name": "arithmetic", "args": {"difficulty": "easy"},
+                               "num_tasks": 4}]},
+            "curriculum": curriculum,
+        })  # fmt: skip
+        return [(t.label, t.spec.args, t.tasks) for t in HeldOutEval(config).targets]
+
+    assert targets({"levels": {"window": 1}}) == targets(None)
+    assert targets(None) == [("arithmetic", {"difficulty": "easy"}, [0, 333, 666, 999])]
