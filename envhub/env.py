@@ -93,6 +93,12 @@ class Env(gym.Env[list[Message], Action]):
     ``reward_range``). An env that pays for the answer's form alone (0.1 for a ``\\boxed{}``,
     say) declares that pay here; :func:`envhub.audit_env` fails when a degenerate policy
     (empty, echo, junk in the answer format, ...) scores above it."""
+    levels: ClassVar[tuple[str, ...]] = ()
+    """Difficulty levels, easiest first, that a training curriculum may move the env between
+    (the trainer's ``curriculum.levels``); empty: the env has none. ``level_arg`` names the
+    constructor argument that selects one (``envhub.make(name, **{level_arg: level})``), and
+    :meth:`current_level` says which one an instance plays."""
+    level_arg: ClassVar[str] = "level"
     cheats: Mapping[str, Callable[..., str]] = MappingProxyType({})
     """Name -> a policy ``(messages, tools) -> str`` that exploits a weakness this env once had
     or could have (boxing the question's own expression, say). :func:`envhub.audit_env` runs
@@ -103,6 +109,14 @@ class Env(gym.Env[list[Message], Action]):
         self.action_space = AssistantTurnSpace()
         self.render_mode = "ansi"
         self._closed = False
+
+    def current_level(self) -> str | None:
+        """The level this instance plays: the value of its ``level_arg`` attribute, ``None``
+        when the env has no ``levels`` or its settings match none of them."""
+        if not self.levels:
+            return None
+        level = getattr(self, self.level_arg, None)
+        return level if level in self.levels else None
 
     @property
     def ref(self) -> EnvRef:

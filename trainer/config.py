@@ -530,6 +530,74 @@ class CheckpointConfig(_Part):
     """Write ``final/`` (HF safetensors, servable by vLLM) when the run ends."""
 
 
+class LevelsConfig(_Part):
+    """Move each env's difficulty level from its measured pass rate (``curriculum.levels``).
+
+    An env exposes levels with ``levels`` (names, easiest first) and ``level_arg`` (the
+    constructor argument that selects one; see :class:`envhub.env.Env`). The run starts each
+    such env at the level its ``args`` select (or the env's default) and measures the pass rate
+    of its last ``window`` groups at that level: at or above ``promote_above`` it moves one
+    level up, at or below ``demote_below`` one down. A move empties the window, so the next
+    decision waits for ``window`` groups at the new level; with the gap between the bars this
+    is the hysteresis that keeps a level from flapping. Envs without levels are left as they are.
+    """
+
+    window: int = Field(16, ge=1)
+    """Groups at the current level whose pass rates decide a move."""
+    promote_above: float = Field(0.8, gt=0.0, le=1.0)
+    demote_below: float = Field(0.2, ge=0.0, lt=1.0)
+
+    @model_validator(mode="after")
+    def _check_bars(self) -> LevelsConfig:
+        if self.demote_below >= self.promote_above:
+            raise ValueError(
+                f"curriculum.levels.demote_below ({self.demote_below}) must be below "
+                f"promote_above ({self.promote_above}): the gap between them is the hysteresis"
+            )
+        return self
+
+
+class CurriculumConfig(_Part):
+    """An online curriculum (``curriculum:``; off when absent): draw tasks that teach.
+
+    The trainer keeps, per task (and level), the pass rates of its last ``window`` groups (the
+    share of samples whose reward reaches the env's ``pass_threshold``). When a task comes up in
+    its env's epoch order and its mean pass rate over at least ``min_groups`` groups is at or
+    above ``skip_above`` (mastered) or at or below ``skip_below`` (hopeless), it is skipped,
+    except with probability ``revisit``, when it is drawn again and its statistics refreshed.
+    Env choice keeps the envs' weights; the curriculum acts within each env. Every choice comes
+    from the run's seed and the step, and the statistics are in the checkpoint, so a resumed run
+    draws what an uninterrupted one would. Held-out evaluation is unaffected.
+    """
+
+    window: int = Field(4, ge=1)
+    """Recent groups of a task whose pass rates are averaged."""
+    min_groups: int = Field(1, ge=1)
+    """Groups a task needs before it can be skipped."""
+    skip_above: float = Field(1.0, gt=0.0, le=1.0)
+    """Mean pass rate at or above which a task counts as mastered."""
+    skip_below: float = Field(0.0, ge=0.0, lt=1.0)
+    """Mean pass rate at or below which a task counts as hopeless."""
+    revisit: float = Field(0.1, ge=0.0, le=1.0)
+    """Probability that a mastered or hopeless task is drawn anyway when it comes up."""
+    levels: LevelsConfig | None = None
+    """Move envs' difficulty levels from their pass rates; none when absent."""
+
+    @model_validator(mode="after")
+    def _check_bars(self) -> CurriculumConfig:
+        if self.skip_below >= self.skip_above:
+            raise ValueError(
+                f"curriculum.skip_below ({self.skip_below}) must be below skip_above "
+                f"({self.skip_above}): tasks in between are the ones worth drawing"
+            )
+        if self.min_groups > self.window:
+            raise ValueError(
+                f"curriculum.min_groups ({self.min_groups}) cannot exceed curriculum.window "
+                f"({self.window}): a task keeps only its last window groups"
+            )
+        return self
+
+
 class TrainConfig(_Part):
     """A whole training run."""
 
@@ -548,6 +616,8 @@ class TrainConfig(_Part):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     eval: EvalConfig | None = None
     """Held-out evaluation during training; none when absent."""
+    curriculum: CurriculumConfig | None = None
+    """Online curriculum (which tasks and levels each step draws); none when absent."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainConfig:

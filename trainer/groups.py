@@ -29,6 +29,8 @@ class Group:
     again: int = 0
     """0 for a task as drawn; ``n`` for the n-th task launched again or instead (a stale group
     sampled again, a refill, a task in flight at a checkpoint)."""
+    level: str | None = None
+    """The env's difficulty level the task was played at (a curriculum's; else ``None``)."""
 
     @property
     def version(self) -> int | None:
@@ -49,13 +51,21 @@ class Group:
             "position": self.position,
             "again": self.again,
             "trajectories": [t.model_dump(mode="json") for t in self.trajectories],
+            "level": self.level,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Group:
         """The group :meth:`to_dict` saved."""
         trajectories = [Trajectory.model_validate(t) for t in data["trajectories"]]
-        return cls(data["draw"], data["env_index"], data["position"], trajectories, data["again"])
+        return cls(
+            data["draw"],
+            data["env_index"],
+            data["position"],
+            trajectories,
+            data["again"],
+            data.get("level"),
+        )
 
 
 @dataclass(frozen=True)

@@ -115,7 +115,7 @@ def train(config: TrainConfig, reporter: Reporter | None = None) -> RunResult:
 async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     # Cheap checks first: a bad env name or argument, or a model that is not there, fails here
     # in a second, before Ray, the model load or an engine start.
-    schedule = TaskSchedule.from_specs(config.envs, config.seed)
+    schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
     held_out = HeldOutEval(config) if config.eval is not None else None
     resolve_model(config.model.name)
     run_dir = config.run_dir

@@ -17,6 +17,10 @@ One producer, one consumer (the update) and one buffer between them::
 - **Refill.** With dynamic sampling and ``algorithm.dynamic_sampling_rounds`` > 1, a group whose
   rewards are all equal is set aside (its episodes still count in the step's metrics) and a new
   task takes its place, until the draw has sampled ``rounds x tasks_per_step`` groups.
+- **Curriculum.** With ``curriculum:``, each update's groups (taken and set aside, in job order)
+  are reported to the schedule's curriculum when the update takes them, so a draw sees the
+  statistics of every update before the one it follows; each job carries the level its tasks
+  were drawn at. The step's ``curriculum/*`` metrics come with the update's.
 - **Checkpoints.** :meth:`state_dict` holds the groups waiting in the buffer and the tasks in
   flight (with their jobs' seeds): a resumed run trains on the former and samples the latter
   again; nothing is skipped.
@@ -151,20 +155,33 @@ class GroupProducer:
         self._launch_tasks(draw, self.schedule.draw(draw, self.groups_per_step), again=0)
 
     def _launch_tasks(
-        self, draw: int, per_env: list[list[int]], again: int, positions: list[int] | None = None
+        self,
+        draw: int,
+        per_env: list[list[int]],
+        again: int,
+        positions: list[int] | None = None,
+        level: str | None = None,
     ) -> None:
-        """One job per env, as the synchronous loop makes them."""
+        """One job per env, as the synchronous loop makes them, at each env's current level
+        (``level``: that one instead, for a single task launched again)."""
         jobs = []
         for env_index, tasks in enumerate(per_env):
             if tasks:
                 prefix = f"s{draw + 1}{f'r{again}' if again else ''}e{env_index}"
                 seed = runner_seed(self.config.seed, draw, env_index, *([again] if again else []))
-                jobs.append(self._job(env_index, tasks, seed, prefix))
+                at = level if positions else self.schedule.level(env_index)
+                jobs.append(self._job(env_index, tasks, seed, prefix, at))
         self._launch(jobs, draw, again, positions)
 
-    def _job(self, env_index: int, tasks: list[int], seed: int, prefix: str) -> RolloutJob:
+    def _job(
+        self, env_index: int, tasks: list[int], seed: int, prefix: str, level: str | None
+    ) -> RolloutJob:
         version = self.engine.weights_version  # workers' turns carry it: never newer than true
-        return RolloutJob(env_index, tuple(tasks), seed=seed, prefix=prefix, version=version)
+        args = self.schedule.slots[env_index].level_args(level) or None
+        return RolloutJob(
+            env_index, tuple(tasks), seed=seed, prefix=prefix, version=version,
+            level=level, env_args=args,
+        )  # fmt: skip
 
     def _sample_again(self, group: Group) -> None:
         """A stale group's task, again with the newest weights and new seeds."""
@@ -172,7 +189,9 @@ class GroupProducer:
         task = group.trajectories[0].task_index
         per_env: list[list[int]] = [[] for _ in self.schedule.slots]
         per_env[group.env_index] = [task]
-        self._launch_tasks(group.draw, per_env, self._again, positions=[group.position])
+        self._launch_tasks(
+            group.draw, per_env, self._again, positions=[group.position], level=group.level
+        )
 
     def _has_signal(self, trajectories: list[Trajectory]) -> bool:
         return has_signal(trajectories, self.config.algorithm, self.config.rollout.max_tokens)
@@ -208,11 +227,12 @@ class GroupProducer:
     ) -> None:
         left = sum(len(job.tasks) for job in jobs)
         self._idle.begin(left)
+        levels = {job.env_index: job.level for job in jobs}  # one job per env
 
         def land(env_index: int, at: int, trajectories: list[Trajectory]) -> None:
             nonlocal left
             self._in_flight.pop((draw, again, env_index, at), None)
-            group = Group(draw, env_index, at, trajectories, again)
+            group = Group(draw, env_index, at, trajectories, again, levels[env_index])
             if not self.refill or self._has_signal(trajectories):
                 self.ready.append(group)
             else:
@@ -241,7 +261,7 @@ class GroupProducer:
             return await self._roll_out_in_workers(self.workers, jobs, land, positions)
         runs = []
         for job in jobs:
-            factory = self.schedule.slots[job.env_index].factory()
+            factory = self.schedule.slots[job.env_index].factory(job.level)
             on_group = _landing(land, job.env_index)
             count = _counting(self._count)
             runs.append(
@@ -318,11 +338,20 @@ class GroupProducer:
         aside, self.set_aside = self.set_aside, []
         self._episodes = max(0, self._episodes - len(taken) * self.options.samples_per_task)
         self._forget_done_draws(step)
+        self._observe(sorted(taken + aside, key=lambda g: g.order))
         return Taken(
             [t for g in taken for t in g.trajectories],
             [t for g in aside for t in g.trajectories],
             self._metrics(step, taken, aside, ahead),
         )
+
+    def _observe(self, groups: list[Group]) -> None:
+        """Report the groups an update takes to the curriculum (if any), in job order. An
+        episode lost to the infrastructure (engine, sandbox, network) says nothing of the task."""
+        for group in groups:
+            task = group.trajectories[0].task_index
+            rewards = [t.reward for t in group.trajectories if t.outcome != "infra_failure"]
+            self.schedule.observe_group(group.env_index, group.level, task, rewards)
 
     def _drop_stale(self, step: int) -> None:
         """Drop the ready groups too old for update ``step``; sample their tasks again."""
@@ -349,6 +378,7 @@ class GroupProducer:
         """``batch/refilled_groups`` (with refills) and, when asynchronous, ``async/*``: how
         stale the update's data was and how busy the rollouts were."""
         metrics = {"batch/refilled_groups": float(len(aside))} if self.refill else {}
+        metrics |= self.schedule.curriculum_metrics()
         if not self.max_staleness:
             return metrics
         versions = [t.policy_version for g in taken for t in g.trajectories]
@@ -421,7 +451,7 @@ def runner_seed(seed: int, *keys: int) -> int:
 
 def _only(job: RolloutJob, task: int, position: int) -> RolloutJob:
     """``job`` reduced to its task at ``position`` (ids and seeds as in the whole job)."""
-    return RolloutJob(job.env_index, (task,), seed=job.seed, prefix=job.prefix, version=job.version)
+    return replace(job, tasks=(task,))
 
 
 def _or(value: int | None, default: int) -> int:

@@ -38,6 +38,17 @@ class RolloutJob:
     version: int = 0
     """The policy version the trainer's engine had when the job was launched: a worker's
     client cannot see syncs, so its turns carry this one (never newer than the truth)."""
+    level: str | None = None
+    """The env's difficulty level the curriculum drew the tasks at (``None``: as configured)."""
+    env_args: dict[str, Any] | None = None
+    """Constructor arguments over the env's configured ones (the level's), if any."""
+
+    def env_factory(self, name: str, args: dict[str, Any]) -> Callable[[], Any]:
+        """Makes this job's env: ``envhub.make(name, **args)`` with :attr:`env_args` on top."""
+        import envhub
+
+        merged = args | (self.env_args or {})
+        return lambda: envhub.make(name, **merged)
 
 
 @dataclass(frozen=True)

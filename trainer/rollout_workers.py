@@ -217,7 +217,7 @@ class _Worker:
         runs = [
             run_job(
                 self.engine,
-                self._factory(p.job.env_index),
+                self._factory(p.job),
                 p.job,
                 options,
                 partial(self._count, call),
@@ -242,9 +242,9 @@ class _Worker:
     def _count(self, call: int, _: Trajectory) -> None:
         self.done[call] = self.done.get(call, 0) + 1
 
-    def _factory(self, env_index: int) -> Callable[[], Any]:
-        spec = self.envs[env_index]
-        return lambda: envhub.make(spec.name, **spec.args)
+    def _factory(self, job: RolloutJob) -> Callable[[], Any]:
+        spec = self.envs[job.env_index]
+        return job.env_factory(spec.name, spec.args)
 
 
 class RolloutWorkers:

@@ -4,6 +4,12 @@ Each step draws ``tasks_per_step`` task slots. A slot picks an env with probabil
 to its weight; within an env, tasks come in epochs, each a fresh seeded permutation of the env's
 dataset. The whole schedule is a function of the run seed and the per-env cursors, which the
 checkpoint stores, so a resumed run trains on exactly the tasks it would have seen.
+
+With a curriculum (``curriculum:``, :mod:`~envhub.trainer.curriculum`) the envs are still chosen
+by weight, from the same stream; within an env the epoch order is walked as before, but a task
+the curriculum deems settled (mastered or hopeless) is passed over unless a revisit draws it,
+and an env with levels is drawn at its current level (each level with its own epochs and
+cursor). Its choices come from a stream of their own, seeded from the run's seed and the step.
 """
 
 from __future__ import annotations
@@ -16,8 +22,9 @@ import numpy as np
 
 import envhub
 from envhub.env import Env
-from envhub.errors import ConfigError
-from envhub.trainer.config import EnvSpec
+from envhub.errors import ConfigError, EnvhubError
+from envhub.trainer.config import CurriculumConfig, EnvSpec
+from envhub.trainer.curriculum import Curriculum, pass_rate
 
 
 @dataclass
@@ -31,10 +38,22 @@ class EnvSlot:
     """Tasks of this env handed out so far (across epochs)."""
     num_tools: int = 0
     """Tools the env offers the model (the run header says where the model finds them)."""
+    level_arg: str = ""
+    """The constructor argument that selects a level (with curriculum levels)."""
+    level_sizes: dict[str, int] = field(default_factory=dict)
+    """Tasks per level, for an env the curriculum moves between levels (empty: none)."""
+    level_cursors: dict[str, int] = field(default_factory=dict)
+    """Tasks handed out so far at each level."""
 
-    def factory(self) -> Callable[[], Env]:
-        """A function that makes a fresh instance of this env (``envhub.make`` with its args)."""
-        return lambda: envhub.make(self.spec.name, **self.spec.args)
+    def level_args(self, level: str | None) -> dict[str, Any]:
+        """The constructor arguments that select ``level`` (none for ``None``)."""
+        return {} if level is None else {self.level_arg: level}
+
+    def factory(self, level: str | None = None) -> Callable[[], Env]:
+        """A function that makes a fresh instance of this env (``envhub.make`` with its args),
+        at ``level`` when given."""
+        args = self.spec.args | self.level_args(level)
+        return lambda: envhub.make(self.spec.name, **args)
 
 
 @dataclass
@@ -43,24 +62,32 @@ class TaskSchedule:
 
     slots: list[EnvSlot]
     seed: int
-    _permutations: dict[tuple[int, int], np.ndarray] = field(default_factory=dict, repr=False)
+    curriculum: Curriculum | None = None
+    _permutations: dict[tuple[int, str | None, int], np.ndarray] = field(
+        default_factory=dict, repr=False
+    )
 
     @classmethod
-    def from_specs(cls, specs: list[EnvSpec], seed: int) -> TaskSchedule:
-        """Make each env once (checking that it loads) to learn its size and pass threshold."""
-        slots = []
-        for spec in specs:
+    def from_specs(
+        cls, specs: list[EnvSpec], seed: int, curriculum: CurriculumConfig | None = None
+    ) -> TaskSchedule:
+        """Make each env once (checking that it loads) to learn its size and pass threshold;
+        with curriculum levels, also once per level of an env that has levels."""
+        slots, levels = [], []
+        for index, spec in enumerate(specs):
             env = envhub.make(spec.name, **spec.args)
             try:
-                size = len(env.dataset) if hasattr(env, "dataset") else 0
-                if size == 0:
-                    raise ConfigError(f"env {spec.name!r} has no dataset of tasks to train on")
+                size = _dataset_size(env, spec.name)
                 threshold = float(getattr(env, "pass_threshold", 1.0))
                 tools = len(env.tool_schemas or ())
                 slots.append(EnvSlot(spec, size, threshold, num_tools=tools))
+                if curriculum is not None and curriculum.levels is not None:
+                    levels.append(_levels_of(env, slots[-1], index))
             finally:
                 env.close()
-        return cls(slots, seed)
+        if curriculum is None:
+            return cls(slots, seed)
+        return cls(slots, seed, Curriculum(curriculum, levels or [None] * len(slots)))
 
     @property
     def pass_threshold(self) -> float:
@@ -74,30 +101,90 @@ class TaskSchedule:
         groups without signal), from a stream of its own.
         """
         weights = np.array([s.spec.weight for s in self.slots], dtype=np.float64)
-        rng = np.random.default_rng([self.seed, step, 1, extra] if extra else [self.seed, step, 1])
+        keys = [self.seed, step, 1, extra] if extra else [self.seed, step, 1]
+        rng = np.random.default_rng(keys)
         choices = rng.choice(len(self.slots), size=count, p=weights / weights.sum())
         per_env: list[list[int]] = [[] for _ in self.slots]
+        if self.curriculum is None:
+            for env_index in choices.tolist():
+                per_env[env_index].append(self._next_task(env_index))
+            return per_env
+        curated = np.random.default_rng([*keys, 3])  # the curriculum's stream, apart
         for env_index in choices.tolist():
-            per_env[env_index].append(self._next_task(env_index))
+            per_env[env_index].append(self._next_curated(env_index, curated))
         return per_env
 
-    def _next_task(self, env_index: int) -> int:
-        slot = self.slots[env_index]
-        epoch, position = divmod(slot.cursor, slot.size)
-        slot.cursor += 1
-        return int(self._permutation(env_index, epoch)[position])
+    def level(self, env_index: int) -> str | None:
+        """The level env ``env_index`` is drawn at now (``None``: no curriculum levels)."""
+        return self.curriculum.level(env_index) if self.curriculum is not None else None
 
-    def _permutation(self, env_index: int, epoch: int) -> np.ndarray:
-        key = (env_index, epoch)
+    def _next_curated(self, env_index: int, rng: np.random.Generator) -> int:
+        """The next task of the env's epoch order that the curriculum admits. After a whole
+        epoch's worth of settled tasks passed over in a row, the next one is drawn anyway."""
+        assert self.curriculum is not None
+        level = self.curriculum.level(env_index)
+        for _ in range(self._size(env_index, level)):
+            task = self._next_task(env_index, level)
+            if self.curriculum.admit((env_index, level, task), rng):
+                return task
+        task = self._next_task(env_index, level)
+        self.curriculum.force((env_index, level, task))
+        return task
+
+    def observe_group(
+        self, env_index: int, level: str | None, task: int, rewards: list[float]
+    ) -> None:
+        """Tell the curriculum (if any) the rewards of a scored group of ``task`` (of env
+        ``env_index``, played at ``level``)."""
+        if self.curriculum is None or not rewards:
+            return
+        threshold = self.slots[env_index].pass_threshold
+        self.curriculum.observe((env_index, level, task), pass_rate(rewards, threshold))
+
+    def curriculum_metrics(self) -> dict[str, float]:
+        """``curriculum/*`` since the last call (none without a curriculum)."""
+        if self.curriculum is None:
+            return {}
+        return self.curriculum.metrics(self._labels())
+
+    def _labels(self) -> list[str]:
+        """Each env's name in metrics: its name, ``name#i`` where several envs share one."""
+        names = [s.spec.name for s in self.slots]
+        return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
+
+    def _size(self, env_index: int, level: str | None) -> int:
+        slot = self.slots[env_index]
+        return slot.size if level is None else slot.level_sizes[level]
+
+    def _next_task(self, env_index: int, level: str | None = None) -> int:
+        slot = self.slots[env_index]
+        if level is None:
+            cursor, slot.cursor = slot.cursor, slot.cursor + 1
+        else:
+            cursor = slot.level_cursors.get(level, 0)
+            slot.level_cursors[level] = cursor + 1
+        epoch, position = divmod(cursor, self._size(env_index, level))
+        return int(self._permutation(env_index, epoch, level)[position])
+
+    def _permutation(self, env_index: int, epoch: int, level: str | None = None) -> np.ndarray:
+        key = (env_index, level, epoch)
         if key not in self._permutations:
             self._permutations.clear()  # only the current epoch is ever needed
-            rng = np.random.default_rng([self.seed, env_index, epoch, 2])
-            self._permutations[key] = rng.permutation(self.slots[env_index].size)
+            keys = [self.seed, env_index, epoch, 2]
+            if level is not None:  # each level its own orders
+                keys.append(1 + list(self.slots[env_index].level_sizes).index(level))
+            rng = np.random.default_rng(keys)
+            self._permutations[key] = rng.permutation(self._size(env_index, level))
         return self._permutations[key]
 
     def state_dict(self) -> dict[str, Any]:
-        """The cursor of each env, for a checkpoint (the permutations follow from the seed)."""
-        return {"cursors": [s.cursor for s in self.slots]}
+        """The cursor of each env, for a checkpoint (the permutations follow from the seed);
+        with a curriculum, also its statistics and levels, and the cursor of each level."""
+        state: dict[str, Any] = {"cursors": [s.cursor for s in self.slots]}
+        if self.curriculum is not None:
+            state["curriculum"] = self.curriculum.state_dict()
+            state["level_cursors"] = [dict(s.level_cursors) for s in self.slots]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the cursors that :meth:`state_dict` saved.
@@ -113,3 +200,59 @@ class TaskSchedule:
             )
         for slot, cursor in zip(self.slots, cursors, strict=True):
             slot.cursor = int(cursor)
+        if self.curriculum is None:
+            return
+        if "curriculum" not in state:
+            raise ConfigError(
+                "the checkpoint was made without a curriculum, the config has one: "
+                "resume with the config the run was started with (or start a new run)"
+            )
+        self.curriculum.load_state_dict(state["curriculum"])
+        for slot, level_cursors in zip(self.slots, state["level_cursors"], strict=True):
+            slot.level_cursors = {str(k): int(v) for k, v in level_cursors.items()}
+
+
+def _dataset_size(env: Env, name: str) -> int:
+    """How many tasks ``env`` has to train on.
+
+    Raises:
+        ConfigError: It has none.
+    """
+    size = len(env.dataset) if hasattr(env, "dataset") else 0
+    if size == 0:
+        raise ConfigError(f"env {name!r} has no dataset of tasks to train on")
+    return size
+
+
+def _levels_of(env: Env, slot: EnvSlot, index: int) -> tuple[tuple[str, ...], str] | None:
+    """An env's levels and the one its args select, learning each level's size (``None``: the
+    env has no levels).
+
+    Raises:
+        ConfigError: The env's args select none of its levels, or it cannot be made at one.
+    """
+    names = tuple(getattr(env, "levels", ()) or ())
+    if not names:
+        return None
+    where = f"envs.{index} ({slot.spec.name})"
+    start = env.current_level()
+    if start is None:
+        raise ConfigError(
+            f"{where}: its args select none of its levels ({', '.join(names)}), so "
+            f"curriculum.levels cannot move it: select one with envs.{index}.args."
+            f"{env.level_arg}, or turn curriculum.levels off"
+        )
+    slot.level_arg = env.level_arg
+    for level in names:
+        try:
+            made = slot.factory(level)()
+        except EnvhubError as e:
+            raise ConfigError(
+                f"{where} cannot be made at its level {level!r} ({e}): select its level with "
+                f"envs.{index}.args.{env.level_arg} alone, or turn curriculum.levels off"
+            ) from None
+        try:
+            slot.level_sizes[level] = _dataset_size(made, slot.spec.name)
+        finally:
+            made.close()
+    return names, start

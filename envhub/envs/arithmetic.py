@@ -152,6 +152,8 @@ class ArithmeticEnv(SingleTurnEnv):
     reward_range = (0.0, 1.1)
     pass_threshold = 1.0
     audit_floor = 0.1  # the format credit: any \boxed{} earns it, right or not
+    levels = tuple(LEVELS)  # tiny, easy, medium, hard: a curriculum moves ``difficulty``
+    level_arg = "difficulty"
 
     def __init__(
         self, difficulty: str = "easy", num_tasks: int = 1000, task_seed: int = 0, **kwargs: Any

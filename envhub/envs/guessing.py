@@ -101,6 +101,29 @@ def number_tasks(low: int, high: int, size: int, seed: int) -> ProceduralTasks:
     return ProceduralTasks(f"guess-number-{low}-{high}", make_task, size, seed)
 
 
+NUMBER_LEVELS = {"1-10": (1, 10), "1-100": (1, 100), "1-1000": (1, 1000), "1-10000": (1, 10000)}
+"""The number game's difficulty levels (``level=``), easiest first: the range of the secret
+(and so, by default, the guesses allowed: 4, 7, 10, 14)."""
+
+
+def _number_range(low: int | None, high: int | None, level: str | None) -> tuple[int, int]:
+    """The number game's range from its arguments: ``level``'s, or ``low..high`` (default
+    1..100).
+
+    Raises:
+        EnvhubError: An unknown level, or a level given with ``low`` or ``high``.
+    """
+    if level is None:
+        return (1 if low is None else low, 100 if high is None else high)
+    if level not in NUMBER_LEVELS:
+        raise EnvhubError(
+            f"guess-number: level must be one of {', '.join(NUMBER_LEVELS)}, got {level!r}"
+        )
+    if low is not None or high is not None:
+        raise EnvhubError("guess-number: give either level or low/high, not both")
+    return NUMBER_LEVELS[level]
+
+
 NUMBER_SYSTEM_PROMPT = (
     "Let's play a guessing game. Each turn, reply with one whole number as your guess. "
     "I will tell you whether the secret number is higher or lower."
@@ -118,6 +141,8 @@ class GuessNumberEnv(GuessingGame):
         max_turns: Guesses allowed (default: what binary search needs, 7 for 1..100).
         progress_reward: Pay up to this much along the way for narrowing the range (see the
             module docstring; 0: only the win pays).
+        level: One of :data:`NUMBER_LEVELS` (``"1-10"`` ... ``"1-10000"``) instead of ``low`` and
+            ``high``: the levels a training curriculum moves between.
         **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
     """
 
@@ -125,17 +150,23 @@ class GuessNumberEnv(GuessingGame):
     version = "0.1.0"
     system_prompt = NUMBER_SYSTEM_PROMPT
     default_max_turns = 7
+    levels = tuple(NUMBER_LEVELS)
 
     def __init__(
         self,
-        low: int = 1,
-        high: int = 100,
+        low: int | None = None,
+        high: int | None = None,
         num_tasks: int = 1000,
         task_seed: int = 0,
         max_turns: int | None = None,
         progress_reward: float = 0.0,
+        level: str | None = None,
         **kwargs: Any,
     ) -> None:
+        low, high = _number_range(low, high, level)
+        self.level = level or next(
+            (name for name, bounds in NUMBER_LEVELS.items() if bounds == (low, high)), None
+        )
         if low > high:
             raise EnvhubError(f"guess-number: low ({low}) must not exceed high ({high})")
         if progress_reward < 0:

@@ -54,6 +54,16 @@ CHART_GROUPS: list[tuple[str, str, Callable[[str], bool]]] = [
         "",
         lambda k: k in ("critic/explained_variance", "critic/value_loss", "critic/value_clip_frac"),
     ),
+    (
+        "Curriculum: skipped share and pass rate of drawn tasks",
+        "fraction",
+        lambda k: k in ("curriculum/skipped_share", "curriculum/drawn_pass_rate"),
+    ),
+    (
+        "Curriculum: each env's difficulty level",
+        "level (0: easiest)",
+        lambda k: k.startswith("curriculum/level/"),
+    ),
     ("Time by phase", "seconds", lambda k: k.startswith("time/")),
     (
         "Throughput",

@@ -138,3 +138,10 @@ def test_reference_policy_answers_every_level() -> None:
 def test_unknown_difficulty_is_refused() -> None:
     with pytest.raises(EnvhubError, match="tiny, easy, medium, hard"):
         ArithmeticEnv(difficulty="expert")
+
+
+def test_difficulties_are_the_levels_a_curriculum_moves_between() -> None:
+    assert ArithmeticEnv.levels == ("tiny", "easy", "medium", "hard")
+    assert ArithmeticEnv.level_arg == "difficulty"
+    assert ArithmeticEnv(difficulty="medium", num_tasks=1).current_level() == "medium"
+    assert ArithmeticEnv(num_tasks=1).current_level() == "easy"

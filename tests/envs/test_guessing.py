@@ -261,3 +261,18 @@ def test_minimax_solves_every_shipped_word_within_six_guesses() -> None:
         else:
             pytest.fail(f"{target} is not found in 6 guesses")
     assert worst == 4  # two guesses to spare
+
+
+def test_levels_select_the_range_and_the_guesses_binary_search_needs() -> None:
+    assert GuessNumberEnv.levels == ("1-10", "1-100", "1-1000", "1-10000")
+    for level, high, turns in [("1-10", 10, 4), ("1-1000", 1000, 10)]:
+        env = GuessNumberEnv(level=level, num_tasks=2)
+        assert (env.low, env.high, env.max_turns, env.current_level()) == (1, high, turns, level)
+        assert env.dataset[0]["info"] == {"low": 1, "high": high}
+    assert GuessNumberEnv().current_level() == "1-100"  # the default range is a level
+    assert GuessNumberEnv(low=1, high=10).current_level() == "1-10"
+    assert GuessNumberEnv(low=5, high=9).current_level() is None  # no level has this range
+    with pytest.raises(EnvhubError, match="level must be one of 1-10, 1-100"):
+        GuessNumberEnv(level="1-5")
+    with pytest.raises(EnvhubError, match="either level or low/high"):
+        GuessNumberEnv(level="1-10", high=20)

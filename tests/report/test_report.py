@@ -166,3 +166,26 @@ def test_a_run_with_a_critic_gets_a_chart_of_its_explained_variance_and_loss() -
         ("critic/explained_variance", [1], [-0.5]),
         ("critic/value_loss", [1, 2], [0.2, 0.1]),
     ]
+
+
+def test_a_run_with_a_curriculum_gets_charts_of_its_skipped_share_and_levels() -> None:
+    rows = [
+        {"step": 1, "curriculum/skipped_share": 0.0, "curriculum/level/arithmetic": 0.0},
+        {
+            "step": 2,
+            "curriculum/skipped_share": 0.25,
+            "curriculum/drawn_pass_rate": 0.5,
+            "curriculum/level/arithmetic": 1.0,
+            "curriculum/skipped": 2.0,  # a count: in the table, not charted
+        },
+    ]
+    shares, levels = chart_specs(rows)
+    assert shares["title"] == "Curriculum: skipped share and pass rate of drawn tasks"
+    assert [(s["name"], s["x"], s["y"]) for s in shares["series"]] == [
+        ("curriculum/skipped_share", [1, 2], [0.0, 0.25]),
+        ("curriculum/drawn_pass_rate", [2], [0.5]),
+    ]
+    assert levels["title"] == "Curriculum: each env's difficulty level"
+    assert [(s["name"], s["y"]) for s in levels["series"]] == [
+        ("curriculum/level/arithmetic", [0.0, 1.0])
+    ]

@@ -1,0 +1,220 @@
+"""The online curriculum: per-task pass rates that decide which tasks are drawn, and per-env
+difficulty levels that move with the measured pass rate (``curriculum:`` of the run config).
+
+The task schedule asks :meth:`Curriculum.admit` about each task its env's epoch order brings
+up; the producer reports every scored group with :meth:`Curriculum.observe` when an update
+takes it. Nothing here draws randomness of its own: the schedule passes in a generator seeded
+from the run's seed and the step, so the choices depend only on the seed, the step and the
+statistics, which :meth:`Curriculum.state_dict` saves with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from envhub.errors import ConfigError
+from envhub.trainer.config import CurriculumConfig
+
+TaskKey = tuple[int, str | None, int]
+"""``(env index, level or None, task index)``: a task as the statistics know it."""
+
+
+def pass_rate(rewards: Sequence[float], threshold: float) -> float:
+    """The share of ``rewards`` that reach ``threshold`` (a group's pass rate)."""
+    return sum(r >= threshold - 1e-9 for r in rewards) / len(rewards) if rewards else 0.0
+
+
+@dataclass
+class EnvLevels:
+    """One env's difficulty levels and where the curriculum has it now."""
+
+    names: tuple[str, ...]
+    """Easiest first."""
+    index: int
+    """The current level's position in ``names``."""
+    recent: deque[float] = field(default_factory=deque)
+    """Pass rates of the last groups played at the current level (emptied by a move)."""
+    moves: int = 0
+
+    @property
+    def current(self) -> str:
+        """The current level's name."""
+        return self.names[self.index]
+
+
+@dataclass
+class DrawCounts:
+    """What the curriculum did since the last :meth:`Curriculum.metrics`."""
+
+    drawn: int = 0
+    skipped: int = 0
+    revisits: int = 0
+    forced: int = 0
+    known_rates: list[float] = field(default_factory=list)
+    """Mean pass rates of the drawn tasks that had statistics."""
+
+
+class Curriculum:
+    """Per-task pass rates, the skip-or-revisit rule and each env's level.
+
+    Args:
+        config: The run's ``curriculum:`` block.
+        levels: Per env, its levels (easiest first) and the level it starts at; ``None`` for an
+            env without levels, or when ``config.levels`` is off.
+    """
+
+    def __init__(
+        self, config: CurriculumConfig, levels: list[tuple[tuple[str, ...], str] | None]
+    ) -> None:
+        self.config = config
+        self.levels = [_env_levels(entry, config) for entry in levels]
+        self.stats: dict[TaskKey, deque[float]] = {}
+        self.counts = DrawCounts()
+
+    def level(self, env_index: int) -> str | None:
+        """The level env ``env_index`` is drawn at now (``None``: it has none)."""
+        entry = self.levels[env_index]
+        return entry.current if entry is not None else None
+
+    def mean_rate(self, key: TaskKey) -> float | None:
+        """The task's mean pass rate over its recent groups; ``None`` below ``min_groups``."""
+        rates = self.stats.get(key)
+        if rates is None or len(rates) < self.config.min_groups:
+            return None
+        return float(sum(rates) / len(rates))
+
+    def settled(self, key: TaskKey) -> bool:
+        """Whether the task is mastered or hopeless, so that it is skipped unless revisited."""
+        rate = self.mean_rate(key)
+        if rate is None:
+            return False
+        return rate >= self.config.skip_above or rate <= self.config.skip_below
+
+    def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
+        """Whether the task that came up is drawn: always when it is still informative (or
+        unknown); when settled, with probability ``revisit`` (one number from ``rng``)."""
+        if self.settled(key):
+            if rng.random() >= self.config.revisit:
+                self.counts.skipped += 1
+                return False
+            self.counts.revisits += 1
+        self._count_drawn(key)
+        return True
+
+    def force(self, key: TaskKey) -> None:
+        """Count a task drawn because every task of its env's epoch was skipped."""
+        self.counts.forced += 1
+        self._count_drawn(key)
+
+    def _count_drawn(self, key: TaskKey) -> None:
+        self.counts.drawn += 1
+        rate = self.mean_rate(key)
+        if rate is not None:
+            self.counts.known_rates.append(rate)
+
+    def observe(self, key: TaskKey, rate: float) -> None:
+        """A scored group of the task, with its pass rate: the task's statistics, and its env's
+        level window when the group was played at the env's current level (which may move)."""
+        rates = self.stats.setdefault(key, deque(maxlen=self.config.window))
+        rates.append(rate)
+        env_index, level, _ = key
+        entry = self.levels[env_index]
+        if entry is None or level != entry.current:
+            return
+        entry.recent.append(rate)
+        self._maybe_move(entry)
+
+    def _maybe_move(self, entry: EnvLevels) -> None:
+        bars = self.config.levels
+        assert bars is not None  # an env has levels only when they are configured
+        if len(entry.recent) < bars.window:
+            return
+        mean = sum(entry.recent) / len(entry.recent)
+        if mean >= bars.promote_above and entry.index + 1 < len(entry.names):
+            entry.index += 1
+        elif mean <= bars.demote_below and entry.index > 0:
+            entry.index -= 1
+        else:
+            return
+        entry.moves += 1
+        entry.recent.clear()
+
+    def metrics(self, labels: list[str]) -> dict[str, float]:
+        """``curriculum/*`` since the last call: tasks drawn, skipped, revisited and forced, the
+        skipped share of the tasks that came up, the mean pass rate of the drawn tasks that had
+        statistics, and each levelled env's current level (its position, 0 the easiest) as
+        ``curriculum/level/<label>``."""
+        c = self.counts
+        came_up = c.drawn + c.skipped
+        metrics = {
+            "curriculum/drawn": float(c.drawn),
+            "curriculum/skipped": float(c.skipped),
+            "curriculum/revisits": float(c.revisits),
+            "curriculum/forced": float(c.forced),
+            "curriculum/skipped_share": c.skipped / came_up if came_up else 0.0,
+            "curriculum/tracked_tasks": float(len(self.stats)),
+        }
+        if c.known_rates:
+            metrics["curriculum/drawn_pass_rate"] = float(np.mean(c.known_rates))
+        for label, entry in zip(labels, self.levels, strict=True):
+            if entry is not None:
+                metrics[f"curriculum/level/{label}"] = float(entry.index)
+        self.counts = DrawCounts()
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics, the levels and their windows (JSON-ready)."""
+        return {
+            "stats": [
+                [e, lv, t, list(r)] for (e, lv, t), r in sorted(self.stats.items(), key=_order)
+            ],
+            "levels": [
+                None
+                if e is None
+                else {"index": e.index, "recent": list(e.recent), "moves": e.moves}
+                for e in self.levels
+            ],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from :meth:`state_dict`.
+
+        Raises:
+            ConfigError: The checkpoint's levels do not fit the configured envs.
+        """
+        saved = state["levels"]
+        if len(saved) != len(self.levels) or any(
+            (s is None) != (e is None) for s, e in zip(saved, self.levels, strict=True)
+        ):
+            raise ConfigError(
+                "the checkpoint's curriculum levels do not match the config's envs and "
+                "curriculum.levels: resume with the config the run was started with"
+            )
+        self.stats = {
+            (int(e), lv, int(t)): deque(rates, maxlen=self.config.window)
+            for e, lv, t, rates in state["stats"]
+        }
+        for entry, s in zip(self.levels, saved, strict=True):
+            if entry is not None:
+                entry.index, entry.moves = int(s["index"]), int(s["moves"])
+                entry.recent = deque(s["recent"], maxlen=entry.recent.maxlen)
+
+
+def _env_levels(
+    entry: tuple[tuple[str, ...], str] | None, config: CurriculumConfig
+) -> EnvLevels | None:
+    """An env's :class:`EnvLevels` at its start level, when it has levels and they are on."""
+    if entry is None or config.levels is None:
+        return None
+    names, start = entry
+    return EnvLevels(names, names.index(start), deque(maxlen=config.levels.window))
+
+
+def _order(item: tuple[TaskKey, Any]) -> tuple[int, str, int]:
+    (env_index, level, task), _ = item
+    return (env_index, level or "", task)
