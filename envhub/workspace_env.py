@@ -57,11 +57,6 @@ WORKSPACE_PROMPT = (
 _default_sandbox: Sandbox | None = None
 
 
-KILL_LEFTOVERS = "kill -9 -1 2>/dev/null; true"
-"""Ends every process of a session but the caller (and the session's init): what the model
-left running must not touch what a verifier reads or writes."""
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What a verifier found: the reward and any extra components to report (weight 0)."""
@@ -151,7 +146,7 @@ class WorkspaceEnv(ToolEnv):
 
     async def verify(self, session: Session, state: State) -> Verdict:
         """Score the finished episode by running checks in its session (start with
-        ``await session.arun(KILL_LEFTOVERS)``: the model's background processes live on)."""
+        ``await session.akill_processes()``: the model's background processes live on)."""
         raise NotImplementedError(f"{type(self).__name__} must implement verify()")
 
     # -- the episode ----------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from envhub.sandbox.base import WORKDIR
 from envhub.sandbox.session import Session
 from envhub.state import State
 from envhub.types import Message
-from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
+from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
 SEEDS = tuple(range(20))
 """Seeds of the shipped task set: 20 projects per difficulty."""
@@ -179,7 +179,7 @@ class RepoRepairEnv(WorkspaceEnv):
     async def verify(self, session: Session, state: State) -> Verdict:
         """End what the model left running, restore the suite, run pytest, read its report."""
         project = self.project(state.task)
-        await session.arun(KILL_LEFTOVERS)
+        await session.akill_processes()
         await session.arun("rm -rf tests .envhub")
         for path, text in project.test_files.items():
             await session.write_file(path, text)

@@ -40,7 +40,7 @@ from envhub.sandbox.base import ExecResult
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.types import Message
-from envhub.workspace_env import KILL_LEFTOVERS, WORKSPACE_PROMPT, Verdict, WorkspaceEnv
+from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
 
 class HarborEnv(WorkspaceEnv):
@@ -110,7 +110,7 @@ async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) 
     Raises:
         VerifierError: No reward file, or a malformed one (with the script's output's end).
     """
-    await session.arun(KILL_LEFTOVERS)
+    await session.akill_processes()
     await session.arun(["rm", "-rf", TESTS_DIR, VERIFIER_LOGS])
     for name, data in task.tests.items():
         await session.write_file(f"{TESTS_DIR}/{name}", data)

@@ -213,6 +213,11 @@ class Session(ABC):
     async def aclose(self) -> None:
         """End every process of the session and drop its files. Safe to call twice."""
 
+    async def akill_processes(self) -> None:
+        """End every process the session's calls left running; the session stays usable (run
+        it before a verifier: what the model left running must not touch what it reads)."""
+        await self.arun(["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"])
+
     async def alisten(self, port: int) -> socket.socket:
         """A TCP socket listening on ``127.0.0.1:port`` inside the session, accepted by the
         caller on the host: a program in the session can reach what the caller serves there
