@@ -185,7 +185,9 @@ class HarnessEnv(TaskEnv):
                 f"{self.name}: a program in the program host cannot use the episode's sandbox "
                 "session; use program_host='thread', or a command"
             )
-        self.sandbox = sandbox
+        # Not `self.sandbox`: by the code envs' convention that names a sandbox whose None means
+        # the default one (envhub.perf), where here None means no session at all.
+        self.session_sandbox = sandbox
         self.workspace = workspace
         self.timeout = timeout if timeout is not None else self.default_timeout
         self._parse = get_parser(tool_parser or self.tool_parser)
@@ -323,8 +325,8 @@ class HarnessEnv(TaskEnv):
 
     def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
         session = None
-        if self.sandbox is not None:
-            session = self.sandbox.session(self.workspace_for(task))
+        if self.session_sandbox is not None:
+            session = self.session_sandbox.session(self.workspace_for(task))
             self.state.data["session"] = session
         episode = endpoint.open()
         launch = Launch(
