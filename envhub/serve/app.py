@@ -36,12 +36,17 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from envhub._async import FirstInIteration
 from envhub.serve import protocol as p
-from envhub.serve.service import Caller, EnvService
+from envhub.serve.bounds import UnreadableFrame
+from envhub.serve.service import Answer, Caller, EnvService
 
 logger = logging.getLogger(__name__)
 
 MAX_IN_FLIGHT = 4096
-"""Requests one WebSocket connection may have running at once; reading waits beyond it."""
+"""Requests one WebSocket connection may have running at once (a batch's requests count one by
+one); reading waits beyond it (back-pressure, not an error)."""
+FAIR_SHARE = 256
+"""A batch's requests are started this many at a time, the loop serving other connections in
+between: one client's big batch does not hold up the others."""
 BATCH_HEADER = "envhub-batch"
 """The handshake header by which a client asks for batches, and the server says it takes them."""
 BATCH_BYTES = 1024 * 1024
@@ -58,8 +63,12 @@ class ServeApp:
         service: What answers requests.
         env_names: Names the env may be addressed by in the URL path.
         token: The bearer token clients must send (``None``: no auth).
-        sweep_every: Seconds between passes that close expired sessions.
+        sweep_every: Seconds between passes that close expired sessions and idle connections.
         threads: Worker threads for sync envs (the loop's default executor).
+        idle_timeout: Seconds a WebSocket connection may stay idle (no frame from the client and
+            no request running: an env step, however long, is not idle time) before the server
+            closes it (1001).
+        max_in_flight: Requests one WebSocket connection may have running at once.
     """
 
     def __init__(
@@ -69,10 +78,14 @@ class ServeApp:
         token: str | None,
         sweep_every: float,
         threads: int,
+        idle_timeout: float = 600.0,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.service, self.env_names, self.token = service, env_names, token
         self.sweep_every, self.threads = sweep_every, threads
+        self.idle_timeout, self.max_in_flight = idle_timeout, max_in_flight
         self.http_caller = Caller(owner=None)
+        self.connections: set[Connection] = set()
 
     def starlette(self) -> Starlette:
         """The ASGI app."""
@@ -101,7 +114,14 @@ class ServeApp:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_every)
+            self._close_idle()
             await self.service.expire()
+
+    def _close_idle(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for connection in list(self.connections):
+            if connection.idle_since(now) > self.idle_timeout:
+                connection.hang_up(f"idle for more than {self.idle_timeout:g} s")
 
     # -- plain endpoints ------------------------------------------------------------------------
 
@@ -170,42 +190,96 @@ class ServeApp:
         headers = [(BATCH_HEADER.encode(), str(limit).encode())] if batches else None
         await websocket.accept(headers=headers)
         caller = Caller(owner=websocket, batches=batches)
+        connection = Connection(websocket, self.max_in_flight)
+        self.connections.add(connection)
         self.service.metrics.connections_open += 1
         try:
-            await self._read_frames(websocket, caller)
+            await self._read_frames(connection, caller)
+        except asyncio.CancelledError:
+            if connection.hung_up is None:
+                raise
+            with contextlib.suppress(Exception):  # it may be gone already
+                await websocket.close(1001, connection.hung_up)
         finally:
+            self.connections.discard(connection)
             self.service.metrics.connections_open -= 1
             await self.service.disconnected(caller)
 
-    async def _read_frames(self, websocket: WebSocket, caller: Caller) -> None:
+    async def _read_frames(self, connection: Connection, caller: Caller) -> None:
+        websocket = connection.websocket
         outbox = Outbox(websocket, caller.batches)
         caller.send = outbox.send
-        room = asyncio.Semaphore(MAX_IN_FLIGHT)
         limit = self.service.limits.max_message_bytes
-
-        def finished(answer: asyncio.Future[dict]) -> None:
-            room.release()
-
         try:
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                connection.heard()
                 frame = message.get("text")
                 frame = frame if frame is not None else message["bytes"]
                 if _larger(frame, limit):
                     outbox.put(self.service.refuse(_too_large(limit)))
                     continue
-                for answer in self.service.start(frame, caller):
-                    if isinstance(answer, dict):
-                        outbox.put(answer)
-                    else:
-                        # Its task sends the reply; the env calls go on if the client goes (a
-                        # retry finds their answers).
-                        await room.acquire()
-                        answer.add_done_callback(finished)
+                try:
+                    requests = self.service.read(frame, caller)
+                except UnreadableFrame as e:
+                    outbox.put(self.service.refuse(e, e.request_id))
+                    continue
+                for n, payload in enumerate(requests, 1):
+                    await connection.room.acquire()  # a batch's requests count one by one
+                    connection.started(self.service.begin(payload, caller), outbox)
+                    if n % FAIR_SHARE == 0:
+                        await asyncio.sleep(0)  # the other connections' turn
         finally:
             outbox.close()
+
+
+class Connection:
+    """One WebSocket connection's in-flight requests and clock.
+
+    Its requests (each of a batch) take a place in :attr:`room` until answered; reading waits
+    while none is free. It is idle while no request runs and no frame comes.
+    """
+
+    def __init__(self, websocket: WebSocket, max_in_flight: int) -> None:
+        self.websocket = websocket
+        self.room = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0
+        self.loop = asyncio.get_running_loop()
+        self.last_heard = self.loop.time()
+        self.reader = asyncio.current_task()
+        self.hung_up: str | None = None
+        """Why the server hangs up (set when it does)."""
+
+    def heard(self) -> None:
+        """A frame came."""
+        self.last_heard = self.loop.time()
+
+    def started(self, answer: Answer, outbox: Outbox) -> None:
+        """A request was started: its reply now, or the future of it (which holds its place)."""
+        if isinstance(answer, dict):
+            self.room.release()
+            outbox.put(answer)
+            return
+        # Its task sends the reply; the env call goes on if the client goes (a retry finds it).
+        self.in_flight += 1
+        answer.add_done_callback(self._finished)
+
+    def _finished(self, answer: asyncio.Future[dict]) -> None:
+        self.in_flight -= 1
+        self.last_heard = self.loop.time()  # idle from the last answer on
+        self.room.release()
+
+    def idle_since(self, now: float) -> float:
+        """Seconds it has been idle (0 while a request runs)."""
+        return 0.0 if self.in_flight else now - self.last_heard
+
+    def hang_up(self, why: str) -> None:
+        """Stop reading (the handler closes the connection, saying ``why``)."""
+        if self.hung_up is None and self.reader is not None:
+            self.hung_up = why
+            self.reader.cancel()
 
 
 class Outbox:

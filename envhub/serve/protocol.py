@@ -15,9 +15,17 @@ and the reply repeats the id::
     {"id": "9a41...", "ok": false, "error": {"code": 404, "type": "unknown_session", ...}}
 
 Requests are idempotent by id: the server keeps each session's recent answers, so a retry gets
-the first answer (or waits for it) and never runs the operation twice. ``code`` follows HTTP
-(the status of an HTTP reply); ``type`` is an error kind below, or the class of the exception
-the env raised (code 500).
+the first answer (or waits for it) and never runs the operation twice. A session's requests may
+also carry ``seq``, a number the client counts up from 1 per session (``RemoteEnv`` does): the
+server remembers which numbers it has started (a window of :data:`SEQ_WINDOW` below the highest,
+a bitmap), so a retry that comes after any number of newer requests, once its answer has left
+the small answer cache, is still recognised: it gets a 409 ``stale_retry`` error and the env is
+not stepped again. Requests without ``seq`` are recognised while their answer is cached.
+
+An error's ``code`` follows HTTP (the status of an HTTP reply); ``type`` is an error kind below,
+or the class of the exception the env raised (code 500). The server reads every request within
+bounds (:mod:`envhub.serve.bounds`): a malformed one gets an error on its own id, never a closed
+connection.
 
 Values that are not plain JSON (messages, tool calls, error records in ``info``, tuples, numpy
 arrays, dicts with non-string keys) travel through :func:`encode`/:func:`decode`, which tag them
@@ -50,11 +58,12 @@ WRONG_ENV = "wrong_env"
 UNKNOWN_SESSION = "unknown_session"
 CAPACITY = "capacity"
 SHUTTING_DOWN = "shutting_down"
+STALE_RETRY = "stale_retry"
 
 # -- the value codec ------------------------------------------------------------------------
 
 TAG = "$envhub"
-_MODELS: dict[str, type[BaseModel]] = {
+MODELS: dict[str, type[BaseModel]] = {
     m.__name__: m for m in (Message, ToolCall, FunctionCall, AssistantTurn, ErrorRecord, EnvRef)
 }
 
@@ -74,7 +83,7 @@ def encode(value: Any) -> Any:
         return _encode_dict(value)
     if isinstance(value, tuple):
         return {TAG: "tuple", "value": [encode(v) for v in value]}
-    if isinstance(value, BaseModel) and _MODELS.get(type(value).__name__) is type(value):
+    if isinstance(value, BaseModel) and MODELS.get(type(value).__name__) is type(value):
         # A message's fields at their defaults are left out (smaller frames); decoding restores
         # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
         compact = type(value) is Message
@@ -114,8 +123,8 @@ def decode(data: Any) -> Any:
         return {_hashable(decode(k)): decode(v) for k, v in inner}
     if tag == "ndarray":
         return np.array(inner, dtype=data["dtype"])
-    if tag in _MODELS:
-        return _MODELS[tag].model_validate(inner)
+    if tag in MODELS:
+        return MODELS[tag].model_validate(inner)
     raise ValueError(f"unknown value tag {tag!r}; is the other side a newer envhub?")
 
 
@@ -194,9 +203,16 @@ class CreateRequest(_Request):
     """Keyword arguments for the env's constructor (encoded values)."""
 
 
+SEQ_WINDOW = 1024
+"""How far below a session's highest ``seq`` the server still tells started numbers from new
+ones (older numbers count as started: a retry that late is refused, never run)."""
+
+
 class _SessionRequest(_Request):
     session: str = Field(min_length=1, max_length=200)
     """The id that ``create`` returned."""
+    seq: int | None = Field(None, ge=1, lt=2**63)
+    """The request's number in its session (1, 2, ...; a retry repeats it), or ``None``."""
 
 
 class ResetRequest(_SessionRequest):
@@ -256,20 +272,27 @@ REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 
 
-def step_request(request_id: str, session: str, action: Any) -> dict[str, Any]:
+def step_request(request_id: str, session: str, action: Any, seq: int) -> dict[str, Any]:
     """A ``step`` request, ready for :func:`dumps`: what ``StepRequest(...).model_dump()`` gives,
     without a model per request (the client's hot path)."""
-    return {"id": request_id, "op": "step", "session": session, "action": encode(action)}
+    return {
+        "id": request_id,
+        "op": "step",
+        "session": session,
+        "seq": seq,
+        "action": encode(action),
+    }
 
 
 def reset_request(
-    request_id: str, session: str, seed: int | None, options: dict[str, Any] | None
+    request_id: str, session: str, seed: int | None, options: dict[str, Any] | None, seq: int
 ) -> dict[str, Any]:
     """A ``reset`` request, ready for :func:`dumps` (see :func:`step_request`)."""
     return {
         "id": request_id,
         "op": "reset",
         "session": session,
+        "seq": seq,
         "seed": seed,
         "options": encode(options),
     }
@@ -318,7 +341,8 @@ class ErrorInfo(BaseModel):
 
     code: int
     """HTTP-style status: 400 bad request, 401 no or wrong token, 404 unknown session or env,
-    413 frame too large, 500 the env raised, 503 the server is full or shutting down."""
+    409 a stale retry, 413 a frame or value too large, 500 the env raised, 503 the server is
+    full or shutting down."""
     type: str
     """An error kind (``bad_request``, ``unknown_session``, ...) or the env's exception class."""
     message: str
@@ -431,6 +455,12 @@ class Limits(BaseModel):
     """The largest frame (request) the server reads."""
     session_ttl: float
     """Seconds of inactivity after which a session is closed."""
+    max_depth: int = 32
+    """Nesting levels a request's value (action, options, env args) may have."""
+    max_items: int = 100_000
+    """List elements, dict entries and array elements a request's value may hold."""
+    max_array_bytes: int = 16 * 1024 * 1024
+    """Bytes the numpy arrays of a request's value may take."""
 
 
 class EnvInfo(BaseModel):

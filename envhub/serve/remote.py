@@ -119,6 +119,8 @@ class RemoteEnv(Env):
         # The I/O loop's transport: opens and closes the session, carries the sync calls.
         self._transport: Transport = IO.run(acquire(self.url, token, timeout))
         self._session: str | None = None
+        self._seq = itertools.count(1)
+        """Numbers the session's requests (the server tells a late retry from a new request)."""
         self._generation = 0
         self._limits: p.Limits | None = None
         self._tools: list[dict[str, Any]] | None = None
@@ -195,7 +197,11 @@ class RemoteEnv(Env):
             RemoteEnvUnavailableError: The session was lost.
         """
         request = p.TruncateRequest(
-            id=_new_id(), op="truncate", session=self._require_session(), reason=reason
+            id=_new_id(),
+            op="truncate",
+            session=self._require_session(),
+            seq=next(self._seq),
+            reason=reason,
         ).model_dump()
         try:
             result, _ = await self._call(request, p.TruncateResult, self._nearby())
@@ -234,6 +240,7 @@ class RemoteEnv(Env):
             generation,
             created.limits,
         )
+        self._seq = itertools.count(1)
         self._describe(created.info)
 
     async def _reset(
@@ -242,13 +249,13 @@ class RemoteEnv(Env):
         self._in_episode, self._state = False, None
         if self._session is None or not self._transport.alive(self._generation):
             await self._on_io(self._create())  # the old session went with its connection
-        request = p.reset_request(_new_id(), self._session, seed, options)
+        request = p.reset_request(_new_id(), self._session, seed, options, next(self._seq))
         try:
             result, _ = await self._call(request, p.ResetResult, via)
         except RemoteEnvUnavailableError:
             # Expired while idle, or the server restarted: between episodes, start afresh.
             await self._on_io(self._create())
-            request = p.reset_request(_new_id(), self._session, seed, options)
+            request = p.reset_request(_new_id(), self._session, seed, options, next(self._seq))
             result, _ = await self._call(request, p.ResetResult, via)
         self._tools, self._remaining = result.tool_schemas, result.remaining_tokens
         self._in_episode = True
@@ -265,7 +272,7 @@ class RemoteEnv(Env):
 
     async def _step(self, action: Action, via: Transport) -> StepResult:
         session = self._require_session()
-        request = p.step_request(_new_id(), session, action)
+        request = p.step_request(_new_id(), session, action, next(self._seq))
         try:
             result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:

@@ -78,14 +78,14 @@ def test_a_valid_request_parses_to_its_op_type() -> None:
 
 
 def test_the_clients_request_dicts_are_the_models_dumps() -> None:
-    step = p.step_request("7", "s-1", assistant("hi"))
+    step = p.step_request("7", "s-1", assistant("hi"), 4)
     assert step == p.StepRequest(
-        id="7", op="step", session="s-1", action=p.encode(assistant("hi"))
+        id="7", op="step", session="s-1", seq=4, action=p.encode(assistant("hi"))
     ).model_dump(mode="json")
     assert p.parse_request(json.loads(p.dumps(step))).action == p.encode(assistant("hi"))
-    reset = p.reset_request("8", "s-1", 3, {"level": (1, 2)})
+    reset = p.reset_request("8", "s-1", 3, {"level": (1, 2)}, 5)
     assert reset == p.ResetRequest(
-        id="8", op="reset", session="s-1", seed=3, options=p.encode({"level": (1, 2)})
+        id="8", op="reset", session="s-1", seq=5, seed=3, options=p.encode({"level": (1, 2)})
     ).model_dump(mode="json")
     assert p.decode(p.parse_request(reset).options) == {"level": (1, 2)}
 
