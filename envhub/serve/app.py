@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -153,7 +153,10 @@ class ServeApp:
         refused = self._refusal(request.headers.get("authorization"), request.path_params["env"])
         if refused is not None:
             return _json(self.service.refuse(refused), refused.code)
-        body = await _read_bounded(request, self.service.limits.max_message_bytes)
+        try:
+            body = await _read_bounded(request, self.service.limits.max_message_bytes)
+        except ClientDisconnect:  # it went away (or was cut off half-sent): nobody to answer
+            return Response(status_code=400)
         if body is None:
             limit = self.service.limits.max_message_bytes
             return _json(self.service.refuse(_too_large(limit)), 413)
