@@ -37,11 +37,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from envhub._async import FirstInIteration
 from envhub.serve import protocol as p
 from envhub.serve.bounds import UnreadableFrame
-from envhub.serve.service import Answer, Caller, EnvService
+from envhub.serve.service import OFF_LOOP_BYTES, Answer, Caller, EnvService
 
 logger = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 4096
+MAX_IN_FLIGHT = 1024
 """Requests one WebSocket connection may have running at once (a batch's requests count one by
 one); reading waits beyond it (back-pressure, not an error)."""
 FAIR_SHARE = 256
@@ -225,13 +225,17 @@ class ServeApp:
                     outbox.put(self.service.refuse(_too_large(limit)))
                     continue
                 try:
-                    requests = self.service.read(frame, caller)
+                    if len(frame) > OFF_LOOP_BYTES:  # parsed and decoded in a thread
+                        prepare = self.service.prepare_frame
+                        requests = await asyncio.to_thread(prepare, frame, caller)
+                    else:
+                        requests = self.service.prepare_frame(frame, caller)
                 except UnreadableFrame as e:
                     outbox.put(self.service.refuse(e, e.request_id))
                     continue
-                for n, payload in enumerate(requests, 1):
+                for n, request in enumerate(requests, 1):
                     await connection.room.acquire()  # a batch's requests count one by one
-                    connection.started(self.service.begin(payload, caller), outbox)
+                    connection.started(self.service.launch(request, caller), outbox)
                     if n % FAIR_SHARE == 0:
                         await asyncio.sleep(0)  # the other connections' turn
         finally:
@@ -355,7 +359,7 @@ def _token_matches(authorization: str | None, token: str) -> bool:
 
 def _larger(frame: str | bytes, limit: int) -> bool:
     """Whether ``frame`` is larger than ``limit`` bytes (a short text is not encoded to tell)."""
-    if isinstance(frame, bytes):
+    if isinstance(frame, bytes) or len(frame) > limit:  # (a character takes a byte or more)
         return len(frame) > limit
     return len(frame) > limit // 4 and len(frame.encode()) > limit
 

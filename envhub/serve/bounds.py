@@ -34,20 +34,6 @@ class DecodeLimits:
     """List elements, dict entries and array elements a value may hold, all together."""
     max_array_bytes: int = 16 * 1024 * 1024
     """Bytes the numpy arrays of a value may take once built, all together."""
-    max_int_digits: int = 1000
-    """Decimal digits of an integer in a frame (Python's own limit is 4300)."""
-
-
-class _LongNumber:
-    """An integer of a frame with too many digits, kept as its length instead of parsed."""
-
-    __slots__ = ("digits",)
-
-    def __init__(self, digits: int) -> None:
-        self.digits = digits
-
-    def __repr__(self) -> str:
-        return f"<a {self.digits}-digit number>"
 
 
 _LEADING_ID = re.compile(r'\s*\{\s*"id"\s*:\s*"([^"\\]{1,200})"')
@@ -55,43 +41,25 @@ _LEADING_ID = re.compile(r'\s*\{\s*"id"\s*:\s*"([^"\\]{1,200})"')
 from frames that do not parse, to answer them on their own id."""
 
 
-class FrameReader:
-    """Parses frames (JSON text or UTF-8 bytes) into requests' payloads, within bounds.
+def read_frame(frame: str | bytes) -> Any:
+    """The frame's JSON value. A number of more than 4,300 digits (Python's limit: converting a
+    long decimal costs time quadratic in its length) makes the frame unreadable.
 
-    Args:
-        limits: The bounds; an integer longer than ``limits.max_int_digits`` is not parsed,
-            only noted (the value check then refuses it on the request's id).
+    Raises:
+        UnreadableFrame: 400 ``bad_request``: not UTF-8, not JSON, nested deeper than the parser
+            goes, or a number too long; with the frame's id when it starts with one.
     """
-
-    def __init__(self, limits: DecodeLimits) -> None:
-        self.limits = limits
-        max_digits = limits.max_int_digits
-
-        def parse_int(text: str) -> Any:
-            # Counted before int() runs: converting a long decimal is quadratic in its length.
-            return int(text) if len(text) <= max_digits else _LongNumber(len(text))
-
-        self._decoder = json.JSONDecoder(parse_int=parse_int)
-
-    def read(self, frame: str | bytes) -> Any:
-        """The frame's JSON value.
-
-        Raises:
-            RequestError: 400 ``bad_request``: not UTF-8, not JSON, or nested deeper than the
-                parser goes; with the frame's id when it starts with one (:attr:`request_id`).
-        """
-        try:
-            text = frame.decode("utf-8") if isinstance(frame, bytes) else frame
-            return self._decoder.decode(text)
-        except UnicodeDecodeError as e:
-            why = f"not UTF-8 (byte {e.start}: {e.reason})"
-        except json.JSONDecodeError as e:
-            why = f"not JSON: {e}"
-        except RecursionError:
-            why = "not readable: the JSON nests deeper than the server's parser goes"
-        except ValueError as e:  # another refusal of the parser (a number it cannot hold)
-            why = f"not readable: {e}"
-        raise UnreadableFrame(why, leading_id(frame))
+    try:
+        return json.loads(frame)
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 (byte {e.start}: {e.reason})"
+    except json.JSONDecodeError as e:
+        why = f"not JSON: {e}"
+    except RecursionError:
+        why = "not readable: the JSON nests deeper than the server's parser goes"
+    except ValueError as e:  # another refusal of the parser: a number too long
+        why = f"not readable: {str(e).partition(';')[0]}"
+    raise UnreadableFrame(why, leading_id(frame))
 
 
 class UnreadableFrame(RequestError):
@@ -152,7 +120,8 @@ class _Budget:
         self.enter(data, depth)
         if type(data) is list:
             self.charge(len(data))
-            return [self.decode(v, depth + 1) for v in data]
+            scalars = _SCALARS
+            return [v if type(v) in scalars else self.decode(v, depth + 1) for v in data]
         self.charge(len(data))
         tag = data.get(TAG)
         if tag is None:
@@ -218,8 +187,6 @@ class _Budget:
 
     def leaves(self, data: Any, depth: int) -> tuple[int, int]:
         """How many scalars the nested lists ``data`` hold, and the longest text among them."""
-        if isinstance(data, _LongNumber):
-            raise self.long_number(data)
         if type(data) in _SCALARS:
             self.charge(1)
             return 1, _width(data)
@@ -239,8 +206,6 @@ class _Budget:
 
     def enter(self, data: Any, depth: int) -> None:
         """Refuse ``data`` (a container at ``depth``) if it is too deep or not a JSON value."""
-        if isinstance(data, _LongNumber):
-            raise self.long_number(data)
         if type(data) not in (list, dict):
             raise self.malformed(f"a {type(data).__name__} is not a JSON value")
         if depth > self.limits.max_depth:
@@ -252,14 +217,6 @@ class _Budget:
         self.items -= n
         if self.items < 0:
             raise self.too_large(f"more than {self.limits.max_items} items", "--max-items")
-
-    def long_number(self, number: _LongNumber) -> RequestError:
-        return RequestError(
-            413,
-            TOO_LARGE,
-            f"`{self.field}` holds a number of {number.digits} digits; at most "
-            f"{self.limits.max_int_digits}",
-        )
 
     def too_large(self, what: str, flag: str) -> RequestError:
         return RequestError(413, TOO_LARGE, f"`{self.field}` holds {what} (envhub serve {flag})")

@@ -43,7 +43,7 @@ class ServeSettings(BaseModel):
     """List elements, dict entries and array elements a request's value may hold (413 above)."""
     max_array_bytes: int = Field(16 * 1024 * 1024, ge=0)
     """Bytes the numpy arrays a request's value declares may take once built (413 above)."""
-    max_in_flight: int = Field(4096, ge=1)
+    max_in_flight: int = Field(1024, ge=1)
     """Requests one WebSocket connection may have running at once (a batch's count one by one);
     reading its frames waits beyond it."""
     idle_timeout: float | None = Field(None, gt=0)

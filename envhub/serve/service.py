@@ -16,7 +16,7 @@ from typing import Any
 
 from envhub.env import Env, TaskEnv
 from envhub.serve import protocol as p
-from envhub.serve.bounds import DecodeLimits, FrameReader, UnreadableFrame, decode_bounded
+from envhub.serve.bounds import DecodeLimits, UnreadableFrame, decode_bounded, read_frame
 from envhub.serve.sessions import AnswerCache, Session, SessionStore, close_env
 
 logger = logging.getLogger(__name__)
@@ -24,6 +24,12 @@ logger = logging.getLogger(__name__)
 Answer = dict[str, Any] | asyncio.Future[dict[str, Any]]
 """A reply, or the future of one (for a caller that sends its own replies: the future of one
 already sent)."""
+OFF_LOOP_BYTES = 64 * 1024
+"""Frames larger than this are parsed and their values decoded in a worker thread: the loop
+goes on serving other clients meanwhile (a 4 MB frame takes ~40 ms to read)."""
+Prepared = tuple[Any, Any, dict[str, Any] | None]
+"""A request read off a frame: ``(request, its decoded value, None)``, or ``(None, None, the
+error reply)`` when it cannot be run (see :meth:`EnvService.prepare`)."""
 EnvFactory = Callable[[dict[str, Any]], Env]
 """Makes an env from a session's env args (merged over the server's)."""
 
@@ -65,29 +71,41 @@ class EnvService:
             max_items=limits.max_items,
             max_array_bytes=limits.max_array_bytes,
         )
-        self.reader = FrameReader(self.decode_limits)
         self.metrics = store.metrics
 
-    def read(self, frame: str | bytes, caller: Caller) -> list[Any]:
-        """The requests in a frame (decoded JSON, not yet checked): the one it holds, or those
-        of a batch (a JSON array) from a caller that takes batches.
+    def prepare_frame(self, frame: str | bytes, caller: Caller) -> list[Prepared]:
+        """The requests of a frame, each parsed and its value decoded within bounds: the one it
+        holds, or those of a batch (a JSON array) from a caller that takes batches. Touches no
+        session: a large frame may be prepared in a worker thread, off the loop.
 
         Raises:
             UnreadableFrame: Not UTF-8 or not JSON (its ``request_id``: the frame's id, if it
                 starts with one); answer it with :meth:`refuse`.
         """
-        payload = self.reader.read(frame)
+        payload = read_frame(frame)
         batch = caller.batches and isinstance(payload, list) and len(payload) > 0
-        return payload if batch else [payload]
+        return [self.prepare(item) for item in (payload if batch else [payload])]
+
+    def prepare(self, payload: Any) -> Prepared:
+        """One request (decoded JSON) parsed, and its value (a step's action, a reset's options,
+        a create's env args) decoded within bounds; or the error reply it gets. Never raises."""
+        try:
+            request = p.parse_request(payload)
+            return request, self._value(request), None
+        except p.RequestError as e:
+            return None, None, p.error_reply(_id_of(payload), e)
+        except Exception as e:  # a bug of the server's: this request fails, the others go on
+            logger.exception("reading a request failed")
+            return None, None, p.error_reply(_id_of(payload), _server_error(e))
 
     def start(self, frame: str | bytes, caller: Caller) -> list[Answer]:
-        """Start answering every request of a frame at once (see :meth:`begin`); the app
+        """Start answering every request of a frame at once (see :meth:`launch`); the app
         starts a batch's requests one by one instead, within its in-flight limit."""
         try:
-            payloads = self.read(frame, caller)
+            prepared = self.prepare_frame(frame, caller)
         except UnreadableFrame as e:
             return [self.refuse(e, e.request_id)]
-        return [self.begin(payload, caller) for payload in payloads]
+        return [self.launch(item, caller) for item in prepared]
 
     def done(self, reply: dict[str, Any]) -> dict[str, Any]:
         """``reply``, counted (as an error if it is one), on its way out."""
@@ -97,7 +115,14 @@ class EnvService:
 
     async def handle(self, frame: str | bytes, caller: Caller) -> dict[str, Any]:
         """The reply to a frame of one request (HTTP)."""
-        [answer] = self.start(frame, caller)
+        try:
+            if len(frame) > OFF_LOOP_BYTES:
+                [prepared] = await asyncio.to_thread(self.prepare_frame, frame, caller)
+            else:
+                [prepared] = self.prepare_frame(frame, caller)
+        except UnreadableFrame as e:
+            return self.refuse(e, e.request_id)
+        answer = self.launch(prepared, caller)
         if isinstance(answer, dict):
             return answer
         return self.done(await asyncio.shield(answer))
@@ -108,38 +133,36 @@ class EnvService:
         self.metrics.requests += 1
         return self.done(p.error_reply(request_id, error))
 
-    def begin(self, payload: Any, caller: Caller) -> Answer:
-        """Start answering one request (a frame's decoded JSON): its reply when it is answered
-        at once (an error, a close), else the future of it. A future's reply is sent by its
-        task when the caller has :attr:`Caller.send` (the future is done once it was);
-        otherwise the caller passes it through :meth:`done`. Counts the request (and the
-        errors answered now); never raises."""
+    def launch(self, prepared: Prepared, caller: Caller) -> Answer:
+        """Start answering a prepared request: its reply when it is answered at once (an error,
+        a close), else the future of it. A future's reply is sent by its task when the caller
+        has :attr:`Caller.send` (the future is done once it was); otherwise the caller passes it
+        through :meth:`done`. Counts the request (and the errors answered now); never raises."""
         self.metrics.requests += 1
+        request, value, refused = prepared
+        if refused is not None:
+            return self.done(refused)
         try:
-            return self._begin(payload, caller)
+            return self._launch(request, value, caller)
         except p.RequestError as e:
-            return self.done(p.error_reply(_id_of(payload), e))
+            return self.done(p.error_reply(request.id, e))
         except Exception as e:  # a bug of the server's: this request fails, the others go on
             logger.exception("answering a request failed")
-            error = p.RequestError(500, type(e).__name__, f"the server failed on this request: {e}")
-            return self.done(p.error_reply(_id_of(payload), error))
+            return self.done(p.error_reply(request.id, _server_error(e)))
 
-    def _begin(self, payload: Any, caller: Caller) -> Answer:
-        request = p.parse_request(payload)
+    def _launch(self, request: p.Request, value: Any, caller: Caller) -> Answer:
         if isinstance(request, p.CloseRequest):
             return self.done(self._close(request))
         if isinstance(request, p.CreateRequest):
             answer = caller.creates.get(request.id)
             if answer is None:
-                args = decode_bounded(request.env_args, self.decode_limits, "env_args")
                 return caller.creates.start(
-                    request.id, lambda: self._sent(caller, self._create(request, args, caller))
+                    request.id, lambda: self._sent(caller, self._create(request, value, caller))
                 )
         else:
             session = self.store.get(request.session)
             answer = session.answers.get(request.id)
             if answer is None:
-                value = self._value(request)
                 if request.seq is not None and not session.sequence.take(request.seq):
                     raise _stale(request, session)
                 return session.answers.start(
@@ -152,11 +175,13 @@ class EnvService:
         return answer
 
     def _value(self, request: p.Request) -> Any:
-        """The request's value (a step's action, a reset's options), decoded within bounds."""
+        """The request's value, decoded within bounds."""
         if isinstance(request, p.StepRequest):
             return decode_bounded(request.action, self.decode_limits, "action")
         if isinstance(request, p.ResetRequest):
             return decode_bounded(request.options, self.decode_limits, "options")
+        if isinstance(request, p.CreateRequest):
+            return decode_bounded(request.env_args, self.decode_limits, "env_args")
         return None
 
     async def _sent(self, caller: Caller, work: Awaitable[dict[str, Any]]) -> dict[str, Any]:
@@ -306,6 +331,10 @@ def _id_of(payload: Any) -> str | None:
     """The request id of a frame, if it has a usable one (to answer even a malformed request)."""
     request_id = payload.get("id") if isinstance(payload, dict) else None
     return request_id if isinstance(request_id, str) else None
+
+
+def _server_error(error: Exception) -> p.RequestError:
+    return p.RequestError(500, type(error).__name__, f"the server failed on this request: {error}")
 
 
 def _stale(request: p.Request, session: Session) -> p.RequestError:

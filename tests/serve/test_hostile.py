@@ -217,7 +217,13 @@ def malformed_frames(session: str) -> list[tuple[str | bytes, Any, int, str]]:
             400,
             "not readable: the JSON nests deeper than the server's parser goes",
         ),
-        (head + "1" * 5000 + "}", "m", 413, "`action` holds a number of 5000 digits; at most 1000"),
+        (
+            head + "1" * 5000 + "}",
+            "m",
+            400,
+            "not readable: Exceeds the limit (4300 digits) for integer string conversion: value "
+            "has 5000 digits",
+        ),
         (utf8, "m", 400, f"not UTF-8 (byte {len(head.encode()) + 1}: invalid start byte)"),
         (
             head + '"x", "seq": "one"}',
