@@ -75,6 +75,17 @@ def encode(value: Any) -> Any:
         TypeError: A value of a type the protocol cannot carry (say what it is, so the env can
             put something else in its ``info``).
     """
+    kind = type(value)
+    if kind in _PLAIN:  # the common cases first, by exact type (subclasses go the long way)
+        return value
+    if kind is list:
+        return [v if type(v) in _PLAIN else encode(v) for v in value]
+    if kind is dict:
+        return _encode_dict(value)
+    if kind is Message:
+        # A message's fields at their defaults are left out (smaller frames); decoding restores
+        # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
+        return {TAG: "Message", "value": value.model_dump(mode="json", exclude_defaults=True)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value.item() if isinstance(value, np.generic) else value
     if isinstance(value, list):
@@ -84,8 +95,6 @@ def encode(value: Any) -> Any:
     if isinstance(value, tuple):
         return {TAG: "tuple", "value": [encode(v) for v in value]}
     if isinstance(value, BaseModel) and MODELS.get(type(value).__name__) is type(value):
-        # A message's fields at their defaults are left out (smaller frames); decoding restores
-        # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
         compact = type(value) is Message
         value_data = value.model_dump(mode="json", exclude_defaults=compact)
         return {TAG: type(value).__name__, "value": value_data}
@@ -100,9 +109,13 @@ def encode(value: Any) -> Any:
     )
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def _encode_dict(value: dict[Any, Any]) -> Any:
-    if all(isinstance(k, str) for k in value) and TAG not in value:
-        return {k: encode(v) for k, v in value.items()}
+    if all(type(k) is str or isinstance(k, str) for k in value) and TAG not in value:
+        plain = _PLAIN
+        return {k: v if type(v) in plain else encode(v) for k, v in value.items()}
     # Keys JSON cannot hold as they are (and a dict that looks like a tag): as pairs.
     return {TAG: "items", "value": [[encode(k), encode(v)] for k, v in value.items()]}
 
@@ -404,6 +417,60 @@ def step_result(
         and (remaining_tokens is None or type(remaining_tokens) is int)
     )
     return fields if plain else StepResult(**fields).model_dump(mode="json")
+
+
+def read_step_result(data: dict[str, Any]) -> StepResult:
+    """The :class:`StepResult` in a reply's ``result``: built without validation when every
+    field has the type the model would give it (what :func:`step_result` sends: the client's
+    hot path), else validated by the model (which raises on a wrong one)."""
+    state = data.get("state")
+    plain = (
+        type(data.get("reward")) in _NUMBER
+        and type(data.get("terminated")) is bool
+        and type(data.get("truncated")) is bool
+        and "observation" in data
+        and "info" in data
+        and type(data.get("remaining_tokens", None)) in _OPTIONAL_INT
+        and (state is None or _plain_view(state))
+        and len(data) <= 7
+    )
+    if not plain:
+        return StepResult.model_validate(data)
+    view = None if state is None else EpisodeView.model_construct(**state)
+    return StepResult.model_construct(**{**data, "state": view})
+
+
+_OPTIONAL_INT = (int, type(None))
+_VIEW_FIELDS = frozenset(
+    (
+        "start",
+        "messages",
+        "observation_follows",
+        "turn",
+        "tokens",
+        "metrics",
+        "stop_reason",
+        "reward_components",
+    )
+)
+
+
+def _plain_view(state: Any) -> bool:
+    """Whether ``state`` is an :class:`EpisodeView`'s dump with the model's types as they are."""
+    return (
+        type(state) is dict
+        and state.keys() == _VIEW_FIELDS
+        and type(state["start"]) is int
+        and type(state["messages"]) is list
+        and type(state["observation_follows"]) is bool
+        and type(state["turn"]) is int
+        and type(state["tokens"]) is int
+        and type(state["stop_reason"]) in (str, type(None))
+        and type(state["metrics"]) is dict
+        and type(state["reward_components"]) is dict
+        and _plain_numbers(state["metrics"])
+        and _plain_numbers(state["reward_components"])
+    )
 
 
 def episode_state(

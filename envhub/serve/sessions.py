@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub._async import start_eagerly
 from envhub.env import Env
 from envhub.serve.protocol import (
     CAPACITY,
@@ -53,10 +54,11 @@ class AnswerCache:
     def start(
         self, request_id: str, compute: Callable[[], Awaitable[Answer]]
     ) -> asyncio.Future[Answer]:
-        """The future answer to a new ``request_id``: a task running ``compute()``. Whoever
-        awaits it must shield it: a caller that goes away (its connection dropped) leaves the
-        work to finish, so that a retry finds its answer."""
-        task = self._tasks[request_id] = asyncio.ensure_future(compute())
+        """The future answer to a new ``request_id``: a task running ``compute()``, started
+        eagerly (a natively async env's step is answered before this returns, one loop
+        iteration sooner). Whoever awaits it must shield it: a caller that goes away (its
+        connection dropped) leaves the work to finish, so that a retry finds its answer."""
+        task = self._tasks[request_id] = start_eagerly(compute())
         self._evict()
         return task
 
