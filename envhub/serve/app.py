@@ -212,6 +212,7 @@ class ServeApp:
         websocket = connection.websocket
         outbox = Outbox(websocket, caller.batches)
         caller.send = outbox.send
+        caller.busy = connection.busy
         limit = self.service.limits.max_message_bytes
         try:
             while True:
@@ -233,6 +234,7 @@ class ServeApp:
                 except UnreadableFrame as e:
                     outbox.put(self.service.refuse(e, e.request_id))
                     continue
+                connection.batch = len(requests) > 1
                 for n, request in enumerate(requests, 1):
                     await connection.room.acquire()  # a batch's requests count one by one
                     connection.started(self.service.launch(request, caller), outbox)
@@ -253,6 +255,8 @@ class Connection:
         self.websocket = websocket
         self.room = asyncio.Semaphore(max_in_flight)
         self.in_flight = 0
+        self.batch = False
+        """The frame being read holds several requests."""
         self.loop = asyncio.get_running_loop()
         self.last_heard = self.loop.time()
         self.reader = asyncio.current_task()
@@ -277,6 +281,10 @@ class Connection:
         self.in_flight -= 1
         self.last_heard = self.loop.time()  # idle from the last answer on
         self.room.release()
+
+    def busy(self) -> bool:
+        """Whether a request of it is running, or more come in the frame being read."""
+        return self.in_flight > 0 or self.batch
 
     def idle_since(self, now: float) -> float:
         """Seconds it has been idle (0 while a request runs)."""

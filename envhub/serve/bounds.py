@@ -87,6 +87,8 @@ def decode_bounded(data: Any, limits: DecodeLimits, field: str) -> Any:
         RequestError: 413 ``too_large`` past a bound, 400 ``bad_request`` when malformed (an
             unknown tag, an array that numpy cannot build, a model's fields wrong).
     """
+    if type(data) in _SCALARS:  # a step's text: nothing to walk
+        return data
     budget = _Budget(limits, field)
     try:
         return budget.decode(data, 1)

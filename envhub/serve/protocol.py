@@ -419,60 +419,6 @@ def step_result(
     return fields if plain else StepResult(**fields).model_dump(mode="json")
 
 
-def read_step_result(data: dict[str, Any]) -> StepResult:
-    """The :class:`StepResult` in a reply's ``result``: built without validation when every
-    field has the type the model would give it (what :func:`step_result` sends: the client's
-    hot path), else validated by the model (which raises on a wrong one)."""
-    state = data.get("state")
-    plain = (
-        type(data.get("reward")) in _NUMBER
-        and type(data.get("terminated")) is bool
-        and type(data.get("truncated")) is bool
-        and "observation" in data
-        and "info" in data
-        and type(data.get("remaining_tokens", None)) in _OPTIONAL_INT
-        and (state is None or _plain_view(state))
-        and len(data) <= 7
-    )
-    if not plain:
-        return StepResult.model_validate(data)
-    view = None if state is None else EpisodeView.model_construct(**state)
-    return StepResult.model_construct(**{**data, "state": view})
-
-
-_OPTIONAL_INT = (int, type(None))
-_VIEW_FIELDS = frozenset(
-    (
-        "start",
-        "messages",
-        "observation_follows",
-        "turn",
-        "tokens",
-        "metrics",
-        "stop_reason",
-        "reward_components",
-    )
-)
-
-
-def _plain_view(state: Any) -> bool:
-    """Whether ``state`` is an :class:`EpisodeView`'s dump with the model's types as they are."""
-    return (
-        type(state) is dict
-        and state.keys() == _VIEW_FIELDS
-        and type(state["start"]) is int
-        and type(state["messages"]) is list
-        and type(state["observation_follows"]) is bool
-        and type(state["turn"]) is int
-        and type(state["tokens"]) is int
-        and type(state["stop_reason"]) in (str, type(None))
-        and type(state["metrics"]) is dict
-        and type(state["reward_components"]) is dict
-        and _plain_numbers(state["metrics"])
-        and _plain_numbers(state["reward_components"])
-    )
-
-
 def episode_state(
     start: int,
     messages: list[Any],

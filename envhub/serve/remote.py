@@ -34,7 +34,7 @@ import json
 import os
 import secrets
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -274,7 +274,7 @@ class RemoteEnv(Env):
         session = self._require_session()
         request = p.step_request(_new_id(), session, action, next(self._seq))
         try:
-            result, _ = await self._call(request, p.read_step_result, via)
+            result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:
             raise self._lost(str(e)) from e
         self._remaining = result.remaining_tokens
@@ -327,13 +327,12 @@ class RemoteEnv(Env):
     async def _call(
         self,
         request: dict[str, Any],
-        result_type: type[R] | Callable[[dict[str, Any]], R],
+        result_type: type[R],
         via: Transport,
         timeout: float | None = None,
     ) -> tuple[R, int]:
         """Send ``request`` (a request's JSON-ready data) over ``via``; ``(result, connection
-        generation)``, or raise the reply's error. ``result_type``: the result's model, or a
-        function that reads it (:func:`~envhub.serve.protocol.read_step_result`)."""
+        generation)``, or raise the reply's error."""
         frame = p.dumps(request)
         limit = self._limits.max_message_bytes if self._limits else None
         if limit is not None and len(frame) > limit // 4 and len(frame.encode()) > limit:
@@ -347,8 +346,7 @@ class RemoteEnv(Env):
         )
         if not reply["ok"]:
             raise_for_error(reply["error"], self.url, request["op"])
-        read = getattr(result_type, "model_validate", result_type)
-        return read(reply["result"]), generation
+        return result_type.model_validate(reply["result"]), generation
 
 
 _ids = [secrets.token_hex(8), itertools.count()]

@@ -52,13 +52,15 @@ class AnswerCache:
         return self._tasks.get(request_id)
 
     def start(
-        self, request_id: str, compute: Callable[[], Awaitable[Answer]]
+        self, request_id: str, compute: Callable[[], Awaitable[Answer]], eager: bool = False
     ) -> asyncio.Future[Answer]:
-        """The future answer to a new ``request_id``: a task running ``compute()``, started
-        eagerly (a natively async env's step is answered before this returns, one loop
-        iteration sooner). Whoever awaits it must shield it: a caller that goes away (its
-        connection dropped) leaves the work to finish, so that a retry finds its answer."""
-        task = self._tasks[request_id] = start_eagerly(compute())
+        """The future answer to a new ``request_id``: a task running ``compute()``; with
+        ``eager``, started now (a natively async env's step is answered before this returns,
+        one loop iteration sooner). Whoever awaits it must shield it: a caller that goes away
+        (its connection dropped) leaves the work to finish, so that a retry finds its answer."""
+        work = compute()
+        task = start_eagerly(work) if eager else asyncio.ensure_future(work)
+        self._tasks[request_id] = task
         self._evict()
         return task
 
