@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
@@ -210,7 +210,7 @@ class ServeApp:
 
     async def _read_frames(self, connection: Connection, caller: Caller) -> None:
         websocket = connection.websocket
-        outbox = Outbox(websocket, caller.batches)
+        outbox = Outbox(websocket, caller.batches, connection.busy)
         caller.send = outbox.send
         caller.busy = connection.busy
         limit = self.service.limits.max_message_bytes
@@ -306,11 +306,14 @@ class Outbox:
     what has gathered since it last woke, without a wait; once :data:`CHUNK` have gathered, the
     task that queued the last sends them at once. To a client that takes batches they go as
     JSON arrays (up to :data:`BATCH_BYTES` each): one frame and one write for many sessions'
-    replies.
+    replies. ``busy`` tells whether the connection runs other requests: while it does not, a
+    reply goes at once without marking its iteration.
     """
 
-    def __init__(self, websocket: WebSocket, batches: bool) -> None:
-        self.websocket, self.batches = websocket, batches
+    def __init__(
+        self, websocket: WebSocket, batches: bool, busy: Callable[[], bool] = lambda: True
+    ) -> None:
+        self.websocket, self.batches, self.busy = websocket, batches, busy
         self.replies: list[str] = []
         self.ready = asyncio.Event()
         self.writer = asyncio.ensure_future(self._write())
@@ -321,7 +324,9 @@ class Outbox:
         """Send ``reply`` now if it is the first of this loop iteration, else queue it (and send
         the queue if it reached :data:`CHUNK`); never raises (a connection that is gone drops
         it)."""
-        if self.replies or self._closed or not self._first.take():
+        # A reply whose connection runs nothing else is alone in its iteration (no need to
+        # mark the iteration: that costs the loop another turn).
+        if self.replies or self._closed or (self.busy() and not self._first.take()):
             self.put(reply)
             if len(self.replies) >= CHUNK:  # the client can start on these while we go on
                 await self._flush()
