@@ -30,7 +30,6 @@ import base64
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -68,6 +67,7 @@ def run_server(port: int) -> None:
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], int]:
+    """Start the server process; its process and port once it answers."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -121,6 +121,7 @@ class Tally:
         self.unexpected: dict[str, int] = {}
 
     def check(self, reply: dict[str, Any], codes: tuple[int, ...], attack: str) -> None:
+        """Count ``reply``: expected if its status (200 when ok) is one of ``codes``."""
         self.answered += 1
         code = 200 if reply.get("ok") else reply.get("error", {}).get("code")
         if code in codes:
@@ -131,6 +132,7 @@ class Tally:
 
 
 async def open_session(ws: Any, tag: str) -> str:
+    """A new session on ``ws``, reset; its id."""
     await ws.send(json.dumps({"id": f"c-{tag}", "op": "create"}))
     session = json.loads(await ws.recv())["result"]["session"]
     await ws.send(json.dumps({"id": f"r-{tag}", "op": "reset", "session": session, "seed": 0}))
@@ -195,6 +197,7 @@ async def batch_attacker(url: str, until: float, tally: Tally) -> None:
 
 
 async def replies(ws: Any, n: int) -> list[dict[str, Any]]:
+    """The next ``n`` replies on ``ws``, batched or not."""
     got: list[dict[str, Any]] = []
     while len(got) < n:
         frame = json.loads(await ws.recv())
@@ -267,10 +270,12 @@ async def slowloris(port: int, path: str, until: float, tally: Tally, held: int 
                 )
             else:
                 key = base64.b64encode(os.urandom(16)).decode()
-                writer.write(
-                    f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: "
-                    f"Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+                handshake = (
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                    "Sec-WebSocket-Version: 13\r\n\r\n"
                 )
+                writer.write(handshake.encode())
                 await reader.readuntil(b"\r\n\r\n")
                 writer.write(bytes([0x81, 0xFE]) + (4000).to_bytes(2, "big") + b"mask" + b"x" * 9)
             try:
@@ -314,6 +319,7 @@ def run_bad(port: int, env: str, seconds: float, attacks: list[str]) -> None:
 
 
 def percentile(values: list[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (nan when empty)."""
     if not values:
         return float("nan")
     ordered = sorted(values)
@@ -321,6 +327,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def soak(args: argparse.Namespace) -> int:
+    """Run the soak: server, bad clients' process, good clients here; print the table."""
     from openenv_compare import envhub_echo
 
     server, port = start_server()
@@ -406,6 +413,7 @@ async def soak(args: argparse.Namespace) -> int:
 
 
 def main() -> None:
+    """Parse the flags; run the soak (or, internally, the server or the bad clients)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--good", type=int, default=8, help="good clients")

@@ -17,6 +17,17 @@ size), and gets the replies in arrays too (one frame, one write, for many sessio
 With a token, ``WS``/``POST`` need ``Authorization: Bearer TOKEN`` (401 otherwise);
 ``/healthz`` and ``/metrics`` carry no env data and need none. A frame over the size limit gets
 a 413 error (a reply frame on WebSocket, whose connection stays open).
+
+Against hostile clients: a frame that does not parse, or a request that is malformed or whose
+value breaks a bound (:mod:`envhub.serve.bounds`), gets an error reply on its own id while the
+connection's other sessions go on (over HTTP, a JSON body with the error's status, never a
+plain-text 500); frames over 512 KB are read in a worker thread. A connection runs at most
+``max_in_flight`` requests at once, each of a batch counted (reading waits for room: one
+client's batches back-pressure it, not the others); a batch's requests are started
+:data:`FAIR_SHARE` at a time, the other connections served in between. A request that runs alone
+on its connection starts eagerly (answered in the loop iteration that read it). A connection
+with no frame and nothing running for ``idle_timeout`` seconds is closed (1001); half-sent
+frames and requests are :mod:`envhub.serve.timeouts`' to cut.
 """
 
 from __future__ import annotations

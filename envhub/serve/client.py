@@ -8,7 +8,9 @@ that loop's own connection (:func:`nearby`): handing each request to another thr
 answer back costs about 100 us, more than the rest of a request. A session is not tied to the
 connection a request comes over, only to the one that opened it (the I/O loop's).
 
-- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. A request
+- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. websockets'
+  client opens it; then :class:`_Wire` drives its bytes with websockets' sans-I/O protocol
+  (replies are handed to their requests where their bytes arrive). A request
   alone on the connection goes out at once; the others (many sessions stepping together) are
   sent together by a writer task, as one frame (a JSON array) when the server takes batches
   (``envhub-batch`` handshake header). A timed-out

@@ -1,6 +1,7 @@
 """Settings and the entry point of ``envhub serve``: an env behind uvicorn.
 
-:func:`build_app` makes the ASGI app (tests and embedders run it in their own uvicorn);
+:func:`build_app` makes the ASGI app (tests and embedders run it in their own uvicorn, with
+:func:`uvicorn_config`, which brings the half-sent-request deadline);
 :func:`serve` runs it until Ctrl-C or SIGTERM, then closes every session (uvicorn closes the
 WebSocket connections with 1012 "service restart", the app's lifespan closes the envs).
 """

@@ -1,9 +1,15 @@
 """The env service: requests in, ``Env`` calls, replies out. No transport here.
 
-The app (:mod:`envhub.serve.app`) hands every frame to :meth:`EnvService.handle` and sends back
-what it returns; this module never raises into it. Env calls go through ``areset``/``astep``:
-natively async envs run on the server's loop, sync ones in a worker thread (the ``Env`` default),
-so a slow env never stalls the others. Making and closing envs also run in worker threads.
+The app (:mod:`envhub.serve.app`) reads a frame's requests with :meth:`EnvService.prepare_frame`
+(parsed, their values decoded within bounds; no session touched, so a large frame may be read in
+a worker thread) and starts each with :meth:`EnvService.launch` (over HTTP,
+:meth:`EnvService.handle` does both); this module never raises into it: every failure is an
+error reply on the request's id. A session's request that carries a number (``seq``) already
+started, whose answer is no longer cached, is refused (409 ``stale_retry``), never run again.
+
+Env calls go through ``areset``/``astep``: natively async envs run on the server's loop, sync
+ones in a worker thread (the ``Env`` default), so a slow env never stalls the others. Making
+and closing envs also run in worker threads.
 """
 
 from __future__ import annotations
