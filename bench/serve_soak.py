@@ -20,6 +20,12 @@ sampled every second (the row shows the window's max). At the end the whole run'
 and the RSS range after the first window, against the goals (good p99 < 50 ms; RSS bounded).
 
     .venv/bin/python bench/serve_soak.py [--minutes 10] [--good 8] [--think 10] [--every 30]
+        [--attacks frames batches retries http vanish slow] [--max-in-flight N] [--json out.json]
+
+The batches are what costs the good clients most: a connection may have ``--max-in-flight``
+(1024) requests running, and while a few hundred of them are ready in every loop iteration each
+good request waits for that iteration (the limit must stay high for one client's many slow
+sessions: 1024 concurrent episodes of a slow env over one connection need 1024 in flight).
 """
 
 from __future__ import annotations
@@ -48,8 +54,9 @@ P99_GOAL_MS = 50.0
 # -- the server --------------------------------------------------------------------------------
 
 
-def run_server(port: int) -> None:
-    """The server process: ``envhub serve`` of the echo env with default limits."""
+def run_server(port: int, max_in_flight: int) -> None:
+    """The server process: ``envhub serve`` of the echo env with default limits (but
+    ``max_in_flight``)."""
     import logging
 
     import uvicorn
@@ -61,17 +68,20 @@ def run_server(port: int) -> None:
     logging.getLogger("envhub").setLevel(logging.ERROR)  # the attacks are expected
     echo = envhub_echo()
     envhub.register(echo.name, echo, override=True)
-    settings = ServeSettings(env=echo.name, port=port, max_sessions=4096)
+    settings = ServeSettings(
+        env=echo.name, port=port, max_sessions=4096, max_in_flight=max_in_flight
+    )
     config = uvicorn_config(settings, build_app(settings), log_level="critical")
     uvicorn.Server(config).run()
 
 
-def start_server() -> tuple[subprocess.Popen[bytes], int]:
+def start_server(max_in_flight: int) -> tuple[subprocess.Popen[bytes], int]:
     """Start the server process; its process and port once it answers."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
+    command = [sys.executable, __file__, "--serve", str(port), str(max_in_flight)]
+    process = subprocess.Popen(command)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -330,7 +340,7 @@ async def soak(args: argparse.Namespace) -> int:
     """Run the soak: server, bad clients' process, good clients here; print the table."""
     from openenv_compare import envhub_echo
 
-    server, port = start_server()
+    server, port = start_server(args.max_in_flight)
     env = envhub_echo().name
     seconds = args.minutes * 60
     bad = subprocess.Popen(
@@ -414,6 +424,8 @@ async def soak(args: argparse.Namespace) -> int:
 
 def main() -> None:
     """Parse the flags; run the soak (or, internally, the server or the bad clients)."""
+    from envhub.serve.server import ServeSettings
+
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--good", type=int, default=8, help="good clients")
@@ -422,14 +434,20 @@ def main() -> None:
     )
     parser.add_argument("--every", type=float, default=30.0, help="seconds per table row")
     parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument("--serve", nargs=1, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=ServeSettings.model_fields["max_in_flight"].default,
+        help="the server's limit per connection (envhub serve --max-in-flight)",
+    )
+    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
         "--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS), help="bad clients to run"
     )
     parser.add_argument("--bad", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        return run_server(int(args.serve[0]))
+        return run_server(int(args.serve[0]), int(args.serve[1]))
     if args.bad:
         port, env, seconds, attacks = args.bad
         return run_bad(int(port), env, float(seconds), attacks.split(","))

@@ -55,7 +55,7 @@ logger = logging.getLogger(__name__)
 MAX_IN_FLIGHT = 1024
 """Requests one WebSocket connection may have running at once (a batch's requests count one by
 one); reading waits beyond it (back-pressure, not an error)."""
-FAIR_SHARE = 256
+FAIR_SHARE = 128
 """A batch's requests are started this many at a time, the loop serving other connections in
 between: one client's big batch does not hold up the others."""
 BATCH_HEADER = "envhub-batch"
@@ -236,19 +236,21 @@ class ServeApp:
                 if _larger(frame, limit):
                     outbox.put(self.service.refuse(_too_large(limit)))
                     continue
+                off_loop = len(frame) > OFF_LOOP_BYTES  # parsed and decoded in a thread
                 try:
-                    if len(frame) > OFF_LOOP_BYTES:  # parsed and decoded in a thread
-                        prepare = self.service.prepare_frame
-                        requests = await asyncio.to_thread(prepare, frame, caller)
-                    else:
-                        requests = self.service.prepare_frame(frame, caller)
+                    if off_loop:
+                        prepare_frame = self.service.prepare_frame
+                        requests = await asyncio.to_thread(prepare_frame, frame, caller)
+                    else:  # parsed now, each request checked as it starts
+                        requests = self.service.payloads(frame, caller)
                 except UnreadableFrame as e:
                     outbox.put(self.service.refuse(e, e.request_id))
                     continue
                 connection.batch = len(requests) > 1
                 for n, request in enumerate(requests, 1):
                     await connection.room.acquire()  # a batch's requests count one by one
-                    connection.started(self.service.launch(request, caller), outbox)
+                    prepared = request if off_loop else self.service.prepare(request)
+                    connection.started(self.service.launch(prepared, caller), outbox)
                     if n % FAIR_SHARE == 0:
                         await asyncio.sleep(0)  # the other connections' turn
         finally:

@@ -93,9 +93,17 @@ class EnvService:
             UnreadableFrame: Not UTF-8 or not JSON (its ``request_id``: the frame's id, if it
                 starts with one); answer it with :meth:`refuse`.
         """
+        return [self.prepare(payload) for payload in self.payloads(frame, caller)]
+
+    def payloads(self, frame: str | bytes, caller: Caller) -> list[Any]:
+        """The requests of a frame as parsed JSON, not yet checked (:meth:`prepare` each).
+
+        Raises:
+            UnreadableFrame: As :meth:`prepare_frame`.
+        """
         payload = read_frame(frame)
         batch = caller.batches and isinstance(payload, list) and len(payload) > 0
-        return [self.prepare(item) for item in (payload if batch else [payload])]
+        return payload if batch else [payload]
 
     def prepare(self, payload: Any) -> Prepared:
         """One request (decoded JSON) parsed, and its value (a step's action, a reset's options,
