@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
@@ -59,6 +60,12 @@ def test_only_the_first_caller_of_a_loop_iteration_is_first() -> None:
     assert asyncio.run(scenario()) == [True, False, False, True, False]
 
 
+EAGER = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="3.10 starts an ordinary task (no asyncio.timeout either)"
+)
+
+
+@EAGER
 def test_an_eager_task_runs_its_first_step_now_as_itself() -> None:
     seen: list[object] = []
 
@@ -75,6 +82,7 @@ def test_an_eager_task_runs_its_first_step_now_as_itself() -> None:
     asyncio.run(main())
 
 
+@EAGER
 def test_an_eager_task_that_waits_goes_on_with_timeouts_and_cancels_of_its_own() -> None:
     async def waits(ready: asyncio.Future[int]) -> str:
         try:
