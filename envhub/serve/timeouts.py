@@ -90,7 +90,8 @@ class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
         super().data_received(data)
-        if self.conn.reader.buffer or self.frames:
+        reader = getattr(self.conn, "reader", None)  # websockets' parser buffer (13+)
+        if getattr(reader, "buffer", None) or self.frames:
             self._deadline.arm(self.transport)
         else:
             self._deadline.disarm()
