@@ -285,30 +285,29 @@ REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 
 
-def step_request(request_id: str, session: str, action: Any, seq: int) -> dict[str, Any]:
+def step_request(request_id: str, session: str, action: Any, seq: int | None) -> dict[str, Any]:
     """A ``step`` request, ready for :func:`dumps`: what ``StepRequest(...).model_dump()`` gives,
-    without a model per request (the client's hot path)."""
-    return {
-        "id": request_id,
-        "op": "step",
-        "session": session,
-        "seq": seq,
-        "action": encode(action),
-    }
+    without a model per request (the client's hot path); without ``seq`` when it is ``None``
+    (servers from before request numbers refuse the field)."""
+    request = {"id": request_id, "op": "step", "session": session, "seq": seq}
+    if seq is None:
+        del request["seq"]
+    request["action"] = encode(action)
+    return request
 
 
 def reset_request(
-    request_id: str, session: str, seed: int | None, options: dict[str, Any] | None, seq: int
+    request_id: str,
+    session: str,
+    seed: int | None,
+    options: dict[str, Any] | None,
+    seq: int | None,
 ) -> dict[str, Any]:
     """A ``reset`` request, ready for :func:`dumps` (see :func:`step_request`)."""
-    return {
-        "id": request_id,
-        "op": "reset",
-        "session": session,
-        "seq": seq,
-        "seed": seed,
-        "options": encode(options),
-    }
+    request = {"id": request_id, "op": "reset", "session": session, "seq": seq}
+    if seq is None:
+        del request["seq"]
+    return {**request, "seed": seed, "options": encode(options)}
 
 
 def parse_request(payload: Any) -> Request:
@@ -474,6 +473,9 @@ class Limits(BaseModel):
     """List elements, dict entries and array elements a request's value may hold."""
     max_array_bytes: int = 16 * 1024 * 1024
     """Bytes the numpy arrays of a request's value may take."""
+    request_numbers: bool = False
+    """The server takes ``seq`` on a session's requests (older servers refuse the field, and
+    say nothing here: their clients send none)."""
 
 
 class EnvInfo(BaseModel):

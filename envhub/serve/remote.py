@@ -200,9 +200,9 @@ class RemoteEnv(Env):
             id=_new_id(),
             op="truncate",
             session=self._require_session(),
-            seq=next(self._seq),
+            seq=self._next_seq(),
             reason=reason,
-        ).model_dump()
+        ).model_dump(exclude_none=True)
         try:
             result, _ = await self._call(request, p.TruncateResult, self._nearby())
         except RemoteEnvUnavailableError as e:
@@ -249,13 +249,13 @@ class RemoteEnv(Env):
         self._in_episode, self._state = False, None
         if self._session is None or not self._transport.alive(self._generation):
             await self._on_io(self._create())  # the old session went with its connection
-        request = p.reset_request(_new_id(), self._session, seed, options, next(self._seq))
+        request = p.reset_request(_new_id(), self._session, seed, options, self._next_seq())
         try:
             result, _ = await self._call(request, p.ResetResult, via)
         except RemoteEnvUnavailableError:
             # Expired while idle, or the server restarted: between episodes, start afresh.
             await self._on_io(self._create())
-            request = p.reset_request(_new_id(), self._session, seed, options, next(self._seq))
+            request = p.reset_request(_new_id(), self._session, seed, options, self._next_seq())
             result, _ = await self._call(request, p.ResetResult, via)
         self._tools, self._remaining = result.tool_schemas, result.remaining_tokens
         self._in_episode = True
@@ -272,7 +272,7 @@ class RemoteEnv(Env):
 
     async def _step(self, action: Action, via: Transport) -> StepResult:
         session = self._require_session()
-        request = p.step_request(_new_id(), session, action, next(self._seq))
+        request = p.step_request(_new_id(), session, action, self._next_seq())
         try:
             result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:
@@ -287,6 +287,11 @@ class RemoteEnv(Env):
             result.truncated,
             p.decode(result.info),
         )
+
+    def _next_seq(self) -> int | None:
+        """The session's next request number (``None``: the server takes none)."""
+        numbered = self._limits is not None and self._limits.request_numbers
+        return next(self._seq) if numbered else None
 
     def _require_session(self) -> str:
         if self._session is None or not self._transport.alive(self._generation):

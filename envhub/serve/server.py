@@ -81,6 +81,7 @@ def build_app(settings: ServeSettings) -> Any:
         max_depth=settings.max_depth,
         max_items=settings.max_items,
         max_array_bytes=settings.max_array_bytes,
+        request_numbers=True,
     )
     service = EnvService(
         lambda args: _make(settings, args),

@@ -165,3 +165,11 @@ def test_the_reused_c_encoder_writes_what_json_dumps_writes(payload: object) -> 
     assert p.dumps(payload) == json.dumps(payload, separators=(",", ":"))
     with pytest.raises(TypeError, match="not JSON serializable"):
         p.dumps({"x": {1, 2}})
+
+
+def test_requests_leave_seq_out_for_servers_that_take_none() -> None:
+    step = p.step_request("7", "s-1", "hi", None)
+    reset = p.reset_request("8", "s-1", 3, None, None)
+    assert "seq" not in step and "seq" not in reset
+    assert p.parse_request(step) == p.StepRequest(id="7", op="step", session="s-1", action="hi")
+    assert p.Limits(max_message_bytes=4096, session_ttl=1).request_numbers is False  # old servers
