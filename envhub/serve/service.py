@@ -117,15 +117,6 @@ class EnvService:
             logger.exception("reading a request failed")
             return None, None, p.error_reply(_id_of(payload), _server_error(e))
 
-    def start(self, frame: str | bytes, caller: Caller) -> list[Answer]:
-        """Start answering every request of a frame at once (see :meth:`launch`); the app
-        starts a batch's requests one by one instead, within its in-flight limit."""
-        try:
-            prepared = self.prepare_frame(frame, caller)
-        except UnreadableFrame as e:
-            return [self.refuse(e, e.request_id)]
-        return [self.launch(item, caller) for item in prepared]
-
     def done(self, reply: dict[str, Any]) -> dict[str, Any]:
         """``reply``, counted (as an error if it is one), on its way out."""
         if not reply["ok"]:
