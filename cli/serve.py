@@ -39,6 +39,40 @@ def serve_command(
     max_message_bytes: int = typer.Option(
         4 * 1024 * 1024, "--max-message-bytes", help="Largest request accepted (413 above)."
     ),
+    max_depth: int = typer.Option(
+        32,
+        "--max-depth",
+        help="Nesting levels a request's value (action, options, env args) may have (413 above).",
+    ),
+    max_items: int = typer.Option(
+        100_000,
+        "--max-items",
+        help="List elements, dict entries and array elements a "
+        "request's value may hold (413 above).",
+    ),
+    max_array_bytes: int = typer.Option(
+        16 * 1024 * 1024,
+        "--max-array-bytes",
+        help="Bytes the numpy arrays a request's value declares may take once built (413 above).",
+    ),
+    max_in_flight: int = typer.Option(
+        1024,
+        "--max-in-flight",
+        help="Requests one WebSocket connection may have running at "
+        "once (a batch's count one by one); reading waits beyond it.",
+    ),
+    idle_timeout: float = typer.Option(
+        None,
+        "--idle-timeout",
+        help="Seconds a WebSocket connection may go without a frame "
+        "while none of its requests runs, before it is closed (default: twice --session-ttl).",
+    ),
+    read_timeout: float = typer.Option(
+        30.0,
+        "--read-timeout",
+        help="Seconds a half-sent HTTP request or WebSocket frame may "
+        "take to arrive in full before the connection is closed.",
+    ),
     protocol: str = typer.Option(
         "envhub",
         "--protocol",
@@ -87,6 +121,12 @@ def serve_command(
         token=token or None,
         session_ttl=session_ttl,
         max_message_bytes=max_message_bytes,
+        max_depth=max_depth,
+        max_items=max_items,
+        max_array_bytes=max_array_bytes,
+        max_in_flight=max_in_flight,
+        idle_timeout=idle_timeout,
+        read_timeout=read_timeout,
     )
     auth = "with a bearer token" if settings.token else "without auth"
     where = f"ws://{host}:{port}/{env} and http://{host}:{port}/{env} ({auth})"

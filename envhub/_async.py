@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
+import sys
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -78,3 +80,90 @@ class FirstInIteration:
 
     def _next_iteration(self) -> None:
         self._taken = False
+
+
+def start_eagerly(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """A task running ``coro``, whose first step runs now rather than at the loop's next
+    iteration: a coroutine that finishes without waiting (a natively async env's step) has
+    its result, and has done its work (sent its reply), before this returns; one that waits
+    goes on as a task from where it waited.
+
+    While the first step runs, the current task is the new task (as it would be for a task
+    stepped by the loop), so ``asyncio.timeout``, ``asyncio.current_task()`` and cancellation
+    inside ``coro`` concern it, not the caller; it runs in a copy of the caller's context.
+    Python 3.12+ does this itself (``eager_start``); on 3.11 the first step runs here and the
+    task's own coroutine carries on after it (:func:`_carry_on`); on 3.10, an ordinary task.
+    """
+    loop = asyncio.get_running_loop()
+    if _EAGER_START:
+        return asyncio.Task(coro, loop=loop, eager_start=True)  # type: ignore[call-arg]
+    if _enter_task is None:
+        return loop.create_task(coro)
+    context = contextvars.copy_context()
+    first = _FirstStep()
+    task = loop.create_task(_carry_on(coro, first), context=context)
+    outer = asyncio.current_task(loop)
+    if outer is not None:
+        _leave_task(loop, outer)
+    _enter_task(loop, task)
+    try:
+        first.yielded = context.run(coro.send, None)
+    except StopIteration as stop:
+        first.done, first.result = True, stop.value
+    except BaseException as error:  # the task raises it (its first step)
+        first.done, first.error = True, error
+    finally:
+        _leave_task(loop, task)
+        if outer is not None:
+            _enter_task(loop, outer)
+    return task
+
+
+class _FirstStep:
+    """How the first step of an eagerly started coroutine ended."""
+
+    done = False
+    result: Any = None
+    error: BaseException | None = None
+    yielded: Any = None
+
+
+async def _carry_on(coro: Coroutine[Any, Any, T], first: _FirstStep) -> T:
+    """Go on with ``coro`` after its first step, as a task steps a coroutine: wait for the
+    future it yielded, then resume it; it reads that future's outcome itself. A cancellation
+    of this task reaches ``coro`` through that future (cancelled with the task), or is thrown
+    into it when the future was done already."""
+    if first.done:
+        if first.error is not None:
+            raise first.error
+        return first.result
+    yielded = first.yielded
+    del first
+    while True:
+        resume = coro.send
+        argument: Any = None
+        try:
+            if yielded is None:  # a bare yield: `await asyncio.sleep(0)`
+                await asyncio.sleep(0)
+            else:
+                yielded._asyncio_future_blocking = False  # as a task does with what it gets
+                await yielded
+        except asyncio.CancelledError as cancelled:
+            if yielded is None or not yielded.cancelled():  # this task was cancelled
+                resume, argument = coro.throw, cancelled
+        except BaseException:  # noqa: S110 (coro reads the future's outcome when resumed)
+            pass
+        try:
+            yielded = resume(argument)
+        except StopIteration as stop:
+            return stop.value
+
+
+_EAGER_START = sys.version_info >= (3, 12)
+_enter_task: Any = None
+_leave_task: Any = None
+if sys.version_info >= (3, 11) and not _EAGER_START:
+    _enter_task = getattr(asyncio.tasks, "_enter_task", None)
+    _leave_task = getattr(asyncio.tasks, "_leave_task", None)
+    if _leave_task is None:
+        _enter_task = None

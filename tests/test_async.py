@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
 import pytest
 
-from envhub._async import FirstInIteration, within
+from envhub._async import FirstInIteration, start_eagerly, within
 
 
 def test_a_cancel_that_lands_as_the_step_finishes_is_not_lost() -> None:
@@ -57,3 +58,59 @@ def test_only_the_first_caller_of_a_loop_iteration_is_first() -> None:
         return [*seen, first.take(), first.take()]
 
     assert asyncio.run(scenario()) == [True, False, False, True, False]
+
+
+EAGER = pytest.mark.skipif(
+    sys.version_info < (3, 11), reason="3.10 starts an ordinary task (no asyncio.timeout either)"
+)
+
+
+@EAGER
+def test_an_eager_task_runs_its_first_step_now_as_itself() -> None:
+    seen: list[object] = []
+
+    async def quick() -> str:
+        seen.append(asyncio.current_task())
+        return "done"
+
+    async def main() -> None:
+        outer = asyncio.current_task()
+        task = start_eagerly(quick())
+        assert seen == [task] and asyncio.current_task() is outer  # ran already, as the task
+        assert await task == "done"
+
+    asyncio.run(main())
+
+
+@EAGER
+def test_an_eager_task_that_waits_goes_on_with_timeouts_and_cancels_of_its_own() -> None:
+    async def waits(ready: asyncio.Future[int]) -> str:
+        try:
+            async with asyncio.timeout(0.05):  # the eager task's own timeout, not the caller's
+                await asyncio.sleep(30)
+        except TimeoutError:
+            pass
+        value = await ready
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return f"cancelled after {value}"
+        return "never"
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise ValueError("no")
+
+    async def main() -> None:
+        ready = asyncio.get_running_loop().create_future()
+        task = start_eagerly(waits(ready))
+        await asyncio.sleep(0.2)  # the timeout inside fired without touching this task
+        assert not task.done()
+        ready.set_result(7)
+        await asyncio.sleep(0.01)
+        task.cancel()
+        assert await task == "cancelled after 7"
+        with pytest.raises(ValueError, match="no"):
+            await start_eagerly(fails())
+
+    asyncio.run(main())

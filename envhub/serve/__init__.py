@@ -1,10 +1,15 @@
 """``envhub serve``: any env as a network service, and the client side of it.
 
 - :mod:`envhub.serve.protocol` — the wire types (pydantic) and the value codec; both sides.
-- :mod:`envhub.serve.sessions` — sessions, their answer caches, expiry and metrics.
+- :mod:`envhub.serve.bounds` — the server's reading of untrusted frames and values, within
+  bounds (depth, items, array bytes) checked before anything is built.
+- :mod:`envhub.serve.sessions` — sessions, their answer caches and request numbers (late
+  retries), expiry and metrics.
 - :mod:`envhub.serve.service` — turns requests into ``Env`` calls; no transport in it.
-- :mod:`envhub.serve.app` — the Starlette app: WebSocket and HTTP routes, auth, size limits.
-- :mod:`envhub.serve.server` — settings and the uvicorn entry point.
+- :mod:`envhub.serve.app` — the Starlette app: WebSocket and HTTP routes, auth, size limits,
+  in-flight limits and idle connections.
+- :mod:`envhub.serve.timeouts` — uvicorn's protocols with a deadline for half-sent requests.
+- :mod:`envhub.serve.server` — settings (every limit) and the uvicorn entry point.
 - :mod:`envhub.serve.remote` — :class:`~envhub.serve.remote.RemoteEnv`, the client: an ``Env``
   whose episodes run on a server (``envhub.make("ws://...")``).
 - :mod:`envhub.serve.client` — the client transports that ``RemoteEnv`` uses.

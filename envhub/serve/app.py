@@ -17,6 +17,17 @@ size), and gets the replies in arrays too (one frame, one write, for many sessio
 With a token, ``WS``/``POST`` need ``Authorization: Bearer TOKEN`` (401 otherwise);
 ``/healthz`` and ``/metrics`` carry no env data and need none. A frame over the size limit gets
 a 413 error (a reply frame on WebSocket, whose connection stays open).
+
+Against hostile clients: a frame that does not parse, or a request that is malformed or whose
+value breaks a bound (:mod:`envhub.serve.bounds`), gets an error reply on its own id while the
+connection's other sessions go on (over HTTP, a JSON body with the error's status, never a
+plain-text 500); frames over 512 KB are read in a worker thread. A connection runs at most
+``max_in_flight`` requests at once, each of a batch counted (reading waits for room: one
+client's batches back-pressure it, not the others); a batch's requests are started
+:data:`FAIR_SHARE` at a time, the other connections served in between. A request that runs alone
+on its connection starts eagerly (answered in the loop iteration that read it). A connection
+with no frame and nothing running for ``idle_timeout`` seconds is closed (1001); half-sent
+frames and requests are :mod:`envhub.serve.timeouts`' to cut.
 """
 
 from __future__ import annotations
@@ -25,23 +36,28 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from envhub._async import FirstInIteration
 from envhub.serve import protocol as p
-from envhub.serve.service import Caller, EnvService
+from envhub.serve.bounds import UnreadableFrame
+from envhub.serve.service import OFF_LOOP_BYTES, Answer, Caller, EnvService
 
 logger = logging.getLogger(__name__)
 
-MAX_IN_FLIGHT = 4096
-"""Requests one WebSocket connection may have running at once; reading waits beyond it."""
+MAX_IN_FLIGHT = 1024
+"""Requests one WebSocket connection may have running at once (a batch's requests count one by
+one); reading waits beyond it (back-pressure, not an error)."""
+FAIR_SHARE = 128
+"""A batch's requests are started this many at a time, the loop serving other connections in
+between: one client's big batch does not hold up the others."""
 BATCH_HEADER = "envhub-batch"
 """The handshake header by which a client asks for batches, and the server says it takes them."""
 BATCH_BYTES = 1024 * 1024
@@ -58,8 +74,12 @@ class ServeApp:
         service: What answers requests.
         env_names: Names the env may be addressed by in the URL path.
         token: The bearer token clients must send (``None``: no auth).
-        sweep_every: Seconds between passes that close expired sessions.
+        sweep_every: Seconds between passes that close expired sessions and idle connections.
         threads: Worker threads for sync envs (the loop's default executor).
+        idle_timeout: Seconds a WebSocket connection may stay idle (no frame from the client and
+            no request running: an env step, however long, is not idle time) before the server
+            closes it (1001).
+        max_in_flight: Requests one WebSocket connection may have running at once.
     """
 
     def __init__(
@@ -69,10 +89,14 @@ class ServeApp:
         token: str | None,
         sweep_every: float,
         threads: int,
+        idle_timeout: float = 600.0,
+        max_in_flight: int = MAX_IN_FLIGHT,
     ) -> None:
         self.service, self.env_names, self.token = service, env_names, token
         self.sweep_every, self.threads = sweep_every, threads
+        self.idle_timeout, self.max_in_flight = idle_timeout, max_in_flight
         self.http_caller = Caller(owner=None)
+        self.connections: set[Connection] = set()
 
     def starlette(self) -> Starlette:
         """The ASGI app."""
@@ -101,7 +125,14 @@ class ServeApp:
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(self.sweep_every)
+            self._close_idle()
             await self.service.expire()
+
+    def _close_idle(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for connection in list(self.connections):
+            if connection.idle_since(now) > self.idle_timeout:
+                connection.hang_up(f"idle for more than {self.idle_timeout:g} s")
 
     # -- plain endpoints ------------------------------------------------------------------------
 
@@ -133,7 +164,10 @@ class ServeApp:
         refused = self._refusal(request.headers.get("authorization"), request.path_params["env"])
         if refused is not None:
             return _json(self.service.refuse(refused), refused.code)
-        body = await _read_bounded(request, self.service.limits.max_message_bytes)
+        try:
+            body = await _read_bounded(request, self.service.limits.max_message_bytes)
+        except ClientDisconnect:  # it went away (or was cut off half-sent): nobody to answer
+            return Response(status_code=400)
         if body is None:
             limit = self.service.limits.max_message_bytes
             return _json(self.service.refuse(_too_large(limit)), 413)
@@ -170,42 +204,110 @@ class ServeApp:
         headers = [(BATCH_HEADER.encode(), str(limit).encode())] if batches else None
         await websocket.accept(headers=headers)
         caller = Caller(owner=websocket, batches=batches)
+        connection = Connection(websocket, self.max_in_flight)
+        self.connections.add(connection)
         self.service.metrics.connections_open += 1
         try:
-            await self._read_frames(websocket, caller)
+            await self._read_frames(connection, caller)
+        except asyncio.CancelledError:
+            if connection.hung_up is None:
+                raise
+            with contextlib.suppress(Exception):  # it may be gone already
+                await websocket.close(1001, connection.hung_up)
         finally:
+            self.connections.discard(connection)
             self.service.metrics.connections_open -= 1
             await self.service.disconnected(caller)
 
-    async def _read_frames(self, websocket: WebSocket, caller: Caller) -> None:
-        outbox = Outbox(websocket, caller.batches)
+    async def _read_frames(self, connection: Connection, caller: Caller) -> None:
+        websocket = connection.websocket
+        outbox = Outbox(websocket, caller.batches, connection.busy)
         caller.send = outbox.send
-        room = asyncio.Semaphore(MAX_IN_FLIGHT)
+        caller.busy = connection.busy
         limit = self.service.limits.max_message_bytes
-
-        def finished(answer: asyncio.Future[dict]) -> None:
-            room.release()
-
         try:
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                connection.heard()
                 frame = message.get("text")
                 frame = frame if frame is not None else message["bytes"]
                 if _larger(frame, limit):
                     outbox.put(self.service.refuse(_too_large(limit)))
                     continue
-                for answer in self.service.start(frame, caller):
-                    if isinstance(answer, dict):
-                        outbox.put(answer)
-                    else:
-                        # Its task sends the reply; the env calls go on if the client goes (a
-                        # retry finds their answers).
-                        await room.acquire()
-                        answer.add_done_callback(finished)
+                off_loop = len(frame) > OFF_LOOP_BYTES  # parsed and decoded in a thread
+                try:
+                    if off_loop:
+                        prepare_frame = self.service.prepare_frame
+                        requests = await asyncio.to_thread(prepare_frame, frame, caller)
+                    else:  # parsed now, each request checked as it starts
+                        requests = self.service.payloads(frame, caller)
+                except UnreadableFrame as e:
+                    outbox.put(self.service.refuse(e, e.request_id))
+                    continue
+                connection.batch = len(requests) > 1
+                for n, request in enumerate(requests, 1):
+                    await connection.room.acquire()  # a batch's requests count one by one
+                    prepared = request if off_loop else self.service.prepare(request)
+                    connection.started(self.service.launch(prepared, caller), outbox)
+                    if n % FAIR_SHARE == 0:
+                        await asyncio.sleep(0)  # the other connections' turn
         finally:
             outbox.close()
+
+
+class Connection:
+    """One WebSocket connection's in-flight requests and clock.
+
+    Its requests (each of a batch) take a place in :attr:`room` until answered; reading waits
+    while none is free. It is idle while no request runs and no frame comes.
+    """
+
+    def __init__(self, websocket: WebSocket, max_in_flight: int) -> None:
+        self.websocket = websocket
+        self.room = asyncio.Semaphore(max_in_flight)
+        self.in_flight = 0
+        self.batch = False
+        """The frame being read holds several requests."""
+        self.loop = asyncio.get_running_loop()
+        self.last_heard = self.loop.time()
+        self.reader = asyncio.current_task()
+        self.hung_up: str | None = None
+        """Why the server hangs up (set when it does)."""
+
+    def heard(self) -> None:
+        """A frame came."""
+        self.last_heard = self.loop.time()
+
+    def started(self, answer: Answer, outbox: Outbox) -> None:
+        """A request was started: its reply now, or the future of it (which holds its place)."""
+        if isinstance(answer, dict):
+            self.room.release()
+            outbox.put(answer)
+            return
+        # Its task sends the reply; the env call goes on if the client goes (a retry finds it).
+        self.in_flight += 1
+        answer.add_done_callback(self._finished)
+
+    def _finished(self, answer: asyncio.Future[dict]) -> None:
+        self.in_flight -= 1
+        self.last_heard = self.loop.time()  # idle from the last answer on
+        self.room.release()
+
+    def busy(self) -> bool:
+        """Whether a request of it is running, or more come in the frame being read."""
+        return self.in_flight > 0 or self.batch
+
+    def idle_since(self, now: float) -> float:
+        """Seconds it has been idle (0 while a request runs)."""
+        return 0.0 if self.in_flight else now - self.last_heard
+
+    def hang_up(self, why: str) -> None:
+        """Stop reading (the handler closes the connection, saying ``why``)."""
+        if self.hung_up is None and self.reader is not None:
+            self.hung_up = why
+            self.reader.cancel()
 
 
 class Outbox:
@@ -217,11 +319,14 @@ class Outbox:
     what has gathered since it last woke, without a wait; once :data:`CHUNK` have gathered, the
     task that queued the last sends them at once. To a client that takes batches they go as
     JSON arrays (up to :data:`BATCH_BYTES` each): one frame and one write for many sessions'
-    replies.
+    replies. ``busy`` tells whether the connection runs other requests: while it does not, a
+    reply goes at once without marking its iteration.
     """
 
-    def __init__(self, websocket: WebSocket, batches: bool) -> None:
-        self.websocket, self.batches = websocket, batches
+    def __init__(
+        self, websocket: WebSocket, batches: bool, busy: Callable[[], bool] = lambda: True
+    ) -> None:
+        self.websocket, self.batches, self.busy = websocket, batches, busy
         self.replies: list[str] = []
         self.ready = asyncio.Event()
         self.writer = asyncio.ensure_future(self._write())
@@ -232,7 +337,9 @@ class Outbox:
         """Send ``reply`` now if it is the first of this loop iteration, else queue it (and send
         the queue if it reached :data:`CHUNK`); never raises (a connection that is gone drops
         it)."""
-        if self.replies or self._closed or not self._first.take():
+        # A reply whose connection runs nothing else is alone in its iteration (no need to
+        # mark the iteration: that costs the loop another turn).
+        if self.replies or self._closed or (self.busy() and not self._first.take()):
             self.put(reply)
             if len(self.replies) >= CHUNK:  # the client can start on these while we go on
                 await self._flush()
@@ -278,7 +385,7 @@ def _token_matches(authorization: str | None, token: str) -> bool:
 
 def _larger(frame: str | bytes, limit: int) -> bool:
     """Whether ``frame`` is larger than ``limit`` bytes (a short text is not encoded to tell)."""
-    if isinstance(frame, bytes):
+    if isinstance(frame, bytes) or len(frame) > limit:  # (a character takes a byte or more)
         return len(frame) > limit
     return len(frame) > limit // 4 and len(frame.encode()) > limit
 

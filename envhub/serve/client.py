@@ -8,7 +8,9 @@ that loop's own connection (:func:`nearby`): handing each request to another thr
 answer back costs about 100 us, more than the rest of a request. A session is not tied to the
 connection a request comes over, only to the one that opened it (the I/O loop's).
 
-- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. A request
+- :class:`WebSocketTransport` — one connection; requests are multiplexed by id. websockets'
+  client opens it; then :class:`_Wire` drives its bytes with websockets' sans-I/O protocol
+  (replies are handed to their requests where their bytes arrive). A request
   alone on the connection goes out at once; the others (many sessions stepping together) are
   sent together by a writer task, as one frame (a JSON array) when the server takes batches
   (``envhub-batch`` handshake header). A timed-out
@@ -34,7 +36,6 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from envhub._async import FirstInIteration
 from envhub.errors import RemoteEnvError, RemoteEnvUnavailableError
 from envhub.serve import protocol as p
 
@@ -125,21 +126,16 @@ class WebSocketTransport(Transport):
     """Requests multiplexed over one WebSocket connection (reopened when it drops)."""
 
     def __init__(self, url: str, token: str | None, open_timeout: float | None) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        self._closed_error = ConnectionClosed
-        """websockets' error for a dropped connection (imported once, not per request)."""
         self.url, self.token, self.open_timeout = url, token, open_timeout
         self.generation = 0
-        self._ws: Any = None
+        self._ws: _Wire | None = None
         self._pending: dict[str, asyncio.Future[tuple[dict[str, Any], int]]] = {}
         self._connecting = asyncio.Lock()
         self._outbox: list[str] = []
         self._ready = asyncio.Event()
+        self._writer: asyncio.Task[None] | None = None
         self._batch_bytes = 0
         """The largest batch frame the server takes (0: it takes no batches)."""
-        self._first = FirstInIteration()
-        """Whether a frame went out at once in this loop iteration (the next ones are queued)."""
         self._deadlines = Deadlines()
 
     def alive(self, generation: int) -> bool:
@@ -178,33 +174,34 @@ class WebSocketTransport(Transport):
             self._pending.pop(request_id, None)
 
     async def _send(self, frame: str) -> None:
-        """Send a frame at once when it is the only request waiting and the first of this loop
-        iteration (one session: no wait); queue the others for the writer, which sends them
-        together (a batch; with other requests in flight, one iteration's wait costs nothing,
-        and fuller batches gave ~25% more steps/s at 1024 sessions)."""
-        ws = self._ws if self._ws is not None else await self._connection()
-        if self._outbox or len(self._pending) > 1 or not self._first.take():
+        """Send a frame at once when it is the only request waiting (one session: no wait);
+        queue the others for the writer, which sends them together (a batch; with other
+        requests in flight, one iteration's wait costs nothing, and fuller batches gave ~25%
+        more steps/s at 1024 sessions)."""
+        wire = self._ws if self._ws is not None else await self._connection()
+        if self._outbox or len(self._pending) > 1:
             self._outbox.append(frame)
             self._ready.set()
             return
-        try:
-            await ws.send(frame)
-        except self._closed_error as e:
-            raise _ConnectionLost(self._lost(e)) from e
+        wire.send(frame)
+        if wire.paused:
+            await wire.drained()
 
-    async def _connection(self) -> Any:
+    async def _connection(self) -> _Wire:
         async with self._connecting:
             if self._ws is None:
-                self._ws = ws = await self._connect()
+                connection = await self._connect()
                 self.generation += 1
-                self._batch_bytes = int(ws.response.headers.get(BATCH_HEADER) or 0)
+                self._batch_bytes = int(connection.response.headers.get(BATCH_HEADER) or 0)
+                self._ws = wire = _Wire(self, connection, self.generation)
                 # What was queued for the old connection failed with it.
                 self._outbox, self._ready = [], asyncio.Event()
-                writer = asyncio.ensure_future(self._write(ws, self._outbox, self._ready))
-                asyncio.ensure_future(self._read(ws, self.generation, writer))
+                self._writer = asyncio.ensure_future(self._write(wire, self._outbox, self._ready))
             return self._ws
 
     async def _connect(self) -> Any:
+        """A connection opened (handshake, TLS, proxy) by websockets' own client, without its
+        keepalive pings: :class:`_Wire` takes its bytes over."""
         from websockets.asyncio.client import connect
         from websockets.exceptions import InvalidStatus, WebSocketException
 
@@ -217,6 +214,7 @@ class WebSocketTransport(Transport):
                 additional_headers=headers,
                 max_size=MAX_REPLY_BYTES,
                 open_timeout=self.open_timeout,
+                ping_interval=None,
                 close_timeout=2,
                 compression=None,
             )
@@ -228,11 +226,9 @@ class WebSocketTransport(Transport):
                 "there?"
             ) from e
 
-    async def _write(self, ws: Any, outbox: list[str], ready: asyncio.Event) -> None:
-        """Send what is queued for ``ws``, in batches when the server takes them, until the
-        reader cancels it (``ws`` closed; the reader fails what waits on it)."""
-        from websockets.exceptions import ConnectionClosed
-
+    async def _write(self, wire: _Wire, outbox: list[str], ready: asyncio.Event) -> None:
+        """Send what is queued for ``wire``, in batches when the server takes them, until the
+        connection drops (what waits on it fails then)."""
         try:
             while True:
                 await ready.wait()
@@ -242,35 +238,21 @@ class WebSocketTransport(Transport):
                 if self._batch_bytes:
                     frames = p.batches(frames, self._batch_bytes)
                 for frame in frames:
-                    await ws.send(frame)
-        except ConnectionClosed:
+                    wire.send(frame)
+                    if wire.paused:
+                        await wire.drained()
+        except _ConnectionLost:
             pass
 
-    async def _read(self, ws: Any, generation: int, writer: asyncio.Task[None]) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        error: BaseException | None = None
+    def _received(self, text: str | bytes, wire: _Wire) -> None:
+        """A frame from the server: hand each reply in it to the request waiting for it."""
         try:
-            async for frame in ws:
-                replies = json.loads(frame)
-                for reply in replies if isinstance(replies, list) else (replies,):
-                    self._deliver(reply, generation)
-        except ConnectionClosed as e:
-            error = e
-        except asyncio.CancelledError:
-            ws.transport.abort()  # the loop is shutting down: no time for a closing handshake
-            raise
-        except Exception as e:  # a reply that is not JSON: the peer is no envhub server
-            error = e
-            await ws.close()
-        finally:
-            writer.cancel()
-            if self._ws is ws:
-                self._ws = None
-            lost = _ConnectionLost(self._lost(error))
-            for answer in self._pending.values():
-                if not answer.done():
-                    answer.set_exception(lost)
+            replies = json.loads(text)
+        except ValueError as e:  # a reply that is not JSON: the peer is no envhub server
+            wire.close_with(e)
+            return
+        for reply in replies if isinstance(replies, list) else (replies,):
+            self._deliver(reply, wire.generation)
 
     def _deliver(self, reply: dict[str, Any], generation: int) -> None:
         answer = self._pending.get(reply.get("id"))  # an answer to a retry may come twice
@@ -278,6 +260,17 @@ class WebSocketTransport(Transport):
             answer.set_result((reply, generation))
         elif reply.get("id") is None:
             logger.warning("%s: %s", self.url, (reply.get("error") or {}).get("message"))
+
+    def _dropped(self, wire: _Wire, error: BaseException | None) -> None:
+        """``wire``'s connection is gone: fail what waits on it."""
+        if self._ws is wire:
+            self._ws = None
+            if self._writer is not None:
+                self._writer.cancel()
+        lost = _ConnectionLost(self._lost(error))
+        for answer in self._pending.values():
+            if not answer.done():
+                answer.set_exception(lost)
 
     def _lost(self, error: BaseException | None) -> str:
         why = f"{type(error).__name__}: {error}" if error is not None else "closed"
@@ -288,9 +281,140 @@ class WebSocketTransport(Transport):
 
     async def aclose(self) -> None:
         """Close the connection (the server closes its sessions)."""
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            await ws.close()
+        wire, self._ws = self._ws, None
+        if self._writer is not None:
+            self._writer.cancel()
+        if wire is not None:
+            await wire.close()
+
+
+class _Wire(asyncio.Protocol):
+    """The bytes of one open WebSocket connection, driven by websockets' sans-I/O protocol.
+
+    websockets' client opens the connection; then this protocol takes the socket over
+    (``transport.set_protocol``): a frame is parsed where its bytes arrive and its replies are
+    handed to the waiting requests there, and a request's frame is written at once, with no
+    reader task, message queue or send lock between (about a third of the client's time per
+    request at one session went to those, and one loop iteration)."""
+
+    def __init__(self, owner: WebSocketTransport, connection: Any, generation: int) -> None:
+        from websockets.frames import Opcode
+
+        self.owner, self.generation = owner, generation
+        self.connection = connection  # kept: its protocol's logger refers to it weakly
+        self.protocol, self.transport = connection.protocol, connection.transport
+        self._data_opcodes = (Opcode.TEXT, Opcode.BINARY)
+        self._continuation = Opcode.CONT
+        self._parts: list[bytes] = []
+        self.paused = False
+        self._resumed: asyncio.Future[None] | None = None
+        self._gone = asyncio.get_running_loop().create_future()
+        self.transport.set_protocol(self)
+        self._take_events()  # anything that came with the handshake
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:  # noqa: D102 (asyncio's hook)
+        self.protocol.receive_data(data)
+        self._take_events()
+
+    def eof_received(self) -> None:  # noqa: D102
+        self.protocol.receive_eof()
+        self._take_events()
+
+    def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
+        if not self._gone.done():
+            self._gone.set_result(None)
+        self._wake_writers()
+        self.owner._dropped(self, exc or self._close_error())
+
+    def pause_writing(self) -> None:  # noqa: D102
+        self.paused = True
+
+    def resume_writing(self) -> None:  # noqa: D102
+        self.paused = False
+        self._wake_writers()
+
+    # -- the transport's side ----------------------------------------------------------------
+
+    def send(self, frame: str) -> None:
+        """Write a text frame now.
+
+        Raises:
+            _ConnectionLost: The connection is closing or gone.
+        """
+        if self._gone.done() or self.transport.is_closing():
+            if self.owner._ws is self:  # the next try opens a new connection
+                self.owner._ws = None
+            raise _ConnectionLost(self.owner._lost(self._close_error()))
+        try:
+            self.protocol.send_text(frame.encode())
+        except Exception as e:  # websockets' InvalidState: a close is under way
+            raise _ConnectionLost(self.owner._lost(e)) from e
+        self._flush()
+
+    async def drained(self) -> None:
+        """Wait until the socket takes more (the server reads again, or the connection ends)."""
+        while self.paused and not self._gone.done():
+            self._resumed = asyncio.get_running_loop().create_future()
+            await self._resumed
+
+    def close_with(self, error: BaseException) -> None:
+        """Drop the connection because of ``error`` (what waits on it fails with it)."""
+        self.transport.abort()
+        self.owner._dropped(self, error)
+
+    async def close(self) -> None:
+        """Close the connection with a closing handshake (2 s at most)."""
+        if self._gone.done():
+            return
+        try:
+            self.protocol.send_close()
+            self._flush()
+            await asyncio.wait_for(asyncio.shield(self._gone), 2)
+        except Exception:  # no answer, or no longer open: cut it
+            self.transport.abort()
+        except asyncio.CancelledError:  # the loop is shutting down: no time for a handshake
+            self.transport.abort()
+            raise
+
+    def _close_error(self) -> BaseException | None:
+        """Why the connection closed, as websockets tells it (``None`` before it has)."""
+        try:
+            return self.protocol.close_exc
+        except AssertionError:  # no closing handshake (yet)
+            return None
+
+    def _take_events(self) -> None:
+        for event in self.protocol.events_received():
+            opcode = event.opcode
+            if opcode in self._data_opcodes or opcode is self._continuation:
+                self._part(event, opcode)
+        self._flush()  # pongs, a closing handshake's answer
+        if self.protocol.close_expected() and not self.transport.is_closing():
+            self.transport.close()
+
+    def _part(self, frame: Any, opcode: Any) -> None:
+        if frame.fin and not self._parts:
+            self.owner._received(
+                frame.data if opcode is not self._data_opcodes[0] else frame.data.decode(), self
+            )
+            return
+        self._parts.append(frame.data)
+        if frame.fin:
+            data, self._parts = b"".join(self._parts), []
+            self.owner._received(data, self)
+
+    def _flush(self) -> None:
+        for data in self.protocol.data_to_send():
+            if data:
+                self.transport.write(data)
+            elif self.transport.can_write_eof():
+                self.transport.write_eof()
+
+    def _wake_writers(self) -> None:
+        if self._resumed is not None and not self._resumed.done():
+            self._resumed.set_result(None)
 
 
 class HTTPTransport(Transport):

@@ -15,9 +15,17 @@ and the reply repeats the id::
     {"id": "9a41...", "ok": false, "error": {"code": 404, "type": "unknown_session", ...}}
 
 Requests are idempotent by id: the server keeps each session's recent answers, so a retry gets
-the first answer (or waits for it) and never runs the operation twice. ``code`` follows HTTP
-(the status of an HTTP reply); ``type`` is an error kind below, or the class of the exception
-the env raised (code 500).
+the first answer (or waits for it) and never runs the operation twice. A session's requests may
+also carry ``seq``, a number the client counts up from 1 per session (``RemoteEnv`` does): the
+server remembers which numbers it has started (a window of :data:`SEQ_WINDOW` below the highest,
+a bitmap), so a retry that comes after any number of newer requests, once its answer has left
+the small answer cache, is still recognised: it gets a 409 ``stale_retry`` error and the env is
+not stepped again. Requests without ``seq`` are recognised while their answer is cached.
+
+An error's ``code`` follows HTTP (the status of an HTTP reply); ``type`` is an error kind below,
+or the class of the exception the env raised (code 500). The server reads every request within
+bounds (:mod:`envhub.serve.bounds`): a malformed one gets an error on its own id, never a closed
+connection.
 
 Values that are not plain JSON (messages, tool calls, error records in ``info``, tuples, numpy
 arrays, dicts with non-string keys) travel through :func:`encode`/:func:`decode`, which tag them
@@ -50,11 +58,12 @@ WRONG_ENV = "wrong_env"
 UNKNOWN_SESSION = "unknown_session"
 CAPACITY = "capacity"
 SHUTTING_DOWN = "shutting_down"
+STALE_RETRY = "stale_retry"
 
 # -- the value codec ------------------------------------------------------------------------
 
 TAG = "$envhub"
-_MODELS: dict[str, type[BaseModel]] = {
+MODELS: dict[str, type[BaseModel]] = {
     m.__name__: m for m in (Message, ToolCall, FunctionCall, AssistantTurn, ErrorRecord, EnvRef)
 }
 
@@ -66,6 +75,17 @@ def encode(value: Any) -> Any:
         TypeError: A value of a type the protocol cannot carry (say what it is, so the env can
             put something else in its ``info``).
     """
+    kind = type(value)
+    if kind in _PLAIN:  # the common cases first, by exact type (subclasses go the long way)
+        return value
+    if kind is list:
+        return [v if type(v) in _PLAIN else encode(v) for v in value]
+    if kind is dict:
+        return _encode_dict(value)
+    if kind is Message:
+        # A message's fields at their defaults are left out (smaller frames); decoding restores
+        # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
+        return {TAG: "Message", "value": value.model_dump(mode="json", exclude_defaults=True)}
     if value is None or isinstance(value, (bool, int, float, str)):
         return value.item() if isinstance(value, np.generic) else value
     if isinstance(value, list):
@@ -74,9 +94,7 @@ def encode(value: Any) -> Any:
         return _encode_dict(value)
     if isinstance(value, tuple):
         return {TAG: "tuple", "value": [encode(v) for v in value]}
-    if isinstance(value, BaseModel) and _MODELS.get(type(value).__name__) is type(value):
-        # A message's fields at their defaults are left out (smaller frames); decoding restores
-        # them. Not so for every model: ErrorRecord infers a missing `infra` from its type.
+    if isinstance(value, BaseModel) and MODELS.get(type(value).__name__) is type(value):
         compact = type(value) is Message
         value_data = value.model_dump(mode="json", exclude_defaults=compact)
         return {TAG: type(value).__name__, "value": value_data}
@@ -91,9 +109,13 @@ def encode(value: Any) -> Any:
     )
 
 
+_PLAIN = frozenset((str, int, float, bool, type(None)))
+
+
 def _encode_dict(value: dict[Any, Any]) -> Any:
-    if all(isinstance(k, str) for k in value) and TAG not in value:
-        return {k: encode(v) for k, v in value.items()}
+    if all(type(k) is str or isinstance(k, str) for k in value) and TAG not in value:
+        plain = _PLAIN
+        return {k: v if type(v) in plain else encode(v) for k, v in value.items()}
     # Keys JSON cannot hold as they are (and a dict that looks like a tag): as pairs.
     return {TAG: "items", "value": [[encode(k), encode(v)] for k, v in value.items()]}
 
@@ -114,8 +136,8 @@ def decode(data: Any) -> Any:
         return {_hashable(decode(k)): decode(v) for k, v in inner}
     if tag == "ndarray":
         return np.array(inner, dtype=data["dtype"])
-    if tag in _MODELS:
-        return _MODELS[tag].model_validate(inner)
+    if tag in MODELS:
+        return MODELS[tag].model_validate(inner)
     raise ValueError(f"unknown value tag {tag!r}; is the other side a newer envhub?")
 
 
@@ -194,9 +216,16 @@ class CreateRequest(_Request):
     """Keyword arguments for the env's constructor (encoded values)."""
 
 
+SEQ_WINDOW = 1024
+"""How far below a session's highest ``seq`` the server still tells started numbers from new
+ones (older numbers count as started: a retry that late is refused, never run)."""
+
+
 class _SessionRequest(_Request):
     session: str = Field(min_length=1, max_length=200)
     """The id that ``create`` returned."""
+    seq: int | None = Field(None, ge=1, lt=2**63)
+    """The request's number in its session (1, 2, ...; a retry repeats it), or ``None``."""
 
 
 class ResetRequest(_SessionRequest):
@@ -256,23 +285,29 @@ REQUEST: TypeAdapter[Request] = TypeAdapter(Request)
 OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 
 
-def step_request(request_id: str, session: str, action: Any) -> dict[str, Any]:
+def step_request(request_id: str, session: str, action: Any, seq: int | None) -> dict[str, Any]:
     """A ``step`` request, ready for :func:`dumps`: what ``StepRequest(...).model_dump()`` gives,
-    without a model per request (the client's hot path)."""
-    return {"id": request_id, "op": "step", "session": session, "action": encode(action)}
+    without a model per request (the client's hot path); without ``seq`` when it is ``None``
+    (servers from before request numbers refuse the field)."""
+    request = {"id": request_id, "op": "step", "session": session, "seq": seq}
+    if seq is None:
+        del request["seq"]
+    request["action"] = encode(action)
+    return request
 
 
 def reset_request(
-    request_id: str, session: str, seed: int | None, options: dict[str, Any] | None
+    request_id: str,
+    session: str,
+    seed: int | None,
+    options: dict[str, Any] | None,
+    seq: int | None,
 ) -> dict[str, Any]:
     """A ``reset`` request, ready for :func:`dumps` (see :func:`step_request`)."""
-    return {
-        "id": request_id,
-        "op": "reset",
-        "session": session,
-        "seed": seed,
-        "options": encode(options),
-    }
+    request = {"id": request_id, "op": "reset", "session": session, "seq": seq}
+    if seq is None:
+        del request["seq"]
+    return {**request, "seed": seed, "options": encode(options)}
 
 
 def parse_request(payload: Any) -> Request:
@@ -318,7 +353,8 @@ class ErrorInfo(BaseModel):
 
     code: int
     """HTTP-style status: 400 bad request, 401 no or wrong token, 404 unknown session or env,
-    413 frame too large, 500 the env raised, 503 the server is full or shutting down."""
+    409 a stale retry, 413 a frame or value too large, 500 the env raised, 503 the server is
+    full or shutting down."""
     type: str
     """An error kind (``bad_request``, ``unknown_session``, ...) or the env's exception class."""
     message: str
@@ -431,6 +467,15 @@ class Limits(BaseModel):
     """The largest frame (request) the server reads."""
     session_ttl: float
     """Seconds of inactivity after which a session is closed."""
+    max_depth: int = 32
+    """Nesting levels a request's value (action, options, env args) may have."""
+    max_items: int = 100_000
+    """List elements, dict entries and array elements a request's value may hold."""
+    max_array_bytes: int = 16 * 1024 * 1024
+    """Bytes the numpy arrays of a request's value may take."""
+    request_numbers: bool = False
+    """The server takes ``seq`` on a session's requests (older servers refuse the field, and
+    say nothing here: their clients send none)."""
 
 
 class EnvInfo(BaseModel):

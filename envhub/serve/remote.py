@@ -119,6 +119,8 @@ class RemoteEnv(Env):
         # The I/O loop's transport: opens and closes the session, carries the sync calls.
         self._transport: Transport = IO.run(acquire(self.url, token, timeout))
         self._session: str | None = None
+        self._seq = itertools.count(1)
+        """Numbers the session's requests (the server tells a late retry from a new request)."""
         self._generation = 0
         self._limits: p.Limits | None = None
         self._tools: list[dict[str, Any]] | None = None
@@ -195,8 +197,12 @@ class RemoteEnv(Env):
             RemoteEnvUnavailableError: The session was lost.
         """
         request = p.TruncateRequest(
-            id=_new_id(), op="truncate", session=self._require_session(), reason=reason
-        ).model_dump()
+            id=_new_id(),
+            op="truncate",
+            session=self._require_session(),
+            seq=self._next_seq(),
+            reason=reason,
+        ).model_dump(exclude_none=True)
         try:
             result, _ = await self._call(request, p.TruncateResult, self._nearby())
         except RemoteEnvUnavailableError as e:
@@ -234,6 +240,7 @@ class RemoteEnv(Env):
             generation,
             created.limits,
         )
+        self._seq = itertools.count(1)
         self._describe(created.info)
 
     async def _reset(
@@ -242,13 +249,13 @@ class RemoteEnv(Env):
         self._in_episode, self._state = False, None
         if self._session is None or not self._transport.alive(self._generation):
             await self._on_io(self._create())  # the old session went with its connection
-        request = p.reset_request(_new_id(), self._session, seed, options)
+        request = p.reset_request(_new_id(), self._session, seed, options, self._next_seq())
         try:
             result, _ = await self._call(request, p.ResetResult, via)
         except RemoteEnvUnavailableError:
             # Expired while idle, or the server restarted: between episodes, start afresh.
             await self._on_io(self._create())
-            request = p.reset_request(_new_id(), self._session, seed, options)
+            request = p.reset_request(_new_id(), self._session, seed, options, self._next_seq())
             result, _ = await self._call(request, p.ResetResult, via)
         self._tools, self._remaining = result.tool_schemas, result.remaining_tokens
         self._in_episode = True
@@ -265,7 +272,7 @@ class RemoteEnv(Env):
 
     async def _step(self, action: Action, via: Transport) -> StepResult:
         session = self._require_session()
-        request = p.step_request(_new_id(), session, action)
+        request = p.step_request(_new_id(), session, action, self._next_seq())
         try:
             result, _ = await self._call(request, p.StepResult, via)
         except RemoteEnvUnavailableError as e:
@@ -280,6 +287,11 @@ class RemoteEnv(Env):
             result.truncated,
             p.decode(result.info),
         )
+
+    def _next_seq(self) -> int | None:
+        """The session's next request number (``None``: the server takes none)."""
+        numbered = self._limits is not None and self._limits.request_numbers
+        return next(self._seq) if numbered else None
 
     def _require_session(self) -> str:
         if self._session is None or not self._transport.alive(self._generation):

@@ -1,6 +1,7 @@
 """Settings and the entry point of ``envhub serve``: an env behind uvicorn.
 
-:func:`build_app` makes the ASGI app (tests and embedders run it in their own uvicorn);
+:func:`build_app` makes the ASGI app (tests and embedders run it in their own uvicorn, with
+:func:`uvicorn_config`, which brings the half-sent-request deadline);
 :func:`serve` runs it until Ctrl-C or SIGTERM, then closes every session (uvicorn closes the
 WebSocket connections with 1012 "service restart", the app's lifespan closes the envs).
 """
@@ -37,6 +38,22 @@ class ServeSettings(BaseModel):
     """The largest request frame read; larger ones get a 413 error."""
     threads: int = Field(64, ge=1)
     """Worker threads that run sync envs' calls."""
+    max_depth: int = Field(32, ge=2)
+    """Nesting levels a request's value (action, options, env args) may have (413 above)."""
+    max_items: int = Field(100_000, ge=16)
+    """List elements, dict entries and array elements a request's value may hold (413 above)."""
+    max_array_bytes: int = Field(16 * 1024 * 1024, ge=0)
+    """Bytes the numpy arrays a request's value declares may take once built (413 above)."""
+    max_in_flight: int = Field(1024, ge=1)
+    """Requests one WebSocket connection may have running at once (a batch's count one by one);
+    reading its frames waits beyond it."""
+    idle_timeout: float | None = Field(None, gt=0)
+    """Seconds a WebSocket connection may go without a frame while none of its requests runs
+    (an env step's time is never idle time) before the server closes it; ``None``: twice the
+    session TTL (its sessions expire first, with the clearer error)."""
+    read_timeout: float = Field(30.0, gt=0)
+    """Seconds a half-sent HTTP request or WebSocket frame may take to arrive in full before the
+    server closes the connection."""
 
 
 def build_app(settings: ServeSettings) -> Any:
@@ -58,19 +75,38 @@ def build_app(settings: ServeSettings) -> Any:
     names = {settings.env, probe.name}
     env_info(probe)  # reads the package's provenance once (slow), and checks it can be sent
     probe.close()
+    limits = Limits(
+        max_message_bytes=settings.max_message_bytes,
+        session_ttl=settings.session_ttl,
+        max_depth=settings.max_depth,
+        max_items=settings.max_items,
+        max_array_bytes=settings.max_array_bytes,
+        request_numbers=True,
+    )
     service = EnvService(
         lambda args: _make(settings, args),
         SessionStore(settings.max_sessions, settings.session_ttl),
-        Limits(max_message_bytes=settings.max_message_bytes, session_ttl=settings.session_ttl),
+        limits,
     )
-    sweep_every = min(settings.session_ttl / 4, 5.0)
-    app = ServeApp(service, names, settings.token, sweep_every, settings.threads)
+    idle_timeout = settings.idle_timeout or 2 * settings.session_ttl
+    sweep_every = min(settings.session_ttl / 4, idle_timeout / 4, 5.0)
+    app = ServeApp(
+        service,
+        names,
+        settings.token,
+        sweep_every,
+        settings.threads,
+        idle_timeout=idle_timeout,
+        max_in_flight=settings.max_in_flight,
+    )
     return app.starlette()
 
 
 def uvicorn_config(settings: ServeSettings, app: Any, **overrides: Any) -> Any:
     """uvicorn's config for ``app``: WebSocket frames above 4x the frame limit are cut off by
-    uvicorn itself (1009), smaller oversized ones get a clear 413 reply from the app."""
+    uvicorn itself (1009), smaller oversized ones get a clear 413 reply from the app; half-sent
+    requests and frames are cut off after ``settings.read_timeout``
+    (:mod:`envhub.serve.timeouts`, where httptools is installed)."""
     _require("uvicorn")
     import uvicorn
 
@@ -78,10 +114,17 @@ def uvicorn_config(settings: ServeSettings, app: Any, **overrides: Any) -> Any:
         host=settings.host,
         port=settings.port,
         ws_max_size=4 * settings.max_message_bytes,
+        ws_per_message_deflate=False,  # RemoteEnv never asks; no decompression bombs either
         timeout_graceful_shutdown=10,
         log_level="info",
         lifespan="on",
     )
+    try:
+        from envhub.serve.timeouts import protocols
+    except ImportError:  # uvicorn without httptools: its own protocols, without the deadline
+        logger.warning("httptools is not installed: half-sent requests are not timed out")
+    else:
+        options["http"], options["ws"] = protocols(settings.read_timeout)
     return uvicorn.Config(app, **{**options, **overrides})
 
 

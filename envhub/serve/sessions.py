@@ -20,8 +20,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from envhub._async import start_eagerly
 from envhub.env import Env
-from envhub.serve.protocol import CAPACITY, SHUTTING_DOWN, UNKNOWN_SESSION, RequestError
+from envhub.serve.protocol import (
+    CAPACITY,
+    SEQ_WINDOW,
+    SHUTTING_DOWN,
+    UNKNOWN_SESSION,
+    RequestError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,25 +39,30 @@ class AnswerCache:
     """The answers to a scope's last ``size`` requests by id, including ones still running.
 
     A request whose id is here gets the stored answer, or waits for the running one: a client
-    that timed out and retried never makes the env step twice.
+    that timed out and retried gets the first answer. (That the env never steps twice for an
+    older retry is :class:`RequestSequence`'s work.)
     """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._tasks: OrderedDict[str, asyncio.Future[Answer]] = OrderedDict()
 
+    def get(self, request_id: str) -> asyncio.Future[Answer] | None:
+        """The stored (or running) answer to ``request_id``, if it is still kept."""
+        return self._tasks.get(request_id)
+
     def start(
-        self, request_id: str, compute: Callable[[], Awaitable[Answer]]
-    ) -> tuple[asyncio.Future[Answer], bool]:
-        """``(answer, replayed)``: the future answer to ``request_id``, the stored one or a new
-        task running ``compute()``. Whoever awaits it must shield it: a caller that goes away
+        self, request_id: str, compute: Callable[[], Awaitable[Answer]], eager: bool = False
+    ) -> asyncio.Future[Answer]:
+        """The future answer to a new ``request_id``: a task running ``compute()``; with
+        ``eager``, started now (a natively async env's step is answered before this returns,
+        one loop iteration sooner). Whoever awaits it must shield it: a caller that goes away
         (its connection dropped) leaves the work to finish, so that a retry finds its answer."""
-        task = self._tasks.get(request_id)
-        if task is not None:
-            return task, True
-        task = self._tasks[request_id] = asyncio.ensure_future(compute())
+        work = compute()
+        task = start_eagerly(work) if eager else asyncio.ensure_future(work)
+        self._tasks[request_id] = task
         self._evict()
-        return task, False
+        return task
 
     def _evict(self) -> None:
         while len(self._tasks) > self.size:
@@ -58,6 +70,34 @@ class AnswerCache:
             if not self._tasks[oldest].done():
                 break  # never forget a running request
             del self._tasks[oldest]
+
+
+class RequestSequence:
+    """Which request numbers (``seq``) a session has started: the highest, and a bitmap of the
+    ``window`` numbers below it. Memory stays bounded however long the session lives; numbers
+    older than the window count as started (a retry that late is refused, never run twice).
+    """
+
+    def __init__(self, window: int = SEQ_WINDOW) -> None:
+        self.window = window
+        self.highest = 0
+        self._seen = 0
+        """Bit ``i``: ``highest - i`` was started."""
+
+    def take(self, seq: int) -> bool:
+        """Whether ``seq`` is new; if so it is remembered as started."""
+        if seq > self.highest:
+            shift = seq - self.highest
+            self._seen = (
+                ((self._seen << shift) | 1) & ((1 << self.window) - 1) if shift < self.window else 1
+            )
+            self.highest = seq
+            return True
+        age = self.highest - seq
+        if age >= self.window or self._seen >> age & 1:
+            return False
+        self._seen |= 1 << age
+        return True
 
 
 @dataclass(eq=False)
@@ -79,6 +119,8 @@ class Session(EnvSession):
     owner: object | None
     """The WebSocket connection that opened it (``None`` over HTTP: only the TTL ends it)."""
     answers: AnswerCache
+    sequence: RequestSequence = field(default_factory=RequestSequence)
+    """The request numbers started, for retries older than ``answers`` keeps."""
     last_used: float = field(default_factory=time.monotonic)
     busy: int = 0
     """Requests running now; a busy session never expires."""
@@ -107,7 +149,8 @@ class SessionStore:
     Args:
         max_sessions: Sessions open at once (counting ones being made); more are refused.
         ttl: Seconds a session may stay idle.
-        answers_per_session: Answers kept per session for retries. A ``RemoteEnv`` has one
+        answers_per_session: Answers kept per session for retries (older retries are refused by
+            the session's :class:`RequestSequence`, not run again). A ``RemoteEnv`` has one
             request in flight per session; a few more let a client pipeline. Kept small: with
             64 each, 1024 sessions held ~0.5M objects for the garbage collector to walk, and
             ``bench/openenv_compare.py`` ran ~10% slower at 1024 sessions.

@@ -78,14 +78,14 @@ def test_a_valid_request_parses_to_its_op_type() -> None:
 
 
 def test_the_clients_request_dicts_are_the_models_dumps() -> None:
-    step = p.step_request("7", "s-1", assistant("hi"))
+    step = p.step_request("7", "s-1", assistant("hi"), 4)
     assert step == p.StepRequest(
-        id="7", op="step", session="s-1", action=p.encode(assistant("hi"))
+        id="7", op="step", session="s-1", seq=4, action=p.encode(assistant("hi"))
     ).model_dump(mode="json")
     assert p.parse_request(json.loads(p.dumps(step))).action == p.encode(assistant("hi"))
-    reset = p.reset_request("8", "s-1", 3, {"level": (1, 2)})
+    reset = p.reset_request("8", "s-1", 3, {"level": (1, 2)}, 5)
     assert reset == p.ResetRequest(
-        id="8", op="reset", session="s-1", seed=3, options=p.encode({"level": (1, 2)})
+        id="8", op="reset", session="s-1", seq=5, seed=3, options=p.encode({"level": (1, 2)})
     ).model_dump(mode="json")
     assert p.decode(p.parse_request(reset).options) == {"level": (1, 2)}
 
@@ -165,3 +165,11 @@ def test_the_reused_c_encoder_writes_what_json_dumps_writes(payload: object) -> 
     assert p.dumps(payload) == json.dumps(payload, separators=(",", ":"))
     with pytest.raises(TypeError, match="not JSON serializable"):
         p.dumps({"x": {1, 2}})
+
+
+def test_requests_leave_seq_out_for_servers_that_take_none() -> None:
+    step = p.step_request("7", "s-1", "hi", None)
+    reset = p.reset_request("8", "s-1", 3, None, None)
+    assert "seq" not in step and "seq" not in reset
+    assert p.parse_request(step) == p.StepRequest(id="7", op="step", session="s-1", action="hi")
+    assert p.Limits(max_message_bytes=4096, session_ttl=1).request_numbers is False  # old servers

@@ -15,6 +15,7 @@ import envhub
 from envhub import registry
 from envhub.env import Env
 from envhub.errors import RemoteEnvUnavailableError
+from envhub.serve.sessions import RequestSequence
 from envhub.types import Message, user
 
 CLOSED: list[int] = []
@@ -136,3 +137,27 @@ def test_a_graceful_shutdown_closes_every_session(serve: Callable[..., Any]) -> 
     # HTTP has no connection to lose: its retries find no server, and the error says so
     with pytest.raises(RemoteEnvUnavailableError, match=r"no answer from http://.* after 3 tries"):
         remotes[2].step("two")
+
+
+def test_a_request_sequence_tells_new_numbers_from_started_ones_in_bounded_memory() -> None:
+    sequence = RequestSequence(window=8)
+    assert [sequence.take(n) for n in (1, 2, 3, 2, 5, 4, 4)] == [
+        True,
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
+    assert sequence.take(100) and sequence.highest == 100
+    assert [sequence.take(n) for n in (93, 92, 93, 5, 100, 101)] == [
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]  # 92 is 8 below the highest (100) when asked: too old to tell, so refused
+    assert sequence.take(2**62) and not sequence.take(2**62 - 8)
+    assert sequence._seen.bit_length() <= 8  # a jump of any size keeps the window's size
