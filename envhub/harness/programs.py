@@ -243,6 +243,19 @@ class CommandProgram:
         """The command line."""
         return shlex.join(self.argv)
 
+    def argv_for(self, launch: Launch) -> list[str]:
+        """The command line of a run (the task as the last argument, if so asked)."""
+        return [*self.argv, launch.prompt] if self.task_input == "argument" else list(self.argv)
+
+    def variables(self, launch: Launch) -> dict[str, str]:
+        """The environment variables a run adds: ``env`` and the endpoint's three."""
+        return {
+            **self.env,
+            "OPENAI_BASE_URL": launch.base_url,
+            "OPENAI_API_KEY": launch.api_key,
+            "OPENAI_MODEL": launch.model,
+        }
+
     async def run(self, launch: Launch) -> ProgramResult:
         """Start the command, feed it the task, wait for it; kill its group if cancelled. With
         a session (the env has a sandbox) it runs there: :mod:`envhub.harness.sandboxed`."""
@@ -250,22 +263,14 @@ class CommandProgram:
             from envhub.harness.sandboxed import run_in_session
 
             return await run_in_session(self, launch)
-        argv = [*self.argv, launch.prompt] if self.task_input == "argument" else self.argv
-        environment = {
-            **os.environ,
-            **self.env,
-            "OPENAI_BASE_URL": launch.base_url,
-            "OPENAI_API_KEY": launch.api_key,
-            "OPENAI_MODEL": launch.model,
-        }
         try:
             process = await asyncio.create_subprocess_exec(
-                *argv,
+                *self.argv_for(launch),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 cwd=self.cwd,
-                env=environment,
+                env={**os.environ, **self.variables(launch)},
                 start_new_session=True,
             )
         except OSError as e:

@@ -43,21 +43,15 @@ async def run_in_session(program: CommandProgram, launch: Launch) -> ProgramResu
     server = await asyncio.start_server(
         functools.partial(_pipe, port), sock=await session.alisten(port)
     )
-    argv = [*program.argv, launch.prompt] if program.task_input == "argument" else program.argv
+    argv = program.argv_for(launch)
     if program.cwd:
         argv = ["/bin/sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", program.cwd, *argv]
-    environment = {
-        **program.env,
-        "OPENAI_BASE_URL": launch.base_url,
-        "OPENAI_API_KEY": launch.api_key,
-        "OPENAI_MODEL": launch.model,
-    }
     try:
         result = await session.arun(
             argv,
             stdin=launch.prompt if program.task_input == "stdin" else None,
             wall_time=None if launch.timeout is None else launch.timeout + GRACE,
-            env=environment,
+            env=program.variables(launch),
         )
     finally:
         server.close()
