@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 import envhub
+from envhub import registry
 from envhub.types import user
 
 ORDER: list[str] = []
@@ -63,7 +64,14 @@ def describe(value: Any) -> str:
     return repr(value)[:60]
 
 
-envhub.register(Probe.name, Probe, override=True)
+@pytest.fixture(scope="module", autouse=True)
+def probe_env() -> Iterator[None]:
+    """The probe env, registered for this module only (registered at import, it was listed by
+    every test of the session that lists envs)."""
+    envhub.register(Probe.name, Probe, override=True)
+    yield
+    registry._registered.pop(Probe.name, None)
+
 
 LIMITS = dict(max_message_bytes=512 * 1024, max_depth=8, max_items=1000, max_array_bytes=8192)
 
