@@ -24,6 +24,10 @@ import os
 import socket
 import struct
 import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 _CLONE_NEWNET = 0x40000000
 _SIOCGIFFLAGS = 0x8913
@@ -53,70 +57,77 @@ def netns_path(uid: int) -> str | None:
 
 
 def _new_namespace() -> int:
-    """A new network namespace with its loopback up, as an open descriptor. Made on a thread
-    of its own: ``unshare`` moves only the calling thread, which then ends."""
-    made: list[int] = []
-    failed: list[OSError] = []
+    """A new network namespace with its loopback up, as an open descriptor."""
 
-    def make() -> None:
+    def make() -> int:
+        _check(_libc().unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            if _libc().unshare(_CLONE_NEWNET) != 0:
-                error = ctypes.get_errno()
-                raise OSError(error, f"unshare(CLONE_NEWNET): {os.strerror(error)}")
-            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            made.append(fd)
             _loopback_up()
-        except OSError as e:
-            failed.append(e)
-
-    thread = threading.Thread(target=make, name="envhub-netns")
-    thread.start()
-    thread.join()
-    if failed:
-        for fd in made:
+        except OSError:
             os.close(fd)
-        raise failed[0]
-    return made[0]
+            raise
+        return fd
+
+    return _on_own_thread(make, "envhub-netns")
 
 
 def listen_in(namespace: str, port: int) -> socket.socket:
     """A TCP socket listening on ``127.0.0.1:port`` in the network namespace at the path
     ``namespace`` (``/proc/PID/ns/net``), held by this process: a sandbox without a network
     can then reach a service of the host, and only that one, through whatever this process
-    does with the connections it accepts. Made on a thread of its own (``setns`` moves only the
-    calling thread, which then ends); non-blocking.
+    does with the connections it accepts. Non-blocking.
 
     Raises:
         OSError: The namespace cannot be entered (not root), or the port is taken there.
     """
-    made: list[socket.socket] = []
-    failed: list[OSError] = []
 
-    def make() -> None:
+    def make() -> socket.socket:
+        fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
         try:
-            fd = os.open(namespace, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                if _libc().setns(fd, _CLONE_NEWNET) != 0:
-                    error = ctypes.get_errno()
-                    raise OSError(error, f"setns({namespace}): {os.strerror(error)}")
-            finally:
-                os.close(fd)
-            # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on the accepted connections.
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+            _check(_libc().setns(fd, _CLONE_NEWNET), f"setns({namespace})")
+        finally:
+            os.close(fd)
+        # IPPROTO_TCP named, so that asyncio sets TCP_NODELAY on the accepted connections.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
             sock.listen(64)
             sock.setblocking(False)
-            made.append(sock)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    return _on_own_thread(make, "envhub-netns-listen")
+
+
+def _on_own_thread(work: Callable[[], T], name: str) -> T:
+    """``work()`` run on a thread of its own, which then ends (``unshare`` and ``setns`` move
+    only the calling thread): its result, or the ``OSError`` it raised, raised here."""
+    done: list[T] = []
+    failed: list[OSError] = []
+
+    def run() -> None:
+        try:
+            done.append(work())
         except OSError as e:
             failed.append(e)
 
-    thread = threading.Thread(target=make, name="envhub-netns-listen")
+    thread = threading.Thread(target=run, name=name)
     thread.start()
     thread.join()
     if failed:
         raise failed[0]
-    return made[0]
+    return done[0]
+
+
+def _check(status: int, call: str) -> None:
+    """Raise the ``OSError`` of a libc ``call`` that returned ``status`` != 0."""
+    if status != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"{call}: {os.strerror(error)}")
 
 
 def _loopback_up() -> None:
