@@ -37,10 +37,17 @@ def train_command(
         envhub train examples/quickstart.yaml steps=5 rollout.samples_per_task=4
         envhub train examples/gsm8k-1gpu.yaml --dry-run
         envhub train --example quickstart steps=5
+        envhub train --example quickstart envs.0.name=lookup_sum.py:LookupSum envs.0.args={}
+
+    An env in ``envs:`` is a name (``envhub list``) or your env's code:
+    ``path/to/file.py:Class``, ``path/to/file.py`` (its only Env subclass) or
+    ``module:Class``. From Python: ``envhub.train(config, overrides)``.
     """
     from envhub.trainer.config import load_config
+    from envhub.trainer.env_names import check_env_names
 
     cfg = load_config(*_config_source(config, example, overrides or []))
+    check_env_names(cfg)  # a bad env name or reference fails here, before any model loads
     if dry_run:
         from envhub.cli.train_view import show_dry_run
         from envhub.trainer.estimate import estimate

@@ -84,11 +84,29 @@ class ModelConfig(_Part):
     lora: LoraConfig | None = None
 
 
+def _absolute_env_file(name: str) -> str:
+    """An env file's reference (``path/file.py[:Class]``) with the path made absolute, so
+    that the run's ``config.json`` finds the env again from any folder (and so do rollout
+    workers); any other name as it is."""
+    from envhub.references import parse_reference
+
+    ref = parse_reference(name)
+    if ref is None or ref.path is None:
+        return name
+    path = str(ref.path.expanduser().absolute())
+    return f"{path}:{ref.attr}" if ref.attr else path
+
+
+EnvName = Annotated[str, AfterValidator(_absolute_env_file)]
+
+
 class EnvSpec(_Part):
     """One environment to train on."""
 
-    name: str
-    """A registered env name (``envhub list``)."""
+    name: EnvName
+    """A registered env name (``envhub list``), a Hub reference, or an env's code:
+    ``path/to/file.py:Class`` (or the file alone, when it defines one Env subclass; the path is
+    stored absolute) or ``module:Class``."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for ``envhub.make``."""
     weight: float = Field(1.0, gt=0.0)
@@ -98,8 +116,8 @@ class EnvSpec(_Part):
 class EvalEnvSpec(_Part):
     """One held-out env (or split) to evaluate on during training."""
 
-    name: str
-    """A registered env name (``envhub list``)."""
+    name: EnvName
+    """An env name or reference, as in ``envs:``."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for ``envhub.make``: another ``task_seed``, difficulty or split than
     training uses, so that the tasks are held out."""
@@ -741,12 +759,14 @@ class TrainConfig(_Part):
 
     @property
     def run_name(self) -> str:
-        """``logging.run_name``, or ``<first env>-<model>`` (``/`` in the env name as ``-``, the
-        model's last path part lower-cased)."""
+        """``logging.run_name``, or ``<first env>-<model>`` (``/`` in the env name as ``-``, an
+        env reference by its env's name, the model's last path part lower-cased)."""
+        from envhub.references import display_name
+
         if self.logging.run_name:
             return self.logging.run_name
         model = Path(self.model.name).name.lower()
-        return f"{self.envs[0].name.replace('/', '-')}-{model}"
+        return f"{display_name(self.envs[0].name).replace('/', '-')}-{model}"
 
     @property
     def run_dir(self) -> Path:
