@@ -90,8 +90,11 @@ def make(name: str, **kwargs: Any) -> Any:
     a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
     installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
 
+    ``name`` may also name an env's code: ``path/to/file.py:Class``, ``path/to/file.py`` (the
+    one Env subclass it defines) or ``module:Class`` (see :mod:`envhub.references`).
+
     Args:
-        name: A registered or installed env's name, or a Hub reference.
+        name: A registered or installed env's name, a Hub reference, an env reference.
         **kwargs: Arguments for the env's constructor (and, for a Hub reference,
             ``trust_remote_code`` and ``token``).
 
