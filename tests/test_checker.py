@@ -247,7 +247,10 @@ def test_no_reference_policy_is_a_skipped_row_in_the_table_and_the_dict() -> Non
         }
     ]
     assert report.to_dict()["results"][0] == {
-        "check": "api", "passed": True, "outcome": "ok", "detail": "NoReference v0.0.0"
+        "check": "api",
+        "passed": True,
+        "outcome": "ok",
+        "detail": "NoReference v0.0.0",
     }
     assert "│ reference policy at top │ skipped │ no reference policy declared" in str(report)
 
@@ -258,7 +261,9 @@ def test_print_shows_the_table_envhub_check_prints(capsys: pytest.CaptureFixture
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "good: passed"
     assert lines[1].startswith("┏") and lines[-1].startswith("└")
-    rows = [[cell.strip() for cell in line.split("│")[1:4]] for line in lines if line.startswith("│")]
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:4]] for line in lines if line.startswith("│")
+    ]
     assert rows == [
         ["api", "ok", "Good v0.0.0"],
         ["reset", "ok", "3 seeds"],

@@ -21,7 +21,7 @@ from envhub.references import (
 )
 from tests.file_envs import write_env_file
 
-TWO_ENVS = '''
+TWO_ENVS = """
 from envhub.testing import LetterEnv
 
 
@@ -39,7 +39,7 @@ def not_an_env():
 
 class Plain:
     pass
-'''
+"""
 
 
 @pytest.fixture
@@ -57,9 +57,15 @@ def write(tmp_path: Path, name: str, source: str) -> Path:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("a/b/lookup.py:LookupSum", EnvReference("a/b/lookup.py:LookupSum", Path("a/b/lookup.py"), None, "LookupSum")),
+        (
+            "a/b/lookup.py:LookupSum",
+            EnvReference("a/b/lookup.py:LookupSum", Path("a/b/lookup.py"), None, "LookupSum"),
+        ),
         ("lookup.py", EnvReference("lookup.py", Path("lookup.py"), None, None)),
-        ("my_envs.lookup:Env.Inner", EnvReference("my_envs.lookup:Env.Inner", None, "my_envs.lookup", "Env.Inner")),
+        (
+            "my_envs.lookup:Env.Inner",
+            EnvReference("my_envs.lookup:Env.Inner", None, "my_envs.lookup", "Env.Inner"),
+        ),
         ("arithmetic", None),
         ("owner/name@0.1.0", None),
         ("owner/name@0.1.0:env", None),
@@ -97,7 +103,9 @@ def test_a_class_with_its_own_name_keeps_it(tmp_path: Path) -> None:
 
 def test_a_changed_file_is_imported_again(env_file: Path) -> None:
     first = load_reference(str(env_file))
-    env_file.write_text(env_file.read_text().replace("default_max_turns = 4", "default_max_turns = 12"))
+    env_file.write_text(
+        env_file.read_text().replace("default_max_turns = 4", "default_max_turns = 12")
+    )
     second = load_reference(str(env_file))
     assert (first.default_max_turns, second.default_max_turns) == (4, 12)
 
@@ -166,8 +174,16 @@ def test_a_file_reference_is_no_hub_reference(env_file: Path) -> None:
             "the current one or on PYTHONPATH? A file is written path/to/file.py:Class",
         ),
     ],
-    ids=["missing-file", "folder", "no-class", "function", "plain-class", "ambiguous", "no-env",
-         "no-module"],
+    ids=[
+        "missing-file",
+        "folder",
+        "no-class",
+        "function",
+        "plain-class",
+        "ambiguous",
+        "no-env",
+        "no-module",
+    ],
 )
 def test_each_error_names_its_cause(
     tmp_path: Path, reference: str, error: type[Exception], message: str
@@ -183,7 +199,9 @@ def test_each_error_names_its_cause(
 
 
 def test_an_error_in_the_users_file_shows_their_line(tmp_path: Path) -> None:
-    path = write(tmp_path, "broken.py", "import json\n\nPRICES = json.loads('{}')\nTOTAL = PRICES['apple']\n")
+    path = write(
+        tmp_path, "broken.py", "import json\n\nPRICES = json.loads('{}')\nTOTAL = PRICES['apple']\n"
+    )
     with pytest.raises(EnvLoadError) as raised:
         load_reference(f"{path}:Env")
     assert str(raised.value) == (

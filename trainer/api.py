@@ -78,7 +78,9 @@ def train(
     return run(resolved, reporter)
 
 
-def build_config(config: ConfigSource = None, overrides: Overrides = (), **fields: Any) -> TrainConfig:
+def build_config(
+    config: ConfigSource = None, overrides: Overrides = (), **fields: Any
+) -> TrainConfig:
     """The validated config :func:`train` runs (arguments as there); nothing runs."""
     data = _config_data(config)
     data.update(fields)
@@ -116,7 +118,11 @@ def _env_entries(entries: Any, field: str) -> Any:
 
 def _env_entry(entry: Any, field: str) -> Any:
     if isinstance(entry, Mapping):
-        return {**entry, "name": _env_name(entry.get("name"), f"{field}.name")} if "name" in entry else dict(entry)
+        return (
+            {**entry, "name": _env_name(entry.get("name"), f"{field}.name")}
+            if "name" in entry
+            else dict(entry)
+        )
     return {"name": _env_name(entry, f"{field}.name")}
 
 

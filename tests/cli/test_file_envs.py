@@ -46,8 +46,16 @@ def test_check_runs_the_contract_and_the_audit_without_publishing_gates(
     assert result.output.splitlines()[0].strip() == f"lookup_sum ({reference}): passed"
     table = rows(result.output)
     assert list(table) == [
-        "api", "reset", "dataset", "determinism", "tool schemas", "episodes",
-        "null policy at floor", "reference policy at top", "close", "reward audit",
+        "api",
+        "reset",
+        "dataset",
+        "determinism",
+        "tool schemas",
+        "episodes",
+        "null policy at floor",
+        "reference policy at top",
+        "close",
+        "reward audit",
     ]
     assert {name: outcome for name, (outcome, _) in table.items()} == dict.fromkeys(table, "ok")
     assert table["api"][1] == "LookupSum v0.0.0"  # no version: the default, and that is fine here
@@ -62,25 +70,30 @@ def test_check_runs_the_contract_and_the_audit_without_publishing_gates(
 def test_publish_asks_for_a_package(env_file: Path) -> None:
     result = runner.invoke(app, ["check", str(env_file), "--publish"])
     assert (result.exit_code, type(result.exception)) == (1, ConfigError)
-    assert str(result.exception).startswith(f"--publish runs the publishing gates on a package folder; {env_file} is not one.")
+    assert str(result.exception).startswith(
+        f"--publish runs the publishing gates on a package folder; {env_file} is not one."
+    )
 
 
 def test_a_folder_without_pyproject_names_its_env_files(env_file: Path) -> None:
     result = runner.invoke(app, ["check", str(env_file.parent)])
     assert (result.exit_code, type(result.exception)) == (1, EnvLoadError)
     assert str(result.exception) == (
-        f"{env_file.parent.resolve()} is not an env package: it has no pyproject.toml. Name an env file "
-        f"instead ({env_file.resolve()}:LookupSum), or create a package with `envhub init`"
+        f"{env_file.parent.resolve()} is not an env package: it has no pyproject.toml. Name an "
+        f"env file instead ({env_file.resolve()}:LookupSum), or create a package with "
+        "`envhub init`"
     )
 
 
 def test_check_shows_the_error_in_the_users_file(env_file: Path) -> None:
-    env_file.write_text(env_file.read_text().replace('"fig": 11}', '"fig": 11}\nPRICES["kiwi"] += 1'))
+    env_file.write_text(
+        env_file.read_text().replace('"fig": 11}', '"fig": 11}\nPRICES["kiwi"] += 1')
+    )
     result = runner.invoke(app, ["check", f"{env_file}:LookupSum"])
     assert (result.exit_code, type(result.exception)) == (1, EnvLoadError)
     assert str(result.exception) == (
         f"importing {env_file} (for '{env_file}:LookupSum') raised KeyError: 'kiwi' "
-        f"at {env_file.resolve()}:13: PRICES[\"kiwi\"] += 1"
+        f'at {env_file.resolve()}:13: PRICES["kiwi"] += 1'
     )
 
 
@@ -112,7 +125,9 @@ def test_eval_plays_the_file_env(env_file: Path, http_server, tmp_path: Path) ->
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     trajectories = read_trajectories(out / "trajectories.jsonl")
-    assert [(t.reward, len(t.turns), t.env.name) for t in trajectories] == [(1.0, 3, "lookup_sum")] * 3
+    assert [(t.reward, len(t.turns), t.env.name) for t in trajectories] == [
+        (1.0, 3, "lookup_sum")
+    ] * 3
     assert json.loads((out / "config.json").read_text())["env"] == reference
 
 
@@ -130,8 +145,16 @@ def test_train_dry_run_takes_the_file_env_and_stores_its_absolute_path(
     pytest.importorskip("torch")
     monkeypatch.chdir(env_file.parent)
     result = runner.invoke(
-        app, ["train", str(QUICKSTART), "envs.0.name=lookup_sum.py:LookupSum", "envs.0.args={}",
-              "eval.envs.0.name=lookup_sum.py", "eval.envs.0.args={}", "--dry-run"]
+        app,
+        [
+            "train",
+            str(QUICKSTART),
+            "envs.0.name=lookup_sum.py:LookupSum",
+            "envs.0.args={}",
+            "eval.envs.0.name=lookup_sum.py",
+            "eval.envs.0.args={}",
+            "--dry-run",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert f"- name: {env_file.resolve()}:LookupSum\n" in result.output

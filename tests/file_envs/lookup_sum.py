@@ -11,7 +11,10 @@ from envhub.multiturn import TOOL_FORMAT_HINT
 
 PRICES = {"apple": 3, "pear": 5, "plum": 7, "fig": 11}
 TASKS = [
-    {"question": f"What do one {a} and one {b} cost together?", "answer": str(PRICES[a] + PRICES[b])}
+    {
+        "question": f"What do one {a} and one {b} cost together?",
+        "answer": str(PRICES[a] + PRICES[b]),
+    }
     for a, b in [("apple", "pear"), ("plum", "fig"), ("pear", "fig")]
 ]
 
