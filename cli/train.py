@@ -32,16 +32,15 @@ def train_command(
     trajectories, checkpoints and the final HF model; a crashed run resumes from
     its last checkpoint when started again.
 
+    An env in envs: is a name (envhub list) or your env's code:
+    path/to/file.py:Class, path/to/file.py (its only Env subclass) or
+    module:Class. From Python: envhub.train(config, overrides).
+
     Examples:
         envhub train examples/quickstart.yaml
         envhub train examples/quickstart.yaml steps=5 rollout.samples_per_task=4
         envhub train examples/gsm8k-1gpu.yaml --dry-run
         envhub train --example quickstart steps=5
-        envhub train --example quickstart envs.0.name=lookup_sum.py:LookupSum envs.0.args={}
-
-    An env in ``envs:`` is a name (``envhub list``) or your env's code:
-    ``path/to/file.py:Class``, ``path/to/file.py`` (its only Env subclass) or
-    ``module:Class``. From Python: ``envhub.train(config, overrides)``.
     """
     from envhub.trainer.config import load_config
     from envhub.trainer.env_names import check_env_names
