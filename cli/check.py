@@ -109,13 +109,14 @@ def _check_installed(name: str, seeds: int) -> bool:
     from envhub.cli.console import console
     from envhub.loader import get_spec
     from envhub.references import display_name, parse_reference
+    from envhub.registry import list_envs
 
     spec = get_spec(name)
     report = check_env(_construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False)
     with _construct(name, spec) as env:  # check_env closed the first one
         audit = audit_env(env, seeds=tuple(range(seeds)), raise_on_failure=False)
     report.results.append(CheckResult("reward audit", audit.passed, audit.summary()))
-    is_reference = parse_reference(name) is not None and display_name(name) != name
+    is_reference = parse_reference(name) is not None and name not in list_envs()
     report.env_name = f"{display_name(name)} ({name})" if is_reference else name
     console.print(report)
     _show_audit_finding(name, audit.to_dict())

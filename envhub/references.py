@@ -212,6 +212,22 @@ def _only_env_class(ref: EnvReference, module: ModuleType) -> type:
     raise EnvLoadError(f"{ref.path} defines {len(found)} Env subclasses; name one: {choices}")
 
 
+def file_env_classes(path: str | Path) -> dict[str, type]:
+    """The concrete Env subclasses the file at ``path`` defines, by their references
+    (``path:Class``); the file is imported as :func:`load_reference` imports it.
+
+    Raises:
+        EnvNotFoundError: No such file.
+        EnvLoadError: The file's code raised (the message shows where).
+    """
+    ref = EnvReference(str(path), path=Path(path))
+    module = _import_file(ref)
+    classes = _env_classes(module)
+    for cls in classes.values():
+        _give_stable_name(cls, ref)
+    return {f"{path}:{name}": cls for name, cls in classes.items()}
+
+
 def _env_classes(module: ModuleType) -> dict[str, type]:
     """The concrete Env subclasses ``module`` defines itself (not the ones it imports)."""
     return {

@@ -36,10 +36,12 @@ def rows(output: str) -> dict[str, tuple[str, str]]:
     return {name.strip(): (result.strip(), detail.strip()) for name, result, detail in cells}
 
 
-@pytest.mark.parametrize("form", ["{path}", "{path}:LookupSum"])
+@pytest.mark.parametrize("form", ["{path}", "{path}:LookupSum", "lookup_sum:LookupSum"])
 def test_check_runs_the_contract_and_the_audit_without_publishing_gates(
-    env_file: Path, form: str
+    env_file: Path, form: str, monkeypatch: pytest.MonkeyPatch, unload: list[str]
 ) -> None:
+    monkeypatch.syspath_prepend(str(env_file.parent))  # for the module form
+    unload.append("lookup_sum")
     reference = form.format(path=env_file)
     result = runner.invoke(app, ["check", reference])
     assert result.exit_code == 0, result.output
@@ -197,3 +199,16 @@ def test_train_dry_run_fails_on_a_bad_env_before_any_model_loads(
     )
     assert (result.exit_code, type(result.exception)) == (1, error), result.output
     assert str(result.exception).startswith(message.format(path=env_file, folder=env_file.parent))
+
+
+def test_list_shows_the_references_a_file_offers(env_file: Path) -> None:
+    result = runner.invoke(app, ["list", str(env_file)])
+    assert result.exit_code == 0, result.output
+    lines = [line.rstrip() for line in result.output.splitlines()]
+    assert lines[0] == f"envs in {env_file}"
+    assert lines[1].split() == ["name", "kind", "tools", "version", "from", "description"]
+    assert lines[2].split() == [
+        f"{env_file}:LookupSum", "tool", "lookup,", "add", "0.0.0", str(env_file),
+        *"Look up two prices and add them.".split(),
+    ]  # fmt: skip
+    assert len(lines) == 3
