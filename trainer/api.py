@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 from envhub.errors import ConfigError
 from envhub.trainer.config import (
     TrainConfig,
-    _parse_override,
-    _read_yaml,
-    _set_dotted,
+    apply_overrides,
+    read_config_file,
     validate_config,
 )
 
@@ -84,10 +83,9 @@ def build_config(
     """The validated config :func:`train` runs (arguments as there); nothing runs."""
     data = _config_data(config)
     data.update(fields)
-    items = overrides.items() if isinstance(overrides, Mapping) else map(_parse_override, overrides)
-    for key, value in items:
-        _set_dotted(data, key, value)
-    data["envs"] = _env_entries(data.get("envs"), "envs")
+    apply_overrides(data, overrides)
+    if "envs" in data:
+        data["envs"] = _env_entries(data["envs"], "envs")
     if isinstance(data.get("eval"), Mapping) and "envs" in data["eval"]:
         data["eval"] = {**data["eval"], "envs": _env_entries(data["eval"]["envs"], "eval.envs")}
     return validate_config(data)
@@ -99,7 +97,7 @@ def _config_data(config: ConfigSource) -> dict[str, Any]:
     if isinstance(config, TrainConfig):
         return config.model_dump()
     if isinstance(config, (str, Path)):
-        return _read_yaml(Path(config))
+        return read_config_file(config)
     if isinstance(config, Mapping):
         return copy.deepcopy(dict(config))
     raise ConfigError(
@@ -109,8 +107,6 @@ def _config_data(config: ConfigSource) -> dict[str, Any]:
 
 def _env_entries(entries: Any, field: str) -> Any:
     """``envs`` with each env class or instance replaced by a name ``envhub.make`` takes."""
-    if entries is None:
-        return entries
     if not isinstance(entries, (list, tuple)):
         entries = [entries]
     return [_env_entry(entry, f"{field}.{i}") for i, entry in enumerate(entries)]

@@ -9,6 +9,7 @@ are errors, with the nearest valid name suggested. This module imports no ML lib
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -787,11 +788,34 @@ def load_config(
             (wherever it was written), or a value is invalid; the message names the field and
             what is allowed.
     """
-    data = _read_yaml(Path(path)) if path is not None else {}
-    for override in overrides:
-        key, value = _parse_override(override)
-        _set_dotted(data, key, value)
+    data = read_config_file(path) if path is not None else {}
+    apply_overrides(data, overrides)
     return validate_config(data)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The YAML config at ``path`` as a dict, not validated yet.
+
+    Raises:
+        ConfigError: The file is missing (the message names the shipped examples), not YAML, or
+            not a mapping.
+    """
+    return _read_yaml(Path(path))
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any]
+) -> dict[str, Any]:
+    """Set each override in ``data`` (in place; also returned): ``"key.sub=value"`` strings,
+    the value parsed as YAML as on the command line, or a mapping of dotted keys to values.
+
+    Raises:
+        ConfigError: A string without ``=``, or an index past a list's end.
+    """
+    pairs = overrides.items() if isinstance(overrides, Mapping) else map(_parse_override, overrides)
+    for key, value in pairs:
+        _set_dotted(data, key, value)
+    return data
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:
