@@ -45,3 +45,11 @@ def test_the_api_reference_covers_the_public_api(built_site):
     for name in envhub.__all__:
         module = envhub._EXPORTS[name]
         assert f'id="{module}.{name}"' in html, f"envhub.{name} is missing from the reference"
+
+
+def test_the_readme_links_into_pages_that_exist():
+    readme = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\((docs/[^)#]+)", readme)
+    assert len(targets) > 20, "the README's table of links into the docs"
+    missing = [target for target in targets if not (ROOT / target).is_file()]
+    assert not missing, f"README links to missing pages: {missing}"
