@@ -36,6 +36,9 @@ def package_view(root: Path, into: Path) -> Path:
         temporary.unlink(missing_ok=True)
         temporary.symlink_to(target)
         temporary.replace(link)  # atomic: a build running beside this one never sees a gap
+    for stale in view.iterdir():  # entries since removed from envhub/
+        if stale.name not in links and not stale.name.startswith("."):
+            stale.unlink()
     return view
 
 

@@ -53,3 +53,19 @@ def test_the_readme_links_into_pages_that_exist():
     assert len(targets) > 20, "the README's table of links into the docs"
     missing = [target for target in targets if not (ROOT / target).is_file()]
     assert not missing, f"README links to missing pages: {missing}"
+
+
+def test_the_api_reference_reads_the_package_as_installed(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "scripts" / "docs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    (tmp_path / "envhub").mkdir()
+    (tmp_path / "envhub" / "gone.py").symlink_to(ROOT / "envhub" / "env.py")  # a stale entry
+    view = hooks.package_view(ROOT, tmp_path)
+    assert (view / "trainer" / "config.py").samefile(ROOT / "trainer" / "config.py")
+    assert (view / "cli" / "app.py").samefile(ROOT / "cli" / "app.py")
+    assert (view / "env.py").samefile(ROOT / "envhub" / "env.py")
+    assert not (view / "gone.py").exists()
+    assert hooks.package_view(ROOT, tmp_path) == view  # again: the same links, no error
