@@ -43,6 +43,11 @@ def package_view(root: Path, into: Path) -> Path:
 
 
 def on_config(config: Any) -> Any:
-    """Refresh the package view before mkdocstrings reads it."""
+    """Refresh the package view (``mkdocs serve`` rebuilds after an edit)."""
     package_view(ROOT, API_SOURCES)
     return config
+
+
+# Also now, as MkDocs loads this file with mkdocs.yml: mkdocstrings resolves its `paths` when it
+# starts, before any `on_config`, and drops a path that does not exist yet (a fresh clone).
+package_view(ROOT, API_SOURCES)
