@@ -5,8 +5,6 @@ episode's tokens are coloured by its loss mask."""
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +19,6 @@ pytestmark = pytest.mark.skipif(
     not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
     reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver;"
     " .ci/run installs them)",
-)
-FLAGS = (
-    "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-    "--disable-background-networking --disable-component-update --disable-sync "
-    "--window-size=1400,1600"
 )
 
 
@@ -59,22 +52,6 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         registry._registered.pop(LetterEnv.name, None)
     return validated.run_dir
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in FLAGS.split():
-        options.add_argument(flag)
-    options.add_argument("--user-data-dir=" + tempfile.mkdtemp(prefix="chromium-"))
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
