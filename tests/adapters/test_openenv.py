@@ -209,9 +209,31 @@ def test_max_turns_truncates_an_episode_the_env_has_not_ended(echo_url: str) -> 
     assert [m.role for m in prompt] == ["system", "user"]
     assert env.step("a")[2:4] == (False, False)
     assert env.step("b")[2:4] == (False, True)
-    with pytest.raises(EnvhubError, match="call reset"):
-        env.step("c")
+    [reply], _, terminated, truncated, info = env.step("c")  # as OpenEnv: the server answers
+    assert (reply.content, terminated, truncated, info["turn"]) == ("c", False, True, 3)
     env.close()
+
+
+def test_a_step_after_done_is_answered_as_openenvs_client_is(echo_url: str) -> None:
+    word = random.Random(1).choice(WORDS)
+    actions = [word, "again", "and again"]
+
+    async def theirs() -> list[tuple]:
+        async with GenericEnvClient(base_url=echo_url) as client:
+            await client.reset(seed=1)
+            seen = []
+            for text in actions:
+                result = await client.step({"message": text})
+                seen.append((result.observation["echoed_message"], result.reward, result.done))
+            return seen
+
+    with envhub.make(f"openenv:{echo_url}") as env:
+        with pytest.raises(EnvhubError, match=r"call reset\(\) before step\(\)"):
+            env.step("too early")
+        env.reset(seed=1)
+        ours = [(r[0][0].content, r[1], r[2]) for r in map(env.step, actions)]
+    assert ours == asyncio.run(theirs())
+    assert ours[0] == (word, 1.0, True) and ours[1] == ("again", 0.0, False)
 
 
 def test_check_env_passes_on_an_openenv_server(echo_url: str) -> None:
@@ -235,16 +257,35 @@ def test_the_runner_runs_episodes_on_an_openenv_server(echo_url: str) -> None:
     ] * 2
 
 
-def test_an_env_the_adapter_cannot_map_fails_when_made(servers: Callable[[Any], str]) -> None:
+def test_how_an_action_with_a_non_text_field_is_mapped(servers: Callable[[Any], str]) -> None:
     url = servers(echo_app(TaggedAction, CountObservation))  # only its /schema is read
-    with pytest.raises(EnvLoadError, match=r"observation .* has no string field to carry text"):
-        envhub.make(f"openenv:{url}")
+    env = envhub.make(f"openenv:{url}")
+    assert (env.action_mode, env.action_field, env.observation_field) == ("tool", "message", None)
+    [tool] = env.tool_schemas
+    assert tool["function"]["name"] == "tagged"
+    assert tool["function"]["parameters"] == {
+        "type": "object",
+        "properties": {
+            "message": {"title": "Message", "type": "string"},
+            "tag": {"title": "Tag", "type": "integer"},
+        },
+        "required": ["message", "tag"],
+        "additionalProperties": False,
+    }
+    env.close()
     with pytest.raises(EnvLoadError, match=r"needs \['tag'\] besides the text field 'message'"):
-        envhub.make(f"openenv:{url}", observation_field="count")
+        envhub.make(f"openenv:{url}", action_field="message")
     with pytest.raises(EnvLoadError, match=r"has no field 'words'"):
         envhub.make(f"openenv:{url}", action_field="words")
-    env = envhub.make(f"openenv:{url}", observation_field="count", action_defaults={"tag": 1})
-    assert env.action_defaults == {"tag": 1}
+    with pytest.raises(EnvLoadError, match=r"not a CallToolAction"):
+        envhub.make(f"openenv:{url}", action_mode="mcp")
+    with pytest.raises(EnvLoadError, match=r"action_mode must be one of"):
+        envhub.make(f"openenv:{url}", action_mode="json")
+    env = envhub.make(f"openenv:{url}", action_defaults={"tag": 1})
+    assert (env.action_mode, env.action_defaults, env.tool_schemas) == ("text", {"tag": 1}, None)
+    env.close()
+    env = envhub.make(f"openenv:{url}", action_mode="tool", action_defaults={"tag": 1})
+    assert env.tool_schemas[0]["function"]["parameters"]["properties"].keys() == {"message"}
     env.close()
     with pytest.raises(EnvNotFoundError, match="by its URL"):
         envhub.make("openenv:echo")
