@@ -538,6 +538,12 @@ def test_replies_the_action_schema_rejects_are_the_policys_failed_turns(guess_ur
     assert [m.role for [m] in replies[:5]] == ["tool", "tool", "user", "tool", "tool"]
 
 
+def test_check_env_passes_on_typed_and_mcp_envs(guess_url: str, counter_url: str) -> None:
+    for url in (guess_url, counter_url):
+        report = envhub.check_env(envhub.make(f"openenv:{url}", reward_range=(0.0, 1.0)))
+        assert report.passed, report.failures
+
+
 def test_a_policy_that_never_acts_validly_runs_out_of_turns(guess_url: str) -> None:
     make = lambda: envhub.make(f"openenv:{guess_url}", max_turns=3)  # noqa: E731
     [episode] = asyncio.run(RolloutRunner(ScriptedEngine(null_policy), make).run([0]))

@@ -9,7 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from envhub.adapters.openenv import schema as schemas
-from envhub.adapters.openenv.actions import MCPActions, TextActions, TypedActions
+from envhub.adapters.openenv.actions import Attempt, MCPActions, TextActions, TypedActions
 from envhub.env import Action, Env, StepResult, as_turn
 from envhub.errors import (
     EnvhubError,
@@ -168,24 +168,13 @@ class OpenEnvEnv(Env):
         replies: list[Message] = []
         reward, terminated, stepped, observation = 0.0, False, 0, None
         for attempt in attempts:
-            if attempt.error is None and terminated:  # an earlier call of this turn ended it
-                attempt = replace(attempt, error=NOT_RUN, detail="not run: the episode ended")
-            if attempt.error is None:
-                try:
-                    result = await self._call("step", attempt.action or {})
-                except _Rejected as e:
-                    attempt = replace(attempt, error=INVALID_ARGUMENTS, detail=str(e))
-            if attempt.error is not None:
-                self._count(attempt.error if attempt.call_id is not None else None)
-                replies.append(attempt.answer(f"Error: {attempt.detail}"))
-                continue
-            stepped += 1
-            observation = result.observation
-            reward += 0.0 if result.reward is None else float(result.reward)
-            terminated = bool(result.done)
-            message, kind = self.actions.reply(attempt, observation)
-            self._count(kind)
+            message, result = await self._send(attempt, ended=terminated)
             replies.append(message)
+            if result is not None:
+                stepped += 1
+                observation = result.observation
+                reward += 0.0 if result.reward is None else float(result.reward)
+                terminated = bool(result.done)
         if stepped == 0:
             self._metrics["invalid_turns"] += 1
             reward += self.invalid_reward
@@ -198,7 +187,26 @@ class OpenEnvEnv(Env):
         }
         return replies, reward, terminated, truncated, info
 
+    async def _send(self, attempt: Attempt, ended: bool) -> tuple[Message, Any]:
+        """Step the server with one attempt's action (unless it is a failed one, or an earlier
+        call of the turn ``ended`` the episode); the message answering it, and the step's
+        result (``None``: nothing was sent, or the server rejected the action)."""
+        if attempt.error is None and ended:
+            attempt = replace(attempt, error=NOT_RUN, detail="not run: the episode ended")
+        if attempt.error is None:
+            try:
+                result = await self._call("step", attempt.action or {})
+            except _Rejected as e:
+                attempt = replace(attempt, error=INVALID_ARGUMENTS, detail=str(e))
+            else:
+                message, kind = self.actions.reply(attempt, result.observation)
+                self._count(kind)
+                return message, result
+        self._count(attempt.error if attempt.call_id is not None else None)
+        return attempt.answer(f"Error: {attempt.detail}"), None
+
     def _count(self, kind: str | None) -> None:
+        """Count a failed call of ``kind`` in the episode's metrics (``None``: none failed)."""
         if kind is not None and kind != NOT_RUN:
             self._metrics["tool_errors"] += 1
             self._metrics[f"tool_error/{kind}"] += 1
