@@ -278,6 +278,11 @@ def test_how_an_action_with_a_non_text_field_is_mapped(servers: Callable[[Any], 
         "required": ["message", "tag"],
         "additionalProperties": False,
     }
+    [prompt], _ = env.reset(seed=0)  # no string field in the observation's schema: JSON
+    word = random.Random(0).choice(WORDS)
+    assert prompt.content == f'{{"echoed_message": "Say the word: {word}", "message_length": 0}}'
+    [reply], *_ = env.step(call("tagged", message="hi", tag=1))
+    assert reply.content == '{"echoed_message": "hi", "message_length": 2}'
     env.close()
     with pytest.raises(EnvLoadError, match=r"needs \['tag'\] besides the text field 'message'"):
         envhub.make(f"openenv:{url}", action_field="message")
@@ -404,9 +409,13 @@ class CounterEnvironment(MCPEnvironment):
         self.total, self.target = 0, 0
         self._state = State(step_count=0)
 
-    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Any:
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, quiet: bool = False, **_: Any
+    ) -> Any:
         self.total, self.target = 0, random.Random(seed).randint(5, 9)
         self._state = State(episode_id=episode_id, step_count=0)
+        if quiet:
+            return Observation()
         return HintObservation(hint=f"Make the counter reach {self.target}, then submit.")
 
     async def step_async(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
@@ -592,6 +601,8 @@ def test_mcp_tools_are_the_models_tools(counter_url: str) -> None:
 
 def test_a_turn_stops_at_the_call_that_ends_the_episode(counter_url: str) -> None:
     with envhub.make(f"openenv:{counter_url}") as env:
+        [prompt], _ = env.reset(options={"quiet": True})  # an empty observation
+        assert prompt.content == "The environment is ready. Act by calling its tools: add, submit."
         env.reset(seed=0)
         replies, reward, terminated, _, info = env.step(call("submit") + call("add", amount=1))
         assert [m.content for m in replies] == ["submitted 0", "Error: not run: the episode ended"]
