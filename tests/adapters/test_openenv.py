@@ -49,7 +49,7 @@ from envhub.errors import (  # noqa: E402
 )
 from envhub.rollout.runner import RolloutRunner  # noqa: E402
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy  # noqa: E402
-from envhub.types import Message  # noqa: E402
+from envhub.types import Message, ToolCall  # noqa: E402
 
 WORDS = ("apple", "river", "stone", "cloud", "ember", "maple")
 TURNS = 4
@@ -493,6 +493,12 @@ def test_an_int_field_action_is_a_tool_the_model_calls(guess_url: str) -> None:
     secret = random.Random(4).randint(1, 20)
     [prompt], _ = env.reset(seed=4)
     assert prompt.content == "Guess my number, 1 to 20."
+    wrong = 1 if secret != 1 else 2  # a structured call, as an OpenAI-compatible server sends it
+    structured = Message(
+        role="assistant", content="", tool_calls=(ToolCall.make("c7", "guess", {"number": wrong}),)
+    )
+    [reply], reward, terminated, _, info = env.step(structured)
+    assert (reply.tool_call_id, reply.content, reward, terminated) == ("c7", "higher", 0.0, False)
     [reply], reward, terminated, truncated, info = env.step(call("guess", number=secret))
     assert (reply.role, reply.name, reply.content) == ("tool", "guess", "right")
     assert (reward, terminated, truncated, info["observation"]) == (
@@ -501,7 +507,7 @@ def test_an_int_field_action_is_a_tool_the_model_calls(guess_url: str) -> None:
         False,
         {"hint": "right"},
     )
-    assert info["metrics"] == {"tool_calls": 1}
+    assert info["metrics"] == {"tool_calls": 2}
     env.close()
     [won] = roll_out(lambda: envhub.make(f"openenv:{guess_url}"), search_guess, [0])[:1]
     assert (won.outcome, won.reward, won.metrics["tool_calls"]) == ("ok", 1.0, len(won.turns))
