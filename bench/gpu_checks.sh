@@ -37,7 +37,7 @@ STAGES=${STAGES:-tests torch mg05 mg15 mg05r}
 for s in $STAGES; do
     case $s in
     tests) stage tests 120 python3 -m pytest -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m gpu \
-        "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/test_checkpoint.py" \
+        "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/backends" "$ROOT/tests/trainer/test_checkpoint.py" \
         "$ROOT/tests/trainer/algorithms" -q -p no:cacheprovider ;;
     torch) stage torch 180 python3 "$ROOT/bench/torch_gpu_step.py" --tokenizer "$ROOT/.gpu/smollm2" \
         --max-tokens 128 --json "$OUT/torch_gpu_step.json" ;;
