@@ -60,6 +60,12 @@ class VarlenPlan:
             index = torch.cat(parts)
         return cls(_cumulative(queries), _cumulative(keys), max(queries), max(keys), index)
 
+    @classmethod
+    def of_lengths(cls, lengths: Sequence[int]) -> VarlenPlan:
+        """The plan of a row of sequences of ``lengths``, each attending causally to itself."""
+        bounds = _cumulative(list(lengths))
+        return cls(bounds, bounds, max(lengths), max(lengths), None)
+
     def to(self, device: torch.device | str) -> VarlenPlan:
         """A copy with its tensors on ``device``."""
         move = {"non_blocking": True}
@@ -91,22 +97,40 @@ def attend(
 ) -> torch.Tensor:
     """``query [1, heads, T, d]`` over ``key``/``value [1, kv_heads, T, d]`` as ``plan``'s
     segments say; returns ``[1, T, heads, d]`` (a transformers attention function's layout)."""
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]
+    return attend_tokens(q, k, v, plan, scale)[None]
+
+
+def attend_tokens(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: VarlenPlan,
+    scale: float | None,
+) -> torch.Tensor:
+    """``query [T, heads, d]`` over ``key``/``value [T, kv_heads, d]`` as ``plan``'s segments
+    say; returns ``[T, heads, d]``. Check :func:`runs` first."""
     kernel = _kernel()
     assert kernel is not None, "check runs() first"
-    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]
     if plan.key_index is not None:
-        k, v = k.index_select(0, plan.key_index), v.index_select(0, plan.key_index)
-    out = kernel(
-        q.contiguous(),
-        k.contiguous(),
-        v.contiguous(),
+        key, value = key.index_select(0, plan.key_index), value.index_select(0, plan.key_index)
+    return kernel(
+        query.contiguous(),
+        key.contiguous(),
+        value.contiguous(),
         plan.cu_queries,
         plan.cu_keys,
         plan.max_queries,
         plan.max_keys,
         scale=scale,
     )
-    return out[None]
+
+
+@functools.lru_cache(maxsize=8)
+def plan_on(lengths: tuple[int, ...], device: torch.device) -> VarlenPlan:
+    """:meth:`VarlenPlan.of_lengths` on ``device``, kept for the next layers of the same row
+    (each would otherwise copy the same boundaries to the device again)."""
+    return VarlenPlan.of_lengths(lengths).to(device)
 
 
 @functools.cache
