@@ -277,7 +277,8 @@ def outcomes_line(outcomes: dict[str, int]) -> str:
 
 TOKEN_DRIFT_HINT = (
     "the chat template re-rendered an earlier turn unlike the tokens sampled (kept as sampled, "
-    "never re-tokenised). Test the template: `envhub check ENV --model MODEL`; docs: token drift"
+    "never re-tokenised). Test the template: `envhub check ENV --model MODEL`; docs: Concepts > "
+    "Token-exact multi-turn"
 )
 """What token drift is and what to do, after its count in the eval and training summaries."""
 
