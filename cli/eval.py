@@ -275,6 +275,56 @@ def outcomes_line(outcomes: dict[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in outcomes.items() if n) or "-"
 
 
+TOKEN_DRIFT_HINT = (
+    "the chat template re-rendered an earlier turn unlike the tokens sampled (kept as sampled, "
+    "never re-tokenised). Test the template: `envhub check ENV --model MODEL`; docs: Concepts > "
+    "Token-exact multi-turn"
+)
+"""What token drift is and what to do, after its count in the eval and training summaries."""
+
+
+def drift_line(episodes: int) -> str:
+    """``"0 episodes"``, or the count with what it means (:data:`TOKEN_DRIFT_HINT`)."""
+    count = f"{episodes} episode{'' if episodes == 1 else 's'}"
+    return f"{count}: {TOKEN_DRIFT_HINT}" if episodes else count
+
+
+COMPONENT_NOTES = {"tool_validity": "mean per episode; an episode without calls scores 1"}
+"""What a built-in reward component's mean is, where another row could seem to contradict it
+(:func:`envhub.rewards.format.tool_call_validity` beside "valid tool calls")."""
+
+
+def component_rows(components: dict[str, float]) -> list[tuple[str, str]]:
+    """One indented row per reward component's mean, with its note if it has one."""
+    return [
+        (
+            f"  {name}",
+            f"{value:.3f}" + (f" ({COMPONENT_NOTES[name]})" if name in COMPONENT_NOTES else ""),
+        )
+        for name, value in components.items()
+    ]
+
+
+def tool_rows(summary: Any) -> list[tuple[str, str]]:
+    """Calls per episode (how many, in how many episodes), then how many of all the calls were
+    valid, then the invalid ones by kind. The count is pooled over calls: a per-episode
+    ``tool_validity`` reward component, which scores an episode without calls 1.0, is another
+    number."""
+    total = summary.tool_calls_total or round(summary.tool_calls * summary.episodes)
+    calls = f"{summary.tool_calls:.2f}"
+    if summary.episodes_with_tool_calls:  # unknown (0) in a summary saved before it was counted
+        calls += f" ({total} in {summary.episodes_with_tool_calls} of {summary.episodes} episodes)"
+    valid = "-"
+    if summary.tool_validity is not None:
+        ok = round(summary.tool_validity * total)
+        valid = f"{ok} of {total} ({summary.tool_validity:.1%})"
+    return [
+        ("tool calls / episode", calls),
+        ("valid tool calls", valid),
+        *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
+    ]
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -285,14 +335,9 @@ def summary_table(summary: Any, title: str):
     rows = [
         ("episodes", f"{summary.episodes} ({summary.tasks} tasks x {summary.samples_per_task})"),
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
-        *((f"  {name}", f"{value:.3f}") for name, value in summary.components.items()),
+        *component_rows(summary.components),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
-        ("tool calls / episode", f"{summary.tool_calls:.2f}"),
-        (
-            "tool-call validity",
-            "-" if summary.tool_validity is None else f"{summary.tool_validity:.1%}",
-        ),
-        *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
+        *tool_rows(summary),
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
@@ -306,7 +351,7 @@ def summary_table(summary: Any, title: str):
                 else ""
             ),
         ),
-        ("token drift", f"{summary.token_drift_episodes} episodes"),
+        ("token drift", drift_line(summary.token_drift_episodes)),
     ]
     if (
         summary.seconds > 0
