@@ -28,7 +28,8 @@ from pathlib import Path
 
 import httpx
 
-from envhub.errors import EngineUnavailableError, MissingDependencyError
+from envhub.errors import EngineStartError, MissingDependencyError
+from envhub.inference.vllm_failures import Launch, diagnose
 from envhub.inference.vllm_idle import ENV as IDLE_ENV
 
 log = logging.getLogger(__name__)
@@ -191,10 +192,7 @@ class VLLMServer:
                     self.log_tail(1)[:160] or "(no log line yet)",
                 )
             if self.process.poll() is not None:
-                raise EngineUnavailableError(
-                    f"vLLM exited with code {self.process.returncode} while starting. "
-                    f"Last log lines ({self.log_path}):\n{self.log_tail()}"
-                )
+                raise self.start_failure()
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
                     log.info("vLLM ready after %.0f s", time.monotonic() - started)
@@ -203,9 +201,20 @@ class VLLMServer:
                 pass
             time.sleep(1.0)
         self.stop()
-        raise EngineUnavailableError(
-            f"vLLM did not become ready within {self.startup_timeout:g} s; log: {self.log_path}"
+        raise EngineStartError(
+            f"vLLM did not answer /health within {self.startup_timeout:g} s — its log says how "
+            "far it got; a first start on a CPU takes minutes, so allow more time there",
+            str(self.log_path),
         )
+
+    def start_failure(self) -> EngineStartError:
+        """Why the server exited: the cause found in its log, and what to do, in one line."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        failure = diagnose(text, Launch(self.model, self.host, self.port))
+        return EngineStartError(failure.line(), str(self.log_path))
 
     def log_tail(self, lines: int = 25) -> str:
         """The last ``lines`` lines of the server's log, or ``"(no log)"`` if it cannot be read."""

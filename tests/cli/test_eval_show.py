@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from envhub.cli.app import app
-from envhub.cli.eval import choose_tasks, parse_env_args, serve_flags
+from envhub.cli.eval import choose_tasks, parse_env_args
+from envhub.cli.serve_model import serve_flags
 from envhub.envs.calculator import CalculatorEnv, reference_policy
 from envhub.errors import ConfigError, EnvNotFoundError
 from envhub.rollout.io import read_trajectories
