@@ -97,7 +97,7 @@ def start_local_vllm(model: str, **settings) -> VLLMServer:
     the cause and what to do.
     """
     from envhub.cli.console import err_console
-    from envhub.errors import EngineStartError
+    from envhub.errors import EngineStartError, EngineUnavailableError
 
     server = local_vllm(model, **settings)
     with err_console.status(
@@ -110,7 +110,7 @@ def start_local_vllm(model: str, **settings) -> VLLMServer:
             err_console.print(
                 f"vLLM did not start; its full log: {e.log_path}", soft_wrap=True, highlight=False
             )
-            raise EngineStartError(e.summary, e.log_path) from None
+            raise EngineUnavailableError(e.summary) from None  # the path is on the line above
     err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
     return server
 

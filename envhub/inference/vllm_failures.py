@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_PREFIX = re.compile(r"^\((?:[\w ]+) pid=\d+\)\s+(?:\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
+_PREFIX = re.compile(r"^\((?:[\w .-]+) pid=\d+\)\s+(?:\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
 """vLLM's per-process log prefix: ``(EngineCore pid=12) ERROR 11-27 23:30:17 [core.py:1510] ``."""
 
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception|Exit)): (.+)$")
@@ -67,7 +67,7 @@ def _port_in_use(text: str, launch: Launch) -> StartFailure | None:
         return None
     return StartFailure(
         f"port {launch.port} on {launch.host} is already in use",
-        "stop what listens there, or pick another --port (by default a free one is chosen)",
+        "stop what listens there, or pick another port (--port)",
     )
 
 
@@ -105,7 +105,7 @@ def _context_too_long(text: str, launch: Launch) -> StartFailure | None:
 def _cpu_kv_cache_too_big(text: str, launch: Launch) -> StartFailure | None:
     found = re.search(
         r"Available memory on node \d+ \(([\d.]+)/([\d.]+) GiB\).*?requested memory for kv "
-        r"\(([\d.]+) GiB\)",
+        r"\(([\d.]+)(?:/[\d.]+)? GiB\)",
         text,
     )
     if found is None:
@@ -114,6 +114,24 @@ def _cpu_kv_cache_too_big(text: str, launch: Launch) -> StartFailure | None:
     return StartFailure(
         f"the KV cache asked for ({asked} GiB) does not fit in the {free} GiB of free memory",
         "set VLLM_CPU_KVCACHE_SPACE to fewer GiB (envhub's default is 2), or free memory",
+    )
+
+
+def _cpu_memory_share(text: str, launch: Launch) -> StartFailure | None:
+    """vLLM's CPU backend without VLLM_CPU_KVCACHE_SPACE reserves ``--gpu-memory-utilization``
+    (0.9 by default) of the machine's memory: on a machine with other work, more than is free."""
+    found = re.search(
+        r"Available memory on node \d+ \(([\d.]+)/[\d.]+ GiB\) on startup is less than desired "
+        r"CPU memory utilization \(([\d.]+), ([\d.]+) GiB\)",
+        text,
+    )
+    if found is None:
+        return None
+    free, share, asked = found.groups()
+    return StartFailure(
+        f"vLLM's CPU backend would reserve {share} of memory ({asked} GiB) and {free} GiB is free",
+        "set VLLM_CPU_KVCACHE_SPACE=2 (GiB of KV cache; envhub's servers set it), or lower "
+        "--gpu-memory-utilization (on a CPU, the share of memory vLLM reserves)",
     )
 
 
@@ -133,25 +151,37 @@ def _gpu_memory(text: str, launch: Launch) -> StartFailure | None:
 
 
 def _no_memory_for_cache(text: str, launch: Launch) -> StartFailure | None:
-    if "No available memory for the cache blocks" not in text and not re.search(
-        r"larger than the available KV cache memory", text
-    ):
-        return None
-    return StartFailure(
-        "the model leaves no memory for the KV cache at this context length",
-        "give a smaller --max-model-len, or more memory (--gpu-memory-utilization on a GPU, "
-        "VLLM_CPU_KVCACHE_SPACE on a CPU)",
+    more = "more KV cache memory: VLLM_CPU_KVCACHE_SPACE (GiB) on a CPU, --gpu-memory-utilization"
+    if "No available memory for the cache blocks" in text:
+        return StartFailure(
+            "the model's weights leave no memory for the KV cache", f"give vLLM {more} on a GPU"
+        )
+    found = re.search(
+        r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the "
+        r"available KV cache memory \(([\d.]+) GiB\)",
+        text,
     )
+    if found is None:
+        return None
+    length, needed, available = found.groups()
+    estimate = re.search(r"the estimated maximum model length is (\d+)", text)
+    fits = (
+        f"--max-model-len {estimate.group(1)} or less" if estimate else "a smaller --max-model-len"
+    )
+    return StartFailure(
+        f"a {length}-token context needs {needed} GiB of KV cache and {available} GiB is there",
+        f"give {fits}, or {more} on a GPU",
+    )
+
+
+_SEE_HELP = "fix that flag (`python -m vllm.entrypoints.openai.api_server --help` lists them)"
 
 
 def _bad_flag(text: str, launch: Launch) -> StartFailure | None:
     found = re.search(r"^[\w.]+: error: (.+)$", text, re.MULTILINE)
     if found is None:
         return None
-    return StartFailure(
-        f"vLLM refused its arguments: {found.group(1)}",
-        "fix that flag (`python -m vllm.entrypoints.openai.api_server --help` lists them)",
-    )
+    return StartFailure(f"vLLM refused its arguments: {found.group(1)}", _SEE_HELP)
 
 
 def _invalid_setting(text: str, launch: Launch) -> StartFailure | None:
@@ -164,11 +194,10 @@ def _invalid_setting(text: str, launch: Launch) -> StartFailure | None:
     if found is None:
         return None
     config, value_error, field, why = found.groups()
-    cause = value_error or f"{field}: {why}"
-    return StartFailure(
-        f"invalid {config} setting: {cause}".rstrip("."),
-        "fix that setting (its flag is the field name with dashes)",
-    )
+    if value_error:
+        return StartFailure(f"vLLM refused its {config}: {value_error}".rstrip("."), _SEE_HELP)
+    flag = "--" + field.replace("_", "-")
+    return StartFailure(f"{flag}: {why}".rstrip("."), f"give {flag} a valid value")
 
 
 _RULES: tuple[Callable[[str, Launch], StartFailure | None], ...] = (
@@ -176,6 +205,7 @@ _RULES: tuple[Callable[[str, Launch], StartFailure | None], ...] = (
     _model_not_here,
     _context_too_long,
     _cpu_kv_cache_too_big,
+    _cpu_memory_share,
     _gpu_memory,
     _no_memory_for_cache,
     _bad_flag,
