@@ -9,6 +9,8 @@ its whole process group on :meth:`stop`, so engine workers do not outlive the ru
 Starting takes from seconds (GPU) to minutes (a first start on a CPU): the ``envhub.inference``
 logger says so when it begins, every :data:`PROGRESS_EVERY` seconds after (with the server's
 latest log line) and when it is ready, so a log file or CI output is never silent meanwhile.
+A start that fails raises :class:`~envhub.errors.EngineStartError`: one line, the cause found in
+the log and what to do (:mod:`envhub.inference.vllm_failures`), and the log's path.
 """
 
 from __future__ import annotations
