@@ -50,6 +50,12 @@ def log_lines(text: str) -> list[str]:
     return [s for s in (_PREFIX.sub("", line).rstrip() for line in text.splitlines()) if s]
 
 
+def start_failed(log_tail: str) -> bool:
+    """Whether the end of a log says the engine failed to start (the API server says so before
+    it exits)."""
+    return "Engine core initialization failed" in log_tail
+
+
 def diagnose(log_text: str, launch: Launch) -> StartFailure:
     """The cause of a failed start found in ``log_text`` (the server's whole log), with a
     remedy; a generic one ("read the full log") when no known failure matches."""

@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from envhub.errors import EngineStartError, MissingDependencyError
-from envhub.inference.vllm_failures import Launch, diagnose
+from envhub.inference.vllm_failures import Launch, diagnose, start_failed
 from envhub.inference.vllm_idle import ENV as IDLE_ENV
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,8 @@ class VLLMServer:
                     time.monotonic() - started,
                     self.log_tail(1)[:160] or "(no log line yet)",
                 )
-            if self.process.poll() is not None:
+            if self.process.poll() is not None or self._log_says_start_failed():
+                self._end_failed_start()
                 raise self.start_failure()
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
@@ -208,6 +209,26 @@ class VLLMServer:
             "far it got; a first start on a CPU takes minutes, so allow more time there",
             str(self.log_path),
         )
+
+    def _log_says_start_failed(self) -> bool:
+        """vLLM's API server logs that its engine failed, and may take a minute more to exit
+        (a worker that ignores the first SIGTERM): no need to wait for it."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                return start_failed(f.read().decode(errors="replace"))
+        except OSError:
+            return False
+
+    def _end_failed_start(self) -> None:
+        """Stop the server, and whatever of its process group outlived it (the group's id is the
+        server's pid, given by ``start_new_session``; it cannot be reused while a member lives)."""
+        assert self.process is not None
+        self.stop(grace=5.0)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
     def start_failure(self) -> EngineStartError:
         """Why the server exited: the cause found in its log, and what to do, in one line."""

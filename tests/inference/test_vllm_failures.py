@@ -177,3 +177,54 @@ def test_a_server_that_exits_while_starting_raises_its_cause():
         "another port (--port)"
     )
     assert info.value.log_path == str(server.log_path)
+
+
+class HangingServer(VLLMServer):
+    """A child that starts a worker (a grandchild in its process group), logs the worker's
+    error and vLLM's wrapper, then hangs (``exits=False``) or exits 1 leaving the worker behind:
+    what vLLM does when a worker fails and then ignores SIGTERM."""
+
+    exits = False
+
+    def command(self) -> list[str]:
+        script = (
+            "import subprocess, sys, time\n"
+            "worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(3600)'])\n"
+            "print(worker.pid, flush=True)\n"
+            "print('(VllmWorker-0 pid=1) ERROR 11-27 23:42:58 [x.py:1] ValueError: Available "
+            "memory on node 0 (20.03/23.54 GiB) on kv cache allocation is less than requested "
+            "memory for kv (9.0 GiB).', flush=True)\n"
+            "print('RuntimeError: Engine core initialization failed. See root cause above.', "
+            "flush=True)\n"
+            f"sys.exit(1) if {self.exits} else time.sleep(3600)\n"
+        )
+        return [sys.executable, "-c", script]
+
+
+@pytest.mark.parametrize("exits", [False, True], ids=["server hangs", "server exits"])
+def test_a_failed_start_ends_the_server_and_its_workers(exits: bool):
+    server = type("Server", (HangingServer,), {"exits": exits})("m", port=free_port())
+    with pytest.raises(EngineStartError) as info:
+        server.start()
+    assert info.value.summary.startswith("the KV cache asked for (9.0 GiB) does not fit")
+    worker = int(server.log_path.read_text().splitlines()[0])
+    assert server.process is not None and server.process.poll() is not None
+    assert _ends(worker)
+
+
+def _ends(pid: int, seconds: float = 30.0) -> bool:
+    """Whether ``pid`` is gone (or a zombie: killed, not yet reaped) within ``seconds`` (a
+    SIGKILL is delivered asynchronously; the bound only catches a worker left running)."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
