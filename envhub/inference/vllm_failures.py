@@ -125,7 +125,8 @@ def _cpu_kv_cache_too_big(text: str, launch: Launch) -> StartFailure | None:
 
 def _cpu_memory_share(text: str, launch: Launch) -> StartFailure | None:
     """vLLM's CPU backend without VLLM_CPU_KVCACHE_SPACE reserves ``--gpu-memory-utilization``
-    (0.9 by default) of the machine's memory: on a machine with other work, more than is free."""
+    (0.92 by default in vLLM 0.32) of the memory: on a machine with other work, more than is
+    free."""
     found = re.search(
         r"Available memory on node \d+ \(([\d.]+)/[\d.]+ GiB\) on startup is less than desired "
         r"CPU memory utilization \(([\d.]+), ([\d.]+) GiB\)",
