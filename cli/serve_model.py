@@ -8,6 +8,9 @@ starts, and a failed start ending in one line, its cause and what to do.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import typer
@@ -58,16 +61,17 @@ def serve_model_command(
     from envhub.cli.console import console
 
     served = name or model
-    server = start_local_vllm(
-        model, served_model_name=served, port=port, host=host, max_model_len=max_model_len,
-        extra_args=list(ctx.args),
-    )  # fmt: skip
-    try:
-        for line in next_steps(server.base_url, served, server.host):
-            console.print(line, soft_wrap=True, highlight=False, markup=False)
-        wait_until_stopped(server)
-    finally:
-        server.stop()
+    with sigterm_as_ctrl_c():  # `kill PID` stops it as cleanly as Ctrl-C, even while it starts
+        server = start_local_vllm(
+            model, served_model_name=served, port=port, host=host, max_model_len=max_model_len,
+            extra_args=list(ctx.args),
+        )  # fmt: skip
+        try:
+            for line in next_steps(server.base_url, served, server.host):
+                console.print(line, soft_wrap=True, highlight=False, markup=False)
+            wait_until_stopped(server)
+        finally:
+            server.stop()
 
 
 def local_vllm(
@@ -111,6 +115,9 @@ def start_local_vllm(model: str, **settings) -> VLLMServer:
                 f"vLLM did not start; its full log: {e.log_path}", soft_wrap=True, highlight=False
             )
             raise EngineUnavailableError(e.summary) from None  # the path is on the line above
+        except BaseException:  # Ctrl-C while it starts: no engine process outlives the command
+            server.stop()
+            raise
     err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
     return server
 
@@ -140,28 +147,36 @@ def next_steps(base_url: str, served: str, host: str) -> list[str]:
     ]
 
 
-def wait_until_stopped(server: VLLMServer) -> None:
-    """Block until Ctrl-C or SIGTERM (then stop the server, whole, and return) or until the
-    server exits on its own (then raise with the cause found in its log)."""
-    import signal
-
-    from envhub.cli.console import err_console
-    from envhub.errors import EngineUnavailableError
+@contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Within the block, SIGTERM raises KeyboardInterrupt, as Ctrl-C does; the previous handler
+    is back after it."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def wait_until_stopped(server: VLLMServer) -> None:
+    """Block until Ctrl-C or SIGTERM (then stop the server, whole, and return) or until the
+    server exits on its own (then raise with the cause found in its log)."""
+    from envhub.cli.console import err_console
+    from envhub.errors import EngineUnavailableError
+
     assert server.process is not None
     try:
-        code = server.process.wait()
+        with sigterm_as_ctrl_c():
+            code = server.process.wait()
     except KeyboardInterrupt:
         err_console.print("stopping vLLM ...")
         server.stop()
         err_console.print("vLLM stopped")
         return
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     failure = server.start_failure()
     err_console.print(f"vLLM's full log: {failure.log_path}", soft_wrap=True, highlight=False)
     raise EngineUnavailableError(f"vLLM exited with code {code}: {failure.summary}")

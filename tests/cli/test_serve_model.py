@@ -13,7 +13,13 @@ import time
 
 import pytest
 
-from envhub.cli.serve_model import local_vllm, next_steps, serve_flags, wait_until_stopped
+from envhub.cli.serve_model import (
+    local_vllm,
+    next_steps,
+    serve_flags,
+    start_local_vllm,
+    wait_until_stopped,
+)
 from envhub.errors import EngineUnavailableError
 from envhub.inference.vllm_server import VLLMServer, free_port
 
@@ -80,6 +86,31 @@ def test_sigterm_stops_the_server_and_returns() -> None:
     finally:
         server.stop()
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_ctrl_c_while_it_starts_stops_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    import envhub.cli.serve_model as serve_model
+
+    class NeverReady(VLLMServer):
+        def command(self) -> list[str]:
+            return [sys.executable, "-c", "import time; time.sleep(3600)"]
+
+    started: list[VLLMServer] = []
+
+    def never_ready(model: str, **settings) -> VLLMServer:
+        started.append(NeverReady(model, port=free_port()))
+        return started[0]
+
+    def interrupt_once_started() -> None:
+        while not started or started[0].process is None:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(serve_model, "local_vllm", never_ready)
+    threading.Thread(target=interrupt_once_started, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        start_local_vllm("m")
+    assert started[0].process is not None and started[0].process.poll() is not None
 
 
 def test_a_server_that_dies_while_serving_says_why() -> None:
