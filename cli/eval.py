@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import typer
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from envhub.cli.serve_model import DEFAULT_MODEL
 
 
 def register(app: typer.Typer) -> None:
@@ -69,11 +69,13 @@ def eval_command(
         envhub eval arithmetic -u http://127.0.0.1:8000/v1 -n 50 -r 4
         envhub eval wordle -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
     """
+    from envhub.cli.serve_model import start_local_vllm
     from envhub.errors import ConfigError
 
     if not base_url and not serve:
         raise ConfigError(
-            "give --base-url URL of an OpenAI-compatible server, or --serve to start vLLM locally"
+            "give --base-url URL of an OpenAI-compatible server (`envhub serve-model` starts "
+            "one), or --serve to start vLLM for this run"
         )
     if base_url and serve:
         raise ConfigError("--base-url and --serve exclude each other")
@@ -82,7 +84,7 @@ def eval_command(
     kwargs = parse_env_args(env_args)
     plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
     model = model or (DEFAULT_MODEL if serve else None)
-    server = _start_server(model) if serve else None
+    server = start_local_vllm(model) if serve else None
     try:
         run_eval(
             env, kwargs, base_url=server.base_url if server else base_url, model=model,
@@ -110,30 +112,6 @@ def parse_env_args(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             kwargs[key.strip()] = value
     return kwargs
-
-
-def serve_flags() -> list[str]:
-    """``vllm serve`` flags for ``--serve``: eager on the CPU, where graph compilation costs more
-    than it saves in an eval (SmolLM2-135M on 2 cores starts in 44-47 s eager, 139-161 s
-    compiled, and generates 13% slower); GPUs keep compilation and CUDA graphs."""
-    import torch  # noqa: TID251 -- lazy: only --serve needs it, and vLLM imports torch anyway
-
-    return [] if torch.cuda.is_available() else ["--enforce-eager"]
-
-
-def _start_server(model: str):
-    from envhub.cli.console import err_console
-    from envhub.inference.vllm_server import VLLMServer
-    from envhub.trainer.models import resolve_model
-
-    path = resolve_model(model)
-    server = VLLMServer(path, served_model_name=model, extra_args=serve_flags())
-    with err_console.status(
-        f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"
-    ):
-        server.start()
-    err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
-    return server
 
 
 class TaskPlan(NamedTuple):

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from envhub.cli.app import app
-from envhub.cli.eval import choose_tasks, parse_env_args, serve_flags
+from envhub.cli.eval import choose_tasks, parse_env_args
 from envhub.envs.calculator import CalculatorEnv, reference_policy
 from envhub.errors import ConfigError, EnvNotFoundError
 from envhub.rollout.io import read_trajectories
@@ -112,7 +112,7 @@ def test_eval_serve_finds_a_misspelled_env_before_anything_else(tmp_path):
 def test_eval_serve_checks_the_model_before_starting_vllm(tmp_path):
     result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "none")])
     assert isinstance(result.exception, ConfigError)
-    assert str(result.exception).startswith(f"model '{tmp_path / 'none'}' does not exist.")
+    assert str(result.exception).startswith(f"model '{tmp_path / 'none'}' does not exist — give ")
     (tmp_path / "empty").mkdir()
     result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "empty")])
     assert str(result.exception).startswith(f"model folder {tmp_path / 'empty'} has no config.json")
@@ -164,15 +164,6 @@ def test_tool_validity_rows_agree_when_most_episodes_make_no_call(http_server, t
     assert rows["unknown_tool"] == "1"
     summary = json.loads((out / "summary.json").read_text())
     assert (summary["tool_validity"], summary["tool_calls_total"]) == (0.0, 1)
-
-
-def test_serve_runs_vllm_eager_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert serve_flags() == ["--enforce-eager"]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert serve_flags() == []
 
 
 def test_parse_env_args():
