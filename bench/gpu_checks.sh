@@ -33,14 +33,24 @@ stage() {  # stage NAME SECONDS COMMAND...: run it from /tmp (so the repo's envh
     echo "exit $? $(date +%T)"
     grep -v '^RESULT ' "$OUT/$name.log" | tail -n "${TAIL:-14}"
 }
-STAGES=${STAGES:-tests torch mg05 mg15 mg05r}
+STAGES=${STAGES:-tests tu05 mg05 mg15 tu15}
 for s in $STAGES; do
     case $s in
     tests) stage tests 120 python3 -m pytest -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m gpu \
-        "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/test_checkpoint.py" \
+        "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/backends" "$ROOT/tests/trainer/test_checkpoint.py" \
         "$ROOT/tests/trainer/algorithms" -q -p no:cacheprovider ;;
     torch) stage torch 180 python3 "$ROOT/bench/torch_gpu_step.py" --tokenizer "$ROOT/.gpu/smollm2" \
         --max-tokens 128 --json "$OUT/torch_gpu_step.json" ;;
+    # The torch backend's update alone, packed (varlen on the GPU) against padded, with the
+    # profile's device busy time: the numbers beside megatron_throughput's.
+    tu05) stage tu05 150 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-0.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --profile --json "$OUT/torch_update_05.json" ;;
+    tu15) stage tu15 200 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-1.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --json "$OUT/torch_update_15.json" ;;
+    # Memory that lets batches grow: 1.5B on 16k-token micro-batches with recomputation.
+    tu15big) stage tu15big 200 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-1.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --micro-batch-tokens 16384 --tokens 65536 --seq 8192 \
+        --recompute --steps 2 --json "$OUT/torch_update_15big.json" ;;
     # 4096-token micro-batches, the size the first H100 numbers (2026-11-27) were taken at.
     mg05) stage mg05 90 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 ;;

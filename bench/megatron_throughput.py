@@ -200,11 +200,13 @@ SYNC_OPS = ("aten::_local_scalar_dense", "cudaStreamSynchronize", "cudaDeviceSyn
 def profile_update(update: Callable[[], None], gpu: bool, rows: int = 25) -> str:
     """One ``update()`` under ``torch.profiler``: the device's busy time against the wall time,
     the host-device syncs, and the top ``rows`` ops by host time (and by device time on a
-    GPU), as text. Every rank runs it (the update's collectives need them all)."""
+    GPU), as text. Under torch.distributed every rank runs it (the update's collectives need
+    them all)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
-    torch.distributed.barrier()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         update()

@@ -20,6 +20,7 @@ from envhub.cli import (
     rescore,
     search,
     serve,
+    serve_model,
     show,
     train,
 )
@@ -47,6 +48,7 @@ for module in (
     install,
     search,
     serve,
+    serve_model,
 ):
     module.register(app)
 

@@ -33,7 +33,7 @@ def check_command(
         "--model",
         "-m",
         help="Also pre-flight this model's chat template on each env's real episodes "
-        "(a folder or a cached Hub id; offline).",
+        "(a folder, a cached Hub id or smollm2-135m; offline).",
     ),
 ) -> None:
     """Check that envs honour the env contract.
@@ -70,7 +70,7 @@ def check_command(
         envhub check ./my-env --publish
         envhub check lookup_sum.py:LookupSum
         envhub check calculator
-        envhub check ./my-env --model Qwen/Qwen3-0.6B
+        envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
     """
     from envhub.loader import is_task_path

@@ -12,7 +12,10 @@ def register(app: typer.Typer) -> None:
 
 def doctor_command(
     base_url: str = typer.Option(
-        ..., "--base-url", "-u", help="A vLLM server (its /tokenize renders the template)."
+        ...,
+        "--base-url",
+        "-u",
+        help="A vLLM server (its /tokenize renders the template); `envhub serve-model` starts one.",
     ),
     model: str = typer.Option(
         None, "--model", "-m", help="Model name on the server (default: its first)."
@@ -23,13 +26,15 @@ def doctor_command(
     Renders synthetic plain, tool-calling and reasoning conversations with the
     server's chat template. Exits 1 if the template rewrites history.
 
+    No server yet? `envhub serve-model` starts one and prints this line.
+
     Examples:
         envhub doctor -u http://127.0.0.1:8000
     """
     import asyncio
 
     from envhub.doctor import CONVERSATIONS, check_prefix_property
-    from envhub.errors import EngineError
+    from envhub.errors import EngineError, EngineUnavailableError
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.rollout.tool_prompt import template_renders_tools
 
@@ -44,6 +49,12 @@ def doctor_command(
 
     try:
         served, renders_tools, (checked, findings) = asyncio.run(run())
+    except EngineUnavailableError:
+        raise EngineUnavailableError(
+            f"no server answers at {base_url} — start one with `envhub serve-model [MODEL]` "
+            "(SmolLM2-135M-Instruct by default, installed by the set-up): it prints the "
+            "`envhub doctor -u` line to run"
+        ) from None
     except EngineError as e:
         raise EngineError(f"{e} (doctor needs a server with /tokenize, such as vLLM)") from None
     subject = f"chat template of {served} on {len(CONVERSATIONS)} conversations"

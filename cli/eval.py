@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import typer
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+from envhub.cli.serve_model import DEFAULT_MODEL
 
 
 def register(app: typer.Typer) -> None:
@@ -73,11 +73,13 @@ def eval_command(
         envhub eval arithmetic -u http://127.0.0.1:8000/v1 -n 50 -r 4
         envhub eval wordle -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
     """
+    from envhub.cli.serve_model import start_local_vllm
     from envhub.errors import ConfigError
 
     if not base_url and not serve:
         raise ConfigError(
-            "give --base-url URL of an OpenAI-compatible server, or --serve to start vLLM locally"
+            "give --base-url URL of an OpenAI-compatible server (`envhub serve-model` starts "
+            "one), or --serve to start vLLM for this run"
         )
     if base_url and serve:
         raise ConfigError("--base-url and --serve exclude each other")
@@ -86,7 +88,7 @@ def eval_command(
     kwargs = parse_env_args(env_args)
     plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
     model = model or (DEFAULT_MODEL if serve else None)
-    server = _start_server(model) if serve else None
+    server = start_local_vllm(model) if serve else None
     try:
         run_eval(
             env, kwargs, base_url=server.base_url if server else base_url, model=model,
@@ -114,30 +116,6 @@ def parse_env_args(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             kwargs[key.strip()] = value
     return kwargs
-
-
-def serve_flags() -> list[str]:
-    """``vllm serve`` flags for ``--serve``: eager on the CPU, where graph compilation costs more
-    than it saves in an eval (SmolLM2-135M on 2 cores starts in 44-47 s eager, 139-161 s
-    compiled, and generates 13% slower); GPUs keep compilation and CUDA graphs."""
-    import torch  # noqa: TID251 -- lazy: only --serve needs it, and vLLM imports torch anyway
-
-    return [] if torch.cuda.is_available() else ["--enforce-eager"]
-
-
-def _start_server(model: str):
-    from envhub.cli.console import err_console
-    from envhub.inference.vllm_server import VLLMServer
-    from envhub.trainer.models import resolve_model
-
-    path = resolve_model(model)
-    server = VLLMServer(path, served_model_name=model, extra_args=serve_flags())
-    with err_console.status(
-        f"starting vLLM for {model} (first start takes a minute or two; log: {server.log_path})"
-    ):
-        server.start()
-    err_console.print(f"vLLM ready at {server.base_url}", soft_wrap=True)
-    return server
 
 
 class TaskPlan(NamedTuple):
@@ -282,6 +260,56 @@ def outcomes_line(outcomes: dict[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in outcomes.items() if n) or "-"
 
 
+TOKEN_DRIFT_HINT = (
+    "the chat template re-rendered an earlier turn unlike the tokens sampled (kept as sampled, "
+    "never re-tokenised). Test the template: `envhub check ENV --model MODEL`; docs: Concepts > "
+    "Token-exact multi-turn"
+)
+"""What token drift is and what to do, after its count in the eval and training summaries."""
+
+
+def drift_line(episodes: int) -> str:
+    """``"0 episodes"``, or the count with what it means (:data:`TOKEN_DRIFT_HINT`)."""
+    count = f"{episodes} episode{'' if episodes == 1 else 's'}"
+    return f"{count}: {TOKEN_DRIFT_HINT}" if episodes else count
+
+
+COMPONENT_NOTES = {"tool_validity": "mean per episode; an episode without calls scores 1"}
+"""What a built-in reward component's mean is, where another row could seem to contradict it
+(:func:`envhub.rewards.format.tool_call_validity` beside "valid tool calls")."""
+
+
+def component_rows(components: dict[str, float]) -> list[tuple[str, str]]:
+    """One indented row per reward component's mean, with its note if it has one."""
+    return [
+        (
+            f"  {name}",
+            f"{value:.3f}" + (f" ({COMPONENT_NOTES[name]})" if name in COMPONENT_NOTES else ""),
+        )
+        for name, value in components.items()
+    ]
+
+
+def tool_rows(summary: Any) -> list[tuple[str, str]]:
+    """Calls per episode (how many, in how many episodes), then how many of all the calls were
+    valid, then the invalid ones by kind. The count is pooled over calls: a per-episode
+    ``tool_validity`` reward component, which scores an episode without calls 1.0, is another
+    number."""
+    total = summary.tool_calls_total or round(summary.tool_calls * summary.episodes)
+    calls = f"{summary.tool_calls:.2f}"
+    if summary.episodes_with_tool_calls:  # unknown (0) in a summary saved before it was counted
+        calls += f" ({total} in {summary.episodes_with_tool_calls} of {summary.episodes} episodes)"
+    valid = "-"
+    if summary.tool_validity is not None:
+        ok = round(summary.tool_validity * total)
+        valid = f"{ok} of {total} ({summary.tool_validity:.1%})"
+    return [
+        ("tool calls / episode", calls),
+        ("valid tool calls", valid),
+        *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
+    ]
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -292,14 +320,9 @@ def summary_table(summary: Any, title: str):
     rows = [
         ("episodes", f"{summary.episodes} ({summary.tasks} tasks x {summary.samples_per_task})"),
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
-        *((f"  {name}", f"{value:.3f}") for name, value in summary.components.items()),
+        *component_rows(summary.components),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
-        ("tool calls / episode", f"{summary.tool_calls:.2f}"),
-        (
-            "tool-call validity",
-            "-" if summary.tool_validity is None else f"{summary.tool_validity:.1%}",
-        ),
-        *((f"  {kind}", str(n)) for kind, n in summary.tool_errors.items()),
+        *tool_rows(summary),
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),
         ("stop reasons", ", ".join(f"{k} {v}" for k, v in sorted(summary.stop_reasons.items()))),
@@ -313,7 +336,7 @@ def summary_table(summary: Any, title: str):
                 else ""
             ),
         ),
-        ("token drift", f"{summary.token_drift_episodes} episodes"),
+        ("token drift", drift_line(summary.token_drift_episodes)),
     ]
     if (
         summary.seconds > 0

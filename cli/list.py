@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import typer
 
 HEADERS = ("name", "kind", "tools", "version", "from", "description")
@@ -111,7 +113,7 @@ def adapted_rows(framework: str) -> list[list]:
     if framework not in ADAPTERS:
         raise ConfigError(f"no adapter for {framework!r}; available: {', '.join(ADAPTERS)}")
     return [
-        [name, framework, "", "", framework, description]
+        [name, framework, "", "", framework, plain_rest(description)]
         for name, description in sorted(list_adapted(framework).items())
     ]
 
@@ -142,4 +144,24 @@ def describe(spec) -> tuple[str, str, str, str, str]:
     tools = ", ".join(getattr(t, "name", str(t)) for t in getattr(target, "tools", ()))
     version = getattr(target, "version", None) or spec.version or ""
     doc = (inspect.getdoc(target) or "").split("\n")[0]
-    return kind, tools, version, origin, doc
+    return kind, tools, version, origin, plain_rest(doc)
+
+
+_ROLE = re.compile(r":[\w:.-]+:`([^`]+)`")
+_LITERAL = re.compile(r"``(.+?)``")
+_INTERPRETED = re.compile(r"(?<![\w`])`([^`]+)`(?![\w`])")
+
+
+def plain_rest(text: str) -> str:
+    """A docstring line's reST inline markup as plain text: ````code```` and ```text```
+    lose their backquotes, a role (``:func:`target```) becomes its target (see :func:`_role`)."""
+    text = _ROLE.sub(_role, text)
+    return _INTERPRETED.sub(r"\1", _LITERAL.sub(r"\1", text))
+
+
+def _role(match: re.Match[str]) -> str:
+    """``title <target>``: the title; ``~a.b.C``: ``C``; else the target."""
+    content = match.group(1)
+    if content.endswith(">") and "<" in content:
+        return content[: content.index("<")].strip()
+    return content[1:].rsplit(".", 1)[-1] if content.startswith("~") else content

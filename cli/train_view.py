@@ -8,6 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from envhub.cli.console import console
+from envhub.cli.heartbeat import Heartbeat
 
 # (metric, column title, format, width, priority) of the per-step row. On a narrow terminal the
 # lowest priorities go first; output that is not a terminal (a log file) keeps every column.
@@ -86,12 +87,16 @@ class RichReporter:
         self.steps = 0
         self.evaluates = False
         self.critic = False
+        self.heartbeat: Heartbeat | None = None
+        """Off a terminal, a line every ``logging.heartbeat_seconds`` (the bar shows nothing)."""
 
     def __enter__(self) -> RichReporter:
         self.progress.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         self.progress.stop()
 
     def start(self, config: Any, info: dict[str, Any]) -> None:
@@ -99,6 +104,11 @@ class RichReporter:
         self.steps = config.steps
         self.evaluates = getattr(config, "eval", None) is not None
         self.critic = config.algorithm.needs_critic
+        every = config.logging.heartbeat_seconds
+        if every is not None and not console.is_terminal:
+            self.heartbeat = Heartbeat(every, config.steps, _print_line)
+            self.heartbeat.finish_step(info.get("resumed_from") or 0)
+            self.heartbeat.start()
         envs = ", ".join(e.name for e in config.envs)
         resumed = f", resumed at step {info['resumed_from']}" if info.get("resumed_from") else ""
         console.print(
@@ -135,12 +145,21 @@ class RichReporter:
 
     def rollout_progress(self, done: int, total: int) -> None:
         """Advance the step's rollout progress bar, adding it on the first call of a step."""
+        if self.heartbeat is not None:
+            self.heartbeat.progress(done, total)
         if self._task is None:
             self._task = self.progress.add_task("rollout", total=total)
         self.progress.update(self._task, completed=done, total=total)
 
+    def phase(self, name: str) -> None:
+        """Tell the heartbeat, if any, the phase the run entered."""
+        if self.heartbeat is not None:
+            self.heartbeat.enter(name)
+
     def step(self, step: int, metrics: dict[str, float]) -> None:
         """Drop the rollout bar and print the step's table row, with the header every 20 rows."""
+        if self.heartbeat is not None:
+            self.heartbeat.finish_step(step)
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
@@ -153,6 +172,8 @@ class RichReporter:
     def finish(self, result: Any) -> None:
         """Print the reward at the first and last step and the best, the held-out reward before
         and after, then where the outputs are."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         history = [r for r in result.history if "reward/mean" in r]  # not the baseline's row
         evals = [r for r in result.history if "eval/reward" in r]
         if history:
@@ -163,6 +184,9 @@ class RichReporter:
                 f"(step {last['step']}); best {max(r.get('reward/mean', 0) for r in history):.3f}",
                 soft_wrap=True,
             )
+        drift = drift_summary(history)
+        if drift:
+            console.print(drift, soft_wrap=True)
         if len(evals) > 1:
             console.print(
                 f"held-out: reward {evals[0]['eval/reward']:.3f} (step {evals[0]['step']}) -> "
@@ -176,6 +200,24 @@ class RichReporter:
         ):
             if path is not None:
                 console.print(f"{label}: {path}", soft_wrap=True)
+
+
+def drift_summary(history: list[dict[str, Any]]) -> str | None:
+    """``token drift: 3 episodes (steps 2, 5): <what it is and what to do>`` over the run's
+    steps, or ``None`` when no episode drifted."""
+    from envhub.cli.eval import drift_line
+
+    steps = [r["step"] for r in history if r.get("rollout/token_drift")]
+    if not steps:
+        return None
+    total = int(sum(r.get("rollout/token_drift", 0) for r in history))
+    shown = ", ".join(map(str, steps[:5])) + (", ..." if len(steps) > 5 else "")
+    count, _, hint = drift_line(total).partition(": ")
+    return f"token drift: {count} (step{'s' if len(steps) > 1 else ''} {shown}): {hint}"
+
+
+def _print_line(text: str) -> None:
+    console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def step_row(

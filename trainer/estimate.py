@@ -4,12 +4,12 @@ Rough by design: it tells a 135M CPU run from a 7B run that will not fit, before
 starts. Training memory = parameters (fp32 master copy) + gradients + AdamW's two moments for
 trainable parameters, + a reference model when the KL penalty is on, + a critic (another copy
 of the weights, its gradients and AdamW moments, no vocabulary logits) with ``advantage: gae``,
-+ activations of one micro-batch (the logits over the vocabulary dominate for small models),
-+ the generation KV cache.
++ activations of one micro-batch (:class:`Activations`), + the generation KV cache.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -43,17 +43,15 @@ def estimate(config: TrainConfig) -> dict[str, str]:
     rc = config.rollout
     episodes = rc.tasks_per_step * rc.samples_per_task
     hidden, layers, vocab = hf.hidden_size, hf.num_hidden_layers, hf.vocab_size
-    tokens = config.backend.micro_batch_tokens
     weights = params * 4 * (2 if config.algorithm.needs_reference else 1)
     optimizer = trainable * (4 + 8)
-    logits = tokens * vocab * 4 * 3
-    activations = tokens * hidden * layers * 34 * (1 if config.model.gradient_checkpointing else 4)
+    act = Activations.of(config, hf)
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hidden // hf.num_attention_heads
     context = 1024 + rc.max_tokens
     kv_cache = min(rc.max_concurrency, episodes) * context * 2 * layers * kv_heads * head_dim * 4
     critic = params * (4 + 4 + 8) if config.algorithm.needs_critic else 0
-    total = weights + optimizer + critic + logits + activations + kv_cache
+    total = weights + optimizer + critic + act.total + kv_cache
     figures = {
         "model": (
             f"{config.model.name} ({hf.model_type}, {layers} layers, "
@@ -67,15 +65,121 @@ def estimate(config: TrainConfig) -> dict[str, str]:
         "weights (fp32)": _gib(weights),
         "gradients + AdamW": _gib(optimizer),
         **({"critic (weights, gradients, AdamW)": _gib(critic)} if critic else {}),
-        "activations per micro-batch": (
-            f"{_gib(logits + activations)} ({tokens} tokens; logits {_gib(logits)})"
-        ),
+        "activations per micro-batch": act.describe(),
+        "  assumes": act.assumptions(),
+        "  to lower it": act.knobs(),
         "generation KV cache": _gib(kv_cache),
         "total (rough)": _gib(total),
     }
     if config.backend.kind == "megatron":
-        figures["per Megatron rank"] = _per_rank(config, weights + optimizer, logits + activations)
+        figures["per Megatron rank"] = _per_rank(config, weights + optimizer, act.total)
     return figures
+
+
+LOGIT_COPIES = 3
+"""Vocabulary-sized float32 tensors per token alive at the loss's peak: the logits, the
+log-softmax's (or entropy's) intermediate, and their gradient."""
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What one micro-batch's forward keeps for the backward, in bytes, and what that assumes.
+
+    Per token and layer a Llama-style block keeps about ``8 x hidden`` values (the norms' inputs
+    and outputs, q/k/v, rotary q/k, the attention output; SDPA or flash attention keeps no
+    score matrix) and ``4 x intermediate`` for its gated MLP (gate, up, their activation and
+    product). With recomputation (``model.gradient_checkpointing``) only each layer's input
+    stays, and one layer's full set is rebuilt at a time. The logits are float32 at every token
+    (:data:`LOGIT_COPIES` copies); the torch backend computes them only at the policy's tokens
+    for a plain LM head, so that part is an upper bound.
+    """
+
+    tokens: int
+    layers: int
+    hidden: int
+    intermediate: int
+    vocab: int
+    dtype: str
+    recompute: bool
+
+    @classmethod
+    def of(cls, config: TrainConfig, hf: Any) -> Activations:
+        """The micro-batch of ``config`` on the model that ``hf`` (its HF config) describes."""
+        hidden = hf.hidden_size
+        return cls(
+            tokens=config.backend.micro_batch_tokens, layers=hf.num_hidden_layers, hidden=hidden,
+            intermediate=getattr(hf, "intermediate_size", None) or 4 * hidden,
+            vocab=hf.vocab_size, dtype=activation_dtype(config),
+            recompute=config.model.gradient_checkpointing,
+        )  # fmt: skip
+
+    @property
+    def values_per_token_layer(self) -> int:
+        """Values one token keeps in one layer without recomputation."""
+        return 8 * self.hidden + 4 * self.intermediate
+
+    @property
+    def layer_bytes(self) -> int:
+        """The layers' share: every layer's values, or with recomputation the layers' inputs
+        and one layer's values."""
+        size = DTYPE_BYTES[self.dtype] * self.tokens
+        if self.recompute:
+            return size * (self.layers * self.hidden + self.values_per_token_layer)
+        return size * self.layers * self.values_per_token_layer
+
+    @property
+    def logit_bytes(self) -> int:
+        """The logits' share: :data:`LOGIT_COPIES` float32 vocabulary rows per token."""
+        return self.tokens * self.vocab * 4 * LOGIT_COPIES
+
+    @property
+    def total(self) -> int:
+        """Layers and logits."""
+        return self.layer_bytes + self.logit_bytes
+
+    def describe(self) -> str:
+        """``"7.17 GiB (layers 4.92 GiB, logits 2.25 GiB)"``."""
+        return (
+            f"{_gib(self.total)} (layers {_gib(self.layer_bytes)}, logits {_gib(self.logit_bytes)})"
+        )
+
+    def assumptions(self) -> str:
+        """What the figure assumes, each with the config key that sets it."""
+        recompute = "on" if self.recompute else "off"
+        return (
+            f"{self.tokens} tokens per micro-batch (backend.micro_batch_tokens), {self.dtype} "
+            f"activations (model.dtype), recomputation {recompute} "
+            f"(model.gradient_checkpointing), {8 + 4 * self.intermediate / self.hidden:.1f} "
+            f"x hidden values per token and layer, float32 logits at every token "
+            f"({LOGIT_COPIES} copies)"
+        )
+
+    def knobs(self) -> str:
+        """The settings that lower the figure, with what it becomes."""
+        quarter = replace(self, tokens=max(self.tokens // 4, 16))
+        knobs = [f"backend.micro_batch_tokens={quarter.tokens}: {_gib(quarter.total)}"]
+        if not self.recompute:
+            knobs.append(
+                f"model.gradient_checkpointing=true: {_gib(replace(self, recompute=True).total)}"
+            )
+        return "; ".join(knobs)
+
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def activation_dtype(config: TrainConfig) -> str:
+    """The dtype activations are held in: ``model.dtype``, whose ``auto`` is bfloat16 on a GPU
+    (Megatron always runs on GPUs) and float32 on the CPU, as the backends resolve it."""
+    if config.model.dtype != "auto":
+        return config.model.dtype
+    device = config.backend.device
+    on_gpu = (
+        config.backend.kind == "megatron"
+        or device.startswith("cuda")
+        or (device == "auto" and torch.cuda.is_available())
+    )
+    return "bfloat16" if on_gpu else "float32"
 
 
 def _per_rank(config: TrainConfig, state: float, activations: float) -> str:

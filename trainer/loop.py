@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -64,6 +65,12 @@ class Reporter(Protocol):
         """``done`` of this step's ``total`` episodes have finished."""
         ...
 
+    def phase(self, name: str) -> None:
+        """The run entered phase ``name``: a step's (``rollout``, ``prepare``, ``update``, ...:
+        its ``time/<phase>`` metrics), ``eval``, ``checkpoint`` or ``export`` (the final
+        model). Optional: the loop skips a reporter without it."""
+        ...
+
     def step(self, step: int, metrics: dict[str, float]) -> None:
         """Step ``step`` (counted from 1) finished with these metrics; step 0 is the held-out
         evaluation before the first step (``eval/*`` metrics only)."""
@@ -82,6 +89,9 @@ class SilentReporter:
 
     def rollout_progress(self, done: int, total: int) -> None:
         """Ignore rollout progress."""
+
+    def phase(self, name: str) -> None:
+        """Ignore the phase."""
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         """Ignore the step's metrics."""
@@ -132,6 +142,8 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
         backend = make_backend(config)
         try:
             start = await _run_steps(config, schedule, backend, reporter, held_out)
+            if config.checkpoint.export_hf:
+                _enter(getattr(reporter, "phase", None), "export")
             result = _finish(config, backend, start)
         finally:
             backend.close()
@@ -151,9 +163,11 @@ async def _run_steps(
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
     engine = make_engine(config, backend)
     producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
+    on_phase = getattr(reporter, "phase", None)  # optional: reporters written before it
     run = Run(
-        config, backend, engine, producer, kl_controller(config), make_critic(config, backend)
-    )
+        config, backend, engine, producer, kl_controller(config), make_critic(config, backend),
+        on_phase=on_phase,
+    )  # fmt: skip
     checkpoints = RunCheckpoints(
         CheckpointManager(config.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last),
         run,
@@ -165,6 +179,7 @@ async def _run_steps(
     try:
         await _start_rollouts(run, reporter, start, held_out)
         if held_out is not None and start == 0 and held_out.due(0):
+            _enter(run.on_phase, "eval")
             baseline = await held_out.run(0, engine, isolated=True)  # nothing rolls out yet
             tracker.log(0, baseline)
             reporter.step(0, baseline)
@@ -174,6 +189,7 @@ async def _run_steps(
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
             if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
+                _enter(run.on_phase, "checkpoint")
                 checkpoints.save(step + 1)
             empty_steps.observe(step + 1, empty)  # may stop the run, after the checkpoint
     finally:
@@ -194,6 +210,7 @@ async def _step(
     try:
         metrics, empty = await train_step(step, run)
         if held_out is not None and held_out.due(step + 1):
+            _enter(run.on_phase, "eval")
             metrics |= await held_out.run(step + 1, run.engine, isolated=not run.producer.busy)
     except STEP_LOST as e:
         raise _stopped(e, step, checkpoints.latest()) from e
@@ -202,6 +219,12 @@ async def _step(
             checkpoints.save(step)
         raise
     return metrics, empty
+
+
+def _enter(on_phase: Callable[[str], None] | None, phase: str) -> None:
+    """Tell the reporter the run entered ``phase`` (outside a step's own phases)."""
+    if on_phase is not None:
+        on_phase(phase)
 
 
 async def _start_rollouts(

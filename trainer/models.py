@@ -35,7 +35,7 @@ def resolve_model(name_or_path: str) -> str:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model folder {path} has no config.json. {_MODEL_HINT}")
+            raise ConfigError(f"model folder {path} has no config.json — {_MODEL_HINT}")
         return str(path.resolve())
     canonical = _ALIASES.get(name_or_path.lower())
     if canonical == SMOLLM2_ID and os.environ.get("ENVHUB_MODEL_SOURCE") != "hub":
@@ -44,13 +44,13 @@ def resolve_model(name_or_path: str) -> str:
             return str(prepare_from_gguf(gguf, cache_dir() / "models" / "SmolLM2-135M-Instruct"))
     if canonical is None and _is_a_path(name_or_path):
         what = "is a file, not a model folder" if path.exists() else "does not exist"
-        raise ConfigError(f"model {name_or_path!r} {what}. {_MODEL_HINT}")
+        raise ConfigError(f"model {name_or_path!r} {what} — {_MODEL_HINT}")
     return canonical or name_or_path
 
 
 _MODEL_HINT = (
-    "Give a Hugging Face model folder (config.json, weights, tokenizer), "
-    f"a Hub id such as {SMOLLM2_ID}, or the alias smollm2-135m."
+    "give a Hugging Face model folder (config.json, weights, tokenizer), "
+    f"a Hub id such as {SMOLLM2_ID}, or the alias smollm2-135m (installed by the set-up)"
 )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +54,8 @@ class Run:
     """The KL-in-reward coefficient's controller (``algorithm.kl_in_reward``)."""
     critic: Critic | None = None
     """The value model of a critic estimator (``algorithm.advantage: gae``)."""
+    on_phase: Callable[[str], None] | None = None
+    """Told the name of each phase a step enters (``Reporter.phase``: the CLI's heartbeat)."""
 
     @property
     def schedule(self) -> TaskSchedule:
@@ -66,11 +68,15 @@ class PhaseTimer:
     """Wall time per phase of a step (``time/<phase>`` metrics)."""
 
     seconds: dict[str, float] = field(default_factory=dict)
+    on_enter: Callable[[str], None] | None = None
+    """Told each phase's name as it is entered."""
 
     @contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
         """Time the ``with`` block and add its wall time to ``phase`` (a phase may be entered
         several times in a step)."""
+        if self.on_enter is not None:
+            self.on_enter(phase)
         start = time.perf_counter()
         try:
             yield
@@ -93,7 +99,7 @@ async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | 
     ``kl_reward``). With a critic, it values the sequences before the advantages and learns
     GAE's returns after the policy's update; during ``critic.warmup_steps`` only it learns.
     """
-    timer = PhaseTimer()
+    timer = PhaseTimer(on_enter=run.on_phase)
     with timer("rollout"):  # at max_staleness >= 1: the wait for groups that are not ready
         taken = await run.producer.take(step)
     engine_metrics = {f"engine/{k}": v for k, v in run.producer.engine_stats().items()}

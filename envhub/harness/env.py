@@ -49,6 +49,7 @@ from envhub.rows import RequiredField
 from envhub.sandbox.base import Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
+from envhub.tools.executor import count_calls_run_elsewhere
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.types import AssistantTurn, ErrorRecord, Message
 
@@ -367,14 +368,8 @@ class HarnessEnv(TaskEnv):
         if parsed.calls and not message.tool_calls:  # recorded as a native tool env does
             state.messages[-1] = message.model_copy(update={"tool_calls": tuple(parsed.calls)})
         offered = {t["function"]["name"] for t in self._tools or ()}
-        unknown = sum(call.function.name not in offered for call in parsed.calls)
-        state.metrics["tool_calls"] += parsed.attempted
-        state.metrics["tool_errors"] += len(parsed.errors) + unknown
-        for error in parsed.errors:
-            state.metrics[f"tool_error/{error.kind}"] += 1
-        if unknown:
-            state.metrics["tool_error/unknown_tool"] += unknown
-        well_formed = parsed.calls and not parsed.errors and not unknown
+        invalid = count_calls_run_elsewhere(state.metrics, parsed, offered)
+        well_formed = parsed.calls and not invalid
         if self.call_reward and well_formed:
             state.pay_once(self.call_reward, "tool_use")
         # A malformed call stays in the text, so that the program shows the policy its mistake.

@@ -18,7 +18,7 @@ from typing import Any
 from envhub.errors import ConfigError, HubAuthError, HubError, HubNotFoundError
 
 REPO_TYPE = "model"
-"""Env packages live in model repos; README.md ("Share an env on the Hub") says why."""
+"""Env packages live in model repos; docs/guides/hub.md ("Why model repos") says why."""
 TAG = "envhub"
 """The tag every env package's card carries; ``envhub search`` filters on it."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")

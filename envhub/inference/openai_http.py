@@ -250,9 +250,8 @@ class OpenAIEngine(InferenceEngine):
                 return _json_body(response, method, path)
         raise EngineUnavailableError(
             f"{self.root}{path} failed after {self.max_retries + 1} attempts ({last}). "
-            "Is the server running and reachable? Start one with "
-            "`python -m vllm.entrypoints.openai.api_server --model MODEL` "
-            "or pass --serve to `envhub eval`."
+            "Is the server running and reachable? Start one with `envhub serve-model MODEL` "
+            "(it prints the URL to use), or pass --serve to `envhub eval`."
         )
 
 

@@ -9,6 +9,8 @@ its whole process group on :meth:`stop`, so engine workers do not outlive the ru
 Starting takes from seconds (GPU) to minutes (a first start on a CPU): the ``envhub.inference``
 logger says so when it begins, every :data:`PROGRESS_EVERY` seconds after (with the server's
 latest log line) and when it is ready, so a log file or CI output is never silent meanwhile.
+A start that fails raises :class:`~envhub.errors.EngineStartError`: one line, the cause found in
+the log and what to do (:mod:`envhub.inference.vllm_failures`), and the log's path.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from envhub.errors import EngineUnavailableError, MissingDependencyError
+from envhub.errors import EngineStartError, MissingDependencyError
+from envhub.inference.vllm_failures import Launch, diagnose, start_failed
 from envhub.inference.vllm_idle import ENV as IDLE_ENV
 
 log = logging.getLogger(__name__)
@@ -190,11 +193,9 @@ class VLLMServer:
                     time.monotonic() - started,
                     self.log_tail(1)[:160] or "(no log line yet)",
                 )
-            if self.process.poll() is not None:
-                raise EngineUnavailableError(
-                    f"vLLM exited with code {self.process.returncode} while starting. "
-                    f"Last log lines ({self.log_path}):\n{self.log_tail()}"
-                )
+            if self.process.poll() is not None or self._log_says_start_failed():
+                self._end_failed_start()
+                raise self.start_failure()
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
                     log.info("vLLM ready after %.0f s", time.monotonic() - started)
@@ -203,9 +204,40 @@ class VLLMServer:
                 pass
             time.sleep(1.0)
         self.stop()
-        raise EngineUnavailableError(
-            f"vLLM did not become ready within {self.startup_timeout:g} s; log: {self.log_path}"
+        raise EngineStartError(
+            f"vLLM did not answer /health within {self.startup_timeout:g} s — its log says how "
+            "far it got; a first start on a CPU takes minutes, so allow more time there",
+            str(self.log_path),
         )
+
+    def _log_says_start_failed(self) -> bool:
+        """vLLM's API server logs that its engine failed, and may take a minute more to exit
+        (a worker that ignores the first SIGTERM): no need to wait for it."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+                return start_failed(f.read().decode(errors="replace"))
+        except OSError:
+            return False
+
+    def _end_failed_start(self) -> None:
+        """Stop the server, and whatever of its process group outlived it (the group's id is the
+        server's pid, given by ``start_new_session``; it cannot be reused while a member lives)."""
+        assert self.process is not None
+        self.stop(grace=5.0)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def start_failure(self) -> EngineStartError:
+        """Why the server exited: the cause found in its log, and what to do, in one line."""
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            text = ""
+        failure = diagnose(text, Launch(self.model, self.host, self.port))
+        return EngineStartError(failure.line(), str(self.log_path))
 
     def log_tail(self, lines: int = 25) -> str:
         """The last ``lines`` lines of the server's log, or ``"(no log)"`` if it cannot be read."""

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import ConfigError
+from envhub.report.series import shape_chart
 from envhub.rollout.io import iter_trajectories
 from envhub.types import Trajectory
 
@@ -84,13 +85,15 @@ def chart_specs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One spec per chart group that has data: ``{title, yaxis, series: [{name, x, y}]}``.
 
     A series keeps only the steps that logged its key (eval rows, the step-0 eval, skip others).
+    Series with the same points are drawn once, and an all-zero chart gets a range of its own
+    (:func:`envhub.report.series.shape_chart`).
     """
     keys = list(dict.fromkeys(k for row in rows for k in row if k != "step"))
     charts = []
     for title, yaxis, wanted in CHART_GROUPS:
         series = [_series(rows, key) for key in keys if wanted(key)]
         if series:
-            charts.append({"title": title, "yaxis": yaxis, "series": series})
+            charts.append(shape_chart({"title": title, "yaxis": yaxis, "series": series}))
     return charts
 
 
@@ -104,15 +107,25 @@ def _finite(value: Any) -> bool:
 
 
 def episode_view(
-    trajectory: Trajectory, index: int, trainer_logprobs: list[float | None] | None = None
+    trajectory: Trajectory,
+    index: int,
+    trainer_logprobs: list[float | None] | None = None,
+    trained_known: bool = False,
 ) -> dict[str, Any]:
     """What the browser shows of one episode: conversation, scores, tokens (with the sampler's
-    logprobs, and the trainer's where the run recorded them), drift and errors."""
+    logprobs, and the trainer's where the run recorded them), drift and errors.
+
+    ``trained`` says whether the step's update used the episode (it has the trainer's
+    logprobs); ``None`` unless ``trained_known`` (the step saved the trainer's logprobs of
+    some episode: a step that trained on nothing, or a backend that saves none, leaves it
+    unknown)."""
     logprobs = trajectory.sampler_logprobs or []
     return {
         "index": index,
         "task": trajectory.task_index,
+        "group": trajectory.group_id,
         "sample": trajectory.sample_index,
+        "trained": trainer_logprobs is not None if trained_known else None,
         "reward": trajectory.reward,
         "components": trajectory.reward_components,
         "outcome": trajectory.outcome,
@@ -140,7 +153,7 @@ def step_block(
     ``decode``: the page then shows ids). ``trainer_logprobs`` maps an episode's index to the
     trainer's logprob per token (:func:`read_trainer_logprobs`)."""
     found = trainer_logprobs or {}
-    episodes = [episode_view(t, i, found.get(i)) for i, t in enumerate(trajectories)]
+    episodes = [episode_view(t, i, found.get(i), bool(found)) for i, t in enumerate(trajectories)]
     ids = sorted({i for e in episodes for i in e["token_ids"]})
     vocab = {str(i): decode(i) for i in ids} if decode else {}
     return {"episodes": episodes, "vocab": vocab}
@@ -199,9 +212,22 @@ def build(folder: Path, decode: Decode | None = None) -> tuple[dict[str, Any], d
         "summary": _read_json(folder / "summary.json"),
         "charts": chart_specs(rows) if kind == "train" else _eval_charts(blocks["eval"]),
         "steps": steps,
+        "first_trained": first_trained(steps, blocks),
         "decoded": decode is not None,
     }
     return document, blocks
+
+
+def first_trained(steps: list[dict[str, Any]], blocks: dict[str, Any]) -> dict[str, Any] | None:
+    """``{step, label, episode, task, group}`` of the first episode a training step trained on
+    (one with the trainer's logprobs), which the browser shows first; ``None`` when there is
+    none (an eval folder, a run that trained on nothing, or one saved without them)."""
+    for step in steps:
+        for episode in blocks[step["key"]]["episodes"]:
+            if episode["trained"]:
+                return {"step": step["key"], "label": step["label"], "episode": episode["index"],
+                        "task": episode["task"], "group": episode["group"]}  # fmt: skip
+    return None
 
 
 def _eval_charts(block: dict[str, Any]) -> list[dict[str, Any]]:

@@ -45,10 +45,12 @@ function drawCharts() {
     const traces = chart.series.map((s) => ({
       x: s.x, y: s.y, name: s.name, type: "scatter", mode: s.mode || "lines+markers",
     }));
+    const yaxis = { title: { text: chart.yaxis } };
+    if (chart.yrange) yaxis.range = chart.yrange;
     const layout = {
-      title: { text: chart.title }, height: 340, margin: { l: 55, r: 15, t: 40, b: 40 },
-      xaxis: { title: { text: chart.xaxis || "step" } }, yaxis: { title: { text: chart.yaxis } },
-      legend: { orientation: "h", y: -0.25 }, showlegend: true,
+      title: { text: chart.note ? `${chart.title} (${chart.note})` : chart.title }, height: 340,
+      margin: { l: 55, r: 15, t: 40, b: 40 }, xaxis: { title: { text: chart.xaxis || "step" } },
+      yaxis, legend: { orientation: "h", y: -0.25 }, showlegend: true,
     };
     Plotly.newPlot(div, traces, layout, { displaylogo: false, displayModeBar: false, responsive: true });
   });
@@ -62,17 +64,29 @@ function fillSteps() {
   select.addEventListener("change", () => fillEpisodes(select.value));
   document.getElementById("episode").addEventListener("change", showEpisode);
   document.getElementById("shade").addEventListener("change", showEpisode);
-  if (REPORT.steps.length) fillEpisodes(REPORT.steps[0].key);
+  if (!REPORT.steps.length) return;
+  // Open on an episode the run trained on: the first step's first episode may not be one.
+  const first = REPORT.first_trained;
+  document.getElementById("first-note").textContent = first
+    ? `Shown first: ${first.label}, episode #${first.episode} (task ${first.task}, group ` +
+      `${first.group}), the first episode the run trained on.`
+    : REPORT.kind === "train"
+      ? "No episode carries the trainer's logprobs (every step trained on nothing, or the " +
+        "backend saves none): shown first is the first step's first episode."
+      : "";
+  select.value = first ? first.step : REPORT.steps[0].key;
+  fillEpisodes(select.value, first ? first.episode : undefined);
 }
 
-function fillEpisodes(key) {
+function fillEpisodes(key, chosen) {
   const select = document.getElementById("episode");
   select.replaceChildren();
   for (const e of stepData(key).episodes) {
-    const flag = e.outcome === "ok" ? "" : ` [${e.outcome}]`;
+    const flag = (e.outcome === "ok" ? "" : ` [${e.outcome}]`) + (e.trained ? " · trained" : "");
     select.append(el("option", { value: e.index },
       `#${e.index} task ${e.task} · reward ${e.reward.toFixed(3)}${flag}`));
   }
+  if (chosen !== undefined) select.value = chosen;
   showEpisode();
 }
 
@@ -91,7 +105,9 @@ function showEpisode() {
 }
 
 function facts(e) {
-  const parts = [`reward ${e.reward}`, `outcome ${e.outcome}`, `stop ${e.stop_reason}`];
+  const parts = [`reward ${e.reward}`, `outcome ${e.outcome}`, `stop ${e.stop_reason}`,
+    `group ${e.group}`];
+  if (e.trained !== null) parts.push(e.trained ? "trained on" : "not trained on");
   for (const [k, v] of Object.entries(e.components)) parts.push(`${k} ${v}`);
   return el("p", { class: "facts" }, ...parts.map((p) => el("span", {}, p)));
 }

@@ -30,9 +30,11 @@ def xml_tags(tags: Sequence[str], weight: float = 0.1, name: str = "xml_format")
 
 
 def tool_call_validity(weight: float = 0.0, name: str = "tool_validity") -> RewardFunction:
-    """Fraction of the episode's tool calls that ran without error (1.0 if none were made).
+    """Per episode: the fraction of its tool calls that ran without error (1.0 if it made none).
 
-    Weight 0 by default: reported as a component without changing the reward.
+    Weight 0 by default: reported as a component without changing the reward. Its mean over
+    episodes counts an episode without calls as 1.0, so it is not the share of all calls that
+    were valid (``EvalSummary.tool_validity``, the "valid tool calls" row of ``envhub eval``).
     """
 
     def validity(state: State) -> float:

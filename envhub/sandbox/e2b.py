@@ -49,9 +49,13 @@ class E2BSandbox(Sandbox):
         limits: Default limits of every run.
         template: e2b template of the VM (default: e2b's base template).
         api_key: e2b API key (default: ``E2B_API_KEY``).
-        api_url, sandbox_url, domain, debug, http_version: Where and how the SDK connects (see
-            e2b's docs; tests point them at a local envd, ``tests/sandbox/envd_local.py``).
+        api_url: Where the SDK reaches e2b's API (see e2b's docs; tests point this and the
+            next four at a local envd, ``tests/sandbox/envd_local.py``).
+        sandbox_url: Where the SDK reaches the VM's envd.
+        domain: e2b's domain.
+        debug: e2b's debug flag.
         envd_port: Shorthand for ``sandbox_url=http://127.0.0.1:<port>``.
+        http_version: The HTTP version the SDK speaks to envd.
         python: The Python inside the VM.
     """
 

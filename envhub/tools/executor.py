@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import difflib
 import json
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -147,3 +148,23 @@ class ToolExecutor:
     @staticmethod
     def _fail(call_id: str, name: str | None, kind: str, detail: str) -> ToolOutcome:
         return ToolOutcome(_tool_message(f"Error: {detail}", call_id, name), kind, detail)
+
+
+def count_calls_run_elsewhere(
+    metrics: Counter[str], parsed: ParsedTurn, offered: Collection[str]
+) -> int:
+    """Count a turn's tool calls in an episode's ``metrics`` when something other than a
+    :class:`ToolExecutor` runs them (an adapted framework's env, an agent program), the way
+    the executor would: every attempted call in ``tool_calls``; a malformed one, or one naming
+    a tool that is not in ``offered``, in ``tool_errors`` and ``tool_error/<kind>``.
+
+    Returns the number of invalid calls (malformed or unknown).
+    """
+    unknown = sum(call.function.name not in offered for call in parsed.calls)
+    metrics["tool_calls"] += parsed.attempted
+    metrics["tool_errors"] += len(parsed.errors) + unknown
+    for error in parsed.errors:
+        metrics[f"tool_error/{error.kind}"] += 1
+    if unknown:
+        metrics[f"tool_error/{UNKNOWN_TOOL}"] += unknown
+    return len(parsed.errors) + unknown

@@ -392,7 +392,7 @@ class MCPTool(Tool):
             raise ToolArgumentError(
                 f"arguments must be a JSON object, got {type(arguments).__name__}"
             )
-        problems = _schema_problems(self.parameters, arguments)
+        problems = schema_problems(self.parameters, arguments)
         if problems:
             raise ToolArgumentError(f"invalid arguments for {self.name}: " + "; ".join(problems))
         return arguments
@@ -445,7 +445,9 @@ def _block_text(block: Any) -> str:
     return f"[{kind} content]"
 
 
-def _schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+def schema_problems(schema: dict[str, Any], arguments: dict[str, Any]) -> list[str]:
+    """What is wrong with ``arguments`` under the JSON ``schema``, one line each for the model
+    (empty: nothing, or the schema itself is broken and the server must judge)."""
     try:
         validator = jsonschema.validators.validator_for(schema)(schema)
         errors = sorted(validator.iter_errors(arguments), key=lambda e: list(map(str, e.path)))

@@ -14,6 +14,12 @@ or by hand, against any OpenAI-compatible server::
 
     echo "What is 17 * 23 + 4?" | OPENAI_MODEL=gpt-4o-mini python examples/agents/cli_agent.py
 
+(there, api.openai.com's), or a local one::
+
+    envhub serve-model smollm2-135m    # then, in another terminal:
+    export OPENAI_BASE_URL=http://127.0.0.1:8000/v1 OPENAI_API_KEY=none OPENAI_MODEL=smollm2-135m
+    echo "What is 17 * 23 + 4?" | python examples/agents/cli_agent.py
+
 After ``--max-calls`` calls without an answer it stops, prints nothing on stdout and exits 0:
 running out of calls is the model's failure (scored as a wrong answer), not the program's. Only
 ``openai`` is needed.

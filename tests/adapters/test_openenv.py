@@ -8,6 +8,7 @@ the test that kills a server mid-episode needs one in its own process.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import signal
@@ -21,10 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import Field, field_validator
+from pydantic_core import PydanticCustomError
 
 pytest.importorskip("openenv.core")
 
 import uvicorn  # noqa: E402
+from fastmcp import FastMCP  # noqa: E402
 from openenv.core import GenericEnvClient  # noqa: E402
 from openenv.core.env_server import (  # noqa: E402
     Action,
@@ -33,6 +37,8 @@ from openenv.core.env_server import (  # noqa: E402
     State,
     create_fastapi_app,
 )
+from openenv.core.env_server.mcp_environment import MCPEnvironment  # noqa: E402
+from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation  # noqa: E402
 
 import envhub  # noqa: E402
 from envhub.errors import (  # noqa: E402
@@ -43,7 +49,7 @@ from envhub.errors import (  # noqa: E402
 )
 from envhub.rollout.runner import RolloutRunner  # noqa: E402
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy  # noqa: E402
-from envhub.types import Message  # noqa: E402
+from envhub.types import Message, ToolCall  # noqa: E402
 
 WORDS = ("apple", "river", "stone", "cloud", "ember", "maple")
 TURNS = 4
@@ -209,9 +215,31 @@ def test_max_turns_truncates_an_episode_the_env_has_not_ended(echo_url: str) -> 
     assert [m.role for m in prompt] == ["system", "user"]
     assert env.step("a")[2:4] == (False, False)
     assert env.step("b")[2:4] == (False, True)
-    with pytest.raises(EnvhubError, match="call reset"):
-        env.step("c")
+    [reply], _, terminated, truncated, info = env.step("c")  # as OpenEnv: the server answers
+    assert (reply.content, terminated, truncated, info["turn"]) == ("c", False, True, 3)
     env.close()
+
+
+def test_a_step_after_done_is_answered_as_openenvs_client_is(echo_url: str) -> None:
+    word = random.Random(1).choice(WORDS)
+    actions = [word, "again", "and again"]
+
+    async def theirs() -> list[tuple]:
+        async with GenericEnvClient(base_url=echo_url) as client:
+            await client.reset(seed=1)
+            seen = []
+            for text in actions:
+                result = await client.step({"message": text})
+                seen.append((result.observation["echoed_message"], result.reward, result.done))
+            return seen
+
+    with envhub.make(f"openenv:{echo_url}") as env:
+        with pytest.raises(EnvhubError, match=r"call reset\(\) before step\(\)"):
+            env.step("too early")
+        env.reset(seed=1)
+        ours = [(r[0][0].content, r[1], r[2]) for r in map(env.step, actions)]
+    assert ours == asyncio.run(theirs())
+    assert ours[0] == (word, 1.0, True) and ours[1] == ("again", 0.0, False)
 
 
 def test_check_env_passes_on_an_openenv_server(echo_url: str) -> None:
@@ -235,16 +263,40 @@ def test_the_runner_runs_episodes_on_an_openenv_server(echo_url: str) -> None:
     ] * 2
 
 
-def test_an_env_the_adapter_cannot_map_fails_when_made(servers: Callable[[Any], str]) -> None:
+def test_how_an_action_with_a_non_text_field_is_mapped(servers: Callable[[Any], str]) -> None:
     url = servers(echo_app(TaggedAction, CountObservation))  # only its /schema is read
-    with pytest.raises(EnvLoadError, match=r"observation .* has no string field to carry text"):
-        envhub.make(f"openenv:{url}")
+    env = envhub.make(f"openenv:{url}")
+    assert (env.action_mode, env.action_field, env.observation_field) == ("tool", "message", None)
+    [tool] = env.tool_schemas
+    assert tool["function"]["name"] == "tagged"
+    assert tool["function"]["parameters"] == {
+        "type": "object",
+        "properties": {
+            "message": {"title": "Message", "type": "string"},
+            "tag": {"title": "Tag", "type": "integer"},
+        },
+        "required": ["message", "tag"],
+        "additionalProperties": False,
+    }
+    [prompt], _ = env.reset(seed=0)  # no string field in the observation's schema: JSON
+    word = random.Random(0).choice(WORDS)
+    assert prompt.content == f'{{"echoed_message": "Say the word: {word}", "message_length": 0}}'
+    [reply], *_ = env.step(call("tagged", message="hi", tag=1))
+    assert reply.content == '{"echoed_message": "hi", "message_length": 2}'
+    env.close()
     with pytest.raises(EnvLoadError, match=r"needs \['tag'\] besides the text field 'message'"):
-        envhub.make(f"openenv:{url}", observation_field="count")
+        envhub.make(f"openenv:{url}", action_field="message")
     with pytest.raises(EnvLoadError, match=r"has no field 'words'"):
         envhub.make(f"openenv:{url}", action_field="words")
-    env = envhub.make(f"openenv:{url}", observation_field="count", action_defaults={"tag": 1})
-    assert env.action_defaults == {"tag": 1}
+    with pytest.raises(EnvLoadError, match=r"not a CallToolAction"):
+        envhub.make(f"openenv:{url}", action_mode="mcp")
+    with pytest.raises(EnvLoadError, match=r"action_mode must be one of"):
+        envhub.make(f"openenv:{url}", action_mode="json")
+    env = envhub.make(f"openenv:{url}", action_defaults={"tag": 1})
+    assert (env.action_mode, env.action_defaults, env.tool_schemas) == ("text", {"tag": 1}, None)
+    env.close()
+    env = envhub.make(f"openenv:{url}", action_mode="tool", action_defaults={"tag": 1})
+    assert env.tool_schemas[0]["function"]["parameters"]["properties"].keys() == {"message"}
     env.close()
     with pytest.raises(EnvNotFoundError, match="by its URL"):
         envhub.make("openenv:echo")
@@ -291,6 +343,320 @@ def test_an_openenv_server_killed_mid_episode_is_an_infra_failure(
     assert "the OpenEnv session was lost mid-episode" in error.message
     [error] = after.errors  # the next episode cannot start: the server is gone
     assert error.infra and "cannot reach" in error.message
+
+
+# -- typed actions: an int field, and MCP tools ---------------------------------------------
+
+
+class GuessAction(Action):
+    """Guess the secret number."""
+
+    number: int = Field(description="Your guess, 1 to 20")
+
+
+class HintObservation(Observation):
+    hint: str = ""
+
+
+class GuessNumberEnvironment(Environment):
+    """The seed picks a number in 1..20; each guess is answered higher/lower; a right guess pays
+    1 and ends the episode."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(step_count=0)
+        self.secret = 0
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **_: Any) -> Any:
+        self.secret = random.Random(seed).randint(1, 20)
+        self._state = State(episode_id=episode_id, step_count=0)
+        return HintObservation(hint="Guess my number, 1 to 20.")
+
+    def step(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+        self._state.step_count += 1
+        right = action.number == self.secret
+        hint = "right" if right else "higher" if action.number < self.secret else "lower"
+        return HintObservation(hint=hint, done=right, reward=1.0 if right else 0.0)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+class CounterEnvironment(MCPEnvironment):
+    """MCP tools `add` and `submit`: submitting pays 1 if the counter reached the target the
+    seed picked, and ends the episode."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        mcp = FastMCP("counter")
+
+        @mcp.tool
+        def add(amount: int) -> int:
+            """Add `amount` to the counter; returns the new total."""
+            self.total += amount
+            return self.total
+
+        @mcp.tool
+        def submit() -> str:
+            """End the episode with the counter as it is."""
+            return f"submitted {self.total}"
+
+        super().__init__(mcp)
+        self.total, self.target = 0, 0
+        self._state = State(step_count=0)
+
+    def reset(
+        self, seed: int | None = None, episode_id: str | None = None, quiet: bool = False, **_: Any
+    ) -> Any:
+        self.total, self.target = 0, random.Random(seed).randint(5, 9)
+        self._state = State(episode_id=episode_id, step_count=0)
+        if quiet:
+            return Observation()
+        return HintObservation(hint=f"Make the counter reach {self.target}, then submit.")
+
+    async def step_async(self, action: Any, timeout_s: float | None = None, **kw: Any) -> Any:
+        observation = await super().step_async(action, timeout_s=timeout_s, **kw)
+        if isinstance(action, CallToolAction) and action.tool_name == "submit":
+            observation.done = True
+            observation.reward = 1.0 if self.total == self.target else 0.0
+        return observation
+
+    def _step_impl(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+        return HintObservation(hint="call a tool")
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def guess_url(servers: Callable[[Any], str]) -> str:
+    app = create_fastapi_app(
+        GuessNumberEnvironment, GuessAction, HintObservation, max_concurrent_envs=8
+    )
+    return servers(app)
+
+
+@pytest.fixture(scope="module")
+def counter_url(servers: Callable[[Any], str]) -> str:
+    app = create_fastapi_app(
+        CounterEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=8
+    )
+    return servers(app)
+
+
+def search_guess(messages: list[Message], tools: Any) -> str:
+    """Bisect 1..20 from the hints so far (one guess a turn; failed turns are skipped)."""
+    low, high = 1, 20
+    for said, hint in zip(messages, messages[1:], strict=False):
+        if said.role == "assistant" and hint.content in ("higher", "lower"):
+            number = json.loads(said.content.split(">", 1)[1].split("</", 1)[0])["arguments"]
+            if hint.content == "higher":
+                low = number["number"] + 1
+            else:
+                high = number["number"] - 1
+    return call("guess", number=(low + high) // 2)
+
+
+def test_an_int_field_action_is_a_tool_the_model_calls(guess_url: str) -> None:
+    env = envhub.make(f"openenv:{guess_url}")
+    assert (env.action_mode, env.observation_field) == ("tool", "hint")
+    assert env.tool_schemas == [
+        {
+            "type": "function",
+            "function": {
+                "name": "guess",
+                "description": "Guess the secret number.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "number": {
+                            "description": "Your guess, 1 to 20",
+                            "title": "Number",
+                            "type": "integer",
+                        }
+                    },
+                    "required": ["number"],
+                    "additionalProperties": False,
+                },
+            },
+        }
+    ]
+    secret = random.Random(4).randint(1, 20)
+    [prompt], _ = env.reset(seed=4)
+    assert prompt.content == "Guess my number, 1 to 20."
+    wrong = 1 if secret != 1 else 2  # a structured call, as an OpenAI-compatible server sends it
+    structured = Message(
+        role="assistant", content="", tool_calls=(ToolCall.make("c7", "guess", {"number": wrong}),)
+    )
+    [reply], reward, terminated, _, info = env.step(structured)
+    assert (reply.tool_call_id, reply.content, reward, terminated) == ("c7", "higher", 0.0, False)
+    [reply], reward, terminated, truncated, info = env.step(call("guess", number=secret))
+    assert (reply.role, reply.name, reply.content) == ("tool", "guess", "right")
+    assert (reward, terminated, truncated, info["observation"]) == (
+        1.0,
+        True,
+        False,
+        {"hint": "right"},
+    )
+    assert info["metrics"] == {"tool_calls": 2}
+    env.close()
+    [won] = roll_out(lambda: envhub.make(f"openenv:{guess_url}"), search_guess, [0])[:1]
+    assert (won.outcome, won.reward, won.metrics["tool_calls"]) == ("ok", 1.0, len(won.turns))
+
+
+def test_replies_the_action_schema_rejects_are_the_policys_failed_turns(guess_url: str) -> None:
+    script = iter(
+        [
+            call("guess", number="five"),  # not an integer
+            call("gues", number=3),  # no such tool
+            "I think it is 3.",  # no call at all
+            '<tool_call>{"name": "guess", "arguments": {"number": 3</tool_call>',  # bad JSON
+            call("guess", number=3, extra=1),  # a field the action does not have
+        ]
+    )
+    replies: list[list[Message]] = []
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        if len(messages) > 1:
+            replies.append([m for m in messages[-1:]])
+        return next(script, None) or search_guess(messages, tools)
+
+    make = lambda: envhub.make(f"openenv:{guess_url}", invalid_reward=-0.25)  # noqa: E731
+    [episode] = asyncio.run(RolloutRunner(ScriptedEngine(policy), make, seed=0).run([0]))
+    metrics = {k: v for k, v in episode.metrics.items() if k.startswith(("tool", "invalid"))}
+    assert metrics == {
+        "tool_calls": float(len(episode.turns) - 1),  # every turn one call, but the third
+        "tool_errors": 4.0,
+        "tool_error/invalid_arguments": 2.0,
+        "tool_error/unknown_tool": 1.0,
+        "tool_error/parse_error": 1.0,
+        "invalid_turns": 5.0,
+    }
+    assert episode.outcome == "ok" and [t.reward for t in episode.turns][:5] == [-0.25] * 5
+    texts = [m.content for [m] in replies[:5]]
+    assert (
+        texts[0]
+        == "Error: invalid arguments for guess: argument 'number': 'five' is not of type 'integer'"
+    )
+    assert texts[1].startswith("Error: there is no tool named 'gues'. Did you mean 'guess'?")
+    assert texts[2] == "Error: this reply called no tool; act by calling one of the tools: guess"
+    assert texts[4] == "Error: invalid arguments for guess: unexpected argument 'extra'"
+    assert [m.role for [m] in replies[:5]] == ["tool", "tool", "user", "tool", "tool"]
+
+
+def test_check_env_passes_on_typed_and_mcp_envs(guess_url: str, counter_url: str) -> None:
+    for url in (guess_url, counter_url):
+        report = envhub.check_env(envhub.make(f"openenv:{url}", reward_range=(0.0, 1.0)))
+        assert report.passed, report.failures
+
+
+def test_a_policy_that_never_acts_validly_runs_out_of_turns(guess_url: str) -> None:
+    make = lambda: envhub.make(f"openenv:{guess_url}", max_turns=3)  # noqa: E731
+    [episode] = asyncio.run(RolloutRunner(ScriptedEngine(null_policy), make).run([0]))
+    assert (episode.outcome, episode.reward, len(episode.turns)) == ("policy_failure", 0.0, 3)
+    assert episode.metrics["invalid_turns"] == 3.0 and episode.errors == []
+
+
+def test_mcp_tools_are_the_models_tools(counter_url: str) -> None:
+    env = envhub.make(f"openenv:{counter_url}")
+    assert env.action_mode == "mcp"
+    assert [t["function"]["name"] for t in env.tool_schemas] == ["add", "submit"]
+    assert env.tool_schemas[0]["function"]["parameters"] == {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {"amount": {"type": "integer"}},
+        "required": ["amount"],
+    }
+    target = random.Random(2).randint(5, 9)
+    [prompt], _ = env.reset(seed=2)
+    assert prompt.content == f"Make the counter reach {target}, then submit."
+    turn = call("add", amount=2) + call("add", amount="x") + call("add", amount=target - 2)
+    replies, reward, terminated, _, info = env.step(turn)
+    assert [(m.role, m.name, m.content) for m in replies] == [
+        ("tool", "add", "2"),
+        (
+            "tool",
+            "add",
+            "Error: invalid arguments for add: argument 'amount': 'x' is not of type 'integer'",
+        ),
+        ("tool", "add", str(target)),
+    ]
+    assert (reward, terminated) == (0.0, False)
+    replies, reward, terminated, _, info = env.step(call("multiply", amount=2))
+    assert replies[0].content.startswith("Error: there is no tool named 'multiply'")
+    [reply], reward, terminated, _, info = env.step(call("submit"))
+    assert (reply.content, reward, terminated) == (f"submitted {target}", 1.0, True)
+    assert info["metrics"] == {
+        "tool_calls": 5,
+        "tool_errors": 2,
+        "tool_error/invalid_arguments": 1,
+        "tool_error/unknown_tool": 1,
+        "invalid_turns": 1,
+    }
+    env.close()
+
+
+def test_a_turn_stops_at_the_call_that_ends_the_episode(counter_url: str) -> None:
+    with envhub.make(f"openenv:{counter_url}") as env:
+        [prompt], _ = env.reset(options={"quiet": True})  # an empty observation
+        assert prompt.content == "The environment is ready. Act by calling its tools: add, submit."
+        env.reset(seed=0)
+        replies, reward, terminated, _, info = env.step(call("submit") + call("add", amount=1))
+        assert [m.content for m in replies] == ["submitted 0", "Error: not run: the episode ended"]
+        assert (reward, terminated, info["metrics"]) == (0.0, True, {"tool_calls": 2})
+        [reply], *_ = env.step(call("add", amount=4))  # after done: the server still answers
+        assert reply.content == "4"
+
+
+def counter_policy(messages: list[Message], tools: Any) -> str:
+    if len(messages) > 2:
+        return call("submit")
+    target = int(messages[0].content.split()[4].rstrip(","))
+    return call("add", amount=1) + call("add", amount=target - 1)
+
+
+def test_the_runner_runs_an_mcp_env(counter_url: str) -> None:
+    make = lambda: envhub.make(f"openenv:{counter_url}")  # noqa: E731
+    episodes = roll_out(make, counter_policy, [0, 1])
+    assert [(t.outcome, t.reward, len(t.turns)) for t in episodes] == [("ok", 1.0, 2)] * 4
+    assert {t.metrics["tool_calls"] for t in episodes} == {3.0}
+    assert [t.tools[0]["function"]["name"] for t in episodes] == ["add"] * 4
+
+
+class ShoutAction(Action):
+    message: str
+
+    @field_validator("message")
+    @classmethod
+    def shouted(cls, value: str) -> str:
+        if value != value.upper():  # not in the JSON schema: only the server can tell
+            raise PydanticCustomError("shout", "shout it")
+        return value
+
+
+def test_an_action_the_server_rejects_is_the_policys_failed_turn(
+    servers: Callable[[Any], str],
+) -> None:
+    url = servers(echo_app(ShoutAction))
+    with envhub.make(f"openenv:{url}") as env:
+        assert env.action_mode == "text"
+        env.reset(seed=0)
+        [reply], reward, terminated, truncated, info = env.step("quiet please")
+        assert reply.role == "user" and reply.content.startswith(
+            "Error: the env rejected the action as invalid: {'message': 'quiet please'}"
+        )
+        assert (reward, terminated, info["metrics"]) == (0.0, False, {"invalid_turns": 1})
+        [reply], *_ = env.step("LOUD")
+        assert reply.content == "LOUD"
 
 
 # -- envhub serve --protocol openenv, driven by OpenEnv's own client ------------------------

@@ -294,6 +294,27 @@ def test_tool_calls_run_the_verifiers_tool_and_match() -> None:
     }  # fmt: skip
 
 
+def wrong_tool_user(messages: list[Any], tools: Any) -> str:
+    """Calls ``subtract``, which the env does not have, until its turns run out."""
+    a, b = _numbers(messages)
+    return f'<tool_call>{{"name": "subtract", "arguments": {{"a": {a}, "b": {b}}}}}</tool_call>'
+
+
+def test_calls_to_a_tool_the_env_lacks_are_invalid_calls() -> None:
+    from envhub.evaluation import summarize
+
+    trajectories = envhub_run(tool_env(), wrong_tool_user, [0, 1])
+    # 3 turns each, every one a call to a tool verifiers does not have (it says so to the model)
+    assert [[(t.tool_calls, t.tool_errors) for t in x.turns] for x in trajectories] == [
+        [(1, 1)] * 3
+    ] * 2
+    assert all("subtract" in x.messages[3].content for x in trajectories)
+    summary = summarize(trajectories)
+    assert (summary.tool_calls_total, summary.tool_validity, summary.tool_errors) == (
+        6, 0.0, {"unknown_tool": 6},
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "make", [lambda: single_turn(exact, weights=[1.0]), guess_env, tool_env],
     ids=["single_turn", "multi_turn", "tool"],

@@ -145,6 +145,6 @@ def test_a_model_that_is_not_on_this_machine_fails_before_any_check(thinker: str
     assert result.exception is not None
     assert str(result.exception) == (
         "the tokenizer of 'no-owner/no-such-model-here' is not on this machine (nothing is "
-        "downloaded): give a local folder, or fetch it first with "
-        "`hf download no-owner/no-such-model-here`"
+        "downloaded) — give a local folder or smollm2-135m (installed by the set-up), or fetch "
+        "it first with `hf download no-owner/no-such-model-here`"
     )

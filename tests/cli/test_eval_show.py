@@ -5,13 +5,14 @@ The same command against real vLLM is tested in tests/e2e."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from envhub.cli.app import app
-from envhub.cli.eval import choose_tasks, parse_env_args, serve_flags
+from envhub.cli.eval import choose_tasks, parse_env_args
 from envhub.envs.calculator import CalculatorEnv, reference_policy
 from envhub.errors import ConfigError, EnvNotFoundError
 from envhub.rollout.io import read_trajectories
@@ -111,7 +112,7 @@ def test_eval_serve_finds_a_misspelled_env_before_anything_else(tmp_path):
 def test_eval_serve_checks_the_model_before_starting_vllm(tmp_path):
     result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "none")])
     assert isinstance(result.exception, ConfigError)
-    assert str(result.exception).startswith(f"model '{tmp_path / 'none'}' does not exist.")
+    assert str(result.exception).startswith(f"model '{tmp_path / 'none'}' does not exist — give ")
     (tmp_path / "empty").mkdir()
     result = runner.invoke(app, ["eval", "calculator", "--serve", "-m", str(tmp_path / "empty")])
     assert str(result.exception).startswith(f"model folder {tmp_path / 'empty'} has no config.json")
@@ -127,13 +128,42 @@ def test_eval_says_where_the_tools_go_in_chat_mode(http_server, tmp_path):
     assert "tools: 1 tool(s), sent to the server as `tools` (chat mode)" in result.output
 
 
-def test_serve_runs_vllm_eager_on_the_cpu_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    import torch
+def test_tool_validity_rows_agree_when_most_episodes_make_no_call(http_server, tmp_path):
+    # What a user saw: "tool_validity 0.900" (the reward component: an episode without calls
+    # scores 1.0) beside "tool-call validity 0.0%" (pooled over calls). Here the first request
+    # calls a tool the env lacks and every other one answers at once.
+    first = threading.Lock()
+    said = []
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert serve_flags() == ["--enforce-eager"]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert serve_flags() == []
+    def one_bad_call(method: str, path: str, body: Any) -> tuple[int, Any]:
+        if path != "/v1/chat/completions":
+            return solver(method, path, body)
+        with first:
+            text = (
+                "\\boxed{0}" if said else '<tool_call>{"name": "calc", "arguments": {}}</tool_call>'
+            )
+            said.append(text)
+        message = {"role": "assistant", "content": text}
+        return 200, {"choices": [{"message": message, "finish_reason": "stop"}]}
+
+    server = http_server(one_bad_call)
+    out = tmp_path / "run"
+    result = runner.invoke(
+        app, ["eval", "calculator", "-u", f"{server.url}/v1", "-n", "3", "-r", "1", "-o", str(out)],
+        terminal_width=200,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells[1]
+        for line in result.output.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 2
+    }
+    assert rows["tool_validity"].startswith("0.667 (mean per episode")  # (0 + 1 + 1) / 3
+    assert rows["tool calls / episode"] == "0.33 (1 in 1 of 3 episodes)"
+    assert rows["valid tool calls"] == "0 of 1 (0.0%)"
+    assert rows["unknown_tool"] == "1"
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["tool_validity"], summary["tool_calls_total"]) == (0.0, 1)
 
 
 def test_parse_env_args():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ENVHUB = Path(sys.executable).with_name("envhub")
 QUICKSTART = ROOT / "examples" / "quickstart.yaml"
 runner = CliRunner()
+HEARTBEAT = re.compile(r"step [12]/2: [a-z' -]+( \d+/\d+ episodes)?, \d+ s")
 
 
 def envhub(*args: str, cwd: Path = ROOT, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -184,11 +186,16 @@ def test_a_short_real_run_prints_a_row_per_step_and_saves_everything(
         f"logging.output_dir={tmp_path}",
         "logging.run_name=cli",
         "backend.device=cpu",
+        "logging.heartbeat_seconds=0.02",
     )
     assert result.returncode == 0, result.stderr
     starts = ("0/2", "1/2", "2/2")  # 0: the quickstart's held-out eval before the first step
     rows = [line for line in result.stdout.splitlines() if line.strip().startswith(starts)]
     assert len(rows) == 3
+    # Not a terminal (a pipe): no progress bar, so a heartbeat line whenever 0.02 s go silent.
+    beats = [line for line in result.stdout.splitlines() if re.match(r"step \d", line)]
+    assert beats and [b for b in beats if not HEARTBEAT.fullmatch(b)] == []
+    assert any(line.startswith("step 1/2: rolling out") for line in beats), beats
     assert "reward" in result.stdout and "done: reward" in result.stdout
     assert "held-out: reward" in result.stdout
     run = tmp_path / "cli"
@@ -243,3 +250,19 @@ def test_a_run_with_a_critic_shows_its_explained_variance_after_the_loss() -> No
     header, row = console.export_text().splitlines()
     assert header.split()[6:9] == ["loss", "ev", "v"]
     assert row.split()[6:9] == ["-0.0100", "+0.42", "0.0500"]
+
+
+def test_the_run_summary_says_what_token_drift_is_and_what_to_do() -> None:
+    from envhub.cli.eval import TOKEN_DRIFT_HINT
+    from envhub.cli.train_view import drift_summary
+
+    history = [
+        {"step": 0, "eval/reward": 0.5},
+        {"step": 1, "rollout/token_drift": 0.0},
+        {"step": 2, "rollout/token_drift": 1.0},
+        {"step": 3, "rollout/token_drift": 2.0},
+    ]
+    assert drift_summary(history) == f"token drift: 3 episodes (steps 2, 3): {TOKEN_DRIFT_HINT}"
+    assert drift_summary(history[:3]) == f"token drift: 1 episode (step 2): {TOKEN_DRIFT_HINT}"
+    assert drift_summary(history[:2]) is None
+    assert "envhub check ENV --model MODEL" in TOKEN_DRIFT_HINT

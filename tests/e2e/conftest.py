@@ -11,11 +11,9 @@ SERVED_NAME = "smollm2"
 
 @pytest.fixture(scope="session")
 def vllm_server(require_vllm):
-    from envhub.inference.vllm_server import VLLMServer
-    from envhub.trainer.models import resolve_model
+    from envhub.cli.serve_model import local_vllm
 
-    # Eager: starts in ~45 s instead of ~140 s on 2 cores; the tests check behaviour, not speed.
-    with VLLMServer(
-        resolve_model("smollm2-135m"), served_model_name=SERVED_NAME, extra_args=["--enforce-eager"]
-    ) as server:
+    # The settings `envhub serve-model` and `eval --serve` use (eager on a CPU: it starts in
+    # ~45 s instead of ~140 s on 2 cores; the tests check behaviour, not speed).
+    with local_vllm("smollm2-135m", served_model_name=SERVED_NAME) as server:
         yield server

@@ -132,7 +132,7 @@ def test_eval_tool_env_against_vllm(vllm_server, tmp_path):
     result, trajectories, config = eval_and_load(
         vllm_server, tmp_path, "calculator", "-n", "4", "-r", "2", "--max-tokens", "96"
     )
-    assert "pass@2" in result.stdout and "tool-call validity" in result.stdout
+    assert "pass@2" in result.stdout and "valid tool calls" in result.stdout
     assert "tools: 1 tool(s) in the system prompt: the chat template ignores" in result.stdout
     assert len(trajectories) == 8 and config["mode"] == "tokens" and len(config["tasks"]) == 4
     # streamed as groups finish, so in completion order; every (group, sample) exactly once

@@ -116,9 +116,8 @@ def test_a_closed_port_says_what_to_do() -> None:
         f"http://127.0.0.1:{port}/v1/chat/completions failed after 2 attempts (ConnectError: "
     )
     assert message.endswith(
-        "Is the server running and reachable? Start one with "
-        "`python -m vllm.entrypoints.openai.api_server --model MODEL` "
-        "or pass --serve to `envhub eval`."
+        "Is the server running and reachable? Start one with `envhub serve-model MODEL` "
+        "(it prints the URL to use), or pass --serve to `envhub eval`."
     )
 
 

@@ -5,16 +5,15 @@ episode's tokens are coloured by its loss mask."""
 from __future__ import annotations
 
 import json
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from envhub.report import load_decoder, write_report
+from envhub.rewards.rubric import Rubric, reward
 from envhub.rollout.io import read_trajectories
-from envhub.testing import LetterEnv
+from envhub.testing import LetterEnv, letter_e_share
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 pytestmark = pytest.mark.skipif(
@@ -22,11 +21,21 @@ pytestmark = pytest.mark.skipif(
     reason="needs Debian's chromium and chromium-driver (apt-get install chromium chromium-driver;"
     " .ci/run installs them)",
 )
-FLAGS = (
-    "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "
-    "--disable-background-networking --disable-component-update --disable-sync "
-    "--window-size=1400,1600"
-)
+
+
+@reward
+def letters_but_task_1_tied(response: str, task: dict[str, Any]) -> float:
+    """:func:`letter_e_share`, except that every sample of task 1 scores 0.5."""
+    return 0.5 if task["question"] == "Write a word (1)." else letter_e_share(response)
+
+
+class TiedTaskLetterEnv(LetterEnv):
+    """:class:`LetterEnv` whose task 1 is tied: the run's first step draws it first (seed 5),
+    so its first group has no signal and is dropped, and the first episode it trains on is #2."""
+
+    def default_rubric(self) -> Rubric:
+        """One reward: :func:`letters_but_task_1_tied`."""
+        return Rubric([letters_but_task_1_tied])
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,7 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from envhub.trainer.config import validate_config
     from envhub.trainer.loop import train
 
-    envhub.register(LetterEnv.name, LetterEnv, override=True)
+    envhub.register(LetterEnv.name, TiedTaskLetterEnv, override=True)
     out = tmp_path_factory.mktemp("report-run")
     config = {
         "steps": 3,
@@ -62,22 +71,6 @@ def run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in FLAGS.split():
-        options.add_argument(flag)
-    options.add_argument("--user-data-dir=" + tempfile.mkdtemp(prefix="chromium-"))
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    yield driver
-    driver.quit()
-
-
-@pytest.fixture(scope="module")
 def page(run: Path, tiny_model_dir: Path, browser: Any) -> Any:
     decode = load_decoder(str(tiny_model_dir))
     assert decode is not None  # the tiny model carries SmolLM2's tokenizer
@@ -91,19 +84,94 @@ def test_page_loads_without_console_errors(page: Any) -> None:
     assert page.execute_script("return typeof Plotly") == "object"
 
 
-def test_curves_carry_the_runs_numbers(page: Any, run: Path) -> None:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+def metrics(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def traces(page: Any, title: str) -> list[tuple[list[str], list[float], list[float]]]:
+    """``(names, x, y)`` of each line drawn in the chart titled ``title`` (a merged series'
+    legend label names every metric it stands for, joined with " = ")."""
     drawn = page.execute_script(
-        "const gd = document.querySelector('[data-title=\"Reward per component\"]');"
-        "return gd.data.map(t => [t.name, Array.from(t.x), Array.from(t.y)]);"
+        "return document.querySelector(`[data-title='${arguments[0]}']`).data"
+        ".map(t => [t.name, Array.from(t.x), Array.from(t.y)]);",
+        title,
     )
+    return [(name.split(" = "), x, y) for name, x, y in drawn]
+
+
+def drawn_as(page: Any, title: str, key: str) -> tuple[list[float], list[float]]:
+    """The points of the line that carries metric ``key`` in chart ``title``."""
+    return next((x, y) for names, x, y in traces(page, title) if key in names)
+
+
+def test_curves_carry_the_runs_numbers(page: Any, run: Path) -> None:
+    rows = metrics(run)
     expected = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]
-    assert ["reward/mean", [x for x, _ in expected], [y for _, y in expected]] in drawn
-    evals = page.execute_script(
-        "const gd = document.querySelector('[data-title^=\"Held-out eval\"]');"
-        "return gd.data.find(t => t.name === 'eval/reward').y;"
+    assert drawn_as(page, "Reward per component", "reward/mean") == (
+        [x for x, _ in expected],
+        [y for _, y in expected],
     )
+    evals = drawn_as(page, "Held-out eval: reward and pass@k", "eval/reward")[1]
     assert evals == [r["eval/reward"] for r in rows if "eval/reward" in r]
+
+
+def test_identical_series_are_drawn_once_under_a_combined_name(page: Any, run: Path) -> None:
+    rows = [r for r in metrics(run) if "train/loss" in r]
+    # What a user saw: four legend entries and two lines, `loss` drawn exactly on `policy_loss`.
+    assert [r["train/loss"] for r in rows] == [r["train/policy_loss"] for r in rows]
+    assert [names for names, _, _ in traces(page, "Loss")] == [["train/loss", "train/policy_loss"]]
+    titles = page.execute_script(
+        "return Array.from(document.querySelectorAll('.chart')).map(d => d.dataset.title);"
+    )
+    for title in titles:
+        lines = [(x, y) for _, x, y in traces(page, title)]
+        assert len(lines) == len({json.dumps(line) for line in lines}), title
+    keys = {k for r in metrics(run) for k in r if k.startswith("train/clip_frac")}
+    drawn = {name for title in titles for names, _, _ in traces(page, title) for name in names}
+    assert keys <= drawn  # every metric still named in some legend
+
+
+def test_an_all_zero_chart_starts_at_zero_and_says_so(page: Any, run: Path) -> None:
+    assert {r[k] for r in metrics(run) for k in r if k.startswith("train/clip_frac")} == {0.0}
+    layout = page.execute_script(
+        "const gd = document.querySelector(\"[data-title='Clip fraction']\");"
+        "return [gd.layout.yaxis.range, gd.layout.title.text];"
+    )
+    assert layout == [[-0.05, 1], "Clip fraction (all zero)"]
+    reward = page.execute_script(
+        "return document.querySelector(\"[data-title='Reward per component']\").layout.yaxis.range;"
+    )
+    values = [r["reward/mean"] for r in metrics(run) if "reward/mean" in r]
+    assert -0.5 < reward[0] <= min(values) and max(values) <= reward[1] < 1  # plotly's own
+
+
+def test_the_first_episode_shown_is_one_the_run_trained_on(page: Any, run: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from envhub.report.data import read_trainer_logprobs
+
+    step_file = run / "trajectories" / "step-000001.jsonl"
+    first_step = read_trajectories(step_file)
+    assert [t.task_index for t in first_step] == [1, 1, 0, 0]  # the tied task's group first
+    assert sorted(read_trainer_logprobs(step_file)) == [2, 3]  # dropped: nothing to learn
+    page.get(page.current_url)  # as opened, before other tests chose episodes
+    assert (
+        Select(page.find_element(By.ID, "step")).first_selected_option.get_attribute("value")
+        == "step-1"
+    )
+    assert Select(page.find_element(By.ID, "episode")).first_selected_option.text.startswith(
+        "#2 task 0"
+    )
+    group = first_step[2].group_id
+    assert page.find_element(By.ID, "first-note").text == (
+        f"Shown first: step 1, episode #2 (task 0, group {group}), the first episode the run "
+        "trained on."
+    )
+    facts = page.find_element(By.CSS_SELECTOR, ".facts").text
+    assert f"group {group}" in facts and "trained on" in facts and "not trained" not in facts
+    Select(page.find_element(By.ID, "episode")).select_by_value("0")
+    assert "not trained on" in page.find_element(By.CSS_SELECTOR, ".facts").text
 
 
 def test_chosen_episode_tokens_follow_its_loss_mask(page: Any, run: Path) -> None:

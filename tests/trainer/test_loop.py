@@ -281,3 +281,39 @@ def test_kl_in_the_reward_adapts_its_coefficient_and_resumes_it(
     )
     assert resumed.resumed_from == 2
     assert resumed.history[-1]["kl_in_reward/coef"] == pytest.approx(saved, abs=1e-12)
+
+
+class PhaseRecorder:
+    """A reporter that records the phases the run tells it (the CLI's heartbeat reads them)."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def start(self, config: Any, info: dict[str, Any]) -> None:
+        self.seen.append("start")
+
+    def rollout_progress(self, done: int, total: int) -> None:
+        pass
+
+    def phase(self, name: str) -> None:
+        self.seen.append(name)
+
+    def step(self, step: int, metrics: dict[str, float]) -> None:
+        self.seen.append(f"row {step}")
+
+    def finish(self, result: Any) -> None:
+        self.seen.append("finish")
+
+
+def test_the_reporter_is_told_each_phase_of_each_step(tiny_model_dir: Path, tmp_path: Path) -> None:
+    config = _config(tiny_model_dir, tmp_path, steps=2, logging__plot=False)
+    config["eval"] = {"envs": [{"name": LetterEnv.name, "num_tasks": 2}], "every": 2}
+    recorder = PhaseRecorder()
+    train(validate_config(config), recorder)
+    step = ["rollout", "prepare", "prepare", "logprobs", "update", "sync"]
+    assert recorder.seen == [
+        "start", "eval", "row 0",
+        *step, "row 1", "checkpoint",
+        *step, "eval", "row 2", "checkpoint",
+        "export", "finish",
+    ]  # fmt: skip

@@ -1,4 +1,5 @@
-"""A run that trains on nothing says so on the first such step and stops after a few."""
+"""A run that trains on nothing says so on every such step (the reason in full on the first)
+and stops after a few."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ TIED = NoSignal("every group's rewards are tied (2 groups at 0), so every advant
 SOLVED = NoSignal("every group's rewards are tied (2 groups at 1), so every advantage is 0", True)
 
 
-def test_the_first_empty_step_warns_and_the_limit_stops(caplog: pytest.LogCaptureFixture) -> None:
+def test_every_empty_step_warns_and_the_limit_stops(caplog: pytest.LogCaptureFixture) -> None:
+    # What a user saw: "trained on nothing" on one step, and nothing on the next, also empty.
     watch = EmptySteps(limit=3)
     with caplog.at_level(logging.WARNING, logger="envhub.trainer.no_signal"):
         watch.observe(1, None)
@@ -26,12 +28,29 @@ def test_the_first_empty_step_warns_and_the_limit_stops(caplog: pytest.LogCaptur
         watch.observe(3, TIED)
         with pytest.raises(NoLearningSignalError) as stopped:
             watch.observe(4, TIED)
-    assert [r.getMessage() for r in caplog.records] == [f"step 2 trained on nothing: {TIED.reason}"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"step 2 trained on nothing: {TIED.reason}",
+        "step 3 trained on nothing again: 2 steps in a row, the run stops at 3 (same reason)",
+    ]
     assert str(stopped.value).startswith(
         f"stopped after 3 steps in a row with nothing to learn from (steps 2-4): {TIED.reason}. "
         "Check that the env can reward this model"
     )
     assert "algorithm.max_empty_steps: null" in str(stopped.value)
+
+
+def test_a_new_reason_or_a_new_streak_is_said_in_full(caplog: pytest.LogCaptureFixture) -> None:
+    failed = NoSignal("none of the 4 episodes is trainable (failed, or no tokens)", False)
+    watch = EmptySteps(limit=None)
+    with caplog.at_level(logging.WARNING, logger="envhub.trainer.no_signal"):
+        for step, empty in enumerate([TIED, TIED, failed, None, TIED], start=1):
+            watch.observe(step, empty)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"step 1 trained on nothing: {TIED.reason}",
+        "step 2 trained on nothing again: 2 steps in a row (same reason)",
+        f"step 3 trained on nothing: {failed.reason}",
+        f"step 5 trained on nothing: {TIED.reason}",
+    ]
 
 
 def test_a_step_with_signal_restarts_the_count() -> None:
@@ -41,15 +60,17 @@ def test_a_step_with_signal_restarts_the_count() -> None:
     assert watch.streak == 1
 
 
-def test_solved_steps_never_stop_the_run_and_are_said_once(
+def test_solved_steps_never_stop_the_run_and_each_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     watch = EmptySteps(limit=1)
     with caplog.at_level(logging.WARNING, logger="envhub.trainer.no_signal"):
-        for step in range(1, 5):
+        for step in range(1, 4):
             watch.observe(step, SOLVED)
     assert [r.getMessage() for r in caplog.records] == [
-        "step 1: every episode passed, nothing to learn from"
+        "step 1: every episode passed, nothing to learn from",
+        "step 2: every episode passed again (2 steps in a row), nothing to learn from",
+        "step 3: every episode passed again (3 steps in a row), nothing to learn from",
     ]
 
 
@@ -88,7 +109,10 @@ def test_a_run_on_an_env_that_never_rewards_stops_and_says_why(
     assert str(stopped.value).startswith(
         f"stopped after 3 steps in a row with nothing to learn from (steps 1-3): {reason}."
     )
-    assert [r.getMessage() for r in caplog.records] == [f"step 1 trained on nothing: {reason}"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"step 1 trained on nothing: {reason}",
+        "step 2 trained on nothing again: 2 steps in a row, the run stops at 3 (same reason)",
+    ]
     lines = (config.run_dir / "metrics.jsonl").read_text().splitlines()
     rows = [json.loads(line) for line in lines]
     assert [(r["step"], r["batch/kept"]) for r in rows] == [(1, 0.0), (2, 0.0), (3, 0.0)]

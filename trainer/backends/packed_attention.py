@@ -10,10 +10,11 @@ same positions), so logprobs and gradients are the unpacked ones, and a group of
 with a ``P``-token prompt runs ``(k - 1) * P`` fewer tokens.
 
 Transformers' own packed path builds a ``total x total`` block mask, over which CPU SDPA attends
-to the whole row. Here each :class:`Segment` goes through SDPA on its own (causal, or with the
-shared prompt's keys in front), the varlen attention flash-attention gives GPUs, written with
-torch's kernel. Without segments (a right-padded batch, generation with a KV cache) the function
-is transformers' ``sdpa`` unchanged, and so is the mask built for it.
+to the whole row. Here, on GPUs, the whole row goes through torch's varlen flash-attention kernel
+in one call (:mod:`varlen`); elsewhere each :class:`Segment` goes through SDPA on its own
+(causal, or with the shared prompt's keys in front). Without segments (a right-padded batch,
+generation with a KV cache) the function is transformers' ``sdpa`` unchanged, and so is the mask
+built for it.
 
 On the CPU, 16-bit queries, keys and values (bfloat16 autocast) are attended in float32: torch's
 CPU flash-attention backward is slower in bfloat16 than in float32 at these sizes, and the
@@ -27,6 +28,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from envhub.trainer.backends import varlen
 from envhub.trainer.batch import MicroBatch, prompt_groups
 
 NAME = "envhub_packed_sdpa"
@@ -35,7 +37,15 @@ NAME = "envhub_packed_sdpa"
 SEGMENTS = "envhub_segments"
 """The keyword that carries a packed row's :class:`Segment` list to the attention function."""
 
+VARLEN = "envhub_varlen"
+"""The keyword that carries the row's :class:`varlen.VarlenPlan` (the one-call path on GPUs)."""
+
 _HALF = (torch.bfloat16, torch.float16)
+
+NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
+"""The attention mask a packed row is given: a 4-D mask is one transformers takes as built, so
+it builds none. Given no mask it would find the row's sequences from the position ids (a device
+sync) and build a ``total x total`` mask that :func:`packed_sdpa` ignores for the segments."""
 
 
 class Segment(NamedTuple):
@@ -62,6 +72,8 @@ class PackedRow:
     scoring: torch.Tensor
     """``[n, width - 1]`` where in the row the state that scores each target sits (position
     ``t`` of sequence ``i`` scores its token ``t + 1``); 0 on padding."""
+    varlen_plan: varlen.VarlenPlan
+    """The segments as GPUs' one-call varlen attention takes them."""
 
     @classmethod
     def of(cls, mb: MicroBatch, share_prompts: bool = True) -> PackedRow:
@@ -95,7 +107,24 @@ class PackedRow:
                     segments.append(Segment(at, rest))
                 scoring[i, prompt : lengths[i] - 1] = torch.arange(at, at + rest - 1, device=device)
                 at += rest
-        return cls(torch.cat(tokens)[None], torch.cat(positions)[None], segments, scoring)
+        plan = varlen.VarlenPlan.of(segments)
+        return cls(torch.cat(tokens)[None], torch.cat(positions)[None], segments, scoring, plan)
+
+    def to(self, device: torch.device | str) -> PackedRow:
+        """A copy with its tensors on ``device`` (a row is laid out on the host, where the
+        micro-batch's lengths are known without asking the device)."""
+        move = {"non_blocking": True}
+        segments = [
+            s if s.mask is None else s._replace(mask=s.mask.to(device, **move))
+            for s in self.segments
+        ]
+        return PackedRow(
+            self.input_ids.to(device, **move),
+            self.position_ids.to(device, **move),
+            segments,
+            self.scoring.to(device, **move),
+            self.varlen_plan.to(device),
+        )
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments for the model's forward (no attention mask: the segments say who
@@ -104,6 +133,7 @@ class PackedRow:
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
             SEGMENTS: self.segments,
+            VARLEN: self.varlen_plan,
         }
 
 
@@ -145,8 +175,9 @@ def packed_sdpa(
     """Attention of ``query [b, heads, T, d]`` over ``key``/``value [b, kv_heads, T, d]``,
     returned as ``[b, T, heads, d]`` like every transformers attention function.
 
-    With :data:`SEGMENTS` (a packed ``b = 1`` row) each :class:`Segment` attends as it says;
-    without, transformers' ``sdpa``.
+    With :data:`SEGMENTS` (a packed ``b = 1`` row) each :class:`Segment` attends as it says:
+    in one varlen kernel call where :func:`varlen.runs` (a GPU, with :data:`VARLEN`), else
+    segment by segment; without, transformers' ``sdpa``.
     """
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
@@ -156,6 +187,7 @@ def packed_sdpa(
     compute = torch.float32 if query.device.type == "cpu" else out_dtype
     query, key, value = query.to(compute), key.to(compute), value.to(compute)
     segments: list[Segment] | None = kwargs.pop(SEGMENTS, None)
+    plan: varlen.VarlenPlan | None = kwargs.pop(VARLEN, None)
     if segments is not None:
         _refuse_what_segments_ignore(segments, kwargs)
     with torch.autocast(query.device.type, enabled=False):
@@ -164,6 +196,8 @@ def packed_sdpa(
                 module, query, key, value, attention_mask, dropout, scaling, **kwargs
             )
             return out.to(out_dtype), None
+        if plan is not None and varlen.runs(query, dropout):
+            return varlen.attend(query, key, value, plan, scaling).to(out_dtype), None
         groups = query.shape[1] // key.shape[1]
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
         parts = [_attend(query, key, value, s, dropout, scaling) for s in segments]

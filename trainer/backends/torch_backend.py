@@ -26,6 +26,7 @@ from envhub.trainer.algorithms import (
 )
 from envhub.trainer.backends import packed_attention
 from envhub.trainer.backends.base import StepResult
+from envhub.trainer.backends.placement import Placed, Targets, place
 from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.models import resolve_model
@@ -142,10 +143,8 @@ class TorchBackend:
         was_training = model.training
         model.eval()
         try:
-            return [
-                self._token_logprobs(model, mb.to(self.device), temperature=temperature)[0].cpu()
-                for mb in batches
-            ]
+            scored = [self._token_logprobs(model, mb, temperature=temperature)[0] for mb in batches]
+            return [logprobs.cpu() for logprobs in scored]  # one wait, after every forward
         finally:
             model.train(was_training)
 
@@ -194,39 +193,40 @@ class TorchBackend:
         """
         self._model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        weight_sum = 0.0
+        sums: dict[str, torch.Tensor] = {}  # on the device: read once, after the last backward
+        weight_sum = 0
         seen: list[torch.Tensor] = []
-        for k, cpu_batch in enumerate(batches):
-            mb = cpu_batch.to(self.device)
-            logprobs, entropy = self._token_logprobs(self._model, mb, with_entropy=True)
-            seen.append(logprobs.detach().cpu())
+        # The host's part of every micro-batch first: the device then runs them back to back.
+        prepared = [self._place(mb) for mb in batches]
+        for k, (placed, loss_inputs, weight) in enumerate(prepared):
+            logprobs, entropy = self._scores(self._model, placed, with_entropy=True)
+            seen.append(logprobs.detach())
             loss, metrics = policy_objective(
                 spec,
                 logprobs=logprobs,
                 old_logprobs=old_logprobs[k].to(self.device) if old_logprobs else None,
-                advantages=mb.advantages,
-                mask=mb.loss_mask,
+                advantages=loss_inputs.advantages,
+                mask=loss_inputs.loss_mask,
                 num_tokens=num_tokens,
                 num_sequences=num_sequences,
-                sampler_logprobs=mb.sampler_logprobs,
+                sampler_logprobs=loss_inputs.sampler_logprobs,
                 ref_logprobs=ref_logprobs[k].to(self.device) if ref_logprobs else None,
                 entropy=entropy,
             )
             loss.backward()
-            weight = float(mb.num_tokens)
             weight_sum += weight
-            totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
+            _accumulate(sums, "loss", loss.detach())
             for name, value in metrics.items():
-                totals[name] = totals.get(name, 0.0) + float(value) * weight
+                _accumulate(sums, name, torch.as_tensor(value, device=self.device) * weight)
+        values = dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True))
         metrics = {
-            name: (v if name == "loss" else v / max(weight_sum, 1.0)) for name, v in totals.items()
+            name: (v if name == "loss" else v / max(weight_sum, 1)) for name, v in values.items()
         }
         metrics["grad_norm"] = self._clip_gradients()
         metrics["lr"] = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        return StepResult(metrics, token_logprobs=seen)
+        return StepResult(metrics, token_logprobs=[logprobs.cpu() for logprobs in seen])
 
     # -- checkpoints and export -----------------------------------------------------------------
 
@@ -267,24 +267,37 @@ class TorchBackend:
         Both are ``[n, width - 1]``, like ``mb.loss_mask``. For models whose head is a plain
         projection (:data:`PLAIN_HEAD`) the head and the softmax run only where the loss mask
         is 1 and the other places are 0: prompts and tool results cost no vocabulary-sized
-        logits. Other models score every place.
+        logits. Other models score every place. ``mb`` is the host copy (see
+        :func:`target_logits`); the results are on this backend's device.
         """
+        return self._scores(model, place_for(model, mb, self.packed), with_entropy, temperature)
+
+    def _place(self, mb: MicroBatch) -> tuple[Placed, MicroBatch, int]:
+        """The host's part of a micro-batch for :meth:`update`: its forward's layout, its loss
+        inputs moved to the device, and its count of trained tokens."""
+        return place_for(self._model, mb, self.packed), mb.to(self.device), mb.num_tokens
+
+    def _scores(
+        self,
+        model: torch.nn.Module,
+        placed: Placed,
+        with_entropy: bool = False,
+        temperature: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`_token_logprobs` of a micro-batch already placed: device work only."""
         with self._autocast():
-            logits, keep = target_logits(model, mb, packed=self.packed)
+            logits = placed_logits(model, placed)
         logits = logits.float() / (temperature or self.temperature)
-        if keep is None:  # [n, width - 1, V]
-            logprobs = selective_log_softmax(logits, mb.input_ids[:, 1:])
-        else:  # [N, V] at the N kept targets
-            chosen = mb.input_ids[:, 1:][keep]
-            logprobs = _spread(selective_log_softmax(logits[None], chosen[None])[0], keep)
+        targets = placed.targets
+        logprobs = selective_log_softmax(logits[None], placed.tokens[None])[0]
+        if targets is not None:  # [N] at the N trained targets
+            logprobs = targets.spread(logprobs)
         entropy = None
         if with_entropy:  # a metric always; a loss term only when entropy_coef != 0
             source = logits if self.config.algorithm.entropy_coef else logits.detach()
-            entropy = (
-                token_entropy(source)
-                if keep is None
-                else _spread(token_entropy(source[None])[0], keep)
-            )
+            entropy = token_entropy(source[None])[0]
+            if targets is not None:
+                entropy = targets.spread(entropy)
         return logprobs, entropy
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -301,6 +314,12 @@ class TorchBackend:
         return float(norm)
 
 
+def _accumulate(sums: dict[str, torch.Tensor], name: str, value: torch.Tensor) -> None:
+    """Add ``value`` (a 0-d device tensor) to ``sums[name]`` without reading it back."""
+    value = value.detach().double()  # float64 sums, as the Python floats they replace
+    sums[name] = sums[name] + value if name in sums else value
+
+
 PLAIN_HEAD = frozenset(
     {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "olmo2"}
 )
@@ -311,40 +330,43 @@ on some positions only."""
 
 def target_logits(
     model: torch.nn.Module, mb: MicroBatch, packed: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+) -> tuple[torch.Tensor, Targets | None]:
     """The logits that score ``mb``'s targets (position ``t`` scores token ``t + 1``).
 
-    Returns ``(logits [N, V], keep)`` with ``keep`` the ``[n, width - 1]`` boolean mask of the
-    ``N`` targets the loss uses, when the model's head is plain (:data:`PLAIN_HEAD`); else
+    Returns ``(logits [N, V], targets)`` with ``targets`` the :class:`Targets` (the ``N``
+    places the loss uses), when the model's head is plain (:data:`PLAIN_HEAD`); else
     ``(logits [n, width - 1, V], None)`` from the whole model, whose places past a sequence's
     end hold no score of it. With ``packed`` the model runs the sequences end to end in one row,
     shared prompts once (:class:`packed_attention.PackedRow`; the model's attention must be
     :mod:`packed_attention`'s); the logits come back in the same layout either way.
+    ``mb`` is the host copy (see :func:`placement.place`).
     """
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    plain = model_type in PLAIN_HEAD
-    keep = mb.loss_mask > 0 if plain else None
-    if not packed:
-        inputs = {"input_ids": mb.input_ids, "attention_mask": mb.attention_mask}
-        if plain:
-            hidden = model.get_decoder()(**inputs, use_cache=False).last_hidden_state
-            return model.get_output_embeddings()(hidden[:, :-1][keep]), keep
-        return model(**inputs, use_cache=False).logits[:, :-1], None
-    if getattr(model.config, "_attn_implementation", None) != packed_attention.NAME:
+    placed = place_for(model, mb, packed)
+    return placed_logits(model, placed), placed.targets
+
+
+def place_for(model: torch.nn.Module, mb: MicroBatch, packed: bool) -> Placed:
+    """:func:`placement.place` for ``model``: on its device, the head on the trained places
+    only for a plain head (:data:`PLAIN_HEAD`).
+
+    Raises:
+        ConfigError: ``packed`` for a model whose attention is not :mod:`packed_attention`'s.
+    """
+    if packed and getattr(model.config, "_attn_implementation", None) != packed_attention.NAME:
         # Any other attention would ignore the segments and attend across the whole row.
         raise ConfigError("a packed micro-batch needs the model's attention to be packed_sdpa")
-    layout = packed_attention.PackedRow.of(mb)
-    if plain:
-        hidden = model.get_decoder()(**layout.model_inputs(), use_cache=False).last_hidden_state
-        return model.get_output_embeddings()(hidden[0, layout.scoring[keep]]), keep
-    return model(**layout.model_inputs(), use_cache=False).logits[0, layout.scoring], None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    device = next(model.parameters()).device
+    return place(mb, device, packed=packed, head_on_targets=model_type in PLAIN_HEAD)
 
 
-def _spread(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-    """``[N]`` values at the ``True`` places of ``keep``, 0 elsewhere (differentiable)."""
-    out = values.new_zeros(keep.shape)
-    out[keep] = values
-    return out
+def placed_logits(model: torch.nn.Module, placed: Placed) -> torch.Tensor:
+    """The logits at ``placed``'s targets: ``[N, V]`` with :attr:`Placed.targets`, the
+    vocabulary head run on those places only; else ``[n, width - 1, V]`` from the whole model."""
+    if placed.targets is None:
+        return model(**placed.inputs, use_cache=False).logits[placed.states]
+    hidden = model.get_decoder()(**placed.inputs, use_cache=False).last_hidden_state
+    return model.get_output_embeddings()(hidden[placed.states])
 
 
 def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

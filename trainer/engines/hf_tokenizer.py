@@ -137,8 +137,9 @@ def load_chat_tokenizer(model: str) -> HFChatTokenizer:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except OSError:
         raise ConfigError(
-            f"the tokenizer of {model!r} is not on this machine (nothing is downloaded): give "
-            f"a local folder, or fetch it first with `hf download {model}`"
+            f"the tokenizer of {model!r} is not on this machine (nothing is downloaded) — give "
+            "a local folder or smollm2-135m (installed by the set-up), or fetch it first with "
+            f"`hf download {model}`"
         ) from None
     if not getattr(tokenizer, "chat_template", None):
         raise ConfigError(f"{model!r} has no chat template: it is not a chat model")

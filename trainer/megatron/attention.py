@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from envhub.trainer.backends import varlen
 from envhub.trainer.batch import Packing
 
 SEGMENTS = "envhub_segments"
@@ -116,7 +117,12 @@ class PackedAttention(torch.nn.Module):
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, segments: list[int]
     ) -> torch.Tensor:
         """``[t, heads, d]`` queries, ``[t, groups, d]`` keys and values of a row of
-        ``segments`` (lengths) -> ``[t, heads * d]``."""
+        ``segments`` (lengths) -> ``[t, heads * d]``: in one varlen kernel call where it runs
+        (a GPU, 16-bit), else one SDPA call per sequence."""
+        dropout = self.dropout if self.training else 0.0
+        if len(segments) > 1 and varlen.runs(query, dropout):
+            plan = varlen.plan_on(tuple(segments), query.device)
+            return varlen.attend_tokens(query, key, value, plan, self.scale).flatten(1)
         q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))  # [1, h, t, d]
         k, v = _share_groups(k, v, q.shape[1])  # once per row, not per sequence
         if len(segments) == 1:

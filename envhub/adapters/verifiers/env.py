@@ -20,6 +20,7 @@ from envhub.adapters.verifiers.rubric import VerifiersRubric
 from envhub.env import Action, StepResult, TaskEnv
 from envhub.errors import EnvhubError, EnvLoadError
 from envhub.state import State
+from envhub.tools.executor import count_calls_run_elsewhere
 from envhub.tools.parsers import ParsedTurn, check_openai_calls, get_parser
 from envhub.types import AssistantTurn, ErrorRecord, Message, is_infrastructure_error
 
@@ -116,7 +117,9 @@ class VerifiersEnv(TaskEnv):
         parsed = self._parse_turn(state, turn)
         if parsed.calls:
             state.messages[-1] = turn.message.model_copy(update={"tool_calls": tuple(parsed.calls)})
-            state.metrics["tool_calls"] += len(parsed.calls)
+        # verifiers runs the calls; a malformed one or one naming no offered tool is invalid
+        offered = {t["function"]["name"] for t in self.tool_schemas or ()}
+        count_calls_run_elsewhere(state.metrics, parsed, offered)
         if episode.waiting is not None:
             episode.answer(_response(turn, parsed.calls))
         prompt = await episode.next_request()

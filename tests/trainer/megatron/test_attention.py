@@ -117,3 +117,25 @@ def test_a_softmax_scale_from_the_config_is_used() -> None:
 def test_what_it_cannot_do_is_refused(change: dict, words: str) -> None:
     with pytest.raises(ConfigError, match=words):
         _attention(**change)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_one_varlen_call_matches_attention_per_sequence() -> None:
+    from envhub.trainer.backends import varlen
+
+    q, k, v = (t.to("cuda", torch.bfloat16).requires_grad_() for t in _qkv(sum(SEGMENTS)))
+    assert varlen.runs(q, 0.0)
+    lengths = segment_lengths(SEGMENTS)
+    kernel = _attention()(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), lengths)[:, 0]
+    start, parts = 0, []
+    for n in SEGMENTS:  # each sequence alone: the single-segment path, plain causal SDPA
+        window = slice(start, start + n)
+        parts.append(_attention()(q[window, None], k[window, None], v[window, None], None))
+        start += n
+    alone = torch.cat(parts)[:, 0]
+    torch.testing.assert_close(kernel, alone, rtol=2e-2, atol=2e-2)
+    grads = torch.autograd.grad(kernel.float().square().sum(), (q, k, v))
+    reference = torch.autograd.grad(alone.float().square().sum(), (q, k, v))
+    for got, want in zip(grads, reference, strict=True):
+        torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)

@@ -171,8 +171,9 @@ def test_dry_run_estimate_splits_the_state_over_the_ranks(tiny_model_dir: Path) 
         backend={"kind": "megatron", "megatron": {"pipeline_parallel": 2}},
     )
     # 6,587,008 parameters x (4 weight + 12 AdamW bytes) / 2 stages, plus one micro-batch of
-    # 4096 tokens: logits 4096 x 49152 x 12 B and activations 4096 x 128 x 2 layers x 34 x 4 B.
-    expected = (6_587_008 * 16 / 2 + 4096 * 49152 * 12 + 4096 * 128 * 2 * 34 * 4) / 2**30
+    # 4096 tokens: logits 4096 x 49152 x 12 B and, in bfloat16, 2 layers x (8 x hidden 128 +
+    # 4 x MLP 256) values per token.
+    expected = (6_587_008 * 16 / 2 + 4096 * 49152 * 12 + 4096 * 2 * (8 * 128 + 4 * 256) * 2) / 2**30
     assert estimate(config)["per Megatron rank"] == f"{expected:.2f} GiB (tp=1, pp=2; vLLM apart)"
 
 
