@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 from envhub.cli.app import app
 from envhub.cli.console import console
 from envhub.errors import ConfigError, EnvLoadError, EnvNotFoundError
+from envhub.references import load_reference
 from envhub.rollout.io import read_trajectories
 from envhub.types import Message
-from tests.file_envs import write_env_file
+from tests.file_envs import LOOKUP_SUM, write_env_file
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,11 +92,12 @@ def test_check_shows_the_error_in_the_users_file(env_file: Path) -> None:
     env_file.write_text(
         env_file.read_text().replace('"fig": 11}', '"fig": 11}\nPRICES["kiwi"] += 1')
     )
+    line = env_file.read_text().splitlines().index('PRICES["kiwi"] += 1') + 1
     result = runner.invoke(app, ["check", f"{env_file}:LookupSum"])
     assert (result.exit_code, type(result.exception)) == (1, EnvLoadError)
     assert str(result.exception) == (
         f"importing {env_file} (for '{env_file}:LookupSum') raised KeyError: 'kiwi' "
-        f'at {env_file.resolve()}:13: PRICES["kiwi"] += 1'
+        f'at {env_file.resolve()}:{line}: PRICES["kiwi"] += 1'
     )
 
 
@@ -109,8 +111,7 @@ def test_check_fails_a_broken_reward_in_the_file(env_file: Path) -> None:
 
 def solver(method: str, path: str, body: Any) -> tuple[int, Any]:
     """A chat server that answers with the file env's reference policy."""
-    from tests.file_envs.lookup_sum import solve
-
+    solve = load_reference(str(LOOKUP_SUM)).reference_policy
     if path == "/v1/models":
         return 200, {"data": [{"id": "solver"}]}
     messages = [Message.model_validate(m) for m in body["messages"]]
@@ -136,7 +137,7 @@ def test_eval_plays_the_file_env(env_file: Path, http_server, tmp_path: Path) ->
 def test_eval_names_its_folder_after_the_env() -> None:
     from envhub.cli.eval import default_output
 
-    folder = default_output(str(ROOT / "tests" / "file_envs" / "lookup_sum.py"), "org/model")
+    folder = default_output(str(LOOKUP_SUM), "org/model")
     assert re.fullmatch(r"lookup_sum-model-\d{8}-\d{6}", folder.name)
     assert folder.parent == Path("outputs") / "eval"
 

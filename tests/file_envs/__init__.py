@@ -1,12 +1,13 @@
 """Env files as a user writes them from scratch (no pyproject, README or tests), for the tests of
-env references (``path/to/file.py:Class``). Tests copy them into ``tmp_path``."""
+env references (``path/to/file.py:Class``). Tests copy them into ``tmp_path``; the one the docs
+show is ``examples/envs/lookup_sum.py``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-HERE = Path(__file__).parent
-LOOKUP_SUM = HERE / "lookup_sum.py"
+ROOT = Path(__file__).resolve().parents[2]
+LOOKUP_SUM = ROOT / "examples" / "envs" / "lookup_sum.py"
 """A tool env with two tools (``lookup``, ``add``) and a reward, no ``name`` or ``version``."""
 
 

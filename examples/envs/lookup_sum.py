@@ -1,4 +1,15 @@
-"""Sum two looked-up prices: an env written from scratch, with two tools and a reward."""
+"""Sum two looked-up prices: an env written from scratch, with two tools and a reward.
+
+No package, no ``name`` and no ``version``: envhub takes the file as it is, and names the env
+after it (``lookup_sum``)::
+
+    envhub check examples/envs/lookup_sum.py
+    envhub list examples/envs/lookup_sum.py
+    envhub eval examples/envs/lookup_sum.py:LookupSum -u http://127.0.0.1:8000/v1 -m MODEL
+    envhub train --example quickstart envs.0.name=examples/envs/lookup_sum.py 'envs.0.args={}'
+
+``solve`` is the reference policy: it shows ``envhub check`` that every task can be solved.
+"""
 
 from __future__ import annotations
 
