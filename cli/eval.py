@@ -17,7 +17,11 @@ def register(app: typer.Typer) -> None:
 
 
 def eval_command(
-    env: str = typer.Argument(..., help="Name of an installed env (see `envhub list`)."),
+    env: str = typer.Argument(
+        ...,
+        help="An installed env's name (see `envhub list`), or your env's code: "
+        "path/to/file.py[:Class] or module:Class.",
+    ),
     model: str = typer.Option(
         None,
         "--model",
@@ -209,8 +213,11 @@ def default_output(env_name: str, model: str) -> Path:
     import re
     import time
 
+    from envhub.references import display_name
+
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.rstrip("/").split("/")[-1])
-    return Path("outputs") / "eval" / f"{env_name}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+    env = display_name(env_name)  # an env file is named by its env, not its path
+    return Path("outputs") / "eval" / f"{env}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 class _progress:

@@ -41,6 +41,7 @@ _EXPORTS = {
     "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "evaluate": "envhub.evaluation",
+    "train": "envhub.trainer.api",
     "InferenceEngine": "envhub.inference.base",
     "SamplingParams": "envhub.inference.base",
     "OpenAIEngine": "envhub.inference.openai_http",
@@ -75,6 +76,7 @@ __all__ = [
     "register",
     "reward",
     "tool",
+    "train",
 ]
 
 if TYPE_CHECKING:
@@ -92,6 +94,7 @@ if TYPE_CHECKING:
     from envhub.rows import RequiredField
     from envhub.state import State
     from envhub.tools.tool import Injected, Tool, tool
+    from envhub.trainer.api import train
     from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
 
 

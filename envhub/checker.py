@@ -38,18 +38,42 @@ from envhub.types import ErrorRecord, Message, as_message
 class CheckResult:
     """The outcome of one named check.
 
-    ``detail`` says what was checked when the check passes (e.g. ``"3 seeds"``) and what went wrong
-    when it fails.
+    ``detail`` says what was checked when the check passes (e.g. ``"3 seeds"``), what went wrong
+    when it fails, and why nothing was tested when it was skipped.
     """
 
     name: str
     passed: bool
     detail: str = ""
+    skipped: bool = False
+    """Nothing was tested (no reference policy declared, a gate left to ``--publish``); a
+    skipped check counts as passed."""
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``fail`` or ``skipped``: the result column of the table."""
+        return "skipped" if self.skipped else "ok" if self.passed else "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data (``outcome`` tells a skipped check from a passed one)."""
+        return {
+            "check": self.name,
+            "passed": self.passed,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
+
+
+class SkipCheck(Exception):
+    """Raised by a check that has nothing to test; its message says why."""
 
 
 @dataclass
 class CheckReport:
-    """Every check's result for one env, in the order the checks ran."""
+    """Every check's result for one env, in the order the checks ran.
+
+    ``print(report)`` shows the table ``envhub check`` prints.
+    """
 
     env_name: str
     results: list[CheckResult] = field(default_factory=list)
@@ -63,6 +87,24 @@ class CheckReport:
     def failures(self) -> list[CheckResult]:
         """The results of the checks that failed."""
         return [r for r in self.results if not r.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict and every check's result, as JSON-ready data."""
+        return {
+            "env": self.env_name,
+            "passed": self.passed,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def __rich__(self) -> Any:
+        from envhub.check_table import results_table
+
+        return results_table(self.env_name, self.results, passed=self.passed)
+
+    def __str__(self) -> str:
+        from envhub.check_table import render_text
+
+        return render_text(self.__rich__())
 
 
 @dataclass(frozen=True)
@@ -152,6 +194,8 @@ def check_env(
     for name, check in checks:
         try:
             report.results.append(CheckResult(name, True, check()))
+        except SkipCheck as e:
+            report.results.append(CheckResult(name, True, str(e), skipped=True))
         except Exception as e:  # each check reports on its own
             report.results.append(
                 CheckResult(
@@ -316,7 +360,7 @@ def _check_floor(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
 def _check_reference(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
     policy = getattr(env, "reference_policy", None)
     if policy is None:
-        return "no reference policy declared"
+        raise SkipCheck("no reference policy declared")
     return _check_policy_total(
         env, starts, max_steps, policy, env.reward_range[1], "the reference policy", "top"
     )
@@ -333,7 +377,7 @@ def _check_policy_total(
 ) -> str:
     """Every seed's episode under ``policy`` totals exactly ``target`` (an end of reward_range)."""
     if not math.isfinite(target):
-        return f"no finite {where} in reward_range"
+        raise SkipCheck(f"no finite {where} in reward_range")
     for start in starts:
         episode = _run(env, start, policy, max_steps)
         assert math.isclose(episode.total, target, abs_tol=1e-9), (
