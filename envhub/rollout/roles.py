@@ -143,7 +143,7 @@ def _finish(ep: _Episode, terminated: bool, truncated: bool, info: dict[str, Any
         seat.components = dict(components.get(actor, {}))
         seat.env_metrics = dict(info.get("metrics", {}))
         seat.errors.extend(errors)
-        seat.result = results.get(actor)
+        seat.result = results.get(actor) or ("aborted" if errors else None)
     ep.stop_reason = "terminated"
 
 
