@@ -137,6 +137,25 @@ def load_fixed_policy(spec: str | FixedPolicy, shipped: Mapping[str, FixedPolicy
         raise ConfigError(f"cannot load fixed policy {spec!r}: {e}") from e
 
 
+def role_totals_problem(
+    env: MultiRoleEnv, totals: Mapping[str, float], failed: bool
+) -> str | None:
+    """What is wrong with one episode's ``{actor: total}`` (``None``: nothing): a total outside
+    its role's range, or (in an episode without errors) totals that break ``reward_mode``."""
+    for actor, total in totals.items():
+        low, high = env.role_reward_range(actor_role(actor))
+        if not low - 1e-9 <= total <= high + 1e-9:
+            return f"{actor} totals {total}, outside its role's range ({low}, {high})"
+    if failed or len(totals) < 2:
+        return None
+    values = list(totals.values())
+    if env.reward_mode == "zero_sum" and abs(sum(values)) > 1e-9:
+        return f"reward_mode is zero_sum but the totals {dict(totals)} sum to {sum(values)}"
+    if env.reward_mode == "cooperative" and max(values) - min(values) > 1e-9:
+        return f"reward_mode is cooperative but the totals differ: {dict(totals)}"
+    return None
+
+
 class MultiRoleEnv(Env):
     """An env whose episodes are matches between several roles (see the module doc).
 
@@ -176,6 +195,11 @@ class MultiRoleEnv(Env):
             )
         self.max_turns = max_turns if max_turns is not None else self.default_max_turns
         self.match: Match | None = None
+
+    def role_reward_range(self, role: str) -> tuple[float, float]:
+        """Bounds of one role's episode total (``reward_range`` unless a role's are tighter);
+        ``check_env`` holds every actor to its role's, and the null policy to its floor."""
+        return self.reward_range
 
     @property
     def trained_roles(self) -> tuple[str, ...]:

@@ -37,6 +37,8 @@ from envhub.types import AssistantTurn, Message, system, user
 
 DEFAULT_BAND = (0.25, 0.75)
 INVALID_PENALTY = -1.0
+RANDOM_SETTER_MAX = 10**6
+"""The largest value the ``random`` setter writes (the default ``max_value``)."""
 _PROBLEM_TAG = re.compile(r"<problem>(.*?)</problem>", re.DOTALL)
 _ALLOWED = re.compile(r"[\d\s+\-*()]+")
 _OPERATOR = re.compile(r"(?<=[\d)\s])\s*[+\-*]")
@@ -93,10 +95,12 @@ def random_setter(messages: list[Message], rng: np.random.Generator) -> str:
     asked = _ASK.search(next(m.content or "" for m in messages if m.role == "system"))
     operations, digits = (int(asked.group(1)), int(asked.group(2))) if asked else (2, 1)
     draw = random.Random(int(rng.integers(2**31)))
-    numbers = [str(draw.randint(10 ** (digits - 1), 10**digits - 1)) for _ in range(operations + 1)]
-    text = numbers[0]
-    for number in numbers[1:]:
-        text += f" {draw.choice('+-*')} {number}"
+    for attempt in range(20):  # products of big numbers overflow the default max_value
+        numbers = [draw.randint(10 ** (digits - 1), 10**digits - 1) for _ in range(operations + 1)]
+        signs = "+-*" if attempt < 19 else "+-"
+        text = str(numbers[0]) + "".join(f" {draw.choice(signs)} {n}" for n in numbers[1:])
+        if abs(evaluate(text)) <= RANDOM_SETTER_MAX:
+            break
     return f"<problem>{text}</problem>"
 
 
@@ -147,6 +151,10 @@ class SetterSolverEnv(MultiRoleEnv):
         super().__init__(policies=policies, max_turns=attempts + 1)
         self.attempts, self.band = attempts, (float(low), float(high))
         self.max_operations, self.max_value = max_operations, max_value
+
+    def role_reward_range(self, role: str) -> tuple[float, float]:
+        """A solver scores 0 or 1; the setter -1 (invalid) to 1."""
+        return (0.0, 1.0) if role == "solver" else self.reward_range
 
     def tasks(self) -> list[dict[str, Any]]:
         """What the setter is asked for (:func:`setter_tasks`)."""
