@@ -206,6 +206,11 @@ class MultiRoleEnv(Env):
         """The roles the policy plays (those without a fixed policy)."""
         return tuple(r for r in self.roles if r not in self.fixed)
 
+    @property
+    def dataset(self) -> Sequence[dict[str, Any]]:
+        """The tasks (:meth:`tasks`), by the name the trainer and ``eval`` count them by."""
+        return self.tasks()
+
     # -- hooks for subclasses ---------------------------------------------------------------
 
     def tasks(self) -> Sequence[dict[str, Any]]:
