@@ -275,6 +275,12 @@ def outcomes_line(outcomes: dict[str, int]) -> str:
     return ", ".join(f"{name} {n}" for name, n in outcomes.items() if n) or "-"
 
 
+def role_line(role: dict[str, Any]) -> str:
+    """``reward 0.250, 8 trajectories (win 2, loss 6)``: one role of a multi-role eval."""
+    results = ", ".join(f"{k} {v}" for k, v in sorted(role["results"].items()))
+    return f"reward {role['reward_mean']:.3f}, {role['trajectories']} trajectories ({results})"
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -287,6 +293,7 @@ def summary_table(summary: Any, title: str):
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
         *((f"  {name}", f"{value:.3f}") for name, value in summary.components.items()),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
+        *((f"role {role}", role_line(r)) for role, r in getattr(summary, "roles", {}).items()),
         ("tool calls / episode", f"{summary.tool_calls:.2f}"),
         (
             "tool-call validity",
