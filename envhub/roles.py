@@ -91,7 +91,9 @@ class Match:
         """Queue ``messages`` for ``actor`` (seen on its next turn), labelled with the actor
         whose turn produced them (``None`` during :meth:`MultiRoleEnv.setup`)."""
         queue = self.pending.setdefault(actor, [])
-        queue.extend(m if m.actor else m.model_copy(update={"actor": self.acting}) for m in messages)
+        queue.extend(
+            m if m.actor else m.model_copy(update={"actor": self.acting}) for m in messages
+        )
 
     def pay(self, actor: str, amount: float, component: str = "outcome") -> None:
         """Pay ``actor`` ``amount`` at this step (its total and ``component`` grow by it)."""
@@ -137,9 +139,7 @@ def load_fixed_policy(spec: str | FixedPolicy, shipped: Mapping[str, FixedPolicy
         raise ConfigError(f"cannot load fixed policy {spec!r}: {e}") from e
 
 
-def role_totals_problem(
-    env: MultiRoleEnv, totals: Mapping[str, float], failed: bool
-) -> str | None:
+def role_totals_problem(env: MultiRoleEnv, totals: Mapping[str, float], failed: bool) -> str | None:
     """What is wrong with one episode's ``{actor: total}`` (``None``: nothing): a total outside
     its role's range, or (in an episode without errors) totals that break ``reward_mode``."""
     for actor, total in totals.items():
@@ -367,9 +367,7 @@ class MultiRoleEnv(Env):
         if "task_index" in options:
             index = int(options["task_index"])
             if not 0 <= index < len(tasks):
-                raise EnvhubError(
-                    f"{self.name}: task_index {index} is outside 0..{len(tasks) - 1}"
-                )
+                raise EnvhubError(f"{self.name}: task_index {index} is outside 0..{len(tasks) - 1}")
         else:
             index = int(self.np_random.integers(len(tasks)))
         return index, dict(tasks[index])

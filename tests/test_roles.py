@@ -57,7 +57,10 @@ def test_turns_views_labels_and_rewards() -> None:
     assert terminated and observation == [] and info["role"] is None
     assert info["role_results"] == {"a": "done", "b": "done"}
     assert env.match.rewards == {"a": 3.0, "b": -3.0}
-    assert [(m.role, m.actor) for m in env.match.views["b"]][-2:] == [("user", "a"), ("assistant", "b")]
+    assert [(m.role, m.actor) for m in env.match.views["b"]][-2:] == [
+        ("user", "a"),
+        ("assistant", "b"),
+    ]
     assert "== a" in env.render() and "[assistant] w" in env.render()
     with pytest.raises(EnvhubError, match="has ended"):
         env.step("again")

@@ -56,7 +56,9 @@ def best_moves(board: str) -> list[int]:
     """The cells (0-8) whose move keeps the player to move at :func:`value`."""
     mark, target = to_move(board), value(board)
     return [
-        i for i in range(9) if board[i] == "." and -value(board[:i] + mark + board[i + 1 :]) == target
+        i
+        for i in range(9)
+        if board[i] == "." and -value(board[:i] + mark + board[i + 1 :]) == target
     ]
 
 
@@ -175,7 +177,9 @@ class TicTacToeEnv(MultiRoleEnv):
             match.pay(other, -1.0 if won else 0.0)
             match.end({actor: "win", other: "loss"} if won else {actor: "draw", other: "draw"})
             return self._grade(match)
-        match.tell(other, user(f"{actor.upper()} took cell {cell + 1}.\n{render(board)}\n\nYour move."))
+        match.tell(
+            other, user(f"{actor.upper()} took cell {cell + 1}.\n{render(board)}\n\nYour move.")
+        )
         match.to_move = other
 
     @staticmethod

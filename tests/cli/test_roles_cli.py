@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import envhub
 from envhub import registry
-from envhub.cli.console import console
 from envhub.cli.app import app
+from envhub.cli.console import console
 from envhub.envs.setter_solver import SetterSolverEnv
 from envhub.envs.tictactoe import TicTacToeEnv
 from envhub.rollout.io import read_trajectories

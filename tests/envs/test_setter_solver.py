@@ -100,9 +100,7 @@ class Classroom:
 
 def roll(policy: Any, tasks: list[int], n: int = 1, **kwargs: Any) -> list[Trajectory]:
     engine = ScriptedEngine(policy, tokenizer=ByteChatTokenizer())
-    runner = RolloutRunner(
-        engine, lambda: SetterSolverEnv(**kwargs), max_concurrency=1, seed=0
-    )
+    runner = RolloutRunner(engine, lambda: SetterSolverEnv(**kwargs), max_concurrency=1, seed=0)
     return asyncio.run(runner.run(tasks, samples_per_task=n))
 
 

@@ -34,7 +34,9 @@ from envhub.types import user
         ("xx.o.....", -1, [2, 4, 5, 6, 7, 8]),  # O blocks at 2, but X still forks: O loses
     ],
 )
-def test_minimax_on_known_positions(board: str, expected_value: int, expected_best: list[int]) -> None:
+def test_minimax_on_known_positions(
+    board: str, expected_value: int, expected_best: list[int]
+) -> None:
     assert value(board) == expected_value
     if expected_value >= 0:
         assert best_moves(board) == expected_best

@@ -43,7 +43,9 @@ def scripted_game(moves: dict[str, list[str]]) -> Any:
     return policy
 
 
-def roll(env_factory: Any, policy: Any, tasks: list[int], n: int = 1, engine: Any = None) -> list[Trajectory]:
+def roll(
+    env_factory: Any, policy: Any, tasks: list[int], n: int = 1, engine: Any = None
+) -> list[Trajectory]:
     engine = engine or ScriptedEngine(policy, tokenizer=ByteChatTokenizer())
     runner = RolloutRunner(engine, env_factory, max_concurrency=2, seed=3)
     return asyncio.run(runner.run(tasks, samples_per_task=n))
