@@ -2,7 +2,8 @@
 the policy writes for itself.
 
 An episode: the ``setter`` writes an integer expression (``+ - *``, parentheses) inside
-``<problem>...</problem>``; the env computes its value exactly. Then ``attempts`` solvers
+``<problem>...</problem>`` (without the tag, the last expression in its reply:
+:func:`read_problem`); the env computes its value exactly. Then ``attempts`` solvers
 (``solver#0`` .. ``solver#{k-1}``, each a fresh conversation seeing only the problem) answer
 it. Rewards:
 
@@ -42,6 +43,8 @@ RANDOM_SETTER_MAX = 10**6
 _PROBLEM_TAG = re.compile(r"<problem>(.*?)</problem>", re.DOTALL)
 _ALLOWED = re.compile(r"[\d\s+\-*()]+")
 _OPERATOR = re.compile(r"(?<=[\d)\s])\s*[+\-*]")
+_RUN = re.compile(r"[\d(][\d \t+\-*()]*[\d)]|\d")
+_BINARY_OP = re.compile(r"[\d)]\s*[+\-*]\s*[\d(]")
 _ASK = re.compile(r"about (\d+) operations? on (\d+)-digit")
 
 SETTER_PROMPT = (
@@ -63,15 +66,19 @@ def setter_reward(solve_rate: float, band: tuple[float, float] = DEFAULT_BAND) -
 def read_problem(text: str, max_operations: int, max_value: int) -> tuple[str, int]:
     """The problem a setter's reply poses and its exact value.
 
-    The expression is the last ``<problem>`` tag's content, else the reply's last non-empty
-    line.
+    The expression is the last ``<problem>`` tag's content; without a tag, the last stretch of
+    the reply made of digits, spaces, ``+ - *`` and parentheses that holds an operation between
+    two numbers (``What is 6 + 2 * 2?`` poses ``6 + 2 * 2``; ``12 + 7 = 20`` poses ``12 + 7``).
 
     Raises:
         ValueError: Why the problem is invalid (see the module doc).
     """
     tags = _PROBLEM_TAG.findall(text)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    expression = (tags[-1] if tags else (lines[-1] if lines else "")).strip()
+    if tags:
+        expression = tags[-1].strip()
+    else:
+        runs = [m.group().strip() for m in _RUN.finditer(text) if _BINARY_OP.search(m.group())]
+        expression = runs[-1] if runs else ""
     if not expression:
         raise ValueError("no problem written")
     if not _ALLOWED.fullmatch(expression):

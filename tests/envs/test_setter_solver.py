@@ -46,7 +46,10 @@ def test_setter_reward_by_hand(rate: float, band: tuple[float, float], expected:
     [
         ("<problem>(12 + 7) * 3</problem>", "(12 + 7) * 3", 57),
         ("Here it is:\n<problem> 5 - 9 </problem>\nGood luck", "5 - 9", -4),
-        ("Sure!\n3 * 4 - 2", "3 * 4 - 2", 10),  # no tag: the last line
+        ("Sure!\n3 * 4 - 2", "3 * 4 - 2", 10),  # no tag: the last expression
+        ("What is the answer for 6 + 2 * 2?", "6 + 2 * 2", 10),
+        ("12 + 7 = 20\n\nThe answer is incorrect.", "12 + 7", 19),
+        ("Take (3 + 4) * 2, then 5 - 1 and 9", "5 - 1", 4),
         ("<problem>1+1</problem> then <problem>2*3</problem>", "2*3", 6),
     ],
 )
