@@ -36,30 +36,14 @@ async def drive_roles(
 ) -> None:
     """Play one multi-role episode from its reset; fill ``ep.seats`` with each trained
     actor's record (see the module doc)."""
-    from envhub.rollout.runner import _Episode
-
     tokenizer = runner._chat_tokenizer()
     while True:
         seat = ep.seats.get(actor)
         if seat is None:
-            seat = _Episode(ep.task_index, ep.sample_index, ep.group_id, ep.seed)
-            seat.messages, seat.prompt_length, seat.tools = (
-                list(observation),
-                len(observation),
-                env.tool_schemas,
-            )
-            seat.stop_reason = "terminated"
-            ep.seats[actor] = seat
-            if tokenizer is not None:
-                try:
-                    prompt = await tokenizer.render(
-                        seat.messages, seat.tools, add_generation_prompt=True
-                    )
-                except Exception as e:
-                    return _crash(ep, actor, "engine", e, 0)
-                seat.trace = TokenTrace()
-                seat.trace.start(prompt)
+            seat = await _open_seat(ep, actor, observation, env.tool_schemas, tokenizer)
         elif not await _deliver(seat, tokenizer, observation):
+            seat.stop_reason = "error"
+        if seat.stop_reason == "error":  # the engine's tokenizer failed on the seat's prompt
             return _crash(ep, actor, "engine", seat.pending_error, len(seat.turns))
         turn = len(seat.turns)
         max_tokens, reason = runner._turn_budget(env, seat)
@@ -94,6 +78,32 @@ async def drive_roles(
         if terminated or truncated:
             return _finish(ep, bool(terminated), bool(truncated), info)
         observation, actor = [as_message(m) for m in observation], info[ROLE]
+
+
+async def _open_seat(
+    ep: _Episode,
+    actor: str,
+    prompt: list[Message],
+    tools: list[dict[str, Any]] | None,
+    tokenizer: Any,
+) -> _Episode:
+    """A record for ``actor``'s first turn, its token trace started from its ``prompt``
+    (``stop_reason`` ``error``, with ``pending_error``, when the tokenizer failed)."""
+    from envhub.rollout.runner import _Episode
+
+    seat = _Episode(ep.task_index, ep.sample_index, ep.group_id, ep.seed)
+    seat.messages, seat.prompt_length, seat.tools = list(prompt), len(prompt), tools
+    seat.stop_reason = "terminated"
+    ep.seats[actor] = seat
+    if tokenizer is not None:
+        try:
+            ids = await tokenizer.render(seat.messages, tools, add_generation_prompt=True)
+        except Exception as e:
+            seat.pending_error, seat.stop_reason = e, "error"
+            return seat
+        seat.trace = TokenTrace()
+        seat.trace.start(ids)
+    return seat
 
 
 async def _deliver(seat: _Episode, tokenizer: Any, observation: list[Message]) -> bool:

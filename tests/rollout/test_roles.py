@@ -230,3 +230,23 @@ def test_one_role_rollouts_are_token_identical_to_before_roles(
     before = [r for r in json.loads(BEFORE.read_text()) if r["env"] == name]
     assert [record(t) for t in trajectories] == before
     assert all(t.role is None and t.group_key == t.group_id for t in trajectories)
+
+
+class HangsOn(ScriptedEngine):
+    """Never answers O's first turn."""
+
+    async def generate(self, request: GenerateRequest) -> Generation:
+        if side(list(request.messages)) == "o":
+            await asyncio.Event().wait()
+        return await super().generate(request)
+
+
+def test_an_episode_timeout_is_recorded_on_every_side() -> None:
+    engine = HangsOn(scripted_game(X_WINS), tokenizer=ByteChatTokenizer())
+    runner = RolloutRunner(engine, TicTacToeEnv, max_concurrency=1, episode_timeout=0.5)
+    x, o = asyncio.run(runner.run([0]))
+    for t in (x, o):
+        assert [(e.stage, e.type) for e in t.errors] == [("episode", "timeout")]
+        assert t.outcome == "timeout" and t.reward == 0.0
+    assert [m.content for m in x.messages if m.role == "assistant"] == ["1"]
+    assert sum(x.loss_mask) == 2 and sum(o.loss_mask) == 0  # "1" + <|im_end|>; O sampled nothing
