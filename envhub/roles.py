@@ -6,10 +6,10 @@ role ``solver`` at what its episode posed). Each actor sees its own conversation
 whose turn it is. The gym API is kept, read per actor:
 
     reset() -> (the first actor's prompt, info)
-    step(action of info["role"]) -> (what the *next* actor sees now, reward of the actor that
+    step(action of info["to_move"]) -> (what the *next* actor sees now, reward of the actor that
                                      acted, terminated, truncated, info)
 
-``info["role"]`` names the actor to move next (the one the observation is for);
+``info["to_move"]`` names the actor to move next (the one the observation is for);
 ``info["role_rewards"]`` holds what every actor was paid at this step; on the final step
 ``info["role_results"]`` says how each actor's episode ended (``win``, ``loss``, ``draw``,
 ``solved``, ``invalid``, ``crashed``, ...). A role can be played by a *fixed policy* (a Python
@@ -50,7 +50,7 @@ FixedPolicy = Callable[[list[Message], np.random.Generator], str]
 """A scripted player: the actor's conversation so far and the episode's random generator in,
 the actor's reply out."""
 
-ROLE = "role"
+ROLE = "to_move"
 """Step/reset ``info`` key: the actor to move next (whose view the observation is)."""
 ROLE_REWARDS = "role_rewards"
 """Step ``info`` key: ``{actor: reward}`` paid at this step."""
@@ -231,7 +231,7 @@ class MultiRoleEnv(Env):
     async def areset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        """Start a match; return the first trained actor's prompt and ``{"role": actor, ...}``.
+        """Start a match; return the first trained actor's prompt and ``{"to_move": actor, ...}``.
 
         Args:
             seed: Seeds ``self.np_random`` (the task, the fixed policies' choices).
@@ -260,7 +260,7 @@ class MultiRoleEnv(Env):
         return run_sync(self.areset(seed=seed, options=options))
 
     async def astep(self, action: Action) -> StepResult:
-        """Play the turn of the actor ``info["role"]`` named, then every fixed policy's turn
+        """Play the turn of the actor ``info["to_move"]`` named, then every fixed policy's turn
         up to the next trained actor's; return what that actor sees now.
 
         Raises:

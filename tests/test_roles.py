@@ -46,15 +46,15 @@ class ZeroSumEcho(Echo):
 def test_turns_views_labels_and_rewards() -> None:
     env = Echo()
     observation, info = env.reset(seed=0)
-    assert info["role"] == "a" and [m.content for m in observation] == ["You are a.", "Speak."]
+    assert info["to_move"] == "a" and [m.content for m in observation] == ["You are a.", "Speak."]
     assert all(m.actor is None for m in observation)  # told during setup: nobody's turn
     observation, reward, terminated, truncated, info = env.step("hi")
-    assert info["role"] == "b" and reward == 1.0 and info["role_rewards"] == {"a": 1.0}
+    assert info["to_move"] == "b" and reward == 1.0 and info["role_rewards"] == {"a": 1.0}
     assert [(m.content, m.actor) for m in observation] == [("You are b.", None), ("a said hi", "a")]
     assert not terminated and not truncated
     for text in ("yo", "x", "y", "z", "w"):
         observation, reward, terminated, truncated, info = env.step(text)
-    assert terminated and observation == [] and info["role"] is None
+    assert terminated and observation == [] and info["to_move"] is None
     assert info["role_results"] == {"a": "done", "b": "done"}
     assert env.match.rewards == {"a": 3.0, "b": -3.0}
     assert [(m.role, m.actor) for m in env.match.views["b"]][-2:] == [
@@ -77,10 +77,10 @@ def test_max_turns_truncates() -> None:
 def test_a_fixed_role_is_played_by_the_env() -> None:
     env = Echo(policies={"b": lambda messages, rng: f"heard {len(messages)}"})
     observation, info = env.reset(seed=0)
-    assert info["role"] == "a" and env.trained_roles == ("a",)
+    assert info["to_move"] == "a" and env.trained_roles == ("a",)
     observation, reward, *_, info = env.step("hi")
     # b (fixed) answered inside the step: a sees b's reply, labelled as b's doing.
-    assert info["role"] == "a" and [(m.content, m.actor) for m in observation] == [
+    assert info["to_move"] == "a" and [(m.content, m.actor) for m in observation] == [
         ("b said heard 2", "b")
     ]
     assert reward == 1.0 and info["role_rewards"] == {"a": 1.0, "b": -1.0}

@@ -78,7 +78,7 @@ def test_invalid_problems_say_why(text: str, why: str) -> None:
 def test_the_fixed_policies() -> None:
     env = SetterSolverEnv(policies={"setter": "random"})
     observation, info = env.reset(seed=4, options={"task_index": 5})  # 2 operations, 3 digits
-    assert info["role"] == "solver#0"
+    assert info["to_move"] == "solver#0"
     problem = observation[-1].content
     assert len(problem.split()) == 5 and all(len(n) == 3 for n in problem.split()[::2])
     rng = np.random.default_rng(0)

@@ -61,10 +61,10 @@ def test_board_text_round_trips_and_moves_parse() -> None:
 
 def play(env: TicTacToeEnv, moves: list[str], seed: int = 0, task: int = 0) -> list[tuple]:
     observation, info = env.reset(seed=seed, options={"task_index": task})
-    steps = [(info["role"], observation)]
+    steps = [(info["to_move"], observation)]
     for move in moves:
         observation, reward, terminated, truncated, info = env.step(move)
-        steps.append((info["role"], reward, terminated, truncated, info))
+        steps.append((info["to_move"], reward, terminated, truncated, info))
         if terminated or truncated:
             break
     return steps
