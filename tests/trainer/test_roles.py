@@ -23,6 +23,7 @@ from envhub.envs.tictactoe import (
     render,
     winner,
 )
+from envhub.errors import ConfigError
 from envhub.inference.base import SamplingParams
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
@@ -32,6 +33,7 @@ from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.trainer.batch import build_batch, collate
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.engines.hf import HFChatTokenizer
+from envhub.trainer.greedy_baselines import GreedyBaselines
 from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions, run_job
 from envhub.trainer.scoring import estimate_advantages, has_signal, score
 from envhub.trainer.step import role_metrics
@@ -267,3 +269,8 @@ def test_a_fixed_opponent_trains_exactly_like_the_one_role_env() -> None:
     assert [(s.token_ids, s.loss_mask, s.advantage) for s in batch_m.samples] == [
         (s.token_ids, s.loss_mask, s.advantage) for s in batch_s.samples
     ]
+
+
+def test_remax_refuses_an_env_with_roles(classroom: list[Trajectory]) -> None:
+    with pytest.raises(ConfigError, match="remax needs one greedy episode per task"):
+        GreedyBaselines([0]).baseline(classroom[0])
