@@ -310,6 +310,12 @@ def tool_rows(summary: Any) -> list[tuple[str, str]]:
     ]
 
 
+def role_line(role: dict[str, Any]) -> str:
+    """``reward 0.250, 8 trajectories (win 2, loss 6)``: one role of a multi-role eval."""
+    results = ", ".join(f"{k} {v}" for k, v in sorted(role["results"].items()))
+    return f"reward {role['reward_mean']:.3f}, {role['trajectories']} trajectories ({results})"
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -322,6 +328,7 @@ def summary_table(summary: Any, title: str):
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
         *component_rows(summary.components),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
+        *((f"role {role}", role_line(r)) for role, r in getattr(summary, "roles", {}).items()),
         *tool_rows(summary),
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),

@@ -21,6 +21,8 @@ _EXPORTS = {
     "MultiTurnEnv": "envhub.multiturn",
     "ToolEnv": "envhub.multiturn",
     "HarnessEnv": "envhub.harness.env",
+    "MultiRoleEnv": "envhub.roles",
+    "Match": "envhub.roles",
     # messages and trajectories
     "Message": "envhub.types",
     "ToolCall": "envhub.types",
@@ -53,7 +55,9 @@ __all__ = [
     "HarnessEnv",
     "InferenceEngine",
     "Injected",
+    "Match",
     "Message",
+    "MultiRoleEnv",
     "MultiTurnEnv",
     "OpenAIEngine",
     "RequiredField",
@@ -90,6 +94,7 @@ if TYPE_CHECKING:
     from envhub.multiturn import MultiTurnEnv, ToolEnv
     from envhub.registry import list_envs, register
     from envhub.rewards.rubric import Rubric, group_reward, reward
+    from envhub.roles import Match, MultiRoleEnv
     from envhub.rollout.runner import RolloutRunner
     from envhub.rows import RequiredField
     from envhub.state import State
