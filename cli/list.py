@@ -125,6 +125,7 @@ def describe(spec) -> tuple[str, str, str, str, str]:
     from envhub.env import Env, SingleTurnEnv
     from envhub.errors import EnvLoadError
     from envhub.multiturn import MultiTurnEnv, ToolEnv
+    from envhub.roles import MultiRoleEnv
 
     origin = spec.distribution or "this process"
     try:
@@ -135,6 +136,7 @@ def describe(spec) -> tuple[str, str, str, str, str]:
         (ToolEnv, "tool"),
         (MultiTurnEnv, "multi-turn"),
         (SingleTurnEnv, "single-turn"),
+        (MultiRoleEnv, "multi-role"),
         (Env, "custom"),
     ]
     kind = next(

@@ -116,7 +116,7 @@ def get_spec(name: str) -> EnvSpec:
     envs = list_envs()
     if name in envs:
         return envs[name]
-    close = difflib.get_close_matches(name, list(envs), n=3, cutoff=0.5)
+    close = difflib.get_close_matches(name, list(envs), n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise EnvNotFoundError(
         f"no env named {name!r}.{hint} Run `envhub list` to see all {len(envs)} envs."

@@ -123,7 +123,8 @@ def setter_tasks() -> list[dict[str, Any]]:
 
 
 class SetterSolverEnv(MultiRoleEnv):
-    """A setter writes a problem, ``attempts`` solvers answer it (see the module doc).
+    """Self-play curriculum: a setter writes arithmetic problems, paid when solvers solve them
+    sometimes; ``attempts`` solvers answer each (see the module doc).
 
     Args:
         attempts: Solver attempts per problem (the solver group's size).

@@ -114,7 +114,7 @@ def openings() -> list[dict[str, Any]]:
 
 
 class TicTacToeEnv(MultiRoleEnv):
-    """Tic-tac-toe between the roles ``x`` and ``o`` (see the module doc).
+    """Tic-tac-toe between two roles, x and o; self-play or a fixed opponent; exact minimax.
 
     Args:
         opponent: A fixed policy for ``o`` (``random``, ``perfect`` or ``"module:function"``);

@@ -28,6 +28,8 @@ def test_the_catalog_lists_every_builtin_env() -> None:
         "gsm8k",
         "guess-number",
         "repo-repair",
+        "setter-solver",
+        "tic-tac-toe",
         "wordle",
     ]
     assert WITH_REFERENCE == [

@@ -217,7 +217,10 @@ class TorchBackend:
             weight_sum += weight
             _accumulate(sums, "loss", loss.detach())
             for name, value in metrics.items():
-                _accumulate(sums, name, torch.as_tensor(value, device=self.device) * weight)
+                # float64 before the weight, as the Python floats these sums replace were
+                _accumulate(
+                    sums, name, torch.as_tensor(value, device=self.device).double() * weight
+                )
         values = dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True))
         metrics = {
             name: (v if name == "loss" else v / max(weight_sum, 1)) for name, v in values.items()
