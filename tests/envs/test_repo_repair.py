@@ -154,7 +154,11 @@ def test_forges_reach_the_runner_and_still_score_nothing(sandbox: LocalSandbox) 
         env.reset(seed=0, options={"task_index": 0})
         while env.state.stop_reason is None:
             _, reward, *_ = env.step(CHEATS[cheat](env.state.messages, env.tool_schemas))
-        seen[cheat] = (reward, env.state.reward_components["tests_passed"], env.state.data["pytest"])
+        seen[cheat] = (
+            reward,
+            env.state.reward_components["tests_passed"],
+            env.state.data["pytest"],
+        )
     env.close()
     reward, share, output = seen["package_forges_the_verdict_and_exits"]
     assert (reward, share) == (0.0, 0.0)
