@@ -36,7 +36,7 @@ from envhub.harbor.task import (
     find_task_folders,
     load_task,
 )
-from envhub.sandbox.base import ExecResult
+from envhub.sandbox.base import ExecResult, Limits
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.types import Message
@@ -98,6 +98,23 @@ class HarborEnv(WorkspaceEnv):
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
         """The Dockerfile's ``ENV`` variables, over the default ones."""
         return {**super().command_env(task), **self.task_of(task).env}
+
+    def limits_for(self, task: dict[str, Any]) -> Limits:
+        """The env's limits with the task's memory and storage (``task.toml``), and no command
+        longer than the agent's timeout (see :mod:`envhub.harbor.resources`)."""
+        resources = self.task_of(task).resources
+        changes: dict[str, Any] = {}
+        if resources.memory_mb is not None:
+            changes["memory_mb"] = resources.memory_mb
+        if resources.storage_mb is not None:
+            changes["disk_mb"] = resources.storage_mb
+        if resources.agent_timeout is not None:
+            changes["wall_time"] = min(self.limits.wall_time, resources.agent_timeout)
+        return self.limits.with_(**changes)
+
+    def time_limit(self, task: dict[str, Any]) -> float | None:
+        """The task's ``[agent] timeout_sec``."""
+        return self.task_of(task).resources.agent_timeout
 
     async def verify(self, session: Session, state: State) -> Verdict:
         """Kill what the model left running, run ``tests/test.sh``, read the reward."""
@@ -275,13 +292,17 @@ async def _verify_fresh(
     from envhub.workspace_env import default_sandbox
 
     sandbox = env.sandbox or default_sandbox()
-    variables = env.command_env(row)
-    async with sandbox.session(env.workspace_for(row), limits=env.limits) as session:
+    variables, task = env.command_env(row), env.task_of(row)
+    async with sandbox.session(env.workspace_for(row), limits=env.limits_for(row)) as session:
         if solution is not None:
             for name, data in solution.items():
                 await session.write_file(f"{SOLUTION_DIR}/{name}", data)
             await session.arun(["chmod", "-R", "a+x", SOLUTION_DIR])
-            await session.arun(["bash", f"{SOLUTION_DIR}/solve.sh"], env=variables)
+            await session.arun(
+                ["bash", f"{SOLUTION_DIR}/solve.sh"],
+                env={**variables, **task.resources.solution_env},
+                wall_time=task.resources.agent_timeout or env.limits.wall_time,
+            )
             await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, env.task_of(row), variables)
+        verdict = await run_verifier(session, task, variables)
     return verdict.reward

@@ -2,8 +2,9 @@
 and an optional ``solution/``.
 
 A task folder becomes a :class:`HarborTask`: the instruction, the files the episode's workspace
-starts with, the tests and the solution (both kept off the workspace until they run), and the
-verifier's timeout (``[verifier] timeout_sec``, default 600 s as in Harbor). A malformed folder
+starts with, the tests and the solution (both kept off the workspace until they run), and its
+limits (:mod:`envhub.harbor.resources`: the agent's and the verifier's timeouts, memory,
+storage; the verifier's defaults to 600 s as in Harbor). A malformed folder
 raises :class:`~envhub.errors.EnvLoadError` naming the file at fault; a task whose environment
 cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`.
 
@@ -33,6 +34,7 @@ from envhub.harbor.dockerfile import (
     check_image,
     read_dockerfile,
 )
+from envhub.harbor.resources import Resources, read_resources
 from envhub.sandbox.base import WORKDIR
 
 if sys.version_info >= (3, 11):
@@ -40,7 +42,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_VERIFIER_TIMEOUT = 600.0
 HARBOR_DIR = f"{WORKDIR}/.harbor"
 TESTS_DIR = f"{HARBOR_DIR}/tests"
 SOLUTION_DIR = f"{HARBOR_DIR}/solution"
@@ -62,11 +63,21 @@ class HarborTask:
     tests: dict[str, bytes]
     """``tests/``'s files, relative to it (``test.sh`` among them)."""
     solution: dict[str, bytes] | None
-    verifier_timeout: float
+    resources: Resources = field(default_factory=Resources)
+    """Its limits and the variables of its tests and solution, from ``task.toml``."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables from the Dockerfile's ``ENV`` steps (commands and tests run with them)."""
-    verifier_env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verifier_timeout(self) -> float:
+        """Seconds ``test.sh`` may run (``[verifier] timeout_sec``)."""
+        return self.resources.verifier_timeout
+
+    @property
+    def verifier_env(self) -> dict[str, str]:
+        """Variables ``test.sh`` runs with (``[verifier] env``)."""
+        return self.resources.verifier_env
 
 
 def is_task_folder(path: Path) -> bool:
@@ -123,11 +134,8 @@ def load_task(path: str | Path) -> HarborTask:
         executables=executables,
         tests=_rewrite_all(tests, mapped),
         solution=None if solution is None else _rewrite_all(solution, mapped),
-        verifier_timeout=_verifier_timeout(folder / "task.toml", config),
+        resources=read_resources(folder / "task.toml", config),
         env=environment.env,
-        verifier_env={
-            str(k): str(v) for k, v in _section(config, "verifier").get("env", {}).items()
-        },
         metadata=dict(_section(config, "metadata")),
     )
 
@@ -195,15 +203,6 @@ def _read_tree(folder: Path) -> dict[str, bytes]:
 def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     value = config.get(name, {})
     return value if isinstance(value, dict) else {}
-
-
-def _verifier_timeout(file: Path, config: dict[str, Any]) -> float:
-    value = _section(config, "verifier").get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise EnvLoadError(
-            f"{file}: [verifier] timeout_sec must be a positive number, got {value!r}"
-        )
-    return float(value)
 
 
 def _environment(folder: Path, config: dict[str, Any]) -> Environment:
