@@ -4,8 +4,10 @@
 folder of them) gives a :class:`HarborEnv`. An episode: the instruction is the prompt, the
 workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`), and the
 model works with the terminal tools. When it ends, every process the model left is killed,
-``tests/`` is copied in and ``test.sh`` runs in the session with the verifier's timeout and the
-task's variables; the reward is what it wrote, as Harbor reads it:
+``tests/`` is copied into a fresh folder out of the workspace (``/tmp/.harbor``, with ``/tmp``
+cleared of test-runner configuration: see :mod:`envhub.harbor.task`) and ``test.sh`` runs in
+the session with the verifier's timeout, the task's variables and no Python user site (the
+model's home is the workspace); the reward is what it wrote, as Harbor reads it:
 
 - ``reward.json`` first: a JSON object of numbers; the reward is its ``"reward"`` key, or its
   only value, else the mean of its values (every key is also reported as a weight-0
@@ -30,11 +32,12 @@ from envhub.harbor.dockerfile import UnsupportedEnvironment
 from envhub.harbor.task import (
     HARBOR_DIR,
     SOLUTION_DIR,
-    TESTS_DIR,
-    VERIFIER_LOGS,
+    VERIFIER_DIR,
     HarborTask,
     find_task_folders,
     load_task,
+    rewrite_bytes,
+    verifier_paths,
 )
 from envhub.sandbox.base import ExecResult, Limits
 from envhub.sandbox.session import Session, Workspace
@@ -128,15 +131,17 @@ async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) 
         VerifierError: No reward file, or a malformed one (with the script's output's end).
     """
     await session.akill_processes()
-    await session.arun(["rm", "-rf", TESTS_DIR, VERIFIER_LOGS])
+    folder = verifier_folder(session)
+    paths = verifier_paths(folder)
+    await session.arun(["/bin/sh", "-c", _CLEAR, "sh", folder, *RUNNER_CONFIGS])
     for name, data in task.tests.items():
-        await session.write_file(f"{TESTS_DIR}/{name}", data)
-    await session.arun(["chmod", "-R", "a+x", TESTS_DIR])  # scripts run as Harbor copies them
-    await session.arun(["mkdir", "-p", VERIFIER_LOGS])
+        await _put(session, f"{paths['/tests']}/{name}", rewrite_bytes(data, paths))
+    await session.arun(["chmod", "-R", "a+x", paths["/tests"]])  # as Harbor copies them
+    await session.arun(["mkdir", "-p", paths["/logs/verifier"]])
     result = await session.arun(
-        ["bash", f"{TESTS_DIR}/test.sh"],
+        ["bash", f"{paths['/tests']}/test.sh"],
         wall_time=task.verifier_timeout,
-        env={**env, **task.verifier_env},
+        env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
     return await read_reward(session, task, result)
 
@@ -149,11 +154,11 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
     """
     where = task.path / "tests" / "test.sh"
     for name, parse in (("reward.json", _json_reward), ("reward.txt", _text_reward)):
-        try:
-            data = await session.read_file(f"{VERIFIER_LOGS}/{name}", max_bytes=1 << 16)
-        except FileNotFoundError:
+        logs = verifier_paths(verifier_folder(session))["/logs/verifier"]
+        text = await _get(session, f"{logs}/{name}")
+        if text is None:
             continue
-        verdict = parse(data.decode("utf-8", "replace"), f"{where} wrote {name}")
+        verdict = parse(text, f"{where} wrote {name}")
         if not 0.0 <= verdict.reward <= 1.0:
             raise VerifierError(f"{where} wrote {name} with reward {verdict.reward}, not in [0, 1]")
         return verdict
@@ -162,6 +167,38 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
         f"{where} wrote no reward ({result.describe()}): it must write /logs/verifier/reward.txt "
         f"or reward.json. Its output ended with: {tail or '(nothing)'}"
     )
+
+
+def verifier_folder(session: Session) -> str:
+    """Where the tests and the reward go: out of the workspace (:data:`VERIFIER_DIR`) in a
+    local session; in it (``/sandbox/.harbor``) where ``/tmp`` may not last from one command
+    to the next."""
+    from envhub.sandbox.local_session import LocalSession
+
+    return VERIFIER_DIR if isinstance(session, LocalSession) else HARBOR_DIR
+
+
+RUNNER_CONFIGS = (
+    "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py",
+    "conftest.py", "__init__.py",
+)  # fmt: skip
+"""Files a test runner reads from the folders above its tests: taken out of ``/tmp``."""
+_CLEAR = 'rm -rf -- "$1"; shift; cd /tmp && rm -rf -- "$@"'
+_PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+_GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
+
+
+async def _put(session: Session, path: str, data: bytes) -> None:
+    """Write a file anywhere the session may (``write_file`` keeps to ``/sandbox``)."""
+    result = await session.arun(["/bin/sh", "-c", _PUT, "sh", path], stdin=data)
+    if not result.ok:
+        raise VerifierError(f"could not write {path} in the session: {result.describe()}")
+
+
+async def _get(session: Session, path: str) -> str | None:
+    """A regular file's text (its first 64 KiB), or ``None`` when there is none."""
+    result = await session.arun(["/bin/sh", "-c", _GET, "sh", path])
+    return result.stdout if result.ok else None
 
 
 def _text_reward(text: str, where: str) -> Verdict:

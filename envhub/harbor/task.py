@@ -10,12 +10,20 @@ cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`
 
 **Paths.** Harbor's container has the task at its working folder (the Dockerfile's
 ``WORKDIR``, usually ``/app``), the tests at ``/tests``, the solution at ``/solution`` and the
-reward at ``/logs/verifier``. A sandbox session has one writable folder, ``/sandbox``, so envhub
-maps them there: the working folder is ``/sandbox``, the others ``/sandbox/.harbor/tests``,
-``/sandbox/.harbor/solution`` and ``/sandbox/.harbor/logs/verifier``; those absolute paths are
-rewritten in the instruction and in the text files of ``tests/`` and ``solution/``
-(:func:`rewrite_paths`). The tests and the solution are copied in only when they run, after the
-episode, as Harbor uploads them.
+reward at ``/logs/verifier``. A sandbox session has two writable folders, ``/sandbox`` and
+``/tmp``, so envhub maps them there: the working folder is ``/sandbox``, the solution
+``/sandbox/.harbor/solution`` (the reference policy writes it with the model's tools), the
+tests and the reward ``/tmp/.harbor/tests`` and ``/tmp/.harbor/logs/verifier``
+(:data:`VERIFIER_DIR`; ``/sandbox/.harbor`` on a backend whose ``/tmp`` does not last the
+session). Those absolute paths are rewritten in the instruction and in the text files of
+``tests/`` and ``solution/`` (:func:`rewrite_paths`; the tests' when they run). The tests and
+the solution are copied in only when they run, after the episode, as Harbor uploads them.
+
+The tests stay out of ``/sandbox`` for the reason Harbor keeps ``/tests`` out of ``/app``: a
+test runner reads configuration from the folders above its tests (pytest: ``pytest.ini``,
+``pyproject.toml``, ``conftest.py``, ...), and the workspace is the model's to write. Above
+``/tmp/.harbor`` there is only ``/tmp``, which the verifier clears of such files first, and the
+read-only ``/``.
 """
 
 from __future__ import annotations
@@ -43,9 +51,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 HARBOR_DIR = f"{WORKDIR}/.harbor"
-TESTS_DIR = f"{HARBOR_DIR}/tests"
+"""Where the solution goes, in the workspace."""
 SOLUTION_DIR = f"{HARBOR_DIR}/solution"
-VERIFIER_LOGS = f"{HARBOR_DIR}/logs/verifier"
+VERIFIER_DIR = "/tmp/.harbor"
+"""Where the tests and the reward go, out of the workspace (made afresh for each verifier)."""
+TESTS_DIR = f"{VERIFIER_DIR}/tests"
+VERIFIER_LOGS = f"{VERIFIER_DIR}/logs/verifier"
 _MARKERS = ("task.toml", "instruction.md", "tests", "environment")
 
 
@@ -61,7 +72,8 @@ class HarborTask:
     executables: frozenset[str]
     """Those of :attr:`files` that are executable (a workspace keeps their mode)."""
     tests: dict[str, bytes]
-    """``tests/``'s files, relative to it (``test.sh`` among them)."""
+    """``tests/``'s files, relative to it (``test.sh`` among them); their ``/tests`` and
+    ``/logs/verifier`` are mapped when they run (:func:`verifier_paths`)."""
     solution: dict[str, bytes] | None
     resources: Resources = field(default_factory=Resources)
     """Its limits and the variables of its tests and solution, from ``task.toml``."""
@@ -132,7 +144,7 @@ def load_task(path: str | Path) -> HarborTask:
         instruction=rewrite_paths(instruction, mapped),
         files=files,
         executables=executables,
-        tests=_rewrite_all(tests, mapped),
+        tests=_rewrite_all(tests, _without(mapped, VERIFIER_PATHS)),
         solution=None if solution is None else _rewrite_all(solution, mapped),
         resources=read_resources(folder / "task.toml", config),
         env=environment.env,
@@ -163,6 +175,18 @@ def rewrite_bytes(data: bytes, mapping: dict[str, str]) -> bytes:
 
 def _rewrite_all(files: dict[str, bytes], mapping: dict[str, str]) -> dict[str, bytes]:
     return {name: rewrite_bytes(data, mapping) for name, data in files.items()}
+
+
+VERIFIER_PATHS = ("/tests", "/logs/verifier")
+
+
+def verifier_paths(folder: str) -> dict[str, str]:
+    """Harbor's ``/tests`` and ``/logs/verifier`` under ``folder``."""
+    return {"/tests": f"{folder}/tests", "/logs/verifier": f"{folder}/logs/verifier"}
+
+
+def _without(mapping: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for k, v in mapping.items() if k not in keys}
 
 
 def _mapping(workdir: str) -> dict[str, str]:
