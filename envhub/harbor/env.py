@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,8 +76,11 @@ class HarborEnv(WorkspaceEnv):
         super().__init__(rows, **kwargs)
         solutions = {t.instruction: t.solution for t in self.tasks.values()}
         complete = all(solutions.values()) and len(solutions) == len(self.tasks)
+        variables = {t.instruction: t.resources.solution_env for t in self.tasks.values()}
         self.reference_policy = (
-            _solution_policy(solutions) if complete and self.max_turns >= 3 else None  # type: ignore[arg-type]
+            _solution_policy(solutions, variables)  # type: ignore[arg-type]
+            if complete and self.max_turns >= 3
+            else None
         )
 
     def task_of(self, task: dict[str, Any]) -> HarborTask:
@@ -255,8 +259,11 @@ def _load_all(folders: list[Path], skip_unsupported: bool) -> dict[str, HarborTa
     return tasks
 
 
-def _solution_policy(solutions: dict[str, dict[str, bytes]]) -> Any:
-    """Copy the solution in with ``create``, run ``solve.sh`` with ``bash``, then answer."""
+def _solution_policy(
+    solutions: dict[str, dict[str, bytes]], variables: dict[str, dict[str, str]]
+) -> Any:
+    """Copy the solution in with ``create``, run ``solve.sh`` with ``bash`` (and the task's
+    ``[solution] env``), then answer."""
 
     def solve(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         instruction = next(m.content for m in messages if m.role == "user") or ""
@@ -269,7 +276,10 @@ def _solution_policy(solutions: dict[str, dict[str, bytes]]) -> Any:
             args = {"path": f"{SOLUTION_DIR}/{name}", "file_text": data.decode("utf-8")}
             return _call("create", args)
         if done == len(files):
-            return _call("bash", {"command": f"bash {SOLUTION_DIR}/solve.sh"})
+            assign = "".join(
+                f"{k}={shlex.quote(v)} " for k, v in variables.get(instruction, {}).items()
+            )
+            return _call("bash", {"command": f"{assign}bash {SOLUTION_DIR}/solve.sh"})
         return "Done."
 
     return solve

@@ -136,3 +136,16 @@ def test_the_solution_runs_with_its_variables(tmp_path: Path, sandbox) -> None:
     (folder / "solution/solve.sh").write_text('echo "$GREETING" > /app/hello.txt\n')
     (check,) = check_tasks(folder, sandbox=sandbox)
     assert (check.solved, check.unsolved, check.passed) == (1.0, 0.0, True)
+
+
+@needs_sessions
+def test_the_reference_policy_passes_the_solutions_variables(tmp_path: Path, sandbox) -> None:
+    folder = task_with(tmp_path, "[solution]\nenv = { GREETING = 'Hello, world!' }\n")
+    (folder / "solution/solve.sh").write_text('echo "$GREETING" > /app/hello.txt\n')
+    env = HarborEnv(folder, sandbox=sandbox)
+    env.reset(options={"task_index": 0})
+    reward = 0.0
+    while env.state.stop_reason is None:
+        _, reward, *_ = env.step(env.reference_policy(env.state.messages, env.tool_schemas))
+    assert reward == 1.0
+    env.close()
