@@ -146,3 +146,21 @@ def test_a_pyproject_package_is_not_a_harbor_package(tmp_path: Path) -> None:
     assert harbor_tasks_of(tmp_path) is None
     (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
     assert harbor_tasks_of(tmp_path) is None
+
+
+def test_push_through_the_cli_without_the_check(hub: HubServer, tasks: Path) -> None:
+    runner = CliRunner()
+    args = ["push", str(tasks), "--repo", REPO, "--token", ALICE, "--version", "1.0.0"]
+    pushed = runner.invoke(app, [*args, "--skip-check"], env={"COLUMNS": "200"})
+    assert pushed.exit_code == 0, pushed.output
+    commit = hub.repos[("model", REPO)].tags["1.0.0"]
+    assert "skipped hello-file/.env: looks like a secret" in pushed.output
+    assert "skipped notes.txt: not inside a task folder" in pushed.output
+    assert f"{REPO}@1.0.0 published: commit {commit}" in pushed.output
+    assert f"install: envhub install {REPO}@1.0.0 --trust" in pushed.output
+    files = hub.repos[("model", REPO)].commits[commit].files
+    assert json.loads(files["envhub.json"])["check"] == {"skipped": True}
+    assert "`envhub check` was skipped" in files["README.md"].decode()
+    bad = runner.invoke(app, ["push", str(tasks), "--repo", REPO, "--token", ALICE,
+                              "--version", "one", "--skip-check"])  # fmt: skip
+    assert "--version 'one' is not a version such as 0.1.0" in str(bad.exception)
