@@ -157,8 +157,8 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
         VerifierError: Neither file, or one that does not hold a reward in [0, 1].
     """
     where = task.path / "tests" / "test.sh"
+    logs = verifier_paths(verifier_folder(session))["/logs/verifier"]
     for name, parse in (("reward.json", _json_reward), ("reward.txt", _text_reward)):
-        logs = verifier_paths(verifier_folder(session))["/logs/verifier"]
         text = await _get(session, f"{logs}/{name}")
         if text is None:
             continue
