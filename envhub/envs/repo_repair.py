@@ -59,8 +59,13 @@ def run(key, bundle, args):
 
     watched = [(vars(_pytest.runner.CallInfo), 'from_call'),
                (vars(_pytest.reports.TestReport), 'from_item_and_call'),
+               (vars(_pytest.reports.BaseReport), 'passed'),
+               (vars(_pytest.reports.BaseReport), 'failed'),
                (vars(_pytest.runner), 'call_and_report'),
+               (vars(_pytest.runner), 'runtestprotocol'),
+               (vars(_pytest.runner), 'pytest_runtest_call'),
                (vars(_pytest.runner), 'pytest_runtest_makereport'),
+               (vars(_pytest.python.Function), 'runtest'),
                (vars(_pytest.python), 'pytest_pyfunc_call'),
                (vars(_pytest.main), 'pytest_runtestloop')]
     before = [space.get(name) for space, name in watched]
