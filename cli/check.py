@@ -50,7 +50,8 @@ def check_command(
 
     A Harbor task folder (or a folder of them) runs each task's tests twice,
     in fresh sandboxes: after its solution/solve.sh, which must score 1, and
-    after nothing, which must score below 1.
+    after nothing, which must score below 1. So does a package `envhub push`
+    made of Harbor tasks (its folder, or its installed env).
 
     An env you wrote in a file needs no package: `envhub check my_env.py` (its
     only Env subclass) or `envhub check my_env.py:MyEnv`, or `module:MyEnv`
@@ -73,11 +74,10 @@ def check_command(
         envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
     """
-    from envhub.loader import is_task_path
-
     tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
-    if is_task_path(target):
-        passed = _check_tasks(target)
+    tasks = _harbor_tasks(target)
+    if tasks is not None:
+        passed = _check_tasks(tasks)
     elif Path(target).is_dir():
         passed = _check_package(Path(target), seeds, tests, publish)
     else:
@@ -87,6 +87,26 @@ def check_command(
         passed = _preflight(target, model, tokenizer) and passed
     if not passed:
         raise typer.Exit(code=1)
+
+
+def _harbor_tasks(target: str) -> str | None:
+    """The Harbor tasks ``target`` stands for: a task folder (or folder of them), a package
+    ``envhub push`` made of them, or such a package's installed env; else ``None``."""
+    from envhub.hub.harbor_package import harbor_tasks_of
+    from envhub.loader import get_spec, is_task_path
+
+    if is_task_path(target):
+        return target
+    if Path(target).is_dir():
+        tasks = harbor_tasks_of(Path(target))
+        return None if tasks is None else str(tasks)
+    factory = get_spec(target).load()
+    from envhub.harbor.env import HarborEnv
+
+    if isinstance(factory, type) and issubclass(factory, HarborEnv):
+        with _construct(target, get_spec(target)) as env:
+            return str(env.path)
+    return None
 
 
 def _refuse_publish(target: str, publish: bool) -> None:

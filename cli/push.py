@@ -13,13 +13,18 @@ def register(app: typer.Typer) -> None:
 
 
 def push_command(
-    path: Path = typer.Argument(Path("."), help="The env package folder."),
+    path: Path = typer.Argument(
+        Path("."), help="The env package folder, or a Harbor task folder (or folder of them)."
+    ),
     repo: str = typer.Option(
         None, "--repo", help="owner/name on the Hub (default: your user / the package name)."
     ),
     private: bool = typer.Option(False, "--private", help="Create the repo private."),
     version: str = typer.Option(
-        None, "--version", help="Version to publish; must equal pyproject.toml's (the default)."
+        None,
+        "--version",
+        help="Version to publish; must equal pyproject.toml's (the default). "
+        "A Harbor folder has none: 0.1.0 unless given.",
     ),
     token: str = typer.Option(
         None, "--token", envvar="HF_TOKEN", help="Hub token with write access."
@@ -36,9 +41,13 @@ def push_command(
     Secrets and junk (.env, keys, tokens, .git, venvs, caches, build output)
     are never uploaded; what was left out is listed.
 
+    A Harbor task folder (or a folder of them) is packaged as it is pushed:
+    one env named after the repo, gated by its tasks' solution check.
+
     Examples:
         envhub push ./my-env
         envhub push ./my-env --repo my-org/my-env --private
+        envhub push ./harbor-tasks --repo my-org/tasks --version 0.2.0
     """
     from envhub.cli.console import console, err_console
     from envhub.hub.push import push

@@ -8,19 +8,22 @@ tools, and a verifier that runs in the session when the episode ends.
 and kept (:data:`WORKSPACES`): the samples of a group, and later episodes of the same task,
 start from it copy-on-write, so nothing is copied per episode.
 
-The episode ends when the model answers without a tool call, or when a budget runs out (the
-runner's truncation too). Either way its reward comes from :meth:`WorkspaceEnv.verify`, run in
-the session before it closes; a verifier that fails (its own bug, a broken sandbox) scores 0
-with the error recorded on the episode (an infrastructure error for a sandbox failure). An
-episode cut off before it ends (an engine failure) closes its session at the env's next
-``reset`` or ``close``. Subclasses implement :meth:`~WorkspaceEnv.task_files` (or
-:meth:`~WorkspaceEnv.workspace_for`) and :meth:`~WorkspaceEnv.verify`.
+The episode ends when the model answers without a tool call, or when a budget runs out: turns,
+tokens, the runner's truncation, or the task's time limit (:meth:`WorkspaceEnv.time_limit`,
+stop reason ``time_limit``, checked after each turn). Either way its reward comes from
+:meth:`WorkspaceEnv.verify`, run in the session before it closes; a verifier that fails (its
+own bug, a broken sandbox) scores 0 with the error recorded on the episode (an infrastructure
+error for a sandbox failure). An episode cut off before it ends (an engine failure) closes its
+session at the env's next ``reset`` or ``close``. Subclasses implement
+:meth:`~WorkspaceEnv.task_files` (or :meth:`~WorkspaceEnv.workspace_for`) and
+:meth:`~WorkspaceEnv.verify`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -144,6 +147,15 @@ class WorkspaceEnv(ToolEnv):
         """Variables the model's commands run with (default: :func:`default_command_env`)."""
         return default_command_env()
 
+    def limits_for(self, task: dict[str, Any]) -> Limits:
+        """The limits of a task's session (default: the env's ``limits``)."""
+        return self.limits
+
+    def time_limit(self, task: dict[str, Any]) -> float | None:
+        """Seconds an episode of ``task`` may last from its reset, model turns included
+        (default ``None``: no limit but the turn and token budgets)."""
+        return None
+
     async def verify(self, session: Session, state: State) -> Verdict:
         """Score the finished episode by running checks in its session (start with
         ``await session.akill_processes()``: the model's background processes live on)."""
@@ -164,13 +176,24 @@ class WorkspaceEnv(ToolEnv):
         await self._end_session()
         sandbox = self.sandbox or default_sandbox()
         workspace = self.workspace_for(state.task)
-        self._session = sandbox.session(workspace, limits=self.limits)
+        limit = self.time_limit(state.task)
+        if limit is not None:
+            state.data["deadline"] = time.monotonic() + limit
+        self._session = sandbox.session(workspace, limits=self.limits_for(state.task))
         # Start it now: waiting for a free uid, or a sandbox that cannot start, belongs to the
         # reset (an env failure), not to the model's first tool call (a tool timeout).
         await self._session.__aenter__()
         state.data.update(
             terminal_context(self._session, self.command_env(state.task)), workspace=workspace
         )
+
+    def _budget_exhausted(self, state: State) -> bool:
+        if super()._budget_exhausted(state):
+            return True
+        deadline = state.data.get("deadline")
+        if deadline is not None and time.monotonic() >= deadline:
+            state.stop_reason = "time_limit"
+        return state.stop_reason is not None
 
     async def _finish(self, state: State) -> float:
         try:

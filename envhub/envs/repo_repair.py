@@ -11,18 +11,25 @@ the tests the buggy code already passes. The share of tests passing is reported 
 component (``tests_passed``). Before pytest runs, every process the model left running is
 killed and the suite is restored from the generator (edits to ``tests/`` gain nothing); pytest
 runs isolated from the workspace's own configuration (envhub's config file, ``conftest.py``
-files ignored, nothing imported from the current folder before pytest starts), and only a run
-that exits 0 with a fresh JUnit report counting the suite's tests, all passed, pays. The cheats
-this stops are :data:`CHEATS` (the reward audit runs them). The code under test still runs in
-pytest's process, so a repository that writes a passing report itself and then exits 0 is not
-caught: the count check makes that harder, not impossible.
+files ignored, no plugin found by entry point, ``sitecustomize`` and the current folder not
+imported before pytest starts).
+
+**Where the verdict comes from.** No file in the workspace: the runner (:data:`_RUN_PYTEST`)
+reads a fresh random key from its stdin before any of the repository's code is imported,
+counts the outcomes with a plugin of its own, and prints the key and the counts as its last
+line once pytest returns. Only a run that exits 0 with that line, counting the suite's tests,
+all passed, pays. Code of the repository that writes a report, prints a verdict of its own or
+ends pytest early (``os._exit(0)``) cannot know the key, so it scores 0. The cheats this stops
+are :data:`CHEATS` (the reward audit runs them). What is left: the repository's code runs in
+pytest's process, so code written to dig the key out of the runner's own frames could still
+forge a pass; nothing a model can learn from its workspace points there.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import xml.etree.ElementTree as ET
+import secrets
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -36,15 +43,59 @@ from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
 SEEDS = tuple(range(20))
 """Seeds of the shipped task set: 20 projects per difficulty."""
-REPORT = ".envhub/junit.xml"
+VERDICT = "envhub-verdict"
+"""The first word of the runner's verdict line (then the run's key and the counts, as JSON)."""
 PYTEST_INI = f"[pytest]\npythonpath = {WORKDIR}\n"
 SYSTEM_PROMPT = WORKSPACE_PROMPT.replace(
     "There is no network.", "There is no network. Run the tests with `python3 -m pytest -q`."
 )
-_RUN_PYTEST = (
-    "import sys; sys.path[:0] = [p for p in sys.argv[1:2] if p]; import pytest; "
-    "sys.exit(pytest.main(sys.argv[2:]))"
-)
+_RUN_PYTEST = """
+import json, sys
+
+def run(key, bundle, args):
+    sys.path[:0] = [bundle] if bundle else []
+    import pytest
+    import _pytest.main, _pytest.python, _pytest.reports, _pytest.runner
+
+    watched = [(vars(_pytest.runner.CallInfo), 'from_call'),
+               (vars(_pytest.reports.TestReport), 'from_item_and_call'),
+               (vars(_pytest.reports.BaseReport), 'passed'),
+               (vars(_pytest.reports.BaseReport), 'failed'),
+               (vars(_pytest.runner), 'call_and_report'),
+               (vars(_pytest.runner), 'runtestprotocol'),
+               (vars(_pytest.runner), 'pytest_runtest_call'),
+               (vars(_pytest.runner), 'pytest_runtest_makereport'),
+               (vars(_pytest.python.Function), 'runtest'),
+               (vars(_pytest.python), 'pytest_pyfunc_call'),
+               (vars(_pytest.main), 'pytest_runtestloop')]
+    before = [space.get(name) for space, name in watched]
+
+    class Tally:
+        def __init__(self):
+            self.outcomes, self.collect_errors = {}, 0
+
+        def pytest_collectreport(self, report):
+            self.collect_errors += bool(report.failed)
+
+        def pytest_runtest_logreport(self, report):
+            now = 'failed' if report.failed else 'skipped' if report.skipped else 'passed'
+            if self.outcomes.get(report.nodeid, 'passed') == 'passed':
+                self.outcomes[report.nodeid] = now
+
+    tally = Tally()
+    code = pytest.main(args, plugins=[tally])
+    counts = {'tests': len(tally.outcomes), 'collect_errors': tally.collect_errors}
+    counts['patched'] = sum(space.get(name) is not was
+                            for (space, name), was in zip(watched, before))
+    for outcome in ('passed', 'failed', 'skipped'):
+        counts[outcome] = sum(v == outcome for v in tally.outcomes.values())
+    sys.stdout.write('\\n%s %s %s\\n' % (VERDICT, key, json.dumps(counts)))
+    sys.stdout.flush()
+    return int(code)
+
+sys.exit(run(sys.stdin.readline().strip(), sys.argv[1], sys.argv[2:]))
+""".replace("VERDICT", repr(VERDICT))
+"""The trusted runner: ``python3 -I -c _RUN_PYTEST BUNDLE ARGS...`` with the key on stdin."""
 
 
 def instruction(project: Project) -> str:
@@ -82,12 +133,67 @@ _PASS_EVERYTHING = (
 )
 
 
-def _exit_call(messages: list[Message]) -> tuple[str, dict[str, Any]]:
-    """A ``create`` that makes importing the package end pytest with status 0."""
+_IN_PROCESS_FORGE = """import glob, os, stat
+n = sum(open(f).read().count('def test_') for f in glob.glob('tests/test_*.py'))
+os.makedirs('.envhub', exist_ok=True)
+with open('.envhub/junit.xml', 'w') as report:
+    report.write('<testsuites><testsuite name="pytest" errors="0" failures="0" skipped="0" '
+                 'tests="%d"/></testsuites>' % n)
+line = ('\\nenvhub-verdict %s {"tests": %d, "collect_errors": 0, "patched": 0, "passed": %d, '
+        '"failed": 0, "skipped": 0}\\n' % ('0' * 32, n, n)).encode()
+for fd in range(64):
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.read(fd, 4096) if fd == 0 else os.write(fd, line)
+    except OSError:
+        pass
+os._exit(0)
+"""
+_PATCH_PYTEST = """import _pytest.runner
+
+_original = _pytest.runner.CallInfo.from_call
+
+
+def _passing(func, when, reraise=None):
+    def quiet():
+        try:
+            return func()
+        except Exception:
+            return None
+
+    return _original(quiet, when, reraise)
+
+
+_pytest.runner.CallInfo.from_call = _passing
+"""
+
+
+def _package_file(messages: list[Message], text: str) -> tuple[str, dict[str, Any]]:
+    """A ``create`` that replaces the package's ``__init__.py`` with ``text``."""
     question = next(m.content for m in messages if m.role == "user") or ""
     package = re.search(r"`(\w+)` package", question)
     path = f"{package.group(1) if package else 'pkg'}/__init__.py"
-    return "create", {"path": path, "file_text": "import os\nos._exit(0)\n"}
+    return "create", {"path": path, "file_text": text}
+
+
+def _package_cheat(text: str) -> Any:
+    """A policy that appends ``text`` to the package's ``__init__.py`` (run when the tests
+    import it, inside pytest's process; the package still works)."""
+
+    def policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
+        path = _package_file(messages, "")[1]["path"]
+        append = ("bash", {"command": f"cat >> {path} <<'EOF'\n{text}EOF"})
+        return _calls_then_answer(append)(messages, tools)
+
+    return policy
+
+
+_PLUGIN_DIST = "forge-1.0.dist-info"
+
+
+def _exit_call(messages: list[Message]) -> tuple[str, dict[str, Any]]:
+    """A ``create`` that makes importing the package end pytest with status 0."""
+    return _package_file(messages, "import os\nos._exit(0)\n")
 
 
 def _exit_on_import(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
@@ -117,6 +223,29 @@ CHEATS = {
     ),
     "exit_0_during_collection": _exit_on_import,
     "background_forges_the_report": _forge_and_exit,
+    "package_forges_the_verdict_and_exits": _package_cheat(_IN_PROCESS_FORGE),
+    "package_patches_pytest": _package_cheat(_PATCH_PYTEST),
+    "sitecustomize_patches_pytest": _calls_then_answer(
+        ("create", {"path": "sitecustomize.py", "file_text": _PATCH_PYTEST}),
+        ("create", {"path": "usercustomize.py", "file_text": _PATCH_PYTEST}),
+    ),
+    "planted_pytest_plugin": _calls_then_answer(
+        ("create", {"path": "forge_plugin.py", "file_text": _PASS_EVERYTHING}),
+        (
+            "create",
+            {
+                "path": f"{_PLUGIN_DIST}/METADATA",
+                "file_text": "Metadata-Version: 2.1\nName: forge\nVersion: 1.0\n",
+            },
+        ),
+        (
+            "create",
+            {
+                "path": f"{_PLUGIN_DIST}/entry_points.txt",
+                "file_text": "[pytest11]\nforge = forge_plugin\n",
+            },
+        ),
+    ),
 }
 """Ways around the suite a model could try; none may score (see :func:`envhub.audit_env`)."""
 
@@ -177,7 +306,7 @@ class RepoRepairEnv(WorkspaceEnv):
         return self.project(task).files
 
     async def verify(self, session: Session, state: State) -> Verdict:
-        """End what the model left running, restore the suite, run pytest, read its report."""
+        """End what the model left running, restore the suite, run pytest, read its verdict."""
         project = self.project(state.task)
         await session.akill_processes()
         await session.arun("rm -rf tests .envhub")
@@ -186,37 +315,47 @@ class RepoRepairEnv(WorkspaceEnv):
         await session.write_file(".envhub/pytest.ini", PYTEST_INI)
         bundle = self.command_env(state.task).get("PYTHONPATH", "")
         argv = ["python3", "-I", "-c", _RUN_PYTEST, bundle, "-c", ".envhub/pytest.ini"]
-        argv += ["--rootdir=.", "-p", "no:cacheprovider", "--noconftest", "-q"]
-        argv += [f"--junitxml={REPORT}", "tests"]
-        result = await session.arun(argv, wall_time=self.verifier_timeout)
-        passed = _passed_tests(await _read_report(session), project.test_count)
+        argv += ["--rootdir=.", "-p", "no:cacheprovider", "--noconftest", "-q", "tests"]
+        key = secrets.token_hex(16)
+        result = await session.arun(
+            argv, stdin=key + "\n", wall_time=self.verifier_timeout, env=_PYTEST_ENV
+        )
+        counts = read_verdict(result.stdout, key)
+        passed = _passed_tests(counts, project.test_count)
         solved = result.ok and passed == project.test_count
         state.data["pytest"] = (result.stdout + result.stderr)[-2000:]
         return Verdict(float(solved), {"tests_passed": passed / project.test_count})
 
 
-async def _read_report(session: Session) -> str | None:
-    try:
-        return (await session.read_file(REPORT, max_bytes=1 << 20)).decode("utf-8", "replace")
-    except FileNotFoundError:
+_PYTEST_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_ADDOPTS": ""}
+"""No plugin found by entry point (a ``.dist-info`` planted in the workspace), no options from
+the environment."""
+
+
+def read_verdict(stdout: str, key: str) -> dict[str, int] | None:
+    """The counts on the runner's last line when it carries ``key`` (``None`` otherwise: the
+    run ended early, or something else printed last)."""
+    lines = stdout.rstrip("\n").rsplit("\n", 1)
+    word, _, rest = lines[-1].partition(" ")
+    got, _, counts = rest.partition(" ")
+    if word != VERDICT or not secrets.compare_digest(got, key):
         return None
-
-
-def _passed_tests(report: str | None, expected: int) -> int:
-    """Tests that passed according to pytest's JUnit XML (0 when it is missing or malformed,
-    or counts other tests than the suite's)."""
-    if report is None:
-        return 0
     try:
-        suite = ET.fromstring(report).find("testsuite")
-    except ET.ParseError:
+        parsed = json.loads(counts)
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _passed_tests(counts: dict[str, int] | None, expected: int) -> int:
+    """Tests that passed according to the runner (0 without its verdict, after a collection
+    error, when pytest's own functions were replaced during the run, or when it counts other
+    tests than the suite's)."""
+    if not counts or counts.get("tests") != expected:
         return 0
-    if suite is None:
+    if counts.get("collect_errors") or counts.get("patched"):
         return 0
-    counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
-    if counts["tests"] != expected:
-        return 0
-    return counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return int(counts.get("passed", 0))
 
 
 def _write_fix_policy(fixes: dict[str, dict[str, str]]) -> Any:

@@ -4,8 +4,10 @@
 folder of them) gives a :class:`HarborEnv`. An episode: the instruction is the prompt, the
 workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`), and the
 model works with the terminal tools. When it ends, every process the model left is killed,
-``tests/`` is copied in and ``test.sh`` runs in the session with the verifier's timeout and the
-task's variables; the reward is what it wrote, as Harbor reads it:
+``tests/`` is copied into a fresh folder out of the workspace (``/tmp/.harbor``, with ``/tmp``
+cleared of test-runner configuration: see :mod:`envhub.harbor.task`) and ``test.sh`` runs in
+the session with the verifier's timeout, the task's variables and no Python user site (the
+model's home is the workspace); the reward is what it wrote, as Harbor reads it:
 
 - ``reward.json`` first: a JSON object of numbers; the reward is its ``"reward"`` key, or its
   only value, else the mean of its values (every key is also reported as a weight-0
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,13 +33,14 @@ from envhub.harbor.dockerfile import UnsupportedEnvironment
 from envhub.harbor.task import (
     HARBOR_DIR,
     SOLUTION_DIR,
-    TESTS_DIR,
-    VERIFIER_LOGS,
+    VERIFIER_DIR,
     HarborTask,
     find_task_folders,
     load_task,
+    rewrite_bytes,
+    verifier_paths,
 )
-from envhub.sandbox.base import ExecResult
+from envhub.sandbox.base import ExecResult, Limits
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.types import Message
@@ -72,8 +76,11 @@ class HarborEnv(WorkspaceEnv):
         super().__init__(rows, **kwargs)
         solutions = {t.instruction: t.solution for t in self.tasks.values()}
         complete = all(solutions.values()) and len(solutions) == len(self.tasks)
+        variables = {t.instruction: t.resources.solution_env for t in self.tasks.values()}
         self.reference_policy = (
-            _solution_policy(solutions) if complete and self.max_turns >= 3 else None  # type: ignore[arg-type]
+            _solution_policy(solutions, variables)  # type: ignore[arg-type]
+            if complete and self.max_turns >= 3
+            else None
         )
 
     def task_of(self, task: dict[str, Any]) -> HarborTask:
@@ -99,6 +106,23 @@ class HarborEnv(WorkspaceEnv):
         """The Dockerfile's ``ENV`` variables, over the default ones."""
         return {**super().command_env(task), **self.task_of(task).env}
 
+    def limits_for(self, task: dict[str, Any]) -> Limits:
+        """The env's limits with the task's memory and storage (``task.toml``), and no command
+        longer than the agent's timeout (see :mod:`envhub.harbor.resources`)."""
+        resources = self.task_of(task).resources
+        changes: dict[str, Any] = {}
+        if resources.memory_mb is not None:
+            changes["memory_mb"] = resources.memory_mb
+        if resources.storage_mb is not None:
+            changes["disk_mb"] = resources.storage_mb
+        if resources.agent_timeout is not None:
+            changes["wall_time"] = min(self.limits.wall_time, resources.agent_timeout)
+        return self.limits.with_(**changes)
+
+    def time_limit(self, task: dict[str, Any]) -> float | None:
+        """The task's ``[agent] timeout_sec``."""
+        return self.task_of(task).resources.agent_timeout
+
     async def verify(self, session: Session, state: State) -> Verdict:
         """Kill what the model left running, run ``tests/test.sh``, read the reward."""
         return await run_verifier(session, self.task_of(state.task), self.command_env(state.task))
@@ -111,15 +135,17 @@ async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) 
         VerifierError: No reward file, or a malformed one (with the script's output's end).
     """
     await session.akill_processes()
-    await session.arun(["rm", "-rf", TESTS_DIR, VERIFIER_LOGS])
+    folder = verifier_folder(session)
+    paths = verifier_paths(folder)
+    await session.arun(["/bin/sh", "-c", _CLEAR, "sh", folder, *RUNNER_CONFIGS])
     for name, data in task.tests.items():
-        await session.write_file(f"{TESTS_DIR}/{name}", data)
-    await session.arun(["chmod", "-R", "a+x", TESTS_DIR])  # scripts run as Harbor copies them
-    await session.arun(["mkdir", "-p", VERIFIER_LOGS])
+        await _put(session, f"{paths['/tests']}/{name}", rewrite_bytes(data, paths))
+    await session.arun(["chmod", "-R", "a+x", paths["/tests"]])  # as Harbor copies them
+    await session.arun(["mkdir", "-p", paths["/logs/verifier"]])
     result = await session.arun(
-        ["bash", f"{TESTS_DIR}/test.sh"],
+        ["bash", f"{paths['/tests']}/test.sh"],
         wall_time=task.verifier_timeout,
-        env={**env, **task.verifier_env},
+        env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
     return await read_reward(session, task, result)
 
@@ -131,12 +157,12 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
         VerifierError: Neither file, or one that does not hold a reward in [0, 1].
     """
     where = task.path / "tests" / "test.sh"
+    logs = verifier_paths(verifier_folder(session))["/logs/verifier"]
     for name, parse in (("reward.json", _json_reward), ("reward.txt", _text_reward)):
-        try:
-            data = await session.read_file(f"{VERIFIER_LOGS}/{name}", max_bytes=1 << 16)
-        except FileNotFoundError:
+        text = await _get(session, f"{logs}/{name}")
+        if text is None:
             continue
-        verdict = parse(data.decode("utf-8", "replace"), f"{where} wrote {name}")
+        verdict = parse(text, f"{where} wrote {name}")
         if not 0.0 <= verdict.reward <= 1.0:
             raise VerifierError(f"{where} wrote {name} with reward {verdict.reward}, not in [0, 1]")
         return verdict
@@ -145,6 +171,38 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
         f"{where} wrote no reward ({result.describe()}): it must write /logs/verifier/reward.txt "
         f"or reward.json. Its output ended with: {tail or '(nothing)'}"
     )
+
+
+def verifier_folder(session: Session) -> str:
+    """Where the tests and the reward go: out of the workspace (:data:`VERIFIER_DIR`) in a
+    local session; in it (``/sandbox/.harbor``) where ``/tmp`` may not last from one command
+    to the next."""
+    from envhub.sandbox.local_session import LocalSession
+
+    return VERIFIER_DIR if isinstance(session, LocalSession) else HARBOR_DIR
+
+
+RUNNER_CONFIGS = (
+    "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py",
+    "conftest.py", "__init__.py",
+)  # fmt: skip
+"""Files a test runner reads from the folders above its tests: taken out of ``/tmp``."""
+_CLEAR = 'rm -rf -- "$1"; shift; cd /tmp && rm -rf -- "$@"'
+_PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
+_GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
+
+
+async def _put(session: Session, path: str, data: bytes) -> None:
+    """Write a file anywhere the session may (``write_file`` keeps to ``/sandbox``)."""
+    result = await session.arun(["/bin/sh", "-c", _PUT, "sh", path], stdin=data)
+    if not result.ok:
+        raise VerifierError(f"could not write {path} in the session: {result.describe()}")
+
+
+async def _get(session: Session, path: str) -> str | None:
+    """A regular file's text (its first 64 KiB), or ``None`` when there is none."""
+    result = await session.arun(["/bin/sh", "-c", _GET, "sh", path])
+    return result.stdout if result.ok else None
 
 
 def _text_reward(text: str, where: str) -> Verdict:
@@ -201,8 +259,11 @@ def _load_all(folders: list[Path], skip_unsupported: bool) -> dict[str, HarborTa
     return tasks
 
 
-def _solution_policy(solutions: dict[str, dict[str, bytes]]) -> Any:
-    """Copy the solution in with ``create``, run ``solve.sh`` with ``bash``, then answer."""
+def _solution_policy(
+    solutions: dict[str, dict[str, bytes]], variables: dict[str, dict[str, str]]
+) -> Any:
+    """Copy the solution in with ``create``, run ``solve.sh`` with ``bash`` (and the task's
+    ``[solution] env``), then answer."""
 
     def solve(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         instruction = next(m.content for m in messages if m.role == "user") or ""
@@ -215,7 +276,10 @@ def _solution_policy(solutions: dict[str, dict[str, bytes]]) -> Any:
             args = {"path": f"{SOLUTION_DIR}/{name}", "file_text": data.decode("utf-8")}
             return _call("create", args)
         if done == len(files):
-            return _call("bash", {"command": f"bash {SOLUTION_DIR}/solve.sh"})
+            assign = "".join(
+                f"{k}={shlex.quote(v)} " for k, v in variables.get(instruction, {}).items()
+            )
+            return _call("bash", {"command": f"{assign}bash {SOLUTION_DIR}/solve.sh"})
         return "Done."
 
     return solve
@@ -275,13 +339,17 @@ async def _verify_fresh(
     from envhub.workspace_env import default_sandbox
 
     sandbox = env.sandbox or default_sandbox()
-    variables = env.command_env(row)
-    async with sandbox.session(env.workspace_for(row), limits=env.limits) as session:
+    variables, task = env.command_env(row), env.task_of(row)
+    async with sandbox.session(env.workspace_for(row), limits=env.limits_for(row)) as session:
         if solution is not None:
             for name, data in solution.items():
                 await session.write_file(f"{SOLUTION_DIR}/{name}", data)
             await session.arun(["chmod", "-R", "a+x", SOLUTION_DIR])
-            await session.arun(["bash", f"{SOLUTION_DIR}/solve.sh"], env=variables)
+            await session.arun(
+                ["bash", f"{SOLUTION_DIR}/solve.sh"],
+                env={**variables, **task.resources.solution_env},
+                wall_time=task.resources.agent_timeout or env.limits.wall_time,
+            )
             await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, env.task_of(row), variables)
+        verdict = await run_verifier(session, task, variables)
     return verdict.reward

@@ -2,19 +2,28 @@
 and an optional ``solution/``.
 
 A task folder becomes a :class:`HarborTask`: the instruction, the files the episode's workspace
-starts with, the tests and the solution (both kept off the workspace until they run), and the
-verifier's timeout (``[verifier] timeout_sec``, default 600 s as in Harbor). A malformed folder
+starts with, the tests and the solution (both kept off the workspace until they run), and its
+limits (:mod:`envhub.harbor.resources`: the agent's and the verifier's timeouts, memory,
+storage; the verifier's defaults to 600 s as in Harbor). A malformed folder
 raises :class:`~envhub.errors.EnvLoadError` naming the file at fault; a task whose environment
 cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`.
 
 **Paths.** Harbor's container has the task at its working folder (the Dockerfile's
 ``WORKDIR``, usually ``/app``), the tests at ``/tests``, the solution at ``/solution`` and the
-reward at ``/logs/verifier``. A sandbox session has one writable folder, ``/sandbox``, so envhub
-maps them there: the working folder is ``/sandbox``, the others ``/sandbox/.harbor/tests``,
-``/sandbox/.harbor/solution`` and ``/sandbox/.harbor/logs/verifier``; those absolute paths are
-rewritten in the instruction and in the text files of ``tests/`` and ``solution/``
-(:func:`rewrite_paths`). The tests and the solution are copied in only when they run, after the
-episode, as Harbor uploads them.
+reward at ``/logs/verifier``. A sandbox session has two writable folders, ``/sandbox`` and
+``/tmp``, so envhub maps them there: the working folder is ``/sandbox``, the solution
+``/sandbox/.harbor/solution`` (the reference policy writes it with the model's tools), the
+tests and the reward ``/tmp/.harbor/tests`` and ``/tmp/.harbor/logs/verifier``
+(:data:`VERIFIER_DIR`; ``/sandbox/.harbor`` on a backend whose ``/tmp`` does not last the
+session). Those absolute paths are rewritten in the instruction and in the text files of
+``tests/`` and ``solution/`` (:func:`rewrite_paths`; the tests' when they run). The tests and
+the solution are copied in only when they run, after the episode, as Harbor uploads them.
+
+The tests stay out of ``/sandbox`` for the reason Harbor keeps ``/tests`` out of ``/app``: a
+test runner reads configuration from the folders above its tests (pytest: ``pytest.ini``,
+``pyproject.toml``, ``conftest.py``, ...), and the workspace is the model's to write. Above
+``/tmp/.harbor`` there is only ``/tmp``, which the verifier clears of such files first, and the
+read-only ``/``.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from envhub.harbor.dockerfile import (
     check_image,
     read_dockerfile,
 )
+from envhub.harbor.resources import Resources, read_resources
 from envhub.sandbox.base import WORKDIR
 
 if sys.version_info >= (3, 11):
@@ -40,11 +50,13 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_VERIFIER_TIMEOUT = 600.0
 HARBOR_DIR = f"{WORKDIR}/.harbor"
-TESTS_DIR = f"{HARBOR_DIR}/tests"
+"""Where the solution goes, in the workspace."""
 SOLUTION_DIR = f"{HARBOR_DIR}/solution"
-VERIFIER_LOGS = f"{HARBOR_DIR}/logs/verifier"
+VERIFIER_DIR = "/tmp/.harbor"
+"""Where the tests and the reward go, out of the workspace (made afresh for each verifier)."""
+TESTS_DIR = f"{VERIFIER_DIR}/tests"
+VERIFIER_LOGS = f"{VERIFIER_DIR}/logs/verifier"
 _MARKERS = ("task.toml", "instruction.md", "tests", "environment")
 
 
@@ -60,13 +72,24 @@ class HarborTask:
     executables: frozenset[str]
     """Those of :attr:`files` that are executable (a workspace keeps their mode)."""
     tests: dict[str, bytes]
-    """``tests/``'s files, relative to it (``test.sh`` among them)."""
+    """``tests/``'s files, relative to it (``test.sh`` among them); their ``/tests`` and
+    ``/logs/verifier`` are mapped when they run (:func:`verifier_paths`)."""
     solution: dict[str, bytes] | None
-    verifier_timeout: float
+    resources: Resources = field(default_factory=Resources)
+    """Its limits and the variables of its tests and solution, from ``task.toml``."""
     env: dict[str, str] = field(default_factory=dict)
     """Variables from the Dockerfile's ``ENV`` steps (commands and tests run with them)."""
-    verifier_env: dict[str, str] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def verifier_timeout(self) -> float:
+        """Seconds ``test.sh`` may run (``[verifier] timeout_sec``)."""
+        return self.resources.verifier_timeout
+
+    @property
+    def verifier_env(self) -> dict[str, str]:
+        """Variables ``test.sh`` runs with (``[verifier] env``)."""
+        return self.resources.verifier_env
 
 
 def is_task_folder(path: Path) -> bool:
@@ -121,13 +144,10 @@ def load_task(path: str | Path) -> HarborTask:
         instruction=rewrite_paths(instruction, mapped),
         files=files,
         executables=executables,
-        tests=_rewrite_all(tests, mapped),
+        tests=_rewrite_all(tests, _without(mapped, VERIFIER_PATHS)),
         solution=None if solution is None else _rewrite_all(solution, mapped),
-        verifier_timeout=_verifier_timeout(folder / "task.toml", config),
+        resources=read_resources(folder / "task.toml", config),
         env=environment.env,
-        verifier_env={
-            str(k): str(v) for k, v in _section(config, "verifier").get("env", {}).items()
-        },
         metadata=dict(_section(config, "metadata")),
     )
 
@@ -155,6 +175,18 @@ def rewrite_bytes(data: bytes, mapping: dict[str, str]) -> bytes:
 
 def _rewrite_all(files: dict[str, bytes], mapping: dict[str, str]) -> dict[str, bytes]:
     return {name: rewrite_bytes(data, mapping) for name, data in files.items()}
+
+
+VERIFIER_PATHS = ("/tests", "/logs/verifier")
+
+
+def verifier_paths(folder: str) -> dict[str, str]:
+    """Harbor's ``/tests`` and ``/logs/verifier`` under ``folder``."""
+    return {"/tests": f"{folder}/tests", "/logs/verifier": f"{folder}/logs/verifier"}
+
+
+def _without(mapping: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for k, v in mapping.items() if k not in keys}
 
 
 def _mapping(workdir: str) -> dict[str, str]:
@@ -195,15 +227,6 @@ def _read_tree(folder: Path) -> dict[str, bytes]:
 def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     value = config.get(name, {})
     return value if isinstance(value, dict) else {}
-
-
-def _verifier_timeout(file: Path, config: dict[str, Any]) -> float:
-    value = _section(config, "verifier").get("timeout_sec", DEFAULT_VERIFIER_TIMEOUT)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise EnvLoadError(
-            f"{file}: [verifier] timeout_sec must be a positive number, got {value!r}"
-        )
-    return float(value)
 
 
 def _environment(folder: Path, config: dict[str, Any]) -> Environment:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import ConfigError, EnvCheckError, VersionConflictError
-from envhub.hub import client
+from envhub.hub import client, harbor_package
 from envhub.hub.card import render_card
 from envhub.hub.files import CARD, MANIFEST, Selection, build_manifest, file_hashes, select_files
 from envhub.package import package_env_specs, read_pyproject
@@ -57,11 +57,16 @@ def push(
 ) -> PushResult:
     """Check the package at ``path``, upload it and tag the version.
 
+    A Harbor task folder (or a folder of them) with no ``pyproject.toml`` is wrapped into a
+    package at push time, its gate being its tasks' solution check
+    (:mod:`envhub.hub.harbor_package`).
+
     Args:
-        path: The package folder.
+        path: The package folder, or a Harbor folder.
         repo_id: ``owner/name`` (default: the token's user / the package name).
         private: Create the repo private (an existing repo keeps its visibility).
-        version: The version to publish; must equal pyproject's (default: pyproject's).
+        version: The version to publish; must equal pyproject's (default: pyproject's; for a
+            Harbor folder, 0.1.0).
         token: A Hub write token (default: ``HF_TOKEN`` or the saved login).
         check: Run the package gates first and refuse to push when one fails.
         run_tests: Include the package's own tests in the gates.
@@ -72,6 +77,10 @@ def push(
         HubAuthError, HubError: No or a rejected token; the Hub failed.
     """
     root = Path(path).resolve()
+    if harbor_package.is_harbor_folder(root):
+        return harbor_package.push_tasks(
+            root, repo_id, private=private, version=version, token=token, check=check
+        )
     project = read_pyproject(root).get("project", {})
     name, package_version = str(project.get("name", "")), str(project.get("version", ""))
     if version is not None and version != package_version:
@@ -85,13 +94,33 @@ def push(
     if repo_id is None:
         with client.hub_errors("who am I", "-"):
             repo_id = f"{api.whoami()['name']}/{name}"
+    return publish_package(root, repo_id, private=private, token=token, report=report)
+
+
+def publish_package(
+    root: Path,
+    repo_id: str,
+    *,
+    private: bool,
+    token: str | None,
+    report: Any,
+    envs: dict[str, str] | None = None,
+    bump_hint: str = "bump the version in pyproject.toml",
+) -> PushResult:
+    """Upload the (checked) package at ``root`` and tag its version; ``report`` is its check
+    report (``None``: skipped), ``envs`` its envs' entry points (default: read from its
+    pyproject), ``bump_hint`` what a version conflict tells the user to do."""
     client.parse_ref(repo_id)
-    envs = {n: s.target_path for n, s in package_env_specs(root).items()}
+    api = client.api(token)
+    project = read_pyproject(root).get("project", {})
+    if envs is None:
+        envs = {n: s.target_path for n, s in package_env_specs(root).items()}
     selection = select_files(root)
     with tempfile.TemporaryDirectory(prefix="envhub-push-") as tmp:
         staging = Path(tmp)
-        manifest = _stage(root, staging, selection, repo_id, package_version, envs, report, project)
-        return _publish(api, staging, manifest, repo_id, private, selection, report)
+        version = str(project.get("version", ""))
+        manifest = _stage(root, staging, selection, repo_id, version, envs, report, project)
+        return _publish(api, staging, manifest, repo_id, private, selection, report, bump_hint)
 
 
 def _gate(root: Path, check: bool, run_tests: bool) -> Any:
@@ -149,6 +178,7 @@ def _publish(
     private: bool,
     selection: Selection,
     report: Any,
+    bump_hint: str,
 ) -> PushResult:
     version, digest = manifest["version"], manifest["content_hash"]
     result = PushResult(repo_id, version, "", digest, sorted([*manifest["files"], MANIFEST]),
@@ -163,7 +193,7 @@ def _publish(
             raise VersionConflictError(
                 f"{repo_id}@{version} is already published with other content "
                 f"({(published or {}).get('content_hash', 'no envhub manifest')} != {digest}); "
-                "bump the version in pyproject.toml"
+                f"{bump_hint}"
             )
         result.commit, result.status = tags[version], "unchanged"
         return result

@@ -414,6 +414,10 @@ CHEATS = {
         "cheat:config_deselects_everything",
         "cheat:exit_0_during_collection",
         "cheat:background_forges_the_report",
+        "cheat:package_forges_the_verdict_and_exits",
+        "cheat:package_patches_pytest",
+        "cheat:sitecustomize_patches_pytest",
+        "cheat:planted_pytest_plugin",
     ],
 }
 WITHOUT_REFERENCE = {"gsm8k"}

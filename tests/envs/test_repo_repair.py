@@ -141,3 +141,28 @@ def test_no_way_around_the_suite_scores(cheat: str, sandbox: LocalSandbox) -> No
         _, reward, *_ = env.step(CHEATS[cheat](env.state.messages, env.tool_schemas))
     assert reward == 0.0 and env.state.errors == []
     env.close()
+
+
+@needs_sessions
+def test_forges_reach_the_runner_and_still_score_nothing(sandbox: LocalSandbox) -> None:
+    """The in-process forges did run: the forged verdict line reached the runner's stdout (with
+    a key that is not the run's), and the patched pytest passed every test; neither pays."""
+    env = RepoRepairEnv(seeds=(2,), difficulties=(1,), sandbox=sandbox)
+    count = RepoRepairEnv.project(env.dataset[0]).test_count
+    seen = {}
+    for cheat in ("package_forges_the_verdict_and_exits", "package_patches_pytest"):
+        env.reset(seed=0, options={"task_index": 0})
+        while env.state.stop_reason is None:
+            _, reward, *_ = env.step(CHEATS[cheat](env.state.messages, env.tool_schemas))
+        seen[cheat] = (
+            reward,
+            env.state.reward_components["tests_passed"],
+            env.state.data["pytest"],
+        )
+    env.close()
+    reward, share, output = seen["package_forges_the_verdict_and_exits"]
+    assert (reward, share) == (0.0, 0.0)
+    assert f'envhub-verdict {"0" * 32} {{"tests": {count},' in output
+    reward, share, output = seen["package_patches_pytest"]
+    assert (reward, share) == (0.0, 0.0)
+    assert f"{count} passed" in output and '"patched": 1' in output

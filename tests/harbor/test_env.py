@@ -102,12 +102,78 @@ def test_the_tests_are_not_in_the_workspace_during_the_episode(sandbox) -> None:
 
 def test_what_the_model_leaves_running_cannot_write_the_reward(sandbox) -> None:
     forge = (
-        "(while true; do mkdir -p /sandbox/.harbor/logs/verifier; "
-        "echo 1 > /sandbox/.harbor/logs/verifier/reward.txt; sleep 0.01; done) "
+        "(while true; do for d in /tmp/.harbor /sandbox/.harbor; do mkdir -p $d/logs/verifier; "
+        "echo 1 > $d/logs/verifier/reward.txt; done; sleep 0.01; done) "
         ">/dev/null 2>&1 & echo planted"
     )
     env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
     assert play(env, 0, call("bash", command=forge), "done")[0] == 0.0
+
+
+PASS_EVERYTHING = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+    "def pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n"
+    "    outcome.get_result().outcome = 'passed'\n"
+)
+LOAD_THE_PLUGIN = "import os\n\nos.environ['PYTEST_ADDOPTS'] = '-p forge_plugin'\n"
+USER_SITE = ".local/lib/python3.{minor}/site-packages"
+
+
+@pytest.fixture
+def pytest_task(tmp_path: Path) -> Path:
+    """A task whose test.sh runs pytest on /tests (pytest from envhub's bundle when the
+    system's python3 has none)."""
+    folder = tmp_path / "answer"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "task.toml").write_text('version = "1.0"\n')
+    (folder / "instruction.md").write_text("Write /app/answer.txt holding 42.\n")
+    (folder / "tests/test_answer.py").write_text(
+        "from pathlib import Path\n\n\ndef test_answer():\n"
+        "    assert Path('/app/answer.txt').read_text().strip() == '42'\n"
+    )
+    (folder / "tests/test.sh").write_text(
+        "cd /app\npython3 -m pytest -q /tests/test_answer.py "
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bundled() -> Iterator[LocalSandbox]:
+    from envhub.pytest_bundle import pytest_bundle
+
+    bundle = pytest_bundle()
+    binds = (str(bundle),) if bundle else ()
+    with LocalSandbox(base_uid=61560, max_concurrency=2, warm=0, ro_binds=binds) as box:
+        yield box
+
+
+def test_the_workspace_cannot_configure_the_tests(pytest_task: Path, bundled) -> None:
+    """pytest configuration and plugins planted where the tests would find them (the
+    workspace, /tmp, the model's home) change nothing: Harbor keeps /tests out of /app."""
+    import sys
+
+    user_site = USER_SITE.format(minor=sys.version_info.minor)
+    env = HarborEnv(pytest_task, sandbox=bundled)
+    answer = call("create", path="answer.txt", file_text="42\n")
+    assert play(env, 0, answer, "done")[0] == 1.0
+    assert play(env, 0, "done")[0] == 0.0
+    plants = [
+        call("create", path="pytest.ini", file_text="[pytest]\n"),
+        call("create", path="conftest.py", file_text=PASS_EVERYTHING),
+        call("bash", command="cp pytest.ini conftest.py /tmp/ && mkdir -p /tmp/.harbor/tests"),
+        call("bash", command="cp conftest.py /tmp/.harbor/conftest.py && touch /tmp/setup.py"),
+        call("bash", command=f"mkdir -p ~/{user_site} && ls -d ~/{user_site}"),
+        call("create", path=f"{user_site}/forge_plugin.py", file_text=PASS_EVERYTHING),
+        *[
+            call("create", path=f"{user_site}/{name}.py", file_text=LOAD_THE_PLUGIN)
+            for name in ("usercustomize", "sitecustomize")
+        ],
+    ]
+    reward, info = play(env, 0, *plants, "done")
+    assert (reward, info["errors"]) == (0.0, [])
+    env.close()
 
 
 @pytest.mark.parametrize(
