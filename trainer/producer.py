@@ -33,7 +33,7 @@ of its groups and lists them in job order, and a checkpoint holds nothing in fli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -109,13 +109,14 @@ class GroupProducer:
 
     # -- the producer ---------------------------------------------------------------------------
 
-    def start_workers(self) -> list[dict[str, Any]] | None:
+    def start_workers(self, cores: Sequence[int] | None = None) -> list[dict[str, Any]] | None:
         """Start the run's ``rollout.workers`` Ray actors, which reach the started engine over
-        HTTP; :meth:`aclose` closes them. Returns where each runs (``None``: the run has none,
-        and episodes run in this process)."""
+        HTTP (on ``cores`` of this node when given: the engine's share of the core split);
+        :meth:`aclose` closes them. Returns where each runs (``None``: the run has none, and
+        episodes run in this process)."""
         if not self.config.rollout.workers:
             return None
-        self.workers = RolloutWorkers.for_run(self.config, self.engine)
+        self.workers = RolloutWorkers.for_run(self.config, self.engine, cores)
         self._owns_workers = True
         return self.workers.info
 

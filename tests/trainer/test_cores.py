@@ -1,0 +1,334 @@
+"""How the engine and the trainer share the CPU cores (``trainer/cores.py``): the split chosen
+by hand for 1, 2, 4 and 16 cores and for measured phases, synchronous runs and GPU placements
+left as they were, the header's words, and the overlap bound's arithmetic."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from envhub.trainer.config import validate_config
+from envhub.trainer.cores import (
+    BIND_ENV,
+    CoreSplit,
+    PhaseTimes,
+    async_advice,
+    choose_split,
+    engine_share,
+    overlap_bound,
+    overlap_gain,
+    phases_of_run,
+    process_group_cpu_seconds,
+    split_step,
+    with_torch_threads,
+)
+
+
+def _config(staleness: int = 1, **overrides: object) -> object:
+    data: dict = {
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm", "max_staleness": staleness},
+    }
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return validate_config(data)
+
+
+def _split(config: object, cores: int, **kwargs: object) -> CoreSplit:
+    return choose_split(config, on_gpu=False, cores=range(cores), environ={}, **kwargs)
+
+
+# -- the split, from the machine ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cores", "engine", "trainer"),
+    [(2, (1,), 1), (4, (2, 3), 2), (16, tuple(range(8, 16)), 8)],
+)
+def test_an_async_run_gives_the_engine_the_last_half_of_the_cores(
+    cores: int, engine: tuple[int, ...], trainer: int
+) -> None:
+    split = _split(_config(), cores)
+
+    assert (split.engine, split.trainer_threads, split.mode) == (engine, trainer, "async")
+    assert split.engine_env() == {BIND_ENV: ",".join(map(str, engine))}
+    assert split.update_threads(rolling_out=True) == trainer
+    assert split.update_threads(rolling_out=False) == cores  # the engine's cores would idle
+    assert split.source == "from the machine, fixed before vLLM starts"
+
+
+def test_one_core_cannot_be_split_and_the_header_says_async_cannot_gain() -> None:
+    split = _split(_config(), 1)
+
+    assert (split.engine, split.trainer_threads, split.mode) == (None, None, "shared")
+    assert split.engine_env() == {}
+    assert split.update_threads(rolling_out=True) is None
+    assert split.describe() == "engine and trainer share 1 core (async; one core, nothing to split)"
+    assert async_advice(_config(), split, None) == (
+        "async cannot gain here: vLLM and the trainer share one core, so overlapping them "
+        "saves nothing; set rollout.max_staleness: 0"
+    )
+
+
+def test_the_machine_is_this_process_affinity() -> None:
+    split = choose_split(_config(), on_gpu=False, environ={})
+
+    assert split.cores == tuple(sorted(os.sched_getaffinity(0)))
+
+
+# -- synchronous runs and other placements are left as they were ----------------------------
+
+
+@pytest.mark.parametrize("cores", [1, 2, 4, 16])
+def test_a_synchronous_run_keeps_its_settings(cores: int) -> None:
+    split = _split(_config(staleness=0), cores)
+
+    assert split == CoreSplit(tuple(range(cores)))
+    assert (split.engine_env(), split.update_threads(True), split.update_threads(False)) == (
+        {},
+        None,
+        None,
+    )
+    assert split.describe() is None
+    assert async_advice(_config(staleness=0), split, None) is None
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # the trainer on a GPU (the call says on_gpu)
+        {"rollout__vllm__mode": "ray"},
+        {"rollout__vllm__url": "http://127.0.0.1:8000"},
+        {"backend__kind": "megatron"},
+        {"rollout__engine": "hf", "rollout__max_staleness": 0},
+    ],
+)
+def test_gpu_and_other_placements_are_left_as_they_were(overrides: dict) -> None:
+    config = _config(**overrides)
+    on_gpu = not overrides
+
+    split = choose_split(config, on_gpu=on_gpu, cores=range(16), environ={})
+
+    assert split == CoreSplit(tuple(range(16)), mode="placed")
+    assert (split.engine_env(), split.update_threads(True), split.describe()) == ({}, None, None)
+
+
+def test_a_gpu_engine_gets_no_cpu_binding_even_when_given_one() -> None:
+    from envhub.trainer.engines.vllm import resolve_settings
+    from envhub.trainer.engines.vllm_transport import server_env
+
+    gpu = resolve_settings(_config(), "/m", on_gpu=True, cpu_bind="1")
+    cpu = resolve_settings(_config(), "/m", on_gpu=False, cpu_bind="1")
+
+    assert gpu == resolve_settings(_config(), "/m", on_gpu=True)  # the same as before
+    assert BIND_ENV not in server_env(gpu)
+    assert cpu.cpu_bind == "1" and server_env(cpu)[BIND_ENV] == "1"
+    assert BIND_ENV not in server_env(resolve_settings(_config(), "/m", on_gpu=False))
+
+
+# -- overrides ----------------------------------------------------------------------------
+
+
+def test_the_config_sets_the_engine_share_and_torch_threads() -> None:
+    asked = _split(_config(rollout__vllm__cpu_cores=3), 4)
+    threads = _split(_config(rollout__vllm__cpu_cores=1, backend__threads=2), 4)
+    too_many = _split(_config(rollout__vllm__cpu_cores=9), 4)
+
+    assert (asked.engine, asked.trainer_threads, asked.source) == (
+        (1, 2, 3),
+        1,
+        "rollout.vllm.cpu_cores",
+    )
+    assert (threads.engine, threads.update_threads(True), threads.update_threads(False)) == (
+        (3,),
+        2,
+        2,  # backend.threads is the user's: kept while nothing rolls out too
+    )
+    assert (too_many.engine, too_many.trainer_threads) == ((1, 2, 3), 1)  # one left to train
+    assert threads.describe() == ("engine 1 / trainer 2 (async, 4 cores; rollout.vllm.cpu_cores)")
+
+
+def test_cpu_cores_zero_shares_them_and_a_sync_run_may_ask_for_a_split() -> None:
+    shared = _split(_config(rollout__vllm__cpu_cores=0), 4)
+    sync = _split(_config(staleness=0, rollout__vllm__cpu_cores=1), 4)
+
+    assert (shared.engine, shared.trainer_threads, shared.mode) == (None, None, "shared")
+    assert (sync.engine, sync.trainer_threads, sync.mode) == ((3,), 3, "sync")
+    assert sync.describe() == "engine 1 / trainer 3 (sync, 4 cores)"
+
+
+def test_a_binding_the_user_set_wins() -> None:
+    split = choose_split(_config(), on_gpu=False, cores=range(4), environ={BIND_ENV: "0-1"})
+
+    assert (split.engine, split.trainer_threads, split.mode) == (None, None, "shared")
+    assert split.describe() == (
+        f"engine and trainer share 4 cores (async; {BIND_ENV} is set, left as it is)"
+    )
+
+
+# -- the split, from measured phases ------------------------------------------------------
+
+LATENCY = PhaseTimes(rollout=19.2, update=29.4, sync=2.0, generation_cpu=14.0)
+"""Issue 44's latency run at k=0 on 2 cores, with 7 s of both cores' generation."""
+BUSY_ENGINE = PhaseTimes(rollout=40.0, update=8.0, sync=0.0, generation_cpu=120.0)
+"""A rollout that is nearly all generation (30 s of 4 cores), a short update."""
+
+
+def test_the_predicted_step_of_a_split_by_hand() -> None:
+    # 2 cores, 1 for the engine: the rollout's 7 s of generation takes 14 s on 1 core,
+    # the update and sync take twice as long on the other.
+    assert split_step(LATENCY, 2, 1) == pytest.approx(max(19.2 - 7 + 14, 31.4 * 2))
+    # 4 cores: generation 30 s on 4 cores; on 3 it takes 40, the trainer's 8 s takes 32 on 1.
+    assert split_step(BUSY_ENGINE, 4, 3) == pytest.approx(max(40 - 30 + 40, 32.0))
+    assert split_step(BUSY_ENGINE, 4, 2) == pytest.approx(max(40 - 30 + 60, 16.0))
+
+
+def test_measured_phases_choose_the_shortest_predicted_step() -> None:
+    assert engine_share(2, LATENCY) == 1  # the only split
+    assert engine_share(4, BUSY_ENGINE) == 3  # 50 s against 70 s (2) and 130 s (1)
+    # 16 cores: the rollout takes 32.5 + 120/e s, the trainer 128/(16 - e) s: e = 11 gives
+    # 43.4 s, 12 gives max(42.5, 32.0), 13 gives max(41.7, 42.7).
+    assert engine_share(16, BUSY_ENGINE) == 12
+    update_bound = PhaseTimes(rollout=10.0, update=30.0, sync=2.0, generation_cpu=16.0)
+    assert engine_share(4, update_bound) == 1  # the trainer's 32 s needs the cores
+    assert engine_share(1, LATENCY) == 1 and engine_share(1) == 1  # nothing to split
+
+    split = _split(_config(), 4, phases=BUSY_ENGINE)
+    assert (split.engine, split.trainer_threads) == ((1, 2, 3), 1)
+    assert split.source == "from the earlier steps' phase times"
+
+
+# -- the overlap bound --------------------------------------------------------------------
+
+
+def test_the_overlap_bound_by_hand() -> None:
+    # The async note's bf16 row: R 16.0, update 12.0, sync 1.4, generation 7.7 s of 2 cores.
+    bf16 = PhaseTimes(rollout=16.0, update=12.0, sync=1.4, generation_cpu=15.4)
+
+    assert bf16.generation(2) == pytest.approx(7.7)
+    assert bf16.work(2) == pytest.approx(21.1)
+    assert overlap_bound(bf16, 2) == pytest.approx(2 - 7.7 / 21.1)  # 1.635
+    assert overlap_gain(bf16, 2) == pytest.approx(29.4 / 21.1)  # the 1.39x measured
+    # R = W: perfect overlap reaches the bound.
+    even = PhaseTimes(rollout=10.0, update=6.0, sync=0.0, generation_cpu=8.0)
+    assert overlap_gain(even, 2) == pytest.approx(overlap_bound(even, 2)) == pytest.approx(1.6)
+    # R > W: the rollout's wall time bounds the step.
+    slow_tools = PhaseTimes(rollout=30.0, update=6.0, sync=0.0, generation_cpu=8.0)
+    assert overlap_gain(slow_tools, 2) == pytest.approx(36 / 30)
+    assert overlap_bound(PhaseTimes(0.0, 0.0, 0.0, 0.0), 2) == 1.0
+
+
+def test_phases_whose_bound_is_too_small_make_the_header_recommend_sync() -> None:
+    # Generation is nearly all the CPU work: overlapping cannot pay.
+    generation_bound = PhaseTimes(rollout=20.0, update=0.5, sync=0.0, generation_cpu=38.0)
+    split = _split(_config(), 2)
+
+    assert overlap_bound(generation_bound, 2) == pytest.approx(2 - 19 / 19.5)
+    assert async_advice(_config(), split, generation_bound) == (
+        "async cannot gain here: the earlier steps measured generation 19.0 s of 2 cores' time "
+        "against all the CPU work W = 19.5 s (update 0.5 + sync 0.0 + generation), so "
+        "overlapping is at most 2 - G/W = 1.03x faster; set rollout.max_staleness: 0"
+    )
+    assert async_advice(_config(), split, LATENCY) is None  # bound 1.81: it can gain
+    assert async_advice(_config(), split, None) is None  # nothing measured yet
+
+
+def test_phases_come_from_the_synchronous_steps_a_run_already_took(tmp_path: Path) -> None:
+    rows = [
+        {"step": 0, "eval/reward": 0.5},  # the baseline evaluation
+        {"step": 1, "time/rollout": 10.0, "time/update": 4.0, "time/logprobs": 1.0,
+         "time/sync": 1.0, "engine/cpu_s": 12.0},
+        {"step": 2, "time/rollout": 12.0, "time/update": 6.0, "time/sync": 1.0,
+         "engine/cpu_s": 16.0},
+        {"step": 3, "time/rollout": 0.0, "time/update": 9.0, "time/sync": 1.0,
+         "engine/cpu_s": 16.0, "async/staleness_mean": 1.0},  # async: the wait is no rollout
+        {"step": 4, "time/rollout": 5.0, "time/update": 2.0},  # no engine CPU time measured
+    ]  # fmt: skip
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"step": 5, "time/'  # a torn line
+    )
+
+    assert phases_of_run(tmp_path) == PhaseTimes(
+        rollout=11.0, update=5.5, sync=1.0, generation_cpu=14.0
+    )
+    assert phases_of_run(tmp_path / "missing") is None
+    assert PhaseTimes.from_history(rows[3:]) is None
+
+
+# -- measuring the engine, setting torch's threads --------------------------------------------
+
+
+BURN_THEN_SLEEP = (
+    "import time\n"
+    "end = time.process_time() + 0.4\n"
+    "while time.process_time() < end: pass\n"
+    "print('burnt', flush=True)\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_a_process_group_cpu_time_counts_every_live_member() -> None:
+    # A leader (as a vLLM server leads its group) and two children that each burn 0.4 s of CPU.
+    burn = f"{shlex.quote(sys.executable)} -c {shlex.quote(BURN_THEN_SLEEP)}"
+    leader = subprocess.Popen(
+        ["sh", "-c", f"{burn} & {burn} & wait"],
+        start_new_session=True, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert [leader.stdout.readline() for _ in range(2)] == ["burnt\n", "burnt\n"]
+        seconds = process_group_cpu_seconds(leader.pid)
+        assert seconds is not None and seconds >= 0.8
+        assert seconds < 0.8 + 10  # two interpreters' start-up, not this test's process
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
+        leader.stdout.close()
+    assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
+
+
+def test_torch_threads_are_set_in_the_thread_that_runs_the_update() -> None:
+    torch = pytest.importorskip("torch")
+    before = torch.get_num_threads()
+    seen: list[int] = []
+
+    def update() -> int:
+        seen.append(torch.get_num_threads())
+        return 7
+
+    worker = threading.Thread(target=lambda: seen.append(with_torch_threads(1, update)))
+    worker.start()
+    worker.join()
+    try:
+        assert seen == [1, 7]
+        assert with_torch_threads(None, lambda: torch.get_num_threads()) == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
+    from envhub.trainer.rollout_workers import CORES_ENV, _affinity_env
+
+    assert _affinity_env((2, 3)) == {CORES_ENV: "2,3"}
+    assert _affinity_env(None) == {} and _affinity_env(()) == {}
+    first = min(os.sched_getaffinity(0))
+    pinned = subprocess.run(
+        [sys.executable, "-c",
+         "import os\nfrom envhub.trainer.rollout_workers import _pin_to_cores\n"
+         f"_pin_to_cores({str(first)!r}); print(sorted(os.sched_getaffinity(0)))\n"
+         "_pin_to_cores('999'); print(sorted(os.sched_getaffinity(0)))"],
+        capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    # A core the machine lacks leaves the placement as it was.
+    assert pinned.stdout.splitlines() == [f"[{first}]", f"[{first}]"]
