@@ -8,13 +8,13 @@ at ``rollout.max_staleness`` 0, 1 and 2, side by side, on three workloads.
   would, passes its verdict on, and the model answers again, ``--turns`` times per episode.
 - ``code``: the ``code`` env (each answer runs its test cases in the bubblewrap sandbox).
 
-Beside each speed-up the table prints the bound on it (``bound``): with the engine and the
-trainer on the same cores an overlapped step takes at least the rollout's wall time R and at
-least all the CPU work W = update + sync + G (G: the generation's CPU time, the vLLM server's
-CPU seconds over the cores), so async is at most ``2 - G/W`` faster; ``perfect`` is
-``(R + update + sync) / max(R, W)``, what perfect overlap of these phases gives; both from the
-k = 0 run's steps. ``of bound``: the speed-up over the bound. ``--shared`` adds each k >= 1
-with the cores shared as before the core split (``rollout.vllm.cpu_cores=0``).
+Beside each speed-up the table prints the bounds on it, from the k = 0 run's steps: with the
+engine and the trainer on the same cores an overlapped step takes at least the rollout's wall
+time R and at least all the CPU work W = update + sync + G (G: the generation's CPU time, the
+vLLM server's CPU seconds over the cores), so async is at most ``(R + update + sync) /
+max(R, W)`` faster (``perfect``: perfect overlap of these phases), which is at most
+``2 - G/W`` (reached when R = W). ``reached``: the speed-up over ``perfect``. ``--shared``
+adds each k >= 1 with the cores shared as before the core split (``rollout.vllm.cpu_cores=0``).
 
 Each (workload, k) pair is one training run through ``envhub.trainer.loop.train`` (its own vLLM
 server, no checkpoints kept, no export, no plot). A step is the wall time between two
@@ -198,11 +198,11 @@ def bound_of(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     """The results side by side: one row per (workload, run), the speed-up against k = 0
-    beside the overlap bound that k = 0's phases allow (``bound``, ``2 - G/W``), the gain
-    perfect overlap would give (``perfect``) and how much of the bound the run reached."""
+    beside the overlap bound of k = 0's phases (``2-G/W``), the gain perfect overlap of them
+    gives (``perfect``, the tighter of the two) and how much of that the run reached."""
     head = (
         f"{'workload':<11} {'run':>10} {'step s':>7} {'steps/h':>8} {'train tok/s':>11} "
-        f"{'x sync':>7} {'bound':>6} {'perfect':>7} {'of bound':>8} {'wait s':>7} "
+        f"{'x sync':>7} {'2-G/W':>6} {'perfect':>7} {'reached':>7} {'wait s':>7} "
         f"{'update s':>8} {'sync s':>7} {'gen cpu s':>9} {'stale':>6} {'reward':>7} "
         f"{'RSS GiB':>7}"
     )
@@ -213,11 +213,11 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
         perfect = base.get("perfect") if base else None
         for name, s in runs.items():
             ratio = s["steps_per_hour"] / base["steps_per_hour"] if base else None
-            reached = f"{ratio / bound:.0%}" if ratio and bound and name != "k=0" else "-"
+            reached = f"{ratio / perfect:.0%}" if ratio and perfect and name != "k=0" else "-"
             lines.append(
                 f"{workload:<11} {name:>10} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
                 f"{s['train_tokens_per_s']:>11.0f} {_x(ratio):>7} {_x(bound):>6} "
-                f"{_x(perfect):>7} {reached:>8} {s['wait_s']:>7.1f} {s['update_s']:>8.1f} "
+                f"{_x(perfect):>7} {reached:>7} {s['wait_s']:>7.1f} {s['update_s']:>8.1f} "
                 f"{s['sync_s']:>7.1f} {s['generation_cpu_s']:>9.1f} {s['staleness_mean']:>6.2f} "
                 f"{s['reward']:>7.2f} {s['rss_gib']:>7.1f}"
             )

@@ -122,8 +122,11 @@ class GroupProducer:
 
     def engine_stats(self) -> dict[str, float]:
         """The engine's counters since the last call (from the workers' clients when they
-        sample), then the engine's reset."""
-        stats = self.workers.stats() if self.workers is not None else self.engine.stats()
+        sample; the CPU time of the server, ``cpu_s``, from the engine), then the engine's
+        reset."""
+        stats = self.engine.stats()
+        if self.workers is not None:
+            stats = self.workers.stats() | {k: v for k, v in stats.items() if k == "cpu_s"}
         self.engine.reset_stats()
         return stats
 

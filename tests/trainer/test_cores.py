@@ -332,3 +332,28 @@ def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
     )  # fmt: skip
     # A core the machine lacks leaves the placement as it was.
     assert pinned.stdout.splitlines() == [f"[{first}]", f"[{first}]"]
+
+
+def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> None:
+    import importlib.util
+
+    import envhub.trainer.cores as cores
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("async_train", root / "bench" / "async_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(cores, "machine_cores", lambda: (0, 1))
+    sync = {"wall_s": 52.0, "rss_gib": 1.0, "time/rollout": 19.2, "time/update": 29.4,
+            "time/sync": 2.0, "engine/cpu_s": 14.0}  # fmt: skip
+    overlapped = {"wall_s": 45.0, "rss_gib": 1.0, "time/rollout": 0.0, "time/update": 40.0,
+                  "time/sync": 2.0, "engine/cpu_s": 14.0, "async/staleness_mean": 1.0}  # fmt: skip
+    results = {
+        "latency": {"k=0": bench.summary([sync] * 3, 1), "k=1": bench.summary([overlapped] * 3, 1)}
+    }
+
+    head, _, base, k1 = bench.table(results).splitlines()
+    # G = 14/2 = 7 s, W = 29.4 + 2 + 7 = 38.4 s: 2 - G/W = 1.82; perfect (19.2 + 31.4) / 38.4.
+    assert head.split()[9:12] == ["2-G/W", "perfect", "reached"]
+    assert base.split()[5:9] == ["1.00x", "1.82x", "1.32x", "-"]
+    assert k1.split()[5:9] == ["1.16x", "1.82x", "1.32x", "88%"]  # 52/45 = 1.156 of 1.318
