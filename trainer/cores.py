@@ -313,12 +313,32 @@ def process_group_cpu_seconds(group: int) -> float | None:
 
 
 def with_torch_threads(threads: int | None, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` with torch's intra-op threads set to ``threads`` first (None: as they
-    are). Set in the calling thread, the one that runs ``fn``: OpenMP keeps the count per
-    thread, and the update runs in a worker thread."""
-    if threads is not None:
-        import torch
+    """``fn(*args)`` with torch's intra-op threads set to ``threads`` (None: as they are),
+    then set back. Set in the calling thread, the one that runs ``fn``: OpenMP keeps the count
+    per thread, and the update runs in a pool's worker thread, which later runs in this
+    process (a synchronous one after an asynchronous one) must find as it was."""
+    if threads is None:
+        return fn(*args)
+    import torch
 
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
-    return fn(*args)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return fn(*args)
+    finally:
+        torch.set_num_threads(before)
+
+
+def limit_interop_threads(split: CoreSplit) -> bool:
+    """Cap torch's inter-op pool at the trainer's share, where the split sets one. torch
+    allows it only before its first inter-op work (a later call raises): then the pool stays
+    as it is. Returns whether it was set."""
+    if split.trainer_threads is None:
+        return False
+    import torch
+
+    try:
+        torch.set_num_interop_threads(split.trainer_threads)
+    except RuntimeError:
+        return False
+    return True

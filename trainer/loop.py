@@ -35,7 +35,14 @@ from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.checkpoint.run_state import RunCheckpoints
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
-from envhub.trainer.cores import BIND_ENV, PhaseTimes, async_advice, choose_split, phases_of_run
+from envhub.trainer.cores import (
+    BIND_ENV,
+    PhaseTimes,
+    async_advice,
+    choose_split,
+    limit_interop_threads,
+    phases_of_run,
+)
 from envhub.trainer.critic import describe_critic, make_critic
 from envhub.trainer.engines import make_engine
 from envhub.trainer.held_out import HeldOutEval
@@ -161,6 +168,7 @@ async def _run_steps(
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     phases = phases_of_run(config.run_dir)  # a resumed run's synchronous steps, if any
     cores = choose_split(config, on_gpu=on_gpu, phases=phases)
+    limit_interop_threads(cores)
     engine = make_engine(config, backend, cpu_bind=cores.engine_env().get(BIND_ENV))
     producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
     on_phase = getattr(reporter, "phase", None)  # optional: reporters written before it

@@ -298,23 +298,24 @@ def test_a_process_group_cpu_time_counts_every_live_member() -> None:
     assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
 
 
-def test_torch_threads_are_set_in_the_thread_that_runs_the_update() -> None:
+def test_torch_threads_are_set_in_the_thread_that_runs_the_update_and_set_back() -> None:
     torch = pytest.importorskip("torch")
-    before = torch.get_num_threads()
     seen: list[int] = []
 
     def update() -> int:
         seen.append(torch.get_num_threads())
         return 7
 
-    worker = threading.Thread(target=lambda: seen.append(with_torch_threads(1, update)))
-    worker.start()
-    worker.join()
-    try:
-        assert seen == [1, 7]
-        assert with_torch_threads(None, lambda: torch.get_num_threads()) == torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
+    def worker() -> None:
+        before = torch.get_num_threads()
+        seen.append(with_torch_threads(1, update))
+        seen.append(torch.get_num_threads() - before)  # as it was
+        seen.append(with_torch_threads(None, update))  # unchanged
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == [1, 7, 0, torch.get_num_threads(), 7]
 
 
 def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
@@ -357,3 +358,21 @@ def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> Non
     assert head.split()[9:12] == ["2-G/W", "perfect", "reached"]
     assert base.split()[5:9] == ["1.00x", "1.82x", "1.32x", "-"]
     assert k1.split()[5:9] == ["1.16x", "1.82x", "1.32x", "88%"]  # 52/45 = 1.156 of 1.318
+
+
+def test_the_interop_pool_is_capped_only_by_a_split_and_only_before_it_starts() -> None:
+    pytest.importorskip("torch")
+    script = (
+        "import torch\n"
+        "from envhub.trainer.cores import CoreSplit, limit_interop_threads\n"
+        "print(limit_interop_threads(CoreSplit((0, 1))))\n"
+        "print(limit_interop_threads(CoreSplit((0, 1), (1,), 1, 2, 'async')))\n"
+        "print(torch.get_num_interop_threads())\n"
+        "torch.jit.wait(torch.jit.fork(torch.add, torch.ones(1), 1))\n"  # the pool starts
+        "print(limit_interop_threads(CoreSplit((0, 1), (1,), 1, 2, 'async')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    ).stdout  # fmt: skip
+    assert out.splitlines() == ["False", "True", "1", "False"]
