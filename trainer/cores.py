@@ -312,21 +312,58 @@ def process_group_cpu_seconds(group: int) -> float | None:
     return total / ticks
 
 
-def with_torch_threads(threads: int | None, fn: Callable[..., T], *args: Any) -> T:
-    """``fn(*args)`` with torch's intra-op threads set to ``threads`` (None: as they are),
-    then set back. Set in the calling thread, the one that runs ``fn``: OpenMP keeps the count
-    per thread, and the update runs in a pool's worker thread, which later runs in this
-    process (a synchronous one after an asynchronous one) must find as it was."""
-    if threads is None:
-        return fn(*args)
-    import torch
+class ThreadBalancer:
+    """Sets torch's threads in the update's thread from whether episodes roll out now: at the
+    update's start and before each micro-batch (the backend's ``before_micro_batch``), so the
+    trainer takes the engine's cores once the rollout is done; then sets them back, for the
+    pool's thread may run later updates of a run without a split.
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return fn(*args)
-    finally:
-        torch.set_num_threads(before)
+    Args:
+        split: The run's core split (its :meth:`CoreSplit.update_threads`).
+        rolling_out: Whether any episode is rolling out now (read from the update's thread).
+    """
+
+    def __init__(self, split: CoreSplit, rolling_out: Callable[[], bool]) -> None:
+        self.split = split
+        self.rolling_out = rolling_out
+        self.used: list[int] = []
+        """torch's threads at each check (the update's start and each micro-batch)."""
+
+    def __call__(self) -> None:
+        """Set torch's threads for what runs next."""
+        threads = self.split.update_threads(self.rolling_out())
+        if threads is None:
+            return
+        import torch
+
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        self.used.append(threads)
+
+    def run(self, backend: Any, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (the update, in this thread) with the threads balanced, ``backend``
+        checking before each micro-batch where it can; everything set back after."""
+        if self.split.trainer_threads is None:
+            return fn(*args)
+        import torch
+
+        before = torch.get_num_threads()
+        hooked = hasattr(backend, "before_micro_batch")
+        if hooked:
+            backend.before_micro_batch = self
+        try:
+            self()
+            return fn(*args)
+        finally:
+            if hooked:
+                backend.before_micro_batch = None
+            torch.set_num_threads(before)
+
+    def metrics(self) -> dict[str, float]:
+        """``cores/trainer_threads``: torch's mean threads over the update's checks."""
+        if not self.used:
+            return {}
+        return {"cores/trainer_threads": sum(self.used) / len(self.used)}
 
 
 def limit_interop_threads(split: CoreSplit) -> bool:

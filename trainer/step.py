@@ -26,7 +26,7 @@ from envhub.trainer.algorithms import KLController, ObjectiveSpec
 from envhub.trainer.backends import TrainBackend
 from envhub.trainer.batch import Batch, NoSignal, no_signal, select
 from envhub.trainer.config import TrainConfig
-from envhub.trainer.cores import CoreSplit, with_torch_threads
+from envhub.trainer.cores import CoreSplit, ThreadBalancer
 from envhub.trainer.critic import Critic, update_critic
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.groups import Taken
@@ -167,13 +167,12 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
     """The policy's update (not while the critic warms up), then the critic's."""
     config, metrics = run.config, {}
     warming_up = run.critic is not None and step < config.critic.warmup_steps
-    threads = run.cores.update_threads(run.producer.busy) if run.cores is not None else None
     if batch.samples and not warming_up:
+        balancer = ThreadBalancer(run.cores or CoreSplit(()), lambda: run.producer.busy)
         metrics, seen = await asyncio.to_thread(
-            with_torch_threads, threads, update_policy, batch, config, run.backend, timer
+            balancer.run, run.backend, update_policy, batch, config, run.backend, timer
         )
-        if threads is not None:
-            metrics["cores/trainer_threads"] = float(threads)
+        metrics |= balancer.metrics()
         release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
         if config.logging.save_trajectories and seen:
             path = trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1)

@@ -20,6 +20,7 @@ from envhub.trainer.cores import (
     BIND_ENV,
     CoreSplit,
     PhaseTimes,
+    ThreadBalancer,
     async_advice,
     choose_split,
     engine_share,
@@ -28,7 +29,6 @@ from envhub.trainer.cores import (
     phases_of_run,
     process_group_cpu_seconds,
     split_step,
-    with_torch_threads,
 )
 
 
@@ -298,24 +298,41 @@ def test_a_process_group_cpu_time_counts_every_live_member() -> None:
     assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
 
 
-def test_torch_threads_are_set_in_the_thread_that_runs_the_update_and_set_back() -> None:
+def test_torch_threads_follow_the_rollout_through_the_update_and_are_set_back() -> None:
     torch = pytest.importorskip("torch")
+    rolling = [True]
     seen: list[int] = []
 
-    def update() -> int:
-        seen.append(torch.get_num_threads())
-        return 7
+    class Backend:
+        before_micro_batch = None
+
+    backend = Backend()
+
+    def update() -> str:  # three micro-batches; the rollout ends after the first
+        for _ in range(3):
+            backend.before_micro_batch()
+            seen.append(torch.get_num_threads())
+            rolling[0] = False
+        return "updated"
+
+    split = _split(_config(), 2)
+    balancer = ThreadBalancer(split, lambda: rolling[0])
+    unchanged = ThreadBalancer(_split(_config(staleness=0), 2), lambda: True)
 
     def worker() -> None:
         before = torch.get_num_threads()
-        seen.append(with_torch_threads(1, update))
-        seen.append(torch.get_num_threads() - before)  # as it was
-        seen.append(with_torch_threads(None, update))  # unchanged
+        seen.append(balancer.run(backend, update))
+        seen.append(torch.get_num_threads() - before)  # set back
+        seen.append(unchanged.run(backend, lambda: torch.get_num_threads() - before))
 
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    assert seen == [1, 7, 0, torch.get_num_threads(), 7]
+    assert seen == [1, 2, 2, "updated", 0, 0]
+    assert backend.before_micro_batch is None  # unhooked
+    assert balancer.used == [1, 1, 2, 2]  # the start, then each micro-batch
+    assert balancer.metrics() == {"cores/trainer_threads": 1.5}
+    assert (unchanged.used, unchanged.metrics()) == ([], {})
 
 
 def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
