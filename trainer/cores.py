@@ -313,10 +313,14 @@ def process_group_cpu_seconds(group: int) -> float | None:
 
 
 class ThreadBalancer:
-    """Sets torch's threads in the update's thread from whether episodes roll out now: at the
-    update's start and before each micro-batch (the backend's ``before_micro_batch``), so the
-    trainer takes the engine's cores once the rollout is done; then sets them back, for the
-    pool's thread may run later updates of a run without a split.
+    """Sets torch's threads in the update's thread from whether episodes roll out now, so the
+    trainer takes the engine's cores as soon as the rollout is done, not at the next update.
+
+    It looks at the update's start and then whenever autograd saves a tensor (the forward
+    pass) or takes one back (the backward pass), through ``saved_tensors_hooks``, which run in
+    the update's own thread (torch keeps the thread count per thread) a few hundred times per
+    micro-batch; and sets the count back after, for the pool's thread may later run updates
+    of a run without a split.
 
     Args:
         split: The run's core split (its :meth:`CoreSplit.update_threads`).
@@ -326,8 +330,9 @@ class ThreadBalancer:
     def __init__(self, split: CoreSplit, rolling_out: Callable[[], bool]) -> None:
         self.split = split
         self.rolling_out = rolling_out
-        self.used: list[int] = []
-        """torch's threads at each check (the update's start and each micro-batch)."""
+        self.checks = 0
+        self.thread_sum = 0
+        """torch's threads summed over the checks (``metrics``: their mean)."""
 
     def __call__(self) -> None:
         """Set torch's threads for what runs next."""
@@ -338,32 +343,33 @@ class ThreadBalancer:
 
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        self.used.append(threads)
+        self.checks += 1
+        self.thread_sum += threads
 
-    def run(self, backend: Any, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` (the update, in this thread) with the threads balanced, ``backend``
-        checking before each micro-batch where it can; everything set back after."""
+    def _look(self, tensor: Any) -> Any:
+        self()
+        return tensor
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (the update, in this thread) with the threads balanced; set back
+        after."""
         if self.split.trainer_threads is None:
             return fn(*args)
         import torch
 
         before = torch.get_num_threads()
-        hooked = hasattr(backend, "before_micro_batch")
-        if hooked:
-            backend.before_micro_batch = self
         try:
             self()
-            return fn(*args)
+            with torch.autograd.graph.saved_tensors_hooks(self._look, self._look):
+                return fn(*args)
         finally:
-            if hooked:
-                backend.before_micro_batch = None
             torch.set_num_threads(before)
 
     def metrics(self) -> dict[str, float]:
         """``cores/trainer_threads``: torch's mean threads over the update's checks."""
-        if not self.used:
+        if not self.checks:
             return {}
-        return {"cores/trainer_threads": sum(self.used) / len(self.used)}
+        return {"cores/trainer_threads": self.thread_sum / self.checks}
 
 
 def limit_interop_threads(split: CoreSplit) -> bool:

@@ -170,7 +170,7 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
     if batch.samples and not warming_up:
         balancer = ThreadBalancer(run.cores or CoreSplit(()), lambda: run.producer.busy)
         metrics, seen = await asyncio.to_thread(
-            balancer.run, run.backend, update_policy, batch, config, run.backend, timer
+            balancer.run, update_policy, batch, config, run.backend, timer
         )
         metrics |= balancer.metrics()
         release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)

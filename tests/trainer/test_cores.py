@@ -298,41 +298,53 @@ def test_a_process_group_cpu_time_counts_every_live_member() -> None:
     assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
 
 
-def test_torch_threads_follow_the_rollout_through_the_update_and_are_set_back() -> None:
+def test_torch_threads_follow_the_rollout_through_forward_and_backward_and_are_set_back() -> None:
     torch = pytest.importorskip("torch")
-    rolling = [True]
-    seen: list[int] = []
+    looks = [0]  # how often the balancer asked whether episodes roll out
+    threads_in_backward: list[int] = []
 
-    class Backend:
-        before_micro_batch = None
+    def rolling_out() -> bool:
+        looks[0] += 1
+        return looks[0] <= 4  # the start and 3 tensors of the forward pass; then done
 
-    backend = Backend()
+    class Spy(torch.autograd.Function):
+        """Records torch's threads when the backward pass reaches it (the model's input)."""
 
-    def update() -> str:  # three micro-batches; the rollout ends after the first
-        for _ in range(3):
-            backend.before_micro_batch()
-            seen.append(torch.get_num_threads())
-            rolling[0] = False
-        return "updated"
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x.clone()
 
-    split = _split(_config(), 2)
-    balancer = ThreadBalancer(split, lambda: rolling[0])
+        @staticmethod
+        def backward(ctx, grad):  # noqa: ANN001, ANN205
+            threads_in_backward.append(torch.get_num_threads())
+            return grad
+
+    model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)), torch.nn.Tanh())
+
+    def update() -> str:
+        x = Spy.apply(torch.ones(2, 8, requires_grad=True))
+        threads_in_forward = torch.get_num_threads()
+        model(x).sum().backward()
+        return f"updated with {threads_in_forward} in the forward pass"
+
+    balancer = ThreadBalancer(_split(_config(), 2), rolling_out)
     unchanged = ThreadBalancer(_split(_config(staleness=0), 2), lambda: True)
+    seen: list[object] = []
 
     def worker() -> None:
         before = torch.get_num_threads()
-        seen.append(balancer.run(backend, update))
+        seen.append(balancer.run(update))
         seen.append(torch.get_num_threads() - before)  # set back
-        seen.append(unchanged.run(backend, lambda: torch.get_num_threads() - before))
+        seen.append(unchanged.run(lambda: torch.get_num_threads() - before))
 
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    assert seen == [1, 2, 2, "updated", 0, 0]
-    assert backend.before_micro_batch is None  # unhooked
-    assert balancer.used == [1, 1, 2, 2]  # the start, then each micro-batch
-    assert balancer.metrics() == {"cores/trainer_threads": 1.5}
-    assert (unchanged.used, unchanged.metrics()) == ([], {})
+    assert seen == ["updated with 1 in the forward pass", 0, 0]
+    assert threads_in_backward == [2]  # the rollout ended meanwhile: every core
+    assert balancer.checks == looks[0] > 4
+    assert balancer.metrics() == {"cores/trainer_threads": (4 + 2 * (looks[0] - 4)) / looks[0]}
+    assert (unchanged.checks, unchanged.metrics()) == (0, {})
 
 
 def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -63,9 +63,6 @@ class TorchBackend:
         self.tokenizer, self._model = _load(self.model_path, config, self.device)
         self.packed = _packs(self._model, config, self.device)
         """Micro-batches run packed into one row each (``backend.packing``), not padded."""
-        self.before_micro_batch: Callable[[], None] | None = None
-        """Called in the update's thread before each of its micro-batches (the run's core
-        split sets torch's threads there, ``trainer/cores.py``)."""
         self.reference = (
             _load(self.model_path, config, self.device, frozen=True)[1]
             if config.algorithm.needs_reference
@@ -202,8 +199,6 @@ class TorchBackend:
         # The host's part of every micro-batch first: the device then runs them back to back.
         prepared = [self._place(mb) for mb in batches]
         for k, (placed, loss_inputs, weight) in enumerate(prepared):
-            if self.before_micro_batch is not None:
-                self.before_micro_batch()
             logprobs, entropy = self._scores(self._model, placed, with_entropy=True)
             seen.append(logprobs.detach())
             loss, metrics = policy_objective(
