@@ -7,7 +7,8 @@ the update slowed by more than the generation's own CPU time. There :func:`choos
 each side its own cores: vLLM's compute threads are bound to the last ``engine`` cores
 (``VLLM_CPU_OMP_THREADS_BIND``, fixed when vLLM starts), torch updates with the rest (its
 thread count, set before every update), and rollout workers run on the engine's side. Before
-the update, when nothing is rolling out, torch takes every core (:meth:`CoreSplit.update_threads`).
+the update, whenever vLLM has no request to work on (the rollout is done, or its episodes wait
+on tools), torch takes every core (:class:`ThreadBalancer`).
 
 The split comes from the machine (``os.sched_getaffinity``) and, where a resumed run's earlier
 synchronous steps measured them, the phase times (:class:`PhaseTimes`): the rollout's wall
@@ -139,9 +140,9 @@ class CoreSplit:
         cores: The cores this process may use.
         engine: Cores vLLM's compute threads bind to; None keeps the engine's default
             (``envhub.inference.vllm_server.cpu_defaults``).
-        trainer_threads: torch's threads for the update while episodes roll out; None leaves
+        trainer_threads: torch's threads for the update while the engine works; None leaves
             them as they are (``backend.threads``, or torch's choice).
-        idle_threads: torch's threads for an update while nothing rolls out (every core,
+        idle_threads: torch's threads for the update while the engine idles (every core,
             unless ``backend.threads`` fixed them).
         mode: ``sync`` (nothing changes), ``async`` (a split), ``shared`` (async, but one core
             or a binding the user set), or ``placed`` (GPU, Ray or an external server: not ours).
@@ -164,12 +165,12 @@ class CoreSplit:
         """The environment that binds vLLM's compute threads (empty: the engine's default)."""
         return {BIND_ENV: ",".join(map(str, self.engine))} if self.engine is not None else {}
 
-    def update_threads(self, rolling_out: bool) -> int | None:
-        """torch's threads for the next update: the trainer's share while episodes roll out,
-        every core when none does (the engine's cores would idle), None when unchanged."""
+    def update_threads(self, engine_busy: bool) -> int | None:
+        """torch's threads for what the update runs next: the trainer's share while the
+        engine works, every core while it idles, None when unchanged."""
         if self.trainer_threads is None:
             return None
-        return self.trainer_threads if rolling_out else (self.idle_threads or len(self.cores))
+        return self.trainer_threads if engine_busy else (self.idle_threads or len(self.cores))
 
     def describe(self) -> str | None:
         """The run header's line, or None where nothing was chosen (GPU and other placements,
@@ -179,7 +180,7 @@ class CoreSplit:
             engine = len(self.engine or ())
             trainer = self.trainer_threads or n - engine
             idle = self.idle_threads or n
-            more = f"; the trainer takes {idle} while nothing rolls out" if idle != trainer else ""
+            more = f"; the trainer takes {idle} while the engine idles" if idle != trainer else ""
             return f"engine {engine} / trainer {trainer} (async, {n} cores; {self.source}{more})"
         if self.mode == "shared":
             return f"engine and trainer share {n} core{'s' * (n != 1)} (async; {self.source})"
@@ -313,8 +314,9 @@ def process_group_cpu_seconds(group: int) -> float | None:
 
 
 class ThreadBalancer:
-    """Sets torch's threads in the update's thread from whether episodes roll out now, so the
-    trainer takes the engine's cores as soon as the rollout is done, not at the next update.
+    """Sets torch's threads in the update's thread from whether the engine works now, so the
+    trainer takes the engine's cores as soon as it idles (the rollout is done, or its episodes
+    wait on tools), not at the next update.
 
     It looks at the update's start and then whenever autograd saves a tensor (the forward
     pass) or takes one back (the backward pass), through ``saved_tensors_hooks``, which run in
@@ -324,19 +326,19 @@ class ThreadBalancer:
 
     Args:
         split: The run's core split (its :meth:`CoreSplit.update_threads`).
-        rolling_out: Whether any episode is rolling out now (read from the update's thread).
+        engine_busy: Whether the engine works now (read from the update's thread).
     """
 
-    def __init__(self, split: CoreSplit, rolling_out: Callable[[], bool]) -> None:
+    def __init__(self, split: CoreSplit, engine_busy: Callable[[], bool]) -> None:
         self.split = split
-        self.rolling_out = rolling_out
+        self.engine_busy = engine_busy
         self.checks = 0
         self.thread_sum = 0
         """torch's threads summed over the checks (``metrics``: their mean)."""
 
     def __call__(self) -> None:
         """Set torch's threads for what runs next."""
-        threads = self.split.update_threads(self.rolling_out())
+        threads = self.split.update_threads(self.engine_busy())
         if threads is None:
             return
         import torch

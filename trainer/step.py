@@ -168,7 +168,7 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
     config, metrics = run.config, {}
     warming_up = run.critic is not None and step < config.critic.warmup_steps
     if batch.samples and not warming_up:
-        balancer = ThreadBalancer(run.cores or CoreSplit(()), lambda: run.producer.busy)
+        balancer = ThreadBalancer(run.cores or CoreSplit(()), _engine_working(run))
         metrics, seen = await asyncio.to_thread(
             balancer.run, update_policy, batch, config, run.backend, timer
         )
@@ -184,6 +184,16 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
             metrics["critic/warmup"] = float(warming_up)
         release_freed_memory()
     return metrics
+
+
+def _engine_working(run: Run) -> Callable[[], bool]:
+    """Whether the engine's cores are busy now: it works on a request of this process (not
+    while its episodes wait on tools), or, when rollout workers send the requests, any
+    episode is rolling out."""
+    engine = run.engine
+    if run.producer.workers is None and hasattr(engine, "generating"):
+        return lambda: engine.generating > 0
+    return lambda: run.producer.busy
 
 
 def _throughput(sampled: list[Trajectory], batch: Batch, timer: PhaseTimer) -> dict[str, float]:

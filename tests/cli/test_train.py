@@ -284,7 +284,7 @@ def test_the_header_shows_the_core_split_and_when_async_cannot_gain(monkeypatch)
         "parameters": 134.5e6,
         "device": "cpu",
         "cores": "engine 1 / trainer 1 (async, 2 cores; from the machine, fixed before vLLM "
-        "starts; the trainer takes 2 while nothing rolls out)",
+        "starts; the trainer takes 2 while the engine idles)",
         "advice": "async cannot gain here: vLLM and the trainer share one core, so overlapping "
         "them saves nothing; set rollout.max_staleness: 0",
     }
@@ -293,7 +293,7 @@ def test_the_header_shows_the_core_split_and_when_async_cannot_gain(monkeypatch)
     lines = console.export_text().splitlines()
     assert lines[2:] == [
         "cores: engine 1 / trainer 1 (async, 2 cores; from the machine, fixed before vLLM "
-        "starts; the trainer takes 2 while nothing rolls out)",
+        "starts; the trainer takes 2 while the engine idles)",
         "async cannot gain here: vLLM and the trainer share one core, so overlapping them "
         "saves nothing; set rollout.max_staleness: 0",
     ]

@@ -64,8 +64,8 @@ def test_an_async_run_gives_the_engine_the_last_half_of_the_cores(
 
     assert (split.engine, split.trainer_threads, split.mode) == (engine, trainer, "async")
     assert split.engine_env() == {BIND_ENV: ",".join(map(str, engine))}
-    assert split.update_threads(rolling_out=True) == trainer
-    assert split.update_threads(rolling_out=False) == cores  # the engine's cores would idle
+    assert split.update_threads(engine_busy=True) == trainer
+    assert split.update_threads(engine_busy=False) == cores  # the engine's cores would idle
     assert split.source == "from the machine, fixed before vLLM starts"
 
 
@@ -74,7 +74,7 @@ def test_one_core_cannot_be_split_and_the_header_says_async_cannot_gain() -> Non
 
     assert (split.engine, split.trainer_threads, split.mode) == (None, None, "shared")
     assert split.engine_env() == {}
-    assert split.update_threads(rolling_out=True) is None
+    assert split.update_threads(engine_busy=True) is None
     assert split.describe() == "engine and trainer share 1 core (async; one core, nothing to split)"
     assert async_advice(_config(), split, None) == (
         "async cannot gain here: vLLM and the trainer share one core, so overlapping them "
@@ -154,7 +154,7 @@ def test_the_config_sets_the_engine_share_and_torch_threads() -> None:
     assert (threads.engine, threads.update_threads(True), threads.update_threads(False)) == (
         (3,),
         2,
-        2,  # backend.threads is the user's: kept while nothing rolls out too
+        2,  # backend.threads is the user's: kept while the engine idles too
     )
     assert (too_many.engine, too_many.trainer_threads) == ((1, 2, 3), 1)  # one left to train
     assert threads.describe() == ("engine 1 / trainer 2 (async, 4 cores; rollout.vllm.cpu_cores)")
@@ -298,12 +298,12 @@ def test_a_process_group_cpu_time_counts_every_live_member() -> None:
     assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
 
 
-def test_torch_threads_follow_the_rollout_through_forward_and_backward_and_are_set_back() -> None:
+def test_torch_threads_follow_the_engine_through_forward_and_backward_and_are_set_back() -> None:
     torch = pytest.importorskip("torch")
-    looks = [0]  # how often the balancer asked whether episodes roll out
+    looks = [0]  # how often the balancer asked whether the engine works
     threads_in_backward: list[int] = []
 
-    def rolling_out() -> bool:
+    def engine_busy() -> bool:
         looks[0] += 1
         return looks[0] <= 4  # the start and 3 tensors of the forward pass; then done
 
@@ -327,7 +327,7 @@ def test_torch_threads_follow_the_rollout_through_forward_and_backward_and_are_s
         model(x).sum().backward()
         return f"updated with {threads_in_forward} in the forward pass"
 
-    balancer = ThreadBalancer(_split(_config(), 2), rolling_out)
+    balancer = ThreadBalancer(_split(_config(), 2), engine_busy)
     unchanged = ThreadBalancer(_split(_config(staleness=0), 2), lambda: True)
     seen: list[object] = []
 
@@ -405,3 +405,23 @@ def test_the_interop_pool_is_capped_only_by_a_split_and_only_before_it_starts() 
         cwd=Path(__file__).resolve().parents[2],
     ).stdout  # fmt: skip
     assert out.splitlines() == ["False", "True", "1", "False"]
+
+
+def test_the_update_watches_the_engine_requests_or_with_workers_the_episodes() -> None:
+    from types import SimpleNamespace
+
+    from envhub.trainer.step import _engine_working
+
+    engine = SimpleNamespace(generating=0)
+    producer = SimpleNamespace(workers=None, busy=True)  # episodes wait on tools
+    here = _engine_working(SimpleNamespace(engine=engine, producer=producer))
+    assert here() is False
+    engine.generating = 3
+    assert here() is True
+
+    producer.workers = object()  # the workers send the requests: the driver cannot see them
+    with_workers = _engine_working(SimpleNamespace(engine=engine, producer=producer))
+    engine.generating = 0
+    assert with_workers() is True
+    producer.busy = False
+    assert with_workers() is False

@@ -106,6 +106,8 @@ class VLLMEngine(RolloutEngine):
         self.in_flight_updates = in_flight_updates
         self.syncs = 0
         """Syncs done (:attr:`weights_version` is the policy's version, which the loop sets)."""
+        self.generating = 0
+        """Requests of this process that vLLM is working on now (not a rollout worker's)."""
         self._sender: WeightSender | None = None
         """Sends each sync (the driver, or the backend's own processes), once connected."""
         self._started = False
@@ -181,7 +183,11 @@ class VLLMEngine(RolloutEngine):
         )
         version = self.weights_version  # of the first token: a sync may land mid-request
         started = time.perf_counter()
-        out = await self.transport.generate(list(prompt_ids), sampling)
+        self.generating += 1
+        try:
+            out = await self.transport.generate(list(prompt_ids), sampling)
+        finally:
+            self.generating -= 1
         self.generate_seconds += time.perf_counter() - started
         self.generated_tokens += len(out.token_ids)
         self.requests += 1
