@@ -6,9 +6,9 @@ and when both still assume the whole machine their threads fight over it: measur
 the update slowed by more than the generation's own CPU time. There :func:`choose_split` gives
 each side its own cores: vLLM's compute threads are bound to the last ``engine`` cores
 (``VLLM_CPU_OMP_THREADS_BIND``, fixed when vLLM starts), torch updates with the rest (its
-thread count, set before every update), and rollout workers run on the engine's side. Before
-the update, whenever vLLM has no request to work on (the rollout is done, or its episodes wait
-on tools), torch takes every core (:class:`ThreadBalancer`).
+thread count), and rollout workers run on the engine's side. During the update, whenever vLLM
+has no request to work on (the rollout is done, or its episodes wait on tools), torch takes
+every core (:class:`ThreadBalancer`).
 
 The split comes from the machine (``os.sched_getaffinity``) and, where a resumed run's earlier
 synchronous steps measured them, the phase times (:class:`PhaseTimes`): the rollout's wall

@@ -166,7 +166,8 @@ async def _run_steps(
 ) -> int:
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
-    phases = phases_of_run(config.run_dir)  # a resumed run's synchronous steps, if any
+    # A resumed run's synchronous steps, if any (a run that starts over measured nothing yet).
+    phases = phases_of_run(config.run_dir) if config.checkpoint.resume != "never" else None
     cores = choose_split(config, on_gpu=on_gpu, phases=phases)
     limit_interop_threads(cores)
     engine = make_engine(config, backend, cpu_bind=cores.engine_env().get(BIND_ENV))
