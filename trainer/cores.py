@@ -12,9 +12,9 @@ every core (:class:`ThreadBalancer`).
 
 The split comes from the machine (``os.sched_getaffinity``) and, where a resumed run's earlier
 synchronous steps measured them, the phase times (:class:`PhaseTimes`): the rollout's wall
-time, the update's, and the generation's CPU time. The same times give the bound on what
-overlapping can gain (:func:`overlap_bound`) and the run's header says when it is too small
-to pay (:func:`async_advice`). GPU placements, external servers, Ray-placed engines and the
+time, the update's, and the generation's CPU time. The same times bound what overlapping can
+gain (:func:`overlap_gain`, :func:`overlap_bound`), and the run's header says when that is too
+little to pay (:func:`async_advice`). GPU placements, external servers, Ray-placed engines and the
 Megatron backend are left as they are.
 
 Light on purpose: no torch, no vLLM (the CLI and the config import it).
@@ -34,8 +34,8 @@ BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 """vLLM's CPU build binds one compute thread to each core this lists (comma-separated)."""
 
 MIN_GAIN = 1.05
-"""Below this bound on the async/sync speed-up, the header recommends ``max_staleness: 0``
-(the measured async runs reached 0.8-1.0 of the bound: a smaller one is lost in noise)."""
+"""Below this best case of the async/sync speed-up, the header recommends
+``max_staleness: 0`` (measured async runs fell short of it: a smaller gain is lost)."""
 
 
 def machine_cores() -> tuple[int, ...]:
@@ -249,7 +249,9 @@ def choose_split(
 
 def async_advice(config: Any, split: CoreSplit, phases: PhaseTimes | None) -> str | None:
     """What the header says when an async run on shared cores cannot gain: one core, or
-    measured phases whose overlap bound is under :data:`MIN_GAIN`; None otherwise."""
+    measured phases that perfect overlap speeds up by less than :data:`MIN_GAIN`
+    (:func:`overlap_gain`; a rollout that is all generation on every core gains nothing,
+    whatever ``2 - G/W`` says); None otherwise."""
     if config.rollout.max_staleness == 0 or split.mode not in ("async", "shared"):
         return None
     n = len(split.cores)
@@ -260,15 +262,16 @@ def async_advice(config: Any, split: CoreSplit, phases: PhaseTimes | None) -> st
         )
     if phases is None:
         return None
-    bound = overlap_bound(phases, n)
-    if bound >= MIN_GAIN:
+    gain = overlap_gain(phases, n)
+    if gain >= MIN_GAIN:
         return None
-    g, w = phases.generation(n), phases.work(n)
+    p = phases
     return (
-        f"async cannot gain here: the earlier steps measured generation {g:.1f} s of "
-        f"{n} cores' time against all the CPU work W = {w:.1f} s (update {phases.update:.1f}"
-        f" + sync {phases.sync:.1f} + generation), so overlapping is at most 2 - G/W = "
-        f"{bound:.2f}x faster; set rollout.max_staleness: 0"
+        f"async cannot gain here: the earlier synchronous steps took R = {p.rollout:.1f} s to "
+        f"roll out, {p.generation(n):.1f} s of it generation on all {n} cores, and "
+        f"W = {p.work(n):.1f} s of CPU work (update {p.update:.1f} + sync {p.sync:.1f} + "
+        f"generation), so overlapping them is at most (R + update + sync) / max(R, W) = "
+        f"{gain:.2f}x faster; set rollout.max_staleness: 0"
     )
 
 

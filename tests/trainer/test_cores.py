@@ -230,19 +230,28 @@ def test_the_overlap_bound_by_hand() -> None:
     assert overlap_bound(PhaseTimes(0.0, 0.0, 0.0, 0.0), 2) == 1.0
 
 
-def test_phases_whose_bound_is_too_small_make_the_header_recommend_sync() -> None:
-    # Generation is nearly all the CPU work: overlapping cannot pay.
-    generation_bound = PhaseTimes(rollout=20.0, update=0.5, sync=0.0, generation_cpu=38.0)
+def test_phases_that_overlap_cannot_speed_up_make_the_header_recommend_sync() -> None:
     split = _split(_config(), 2)
+    # Generation is nearly all the CPU work.
+    generation_bound = PhaseTimes(rollout=20.0, update=0.5, sync=0.0, generation_cpu=38.0)
+    # The rollout is all generation on both cores (R = G): 2 - G/W says 1.52x, but nothing of
+    # the rollout leaves the cores free for the update.
+    all_generation = PhaseTimes(rollout=10.0, update=10.0, sync=1.0, generation_cpu=20.0)
 
-    assert overlap_bound(generation_bound, 2) == pytest.approx(2 - 19 / 19.5)
-    assert async_advice(_config(), split, generation_bound) == (
-        "async cannot gain here: the earlier steps measured generation 19.0 s of 2 cores' time "
-        "against all the CPU work W = 19.5 s (update 0.5 + sync 0.0 + generation), so "
-        "overlapping is at most 2 - G/W = 1.03x faster; set rollout.max_staleness: 0"
+    assert overlap_gain(generation_bound, 2) == pytest.approx(20.5 / 20)
+    assert (overlap_bound(all_generation, 2), overlap_gain(all_generation, 2)) == pytest.approx(
+        (2 - 10 / 21, 1.0)
     )
-    assert async_advice(_config(), split, LATENCY) is None  # bound 1.81: it can gain
+    assert async_advice(_config(), split, generation_bound) == (
+        "async cannot gain here: the earlier synchronous steps took R = 20.0 s to roll out, "
+        "19.0 s of it generation on all 2 cores, and W = 19.5 s of CPU work (update 0.5 + "
+        "sync 0.0 + generation), so overlapping them is at most (R + update + sync) / "
+        "max(R, W) = 1.02x faster; set rollout.max_staleness: 0"
+    )
+    assert "= 1.00x faster" in async_advice(_config(), split, all_generation)
+    assert async_advice(_config(), split, LATENCY) is None  # perfect overlap: 1.32x
     assert async_advice(_config(), split, None) is None  # nothing measured yet
+    assert async_advice(_config(staleness=0), _split(_config(staleness=0), 2), LATENCY) is None
 
 
 def test_phases_come_from_the_synchronous_steps_a_run_already_took(tmp_path: Path) -> None:
