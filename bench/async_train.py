@@ -208,14 +208,14 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
     )
     lines = [head, "-" * len(head)]
     for workload, runs in results.items():
-        base = runs.get("k=0")
+        base = runs.get("0")
         bound = base.get("bound") if base else None
         perfect = base.get("perfect") if base else None
         for name, s in runs.items():
             ratio = s["steps_per_hour"] / base["steps_per_hour"] if base else None
-            reached = f"{ratio / perfect:.0%}" if ratio and perfect and name != "k=0" else "-"
+            reached = f"{ratio / perfect:.0%}" if ratio and perfect and name != "0" else "-"
             lines.append(
-                f"{workload:<11} {name:>10} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
+                f"{workload:<11} {'k=' + name:>10} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
                 f"{s['train_tokens_per_s']:>11.0f} {_x(ratio):>7} {_x(bound):>6} "
                 f"{_x(perfect):>7} {reached:>7} {s['wait_s']:>7.1f} {s['update_s']:>8.1f} "
                 f"{s['sync_s']:>7.1f} {s['generation_cpu_s']:>9.1f} {s['staleness_mean']:>6.2f} "
@@ -286,12 +286,12 @@ def main() -> None:
         for workload in workloads:
             for k in args.staleness:
                 rows = run(workload, k, args.steps, args.turns, Path(tmp), tuple(args.set))
-                results.setdefault(workload, {})[f"k={k}"] = summary(rows, args.warmup)
+                results.setdefault(workload, {})[str(k)] = summary(rows, args.warmup)
                 print(table(results), flush=True)
                 if k and args.shared:  # the same k with the cores shared, as before the split
                     extra = (*args.set, "rollout.vllm.cpu_cores=0")
                     rows = run(workload, k, args.steps, args.turns, Path(tmp), extra)
-                    results[workload][f"k={k} shared"] = summary(rows, args.warmup)
+                    results[workload][f"{k} shared"] = summary(rows, args.warmup)
                     print(table(results), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))

@@ -388,7 +388,7 @@ def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> Non
     overlapped = {"wall_s": 45.0, "rss_gib": 1.0, "time/rollout": 0.0, "time/update": 40.0,
                   "time/sync": 2.0, "engine/cpu_s": 14.0, "async/staleness_mean": 1.0}  # fmt: skip
     results = {
-        "latency": {"k=0": bench.summary([sync] * 3, 1), "k=1": bench.summary([overlapped] * 3, 1)}
+        "latency": {"0": bench.summary([sync] * 3, 1), "1": bench.summary([overlapped] * 3, 1)}
     }
 
     head, _, base, k1 = bench.table(results).splitlines()
