@@ -484,12 +484,24 @@ def _affinity_env(cores: Sequence[int] | None) -> dict[str, str]:
 
 
 def _pin_to_cores(value: str | None) -> None:
-    """Run this process on the cores ``value`` lists (``CORES_ENV``), where the OS allows."""
-    if value and hasattr(os, "sched_setaffinity"):
+    """Run this process on the cores ``value`` lists (``CORES_ENV``), where the OS allows:
+    every thread it has (Linux pins one thread per call; a Ray actor's ``__init__`` does not
+    run on the main thread), so the threads they start later are pinned too."""
+    if not value or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        cores = {int(c) for c in value.split(",")}
+    except ValueError:
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]  # this thread at least
+    for thread in threads:
         try:
-            os.sched_setaffinity(0, {int(c) for c in value.split(",")})
-        except (OSError, ValueError):
-            pass  # cores this node lacks: leave the placement to the OS
+            os.sched_setaffinity(thread, cores)
+        except OSError:
+            pass  # cores this node lacks, or a thread that ended: left to the OS
 
 
 def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
