@@ -14,7 +14,8 @@ time R and at least all the CPU work W = update + sync + G (G: the generation's 
 vLLM server's CPU seconds over the cores), so async is at most ``(R + update + sync) /
 max(R, W)`` faster (``perfect``: perfect overlap of these phases), which is at most
 ``2 - G/W`` (reached when R = W). ``reached``: the speed-up over ``perfect``. ``--shared``
-adds each k >= 1 with the cores shared as before the core split (``rollout.vllm.cpu_cores=0``).
+adds each k >= 1 with the cores shared as before the core split (``rollout.vllm.cpu_cores=0``,
+the default until the split is measured to win; the plain k rows ask for ``auto``).
 
 Each (workload, k) pair is one training run through ``envhub.trainer.loop.train`` (its own vLLM
 server, no checkpoints kept, no export, no plot). A step is the wall time between two
@@ -285,7 +286,8 @@ def main() -> None:
         results: dict[str, dict[str, dict[str, float]]] = {}
         for workload in workloads:
             for k in args.staleness:
-                rows = run(workload, k, args.steps, args.turns, Path(tmp), tuple(args.set))
+                split = (*args.set, "rollout.vllm.cpu_cores=auto")  # the split (k >= 1 only)
+                rows = run(workload, k, args.steps, args.turns, Path(tmp), split)
                 results.setdefault(workload, {})[str(k)] = summary(rows, args.warmup)
                 print(table(results), flush=True)
                 if k and args.shared:  # the same k with the cores shared, as before the split

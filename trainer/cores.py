@@ -217,9 +217,9 @@ def choose_split(
     ``VLLM_CPU_OMP_THREADS_BIND`` there is the user's and wins).
 
     ``rollout.vllm.cpu_cores`` sets the engine's share (0: no split), ``backend.threads``
-    torch's; both apply to synchronous runs too. Without them a synchronous run keeps its
-    settings exactly (every core for each side in turn), and an asynchronous one gets
-    :func:`engine_share` of the cores.
+    torch's; both apply to synchronous runs too. ``auto`` gives an asynchronous run
+    :func:`engine_share` of the cores. Without them every run keeps its settings exactly
+    (every core for each side), the header saying so for an asynchronous one.
     """
     cores = tuple(cores) if cores is not None else machine_cores()
     environ = os.environ if environ is None else environ
@@ -227,14 +227,16 @@ def choose_split(
         return CoreSplit(cores, mode="placed")
     n, asked = len(cores), config.rollout.vllm.cpu_cores
     is_async = config.rollout.max_staleness > 0
-    if asked is None and not is_async:
+    if (asked is None or asked == "auto") and not is_async:
         return CoreSplit(cores)
+    if asked is None:  # not asked for: unmeasured on shared cores, so not the default yet
+        return CoreSplit(cores, mode="shared", source="rollout.vllm.cpu_cores=auto splits them")
     if BIND_ENV in environ:
         return CoreSplit(cores, mode="shared", source=f"{BIND_ENV} is set, left as it is")
     if n < 2 or asked == 0:
         source = "one core, nothing to split" if n < 2 else "rollout.vllm.cpu_cores=0"
         return CoreSplit(cores, mode="shared" if is_async else "sync", source=source)
-    if asked is not None:
+    if asked != "auto":
         engine, source = min(asked, n - 1), "rollout.vllm.cpu_cores"
     elif phases is not None:
         engine, source = engine_share(n, phases), "from the earlier steps' phase times"

@@ -33,9 +33,10 @@ from envhub.trainer.cores import (
 
 
 def _config(staleness: int = 1, **overrides: object) -> object:
+    """A vLLM run's config; the split is asked for (``cpu_cores: auto``) unless overridden."""
     data: dict = {
         "envs": [{"name": "arithmetic"}],
-        "rollout": {"engine": "vllm", "max_staleness": staleness},
+        "rollout": {"engine": "vllm", "max_staleness": staleness, "vllm": {"cpu_cores": "auto"}},
     }
     for dotted, value in overrides.items():
         node = data
@@ -434,3 +435,14 @@ def test_the_update_watches_the_engine_requests_or_with_workers_the_episodes() -
     assert with_workers() is True
     producer.busy = False
     assert with_workers() is False
+
+
+def test_without_cpu_cores_an_async_run_shares_every_core_as_before() -> None:
+    split = _split(_config(rollout__vllm__cpu_cores=None), 2)
+    assert (split.engine, split.trainer_threads, split.splits) == (None, None, False)
+    assert split.describe() == (
+        "engine and trainer share 2 cores (async; rollout.vllm.cpu_cores=auto splits them)"
+    )
+    assert _split(_config(staleness=0, rollout__vllm__cpu_cores=None), 2) == CoreSplit(
+        tuple(range(2))
+    )
