@@ -8,6 +8,15 @@ at ``rollout.max_staleness`` 0, 1 and 2, side by side, on three workloads.
   would, passes its verdict on, and the model answers again, ``--turns`` times per episode.
 - ``code``: the ``code`` env (each answer runs its test cases in the bubblewrap sandbox).
 
+Beside each speed-up the table prints the bounds on it, from the k = 0 run's steps: with the
+engine and the trainer on the same cores an overlapped step takes at least the rollout's wall
+time R and at least all the CPU work W = update + sync + G (G: the generation's CPU time, the
+vLLM server's CPU seconds over the cores), so async is at most ``(R + update + sync) /
+max(R, W)`` faster (``perfect``: perfect overlap of these phases), which is at most
+``2 - G/W`` (reached when R = W). ``reached``: the speed-up over ``perfect``. ``--shared``
+adds each k >= 1 with the cores shared as before the core split (``rollout.vllm.cpu_cores=0``,
+the default until the split is measured to win; the plain k rows ask for ``auto``).
+
 Each (workload, k) pair is one training run through ``envhub.trainer.loop.train`` (its own vLLM
 server, no checkpoints kept, no export, no plot). A step is the wall time between two
 ``Reporter.step`` calls; the first ``--warmup`` steps (vLLM's warm-up, and at k >= 1 a pipeline
@@ -18,7 +27,7 @@ the tokens the update trained on (prompt and completion) per second of wall time
 and writes their reward curves side by side (``docs/async-quickstart-reward.png``).
 
     .venv/bin/python bench/async_train.py [--workload quickstart|latency|code|all] \
-        [--staleness 0 1 2] [--steps 8] [--warmup 2] [--json out.json]
+        [--staleness 0 1 2] [--steps 8] [--warmup 2] [--shared] [--json out.json]
     .venv/bin/python bench/async_train.py --learning [--png docs/async-quickstart-reward.png]
 """
 
@@ -162,28 +171,63 @@ def summary(rows: list[dict[str, Any]], warmup: int) -> dict[str, float]:
         "staleness_mean": sum(r.get("async/staleness_mean", 0.0) for r in timed) / len(timed),
         "reward": sum(r.get("reward/mean", 0.0) for r in timed) / len(timed),
         "rss_gib": max(r["rss_gib"] for r in rows),
+        "generation_cpu_s": sum(r.get("engine/cpu_s", 0.0) for r in timed) / len(timed),
+        "trainer_threads": sum(r.get("cores/trainer_threads", 0.0) for r in timed) / len(timed),
+        **bound_of(timed),
     }
 
 
-def table(results: dict[str, dict[int, dict[str, float]]]) -> str:
-    """The results side by side: one row per (workload, k), speed-up against k = 0."""
+def bound_of(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """From synchronous steps (``rows`` of a k = 0 run): the overlap bound ``2 - G/W`` and
+    the gain perfect overlap would give, ``(R + update + sync) / max(R, W)`` (G: the vLLM
+    server's CPU seconds over the cores, W: update + sync + G, R: the rollout's wall time;
+    ``envhub.trainer.cores``); nothing for asynchronous rows or a run without the engine's
+    CPU time."""
+    from envhub.trainer.cores import PhaseTimes, machine_cores, overlap_bound, overlap_gain
+
+    phases = PhaseTimes.from_history(rows)
+    if phases is None:
+        return {}
+    cores = len(machine_cores())
+    return {
+        "bound": overlap_bound(phases, cores),
+        "perfect": overlap_gain(phases, cores),
+        "G_s": phases.generation(cores),
+        "W_s": phases.work(cores),
+    }
+
+
+def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+    """The results side by side: one row per (workload, run), the speed-up against k = 0
+    beside the overlap bound of k = 0's phases (``2-G/W``), the gain perfect overlap of them
+    gives (``perfect``, the tighter of the two) and how much of that the run reached."""
     head = (
-        f"{'workload':<11} {'k':>2} {'step s':>7} {'steps/h':>8} {'train tok/s':>11} "
-        f"{'x sync':>7} {'wait s':>7} {'update s':>8} {'sync s':>7} {'stale':>6} {'reward':>7} "
+        f"{'workload':<11} {'run':>10} {'step s':>7} {'steps/h':>8} {'train tok/s':>11} "
+        f"{'x sync':>7} {'2-G/W':>6} {'perfect':>7} {'reached':>7} {'wait s':>7} "
+        f"{'update s':>8} {'sync s':>7} {'gen cpu s':>9} {'stale':>6} {'reward':>7} "
         f"{'RSS GiB':>7}"
     )
     lines = [head, "-" * len(head)]
-    for workload, by_k in results.items():
-        base = by_k.get(0)
-        for k, s in sorted(by_k.items()):
-            ratio = f"{s['steps_per_hour'] / base['steps_per_hour']:.2f}x" if base else "-"
+    for workload, runs in results.items():
+        base = runs.get("0")
+        bound = base.get("bound") if base else None
+        perfect = base.get("perfect") if base else None
+        for name, s in runs.items():
+            ratio = s["steps_per_hour"] / base["steps_per_hour"] if base else None
+            reached = f"{ratio / perfect:.0%}" if ratio and perfect and name != "0" else "-"
             lines.append(
-                f"{workload:<11} {k:>2} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
-                f"{s['train_tokens_per_s']:>11.0f} {ratio:>7} {s['wait_s']:>7.1f} "
-                f"{s['update_s']:>8.1f} {s['sync_s']:>7.1f} {s['staleness_mean']:>6.2f} "
+                f"{workload:<11} {'k=' + name:>10} {s['step_s']:>7.1f} {s['steps_per_hour']:>8.0f} "
+                f"{s['train_tokens_per_s']:>11.0f} {_x(ratio):>7} {_x(bound):>6} "
+                f"{_x(perfect):>7} {reached:>7} {s['wait_s']:>7.1f} {s['update_s']:>8.1f} "
+                f"{s['sync_s']:>7.1f} {s['generation_cpu_s']:>9.1f} {s['staleness_mean']:>6.2f} "
                 f"{s['reward']:>7.2f} {s['rss_gib']:>7.1f}"
             )
     return "\n".join(lines)
+
+
+def _x(ratio: float | None) -> str:
+    """A speed-up as ``1.23x``, or ``-``."""
+    return f"{ratio:.2f}x" if ratio is not None else "-"
 
 
 def learning(png: Path, out: Path) -> None:
@@ -225,6 +269,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--turns", type=int, default=3, help="grader calls per episode (latency)")
     parser.add_argument("--set", nargs="*", default=[], help="more key=value config overrides")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="also run each k >= 1 with the cores shared (rollout.vllm.cpu_cores=0: no split)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--learning", action="store_true")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "async-quickstart-reward.png")
@@ -234,12 +283,18 @@ def main() -> None:
             learning(args.png, Path(tmp))
             return
         workloads = ["quickstart", "latency", "code"] if args.workload == "all" else [args.workload]
-        results: dict[str, dict[int, dict[str, float]]] = {}
+        results: dict[str, dict[str, dict[str, float]]] = {}
         for workload in workloads:
             for k in args.staleness:
-                rows = run(workload, k, args.steps, args.turns, Path(tmp), tuple(args.set))
-                results.setdefault(workload, {})[k] = summary(rows, args.warmup)
+                split = (*args.set, "rollout.vllm.cpu_cores=auto")  # the split (k >= 1 only)
+                rows = run(workload, k, args.steps, args.turns, Path(tmp), split)
+                results.setdefault(workload, {})[str(k)] = summary(rows, args.warmup)
                 print(table(results), flush=True)
+                if k and args.shared:  # the same k with the cores shared, as before the split
+                    extra = (*args.set, "rollout.vllm.cpu_cores=0")
+                    rows = run(workload, k, args.steps, args.turns, Path(tmp), extra)
+                    results[workload][f"{k} shared"] = summary(rows, args.warmup)
+                    print(table(results), flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

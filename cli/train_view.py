@@ -100,7 +100,8 @@ class RichReporter:
         self.progress.stop()
 
     def start(self, config: Any, info: dict[str, Any]) -> None:
-        """Print the run's header: model, envs, run size, run folder, rollout engine and workers."""
+        """Print the run's header: model, envs, run size, run folder, rollout engine, the
+        core split and whether async can gain, and the workers."""
         self.steps = config.steps
         self.evaluates = getattr(config, "eval", None) is not None
         self.critic = config.algorithm.needs_critic
@@ -130,6 +131,10 @@ class RichReporter:
                 f"(initial weight sync {info['sync/seconds']:.2f} s{check})",
                 soft_wrap=True,
             )
+        if info.get("cores"):
+            console.print(f"cores: {info['cores']}", soft_wrap=True)
+        if info.get("advice"):
+            console.print(f"[yellow]{info['advice']}[/]", soft_wrap=True)
         if info.get("tools"):
             console.print(f"tools: {info['tools']}", soft_wrap=True)
         if info.get("eval"):

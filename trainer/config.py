@@ -195,6 +195,14 @@ class VLLMConfig(_Part):
     they share a GPU."""
     kv_cache_gb: float = Field(2.0, gt=0.0)
     """KV cache on the CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    cpu_cores: Annotated[int, Field(ge=0)] | Literal["auto"] | None = None
+    """Cores vLLM's CPU engine binds its compute threads to (the machine's last ones), when it
+    shares the machine's cores with the torch trainer; torch updates with the rest while
+    episodes roll out (``backend.threads`` overrides). ``auto``: chosen from the machine and the
+    measured phases for asynchronous runs (``max_staleness >= 1``: see ``trainer/cores.py``).
+    Default (``None``) and 0: no split, both sides on every core, as before the split existed
+    (the default until the split is measured to win on shared cores). Ignored on GPUs, by
+    Ray-placed engines and by an external server (``url``)."""
     sleep: Literal["auto", "on", "off"] = "auto"
     """Put vLLM to sleep (weights offloaded, KV cache freed) while the trainer updates, and
     wake it for rollouts. ``auto``: on for ``inprocess`` runs on a GPU. CPU builds ignore it."""

@@ -35,6 +35,14 @@ from envhub.trainer.checkpoint import CheckpointManager
 from envhub.trainer.checkpoint.run_state import RunCheckpoints
 from envhub.trainer.cluster.run import start_ray, stop_ray
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.cores import (
+    BIND_ENV,
+    PhaseTimes,
+    async_advice,
+    choose_split,
+    limit_interop_threads,
+    phases_of_run,
+)
 from envhub.trainer.critic import describe_critic, make_critic
 from envhub.trainer.engines import make_engine
 from envhub.trainer.held_out import HeldOutEval
@@ -57,7 +65,8 @@ class Reporter(Protocol):
             config: The run's validated configuration.
             info: The run's header: ``run_dir``, ``resumed_from``, ``parameters``, ``device``,
                 ``engine``, what the initial weight sync reported and, with rollout workers,
-                ``rollout_workers``.
+                ``rollout_workers``; ``cores`` where the run split the CPU cores between the
+                engine and the trainer, ``advice`` where async cannot gain (why, what to set).
         """
         ...
 
@@ -161,12 +170,17 @@ async def _run_steps(
     held_out: HeldOutEval | None,
 ) -> int:
     """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
-    engine = make_engine(config, backend)
+    on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
+    # A resumed run's synchronous steps, if any (a run that starts over measured nothing yet).
+    phases = phases_of_run(config.run_dir) if config.checkpoint.resume != "never" else None
+    cores = choose_split(config, on_gpu=on_gpu, phases=phases)
+    limit_interop_threads(cores)
+    engine = make_engine(config, backend, cpu_bind=cores.engine_env().get(BIND_ENV))
     producer = GroupProducer(config, schedule, engine, on_progress=reporter.rollout_progress)
     on_phase = getattr(reporter, "phase", None)  # optional: reporters written before it
     run = Run(
         config, backend, engine, producer, kl_controller(config), make_critic(config, backend),
-        on_phase=on_phase,
+        on_phase=on_phase, cores=cores,
     )  # fmt: skip
     checkpoints = RunCheckpoints(
         CheckpointManager(config.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last),
@@ -177,7 +191,7 @@ async def _run_steps(
     tracker = MetricsLogger(config, config.run_dir)
     empty_steps = EmptySteps(config.algorithm.max_empty_steps)
     try:
-        await _start_rollouts(run, reporter, start, held_out)
+        await _start_rollouts(run, reporter, start, held_out, phases)
         if held_out is not None and start == 0 and held_out.due(0):
             _enter(run.on_phase, "eval")
             baseline = await held_out.run(0, engine, isolated=True)  # nothing rolls out yet
@@ -228,10 +242,15 @@ def _enter(on_phase: Callable[[str], None] | None, phase: str) -> None:
 
 
 async def _start_rollouts(
-    run: Run, reporter: Reporter, start: int, held_out: HeldOutEval | None
+    run: Run,
+    reporter: Reporter,
+    start: int,
+    held_out: HeldOutEval | None,
+    phases: PhaseTimes | None = None,
 ) -> None:
     """Start the engine with the trainer's weights and the rollout workers if any; tell the
-    reporter what runs where."""
+    reporter what runs where, how the cores are split and, when ``phases`` (measured by
+    earlier steps) or the machine say async cannot gain, that too."""
     config, backend, engine = run.config, run.backend, run.engine
     # The engine starts from the model on disk: give it the trainer's weights (a resumed
     # run's, and a check that both sides compute the same logprobs) before any rollout.
@@ -247,7 +266,12 @@ async def _start_rollouts(
     num_tools = max(slot.num_tools for slot in run.producer.schedule.slots)
     if num_tools and engine.tokenizer is not None:  # where the model finds them
         info["tools"] = await where_tools_go(engine.tokenizer, num_tools)
-    workers = run.producer.start_workers()
+    if run.cores is not None and run.cores.describe():
+        info["cores"] = run.cores.describe()
+    advice = async_advice(config, run.cores, phases) if run.cores is not None else None
+    if advice:
+        info["advice"] = advice
+    workers = run.producer.start_workers(run.cores.engine if run.cores is not None else None)
     if workers is not None:
         info["rollout_workers"] = workers
     if held_out is not None:

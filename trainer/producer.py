@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -110,20 +110,24 @@ class GroupProducer:
 
     # -- the producer ---------------------------------------------------------------------------
 
-    def start_workers(self) -> list[dict[str, Any]] | None:
+    def start_workers(self, cores: Sequence[int] | None = None) -> list[dict[str, Any]] | None:
         """Start the run's ``rollout.workers`` Ray actors, which reach the started engine over
-        HTTP; :meth:`aclose` closes them. Returns where each runs (``None``: the run has none,
-        and episodes run in this process)."""
+        HTTP (on ``cores`` of this node when given: the engine's share of the core split);
+        :meth:`aclose` closes them. Returns where each runs (``None``: the run has none, and
+        episodes run in this process)."""
         if not self.config.rollout.workers:
             return None
-        self.workers = RolloutWorkers.for_run(self.config, self.engine)
+        self.workers = RolloutWorkers.for_run(self.config, self.engine, cores)
         self._owns_workers = True
         return self.workers.info
 
     def engine_stats(self) -> dict[str, float]:
         """The engine's counters since the last call (from the workers' clients when they
-        sample), then the engine's reset."""
-        stats = self.workers.stats() if self.workers is not None else self.engine.stats()
+        sample; the CPU time of the server, ``cpu_s``, from the engine), then the engine's
+        reset."""
+        stats = self.engine.stats()
+        if self.workers is not None:
+            stats = self.workers.stats() | {k: v for k, v in stats.items() if k == "cpu_s"}
         self.engine.reset_stats()
         return stats
 

@@ -182,6 +182,7 @@ class _Worker:
         envs: list[EnvSpec],
         registrations: dict[str, Any],
     ) -> None:
+        _pin_to_cores(os.environ.get(CORES_ENV))
         for name, target in registrations.items():
             envhub.register(name, target, override=True)
         self.envs = envs
@@ -258,6 +259,8 @@ class RolloutWorkers:
             local one (stopped again by :meth:`aclose`).
         here_only: Place every actor on this process's node (for an engine reachable only
             from here, such as a server on 127.0.0.1).
+        cores: With ``here_only``, the cores the actors run on (the engine's side of the
+            run's core split, ``trainer/cores.py``); None: wherever the OS puts them.
 
     Example::
 
@@ -276,6 +279,7 @@ class RolloutWorkers:
         *,
         address: str | None = None,
         here_only: bool = False,
+        cores: Sequence[int] | None = None,
     ) -> None:
         ray = import_ray()
         self._started_ray = init_ray(address, num_cpus=count)
@@ -297,7 +301,7 @@ class RolloutWorkers:
             num_cpus=1,
             max_concurrency=8,
             scheduling_strategy=strategy,
-            runtime_env={"env_vars": forwarded_env()},
+            runtime_env={"env_vars": forwarded_env() | _affinity_env(cores if here_only else None)},
         )
         self._actors = [
             remote.remote(engine_factory, list(envs), _registrations(envs)) for _ in range(count)
@@ -315,16 +319,21 @@ class RolloutWorkers:
         self._nodes = [w["node"] for w in self.info]
 
     @classmethod
-    def for_run(cls, config: TrainConfig, engine: Any) -> RolloutWorkers:
+    def for_run(
+        cls, config: TrainConfig, engine: Any, cores: Sequence[int] | None = None
+    ) -> RolloutWorkers:
         """``rollout.workers`` actors that reach the run's started vLLM engine over HTTP, with
         ``rollout.max_concurrency`` split between them; on this node when the server listens
-        on a loopback address."""
+        on a loopback address, there on ``cores`` when given (the engine's share)."""
         count = config.rollout.workers
         client = VLLMClient.of(engine, max_concurrency=-(-config.rollout.max_concurrency // count))
         loopback = any(
             urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1") for url in client.urls
         )
-        return cls(count, client, config.envs, address=config.cluster.address, here_only=loopback)
+        return cls(
+            count, client, config.envs, address=config.cluster.address, here_only=loopback,
+            cores=cores,
+        )  # fmt: skip
 
     async def run(
         self,
@@ -463,6 +472,36 @@ FORWARDED_PREFIXES = ("ENVHUB_", "E2B_", "HF_", "HUGGING_FACE_", "OPENAI_")
 """Environment variables the workers get from the driver: envhub's own, and the credentials
 and endpoints that sandboxes (e2b), Hub envs and judge rewards read. A worker on another node
 does not inherit the driver's environment."""
+
+
+CORES_ENV = "ENVHUB_WORKER_CORES"
+"""Comma-separated cores a rollout worker pins itself to (the engine's share of a split)."""
+
+
+def _affinity_env(cores: Sequence[int] | None) -> dict[str, str]:
+    """The worker environment that pins it to ``cores`` (nothing when None)."""
+    return {CORES_ENV: ",".join(map(str, cores))} if cores else {}
+
+
+def _pin_to_cores(value: str | None) -> None:
+    """Run this process on the cores ``value`` lists (``CORES_ENV``), where the OS allows:
+    every thread it has (Linux pins one thread per call; a Ray actor's ``__init__`` does not
+    run on the main thread), so the threads they start later are pinned too."""
+    if not value or not hasattr(os, "sched_setaffinity"):
+        return
+    try:
+        cores = {int(c) for c in value.split(",")}
+    except ValueError:
+        return
+    try:
+        threads = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]  # this thread at least
+    for thread in threads:
+        try:
+            os.sched_setaffinity(thread, cores)
+        except OSError:
+            pass  # cores this node lacks, or a thread that ended: left to the OS
 
 
 def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:

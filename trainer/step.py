@@ -26,6 +26,7 @@ from envhub.trainer.algorithms import KLController, ObjectiveSpec
 from envhub.trainer.backends import TrainBackend
 from envhub.trainer.batch import Batch, NoSignal, no_signal, select
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.cores import CoreSplit, ThreadBalancer
 from envhub.trainer.critic import Critic, update_critic
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.groups import Taken
@@ -56,6 +57,8 @@ class Run:
     """The value model of a critic estimator (``algorithm.advantage: gae``)."""
     on_phase: Callable[[str], None] | None = None
     """Told the name of each phase a step enters (``Reporter.phase``: the CLI's heartbeat)."""
+    cores: CoreSplit | None = None
+    """How the engine and the trainer share the CPU cores (torch's threads per update)."""
 
     @property
     def schedule(self) -> TaskSchedule:
@@ -165,7 +168,11 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
     config, metrics = run.config, {}
     warming_up = run.critic is not None and step < config.critic.warmup_steps
     if batch.samples and not warming_up:
-        metrics, seen = await asyncio.to_thread(update_policy, batch, config, run.backend, timer)
+        balancer = ThreadBalancer(run.cores or CoreSplit(()), _engine_working(run))
+        metrics, seen = await asyncio.to_thread(
+            balancer.run, update_policy, batch, config, run.backend, timer
+        )
+        metrics |= balancer.metrics()
         release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
         if config.logging.save_trajectories and seen:
             path = trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1)
@@ -177,6 +184,16 @@ async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[
             metrics["critic/warmup"] = float(warming_up)
         release_freed_memory()
     return metrics
+
+
+def _engine_working(run: Run) -> Callable[[], bool]:
+    """Whether the engine's cores are busy now: it works on a request of this process (not
+    while its episodes wait on tools), or, when rollout workers send the requests, any
+    episode is rolling out."""
+    engine = run.engine
+    if run.producer.workers is None and hasattr(engine, "generating"):
+        return lambda: engine.generating > 0
+    return lambda: run.producer.busy
 
 
 def _throughput(sampled: list[Trajectory], batch: Batch, timer: PhaseTimer) -> dict[str, float]:

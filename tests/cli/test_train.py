@@ -266,3 +266,42 @@ def test_the_run_summary_says_what_token_drift_is_and_what_to_do() -> None:
     assert drift_summary(history[:3]) == f"token drift: 1 episode (step 2): {TOKEN_DRIFT_HINT}"
     assert drift_summary(history[:2]) is None
     assert "envhub check ENV --model MODEL" in TOKEN_DRIFT_HINT
+
+
+def test_the_header_shows_the_core_split_and_when_async_cannot_gain(monkeypatch) -> None:
+    from rich.console import Console
+
+    from envhub.cli import train_view
+    from envhub.trainer.config import load_config
+
+    console = Console(width=200, record=True)
+    monkeypatch.setattr(train_view, "console", console)
+    overrides = ["rollout.engine=vllm", "rollout.max_staleness=1", "logging.heartbeat_seconds=null"]
+    config = load_config(QUICKSTART, overrides)
+    assert config.logging.heartbeat_seconds is None  # no heartbeat thread to stop
+    info = {
+        "run_dir": "/runs/q",
+        "parameters": 134.5e6,
+        "device": "cpu",
+        "cores": "engine 1 / trainer 1 (async, 2 cores; from the machine, fixed before vLLM "
+        "starts; the trainer takes 2 while the engine idles)",
+        "advice": "async cannot gain here: vLLM and the trainer share one core, so overlapping "
+        "them saves nothing; set rollout.max_staleness: 0",
+    }
+    train_view.RichReporter().start(config, info)
+
+    lines = console.export_text().splitlines()
+    assert lines[2:] == [
+        "cores: engine 1 / trainer 1 (async, 2 cores; from the machine, fixed before vLLM "
+        "starts; the trainer takes 2 while the engine idles)",
+        "async cannot gain here: vLLM and the trainer share one core, so overlapping them "
+        "saves nothing; set rollout.max_staleness: 0",
+    ]
+    console = Console(width=200, record=True)
+    monkeypatch.setattr(train_view, "console", console)
+    train_view.RichReporter().start(
+        config, {k: info[k] for k in ("run_dir", "parameters", "device")}
+    )
+    assert not any(
+        line.startswith(("cores:", "async")) for line in console.export_text().splitlines()
+    )

@@ -291,6 +291,19 @@ def test_workers_give_the_trajectories_the_driver_gives_from_their_own_processes
     )
 
 
+def test_workers_here_run_on_the_cores_the_core_split_gives_the_engine(cluster: None) -> None:
+    last = max(os.sched_getaffinity(0))
+    config = _config({"name": PidLetterEnv.name})
+    pinned = RolloutWorkers(2, _engine, config.envs, here_only=True, cores=(last,))
+    free = RolloutWorkers(1, _engine, config.envs, here_only=False, cores=(last,))  # not here
+    try:
+        assert [os.sched_getaffinity(w["pid"]) for w in pinned.info] == [{last}, {last}]
+        assert os.sched_getaffinity(free.info[0]["pid"]) == os.sched_getaffinity(0)
+    finally:
+        asyncio.run(pinned.aclose())
+        asyncio.run(free.aclose())
+
+
 def test_a_failing_episode_in_a_worker_is_recorded_and_the_step_goes_on(cluster: None) -> None:
     config = _config({"name": BrokenEnv.name})
     workers = RolloutWorkers(2, _engine, config.envs)

@@ -26,11 +26,12 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(_EXPORTS[name]), name)
 
 
-def make_engine(config: Any, backend: Any) -> Any:
+def make_engine(config: Any, backend: Any, cpu_bind: str | None = None) -> Any:
     """The rollout engine of ``config.rollout.engine`` for ``backend`` (a ``TrainConfig`` and a
     ``TrainBackend``; untyped here to keep this package's import light): ``hf`` generates with
     the policy module itself (nothing to sync); ``vllm`` runs vLLM and receives the weights
-    after every step.
+    after every step, its CPU compute threads bound to ``cpu_bind`` when given (the run's
+    core split, ``trainer/cores.py``).
 
     Raises:
         ConfigError: Unknown engine.
@@ -47,7 +48,7 @@ def make_engine(config: Any, backend: Any) -> Any:
     if config.rollout.engine == "vllm":
         from envhub.trainer.engines.vllm import make_vllm_engine  # imports vLLM only when it starts
 
-        return make_vllm_engine(config, backend)
+        return make_vllm_engine(config, backend, cpu_bind)
     from envhub.errors import ConfigError
 
     raise ConfigError(f"unknown rollout engine {config.rollout.engine!r}; available: hf, vllm")

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation
+from envhub.trainer.cores import process_group_cpu_seconds
 from envhub.trainer.engines.base import RolloutEngine
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
 from envhub.trainer.engines.vllm_transport import (
@@ -105,6 +106,8 @@ class VLLMEngine(RolloutEngine):
         self.in_flight_updates = in_flight_updates
         self.syncs = 0
         """Syncs done (:attr:`weights_version` is the policy's version, which the loop sets)."""
+        self.generating = 0
+        """Requests of this process that vLLM is working on now (not a rollout worker's)."""
         self._sender: WeightSender | None = None
         """Sends each sync (the driver, or the backend's own processes), once connected."""
         self._started = False
@@ -128,6 +131,7 @@ class VLLMEngine(RolloutEngine):
             return
         await self.transport.start()
         self._started = True
+        self._cpu_before = self._engine_cpu_seconds()
 
     async def describe(self) -> SamplerRef:
         """``vllm`` with its mode, the model, the installed vLLM's version and the hash of the
@@ -179,7 +183,11 @@ class VLLMEngine(RolloutEngine):
         )
         version = self.weights_version  # of the first token: a sync may land mid-request
         started = time.perf_counter()
-        out = await self.transport.generate(list(prompt_ids), sampling)
+        self.generating += 1
+        try:
+            out = await self.transport.generate(list(prompt_ids), sampling)
+        finally:
+            self.generating -= 1
         self.generate_seconds += time.perf_counter() - started
         self.generated_tokens += len(out.token_ids)
         self.requests += 1
@@ -204,15 +212,28 @@ class VLLMEngine(RolloutEngine):
         self.generate_seconds = 0.0
         self.requests = 0
         self._served_before = self.transport.requests_served()
+        self._cpu_before = self._engine_cpu_seconds()
+
+    def _engine_cpu_seconds(self) -> float | None:
+        """CPU time the vLLM server this engine started has used so far (its process group),
+        or None (in process, Ray-placed, an external server, not Linux)."""
+        server = getattr(self.transport, "server", None)
+        process = getattr(server, "process", None)
+        return process_group_cpu_seconds(process.pid) if process is not None else None
 
     def stats(self) -> dict[str, float]:
-        """Since the last :meth:`reset_stats` (the loop resets every step): tokens, requests and
-        the mean seconds a request took (queueing in vLLM included)."""
+        """Since the last :meth:`reset_stats` (the loop resets every step): tokens, requests,
+        the mean seconds a request took (queueing in vLLM included) and, for a server this
+        engine started, the CPU seconds its processes used (``cpu_s``: what generation, and
+        taking the weights, cost the cores)."""
         stats = {
             "generated_tokens": float(self.generated_tokens),
             "requests": float(self.requests),
             "seconds_per_request": self.generate_seconds / self.requests if self.requests else 0.0,
         }
+        cpu = self._engine_cpu_seconds()
+        if cpu is not None and self._cpu_before is not None:
+            stats["cpu_s"] = max(cpu - self._cpu_before, 0.0)
         for i, (now, before) in enumerate(
             zip(self.transport.requests_served(), self._served_before, strict=True)
         ):
@@ -306,8 +327,11 @@ def server_urls(transport: Transport) -> tuple[str, ...]:
     return urls if all(urls) else ()
 
 
-def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettings:
-    """``EngineSettings`` from a ``TrainConfig`` (``rollout.vllm``) for the resolved model."""
+def resolve_settings(
+    config: Any, model_path: str, on_gpu: bool, cpu_bind: str | None = None
+) -> EngineSettings:
+    """``EngineSettings`` from a ``TrainConfig`` (``rollout.vllm``) for the resolved model;
+    ``cpu_bind``: the cores a CPU engine binds to (ignored on GPUs)."""
     from envhub.inference.vllm_server import default_context_length
 
     v = config.rollout.vllm
@@ -332,6 +356,7 @@ def resolve_settings(config: Any, model_path: str, on_gpu: bool) -> EngineSettin
         extra_args=tuple(v.extra_args) + _parallel_args(v.tensor_parallel),
         lora_rank=_lora_rank(config, on_gpu),
         lora_slots=config.rollout.max_staleness + 1,
+        cpu_bind=None if on_gpu else cpu_bind,
     )
 
 
@@ -358,10 +383,13 @@ def _parallel_args(tensor_parallel: int) -> tuple[str, ...]:
     return ("--tensor-parallel-size", str(tensor_parallel)) if tensor_parallel > 1 else ()
 
 
-def make_vllm_engine(config: TrainConfig, backend: TrainBackend) -> VLLMEngine:
-    """The engine ``rollout.engine: vllm`` asks for, for ``backend``'s model and device."""
+def make_vllm_engine(
+    config: TrainConfig, backend: TrainBackend, cpu_bind: str | None = None
+) -> VLLMEngine:
+    """The engine ``rollout.engine: vllm`` asks for, for ``backend``'s model and device
+    (``cpu_bind``: the cores its CPU compute threads bind to, ``trainer/cores.py``)."""
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
-    settings = resolve_settings(config, backend.model_path, on_gpu)
+    settings = resolve_settings(config, backend.model_path, on_gpu, cpu_bind)
     v = config.rollout.vllm
     transport = None
     if v.mode == "ray":

@@ -47,6 +47,10 @@ class EngineSettings:
     lora_slots: int = 1
     """Adapters vLLM holds at once (the policy's last versions: requests in flight keep the
     one they started with)."""
+    cpu_bind: str | None = None
+    """Cores vLLM's CPU compute threads bind to (``VLLM_CPU_OMP_THREADS_BIND``), when the run
+    splits the cores between the engine and the trainer (``trainer/cores.py``); None: the
+    engine's default."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,8 @@ def server_env(settings: EngineSettings) -> dict[str, str]:
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{settings.kv_cache_gb:g}"}
     if settings.lora_rank is not None:  # the adapter routes
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if settings.cpu_bind is not None and not settings.on_gpu:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = settings.cpu_bind
     return env | dict(transfers.get(settings.weight_transfer).server_env)
 
 
@@ -384,6 +390,8 @@ class InProcessTransport:
             enforce_eager=s.enforce_eager,
         )  # fmt: skip
         env = {} if s.on_gpu else {**cpu_defaults(), "VLLM_CPU_KVCACHE_SPACE": f"{s.kv_cache_gb:g}"}
+        if s.cpu_bind is not None and not s.on_gpu:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = s.cpu_bind
         try:
             with _environment(env):
                 self.llm = AsyncLLM.from_engine_args(args)
