@@ -242,7 +242,8 @@ def test_custom_words() -> None:
     assert sorted(t["answer"] for t in env.dataset) == ["crane", "plant"]
     assert env.reference_policy is not None  # both are shipped words
     assert WordleEnv(words=["zzzzz"]).reference_policy is None
-    assert WordleEnv(max_turns=5).reference_policy is None
+    assert WordleEnv(max_turns=4).reference_policy is not None  # minimax needs 4 at most
+    assert WordleEnv(max_turns=3).reference_policy is None
     with pytest.raises(EnvhubError, match="five letters"):
         WordleEnv(words=["toolong"])
 
