@@ -89,14 +89,18 @@ def parse_number(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def number_tasks(low: int, high: int, size: int, seed: int) -> ProceduralTasks:
-    """``size`` secrets in ``low..high``, each a pure function of (seed, index)."""
+def number_tasks(
+    low: int, high: int, size: int, seed: int, level: str | None = None
+) -> ProceduralTasks:
+    """``size`` secrets in ``low..high``, each a pure function of (seed, index); ``level``,
+    when given, is recorded in each task's ``info``."""
+    info: dict[str, Any] = {"low": low, "high": high} | ({"level": level} if level else {})
 
     def make_task(rng: random.Random) -> dict[str, Any]:
         return {
             "question": f"I am thinking of a whole number from {low} to {high}. Guess it.",
             "answer": rng.randint(low, high),
-            "info": {"low": low, "high": high},
+            "info": dict(info),
         }
 
     return ProceduralTasks(f"guess-number-{low}-{high}", make_task, size, seed)
@@ -187,7 +191,7 @@ class GuessNumberEnv(GuessingGame):
 
     def load_dataset(self) -> ProceduralTasks:
         """``num_tasks`` secrets in ``low..high``, generated from ``task_seed``."""
-        return number_tasks(self.low, self.high, self.num_tasks, self.task_seed)
+        return number_tasks(self.low, self.high, self.num_tasks, self.task_seed, self.level)
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
         """Say whether the guess is too low or too high, or end the game if it is the secret.

@@ -48,7 +48,7 @@ def test_secrets_come_from_the_task_not_the_reset_seed() -> None:
         env.reset(seed=seed, options={"task_index": 4})
         secrets.add(env.state.answer)
     assert secrets == {92}
-    assert env.state.info == {"low": 1, "high": 100}
+    assert env.state.info == {"low": 1, "high": 100, "level": "1-100"}
     assert all(1 <= t["answer"] <= 100 for t in number_tasks(1, 100, 500, 3))
 
 
@@ -272,10 +272,11 @@ def test_levels_select_the_range_and_the_guesses_binary_search_needs() -> None:
     for level, high, turns in [("1-10", 10, 4), ("1-1000", 1000, 10)]:
         env = GuessNumberEnv(level=level, num_tasks=2)
         assert (env.low, env.high, env.max_turns, env.current_level()) == (1, high, turns, level)
-        assert env.dataset[0]["info"] == {"low": 1, "high": high}
+        assert env.dataset[0]["info"] == {"low": 1, "high": high, "level": level}
     assert GuessNumberEnv().current_level() == "1-100"  # the default range is a level
     assert GuessNumberEnv(low=1, high=10).current_level() == "1-10"
     assert GuessNumberEnv(low=5, high=9).current_level() is None  # no level has this range
+    assert GuessNumberEnv(low=5, high=9).dataset[0]["info"] == {"low": 5, "high": 9}
     with pytest.raises(EnvhubError, match="level must be one of 1-10, 1-100"):
         GuessNumberEnv(level="1-5")
     with pytest.raises(EnvhubError, match="either level or low/high"):
