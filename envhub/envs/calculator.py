@@ -1,11 +1,13 @@
 """A multi-turn tool env: arithmetic too long to do in one's head, with a ``calculate`` tool.
 
 Tasks are generated from the seed (no download): nested expressions of 3-5 operations on
-numbers up to four digits. The model calls ``calculate`` as often as it likes, then answers
-with ``\\boxed{...}``. Reward: 1 for the right number; tool validity is reported as a weight-0
-component. The answer must be a number (:func:`~envhub.rewards.match.number_answer`): math-verify
-evaluates expressions, so echoing the question ("Compute: 73 * (5349 + 6467)") scored 1.0
-without a single tool call (the reward audit, :mod:`envhub.audit`, found it).
+numbers up to four digits (``level="medium"``; ``"short"`` and ``"long"`` are the easier and
+harder levels a training curriculum can move to, see :data:`LEVELS`). The model calls
+``calculate`` as often as it likes, then answers with ``\\boxed{...}``. Reward: 1 for the right
+number; tool validity is reported as a weight-0 component. The answer must be a number
+(:func:`~envhub.rewards.match.number_answer`): math-verify evaluates expressions, so echoing the
+question ("Compute: 73 * (5349 + 6467)") scored 1.0 without a single tool call (the reward
+audit, :mod:`envhub.audit`, found it).
 
 ``demonstration=True`` puts one worked exchange before the question (a question, the call, the
 tool's answer, the boxed result): a small model that never writes a call on its own imitates it

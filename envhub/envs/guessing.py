@@ -6,6 +6,11 @@ secret. Each turn is one guess; a reply with no usable guess gets a hint on the 
 in ``metrics["invalid_guesses"]`` and uses up the turn. Reward: 1.0 for finding the secret
 within the turn budget (the episode ends there), else 0.
 
+Both games have difficulty levels (``level=``, the levels a training curriculum moves between):
+the number game's range (:data:`NUMBER_LEVELS`), and Wordle's hint and guesses
+(:data:`WORDLE_LEVELS`: the secret among 4 or 16 words the question lists, or the open game in
+six, five or four guesses). Each task records its level in ``info["level"]``.
+
 The number game can also pay as it goes (``progress_reward=w``): each guess earns ``w`` times
 the share of the information the hint gave, ``log(open before / open after) / log(open at the
 start)``, where ``open`` counts the numbers the hints so far still allow; the secret found
@@ -329,15 +334,15 @@ question lists (six guesses), then the open game with six (the default), five or
 _LISTED = re.compile(r"It is one of these \d+ words: ([a-z, ]+)\.")
 
 
-def _wordle_level(level: str | None, max_turns: int | None) -> str | None:
+def _wordle_level(level: str | None, max_turns: int | None, default_turns: int) -> str | None:
     """The level a Wordle env plays: ``level``, else the open game's level with ``max_turns``
-    guesses (default 6), if there is one.
+    guesses (default ``default_turns``), if there is one.
 
     Raises:
         EnvhubError: An unknown level, or a level given with ``max_turns``.
     """
     if level is None:
-        turns = 6 if max_turns is None else max_turns  # WordleEnv.default_max_turns
+        turns = default_turns if max_turns is None else max_turns
         return next(
             (n for n, lv in WORDLE_LEVELS.items() if lv.listed is None and lv.guesses == turns),
             None,
@@ -385,7 +390,7 @@ class WordleEnv(GuessingGame):
         level: str | None = None,
         **kwargs: Any,
     ) -> None:
-        self.level = _wordle_level(level, kwargs.get("max_turns"))
+        self.level = _wordle_level(level, kwargs.get("max_turns"), self.default_max_turns)
         if level is not None:
             kwargs["max_turns"] = WORDLE_LEVELS[level].guesses
         self.words = default_words() if words is None else _checked_words(words)
@@ -470,8 +475,8 @@ def best_guess(history: tuple[tuple[str, str], ...], listed: tuple[str, ...] = (
 def minimax_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
     """Plays :func:`best_guess` on the feedback in the conversation (and on the words the
     question lists, if it lists some)."""
-    question, *replies = [m.content or "" for m in messages if m.role == "user"]
-    listed = _LISTED.search(question)
+    replies = [m.content or "" for m in messages if m.role == "user"]
+    listed = _LISTED.search(replies[0]) if replies else None
     history = tuple(
         (word.lower(), pattern) for reply in replies for word, pattern in _FEEDBACK.findall(reply)
     )

@@ -2,9 +2,10 @@
 
 Each task is a project from :mod:`envhub.envs.repo_bugs` (a package, its pytest suite, one
 planted bug; difficulty 1 to 3), generated on the fly from a fixed list of seeds, so nothing is
-downloaded or stored. The model works in the repository through ``bash``, ``view``, ``create``
-and ``str_replace`` (:class:`~envhub.workspace_env.WorkspaceEnv`) and ends the episode by
-answering without a tool call.
+downloaded or stored. Each difficulty alone is a level (``level=``, :data:`LEVELS`), which a
+training curriculum moves between. The model works in the repository through ``bash``,
+``view``, ``create`` and ``str_replace`` (:class:`~envhub.workspace_env.WorkspaceEnv`) and ends
+the episode by answering without a tool call.
 
 Reward: 1.0 when the whole suite passes, else 0 (``all_tests_pass``): a pass rate would pay for
 the tests the buggy code already passes. The share of tests passing is reported as a weight-0
