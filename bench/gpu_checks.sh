@@ -47,6 +47,10 @@ for s in $STAGES; do
         --tokenizer "$ROOT/.gpu/smollm2" --profile --json "$OUT/torch_update_05.json" ;;
     tu15) stage tu15 200 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-1.5b \
         --tokenizer "$ROOT/.gpu/smollm2" --json "$OUT/torch_update_15.json" ;;
+    # Memory that lets batches grow: 1.5B on 16k-token micro-batches with recomputation.
+    tu15big) stage tu15big 200 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-1.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --micro-batch-tokens 16384 --tokens 65536 --seq 8192 \
+        --recompute --steps 2 --json "$OUT/torch_update_15big.json" ;;
     # 4096-token micro-batches, the size the first H100 numbers (2026-11-27) were taken at.
     mg05) stage mg05 90 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 ;;

@@ -14,11 +14,19 @@ def register(app: typer.Typer) -> None:
 
 def check_command(
     target: str = typer.Argument(
-        ..., help="An env package folder, or the name of an installed env."
+        ...,
+        help="An env package folder, an installed env's name, or an env file or class: "
+        "path/to/file.py[:Class] or module:Class.",
     ),
     seeds: int = typer.Option(3, help="Seeds to check each env with."),
     tests: bool = typer.Option(
-        True, "--tests/--no-tests", help="Also run a package folder's own tests."
+        True, "--tests/--no-tests", help="With --publish, also run a package folder's own tests."
+    ),
+    publish: bool = typer.Option(
+        False,
+        "--publish",
+        help="Also run the publishing gates on a package folder (what `envhub push` runs): "
+        "metadata and README, version, performance, its own tests.",
     ),
     model: str = typer.Option(
         None,
@@ -44,9 +52,14 @@ def check_command(
     in fresh sandboxes: after its solution/solve.sh, which must score 1, and
     after nothing, which must score below 1.
 
-    A package folder also passes the push gates (what `envhub push` runs and
-    puts on the Hub card): metadata, entry points, version, no answer leak in
-    prompts, and its own tests.
+    An env you wrote in a file needs no package: `envhub check my_env.py` (its
+    only Env subclass) or `envhub check my_env.py:MyEnv`, or `module:MyEnv`
+    for an importable module.
+
+    A package folder also passes its entry points and the no-answer-leak gate.
+    The publishing gates (metadata and README, version, performance, its own
+    tests: what `envhub push` runs and puts on the Hub card) are shown as
+    skipped unless --publish is given.
 
     With --model, the env's scripted episodes are rendered with that model's
     chat template, and every turn boundary where a prompt is not an exact token
@@ -54,6 +67,8 @@ def check_command(
 
     Examples:
         envhub check ./my-env
+        envhub check ./my-env --publish
+        envhub check lookup_sum.py:LookupSum
         envhub check calculator
         envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
@@ -64,8 +79,9 @@ def check_command(
     if is_task_path(target):
         passed = _check_tasks(target)
     elif Path(target).is_dir():
-        passed = _check_package(Path(target), seeds, tests)
+        passed = _check_package(Path(target), seeds, tests, publish)
     else:
+        _refuse_publish(target, publish)
         passed = _check_installed(target, seeds)
     if tokenizer is not None:
         passed = _preflight(target, model, tokenizer) and passed
@@ -73,32 +89,46 @@ def check_command(
         raise typer.Exit(code=1)
 
 
-def _check_installed(name: str, seeds: int) -> bool:
-    """The env contract and the reward audit on an installed env; True when both pass."""
-    from rich.table import Table
-    from rich.text import Text
+def _refuse_publish(target: str, publish: bool) -> None:
+    """--publish checks a package: an installed name or an env file has none to check."""
+    from envhub.errors import ConfigError
 
+    if publish:
+        raise ConfigError(
+            f"--publish runs the publishing gates on a package folder; {target} is not one. "
+            "Make a package with `envhub init NAME`, move the env into it, then run "
+            "`envhub check NAME --publish`"
+        )
+
+
+def _check_installed(name: str, seeds: int) -> bool:
+    """The env contract and the reward audit on an installed env or an env reference; True
+    when both pass."""
     from envhub.audit import audit_env
     from envhub.checker import CheckResult, check_env
     from envhub.cli.console import console
     from envhub.loader import get_spec
+    from envhub.references import display_name, parse_reference
+    from envhub.registry import list_envs
 
     spec = get_spec(name)
     report = check_env(_construct(name, spec), seeds=tuple(range(seeds)), raise_on_failure=False)
     with _construct(name, spec) as env:  # check_env closed the first one
         audit = audit_env(env, seeds=tuple(range(seeds)), raise_on_failure=False)
     report.results.append(CheckResult("reward audit", audit.passed, audit.summary()))
-    table = Table(
-        title=f"{name}: {'[green]passed' if report.passed else '[red]FAILED'}",
-        title_justify="left",
-    )
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("detail", overflow="fold")
-    for r in report.results:
-        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", Text(r.detail))
-    console.print(table)
+    is_reference = parse_reference(name) is not None and name not in list_envs()
+    report.env_name = f"{display_name(name)} ({name})" if is_reference else name
+    console.print(report)
     _show_audit_finding(name, audit.to_dict())
+    if is_reference:
+        console.print(
+            "Local check: the publishing gates (metadata and README, version, performance, "
+            "tests) need a package; `envhub init NAME` makes one, and `envhub check NAME "
+            "--publish` runs them.",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     return report.passed
 
 
@@ -187,24 +217,30 @@ def _check_tasks(target: str) -> bool:
     return passed
 
 
-def _check_package(path: Path, seeds: int, tests: bool) -> bool:
-    from rich.table import Table
-    from rich.text import Text
-
+def _check_package(path: Path, seeds: int, tests: bool, publish: bool) -> bool:
+    from envhub.check_table import results_table
     from envhub.cli.console import console
     from envhub.package_check import check_package
 
-    report = check_package(path, seeds=seeds, run_tests=tests)
-    table = Table(
-        title=f"{report.name}: {'[green]passed' if report.passed else '[red]FAILED'}[/]"
-        f" (version {report.version})",
-        title_justify="left",
+    report = check_package(path, seeds=seeds, run_tests=tests, publish=publish)
+    console.print(
+        results_table(
+            report.name,
+            report.results,
+            passed=report.passed,
+            note=f" (version {report.version})",
+            first_column="gate",
+        )
     )
-    for column in ("gate", "result", "detail"):
-        table.add_column(column, overflow="fold")
-    for r in report.results:
-        table.add_row(r.name, "[green]ok[/]" if r.passed else "[red]fail[/]", Text(r.detail))
-    console.print(table)
     for name, audit in report.audits.items():
         _show_audit_finding(name, audit)
+    skipped = report.skipped_publishing_gates
+    if skipped:
+        console.print(
+            f"Local check: skipped the publishing gates ({', '.join(skipped)}); "
+            f"`envhub check {path} --publish` runs them, as `envhub push` does.",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
     return report.passed

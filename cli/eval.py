@@ -17,7 +17,11 @@ def register(app: typer.Typer) -> None:
 
 
 def eval_command(
-    env: str = typer.Argument(..., help="Name of an installed env (see `envhub list`)."),
+    env: str = typer.Argument(
+        ...,
+        help="An installed env's name (see `envhub list`), or your env's code: "
+        "path/to/file.py[:Class] or module:Class.",
+    ),
     model: str = typer.Option(
         None,
         "--model",
@@ -209,8 +213,11 @@ def default_output(env_name: str, model: str) -> Path:
     import re
     import time
 
+    from envhub.references import display_name
+
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model.rstrip("/").split("/")[-1])
-    return Path("outputs") / "eval" / f"{env_name}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
+    env = display_name(env_name)  # an env file is named by its env, not its path
+    return Path("outputs") / "eval" / f"{env}-{slug}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 class _progress:
@@ -303,6 +310,12 @@ def tool_rows(summary: Any) -> list[tuple[str, str]]:
     ]
 
 
+def role_line(role: dict[str, Any]) -> str:
+    """``reward 0.250, 8 trajectories (win 2, loss 6)``: one role of a multi-role eval."""
+    results = ", ".join(f"{k} {v}" for k, v in sorted(role["results"].items()))
+    return f"reward {role['reward_mean']:.3f}, {role['trajectories']} trajectories ({results})"
+
+
 def summary_table(summary: Any, title: str):
     """The eval summary as a two-column rich table."""
     from rich.table import Table
@@ -315,6 +328,7 @@ def summary_table(summary: Any, title: str):
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
         *component_rows(summary.components),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),
+        *((f"role {role}", role_line(r)) for role, r in getattr(summary, "roles", {}).items()),
         *tool_rows(summary),
         ("turns / episode", f"{summary.turns_mean:.2f}"),
         ("completion tokens / episode", f"{summary.completion_tokens_mean:.1f}"),

@@ -18,6 +18,9 @@ def register(app: typer.Typer) -> None:
 
 
 def list_command(
+    file: str = typer.Argument(
+        None, help="An env file: list the Env classes it defines, by the reference to use."
+    ),
     hub: bool = typer.Option(
         False, "--hub", help="List env packages on the Hub instead (repos tagged envhub)."
     ),
@@ -31,8 +34,12 @@ def list_command(
     framework installed here gets one row (gem:*, ...); --framework lists its
     envs, which envhub eval, check and train take by those names.
 
+    Given a Python file, it lists the Env classes that file defines, each by
+    the reference (path/file.py:Class) that check, eval, train and serve take.
+
     Examples:
         envhub list
+        envhub list my_env.py
         envhub list --framework gem
         envhub list --hub
     """
@@ -44,7 +51,10 @@ def list_command(
     from envhub.cli.console import console, listing
 
     title = "envhub environments"
-    if framework is not None:
+    if file is not None:
+        rows = file_rows(file)
+        title = f"envs in {file}"
+    elif framework is not None:
         rows = adapted_rows(framework)
         title = f"{framework} environments"
     else:
@@ -65,6 +75,22 @@ def registered_rows() -> list[list]:
     for name, spec in sorted(list_envs().items()):
         kind, *rest = describe(spec)
         rows.append([name, Text(kind, style="red" if kind == "broken" else ""), *rest])
+    return rows
+
+
+def file_rows(file: str) -> list[list]:
+    """A row per Env subclass that ``file`` defines, named by its reference."""
+    from envhub.errors import EnvNotFoundError
+    from envhub.references import file_env_classes
+    from envhub.registry import EnvSpec
+
+    classes = file_env_classes(file)
+    if not classes:
+        raise EnvNotFoundError(f"{file} defines no subclass of envhub.Env")
+    rows = []
+    for reference, cls in classes.items():
+        kind, tools, version, _, doc = describe(EnvSpec(reference, cls))
+        rows.append([reference, kind, tools, version, file, doc])
     return rows
 
 

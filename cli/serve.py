@@ -13,7 +13,8 @@ def register(app: typer.Typer) -> None:
 def serve_command(
     env: str = typer.Argument(
         ...,
-        help="An env name (built-in or installed) or a Hub reference: anything envhub.make takes.",
+        help="An env name (built-in or installed), a Hub reference, or your env's code "
+        "(path/to/file.py[:Class], module:Class): anything envhub.make takes.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8765, "--port", "-p", help="Port to listen on."),

@@ -32,6 +32,10 @@ def train_command(
     trajectories, checkpoints and the final HF model; a crashed run resumes from
     its last checkpoint when started again.
 
+    An env in envs: is a name (envhub list) or your env's code:
+    path/to/file.py:Class, path/to/file.py (its only Env subclass) or
+    module:Class. From Python: envhub.train(config, overrides).
+
     Examples:
         envhub train examples/quickstart.yaml
         envhub train examples/quickstart.yaml steps=5 rollout.samples_per_task=4
@@ -39,8 +43,10 @@ def train_command(
         envhub train --example quickstart steps=5
     """
     from envhub.trainer.config import load_config
+    from envhub.trainer.env_names import check_env_names
 
     cfg = load_config(*_config_source(config, example, overrides or []))
+    check_env_names(cfg)  # a bad env name or reference fails here, before any model loads
     if dry_run:
         from envhub.cli.train_view import show_dry_run
         from envhub.trainer.estimate import estimate

@@ -21,6 +21,8 @@ _EXPORTS = {
     "MultiTurnEnv": "envhub.multiturn",
     "ToolEnv": "envhub.multiturn",
     "HarnessEnv": "envhub.harness.env",
+    "MultiRoleEnv": "envhub.roles",
+    "Match": "envhub.roles",
     # messages and trajectories
     "Message": "envhub.types",
     "ToolCall": "envhub.types",
@@ -41,6 +43,7 @@ _EXPORTS = {
     "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "evaluate": "envhub.evaluation",
+    "train": "envhub.trainer.api",
     "InferenceEngine": "envhub.inference.base",
     "SamplingParams": "envhub.inference.base",
     "OpenAIEngine": "envhub.inference.openai_http",
@@ -52,7 +55,9 @@ __all__ = [
     "HarnessEnv",
     "InferenceEngine",
     "Injected",
+    "Match",
     "Message",
+    "MultiRoleEnv",
     "MultiTurnEnv",
     "OpenAIEngine",
     "RequiredField",
@@ -75,6 +80,7 @@ __all__ = [
     "register",
     "reward",
     "tool",
+    "train",
 ]
 
 if TYPE_CHECKING:
@@ -88,10 +94,12 @@ if TYPE_CHECKING:
     from envhub.multiturn import MultiTurnEnv, ToolEnv
     from envhub.registry import list_envs, register
     from envhub.rewards.rubric import Rubric, group_reward, reward
+    from envhub.roles import Match, MultiRoleEnv
     from envhub.rollout.runner import RolloutRunner
     from envhub.rows import RequiredField
     from envhub.state import State
     from envhub.tools.tool import Injected, Tool, tool
+    from envhub.trainer.api import train
     from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
 
 

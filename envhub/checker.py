@@ -9,7 +9,10 @@ Checks: the API shape; reset output (valid messages); every dataset row of a
 actions -> same observations, rewards and flags); tool schemas (valid OpenAI function schemas);
 episodes end within their budget with finite rewards of the right types inside
 ``reward_range``; a null (empty) policy scores the floor; the env's ``reference_policy``, if it
-has one, scores the top; ``close`` is idempotent and the env is a context manager.
+has one, scores the top; ``close`` is idempotent and the env is a context manager. A
+:class:`~envhub.roles.MultiRoleEnv` is played through each actor's own view; every actor's
+total must lie in its role's range and obey the env's ``reward_mode``, and under the null
+policy the actor that moves first scores its role's floor.
 
 A ``TaskEnv``'s episodes are pinned to tasks spread over its whole dataset (first to last, see
 :func:`spread_tasks`), not to whichever tasks the first seeds happen to draw. When a check fails
@@ -29,27 +32,52 @@ import jsonschema
 
 from envhub.env import Env, TaskEnv
 from envhub.errors import EnvCheckError
+from envhub.roles import ROLE, ROLE_REWARDS, MultiRoleEnv, role_totals_problem
 from envhub.testing import Policy, null_policy
 from envhub.tools.tool import TOOL_NAME_PATTERN
-from envhub.types import ErrorRecord, Message, as_message
+from envhub.types import ErrorRecord, Message, actor_role, as_message
 
 
 @dataclass
 class CheckResult:
     """The outcome of one named check.
 
-    ``detail`` says what was checked when the check passes (e.g. ``"3 seeds"``) and what went wrong
-    when it fails.
+    ``detail`` says what was checked when the check passes (e.g. ``"3 seeds"``), what went wrong
+    when it fails, and why nothing was tested when it was skipped.
     """
 
     name: str
     passed: bool
     detail: str = ""
+    skipped: bool = False
+    """Nothing was tested (no reference policy declared, a gate left to ``--publish``); a
+    skipped check counts as passed."""
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``fail`` or ``skipped``: the result column of the table."""
+        return "skipped" if self.skipped else "ok" if self.passed else "fail"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result as JSON-ready data (``outcome`` tells a skipped check from a passed one)."""
+        return {
+            "check": self.name,
+            "passed": self.passed,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
+
+
+class SkipCheck(Exception):
+    """Raised by a check that has nothing to test; its message says why."""
 
 
 @dataclass
 class CheckReport:
-    """Every check's result for one env, in the order the checks ran."""
+    """Every check's result for one env, in the order the checks ran.
+
+    ``print(report)`` shows the table ``envhub check`` prints.
+    """
 
     env_name: str
     results: list[CheckResult] = field(default_factory=list)
@@ -63,6 +91,24 @@ class CheckReport:
     def failures(self) -> list[CheckResult]:
         """The results of the checks that failed."""
         return [r for r in self.results if not r.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The verdict and every check's result, as JSON-ready data."""
+        return {
+            "env": self.env_name,
+            "passed": self.passed,
+            "results": [r.to_dict() for r in self.results],
+        }
+
+    def __rich__(self) -> Any:
+        from envhub.check_table import results_table
+
+        return results_table(self.env_name, self.results, passed=self.passed)
+
+    def __str__(self) -> str:
+        from envhub.check_table import render_text
+
+        return render_text(self.__rich__())
 
 
 @dataclass(frozen=True)
@@ -87,6 +133,8 @@ class _Episode:
     flags: list[tuple[bool, bool]]
     errors: list[ErrorRecord] = field(default_factory=list, compare=False)
     """What the env recorded (``info["errors"]``): the cause when a check fails."""
+    role_totals: dict[str, float] = field(default_factory=dict, compare=False)
+    """A multi-role env's total per actor that moved (``info["role_rewards"]`` summed)."""
 
     @property
     def total(self) -> float:
@@ -152,6 +200,8 @@ def check_env(
     for name, check in checks:
         try:
             report.results.append(CheckResult(name, True, check()))
+        except SkipCheck as e:
+            report.results.append(CheckResult(name, True, str(e), skipped=True))
         except Exception as e:  # each check reports on its own
             report.results.append(
                 CheckResult(
@@ -222,19 +272,27 @@ def _check_dataset(env: Env) -> str:
 def _run(
     env: Env, start: _Start, policy: Policy, max_steps: int, sampled: bool = False
 ) -> _Episode:
-    observation, _ = env.reset(seed=start.seed, options=start.options)
-    conversation = list(observation)
+    observation, info = env.reset(seed=start.seed, options=start.options)
+    actor = info.get(ROLE)  # None but for a multi-role env: then each actor has its own view
+    views = {actor: list(observation)}
     episode = _Episode([_dump(observation)], [], [])
     env.action_space.seed(start.seed)
     for _ in range(max_steps):
         action = (
             env.action_space.sample()
             if sampled
-            else policy(list(map(as_message, conversation)), env.tool_schemas)
+            else policy(list(map(as_message, views[actor])), env.tool_schemas)
         )
         observation, reward, terminated, truncated, info = env.step(action)
         _check_step_types(env, observation, reward, terminated, truncated, info)
-        conversation += [Message(role="assistant", content=action), *observation]
+        views[actor].append(Message(role="assistant", content=action))
+        if actor is not None:
+            episode.role_totals.setdefault(actor, 0.0)
+            for who, paid in (info.get(ROLE_REWARDS) or {}).items():
+                if who in episode.role_totals:
+                    episode.role_totals[who] += float(paid)
+            actor = info.get(ROLE)
+        views.setdefault(actor, []).extend(observation)
         episode.observations.append(_dump(observation))
         episode.rewards.append(float(reward))
         episode.flags.append((terminated, truncated))
@@ -299,6 +357,11 @@ def _check_episodes(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str
     totals = []
     for start in starts:
         episode = _run(env, start, null_policy, max_steps, sampled=True)
+        if isinstance(env, MultiRoleEnv):
+            problem = role_totals_problem(env, episode.role_totals, bool(episode.errors))
+            assert problem is None, f"{episode.blame()}{start}: {problem}"
+            totals.append(episode.role_totals)
+            continue
         assert low - 1e-9 <= episode.total <= high + 1e-9, (
             f"{episode.blame()}{start}: total reward {episode.total} "
             f"outside reward_range {env.reward_range}"
@@ -316,7 +379,7 @@ def _check_floor(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
 def _check_reference(env: Env, starts: tuple[_Start, ...], max_steps: int) -> str:
     policy = getattr(env, "reference_policy", None)
     if policy is None:
-        return "no reference policy declared"
+        raise SkipCheck("no reference policy declared")
     return _check_policy_total(
         env, starts, max_steps, policy, env.reward_range[1], "the reference policy", "top"
     )
@@ -333,9 +396,17 @@ def _check_policy_total(
 ) -> str:
     """Every seed's episode under ``policy`` totals exactly ``target`` (an end of reward_range)."""
     if not math.isfinite(target):
-        return f"no finite {where} in reward_range"
+        raise SkipCheck(f"no finite {where} in reward_range")
     for start in starts:
         episode = _run(env, start, policy, max_steps)
+        if isinstance(env, MultiRoleEnv) and where == "floor":  # the actor that moved first
+            actor, total = next(iter(episode.role_totals.items()))
+            floor = env.role_reward_range(actor_role(actor))[0]
+            assert math.isclose(total, floor, abs_tol=1e-9), (
+                f"{episode.blame()}{start}: {who} scored {total} as {actor}, who moved first; "
+                f"it must score the floor of its role's reward range, {floor}"
+            )
+            continue
         assert math.isclose(episode.total, target, abs_tol=1e-9), (
             f"{episode.blame()}{start}: {who} scored {episode.total}; "
             f"it must score the {where} of reward_range, {target}"

@@ -83,6 +83,10 @@ class EvalSummary(BaseModel):
     error_stages: dict[str, int] = Field(default_factory=dict)
     token_drift_episodes: int = 0
     seconds: float = 0.0
+    roles: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Per role of a multi-role env (solver seats together): ``trajectories``,
+    ``reward_mean`` and ``results`` (trajectories per result: ``win``, ``solved``, ...);
+    empty for one-role envs."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -92,8 +96,8 @@ def _mean(values: Sequence[float]) -> float:
 
 def _pass_at(trajectories: Sequence[Trajectory], threshold: float) -> dict[int, float]:
     by_task: dict[str, list[bool]] = defaultdict(list)
-    for t in trajectories:
-        by_task[t.group_id].append(t.reward >= threshold - 1e-9)
+    for t in trajectories:  # per task, and per role where there are several
+        by_task[t.group_key].append(t.reward >= threshold - 1e-9)
     sizes = {len(v) for v in by_task.values()}
     n = min(sizes) if sizes else 0
     return {k: _mean([pass_at_k(len(v), sum(v), k) for v in by_task.values()]) for k in k_values(n)}
@@ -120,6 +124,21 @@ def _tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
 def _outcomes(trajectories: Sequence[Trajectory]) -> dict[str, int]:
     counts = Counter(t.outcome for t in trajectories)
     return {outcome: counts[outcome] for outcome in OUTCOMES}
+
+
+def _roles(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
+    by_role: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        if t.role_name is not None:
+            by_role[t.role_name].append(t)
+    return {
+        role: {
+            "trajectories": len(ts),
+            "reward_mean": _mean([t.reward for t in ts]),
+            "results": dict(Counter(str(t.info.get("role_result")) for t in ts)),
+        }
+        for role, ts in sorted(by_role.items())
+    }
 
 
 def summarize(
@@ -150,6 +169,7 @@ def summarize(
         error_stages=dict(Counter(e.stage for t in trajectories for e in t.errors)),
         token_drift_episodes=sum(1 for t in trajectories if t.token_drift),
         seconds=seconds,
+        roles=_roles(trajectories),
     )
 
 

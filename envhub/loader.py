@@ -10,6 +10,9 @@ Hub client.
 A folder of Harbor tasks (a task folder, or a folder of them) gives a
 :class:`~envhub.harbor.env.HarborEnv` (imported only then).
 
+An env reference, ``path/to/file.py:Class``, ``path/to/file.py`` or ``module:Class``, gives
+that class (see :mod:`envhub.references`).
+
 A ``ws://``, ``wss://``, ``http://`` or ``https://`` URL names an env served by ``envhub serve``
 and gives a :class:`~envhub.serve.remote.RemoteEnv` (imported only then).
 """
@@ -22,6 +25,7 @@ from typing import Any
 from envhub import registry
 from envhub.adapters import adapted_spec, make_adapted, split_adapted
 from envhub.errors import EnvNotFoundError
+from envhub.references import load_reference, parse_reference
 from envhub.registry import EnvSpec
 
 REMOTE_SCHEMES = ("ws://", "wss://", "http://", "https://")
@@ -60,7 +64,21 @@ def is_hub_reference(name: str) -> bool:
         and not is_task_path(name)
         and split_adapted(name) is None
         and name not in registry.list_envs()
+        and parse_reference(name) is None
     )
+
+
+def reference_spec(name: str) -> EnvSpec | None:
+    """The spec of the class an env reference (``file.py:Class``, ``module:Class``) names, its
+    code imported; ``None`` when ``name`` is a registered name or no reference.
+
+    Raises:
+        EnvNotFoundError: No such file, module or class.
+        EnvLoadError: The code raised on import, or the class is no ``Env`` subclass.
+    """
+    if name in registry.list_envs() or parse_reference(name) is None:
+        return None
+    return EnvSpec(name, load_reference(name))
 
 
 def make(name: str, **kwargs: Any) -> Any:
@@ -72,8 +90,11 @@ def make(name: str, **kwargs: Any) -> Any:
     a commit (through ``envhub.lock`` when it pins the repo) and made from its installation;
     installing it first needs ``trust_remote_code=True`` (see ``envhub.hub.load``).
 
+    ``name`` may also name an env's code: ``path/to/file.py:Class``, ``path/to/file.py`` (the
+    one Env subclass it defines) or ``module:Class`` (see :mod:`envhub.references`).
+
     Args:
-        name: A registered or installed env's name, or a Hub reference.
+        name: A registered or installed env's name, a Hub reference, an env reference.
         **kwargs: Arguments for the env's constructor (and, for a Hub reference,
             ``trust_remote_code`` and ``token``).
 
@@ -93,6 +114,9 @@ def make(name: str, **kwargs: Any) -> Any:
         return RemoteEnv(name, **kwargs)
     if split_adapted(name) is not None:  # `verifiers:NAME`: another framework's env
         return make_adapted(name, **kwargs)
+    spec = reference_spec(name)
+    if spec is not None:
+        return registry.make_from_spec(spec, **kwargs)
     if is_task_path(name):
         from envhub.harbor.env import HarborEnv  # Harbor's reader loads only for task folders
 
@@ -104,13 +128,31 @@ def make(name: str, **kwargs: Any) -> Any:
     return registry.make(name, **kwargs)
 
 
+def resolve(name: str) -> EnvSpec | None:
+    """Find what ``name`` names without constructing an env (an env reference's code is
+    imported): its spec, or ``None`` for the names only making the env can check (a served
+    env's URL, a Hub reference, a folder of Harbor tasks).
+
+    Raises:
+        EnvNotFoundError: No env of that name (with the close ones), no such file or class.
+        EnvLoadError: An env reference's code raised, or names no ``Env`` subclass.
+    """
+    if is_remote_url(name) or is_task_path(name) or is_hub_reference(name):
+        return None
+    return get_spec(name)
+
+
 def get_spec(name: str) -> EnvSpec:
     """:func:`envhub.registry.get_spec`, except that a Hub reference gets told to install its
-    package first (``envhub check owner/name`` lands here) instead of "did you mean", and an
-    adapted name (``verifiers:NAME``) gets a spec that makes it through its adapter.
+    package first (``envhub check owner/name`` lands here) instead of "did you mean", an
+    adapted name (``verifiers:NAME``) gets a spec that makes it through its adapter, and an env
+    reference (``file.py:Class``) a spec of its class, imported.
     """
     if split_adapted(name) is not None:
         return adapted_spec(name)
+    spec = reference_spec(name)
+    if spec is not None:
+        return spec
     if not is_hub_reference(name):
         return registry.get_spec(name)
     installed = ", ".join(sorted(registry.list_envs())) or "none"

@@ -5,6 +5,7 @@ Used by ``envhub check PATH`` to load a package's envs without installing it.
 
 from __future__ import annotations
 
+import ast
 import sys
 from pathlib import Path
 
@@ -22,8 +23,8 @@ def read_pyproject(path: Path) -> dict:
     file = path / "pyproject.toml"
     if not file.is_file():
         raise EnvLoadError(
-            f"{path} is not an env package: it has no pyproject.toml "
-            "(create one with `envhub init`)"
+            f"{path} is not an env package: it has no pyproject.toml. "
+            f"{_file_env_hint(path)}or create a package with `envhub init`"
         )
     try:
         return tomllib.loads(file.read_text())
@@ -50,3 +51,27 @@ def package_env_specs(path: str | Path) -> dict[str, EnvSpec]:
             sys.path.insert(0, str(candidate))
     dist, version = project.get("name"), project.get("version")
     return {name: EnvSpec(name, target, dist, version) for name, target in entry_points.items()}
+
+
+def _file_env_hint(path: Path) -> str:
+    """"Name an env file: ..." with the env classes the folder's files seem to define (read,
+    not imported: a folder's scripts must not run just because it was named)."""
+    found = []
+    for file in sorted(path.glob("*.py")):
+        try:
+            tree = ast.parse(file.read_text(errors="replace"))
+        except (SyntaxError, ValueError):
+            continue
+        found += [
+            f"{file}:{node.name}"
+            for node in tree.body
+            if isinstance(node, ast.ClassDef) and any(_looks_like_env(b) for b in node.bases)
+        ]
+    if not found:
+        return "Name an env file instead (path/to/file.py:Class), "
+    return f"Name an env file instead ({', '.join(found[:5])}), "
+
+
+def _looks_like_env(base: ast.expr) -> bool:
+    name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+    return name.endswith("Env")

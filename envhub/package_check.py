@@ -30,6 +30,10 @@ Each gate really runs; a failure in one does not hide the others.
   another gate is not measured.
 - **package tests**: the package's own ``tests/`` run with pytest in a subprocess, with the
   current interpreter, from the package folder.
+
+The publishing gates (metadata, version, performance, package tests) say whether the package is
+ready for the Hub, not whether its envs work: a local check (``publish=False``, what
+``envhub check DIR`` runs without ``--publish``) reports them as skipped.
 """
 
 from __future__ import annotations
@@ -50,6 +54,8 @@ from envhub.package import package_env_specs, read_pyproject
 LEAK_TASKS = 20
 """Tasks per env the answer-leak gate looks at."""
 TEST_TIMEOUT = 600.0
+PUBLISHING_GATES = ("metadata", "version", "performance", "package tests")
+"""The gates only a publishing check runs (``envhub check --publish``, ``envhub push``)."""
 
 
 @dataclass
@@ -79,14 +85,21 @@ class PackageReport:
         """The results of the gates that failed."""
         return [r for r in self.results if not r.passed]
 
+    @property
+    def skipped_publishing_gates(self) -> list[str]:
+        """The publishing gates a local check skipped, as the table names them."""
+        return [
+            r.name
+            for r in self.results
+            if r.skipped and r.name.rpartition(": ")[2] in PUBLISHING_GATES
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         """The verdict and every gate's result (and the performance, when measured), as JSON-ready
         data."""
         data: dict[str, Any] = {
             "passed": self.passed,
-            "results": [
-                {"check": r.name, "passed": r.passed, "detail": r.detail} for r in self.results
-            ],
+            "results": [r.to_dict() for r in self.results],
         }
         if self.performance:
             data["performance"] = {"machine": self.machine, "envs": self.performance}
@@ -97,11 +110,14 @@ class PackageReport:
     def to_markdown(self) -> str:
         """The report as the table that goes onto the Hub card."""
         rows = "\n".join(
-            f"| {r.name} | {'pass' if r.passed else 'FAIL'} | {_cell(r.detail)} |"
+            f"| {r.name} | {_CARD_OUTCOMES[r.outcome]} | {_cell(r.detail)} |"
             for r in self.results
         )
         verdict = "passed every gate" if self.passed else f"failed {len(self.failures)} gate(s)"
         return f"`envhub check` {verdict}:\n\n| gate | result | detail |\n|---|---|---|\n{rows}\n"
+
+
+_CARD_OUTCOMES = {"ok": "pass", "fail": "FAIL", "skipped": "skipped"}
 
 
 def _cell(text: str) -> str:
@@ -109,7 +125,12 @@ def _cell(text: str) -> str:
 
 
 def check_package(
-    path: str | Path, *, seeds: int = 3, run_tests: bool = True, performance: bool = True
+    path: str | Path,
+    *,
+    seeds: int = 3,
+    run_tests: bool = True,
+    performance: bool = True,
+    publish: bool = True,
 ) -> PackageReport:
     """Run every gate on the package at ``path``.
 
@@ -118,20 +139,23 @@ def check_package(
         seeds: Seeds for the env contract checks.
         run_tests: Run the package's own tests (a subprocess; the slowest gate).
         performance: Measure each env's performance (a subprocess per env, a few seconds each).
+        publish: Run the publishing gates (:data:`PUBLISHING_GATES`); ``False`` reports them
+            as skipped and checks only that the envs work.
     """
     root = Path(path).resolve()
     project = read_pyproject(root).get("project", {})
     report = PackageReport(str(project.get("name", "")), str(project.get("version", "")))
-    report.results.append(_gate("metadata", lambda: _metadata(root, project)))
+    gate = _gate if publish else _skipped_gate
+    report.results.append(gate("metadata", lambda: _metadata(root, project)))
     envs: dict[str, Any] = {}
     report.results.append(_gate("entry points", lambda: _entry_points(root, envs, report)))
     for name, env in envs.items():
         report.results.append(
-            _gate(f"{name}: version", lambda env=env: _version(env, report.version))
+            gate(f"{name}: version", lambda env=env: _version(env, report.version))
         )
         for result in check_env(env, seeds=tuple(range(seeds)), raise_on_failure=False).results:
             report.results.append(
-                CheckResult(f"{name}: {result.name}", result.passed, result.detail)
+                CheckResult(f"{name}: {result.name}", result.passed, result.detail, result.skipped)
             )
         report.results.append(
             _gate(f"{name}: no answer leak", lambda name=name: _no_leak(envs, name))
@@ -141,11 +165,16 @@ def check_package(
         )
         if performance:
             report.results.append(
-                _gate(f"{name}: performance", lambda name=name: _performance(root, name, report))
+                gate(f"{name}: performance", lambda name=name: _performance(root, name, report))
             )
     if run_tests:
-        report.results.append(_gate("package tests", lambda: run_package_tests(root)))
+        report.results.append(gate("package tests", lambda: run_package_tests(root)))
     return report
+
+
+def _skipped_gate(name: str, gate: Callable[[], str]) -> CheckResult:
+    """A publishing gate a local check leaves out."""
+    return CheckResult(name, True, "publishing gate: run with --publish", skipped=True)
 
 
 def _gate(name: str, gate: Callable[[], str]) -> CheckResult:

@@ -140,7 +140,16 @@ def make(name: str, **kwargs: Any) -> Any:
         EnvNotFoundError: No such env (the message suggests close names).
         EnvLoadError: The env's package is broken or rejects the arguments.
     """
-    spec = get_spec(name)
+    return make_from_spec(get_spec(name), **kwargs)
+
+
+def make_from_spec(spec: EnvSpec, **kwargs: Any) -> Any:
+    """Construct the env ``spec`` describes with ``kwargs`` (:func:`make` once it found it).
+
+    Raises:
+        EnvLoadError: The env's code is broken or rejects the arguments.
+    """
+    name = spec.name
     factory = spec.load()
     _check_kwargs(name, factory, kwargs)
     try:

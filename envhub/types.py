@@ -73,10 +73,15 @@ class Message(BaseModel):
     """For ``tool`` messages: the id of the call this message answers."""
     name: str | None = None
     """For ``tool`` messages: the tool's name."""
+    actor: str | None = None
+    """In an episode with several roles (:mod:`envhub.roles`): the actor whose turn produced
+    the message (its own assistant turn, or an env message reporting its move); ``None``
+    elsewhere. It is a label for records and reports: the model never sees it."""
 
     def to_openai(self) -> dict[str, Any]:
-        """The message as a JSON-ready dict, without unset fields."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """The message as a JSON-ready dict, without unset fields (nor the ``actor`` label,
+        which is not part of the OpenAI format)."""
+        return self.model_dump(mode="json", exclude_none=True, exclude={"actor"})
 
 
 def system(content: str) -> Message:
@@ -192,6 +197,11 @@ def episode_outcome(errors: Sequence[ErrorRecord], truncated: bool) -> Outcome:
     return "policy_failure" if truncated else "ok"
 
 
+def actor_role(actor: str) -> str:
+    """The role an actor id plays: ``solver`` for ``solver#2`` (a seat), ``x`` for ``x``."""
+    return actor.partition("#")[0]
+
+
 class EnvRef(BaseModel):
     """Which environment produced a trajectory, exactly."""
 
@@ -296,6 +306,10 @@ class Trajectory(BaseModel):
     env: EnvRef
     sampler: SamplerRef | None = None
     """What sampled the turns (``None`` in files written before it was recorded)."""
+    role: str | None = None
+    """In an episode with several roles (:mod:`envhub.roles`): the actor this trajectory
+    records (``x``, ``solver#2``); its ``messages`` are that actor's own view, its tokens
+    and reward that actor's. ``None`` for a one-role episode."""
     task_index: int
     sample_index: int = 0
     group_id: str
@@ -366,6 +380,24 @@ class Trajectory(BaseModel):
     def completion(self) -> list[Message]:
         """Messages after the prompt."""
         return self.messages[self.prompt_length :]
+
+    @property
+    def role_name(self) -> str | None:
+        """The role this trajectory's actor plays (``solver`` for ``solver#2``), or ``None``."""
+        return None if self.role is None else actor_role(self.role)
+
+    @property
+    def group_key(self) -> str:
+        """The training group this trajectory's advantage is taken within: its ``group_id``
+        for a one-role episode; per role, the group's samples of the same role (``g0/x``); for
+        an actor with a seat (``solver#2``: one of several attempts at what its episode posed),
+        its episode's attempts (``g0/s3/solver``), since the task they share is the episode's."""
+        if self.role is None:
+            return self.group_id
+        role = actor_role(self.role)
+        if role == self.role:
+            return f"{self.group_id}/{role}"
+        return f"{self.group_id}/s{self.sample_index}/{role}"
 
     @property
     def policy_version(self) -> int | None:

@@ -224,11 +224,57 @@ def test_an_env_without_a_finite_reward_range_skips_floor_and_top() -> None:
         reward_range = (float("-inf"), float("inf"))
 
     report = check_env(Unbounded())
-    details = {r.name: r.detail for r in report.results}
+    details = {r.name: (r.outcome, r.detail) for r in report.results}
     assert (details["null policy at floor"], details["reference policy at top"]) == (
-        "no finite floor in reward_range",
-        "no finite top in reward_range",
+        ("skipped", "no finite floor in reward_range"),
+        ("skipped", "no finite top in reward_range"),
     )
+    assert report.passed
+
+
+def test_no_reference_policy_is_a_skipped_row_in_the_table_and_the_dict() -> None:
+    class NoReference(Good):
+        reference_policy = None
+
+    report = check_env(NoReference())
+    assert report.passed
+    assert [r.to_dict() for r in report.results if r.outcome != "ok"] == [
+        {
+            "check": "reference policy at top",
+            "passed": True,
+            "outcome": "skipped",
+            "detail": "no reference policy declared",
+        }
+    ]
+    assert report.to_dict()["results"][0] == {
+        "check": "api",
+        "passed": True,
+        "outcome": "ok",
+        "detail": "NoReference v0.0.0",
+    }
+    assert "│ reference policy at top │ skipped │ no reference policy declared" in str(report)
+
+
+def test_print_shows_the_table_envhub_check_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    report = check_env(Good())
+    print(report)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "good: passed"
+    assert lines[1].startswith("┏") and lines[-1].startswith("└")
+    rows = [
+        [cell.strip() for cell in line.split("│")[1:4]] for line in lines if line.startswith("│")
+    ]
+    assert rows == [
+        ["api", "ok", "Good v0.0.0"],
+        ["reset", "ok", "3 seeds"],
+        ["dataset", "ok", "no dataset"],
+        ["determinism", "ok", "3 seeds x (null, random) actions"],
+        ["tool schemas", "ok", "no tools"],
+        ["episodes", "ok", "random actions: rewards [0.0, 0.0, 0.0]"],
+        ["null policy at floor", "ok", "0.0"],
+        ["reference policy at top", "ok", "1.0"],
+        ["close", "ok", "idempotent"],
+    ]
 
 
 def test_a_plain_gymnasium_env_is_not_an_envhub_env() -> None:

@@ -122,7 +122,7 @@ def build_batch(
     """The step's samples: :func:`score`, then :func:`estimate_advantages`, then :func:`select`.
 
     Args:
-        trajectories: The step's rollouts (groups share ``group_id``).
+        trajectories: The step's rollouts (groups share ``group_key``).
         algorithm: Advantage estimator, dynamic sampling and overlong handling.
         max_tokens: The per-turn token budget (for the overlong penalty).
     """

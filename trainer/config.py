@@ -9,6 +9,7 @@ are errors, with the nearest valid name suggested. This module imports no ML lib
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -84,11 +85,29 @@ class ModelConfig(_Part):
     lora: LoraConfig | None = None
 
 
+def _absolute_env_file(name: str) -> str:
+    """An env file's reference (``path/file.py[:Class]``) with the path made absolute, so
+    that the run's ``config.json`` finds the env again from any folder (and so do rollout
+    workers); any other name as it is."""
+    from envhub.references import parse_reference
+
+    ref = parse_reference(name)
+    if ref is None or ref.path is None:
+        return name
+    path = str(ref.path.expanduser().absolute())
+    return f"{path}:{ref.attr}" if ref.attr else path
+
+
+EnvName = Annotated[str, AfterValidator(_absolute_env_file)]
+
+
 class EnvSpec(_Part):
     """One environment to train on."""
 
-    name: str
-    """A registered env name (``envhub list``)."""
+    name: EnvName
+    """A registered env name (``envhub list``), a Hub reference, or an env's code:
+    ``path/to/file.py:Class`` (or the file alone, when it defines one Env subclass; the path is
+    stored absolute) or ``module:Class``."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for ``envhub.make``."""
     weight: float = Field(1.0, gt=0.0)
@@ -98,8 +117,8 @@ class EnvSpec(_Part):
 class EvalEnvSpec(_Part):
     """One held-out env (or split) to evaluate on during training."""
 
-    name: str
-    """A registered env name (``envhub list``)."""
+    name: EnvName
+    """An env name or reference, as in ``envs:``."""
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments for ``envhub.make``: another ``task_seed``, difficulty or split than
     training uses, so that the tasks are held out."""
@@ -745,12 +764,14 @@ class TrainConfig(_Part):
 
     @property
     def run_name(self) -> str:
-        """``logging.run_name``, or ``<first env>-<model>`` (``/`` in the env name as ``-``, the
-        model's last path part lower-cased)."""
+        """``logging.run_name``, or ``<first env>-<model>`` (``/`` in the env name as ``-``, an
+        env reference by its env's name, the model's last path part lower-cased)."""
+        from envhub.references import display_name
+
         if self.logging.run_name:
             return self.logging.run_name
         model = Path(self.model.name).name.lower()
-        return f"{self.envs[0].name.replace('/', '-')}-{model}"
+        return f"{display_name(self.envs[0].name).replace('/', '-')}-{model}"
 
     @property
     def run_dir(self) -> Path:
@@ -771,11 +792,34 @@ def load_config(
             (wherever it was written), or a value is invalid; the message names the field and
             what is allowed.
     """
-    data = _read_yaml(Path(path)) if path is not None else {}
-    for override in overrides:
-        key, value = _parse_override(override)
-        _set_dotted(data, key, value)
+    data = read_config_file(path) if path is not None else {}
+    apply_overrides(data, overrides)
     return validate_config(data)
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The YAML config at ``path`` as a dict, not validated yet.
+
+    Raises:
+        ConfigError: The file is missing (the message names the shipped examples), not YAML, or
+            not a mapping.
+    """
+    return _read_yaml(Path(path))
+
+
+def apply_overrides(
+    data: dict[str, Any], overrides: Sequence[str] | Mapping[str, Any]
+) -> dict[str, Any]:
+    """Set each override in ``data`` (in place; also returned): ``"key.sub=value"`` strings,
+    the value parsed as YAML as on the command line, or a mapping of dotted keys to values.
+
+    Raises:
+        ConfigError: A string without ``=``, or an index past a list's end.
+    """
+    pairs = overrides.items() if isinstance(overrides, Mapping) else map(_parse_override, overrides)
+    for key, value in pairs:
+        _set_dotted(data, key, value)
+    return data
 
 
 def validate_config(data: dict[str, Any]) -> TrainConfig:

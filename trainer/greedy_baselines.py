@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from envhub.errors import ConfigError
 from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 GREEDY_SEED_OFFSET = 7919
@@ -48,7 +49,16 @@ class GreedyBaselines:
         return receive
 
     def baseline(self, greedy: Trajectory) -> None:
-        """The runner's ``on_trajectory`` for the greedy episodes: record, release the group."""
+        """The runner's ``on_trajectory`` for the greedy episodes: record, release the group.
+
+        Raises:
+            ConfigError: The env has several roles (one greedy episode has no one baseline).
+        """
+        if greedy.role is not None:
+            raise ConfigError(
+                "advantage: remax needs one greedy episode per task, but this env has several "
+                f"roles ({greedy.role}, ...): use grpo, rloo or another group estimator"
+            )
         position = self.positions[int(greedy.group_id.removeprefix("g"))]
         self.rewards[position] = baseline_reward(greedy)
         if position in self._held:

@@ -25,6 +25,7 @@ import envhub
 from envhub.checker import spread_tasks
 from envhub.evaluation import EvalSummary, Evaluation, evaluate
 from envhub.inference.base import SamplingParams
+from envhub.references import display_name
 from envhub.rollout.io import TrajectoryWriter
 from envhub.trainer.config import EvalEnvSpec, TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
@@ -71,7 +72,7 @@ class HeldOutEval:
             size = len(env.dataset) if hasattr(env, "dataset") else spec.num_tasks
             threshold = float(getattr(env, "pass_threshold", 1.0))
         tasks = sorted(set(spread_tasks(min(spec.num_tasks, size), size)))
-        return EvalTarget(spec.label or spec.name, spec, tasks, threshold)
+        return EvalTarget(spec.label or display_name(spec.name), spec, tasks, threshold)
 
     def due(self, step: int) -> bool:
         """Whether to evaluate after ``step`` completed updates (0: before the first)."""

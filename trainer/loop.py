@@ -111,6 +111,11 @@ class RunResult:
     plot: Path | None = None
     resumed_from: int | None = None
 
+    @property
+    def final_metrics(self) -> dict[str, Any]:
+        """The last step's metrics (``{}`` when no step was logged)."""
+        return self.history[-1] if self.history else {}
+
 
 STEP_LOST = (EngineError, WorkerError, WorkerGroupClosedError)
 """Failures that lose the step (a dead engine or trainer rank): the run stops and says how to

@@ -33,6 +33,7 @@ of its groups and lists them in job order, and a checkpoint holds nothing in fli
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
@@ -293,8 +294,9 @@ class GroupProducer:
             done_before = done
 
         flat = await workers.run(jobs, self.options, on_progress=progress)
-        n = self.options.samples_per_task
-        groups = iter(flat[i : i + n] for i in range(0, len(flat), n))
+        # Named as run_job names them, in job then task order (an episode with roles gives
+        # one trajectory per actor, so a group's size is not always samples_per_task).
+        groups = (list(g) for _, g in itertools.groupby(flat, key=lambda t: t.group_id))
         for job in jobs:
             for k in range(len(job.tasks)):
                 at = positions[k] if positions else k

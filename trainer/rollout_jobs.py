@@ -130,10 +130,11 @@ async def run_job(
             sampled, greedy.run(job.tasks, 1, on_trajectory=baselines.baseline)
         )
     renamed = []
-    for i, t in enumerate(trajectories):
-        update: dict[str, Any] = {"group_id": f"{job.prefix}g{positions[i // n]}"}
+    for t in trajectories:  # g{k}: the k-th task (an episode with roles gives several)
+        position = positions[int(t.group_id.removeprefix("g"))]
+        update: dict[str, Any] = {"group_id": f"{job.prefix}g{position}"}
         if baselines is not None:
-            update["baseline_reward"] = baselines.rewards[positions[i // n]]
+            update["baseline_reward"] = baselines.rewards[position]
         renamed.append(t.model_copy(update=update))
     return renamed
 
@@ -147,7 +148,8 @@ def _grouped(
 ) -> Callable[[Trajectory], None]:
     """A per-trajectory callback that also hands on each group once its ``n`` episodes are in
     (the runner calls back a group's episodes together, as the group is scored; its group ids
-    are ``g{k}`` for the job's k-th task)."""
+    are ``g{k}`` for the job's k-th task). An episode with several roles yields one trajectory
+    per actor the policy played (``info["actors"]`` of them)."""
     pending: dict[str, list[Trajectory]] = {}
 
     def collect(t: Trajectory) -> None:
@@ -155,10 +157,19 @@ def _grouped(
             on_trajectory(t)
         group = pending.setdefault(t.group_id, [])
         group.append(t)
-        if len(group) == n:
+        if _episodes_done(group) == n:
             del pending[t.group_id]
             position = positions[int(t.group_id.removeprefix("g"))]
             renamed = f"{prefix}g{position}"
             on_group(position, [e.model_copy(update={"group_id": renamed}) for e in group])
 
     return collect
+
+
+def _episodes_done(group: list[Trajectory]) -> int:
+    """Episodes of ``group`` whose every trajectory is in (one per actor it had)."""
+    counts: dict[int, int] = {}
+    for t in group:
+        counts[t.sample_index] = counts.get(t.sample_index, 0) + 1
+    wanted = {t.sample_index: int(t.info.get("actors", 1)) for t in group}
+    return sum(counts[i] >= wanted[i] for i in counts)

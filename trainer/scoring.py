@@ -66,7 +66,8 @@ def score(
     """Rewards of the usable trajectories and their groups.
 
     Args:
-        trajectories: The step's rollouts (groups share ``group_id``).
+        trajectories: The step's rollouts (groups share ``group_key``: the ``group_id``, per
+            role in an episode with several).
         algorithm: Its ``overlong.soft_penalty_buffer`` shapes the rewards (DAPO) when set.
         max_tokens: The per-turn token budget (for the overlong penalty).
     """
@@ -78,15 +79,19 @@ def score(
             [_longest_turn(trajectories[i]) for i in usable], dtype=torch.float64
         )
         rewards = rewards + overlong_penalty(longest_turn, max_tokens, buffer)
-    groups = _group_index([trajectories[i].group_id for i in usable])
+    groups = _group_index([trajectories[i].group_key for i in usable])
     return Scored(trajectories, usable, rewards, groups)
 
 
 def has_signal(group: Sequence[Trajectory], algorithm: AlgorithmConfig, max_tokens: int) -> bool:
     """Whether dynamic sampling would keep this one group: its usable rewards (shaped as
-    :func:`score` shapes them) are not all equal."""
+    :func:`score` shapes them) are not all equal. A task played by several roles is one group
+    per role: it is kept when any of them has signal (a tied one trains on nothing anyway)."""
     scored = score(group, algorithm, max_tokens)
-    return bool(scored.usable) and bool(zero_variance_groups(scored.rewards, scored.groups).all())
+    keep = zero_variance_groups(scored.rewards, scored.groups)
+    if any(t.role is not None for t in group):
+        return bool(keep.any())
+    return bool(scored.usable) and bool(keep.all())
 
 
 @dataclass

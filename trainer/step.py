@@ -278,6 +278,20 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
     }
     if s.tool_validity is not None:
         metrics["rollout/tool_validity"] = s.tool_validity
+    return metrics | role_metrics(trajectories)
+
+
+def role_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per role of a multi-role env (solver seats together): ``reward/<role>`` (mean reward)
+    and ``rollout/episodes/<role>``; nothing for one-role episodes."""
+    by_role: dict[str, list[float]] = {}
+    for t in trajectories:
+        if t.role_name is not None:
+            by_role.setdefault(t.role_name, []).append(t.reward)
+    metrics = {}
+    for role, rewards in sorted(by_role.items()):
+        metrics[f"reward/{role}"] = sum(rewards) / len(rewards)
+        metrics[f"rollout/episodes/{role}"] = float(len(rewards))
     return metrics
 
 

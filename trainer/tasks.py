@@ -23,6 +23,7 @@ import numpy as np
 import envhub
 from envhub.env import Env
 from envhub.errors import ConfigError, EnvhubError
+from envhub.references import display_name
 from envhub.trainer.config import CurriculumConfig, EnvSpec
 from envhub.trainer.curriculum import Curriculum, pass_rate
 
@@ -148,8 +149,9 @@ class TaskSchedule:
         return self.curriculum.metrics(self._labels())
 
     def _labels(self) -> list[str]:
-        """Each env's name in metrics: its name, ``name#i`` where several envs share one."""
-        names = [s.spec.name for s in self.slots]
+        """Each env's name in metrics: its name (an env reference's env name), ``name#i``
+        where several envs share one."""
+        names = [display_name(s.spec.name) for s in self.slots]
         return [n if names.count(n) == 1 else f"{n}#{i}" for i, n in enumerate(names)]
 
     def _size(self, env_index: int, level: str | None) -> int:

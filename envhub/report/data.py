@@ -131,6 +131,10 @@ def episode_view(
         "outcome": trajectory.outcome,
         "stop_reason": trajectory.stop_reason,
         "prompt_length": trajectory.prompt_length,
+        # An episode with several roles: which actor this record is, and how it ended for it;
+        # each message carries the actor whose turn produced it (``actor``).
+        "role": trajectory.role,
+        "role_result": trajectory.info.get("role_result") if trajectory.role else None,
         "messages": [m.model_dump(mode="json", exclude_none=True) for m in trajectory.messages],
         "token_ids": trajectory.token_ids or [],
         "loss_mask": trajectory.loss_mask or [],

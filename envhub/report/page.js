@@ -83,8 +83,9 @@ function fillEpisodes(key, chosen) {
   select.replaceChildren();
   for (const e of stepData(key).episodes) {
     const flag = (e.outcome === "ok" ? "" : ` [${e.outcome}]`) + (e.trained ? " · trained" : "");
+    const role = e.role ? ` · ${e.role}` : "";
     select.append(el("option", { value: e.index },
-      `#${e.index} task ${e.task} · reward ${e.reward.toFixed(3)}${flag}`));
+      `#${e.index} task ${e.task}${role} · reward ${e.reward.toFixed(3)}${flag}`));
   }
   if (chosen !== undefined) select.value = chosen;
   showEpisode();
@@ -107,6 +108,7 @@ function showEpisode() {
 function facts(e) {
   const parts = [`reward ${e.reward}`, `outcome ${e.outcome}`, `stop ${e.stop_reason}`,
     `group ${e.group}`];
+  if (e.role) parts.unshift(`role ${e.role}${e.role_result ? " (" + e.role_result + ")" : ""}`);
   if (e.trained !== null) parts.push(e.trained ? "trained on" : "not trained on");
   for (const [k, v] of Object.entries(e.components)) parts.push(`${k} ${v}`);
   return el("p", { class: "facts" }, ...parts.map((p) => el("span", {}, p)));
@@ -128,7 +130,9 @@ function problems(e) {
 function message(m) {
   const box = el("div", { class: "message " + m.role });
   const who = m.role === "tool" ? `tool result${m.name ? " · " + m.name : ""}` : m.role;
-  box.append(el("div", { class: "role" }, who));
+  // In a multi-role episode: whose turn produced the message.
+  const turn = m.actor ? ` · ${m.actor}'s turn` : "";
+  box.append(el("div", { class: "role" }, who + turn));
   if (m.content) box.append(el("pre", {}, m.content));
   for (const call of m.tool_calls || []) {
     box.append(el("pre", { class: "tool-call" }, `→ ${call.function.name}(${call.function.arguments})`));

@@ -22,7 +22,9 @@ from envhub.env import NEW_SEGMENT, Env, EpisodeEnv, close_quietly
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
 from envhub.rewards.rubric import add_group_scores
+from envhub.roles import ROLE
 from envhub.rollout.gc_scope import relaxed_gc
+from envhub.rollout.roles import drive_roles
 from envhub.rollout.tokens import TokenTrace, append_env_turn
 from envhub.rollout.tool_prompt import ToolsInPrompt
 from envhub.state import State
@@ -78,6 +80,14 @@ class _Episode:
     discard_env: bool = False
     """Set when the env timed out: its worker thread may still run, so it is not reused."""
     started: float = field(default_factory=time.perf_counter)
+    seats: dict[str, _Episode] = field(default_factory=dict)
+    """In an episode with several roles: each actor the policy played, by actor id, with its
+    own record (:mod:`envhub.rollout.roles`); empty for a one-role episode."""
+    result: str | None = None
+    """A seat's result as the env reported it (``win``, ``crashed``, ...)."""
+    last_finish: str | None = None
+    """A seat's last turn's finish reason (how its next reply is appended to its tokens)."""
+    pending_error: BaseException | None = None
 
     @property
     def conversation(self) -> list[Message]:
@@ -202,7 +212,7 @@ class RolloutRunner:
         ]
         rubric_env = await asyncio.gather(*(self._run_episode(ep) for ep in episodes))
         await add_group_scores(next((e for e in rubric_env if e is not None), None), episodes)
-        trajectories = [self._trajectory(ep) for ep in episodes]
+        trajectories = [t for ep in episodes for t in self._trajectories(ep)]
         if callback:
             for traj in trajectories:
                 callback(traj)
@@ -237,11 +247,13 @@ class RolloutRunner:
 
     async def _drive(self, env: Env, ep: _Episode) -> None:
         try:
-            observation, _ = await self._timed(
+            observation, info = await self._timed(
                 env.areset(seed=ep.seed, options={"task_index": ep.task_index})
             )
         except Exception as e:
             return ep.fail("env.reset", e)
+        if isinstance(info.get(ROLE), str):  # several roles: each trained actor has its own
+            return await drive_roles(self, env, ep, _as_messages(observation), info[ROLE])
         ep.messages, ep.prompt_length, ep.tools = (
             _as_messages(observation),
             len(observation),
@@ -455,6 +467,21 @@ class RolloutRunner:
             raise TimeoutError(f"did not finish within {self.step_timeout:g} s") from None
 
     # -- groups, pool, output -------------------------------------------------------------------
+
+    def _trajectories(self, ep: _Episode) -> list[Trajectory]:
+        """The episode's trajectory, or with several roles one per actor the policy played
+        (each also carrying the episode's own failures, a timeout say)."""
+        if not ep.seats:
+            return [self._trajectory(ep)]
+        out = []
+        for actor, seat in ep.seats.items():
+            if ep.errors:
+                seat.errors.extend(ep.errors)
+                seat.stop_reason = ep.stop_reason
+            traj = self._trajectory(seat)
+            info = {"role_result": seat.result, "actors": len(ep.seats)}
+            out.append(traj.model_copy(update={"role": actor, "info": info}))
+        return out
 
     def _trajectory(self, ep: _Episode) -> Trajectory:
         state = ep.state

@@ -24,7 +24,8 @@ class ServeSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     env: str
-    """Anything ``envhub.make`` accepts: a built-in or installed env's name, a Hub reference."""
+    """Anything ``envhub.make`` accepts: a built-in or installed env's name, a Hub reference,
+    an env reference (``path/to/file.py:Class``)."""
     env_args: dict[str, Any] = Field(default_factory=dict)
     """Constructor arguments for every session's env; a session's own args update them."""
     host: str = "127.0.0.1"

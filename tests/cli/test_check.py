@@ -164,3 +164,30 @@ def test_an_installed_env_with_a_bad_row_is_named_too() -> None:
         "env 'broken-sums' cannot be constructed: broken-sums: task 3 has no 'answer', "
         "needed by the reward `exact_match`"
     )
+
+
+def test_a_package_is_checked_locally_unless_publish(package) -> None:
+    root, env = sums_package(package)
+    (root / "README.md").unlink()  # a publishing gate's concern, not the env's
+    edit(env, 'version = "0.1.0"', 'version = "9.9.9"')
+    result = runner.invoke(app, ["check", str(root)])
+    assert result.exit_code == 0, result.output
+    cells = [line.split("│")[1:3] for line in result.output.splitlines() if line.startswith("│")]
+    found = {gate.strip(): outcome.strip() for gate, outcome in cells}
+    assert {gate: outcome for gate, outcome in found.items() if outcome != "ok"} == {
+        "metadata": "skipped",
+        "sums: version": "skipped",
+        "sums: performance": "skipped",
+        "package tests": "skipped",
+    }
+    assert result.output.splitlines()[-1] == (
+        "Local check: skipped the publishing gates (metadata, sums: version, sums: performance, "
+        f"package tests); `envhub check {root} --publish` runs them, as `envhub push` does."
+    )
+    code, published = gates(str(root), "--publish")
+    assert code == 1
+    assert {gate: detail for gate, (outcome, detail) in published.items() if outcome == "fail"} == {
+        "metadata": "README.md is missing; it becomes the Hub card",
+        "sums: version": "SumsEnv.version is '9.9.9' but pyproject.toml says '0.1.0'; "
+        "make them agree",
+    }

@@ -53,11 +53,13 @@ def test_install_without_trust_shows_the_plan_and_installs_nothing(
     )
 
 
-def test_check_package_runs_the_push_gates(package: Path) -> None:
-    ok = runner.invoke(app, ["check", str(package), "--no-tests"])
+def test_check_package_runs_the_push_gates_with_publish(package: Path) -> None:
+    ok = runner.invoke(app, ["check", str(package), "--no-tests", "--publish"])
     assert ok.exit_code == 0, ok.output
     assert "capital-cities: passed (version 0.1.0)" in ok.output and "no answer leak" in ok.output
     pyproject = package / "pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('version = "0.1.0"', 'version = "0.2.0"'))
-    failed = runner.invoke(app, ["check", str(package), "--no-tests"])
+    failed = runner.invoke(app, ["check", str(package), "--no-tests", "--publish"])
     assert failed.exit_code == 1 and "capital-cities: FAILED (version 0.2.0)" in failed.output
+    local = runner.invoke(app, ["check", str(package), "--no-tests"])  # the envs still work
+    assert local.exit_code == 0 and "capital-cities: passed (version 0.2.0)" in local.output

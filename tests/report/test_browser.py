@@ -237,3 +237,73 @@ def test_policy_tokens_carry_the_sampler_trainer_gap(page: Any, run: Path) -> No
         if want is not None:
             assert abs(float(gap) - want) < 1.5e-3
     assert [coloured for _, coloured in shown] == [m == 1 for m in mask]
+
+
+# -- an episode with several roles -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roles_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One real training step on setter-solver, the setter a fixed random policy: each episode
+    is a problem the env's setter wrote and two solver attempts, one trajectory each."""
+    import envhub
+    from envhub import registry
+    from envhub.envs.setter_solver import SetterSolverEnv
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    envhub.register("setter-solver", SetterSolverEnv, override=True)
+    out = tmp_path_factory.mktemp("report-roles")
+    config = {
+        "steps": 1,
+        "seed": 5,
+        "model": {"name": str(tiny_model_dir)},
+        "envs": [
+            {"name": "setter-solver", "args": {"attempts": 2, "policies": {"setter": "random"}}}
+        ],
+        "rollout": {"tasks_per_step": 1, "samples_per_task": 2, "max_tokens": 6},
+        "algorithm": {"mismatch": "none", "dynamic_sampling": False},
+        "backend": {"device": "cpu"},
+        "logging": {"output_dir": str(out), "run_name": "roles", "plot": False},
+        "checkpoint": {"every": 10, "export_hf": False},
+    }
+    try:
+        validated = validate_config(config)
+        train(validated)
+    finally:
+        registry._registered.pop("setter-solver", None)
+    return validated.run_dir
+
+
+def test_a_multi_role_episode_shows_whose_turn_each_message_was(
+    roles_run: Path, tiny_model_dir: Path, browser: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    trajectories = read_trajectories(roles_run / "trajectories" / "step-000001.jsonl")
+    assert [t.role for t in trajectories] == ["solver#0", "solver#1"] * 2
+    metrics = json.loads((roles_run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert metrics["rollout/episodes/solver"] == 4.0
+    assert metrics["reward/solver"] == sum(t.reward for t in trajectories) / 4
+    browser.get(write_report(roles_run, decode=load_decoder(str(tiny_model_dir))).as_uri())
+    options = [o.text for o in Select(browser.find_element(By.ID, "episode")).options]
+    assert [o.split(" · ")[1] for o in options] == ["solver#0", "solver#1"] * 2
+    Select(browser.find_element(By.ID, "episode")).select_by_value("1")
+    labels = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#episode-view .role'))"
+        ".map(e => e.textContent);"
+    )
+    assert labels == [
+        "system · setter's turn",
+        "user · setter's turn",
+        "assistant · solver#1's turn",
+    ]
+    facts = browser.find_element(By.CSS_SELECTOR, "#episode-view .facts").text
+    assert facts.startswith(f"role solver#1 ({trajectories[1].info['role_result']})")
+    spans = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#tokens .tok'))"
+        ".map(s => s.classList.contains('policy') ? 1 : 0);"
+    )
+    assert spans == trajectories[1].loss_mask and sum(spans) > 0
+    assert [e for e in browser.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -1,0 +1,217 @@
+"""``setter-solver``: one role writes an arithmetic problem, another solves it: a curriculum
+the policy writes for itself.
+
+An episode: the ``setter`` writes an integer expression (``+ - *``, parentheses) inside
+``<problem>...</problem>`` (without the tag, the last expression in its reply:
+:func:`read_problem`); the env computes its value exactly. Then ``attempts`` solvers
+(``solver#0`` .. ``solver#{k-1}``, each a fresh conversation seeing only the problem) answer
+it. Rewards:
+
+- a solver: 1.0 when its final number (the last ``\\boxed{}``, else the last number) equals
+  the value, else 0.0;
+- the setter: with ``p`` = the share of the ``attempts`` solvers that solved it (the solve rate
+  of the problem's group of solver samples), :func:`setter_reward` pays 1.0 when
+  ``band[0] <= p <= band[1]`` (the default band is 0.25-0.75: solved sometimes, not always) and
+  0.0 outside it;
+- an invalid problem (no expression, a character other than digits, spaces, ``+ - * ( )``,
+  more than ``max_operations`` operations, or a value over ``max_value`` in size) pays the
+  setter ``-1.0`` (result ``invalid``) and ends the episode before any solver plays.
+
+The solvers' attempts are one training group (the same problem, the same role: their actor
+ids carry a seat, ``solver#i``, see :attr:`~envhub.types.Trajectory.group_key`); the setters of
+a task's samples are another. Fixed policies: ``random`` (a setter drawing a random problem of
+the asked size) and ``oracle`` (a solver that computes the answer).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from typing import Any, ClassVar
+
+import numpy as np
+
+from envhub.envs.expressions import evaluate
+from envhub.rewards.match import final_number
+from envhub.roles import Match, MultiRoleEnv
+from envhub.types import AssistantTurn, Message, system, user
+
+DEFAULT_BAND = (0.25, 0.75)
+INVALID_PENALTY = -1.0
+RANDOM_SETTER_MAX = 10**6
+"""The largest value the ``random`` setter writes (the default ``max_value``)."""
+_PROBLEM_TAG = re.compile(r"<problem>(.*?)</problem>", re.DOTALL)
+_ALLOWED = re.compile(r"[\d\s+\-*()]+")
+_OPERATOR = re.compile(r"(?<=[\d)\s])\s*[+\-*]")
+_RUN = re.compile(r"[\d(][\d \t+\-*()]*[\d)]|\d")
+_BINARY_OP = re.compile(r"[\d)]\s*[+\-*]\s*[\d(]")
+_ASK = re.compile(r"about (\d+) operations? on (\d+)-digit")
+
+SETTER_PROMPT = (
+    "You write arithmetic problems for a student. Write one expression with about {operations} "
+    "operations on {digits}-digit whole numbers, using only + - * and parentheses. Make it hard "
+    "enough that the student sometimes gets it wrong, but not always. Reply with the expression "
+    "inside <problem></problem>, for example <problem>(12 + 7) * 3</problem>."
+)
+SOLVER_PROMPT = "Solve the arithmetic problem. Give the final answer as \\boxed{NUMBER}."
+
+
+def setter_reward(solve_rate: float, band: tuple[float, float] = DEFAULT_BAND) -> float:
+    """The setter's reward for a valid problem solved by a share ``solve_rate`` of its
+    solvers: 1.0 inside ``band`` (both ends included), 0.0 outside it."""
+    low, high = band
+    return 1.0 if low - 1e-12 <= solve_rate <= high + 1e-12 else 0.0
+
+
+def read_problem(text: str, max_operations: int, max_value: int) -> tuple[str, int]:
+    """The problem a setter's reply poses and its exact value.
+
+    The expression is the last ``<problem>`` tag's content; without a tag, the last stretch of
+    the reply made of digits, spaces, ``+ - *`` and parentheses that holds an operation between
+    two numbers (``What is 6 + 2 * 2?`` poses ``6 + 2 * 2``; ``12 + 7 = 20`` poses ``12 + 7``).
+
+    Raises:
+        ValueError: Why the problem is invalid (see the module doc).
+    """
+    tags = _PROBLEM_TAG.findall(text)
+    if tags:
+        expression = tags[-1].strip()
+    else:
+        runs = [m.group().strip() for m in _RUN.finditer(text) if _BINARY_OP.search(m.group())]
+        expression = runs[-1] if runs else ""
+    if not expression:
+        raise ValueError("no problem written")
+    if not _ALLOWED.fullmatch(expression):
+        raise ValueError(f"only digits, spaces, + - * and parentheses are allowed: {expression!r}")
+    operations = len(_OPERATOR.findall(expression))
+    if operations == 0:
+        raise ValueError("the problem has no operation")
+    if operations > max_operations:
+        raise ValueError(f"{operations} operations; at most {max_operations}")
+    try:
+        value = evaluate(expression)
+    except (SyntaxError, ValueError, ZeroDivisionError) as e:
+        raise ValueError(f"cannot evaluate {expression!r}: {e}") from e
+    if abs(value) > max_value:
+        raise ValueError(f"the value {value} is larger than {max_value}")
+    return expression, int(value)
+
+
+def random_setter(messages: list[Message], rng: np.random.Generator) -> str:
+    """A fixed setter: a random problem of the size the prompt asks for."""
+    asked = _ASK.search(next(m.content or "" for m in messages if m.role == "system"))
+    operations, digits = (int(asked.group(1)), int(asked.group(2))) if asked else (2, 1)
+    draw = random.Random(int(rng.integers(2**31)))
+    for attempt in range(20):  # products of big numbers overflow the default max_value
+        numbers = [draw.randint(10 ** (digits - 1), 10**digits - 1) for _ in range(operations + 1)]
+        signs = "+-*" if attempt < 19 else "+-"
+        text = str(numbers[0]) + "".join(f" {draw.choice(signs)} {n}" for n in numbers[1:])
+        if abs(evaluate(text)) <= RANDOM_SETTER_MAX:
+            break
+    return f"<problem>{text}</problem>"
+
+
+def oracle_solver(messages: list[Message], rng: np.random.Generator) -> str:
+    """A fixed solver that computes the answer."""
+    problem = next(m.content or "" for m in reversed(messages) if m.role == "user")
+    return f"\\boxed{{{int(evaluate(problem))}}}"
+
+
+def setter_tasks() -> list[dict[str, Any]]:
+    """What the setter is asked for: 1-4 operations on 1-3-digit numbers (12 tasks)."""
+    return [{"operations": n, "digits": d} for n in range(1, 5) for d in range(1, 4)]
+
+
+class SetterSolverEnv(MultiRoleEnv):
+    """A setter writes a problem, ``attempts`` solvers answer it (see the module doc).
+
+    Args:
+        attempts: Solver attempts per problem (the solver group's size).
+        band: The solve rates, ``(low, high)`` inclusive, for which the setter is paid.
+        max_operations: The most operations a valid problem may have.
+        max_value: The largest size of a valid problem's value.
+        policies: Fixed policies by role (``{"setter": "random"}`` trains the solver only).
+    """
+
+    name = "setter-solver"
+    version = "0.1.0"
+    roles = ("setter", "solver")
+    reward_mode = "general"
+    reward_range = (-1.0, 1.0)
+    fixed_policies: ClassVar = {"random": random_setter, "oracle": oracle_solver}
+
+    def __init__(
+        self,
+        attempts: int = 4,
+        band: tuple[float, float] | list[float] = DEFAULT_BAND,
+        max_operations: int = 6,
+        max_value: int = 10**6,
+        *,
+        policies: dict[str, Any] | None = None,
+    ) -> None:
+        low, high = band
+        if attempts < 1 or not 0.0 <= low <= high <= 1.0:
+            raise ValueError(
+                f"setter-solver: attempts must be >= 1 and 0 <= band[0] <= band[1] <= 1, got "
+                f"attempts={attempts}, band={band}"
+            )
+        super().__init__(policies=policies, max_turns=attempts + 1)
+        self.attempts, self.band = attempts, (float(low), float(high))
+        self.max_operations, self.max_value = max_operations, max_value
+
+    def role_reward_range(self, role: str) -> tuple[float, float]:
+        """A solver scores 0 or 1; the setter -1 (invalid) to 1."""
+        return (0.0, 1.0) if role == "solver" else self.reward_range
+
+    def tasks(self) -> list[dict[str, Any]]:
+        """What the setter is asked for (:func:`setter_tasks`)."""
+        return _TASKS
+
+    def setup(self, match: Match) -> None:
+        """The setter gets its brief and moves first."""
+        match.tell("setter", system(SETTER_PROMPT.format(**match.task)), user("Write the problem."))
+        match.to_move = "setter"
+
+    def play(self, match: Match, actor: str, turn: AssistantTurn) -> None:
+        """The setter's problem is checked and handed to the solvers; each solver is graded;
+        after the last one the setter is paid for the solve rate."""
+        text = turn.message.content or ""
+        if actor == "setter":
+            return self._pose(match, text)
+        solved = final_number(text) == match.data["value"]
+        match.pay(actor, 1.0 if solved else 0.0, "correct")
+        match.results[actor] = "solved" if solved else "failed"
+        match.data["solved"] += solved
+        seat = int(actor.partition("#")[2]) + 1
+        if seat < self.attempts:
+            match.to_move = f"solver#{seat}"
+            return None
+        rate = match.data["solved"] / self.attempts
+        match.pay("setter", setter_reward(rate, self.band), "edge")
+        match.metrics.update({"solve_rate": rate, "in_band": setter_reward(rate, self.band)})
+        match.end({"setter": _band_result(rate, self.band)})
+        return None
+
+    def _pose(self, match: Match, text: str) -> None:
+        try:
+            problem, value = read_problem(text, self.max_operations, self.max_value)
+        except ValueError as e:
+            match.pay("setter", INVALID_PENALTY, "invalid")
+            match.metrics["invalid"] = 1.0
+            match.data["why_invalid"] = str(e)
+            match.end({"setter": "invalid"})
+            return
+        match.data.update(problem=problem, value=value, solved=0)
+        match.metrics["invalid"] = 0.0
+        for seat in range(self.attempts):
+            match.tell(f"solver#{seat}", system(SOLVER_PROMPT), user(problem))
+        match.to_move = "solver#0"
+
+
+def _band_result(rate: float, band: tuple[float, float]) -> str:
+    if rate < band[0]:
+        return "too_hard"
+    return "too_easy" if rate > band[1] else "edge"
+
+
+_TASKS = setter_tasks()
