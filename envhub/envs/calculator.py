@@ -1,11 +1,13 @@
 """A multi-turn tool env: arithmetic too long to do in one's head, with a ``calculate`` tool.
 
 Tasks are generated from the seed (no download): nested expressions of 3-5 operations on
-numbers up to four digits. The model calls ``calculate`` as often as it likes, then answers
-with ``\\boxed{...}``. Reward: 1 for the right number; tool validity is reported as a weight-0
-component. The answer must be a number (:func:`~envhub.rewards.match.number_answer`): math-verify
-evaluates expressions, so echoing the question ("Compute: 73 * (5349 + 6467)") scored 1.0
-without a single tool call (the reward audit, :mod:`envhub.audit`, found it).
+numbers up to four digits (``level="medium"``; ``"short"`` and ``"long"`` are the easier and
+harder levels a training curriculum can move to, see :data:`LEVELS`). The model calls
+``calculate`` as often as it likes, then answers with ``\\boxed{...}``. Reward: 1 for the right
+number; tool validity is reported as a weight-0 component. The answer must be a number
+(:func:`~envhub.rewards.match.number_answer`): math-verify evaluates expressions, so echoing the
+question ("Compute: 73 * (5349 + 6467)") scored 1.0 without a single tool call (the reward
+audit, :mod:`envhub.audit`, found it).
 
 ``demonstration=True`` puts one worked exchange before the question (a question, the call, the
 tool's answer, the boxed result): a small model that never writes a call on its own imitates it
@@ -18,12 +20,15 @@ well-formed call earns it, so ``w`` becomes the env's ``audit_floor``.
 
 from __future__ import annotations
 
+import functools
 import random
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from envhub.envs.expressions import evaluate, format_number, make_problem
 from envhub.envs.procedural import ProceduralTasks
+from envhub.errors import EnvhubError
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
@@ -43,21 +48,52 @@ def calculate(expression: str) -> str:
     return format_number(evaluate(expression))
 
 
-def make_task(rng: random.Random) -> dict[str, Any]:
-    """One calculator task: an expression of 3-5 operations on numbers up to four digits."""
-    expression = make_problem(rng, rng.randint(3, 5))
+@dataclass(frozen=True)
+class Level:
+    """How the problems of one difficulty are drawn."""
+
+    operations: tuple[int, int]
+    """Fewest and most operators per problem."""
+    max_operand: int
+
+
+LEVELS = {
+    "short": Level(operations=(1, 2), max_operand=999),
+    "medium": Level(operations=(3, 5), max_operand=9999),
+    "long": Level(operations=(6, 8), max_operand=9999),
+}
+"""The calculator's difficulty levels (``level=``), easiest first: how many operations a
+problem has and how large its numbers are (a factor of ``*`` is always 2..99)."""
+DEFAULT_LEVEL = "medium"
+
+
+def make_task(rng: random.Random, level: str = DEFAULT_LEVEL) -> dict[str, Any]:
+    """One calculator task of ``level`` (default: 3-5 operations on numbers up to four digits)."""
+    drawn = LEVELS[level]
+    expression = make_problem(rng, rng.randint(*drawn.operations), drawn.max_operand)
     return {
         "question": f"Compute: {expression}",
         "answer": format_number(evaluate(expression)),
-        "info": {"expression": expression},
+        "info": {"expression": expression, "level": level},
     }
 
 
 class ProblemSet(ProceduralTasks):
-    """``size`` calculator problems, each a pure function of (seed, index)."""
+    """``size`` calculator problems of ``level``, each a pure function of (level, seed, index).
 
-    def __init__(self, size: int = 1000, seed: int = 0) -> None:
-        super().__init__("calculator", make_task, size, seed)
+    Raises:
+        EnvhubError: An unknown level.
+    """
+
+    def __init__(self, size: int = 1000, seed: int = 0, level: str = DEFAULT_LEVEL) -> None:
+        if level not in LEVELS:
+            raise EnvhubError(
+                f"calculator: level must be one of {', '.join(LEVELS)}, got {level!r}"
+            )
+        # The default level keeps the generator's first name, so its problems stay as they were.
+        name = "calculator" if level == DEFAULT_LEVEL else f"calculator-{level}"
+        super().__init__(name, functools.partial(make_task, level=level), size, seed)
+        self.level = level
 
 
 SYSTEM_PROMPT = (
@@ -78,6 +114,9 @@ class CalculatorEnv(ToolEnv):
             (see the module docstring; 0: only the answer pays).
         demonstration: Show one worked exchange before the question (in the prompt, never
             trained on).
+        level: One of :data:`LEVELS`: ``"short"`` (1-2 operations, numbers up to 999),
+            ``"medium"`` (3-5 operations, up to 9999; the default) or ``"long"`` (6-8
+            operations): the levels a training curriculum moves between.
         **kwargs: See :class:`~envhub.multiturn.ToolEnv`.
     """
 
@@ -87,6 +126,7 @@ class CalculatorEnv(ToolEnv):
     default_max_turns = 6
     reward_range = (0.0, 1.0)
     tools = (calculate,)
+    levels = tuple(LEVELS)
 
     def __init__(
         self,
@@ -94,11 +134,12 @@ class CalculatorEnv(ToolEnv):
         task_seed: int = 0,
         tool_call_reward: float = 0.0,
         demonstration: bool = False,
+        level: str = DEFAULT_LEVEL,
         **kwargs: Any,
     ) -> None:
         if tool_call_reward < 0:
             raise ValueError(f"calculator: tool_call_reward must be >= 0, got {tool_call_reward}")
-        self.num_tasks, self.task_seed = num_tasks, task_seed
+        self.num_tasks, self.task_seed, self.level = num_tasks, task_seed, level
         self.tool_call_reward = float(tool_call_reward)
         self.demonstration = demonstration
         if self.tool_call_reward:
@@ -108,8 +149,8 @@ class CalculatorEnv(ToolEnv):
         super().__init__(**kwargs)
 
     def load_dataset(self) -> ProblemSet:
-        """``num_tasks`` calculator problems, generated from ``task_seed``."""
-        return ProblemSet(self.num_tasks, self.task_seed)
+        """``num_tasks`` calculator problems of ``level``, generated from ``task_seed``."""
+        return ProblemSet(self.num_tasks, self.task_seed, self.level)
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
         """The system prompt and the question, with the worked exchange between them when

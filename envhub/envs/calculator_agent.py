@@ -16,7 +16,9 @@ import functools
 from typing import Any
 
 from envhub.envs.calculator import (
+    DEFAULT_LEVEL,
     DEMONSTRATION,
+    LEVELS,
     SYSTEM_PROMPT,
     ProblemSet,
     calculate,
@@ -63,6 +65,8 @@ class CalculatorAgentEnv(HarnessEnv):
         num_tasks: Size of the generated task set.
         task_seed: Seed of the task generator.
         demonstration: Give the agent one worked exchange before the question.
+        level: One of the calculator's :data:`~envhub.envs.calculator.LEVELS` (``"short"``,
+            ``"medium"``, the default, or ``"long"``): the levels a curriculum moves between.
         **kwargs: See :class:`~envhub.harness.HarnessEnv` (``max_turns`` counts the agent's
             calls, ``call_reward`` pays for the first well-formed one).
     """
@@ -72,20 +76,23 @@ class CalculatorAgentEnv(HarnessEnv):
     default_max_turns = 4
     reward_range = (0.0, 1.0)
     reference_policy = staticmethod(reference_policy)
+    levels = tuple(LEVELS)
 
     def __init__(
         self,
         num_tasks: int = 1000,
         task_seed: int = 0,
         demonstration: bool = False,
+        level: str = DEFAULT_LEVEL,
         **kwargs: Any,
     ) -> None:
         self.num_tasks, self.task_seed, self.demonstration = num_tasks, task_seed, demonstration
+        self.level = level
         super().__init__(**kwargs)
 
     def load_dataset(self) -> ProblemSet:
-        """``num_tasks`` calculator problems, generated from ``task_seed``."""
-        return ProblemSet(self.num_tasks, self.task_seed)
+        """``num_tasks`` calculator problems of ``level``, generated from ``task_seed``."""
+        return ProblemSet(self.num_tasks, self.task_seed, self.level)
 
     def make_program(self) -> Any:
         """The Agents SDK calculator agent (with the demonstration when asked)."""

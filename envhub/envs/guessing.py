@@ -6,6 +6,11 @@ secret. Each turn is one guess; a reply with no usable guess gets a hint on the 
 in ``metrics["invalid_guesses"]`` and uses up the turn. Reward: 1.0 for finding the secret
 within the turn budget (the episode ends there), else 0.
 
+Both games have difficulty levels (``level=``, the levels a training curriculum moves between):
+the number game's range (:data:`NUMBER_LEVELS`), and Wordle's hint and guesses
+(:data:`WORDLE_LEVELS`: the secret among 4 or 16 words the question lists, or the open game in
+six, five or four guesses). Each task records its level in ``info["level"]``.
+
 The number game can also pay as it goes (``progress_reward=w``): each guess earns ``w`` times
 the share of the information the hint gave, ``log(open before / open after) / log(open at the
 start)``, where ``open`` counts the numbers the hints so far still allow; the secret found
@@ -22,6 +27,7 @@ import random
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +94,18 @@ def parse_number(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
-def number_tasks(low: int, high: int, size: int, seed: int) -> ProceduralTasks:
-    """``size`` secrets in ``low..high``, each a pure function of (seed, index)."""
+def number_tasks(
+    low: int, high: int, size: int, seed: int, level: str | None = None
+) -> ProceduralTasks:
+    """``size`` secrets in ``low..high``, each a pure function of (seed, index); ``level``,
+    when given, is recorded in each task's ``info``."""
+    info: dict[str, Any] = {"low": low, "high": high} | ({"level": level} if level else {})
 
     def make_task(rng: random.Random) -> dict[str, Any]:
         return {
             "question": f"I am thinking of a whole number from {low} to {high}. Guess it.",
             "answer": rng.randint(low, high),
-            "info": {"low": low, "high": high},
+            "info": dict(info),
         }
 
     return ProceduralTasks(f"guess-number-{low}-{high}", make_task, size, seed)
@@ -186,7 +196,7 @@ class GuessNumberEnv(GuessingGame):
 
     def load_dataset(self) -> ProceduralTasks:
         """``num_tasks`` secrets in ``low..high``, generated from ``task_seed``."""
-        return number_tasks(self.low, self.high, self.num_tasks, self.task_seed)
+        return number_tasks(self.low, self.high, self.num_tasks, self.task_seed, self.level)
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
         """Say whether the guess is too low or too high, or end the game if it is the secret.
@@ -302,6 +312,48 @@ def parse_word(text: str) -> str | None:
     return candidate if _WORD.fullmatch(candidate) else None
 
 
+@dataclass(frozen=True)
+class WordleLevel:
+    """One Wordle difficulty: how many words the question lists, and the guesses allowed."""
+
+    listed: int | None
+    """Words the question lists, the secret among them (``None``: any word may be the secret)."""
+    guesses: int
+
+
+WORDLE_LEVELS = {
+    "list-4": WordleLevel(listed=4, guesses=6),
+    "list-16": WordleLevel(listed=16, guesses=6),
+    "6-guesses": WordleLevel(listed=None, guesses=6),
+    "5-guesses": WordleLevel(listed=None, guesses=5),
+    "4-guesses": WordleLevel(listed=None, guesses=4),
+}
+"""Wordle's difficulty levels (``level=``), easiest first: the secret among 4 or 16 words the
+question lists (six guesses), then the open game with six (the default), five or four guesses
+(:func:`minimax_policy` needs four at most)."""
+_LISTED = re.compile(r"It is one of these \d+ words: ([a-z, ]+)\.")
+
+
+def _wordle_level(level: str | None, max_turns: int | None, default_turns: int) -> str | None:
+    """The level a Wordle env plays: ``level``, else the open game's level with ``max_turns``
+    guesses (default ``default_turns``), if there is one.
+
+    Raises:
+        EnvhubError: An unknown level, or a level given with ``max_turns``.
+    """
+    if level is None:
+        turns = default_turns if max_turns is None else max_turns
+        return next(
+            (n for n, lv in WORDLE_LEVELS.items() if lv.listed is None and lv.guesses == turns),
+            None,
+        )
+    if level not in WORDLE_LEVELS:
+        raise EnvhubError(f"wordle: level must be one of {', '.join(WORDLE_LEVELS)}, got {level!r}")
+    if max_turns is not None:
+        raise EnvhubError("wordle: give either level or max_turns, not both")
+    return level
+
+
 WORDLE_SYSTEM_PROMPT = (
     "Let's play Wordle. Find the secret five-letter English word. Each turn, reply with one guess "
     "inside <guess></guess>, e.g. <guess>crane</guess>. After each guess I show your word and one "
@@ -316,8 +368,12 @@ class WordleEnv(GuessingGame):
     Args:
         words: Target words (default: the ~600 shipped common words). Guesses may be any five
             letters, listed or not.
-        task_seed: Seed of the order of the targets (task ``i`` is the ``i``-th word of it).
+        task_seed: Seed of the order of the targets (task ``i`` is the ``i``-th word of it) and
+            of the words a ``list-*`` level lists beside each target.
         max_turns: Guesses allowed (default 6).
+        level: One of :data:`WORDLE_LEVELS` (``"list-4"`` ... ``"4-guesses"``) instead of
+            ``max_turns``: the levels a training curriculum moves between. A ``list-N`` level
+            names the secret and ``N - 1`` other words of ``words`` in the question.
         **kwargs: See :class:`~envhub.env.TaskEnv` (``rubric``, ``system_prompt``, ...).
     """
 
@@ -325,23 +381,47 @@ class WordleEnv(GuessingGame):
     version = "0.1.0"
     system_prompt = WORDLE_SYSTEM_PROMPT
     default_max_turns = 6
+    levels = tuple(WORDLE_LEVELS)
 
     def __init__(
-        self, words: Sequence[str] | None = None, task_seed: int = 0, **kwargs: Any
+        self,
+        words: Sequence[str] | None = None,
+        task_seed: int = 0,
+        level: str | None = None,
+        **kwargs: Any,
     ) -> None:
+        self.level = _wordle_level(level, kwargs.get("max_turns"), self.default_max_turns)
+        if level is not None:
+            kwargs["max_turns"] = WORDLE_LEVELS[level].guesses
         self.words = default_words() if words is None else _checked_words(words)
+        self.listed = WORDLE_LEVELS[self.level].listed if self.level else None
+        if self.listed and len(self.words) < self.listed:
+            raise EnvhubError(
+                f"wordle: level {self.level!r} lists {self.listed} words, "
+                f"but words has only {len(self.words)}"
+            )
         self.task_seed = task_seed
         super().__init__(**kwargs)
-        if self.max_turns < 6 or not set(self.words) <= set(default_words()):
-            self.reference_policy = None  # its win is checked for the shipped words in 6 turns
+        if self.max_turns < 4 or not set(self.words) <= set(default_words()):
+            self.reference_policy = None  # its win is checked for the shipped words in 4 turns
 
     def load_dataset(self) -> list[dict[str, Any]]:
-        """One task per word, in an order shuffled by ``task_seed``."""
+        """One task per word, in an order shuffled by ``task_seed``; at a ``list-N`` level the
+        question also lists the secret among ``N - 1`` others, drawn from (seed, level, index).
+        """
         order = list(self.words)
         random.Random(f"wordle-{self.task_seed}").shuffle(order)
-        return [
-            {"question": "Guess the secret word.", "answer": word, "info": {}} for word in order
-        ]
+        return [self._task(index, word) for index, word in enumerate(order)]
+
+    def _task(self, index: int, word: str) -> dict[str, Any]:
+        info: dict[str, Any] = {} if self.level is None else {"level": self.level}
+        question = "Guess the secret word."
+        if self.listed:
+            rng = random.Random(f"wordle-{self.level}-{self.task_seed}-{index}")
+            others = [w for w in self.words if w != word]
+            info["listed"] = sorted([word, *rng.sample(others, self.listed - 1)])
+            question += f" It is one of these {self.listed} words: {', '.join(info['listed'])}."
+        return {"question": question, "answer": word, "info": info}
 
     async def env_response(self, state: State, turn: AssistantTurn) -> list[Message]:
         """Show the guess with its per-letter feedback, and end the game when it is solved.
@@ -370,15 +450,17 @@ def _checked_words(words: Sequence[str]) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def best_guess(history: tuple[tuple[str, str], ...]) -> str:
-    """The shipped word that splits the words still possible after ``history`` best.
+def best_guess(history: tuple[tuple[str, str], ...], listed: tuple[str, ...] = ()) -> str:
+    """The word that splits the words still possible after ``history`` best.
 
-    "Best" is minimax: the guess whose largest group of still-possible words sharing one
-    feedback pattern is smallest (ties: a possible word first, then alphabetical order).
-    Over the shipped list this finds every word within 6 guesses (checked by the tests).
+    The possible words are those of ``listed`` (when the question lists some), else the
+    shipped words; guesses are drawn from both. "Best" is minimax: the guess whose largest
+    group of still-possible words sharing one feedback pattern is smallest (ties: a possible
+    word first, then alphabetical order). Over the shipped list this finds every word within 4
+    guesses (checked by the tests).
     """
     words = default_words()
-    possible = [w for w in words if all(score_guess(g, w) == p for g, p in history)]
+    possible = [w for w in listed or words if all(score_guess(g, w) == p for g, p in history)]
     if len(possible) <= 2:
         return possible[0] if possible else words[0]
     candidates = set(possible)
@@ -387,16 +469,19 @@ def best_guess(history: tuple[tuple[str, str], ...]) -> str:
         groups = Counter(score_guess(guess, w) for w in possible)
         return max(groups.values()), guess not in candidates, guess
 
-    return min(words, key=worst_case)
+    return min({*listed, *words}, key=worst_case)
 
 
 def minimax_policy(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
-    """Plays :func:`best_guess` on the feedback in the conversation."""
+    """Plays :func:`best_guess` on the feedback in the conversation (and on the words the
+    question lists, if it lists some)."""
     replies = [m.content or "" for m in messages if m.role == "user"]
+    listed = _LISTED.search(replies[0]) if replies else None
     history = tuple(
         (word.lower(), pattern) for reply in replies for word, pattern in _FEEDBACK.findall(reply)
     )
-    return f"<guess>{best_guess(history)}</guess>"
+    words = tuple(listed.group(1).split(", ")) if listed else ()
+    return f"<guess>{best_guess(history, words)}</guess>"
 
 
 WordleEnv.reference_policy = staticmethod(minimax_policy)

@@ -366,13 +366,41 @@ def draw_lake(lake: Sequence[str], position: int) -> str:
     )
 
 
-def lake_tasks(size: int, frozen_probability: float, count: int, seed: int) -> ProceduralTasks:
-    """``count`` maps, each a pure function of (seed, index); every map has a path to the goal."""
+LAKE_LEVELS = {"3x3": 3, "4x4": 4, "6x6": 6, "8x8": 8}
+"""FrozenLake's difficulty levels (``level=``), easiest first: the side of the map (and so, by
+default, the turns allowed, ``size * size``); the share of holes and the ice stay as given."""
+
+
+def _lake_level(level: str | None, size: int | None) -> tuple[str | None, int]:
+    """The level and the map's side from FrozenLake's arguments: ``level``'s, or ``size``
+    (default 4) and the level of that side, if there is one.
+
+    Raises:
+        EnvhubError: An unknown level, or a level given with ``size``.
+    """
+    if level is None:
+        size = 4 if size is None else size
+        return next((n for n, side in LAKE_LEVELS.items() if side == size), None), size
+    if level not in LAKE_LEVELS:
+        raise EnvhubError(
+            f"frozenlake: level must be one of {', '.join(LAKE_LEVELS)}, got {level!r}"
+        )
+    if size is not None:
+        raise EnvhubError("frozenlake: give either level or size, not both")
+    return level, LAKE_LEVELS[level]
+
+
+def lake_tasks(
+    size: int, frozen_probability: float, count: int, seed: int, level: str | None = None
+) -> ProceduralTasks:
+    """``count`` maps, each a pure function of (seed, index); every map has a path to the goal.
+    ``level``, when given, is recorded in each task's ``info``."""
     from gymnasium.envs.toy_text.frozen_lake import generate_random_map
 
     def make_task(rng: random.Random) -> dict[str, Any]:
         lake = generate_random_map(size=size, p=frozen_probability, seed=rng.randrange(2**31))
-        return {"info": {"map": lake, "seed": rng.randrange(2**31)}}
+        info = {"map": lake, "seed": rng.randrange(2**31)}
+        return {"info": info if level is None else info | {"level": level}}
 
     return ProceduralTasks(f"frozenlake-{size}-{frozen_probability}", make_task, count, seed)
 
@@ -385,12 +413,14 @@ class FrozenLakeTextEnv(GymTextEnv):
     (default 0: no step pays less) for each reply that names no move.
 
     Args:
-        size: Side of the square map.
+        size: Side of the square map (default 4).
         frozen_probability: Chance that a tile is ice rather than a hole.
         is_slippery: Gymnasium's slippery ice (moves go astray 2 times in 3).
         num_tasks: Number of maps.
         task_seed: Seed of the maps (different seeds, different maps).
         max_turns: Turns allowed (default ``size * size``, enough for any shortest path).
+        level: One of :data:`LAKE_LEVELS` (``"3x3"`` ... ``"8x8"``) instead of ``size``: the
+            levels a training curriculum moves between.
         **kwargs: See :class:`GymTextEnv` (``invalid_penalty``) and :class:`~envhub.env.TaskEnv`
             (``rubric``, ``system_prompt``, ...).
     """
@@ -398,17 +428,20 @@ class FrozenLakeTextEnv(GymTextEnv):
     name = "frozenlake"
     version = "0.1.0"
     default_max_turns = 16
+    levels = tuple(LAKE_LEVELS)
 
     def __init__(
         self,
-        size: int = 4,
+        size: int | None = None,
         frozen_probability: float = 0.8,
         is_slippery: bool = False,
         num_tasks: int = 1000,
         task_seed: int = 0,
         max_turns: int | None = None,
+        level: str | None = None,
         **kwargs: Any,
     ) -> None:
+        self.level, size = _lake_level(level, size)
         self.size, self.frozen_probability, self.is_slippery = size, frozen_probability, is_slippery
         self._lake: tuple[tuple[str, ...], gym.Env] | None = None
         super().__init__(
@@ -435,7 +468,9 @@ class FrozenLakeTextEnv(GymTextEnv):
 
     def load_dataset(self) -> ProceduralTasks:
         """``num_tasks`` random maps, each with a path to the goal, generated from ``task_seed``."""
-        return lake_tasks(self.size, self.frozen_probability, self.num_tasks, self.task_seed)
+        return lake_tasks(
+            self.size, self.frozen_probability, self.num_tasks, self.task_seed, self.level
+        )
 
     def gym_env_for(self, task: dict[str, Any]) -> gym.Env:
         """A FrozenLake env on the task's map, made anew (closing the last) when the map changes."""

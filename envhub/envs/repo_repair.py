@@ -2,9 +2,10 @@
 
 Each task is a project from :mod:`envhub.envs.repo_bugs` (a package, its pytest suite, one
 planted bug; difficulty 1 to 3), generated on the fly from a fixed list of seeds, so nothing is
-downloaded or stored. The model works in the repository through ``bash``, ``view``, ``create``
-and ``str_replace`` (:class:`~envhub.workspace_env.WorkspaceEnv`) and ends the episode by
-answering without a tool call.
+downloaded or stored. Each difficulty alone is a level (``level=``, :data:`LEVELS`), which a
+training curriculum moves between. The model works in the repository through ``bash``,
+``view``, ``create`` and ``str_replace`` (:class:`~envhub.workspace_env.WorkspaceEnv`) and ends
+the episode by answering without a tool call.
 
 Reward: 1.0 when the whole suite passes, else 0 (``all_tests_pass``): a pass rate would pay for
 the tests the buggy code already passes. The share of tests passing is reported as a weight-0
@@ -250,13 +251,37 @@ CHEATS = {
 """Ways around the suite a model could try; none may score (see :func:`envhub.audit_env`)."""
 
 
+LEVELS = {"one-bug": 1, "helper-bug": 2, "two-bugs": 3}
+"""The difficulty levels (``level=``), easiest first, each one difficulty of
+:mod:`~envhub.envs.repo_bugs` alone."""
+LEVEL_OF = {difficulty: name for name, difficulty in LEVELS.items()}
+
+
+def _difficulties(level: str | None, difficulties: Sequence[int] | None) -> Sequence[int]:
+    """The difficulties ``level`` selects, else ``difficulties`` (default all).
+
+    Raises:
+        ConfigError: An unknown level, or a level given with ``difficulties``.
+    """
+    if level is None:
+        return DIFFICULTIES if difficulties is None else difficulties
+    if level not in LEVELS:
+        raise ConfigError(f"repo-repair: level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if difficulties is not None:
+        raise ConfigError("repo-repair: give either level or difficulties, not both")
+    return (LEVELS[level],)
+
+
 class RepoRepairEnv(WorkspaceEnv):
     """Fix a generated repository until its pytest suite passes.
 
     Args:
         difficulties: Which difficulties to include (1: one function, 2: a helper seen through
-            its caller, 3: two bugs in two modules).
+            its caller, 3: two bugs in two modules; default all three).
         seeds: Seeds of the projects, per difficulty (default :data:`SEEDS`).
+        level: One of :data:`LEVELS` (``"one-bug"``, ``"helper-bug"``, ``"two-bugs"``: the
+            difficulties 1, 2, 3 alone) instead of ``difficulties``: the levels a training
+            curriculum moves between (the default mix of all three is none of them).
         **kwargs: See :class:`~envhub.workspace_env.WorkspaceEnv` (``sandbox``, ``limits``,
             ``max_turns`` (30), ...).
     """
@@ -266,14 +291,17 @@ class RepoRepairEnv(WorkspaceEnv):
     system_prompt = SYSTEM_PROMPT
     reward_range = (0.0, 1.0)
     cheats = CHEATS
+    levels = tuple(LEVELS)
 
     def __init__(
         self,
-        difficulties: Sequence[int] = DIFFICULTIES,
+        difficulties: Sequence[int] | None = None,
         seeds: Sequence[int] = SEEDS,
         verifier_timeout: float = 60.0,
+        level: str | None = None,
         **kwargs: Any,
     ) -> None:
+        difficulties = _difficulties(level, difficulties)
         unknown = sorted(set(difficulties) - set(DIFFICULTIES))
         if unknown or not difficulties or not seeds:
             raise ConfigError(
@@ -281,6 +309,9 @@ class RepoRepairEnv(WorkspaceEnv):
                 f"seeds non-empty, got {list(difficulties)} and {list(seeds)}"
             )
         self.difficulties, self.seeds = tuple(difficulties), tuple(seeds)
+        self.level = level or next(
+            (n for n, d in LEVELS.items() if (d,) == self.difficulties), None
+        )
         self.verifier_timeout = verifier_timeout
         super().__init__(**kwargs)
         fixes = {row["question"]: self.project(row).fix for row in self.dataset}
@@ -293,6 +324,7 @@ class RepoRepairEnv(WorkspaceEnv):
             for seed in self.seeds:
                 project = make_project(seed, difficulty)
                 info = {"id": f"repo-{difficulty}-{seed}", "seed": seed, "difficulty": difficulty}
+                info["level"] = LEVEL_OF[difficulty]
                 rows.append({"question": instruction(project), "info": info})
         return rows
 

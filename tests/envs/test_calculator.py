@@ -1,14 +1,19 @@
-"""The calculator env's dense reward for well-formed tool calls (``tool_call_reward``)."""
+"""The calculator env's dense reward for well-formed tool calls (``tool_call_reward``), and its
+difficulty levels."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 import envhub
+from envhub.checker import check_env
 from envhub.env import as_turn
-from envhub.envs.calculator import CalculatorEnv, calculate, reference_policy
+from envhub.envs.calculator import LEVELS, CalculatorEnv, calculate, reference_policy
+from envhub.envs.calculator_agent import CalculatorAgentEnv
+from envhub.errors import EnvhubError
 
 BROKEN_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "1 +"}}</tool_call>'
 GOOD_CALL = '<tool_call>{"name": "calculate", "arguments": {"expression": "2 + 3"}}</tool_call>'
@@ -58,3 +63,54 @@ def test_the_demonstration_is_one_worked_exchange_before_the_question() -> None:
     assert prompt[3].content == calculate("(12 + 30) * 5") == "210"
     assert prompt[-1].content == CalculatorEnv().format_prompt(env.dataset[2])[-1].content
     assert envhub.check_env(CalculatorEnv(demonstration=True)).passed
+
+
+# -- levels ---------------------------------------------------------------------------------
+
+FIRST = {
+    "short": "45 * (62 + 405)",
+    "medium": "73 * ((5349 + 6467 - 2754) * 5 * 25)",
+    "long": "7760 + 39 * (2866 + (5529 - 6210)) * 66 - 4549",
+}
+"""The first problem of each level with task seed 0 (medium's as it was before levels)."""
+
+
+def _operators(expression: str) -> int:
+    return sum(expression.count(op) for op in "+-*")
+
+
+def test_levels_set_how_many_operations_and_how_large_the_numbers() -> None:
+    assert CalculatorEnv.levels == ("short", "medium", "long") == tuple(LEVELS)
+    assert CalculatorEnv().current_level() == "medium"
+    for level, (fewest, most, largest) in {
+        "short": (1, 2, 999), "medium": (3, 5, 9999), "long": (6, 8, 9999),
+    }.items():  # fmt: skip
+        env = CalculatorEnv(level=level, num_tasks=40)
+        assert env.current_level() == level
+        assert env.dataset[0]["question"] == f"Compute: {FIRST[level]}"
+        assert env.dataset[0]["info"] == {"expression": FIRST[level], "level": level}
+        expressions = [t["info"]["expression"] for t in env.dataset]
+        assert {_operators(e) for e in expressions} == set(range(fewest, most + 1))
+        assert max(int(n) for e in expressions for n in re.findall(r"\d+", e)) <= largest
+    assert list(CalculatorEnv(num_tasks=5).dataset) == list(
+        CalculatorEnv(level="medium", num_tasks=5).dataset
+    )
+    with pytest.raises(EnvhubError, match="level must be one of short, medium, long, got 'huge'"):
+        CalculatorEnv(level="huge")
+
+
+def test_the_agent_env_plays_the_same_problems_at_each_level() -> None:
+    for level in LEVELS:
+        agent = CalculatorAgentEnv(level=level, num_tasks=3)
+        assert agent.current_level() == level
+        assert list(agent.dataset) == list(CalculatorEnv(level=level, num_tasks=3).dataset)
+
+
+@pytest.mark.parametrize("level", ["short", "long"])
+def test_levels_pass_check_env_with_the_reference_at_the_top(level: str) -> None:
+    with CalculatorEnv(level=level, num_tasks=5) as env:
+        report = check_env(env)
+        assert report.passed, report.failures
+        assert next(r.detail for r in report.results if r.name == "reference policy at top") == (
+            "1.0"
+        )

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from envhub.audit import audit_env
+from envhub.checker import check_env
 from envhub.envs.guessing import (
+    WORDLE_LEVELS,
     GuessNumberEnv,
     WordleEnv,
     best_guess,
@@ -45,7 +48,7 @@ def test_secrets_come_from_the_task_not_the_reset_seed() -> None:
         env.reset(seed=seed, options={"task_index": 4})
         secrets.add(env.state.answer)
     assert secrets == {92}
-    assert env.state.info == {"low": 1, "high": 100}
+    assert env.state.info == {"low": 1, "high": 100, "level": "1-100"}
     assert all(1 <= t["answer"] <= 100 for t in number_tasks(1, 100, 500, 3))
 
 
@@ -242,7 +245,8 @@ def test_custom_words() -> None:
     assert sorted(t["answer"] for t in env.dataset) == ["crane", "plant"]
     assert env.reference_policy is not None  # both are shipped words
     assert WordleEnv(words=["zzzzz"]).reference_policy is None
-    assert WordleEnv(max_turns=5).reference_policy is None
+    assert WordleEnv(max_turns=4).reference_policy is not None  # minimax needs 4 at most
+    assert WordleEnv(max_turns=3).reference_policy is None
     with pytest.raises(EnvhubError, match="five letters"):
         WordleEnv(words=["toolong"])
 
@@ -268,11 +272,92 @@ def test_levels_select_the_range_and_the_guesses_binary_search_needs() -> None:
     for level, high, turns in [("1-10", 10, 4), ("1-1000", 1000, 10)]:
         env = GuessNumberEnv(level=level, num_tasks=2)
         assert (env.low, env.high, env.max_turns, env.current_level()) == (1, high, turns, level)
-        assert env.dataset[0]["info"] == {"low": 1, "high": high}
+        assert env.dataset[0]["info"] == {"low": 1, "high": high, "level": level}
     assert GuessNumberEnv().current_level() == "1-100"  # the default range is a level
     assert GuessNumberEnv(low=1, high=10).current_level() == "1-10"
     assert GuessNumberEnv(low=5, high=9).current_level() is None  # no level has this range
+    assert GuessNumberEnv(low=5, high=9).dataset[0]["info"] == {"low": 5, "high": 9}
     with pytest.raises(EnvhubError, match="level must be one of 1-10, 1-100"):
         GuessNumberEnv(level="1-5")
     with pytest.raises(EnvhubError, match="either level or low/high"):
         GuessNumberEnv(level="1-10", high=20)
+
+
+# -- Wordle's levels ------------------------------------------------------------------------
+
+
+def test_wordle_levels_set_the_listed_words_and_the_guesses() -> None:
+    assert WordleEnv.levels == ("list-4", "list-16", "6-guesses", "5-guesses", "4-guesses")
+    turns = {level: WordleEnv(level=level).max_turns for level in WORDLE_LEVELS}
+    assert turns == {"list-4": 6, "list-16": 6, "6-guesses": 6, "5-guesses": 5, "4-guesses": 4}
+    assert all(WordleEnv(level=level).current_level() == level for level in WORDLE_LEVELS)
+    # The default game is the level 6-guesses, task for task; a level's tasks record it.
+    default, six = WordleEnv().dataset, WordleEnv(level="6-guesses").dataset
+    assert WordleEnv().current_level() == "6-guesses" and list(default) == list(six)
+    assert default[0] == {
+        "question": "Guess the secret word.", "answer": "every", "info": {"level": "6-guesses"},
+    }  # fmt: skip
+    assert WordleEnv(max_turns=4).current_level() == "4-guesses"
+    assert WordleEnv(max_turns=7).current_level() is None
+    assert WordleEnv(max_turns=7).dataset[0]["info"] == {}
+
+
+def test_a_list_level_names_the_secret_among_words_drawn_from_seed_level_and_index() -> None:
+    listed = WordleEnv(level="list-4").dataset
+    assert listed[0] == {
+        "question": "Guess the secret word. "
+        "It is one of these 4 words: every, forum, jelly, meter.",
+        "answer": "every",
+        "info": {"level": "list-4", "listed": ["every", "forum", "jelly", "meter"]},
+    }
+    assert listed[1]["info"]["listed"] == ["begin", "forth", "prime", "thing"]
+    sixteen = WordleEnv(level="list-16").dataset[0]["info"]["listed"]
+    assert sixteen == [
+        "again", "break", "crane", "every", "flood", "gross", "limit", "noise",
+        "onion", "pedal", "piano", "silly", "solid", "stain", "stair", "table",
+    ]  # fmt: skip
+    # The same secrets in the same order as the open game; another seed, other secrets.
+    assert [t["answer"] for t in listed] == [t["answer"] for t in WordleEnv().dataset]
+    assert list(WordleEnv(level="list-4").dataset) == list(listed)  # rebuilt, the same
+    other = WordleEnv(level="list-4", task_seed=1).dataset[0]
+    assert other["info"]["listed"] == ["dwarf", "onion", "spoon", "straw"]
+    assert other["answer"] == "onion"
+    assert all(t["answer"] in t["info"]["listed"] for t in listed)
+
+
+def test_wordle_levels_refuse_bad_arguments() -> None:
+    with pytest.raises(EnvhubError, match="level must be one of list-4, list-16, 6-guesses"):
+        WordleEnv(level="list-8")
+    with pytest.raises(EnvhubError, match="either level or max_turns"):
+        WordleEnv(level="list-4", max_turns=6)
+    with pytest.raises(EnvhubError, match="'list-16' lists 16 words, but words has only 3"):
+        WordleEnv(words=["crane", "plant", "every"], level="list-16")
+    assert WordleEnv(words=["crane", "plant", "every", "woman"], level="list-4").dataset[0]["info"][
+        "listed"
+    ] == ["crane", "every", "plant", "woman"]
+
+
+def test_minimax_finds_the_listed_secret_in_two_or_three_guesses() -> None:
+    for level, expected in [("list-4", {1: 10, 2: 22}), ("list-16", {1: 1, 2: 30, 3: 1})]:
+        turns: dict[int, int] = {}
+        for task in WordleEnv(level=level).dataset[:32]:
+            history: tuple[tuple[str, str], ...] = ()
+            for turn in range(1, 7):
+                guess = best_guess(history, tuple(task["info"]["listed"]))
+                pattern = score_guess(guess, task["answer"])
+                if pattern == "GGGGG":
+                    turns[turn] = turns.get(turn, 0) + 1
+                    break
+                history += ((guess, pattern),)
+        assert turns == expected, level
+
+
+@pytest.mark.parametrize("level", ["list-4", "list-16", "4-guesses"])
+def test_wordle_levels_pass_the_env_checks_and_the_audit(level: str) -> None:
+    with WordleEnv(level=level) as env:
+        report = check_env(env)
+        assert report.passed, report.failures
+        assert next(r.detail for r in report.results if r.name == "reference policy at top") == (
+            "1.0"
+        )
+        assert audit_env(env).passed

@@ -10,6 +10,7 @@ from gymnasium.wrappers import TimeLimit, TransformReward
 
 from envhub.checker import check_env
 from envhub.envs.gym_text import (
+    LAKE_LEVELS,
     FrozenLakeTextEnv,
     GymTextEnv,
     lake_tasks,
@@ -419,3 +420,47 @@ def test_a_harsher_penalty_lowers_the_floor() -> None:
     assert env.reward_range == (-600.0, 0.0)
     env.reset(seed=0)
     assert play(env, "", "", "", "")[-1][1] == -600.0
+
+
+# -- FrozenLake's levels --------------------------------------------------------------------
+
+
+def test_frozenlake_levels_set_the_side_of_the_map_and_the_turns() -> None:
+    assert FrozenLakeTextEnv.levels == ("3x3", "4x4", "6x6", "8x8")
+    envs = {level: FrozenLakeTextEnv(level=level, num_tasks=3) for level in LAKE_LEVELS}
+    assert {lv: (e.size, e.max_turns, e.current_level()) for lv, e in envs.items()} == {
+        "3x3": (3, 9, "3x3"), "4x4": (4, 16, "4x4"), "6x6": (6, 36, "6x6"), "8x8": (8, 64, "8x8"),
+    }  # fmt: skip
+    assert envs["3x3"].dataset[0]["info"] == {
+        "map": ["SFH", "FFH", "FFG"], "seed": 382160277, "level": "3x3",
+    }  # fmt: skip
+    assert envs["6x6"].dataset[0]["info"]["map"] == [
+        "SFFFFH", "HFFFFF", "FFHFFF", "FHFFFH", "FHFFHF", "FFFFFG",
+    ]  # fmt: skip
+    # The default is the level 4x4, map for map (the maps are as they were before levels).
+    default = FrozenLakeTextEnv(num_tasks=3)
+    assert default.current_level() == "4x4"
+    assert [t["info"] for t in default.dataset] == [t["info"] for t in envs["4x4"].dataset]
+    assert default.dataset[0]["info"] == {
+        "map": ["SFFH", "FFFF", "FFFF", "HFFG"], "seed": 865820368, "level": "4x4",
+    }  # fmt: skip
+    # A side that is no level plays as before, with no level recorded.
+    five = FrozenLakeTextEnv(size=5, num_tasks=1)
+    assert five.current_level() is None and set(five.dataset[0]["info"]) == {"map", "seed"}
+
+
+def test_frozenlake_levels_refuse_bad_arguments() -> None:
+    with pytest.raises(EnvhubError, match="level must be one of 3x3, 4x4, 6x6, 8x8, got '5x5'"):
+        FrozenLakeTextEnv(level="5x5")
+    with pytest.raises(EnvhubError, match="either level or size"):
+        FrozenLakeTextEnv(level="3x3", size=3)
+
+
+@pytest.mark.parametrize("level", ["3x3", "8x8"])
+def test_frozenlake_levels_pass_check_env_with_the_shortest_path_at_the_top(level: str) -> None:
+    with FrozenLakeTextEnv(level=level, num_tasks=5) as env:
+        report = check_env(env)
+        assert report.passed, report.failures
+        assert next(r.detail for r in report.results if r.name == "reference policy at top") == (
+            "1.0"
+        )

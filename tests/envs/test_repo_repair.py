@@ -14,7 +14,7 @@ import pytest
 
 from envhub.checker import check_env
 from envhub.envs.repo_bugs import DIFFICULTIES, TEMPLATES, make_project
-from envhub.envs.repo_repair import CHEATS, SEEDS, RepoRepairEnv
+from envhub.envs.repo_repair import CHEATS, LEVELS, SEEDS, RepoRepairEnv
 from envhub.errors import ConfigError
 from envhub.pytest_bundle import pytest_bundle
 from envhub.rollout.runner import RolloutRunner
@@ -96,6 +96,28 @@ def test_every_planted_bug_fails_and_every_fix_passes(difficulty: int, tmp_path:
 def test_bad_arguments_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"difficulties must be a non-empty subset"):
         RepoRepairEnv(difficulties=[4])
+
+
+def test_levels_are_the_difficulties_alone() -> None:
+    assert RepoRepairEnv.levels == ("one-bug", "helper-bug", "two-bugs") == tuple(LEVELS)
+    for level, difficulty in LEVELS.items():
+        env = RepoRepairEnv(level=level)
+        assert (env.difficulties, env.current_level()) == ((difficulty,), level)
+        assert [t["info"]["id"] for t in env.dataset] == [f"repo-{difficulty}-{s}" for s in SEEDS]
+        assert {t["info"]["level"] for t in env.dataset} == {level}
+    assert RepoRepairEnv(level="helper-bug").dataset[0] == {
+        "question": "The test suite of the `quarry_02` package fails. Find the bug and fix the "
+        "package so that every test passes. Do not change the tests.",
+        "info": {"id": "repo-2-0", "seed": 0, "difficulty": 2, "level": "helper-bug"},
+    }
+    mixed = RepoRepairEnv()  # the default mix is no level; each task still records its own
+    assert mixed.current_level() is None and len(mixed.dataset) == 60
+    assert [mixed.dataset[i]["info"]["level"] for i in (0, 20, 40)] == list(LEVELS)
+    assert RepoRepairEnv(difficulties=[3]).current_level() == "two-bugs"
+    with pytest.raises(ConfigError, match="level must be one of one-bug, helper-bug, two-bugs"):
+        RepoRepairEnv(level="1")
+    with pytest.raises(ConfigError, match="either level or difficulties"):
+        RepoRepairEnv(level="one-bug", difficulties=[1])
 
 
 @pytest.fixture(scope="module")
