@@ -191,6 +191,18 @@ def _bad_flag(text: str, launch: Launch) -> StartFailure | None:
     return StartFailure(f"vLLM refused its arguments: {found.group(1)}", _SEE_HELP)
 
 
+def _unknown_architecture(text: str, launch: Launch) -> StartFailure | None:
+    found = re.search(r"has model type `([^`]+)` but Transformers does not recognize", text)
+    if found is None:
+        return None
+    return StartFailure(
+        f"model {launch.model!r} is of type {found.group(1)!r}, which neither this vLLM nor "
+        "its Transformers knows",
+        "check the model folder's config.json, or upgrade transformers and vllm "
+        "if the architecture is new",
+    )
+
+
 def _invalid_setting(text: str, launch: Launch) -> StartFailure | None:
     """A pydantic validation error of vLLM's config: the field, then why."""
     found = re.search(
@@ -216,6 +228,7 @@ _RULES: tuple[Callable[[str, Launch], StartFailure | None], ...] = (
     _gpu_memory,
     _no_memory_for_cache,
     _bad_flag,
+    _unknown_architecture,
     _invalid_setting,
 )
 

@@ -404,6 +404,7 @@ def _reply(env: Any, policy: str) -> str:
 
 
 FLOORS = {"arithmetic": 0.1, "gsm8k": 0.1}
+RANGE_FLOORS = {"setter-solver": -1.0, "tic-tac-toe": -1.0}  # reward_range's low end, not declared
 WITH_TOOLS = {"calculator", "code-fix", "repo-repair"}
 CHEATS = {
     "arithmetic": ["cheat:box the question"],
@@ -420,7 +421,7 @@ CHEATS = {
         "cheat:planted_pytest_plugin",
     ],
 }
-WITHOUT_REFERENCE = {"gsm8k"}
+WITHOUT_REFERENCE = {"gsm8k", "setter-solver", "tic-tac-toe"}
 
 
 @pytest.mark.parametrize("name", BUILTIN)
@@ -440,7 +441,7 @@ def test_every_builtin_env_passes_the_audit(name: str):
     assert [p for p in report.policies if p.startswith("cheat:")] == CHEATS.get(name, [])
     assert ("ref:no-answer" in report.policies) is (name not in WITHOUT_REFERENCE)
     assert (report.floor, report.declared, report.episodes) == (
-        FLOORS.get(name, 0.0),
+        FLOORS.get(name, RANGE_FLOORS.get(name, 0.0)),
         name in FLOORS,
         3,
     )

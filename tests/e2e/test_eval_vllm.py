@@ -210,9 +210,11 @@ def test_serve_with_a_model_that_cannot_load_fails_clearly(require_vllm, tmp_pat
         "eval", "arithmetic", "--serve", "-m", str(missing), "-n", "1", "-r", "1", timeout=600
     )
     assert result.returncode == 1
-    first_line = result.stderr.strip().splitlines()[0] if result.stderr.strip() else ""
-    assert "error:" in result.stderr and "vLLM exited with code" in result.stderr, result.stderr[
-        -2000:
-    ]
+    lines = result.stderr.strip().splitlines()
+    assert lines[-2].startswith("vLLM did not start; its full log: "), result.stderr[-2000:]
+    assert lines[-1] == (
+        f"error: model {str(missing)!r} is of type 'no-such-architecture', which neither this "
+        "vLLM nor its Transformers knows — check the model folder's config.json, or upgrade "
+        "transformers and vllm if the architecture is new"
+    )
     assert "Traceback" not in result.stderr
-    assert first_line  # the reason comes first, then the server's last log lines

@@ -97,6 +97,23 @@ def test_a_setting_vllm_validates():
     )
 
 
+def test_a_model_type_nobody_knows_is_not_a_setting_to_fix():
+    """vLLM reports it as a validation error of its ModelConfig; the cause is the model."""
+    text = (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+        "  Value error, The checkpoint you are trying to load has model type "
+        "`no-such-architecture` but Transformers does not recognize this architecture. This "
+        "could be because of an issue with the checkpoint, or because your version of "
+        "Transformers is out of date. [type=value_error, input_value=ArgsKwargs((), {}), "
+        "input_type=ArgsKwargs]\n"
+    )
+    assert line(text) == (
+        "model 'Org/model' is of type 'no-such-architecture', which neither this vLLM nor its "
+        "Transformers knows — check the model folder's config.json, or upgrade transformers "
+        "and vllm if the architecture is new"
+    )
+
+
 def test_a_flag_vllm_refuses():
     text = (
         "                     [model_tag]\n"
