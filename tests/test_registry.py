@@ -120,8 +120,8 @@ def test_unknown_arguments_to_an_env_that_forwards_kwargs_list_the_whole_chain()
     assert str(info.value) == (
         "env 'calculator' failed to construct: "
         "TypeError: TaskEnv.__init__() got an unexpected keyword argument 'num_task'; "
-        "it accepts: num_tasks, task_seed, tool_call_reward, demonstration, tools, tool_parser, "
-        "tool_timeout, dataset, rubric, system_prompt, max_turns, max_tokens"
+        "it accepts: num_tasks, task_seed, tool_call_reward, demonstration, level, tools, "
+        "tool_parser, tool_timeout, dataset, rubric, system_prompt, max_turns, max_tokens"
     )
 
 

@@ -55,7 +55,10 @@ def test_dry_run_prints_the_resolved_config_and_an_estimate() -> None:
             "error: unknown config key 'optimizer.lrr' (did you mean 'lr'?)",
         ),
         (["examples/nope.yaml", "--dry-run"], "error: config file not found: examples/nope.yaml"),
-        (["examples/quickstart.yaml", "envs.0.name=arithmetc"], "error: envs.0.name: no env named 'arithmetc'"),
+        (
+            ["examples/quickstart.yaml", "envs.0.name=arithmetc"],
+            "error: envs.0.name: no env named 'arithmetc'",
+        ),
     ],
 )
 def test_bad_configs_fail_with_one_line_before_any_work(

@@ -55,5 +55,5 @@ def test_calculator_tasks_are_unchanged_by_the_shared_generator() -> None:
     assert ProblemSet(1000, 0)[0] == {
         "question": "Compute: 73 * ((5349 + 6467 - 2754) * 5 * 25)",
         "answer": "82690750",
-        "info": {"expression": "73 * ((5349 + 6467 - 2754) * 5 * 25)"},
-    }
+        "info": {"expression": "73 * ((5349 + 6467 - 2754) * 5 * 25)", "level": "medium"},
+    }  # the default level, now recorded
