@@ -83,6 +83,7 @@ def _model_not_here(text: str, launch: Launch) -> StartFailure | None:
         "couldn't connect to 'https://huggingface.co'",
         "RepositoryNotFoundError",
         "is not a local folder and is not a valid model identifier",
+        "Repo id must be in the form",  # a path that does not exist, read as a Hub id
     )
     if not any(m in text for m in markers):
         return None

@@ -97,6 +97,18 @@ def test_a_setting_vllm_validates():
     )
 
 
+def test_a_model_path_that_does_not_exist_is_a_model_not_here():
+    """vLLM reads a missing path as a Hub id, which huggingface_hub then refuses."""
+    text = (
+        "OSError: Repo id must be in the form 'repo_name' or 'namespace/repo_name': "
+        "'/tmp/x/no-such-model'. Use `repo_type` argument if needed.\n"
+    )
+    assert line(text).startswith(
+        "model 'Org/model' is not on this machine and could not be downloaded — give a local "
+        "model folder or "
+    )
+
+
 def test_a_model_type_nobody_knows_is_not_a_setting_to_fix():
     """vLLM reports it as a validation error of its ModelConfig; the cause is the model."""
     text = (
