@@ -10,7 +10,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from envhub.trainer.cores import (
     BIND_ENV,
     CoreSplit,
     PhaseTimes,
-    ThreadBalancer,
     async_advice,
     choose_split,
     engine_share,
@@ -308,53 +306,88 @@ def test_a_process_group_cpu_time_counts_every_live_member() -> None:
     assert (process_group_cpu_seconds(os.getpgrp()) or 0.0) > 0.0  # this test's own group
 
 
+BALANCED_UPDATE = """
+import json, threading
+import torch
+from envhub.trainer.config import validate_config
+from envhub.trainer.cores import ThreadBalancer, choose_split
+
+torch.set_num_threads(2)
+looks = [0]  # how often the balancer asked whether the engine works
+threads_in_backward = []
+
+
+def engine_busy():
+    looks[0] += 1
+    return looks[0] <= 4  # the start and 3 tensors of the forward pass; then done
+
+
+class Spy(torch.autograd.Function):
+    # records torch's threads when the backward pass reaches it (the model's input)
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        threads_in_backward.append(torch.get_num_threads())
+        return grad
+
+
+model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)), torch.nn.Tanh())
+
+
+def update():
+    x = Spy.apply(torch.ones(2, 8, requires_grad=True))
+    threads_in_forward = torch.get_num_threads()
+    model(x).sum().backward()
+    return f"updated with {threads_in_forward} in the forward pass"
+
+
+def split(staleness):
+    rollout = {"engine": "vllm", "max_staleness": staleness, "vllm": {"cpu_cores": "auto"}}
+    config = validate_config({"envs": [{"name": "arithmetic"}], "rollout": rollout})
+    return choose_split(config, on_gpu=False, cores=range(2), environ={})
+
+
+balancer = ThreadBalancer(split(1), engine_busy)
+unchanged = ThreadBalancer(split(0), lambda: True)
+seen = []
+
+
+def worker():
+    before = torch.get_num_threads()
+    seen.append(balancer.run(update))
+    seen.append(torch.get_num_threads() - before)  # set back
+    seen.append(unchanged.run(lambda: torch.get_num_threads() - before))
+
+
+thread = threading.Thread(target=worker)
+thread.start()
+thread.join()
+print(json.dumps({
+    "seen": seen, "backward": threads_in_backward, "looks": looks[0],
+    "checks": balancer.checks, "metrics": balancer.metrics(),
+    "unchanged": [unchanged.checks, unchanged.metrics()],
+}))
+"""
+
+
 def test_torch_threads_follow_the_engine_through_forward_and_backward_and_are_set_back() -> None:
-    torch = pytest.importorskip("torch")
-    looks = [0]  # how often the balancer asked whether the engine works
-    threads_in_backward: list[int] = []
-
-    def engine_busy() -> bool:
-        looks[0] += 1
-        return looks[0] <= 4  # the start and 3 tensors of the forward pass; then done
-
-    class Spy(torch.autograd.Function):
-        """Records torch's threads when the backward pass reaches it (the model's input)."""
-
-        @staticmethod
-        def forward(ctx, x):  # noqa: ANN001, ANN205
-            return x.clone()
-
-        @staticmethod
-        def backward(ctx, grad):  # noqa: ANN001, ANN205
-            threads_in_backward.append(torch.get_num_threads())
-            return grad
-
-    model = torch.nn.Sequential(*(torch.nn.Linear(8, 8) for _ in range(4)), torch.nn.Tanh())
-
-    def update() -> str:
-        x = Spy.apply(torch.ones(2, 8, requires_grad=True))
-        threads_in_forward = torch.get_num_threads()
-        model(x).sum().backward()
-        return f"updated with {threads_in_forward} in the forward pass"
-
-    balancer = ThreadBalancer(_split(_config(), 2), engine_busy)
-    unchanged = ThreadBalancer(_split(_config(staleness=0), 2), lambda: True)
-    seen: list[object] = []
-
-    def worker() -> None:
-        before = torch.get_num_threads()
-        seen.append(balancer.run(update))
-        seen.append(torch.get_num_threads() - before)  # set back
-        seen.append(unchanged.run(lambda: torch.get_num_threads() - before))
-
-    thread = threading.Thread(target=worker)
-    thread.start()
-    thread.join()
-    assert seen == ["updated with 1 in the forward pass", 0, 0]
-    assert threads_in_backward == [2]  # the rollout ended meanwhile: every core
-    assert balancer.checks == looks[0] > 4
-    assert balancer.metrics() == {"cores/trainer_threads": (4 + 2 * (looks[0] - 4)) / looks[0]}
-    assert (unchanged.checks, unchanged.metrics()) == (0, {})
+    """In a process of its own: torch's thread settings are process-wide, and changing them
+    here changes the floating-point sums of the training tests that run after."""
+    pytest.importorskip("torch")
+    done = subprocess.run(
+        [sys.executable, "-c", BALANCED_UPDATE], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    looks = result["looks"]
+    assert result["seen"] == ["updated with 1 in the forward pass", 0, 0]
+    assert result["backward"] == [2]  # the rollout ended meanwhile: every core
+    assert result["checks"] == looks > 4
+    assert result["metrics"] == {"cores/trainer_threads": (4 + 2 * (looks - 4)) / looks}
+    assert result["unchanged"] == [0, {}]
 
 
 def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
