@@ -80,3 +80,19 @@ def test_a_model_with_a_post_processed_head_scores_every_place(tiny_model_dir: P
     torch.testing.assert_close(
         logprobs[real], _whole_model(backend, mb)[0][real], rtol=0, atol=1e-5
     )
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_a_padded_batch_scores_as_the_whole_model_with_any_attention(
+    tiny_model_dir: Path, attention: str
+) -> None:
+    # SDPA gets its boolean 4-D mask built by envhub; eager adds its mask to the scores, so it
+    # gets the 2-D mask and builds its own (a boolean mask added would attend to padding)
+    backend = _backend(tiny_model_dir, attn_implementation=attention)
+    assert not backend.packed
+    mb = _micro_batch()
+    assert not bool(mb.attention_mask.all())  # rows of 10, 5 and 7 tokens: padded
+    keep = mb.loss_mask > 0
+    logprobs, _ = backend._token_logprobs(backend.model, mb)
+    whole, _ = _whole_model(backend, mb)
+    torch.testing.assert_close(logprobs[keep], whole[keep], rtol=0, atol=1e-5)

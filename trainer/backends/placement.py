@@ -78,7 +78,14 @@ class Placed:
     """The tokens the places score: ``[N]``, or ``[n, width - 1]``."""
 
 
-def place(mb: MicroBatch, device: torch.device, *, packed: bool, head_on_targets: bool) -> Placed:
+def place(
+    mb: MicroBatch,
+    device: torch.device,
+    *,
+    packed: bool,
+    head_on_targets: bool,
+    sdpa_mask: bool = True,
+) -> Placed:
     """Lay ``mb`` (on the host) out for the forward and move what it needs to ``device``.
 
     Args:
@@ -86,6 +93,10 @@ def place(mb: MicroBatch, device: torch.device, *, packed: bool, head_on_targets
         device: The model's device.
         packed: Run it as one packed row (:class:`packed_attention.PackedRow`).
         head_on_targets: Read only the trained places (the head then runs on those alone).
+        sdpa_mask: The model attends with SDPA (``sdpa`` or :mod:`packed_attention`'s), so a
+            padded batch may get its mask built here, in SDPA's boolean form; other attention
+            implementations (eager's additive mask, flash-attention's padding mask) get the
+            2-D mask and build theirs as transformers does.
     """
     move = {"non_blocking": True}
     targets = Targets.of(mb) if head_on_targets else None
@@ -99,7 +110,7 @@ def place(mb: MicroBatch, device: torch.device, *, packed: bool, head_on_targets
     else:
         inputs = {
             "input_ids": mb.input_ids.to(device, **move),
-            "attention_mask": _padded_attention_mask(mb.attention_mask, device),
+            "attention_mask": _padded_attention_mask(mb.attention_mask, device, sdpa_mask),
         }
         # every place but the last: position t scores token t + 1
         states = (placed.rows, placed.columns) if placed is not None else (slice(None), slice(-1))
@@ -107,13 +118,18 @@ def place(mb: MicroBatch, device: torch.device, *, packed: bool, head_on_targets
     return Placed(inputs, placed, states, tokens)
 
 
-def _padded_attention_mask(mask: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+def _padded_attention_mask(
+    mask: torch.Tensor, device: torch.device, sdpa: bool
+) -> torch.Tensor | None:
     """The attention mask of a right-padded batch: ``None`` when no row is padded (plain causal
-    attention), else the ``[n, 1, width, width]`` causal-and-not-padding mask, built on the
-    device by ops whose results decide nothing on the host (transformers, given the 2-D mask,
-    would first ask the device whether it is all ones, twice)."""
+    attention), else, for SDPA, the ``[n, 1, width, width]`` causal-and-not-padding boolean
+    mask built on the device by ops whose results decide nothing on the host (transformers,
+    given the 2-D mask, would first ask the device whether it is all ones, twice); for other
+    attention implementations the 2-D mask."""
     if bool(mask.all()):  # ``mask`` is on the host: no wait
         return None
+    if not sdpa:
+        return mask.to(device, non_blocking=True)
     width = mask.shape[1]
     keys = mask.to(device, dtype=torch.bool, non_blocking=True)[:, None, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()

@@ -358,9 +358,16 @@ def place_for(model: torch.nn.Module, mb: MicroBatch, packed: bool) -> Placed:
     if packed and getattr(model.config, "_attn_implementation", None) != packed_attention.NAME:
         # Any other attention would ignore the segments and attend across the whole row.
         raise ConfigError("a packed micro-batch needs the model's attention to be packed_sdpa")
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
-    device = next(model.parameters()).device
-    return place(mb, device, packed=packed, head_on_targets=model_type in PLAIN_HEAD)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    attention = getattr(config, "_attn_implementation", None)
+    return place(
+        mb,
+        next(model.parameters()).device,
+        packed=packed,
+        head_on_targets=model_type in PLAIN_HEAD,
+        sdpa_mask=attention in ("sdpa", packed_attention.NAME),
+    )
 
 
 def placed_logits(model: torch.nn.Module, placed: Placed) -> torch.Tensor:
