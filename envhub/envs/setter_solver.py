@@ -123,8 +123,9 @@ def setter_tasks() -> list[dict[str, Any]]:
 
 
 class SetterSolverEnv(MultiRoleEnv):
-    """Self-play curriculum: a setter writes arithmetic problems, paid when solvers solve them
-    sometimes; ``attempts`` solvers answer each (see the module doc).
+    """Self-play: a setter writes arithmetic problems, paid when its solvers solve them sometimes.
+
+    ``attempts`` solvers answer each problem (see the module doc).
 
     Args:
         attempts: Solver attempts per problem (the solver group's size).
