@@ -58,7 +58,12 @@ def _tool_message(content: str, call_id: str, name: str | None) -> Message:
     return tool_message(writable(content), call_id, name if name is None else writable(name))
 
 
-def _decode_arguments(call: ToolCall) -> dict[str, Any]:
+def decode_arguments(call: ToolCall) -> dict[str, Any]:
+    """A call's arguments as an object (double-encoded JSON accepted).
+
+    Raises:
+        ToolArgumentError: They are not JSON, or not an object (a ``ValueError``).
+    """
     text = call.function.arguments or "{}"
     try:
         value = loads_untrusted(text)
@@ -108,7 +113,7 @@ class ToolExecutor:
         if tool is None:
             return self._fail(call.id, call.name, UNKNOWN_TOOL, self._unknown_message(call.name))
         try:
-            validated = tool.validate(_decode_arguments(call))
+            validated = tool.validate(decode_arguments(call))
         except ToolArgumentError as e:
             return self._fail(call.id, call.name, INVALID_ARGUMENTS, str(e))
         timeout = tool.timeout if tool.timeout is not None else self.default_timeout

@@ -14,14 +14,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.adapters.openenv.schema import observation_text
-from envhub.tools.executor import INVALID_ARGUMENTS, TIMEOUT, TOOL_ERROR, UNKNOWN_TOOL
+from envhub.tools.executor import (
+    INVALID_ARGUMENTS,
+    TIMEOUT,
+    TOOL_ERROR,
+    UNKNOWN_TOOL,
+    decode_arguments,
+)
 from envhub.tools.mcp import schema_problems
 from envhub.tools.parsers import (
     PARSE_ERROR,
     check_openai_calls,
     get_parser,
-    json_problem,
-    loads_untrusted,
 )
 from envhub.types import AssistantTurn, Message, ToolCall, tool_message, user
 
@@ -130,7 +134,7 @@ class ToolActions:
             names = ", ".join(self.tools)
             return fail(UNKNOWN_TOOL, f"there is no tool named {call.name!r}.{hint} Tools: {names}")
         try:
-            arguments = _arguments(call)
+            arguments = decode_arguments(call)
         except ValueError as e:
             return fail(INVALID_ARGUMENTS, str(e))
         problems = schema_problems(self.tools[call.name][1], arguments)
@@ -199,24 +203,3 @@ def mcp_result_text(result: Any) -> str:
         if result.get("structured_content") is not None:
             return json.dumps(result["structured_content"], default=str)
     return result if isinstance(result, str) else json.dumps(result, default=str)
-
-
-def _arguments(call: ToolCall) -> dict[str, Any]:
-    """The call's arguments as an object (double-encoded JSON accepted).
-
-    Raises:
-        ValueError: They are not JSON, or not an object.
-    """
-    try:
-        value = loads_untrusted(call.function.arguments or "{}")
-        if isinstance(value, str):
-            value = loads_untrusted(value)
-    except ValueError as e:
-        raise ValueError(
-            f"arguments of {call.name} are not valid JSON ({json_problem(e)})"
-        ) from None
-    if not isinstance(value, dict):
-        raise ValueError(
-            f"arguments of {call.name} must be a JSON object, got {type(value).__name__}"
-        )
-    return value
