@@ -32,26 +32,13 @@ from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.trainer.batch import build_batch, collate
 from envhub.trainer.config import AlgorithmConfig
-from envhub.trainer.engines.hf import HFChatTokenizer
 from envhub.trainer.greedy_baselines import GreedyBaselines
 from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions, run_job
 from envhub.trainer.scoring import estimate_advantages, has_signal, score
 from envhub.trainer.step import role_metrics
 from envhub.types import AssistantTurn, Message, Trajectory, system, user
 
-
-class SampledAsTokens(HFChatTokenizer):
-    """SmolLM2's chat template plus what ScriptedEngine needs to emit token ids."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        super().__init__(tokenizer, max_length=4096)
-        self.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+from .test_multiturn_masks import SampledAsTokens  # SmolLM2's template, sampled as token ids
 
 
 def side(messages: list[Message]) -> str:
