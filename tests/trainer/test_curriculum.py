@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
+from typing import Any
 
 import numpy as np
 import pytest
@@ -299,6 +300,26 @@ def test_deques_keep_only_the_window() -> None:
 # -- in the producer ---------------------------------------------------------------------------
 
 
+def produce_steps(config: Any, schedule: TaskSchedule, engine: Any) -> list[Taken]:
+    """``config.steps`` steps taken from a real producer, the engine's weights version moved on
+    after each as an update would."""
+
+    async def steps() -> list[Taken]:
+        producer = GroupProducer(config, schedule, engine)
+        producer.start(first_draw=0)
+        taken = []
+        try:
+            for step in range(config.steps):
+                taken.append(await producer.take(step))
+                engine.weights_version = step + 1
+                producer.advance()
+        finally:
+            await producer.aclose()
+        return taken
+
+    return asyncio.run(steps())
+
+
 class SolvingEngine(RolloutEngine):
     """Answers every arithmetic problem right (the env's reference policy), token by token."""
 
@@ -320,22 +341,7 @@ def test_the_producer_plays_each_draw_at_the_level_its_env_has_then() -> None:
         "curriculum": {"levels": {"window": 2}},
     })  # fmt: skip
     schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
-    engine = SolvingEngine()
-
-    async def steps() -> list[Taken]:
-        producer = GroupProducer(config, schedule, engine)
-        producer.start(first_draw=0)
-        taken = []
-        try:
-            for step in range(config.steps):
-                taken.append(await producer.take(step))
-                engine.weights_version = step + 1
-                producer.advance()
-        finally:
-            await producer.aclose()
-        return taken
-
-    taken = asyncio.run(steps())
+    taken = produce_steps(config, schedule, SolvingEngine())
     for step, level in zip(taken, ["tiny", "easy", "medium", "hard"], strict=True):
         problems = problem_set(level, 5, seed=0)
         for t in step.trajectories:  # each prompt is the problem of its task at that level

@@ -7,7 +7,6 @@ the hard ones move the level up, then down again.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -20,10 +19,10 @@ from envhub.inference.base import GenerateRequest, Generation
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.trainer.config import CurriculumConfig, EnvSpec, validate_config
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.groups import Taken
-from envhub.trainer.producer import GroupProducer
 from envhub.trainer.tasks import TaskSchedule
 from envhub.types import Message
+
+from .test_curriculum import produce_steps
 
 Policy = Callable[[list[Message], Any], str]
 
@@ -132,24 +131,9 @@ def _levels_over_steps(
         "curriculum": {"levels": {"window": 2}},
     })  # fmt: skip
     schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
-    engine = PolicyEngine(policy)
-
-    async def run() -> list[Taken]:
-        producer = GroupProducer(config, schedule, engine)
-        producer.start(first_draw=0)
-        taken = []
-        try:
-            for step in range(config.steps):
-                taken.append(await producer.take(step))
-                engine.weights_version = step + 1
-                producer.advance()
-        finally:
-            await producer.aclose()
-        return taken
-
     return [
         (s.metrics[f"curriculum/level/{name}"], {t.reward for t in s.trajectories})
-        for s in asyncio.run(run())
+        for s in produce_steps(config, schedule, PolicyEngine(policy))
     ]
 
 
