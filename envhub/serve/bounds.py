@@ -21,18 +21,27 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
-from envhub.serve.protocol import BAD_REQUEST, MODELS, TAG, TOO_LARGE, RequestError
+from envhub.serve.protocol import (
+    BAD_REQUEST,
+    MAX_ARRAY_BYTES,
+    MAX_DEPTH,
+    MAX_ITEMS,
+    MODELS,
+    TAG,
+    TOO_LARGE,
+    RequestError,
+)
 
 
 @dataclass(frozen=True)
 class DecodeLimits:
     """Bounds on one request's decoded values (each value field counted on its own)."""
 
-    max_depth: int = 32
+    max_depth: int = MAX_DEPTH
     """Nesting levels (lists, dicts, tagged values) a value may have."""
-    max_items: int = 100_000
+    max_items: int = MAX_ITEMS
     """List elements, dict entries and array elements a value may hold, all together."""
-    max_array_bytes: int = 16 * 1024 * 1024
+    max_array_bytes: int = MAX_ARRAY_BYTES
     """Bytes the numpy arrays of a value may take once built, all together."""
 
 

@@ -458,6 +458,14 @@ def _plain_numbers(values: dict[Any, Any]) -> bool:
     return all(type(k) is str and type(v) in _NUMBER for k, v in values.items())
 
 
+MAX_DEPTH = 32
+"""Default nesting levels a request's value (action, options, env args) may have."""
+MAX_ITEMS = 100_000
+"""Default list elements, dict entries and array elements a request's value may hold."""
+MAX_ARRAY_BYTES = 16 * 1024 * 1024
+"""Default bytes the numpy arrays of a request's value may take once built."""
+
+
 class Limits(BaseModel):
     """What the server accepts."""
 
@@ -467,11 +475,11 @@ class Limits(BaseModel):
     """The largest frame (request) the server reads."""
     session_ttl: float
     """Seconds of inactivity after which a session is closed."""
-    max_depth: int = 32
+    max_depth: int = MAX_DEPTH
     """Nesting levels a request's value (action, options, env args) may have."""
-    max_items: int = 100_000
+    max_items: int = MAX_ITEMS
     """List elements, dict entries and array elements a request's value may hold."""
-    max_array_bytes: int = 16 * 1024 * 1024
+    max_array_bytes: int = MAX_ARRAY_BYTES
     """Bytes the numpy arrays of a request's value may take."""
     request_numbers: bool = False
     """The server takes ``seq`` on a session's requests (older servers refuse the field, and

@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from envhub.errors import MissingDependencyError
+from envhub.serve.protocol import MAX_ARRAY_BYTES, MAX_DEPTH, MAX_ITEMS
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +40,11 @@ class ServeSettings(BaseModel):
     """The largest request frame read; larger ones get a 413 error."""
     threads: int = Field(64, ge=1)
     """Worker threads that run sync envs' calls."""
-    max_depth: int = Field(32, ge=2)
+    max_depth: int = Field(MAX_DEPTH, ge=2)
     """Nesting levels a request's value (action, options, env args) may have (413 above)."""
-    max_items: int = Field(100_000, ge=16)
+    max_items: int = Field(MAX_ITEMS, ge=16)
     """List elements, dict entries and array elements a request's value may hold (413 above)."""
-    max_array_bytes: int = Field(16 * 1024 * 1024, ge=0)
+    max_array_bytes: int = Field(MAX_ARRAY_BYTES, ge=0)
     """Bytes the numpy arrays a request's value declares may take once built (413 above)."""
     max_in_flight: int = Field(1024, ge=1)
     """Requests one WebSocket connection may have running at once (a batch's count one by one);
