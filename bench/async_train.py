@@ -23,20 +23,25 @@ server, no checkpoints kept, no export, no plot). A step is the wall time betwee
 that is still filling) are left out, the table shows the mean over the rest. Train tokens/s is
 the tokens the update trained on (prompt and completion) per second of wall time.
 
-``--learning`` instead trains the quickstart for 20 steps at k = 0 and k = 1 with the same seed
-and writes their reward curves side by side (``docs/async-quickstart-reward.png``).
+``--learning`` instead measures learning per wall-clock hour: ``--steps`` steps (use 20) of the
+quickstart (or the named ``--workload``) at each ``--staleness`` for each of ``--seeds``, the
+reward against wall time drawn per k (``--png``) and a table of the final reward and the reward
+at equal wall time.
 
     .venv/bin/python bench/async_train.py [--workload quickstart|latency|code|all] \
         [--staleness 0 1 2] [--steps 8] [--warmup 2] [--shared] [--json out.json]
-    .venv/bin/python bench/async_train.py --learning [--png docs/async-quickstart-reward.png]
+    .venv/bin/python bench/async_train.py --learning --steps 20 [--seeds 0 1 2] \
+        [--workload quickstart|latency] [--png docs/async-quickstart-reward.png]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -127,10 +132,17 @@ def workload_overrides(workload: str, turns: int) -> list[str]:
 
 
 def run(
-    workload: str, k: int, steps: int, turns: int, out: Path, extra: tuple[str, ...] = ()
+    workload: str,
+    k: int,
+    steps: int,
+    turns: int,
+    out: Path,
+    extra: tuple[str, ...] = (),
+    tag: str = "",
 ) -> list[dict[str, Any]]:
-    """One training run (``extra``: more ``key=value`` overrides); each step's wall time and
-    metrics."""
+    """One training run (``extra``: more ``key=value`` overrides; ``tag``: its run folder's
+    suffix, so that two runs of one (workload, k) never resume each other); each step's wall
+    time and metrics."""
     from envhub.trainer.config import load_config
     from envhub.trainer.loop import train
 
@@ -143,7 +155,7 @@ def run(
             f"checkpoint.every={steps}",
             "checkpoint.keep_last=1",
             f"logging.output_dir={out}",
-            f"logging.run_name={workload}-k{k}",
+            f"logging.run_name={workload}-k{k}{tag}",
             "logging.save_trajectories=false",
         ]
     )
@@ -230,31 +242,89 @@ def _x(ratio: float | None) -> str:
     return f"{ratio:.2f}x" if ratio is not None else "-"
 
 
-def learning(png: Path, out: Path) -> None:
-    """20 quickstart steps at k = 0 and k = 1, same seed; reward curves side by side."""
+def learning(args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Learning per wall-clock hour: ``--steps`` steps of ``--workload`` (the quickstart unless
+    one is named) at each ``--staleness`` for each ``--seeds``; the mean reward against wall
+    time drawn per k (the mean over seeds, each seed faint), and a table: the mean reward of
+    the last 5 steps, the wall time, and the mean reward of the last 5 steps that ended by the
+    equal-time mark (the shortest run's wall time), which credits a faster k for the steps it
+    fits in."""
+    workload = "quickstart" if args.workload == "all" else args.workload
+    curves: dict[int, list[list[dict[str, Any]]]] = {}
+    for k in args.staleness:
+        for seed in args.seeds:
+            extra = (*args.set, f"seed={seed}")
+            rows = run(workload, k, args.steps, args.turns, out, extra, f"-s{seed}")
+            curves.setdefault(k, []).append(rows)
+    mark = min(sum(r["wall_s"] for r in rows) for runs in curves.values() for rows in runs)
+    results = {str(k): learning_row(runs, mark) for k, runs in curves.items()}
+    print(learning_table(workload, results, mark))
+    plot_learning(workload, curves, args.png)
+    return results
+
+
+def learning_row(runs: list[list[dict[str, Any]]], mark: float) -> dict[str, float]:
+    """One k's numbers over its seeds (see :func:`learning`)."""
+    last5, walls, by_mark = [], [], []
+    for rows in runs:
+        rewards = [r["reward/mean"] for r in rows]
+        last5.append(sum(rewards[-5:]) / len(rewards[-5:]))
+        elapsed = list(itertools.accumulate(r["wall_s"] for r in rows))
+        walls.append(elapsed[-1])
+        fitted = [reward for reward, t in zip(rewards, elapsed, strict=True) if t <= mark + 1e-9]
+        by_mark.append(sum(fitted[-5:]) / max(1, len(fitted[-5:])))
+    return {
+        "last5_reward": statistics.mean(last5),
+        "last5_reward_sd": statistics.pstdev(last5),
+        "wall_s": statistics.mean(walls),
+        "reward_at_mark": statistics.mean(by_mark),
+        "seeds": len(runs),
+    }
+
+
+def learning_table(workload: str, results: dict[str, dict[str, float]], mark: float) -> str:
+    """The learning study's rows, one per k."""
+    lines = [
+        f"{workload}: mean over seeds; 'at {mark:.0f} s' = the mean reward of the last 5 steps "
+        "that ended by the shortest run's wall time",
+        f"{'k':>3} {'seeds':>5} {'wall s':>8} {'last-5 reward':>16} {f'at {mark:.0f} s':>10}",
+    ]
+    for k, row in results.items():
+        spread = f"{row['last5_reward']:.3f} ± {row['last5_reward_sd']:.3f}"
+        lines.append(
+            f"{k:>3} {row['seeds']:>5} {row['wall_s']:>8.0f} {spread:>16} "
+            f"{row['reward_at_mark']:>10.3f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_learning(workload: str, curves: dict[int, list[list[dict[str, Any]]]], png: Path) -> None:
+    """Mean reward against wall time, one colour per k (seeds faint, their mean bold)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves = {k: run("quickstart", k, 20, 3, out) for k in (0, 1)}
-    fig, ax = plt.subplots(figsize=(6.5, 3.5), dpi=120)
-    for k, rows in curves.items():
-        rewards = [r["reward/mean"] for r in rows]
-        label = "synchronous (k=0)" if k == 0 else f"asynchronous (max_staleness={k})"
-        ax.plot(range(1, len(rows) + 1), rewards, marker="o", markersize=3, label=label)
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
-    ax.set_title("quickstart with vLLM rollouts: synchronous vs one step off-policy")
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=120)
+    for index, (k, runs) in enumerate(curves.items()):
+        colour = f"C{index}"
+        for rows in runs:
+            elapsed = list(itertools.accumulate(r["wall_s"] / 60 for r in rows))
+            ax.plot(elapsed, [r["reward/mean"] for r in rows], color=colour, alpha=0.25)
+        steps = min(len(rows) for rows in runs)
+        mean_t = [statistics.mean(sum(r["wall_s"] for r in rows[: i + 1]) for rows in runs) / 60
+                  for i in range(steps)]  # fmt: skip
+        mean_r = [statistics.mean(rows[i]["reward/mean"] for rows in runs) for i in range(steps)]
+        label = "synchronous (k=0)" if k == 0 else f"max_staleness={k}"
+        ax.plot(mean_t, mean_r, color=colour, linewidth=2, label=f"{label}, {len(runs)} seeds")
+    ax.set_xlabel("wall time (minutes)")
+    ax.set_ylabel("mean reward of the step")
+    ax.set_title(f"{workload}: reward against wall time, synchronous and asynchronous")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png)
-    for k, rows in curves.items():
-        last5 = sum(r["reward/mean"] for r in rows[-5:]) / 5
-        total = sum(r["wall_s"] for r in rows)
-        print(f"k={k}: mean reward of the last 5 steps {last5:.3f}; 20 steps in {total:.0f} s")
     print(f"wrote {png}")
 
 
@@ -274,25 +344,33 @@ def main() -> None:
         action="store_true",
         help="also run each k >= 1 with the cores shared (rollout.vllm.cpu_cores=0: no split)",
     )
+    parser.add_argument(
+        "--shared-only", action="store_true", help="each k >= 1 with the cores shared only"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--learning", action="store_true")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--learning")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "async-quickstart-reward.png")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="envhub-async-bench-") as tmp:
         if args.learning:
-            learning(args.png, Path(tmp))
+            results = learning(args, Path(tmp))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2))
             return
         workloads = ["quickstart", "latency", "code"] if args.workload == "all" else [args.workload]
         results: dict[str, dict[str, dict[str, float]]] = {}
         for workload in workloads:
             for k in args.staleness:
-                split = (*args.set, "rollout.vllm.cpu_cores=auto")  # the split (k >= 1 only)
-                rows = run(workload, k, args.steps, args.turns, Path(tmp), split)
-                results.setdefault(workload, {})[str(k)] = summary(rows, args.warmup)
-                print(table(results), flush=True)
-                if k and args.shared:  # the same k with the cores shared, as before the split
+                if not (k and args.shared_only):
+                    split = (*args.set, "rollout.vllm.cpu_cores=auto")  # the split (k >= 1 only)
+                    rows = run(workload, k, args.steps, args.turns, Path(tmp), split)
+                    results.setdefault(workload, {})[str(k)] = summary(rows, args.warmup)
+                    print(table(results), flush=True)
+                if k and (args.shared or args.shared_only):  # the cores shared, as before
                     extra = (*args.set, "rollout.vllm.cpu_cores=0")
-                    rows = run(workload, k, args.steps, args.turns, Path(tmp), extra)
+                    rows = run(workload, k, args.steps, args.turns, Path(tmp), extra, "-shared")
+                    results.setdefault(workload, {})
                     results[workload][f"{k} shared"] = summary(rows, args.warmup)
                     print(table(results), flush=True)
     if args.json:
