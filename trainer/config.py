@@ -200,8 +200,8 @@ class VLLMConfig(_Part):
     shares the machine's cores with the torch trainer; torch updates with the rest while
     episodes roll out (``backend.threads`` overrides). ``auto``: chosen from the machine and the
     measured phases for asynchronous runs (``max_staleness >= 1``: see ``trainer/cores.py``).
-    Default (``None``) and 0: no split, both sides on every core, as before the split existed
-    (the default until the split is measured to win on shared cores). Ignored on GPUs, by
+    Default (``None``): ``auto`` for asynchronous runs (measured to win: docs/guides/async.md),
+    no split for synchronous ones. 0: no split, both sides on every core. Ignored on GPUs, by
     Ray-placed engines and by an external server (``url``)."""
     sleep: Literal["auto", "on", "off"] = "auto"
     """Put vLLM to sleep (weights offloaded, KV cache freed) while the trainer updates, and

@@ -217,9 +217,9 @@ def choose_split(
     ``VLLM_CPU_OMP_THREADS_BIND`` there is the user's and wins).
 
     ``rollout.vllm.cpu_cores`` sets the engine's share (0: no split), ``backend.threads``
-    torch's; both apply to synchronous runs too. ``auto`` gives an asynchronous run
-    :func:`engine_share` of the cores. Without them every run keeps its settings exactly
-    (every core for each side), the header saying so for an asynchronous one.
+    torch's; both apply to synchronous runs too. ``auto`` (the default for an asynchronous run)
+    gives it :func:`engine_share` of the cores; a synchronous run without them keeps every
+    core for each side.
     """
     cores = tuple(cores) if cores is not None else machine_cores()
     environ = os.environ if environ is None else environ
@@ -229,8 +229,8 @@ def choose_split(
     is_async = config.rollout.max_staleness > 0
     if (asked is None or asked == "auto") and not is_async:
         return CoreSplit(cores)
-    if asked is None:  # not asked for: unmeasured on shared cores, so not the default yet
-        return CoreSplit(cores, mode="shared", source="rollout.vllm.cpu_cores=auto splits them")
+    if asked is None:  # measured to win on shared cores (docs/guides/async.md): the default
+        asked = "auto"
     if BIND_ENV in environ:
         return CoreSplit(cores, mode="shared", source=f"{BIND_ENV} is set, left as it is")
     if n < 2 or asked == 0:

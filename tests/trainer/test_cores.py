@@ -470,11 +470,13 @@ def test_the_update_watches_the_engine_requests_or_with_workers_the_episodes() -
     assert with_workers() is False
 
 
-def test_without_cpu_cores_an_async_run_shares_every_core_as_before() -> None:
-    split = _split(_config(rollout__vllm__cpu_cores=None), 2)
-    assert (split.engine, split.trainer_threads, split.splits) == (None, None, False)
-    assert split.describe() == (
-        "engine and trainer share 2 cores (async; rollout.vllm.cpu_cores=auto splits them)"
+def test_without_cpu_cores_an_async_run_splits_as_auto_and_a_sync_run_keeps_every_core() -> None:
+    default = _split(_config(rollout__vllm__cpu_cores=None), 2)
+    assert default == _split(_config(rollout__vllm__cpu_cores="auto"), 2)
+    assert (default.engine, default.trainer_threads, default.splits) == ((1,), 1, True)
+    assert default.describe() == (
+        "engine 1 / trainer 1 (async, 2 cores; from the machine, fixed before vLLM starts; "
+        "the trainer takes 2 while the engine idles)"
     )
     assert _split(_config(staleness=0, rollout__vllm__cpu_cores=None), 2) == CoreSplit(
         tuple(range(2))
