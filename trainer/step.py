@@ -293,8 +293,8 @@ def rollout_metrics(trajectories: list[Trajectory], schedule: TaskSchedule) -> d
         "rollout/truncated": float(sum(t.truncated for t in trajectories))
         / max(len(trajectories), 1),
     }
-    if s.tool_validity is not None:
-        metrics["rollout/tool_validity"] = s.tool_validity
+    if s.tool_validity is not None:  # pooled over the step's calls; not the per-episode
+        metrics["rollout/valid_tool_calls"] = s.tool_validity  # reward/tool_validity
     return metrics | role_metrics(trajectories)
 
 
