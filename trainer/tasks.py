@@ -182,7 +182,10 @@ class TaskSchedule:
     def state_dict(self) -> dict[str, Any]:
         """The cursor of each env, for a checkpoint (the permutations follow from the seed);
         with a curriculum, also its statistics and levels, and the cursor of each level."""
-        state: dict[str, Any] = {"cursors": [s.cursor for s in self.slots]}
+        state: dict[str, Any] = {
+            "cursors": [s.cursor for s in self.slots],
+            "envs": [s.spec.name for s in self.slots],
+        }
         if self.curriculum is not None:
             state["curriculum"] = self.curriculum.state_dict()
             state["level_cursors"] = [dict(s.level_cursors) for s in self.slots]
@@ -192,13 +195,18 @@ class TaskSchedule:
         """Restore the cursors that :meth:`state_dict` saved.
 
         Raises:
-            ConfigError: The checkpoint was made with a different number of envs.
+            ConfigError: The checkpoint was made on other envs (names, in order; checkpoints
+                from before the names were saved are checked by count only).
         """
         cursors = state["cursors"]
-        if len(cursors) != len(self.slots):
+        names = [s.spec.name for s in self.slots]
+        saved = state.get("envs")
+        if len(cursors) != len(self.slots) or (saved is not None and saved != names):
+            made_on = saved if saved is not None else f"{len(cursors)} envs"
             raise ConfigError(
-                f"the checkpoint was made with {len(cursors)} envs, "
-                f"the config has {len(self.slots)}"
+                f"this run's folder has a checkpoint made on {made_on}, the config trains on "
+                f"{names}: give the new run its own folder (logging.run_name=NAME) or start "
+                "over in this one (checkpoint.resume=never)"
             )
         for slot, cursor in zip(self.slots, cursors, strict=True):
             slot.cursor = int(cursor)

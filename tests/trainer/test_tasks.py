@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
+from envhub.errors import ConfigError
 from envhub.rollout.tool_prompt import where_tools_go
 from envhub.testing import ByteChatTokenizer
 from envhub.trainer.config import EnvSpec
@@ -44,6 +46,27 @@ def test_draws_are_deterministic_and_resume_from_the_cursors() -> None:
     resumed = _schedule()
     resumed.load_state_dict(first.state_dict())
     assert [resumed.draw(step, 4) for step in range(3, 6)] == expected[3:]
+
+
+def test_a_checkpoint_of_other_envs_is_refused_with_what_to_do() -> None:
+    first = _schedule()
+    first.draw(0, 4)
+    other = TaskSchedule.from_specs(
+        [EnvSpec(name="guess-number"), EnvSpec(name="arithmetic", args={"num_tasks": 7})], 0
+    )
+    with pytest.raises(ConfigError) as raised:
+        other.load_state_dict(first.state_dict())
+    assert str(raised.value) == (
+        "this run's folder has a checkpoint made on ['arithmetic', 'arithmetic'], the config "
+        "trains on ['guess-number', 'arithmetic']: give the new run its own folder "
+        "(logging.run_name=NAME) or start over in this one (checkpoint.resume=never)"
+    )
+    old = {"cursors": [3, 1]}  # saved before the names were: only the count is checked
+    renamed = _schedule()
+    renamed.load_state_dict(old)
+    assert [s.cursor for s in renamed.slots] == [3, 1]
+    with pytest.raises(ConfigError, match=r"made on 2 envs, the config trains on \['guess"):
+        TaskSchedule.from_specs([EnvSpec(name="guess-number")], 0).load_state_dict(old)
 
 
 def test_weights_split_the_slots() -> None:
