@@ -193,8 +193,10 @@ call's ``pkill -f python`` (or ``bash``, ``sh``...) would match."""
 JOINED_INIT = zygotes.JOINER + INIT
 """A zygote's program whose runs are session inits (:mod:`envhub.sandbox.zygote`): the
 sandbox's pid 1 is then the zygote init's ``sh``, which waits; the session's init is forked
-into the sandbox (pid 2, the session's uid as its effective one and the keeper uid
-as its real and saved ones, no capabilities, ``no_new_privs``) with the control socket as its descriptor 3, instead of starting an interpreter per session (~10 ms)."""
+into the sandbox (pid 2, the session's uid as its effective one and the keeper uid as its
+real and saved ones, no capabilities, ``no_new_privs``) with the control socket as its
+descriptor 3, instead of starting an interpreter per session (~10 ms). Only the Python init
+runs this way (the compiled one starts as pid 1 as fast)."""
 
 
 def scratch_flags(tmpfs: str) -> list[str]:

@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
 FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Werror"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled_init() -> Path | None:
     """The compiled init of this machine, built now if it was not yet; ``None`` where it
     cannot be (no ``cc``, a failed build, a folder someone else could write) or when
