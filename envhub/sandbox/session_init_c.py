@@ -259,7 +259,8 @@ FLAGS = ["-O2", "-std=gnu11", "-Wall", "-Werror"]
 @functools.cache
 def compiled_init() -> Path | None:
     """The compiled init of this machine, built now if it was not yet; ``None`` where it
-    cannot be (no ``cc``, a failed build, a folder someone else could write) or when
+    cannot be (no ``cc``, a failed build, one that does not run here, a folder someone else
+    could write) or when
     ``ENVHUB_SESSION_INIT=python`` asks for the Python init."""
     if os.environ.get("ENVHUB_SESSION_INIT", "").lower() == "python":
         return None
@@ -272,7 +273,7 @@ def compiled_init() -> Path | None:
         if not _private(folder):
             return None
         if binary.exists():
-            return binary if _private(binary) else None
+            return binary if _private(binary) and _runs(binary) else None
         if compiler is None:
             return None
         building = folder / f".{binary.name}.{os.getpid()}"
@@ -289,7 +290,17 @@ def compiled_init() -> Path | None:
         os.replace(building, binary)
     except (OSError, subprocess.SubprocessError):
         return None
-    return binary
+    return binary if _runs(binary) else None
+
+
+def _runs(binary: Path) -> bool:
+    """Whether ``binary`` runs here (a folder on a ``noexec`` mount, or a broken build, would
+    stop every session from starting): without arguments it exits with status 2."""
+    try:
+        done = subprocess.run([str(binary)], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 2
 
 
 def _private(path: Path) -> bool:

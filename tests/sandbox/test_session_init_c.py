@@ -51,3 +51,13 @@ def test_not_used_from_a_folder_others_can_write(
     folder.mkdir()
     folder.chmod(0o777)
     assert compiled_init() is None and list(folder.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler here")
+def test_not_used_when_it_does_not_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    built = compiled_init()
+    assert built is not None
+    built.write_text("#!/bin/sh\nexit 0\n")  # not the init: a folder on a noexec mount fails so
+    compiled_init.cache_clear()
+    assert compiled_init() is None
