@@ -12,9 +12,11 @@
    each, then what is left after they close: processes of their uids and of the session
    launcher, mounts of a session's tmpfs or overlay those hold, files under the mount point.
 
-Needs root and bubblewrap (as local sessions do).
+Needs root and bubblewrap (as local sessions do). The session init is the compiled one where
+``cc`` builds it; ``ENVHUB_SESSION_INIT=python`` runs the Python init instead.
 
     .venv/bin/python bench/sandbox_session.py [--runs 15] [--calls 300] [--sessions 64]
+        [--parts 1 2 3] [--no-zygote]
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from envhub.sandbox import Limits, LocalSandbox, Workspace
 from envhub.sandbox._process import uid_processes
 from envhub.sandbox.local_session import LocalSession
+from envhub.sandbox.session_init_c import compiled_init
 from envhub.sandbox.session_launcher import MOUNT_POINT, launcher
 
 
@@ -201,7 +204,8 @@ async def part_many(box: LocalSandbox, count: int) -> None:
     )
     assert all(r.ok for r in results), [r for r in results if not r.ok][:1]
     uids: list[int] = [s.uid for s in sessions]  # type: ignore[misc]
-    pids = [pid for uid in uids for pid in uid_processes(uid, live=True)]
+    inits = [s._running.server_pid for s in sessions if s._running and s._running.server_pid]
+    pids = [*inits, *(pid for uid in uids for pid in uid_processes(uid, live=True))]
     mounted = session_mounts(ours(uids))
     used, pss = before - available_kib(), pss_kib(pids)
     began = time.perf_counter()
@@ -225,14 +229,20 @@ async def part_many(box: LocalSandbox, count: int) -> None:
     workspace.remove()
 
 
-async def main(runs: int, calls: int, sessions: int, sizes: list[int]) -> None:
-    """Run the three parts."""
-    print(f"cpus: {os.cpu_count()}; bubblewrap sessions as root")
+async def main(
+    runs: int, calls: int, sessions: int, sizes: list[int], parts: list[int], zygote: bool
+) -> None:
+    """Run the parts asked for."""
+    init = "compiled" if compiled_init() else "Python"
+    print(f"cpus: {os.cpu_count()}; bubblewrap sessions as root; {init} init; zygote: {zygote}")
     limits = Limits(wall_time=30, processes=32)
-    with LocalSandbox(limits, max_concurrency=max(8, sessions), warm=0) as box:
-        await part_setup(box, sizes, runs)
-        await part_commands(box, calls)
-        await part_many(box, sessions)
+    with LocalSandbox(limits, max_concurrency=max(8, sessions), warm=0, zygote=zygote) as box:
+        if 1 in parts:
+            await part_setup(box, sizes, runs)
+        if 2 in parts:
+            await part_commands(box, calls)
+        if 3 in parts:
+            await part_many(box, sessions)
 
 
 if __name__ == "__main__":
@@ -241,5 +251,11 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=300, help="commands per command row")
     parser.add_argument("--sessions", type=int, default=64, help="sessions at once")
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 1000, 10000])
+    parser.add_argument("--parts", type=int, nargs="+", default=[1, 2, 3], help="which parts")
+    parser.add_argument(
+        "--no-zygote", action="store_true", help="sessions start their own init (pid 1)"
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.runs, args.calls, args.sessions, args.sizes))
+    asyncio.run(
+        main(args.runs, args.calls, args.sessions, args.sizes, args.parts, not args.no_zygote)
+    )

@@ -113,7 +113,9 @@ class LocalSandbox(Sandbox):
             waits; a call that finds no free uid stops one. ``0`` turns this off.
         zygote: As root, fork Python runs from an interpreter started once per set of flags
             (:mod:`envhub.sandbox.zygote`) instead of starting one per run: ~9 ms less CPU a
-            run, so more runs/s when runs queue for the cores. Elsewhere it has no effect.
+            run, so more runs/s when runs queue for the cores; sessions' Python init too (the
+            compiled one, where ``cc`` builds it, starts as fast without). Elsewhere it has no
+            effect.
 
     Raises:
         SandboxUnavailableError: bubblewrap is missing or user namespaces are disabled.

@@ -5,10 +5,13 @@ whole life (so ``max_concurrency`` bounds live sessions and runs together), has 
 (:mod:`envhub.sandbox.session_launcher`) mount its files (a tmpfs of ``disk_mb`` in a mount
 namespace of its own, holding an overlay on the workspace) and start bubblewrap with the jail's
 flags (:func:`~envhub.sandbox.jail.bwrap_argv`), then waits for its init
-(:mod:`envhub.sandbox.session_init`), which forks each call's command. As root with zygotes on
-(the default) the init is forked into the started sandbox by a zygote of session inits, as a
-zygote run is (:mod:`envhub.sandbox.zygote`), instead of starting an interpreter of its own
-(``zygote=False``: the sandbox's pid 1 is the init). The sandbox starts on first use.
+(:mod:`envhub.sandbox.session_init`), which forks each call's command. The init is the
+sandbox's pid 1: compiled (:mod:`envhub.sandbox.session_init_c`) where the system's ``cc``
+could build it, else in Python. The Python init, as root with zygotes on (the default), is
+instead forked into the started sandbox by a zygote of session inits, as a zygote run is
+(:mod:`envhub.sandbox.zygote`), with a real uid that no call has
+(:func:`~envhub.sandbox.uids.keeper_uid`), rather than starting an interpreter of its own
+(~10 ms). No call can kill the init either way. The sandbox starts on first use.
 
 What a session adds to the threat model: see :mod:`envhub.sandbox.threat_model`. The end:
 :meth:`LocalSession.aclose` SIGKILLs the sandbox's pid 1 (the kernel then kills every process
@@ -32,6 +35,7 @@ import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from envhub.errors import SandboxError, SandboxUnavailableError
@@ -51,6 +55,7 @@ from envhub.sandbox.jail import ENV, bwrap_argv
 from envhub.sandbox.session import Session, Workspace
 from envhub.sandbox.session_channel import KILL_WAIT, ExitWatch, end_call, receive, send_run
 from envhub.sandbox.session_init import (
+    COMPILED_PATH,
     INIT,
     INIT_LOADER,
     INIT_NAME,
@@ -61,7 +66,9 @@ from envhub.sandbox.session_init import (
     parse_reply,
     scratch_flags,
 )
+from envhub.sandbox.session_init_c import compiled_init
 from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
+from envhub.sandbox.uids import keeper_uid
 
 if TYPE_CHECKING:
     from envhub.sandbox.local import LocalSandbox
@@ -222,8 +229,11 @@ class LocalSession(Session):
             self._calls += 1
             call = self._calls
             env = {**ENV, "PWD": WORKDIR, **env}
-            helpers = 1 if running.server_pid else 0  # a joined init's `sh` is the extra one
-            pipes = send_run(running.control, call, argv, env, limits, helpers, bool(stdin))
+            try:
+                pipes = send_run(running.control, call, argv, env, limits, bool(stdin))
+            except ValueError as e:  # as a program that cannot start: status 126
+                said = f"envhub session: cannot run {argv[0] if argv else ''!r}: {e}\n"
+                return b"", said.encode(), 126, None, time.perf_counter() - started
             io = CallPipes(*pipes, cap)
             try:
                 io.start(stdin)
@@ -291,7 +301,10 @@ class LocalSession(Session):
         """Mount the session's files and start its sandbox as ``uid`` through the launcher
         (:mod:`envhub.sandbox.session_launcher`); wait for its init: started in the sandbox,
         or (as the sandbox's zygotes do) forked into it from a zygote."""
-        joined = self.sandbox.zygote
+        compiled = await _compiled_init()
+        # The compiled init starts as pid 1 in about the time a zygote takes to fork one in:
+        # zygotes serve the Python init only (whose interpreter would take ~10 ms to start)
+        joined = self.sandbox.zygote and compiled is None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         info_read, info_write = os.pipe()
         errors_read, errors_write = os.pipe()
@@ -300,10 +313,11 @@ class LocalSession(Session):
             os.fchown(status_read, uid, uid)  # the init reopens it through /proc as `uid`
             init = ["/bin/sh", "-c", zygotes.init_script(FDS["control"]), "sh"]
         else:
-            init = [self.sandbox.python, "-S", "-I", "-c", INIT, str(FDS["control"])]
+            python = [self.sandbox.python, "-S", "-I", "-c", INIT]
+            init = [*([COMPILED_PATH] if compiled else python), str(FDS["control"])]
         sent = [errors_write, status_read if joined else theirs.fileno(), info_write]
         try:
-            pid, pidfd = self._launch(uid, init, sent)
+            pid, pidfd = self._launch(uid, init, sent, compiled)
         except BaseException:
             for fd in (info_read, errors_read, status_write):
                 if fd >= 0:
@@ -323,7 +337,8 @@ class LocalSession(Session):
             await _await_ready(running)
             running.init_pid = running.init_pid or _process.sandbox_init(info_read)
             if joined:
-                running.server_pid = _second_process(uid)
+                zygote = _zygote(self.sandbox.python).proc.pid
+                running.server_pid = _joined_init(zygote, running.init_pid)
         except BaseException:
             await asyncio.to_thread(_end, running)
             raise
@@ -332,10 +347,15 @@ class LocalSession(Session):
             os.close(info_read)
         return running
 
-    def _launch(self, uid: int, init: list[str], fds: list[int]) -> tuple[int, int]:
+    def _launch(
+        self, uid: int, init: list[str], fds: list[int], compiled: Path | None
+    ) -> tuple[int, int]:
         """Have the launcher mount the session's files and start bubblewrap around ``init``
-        with ``fds`` as its stderr, descriptor 3 and info pipe; its pid and a pidfd."""
+        with ``fds`` as its stderr, descriptor 3 and info pipe, and ``compiled`` (the compiled
+        init) bound in; its pid and a pidfd."""
         scratch = scratch_flags(str(MOUNT_POINT))
+        if compiled is not None:
+            scratch += ["--ro-bind", str(compiled), COMPILED_PATH]
         argv = bwrap_argv(
             self.sandbox.jail, uid, self.limits, [], FDS["info"], init, False, scratch
         )
@@ -360,7 +380,8 @@ class LocalSession(Session):
                 return  # bubblewrap failed: the wait for `ready` reports what it said
             running.init_pid = init
             zygote = _zygote(self.sandbox.python)
-            zygote.start(init, running.bwrap, running.uid, status_write, control.fileno())
+            owner = keeper_uid(self.sandbox.uids.base)
+            zygote.start(init, running.bwrap, running.uid, status_write, control.fileno(), owner)
         finally:
             os.close(status_write)
 
@@ -372,16 +393,26 @@ class LocalSession(Session):
         return self._lock[1]
 
 
-def _second_process(uid: int) -> int | None:
-    """The host pid of ``uid``'s process that is pid 2 in its pid namespace."""
-    for pid in _process.uid_processes(uid, live=True):
-        try:
-            with open(f"/proc/{pid}/status") as f:
-                spaces = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
-        except OSError:
-            continue
-        if spaces[-1:] == ["2"]:
-            return pid
+async def _compiled_init() -> Path | None:
+    """:func:`~envhub.sandbox.session_init_c.compiled_init`, off the event loop when it may
+    have to build it (once per machine: the compiler runs for about a second)."""
+    if compiled_init.cache_info().currsize:
+        return compiled_init()
+    return await asyncio.to_thread(compiled_init)
+
+
+def _joined_init(zygote: int, sandbox_init: int | None) -> int | None:
+    """The host pid of the init that the zygote ``zygote`` forked into the sandbox whose pid 1
+    is ``sandbox_init`` (a child of one of its joiners, in that pid namespace)."""
+    try:
+        space = os.readlink(f"/proc/{sandbox_init}/ns/pid")
+    except OSError:
+        return None
+    for joiner in _process._children(zygote):
+        for pid in _process._children(joiner):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/ns/pid") == space:
+                    return pid
     return None
 
 

@@ -23,18 +23,22 @@ def send_run(
     argv: list[str],
     env: Mapping[str, str],
     limits: Limits,
-    helpers: int,
     has_stdin: bool,
 ) -> tuple[int | None, int, int]:
     """Ask the init to run ``argv``; the host's ends of its stdin (``None`` without
-    ``has_stdin``: it reads ``/dev/null``), stdout and stderr (``helpers``:
-    :func:`~envhub.sandbox.session_init.rlimits`)."""
+    ``has_stdin``: it reads ``/dev/null``), stdout and stderr.
+
+    Raises:
+        ValueError: No program could be given ``argv`` and ``env`` (see
+            :func:`~envhub.sandbox.session_init.run_message`).
+        SandboxError: The init has gone.
+    """
+    message = run_message(call, argv, env, limits)
     # No input: /dev/null (a pipe, its writer and its close cost more than the command often)
     stdin_r, stdin_w = os.pipe() if has_stdin else (os.open(os.devnull, os.O_RDONLY), None)
     stdout_r, stdout_w = os.pipe()
     stderr_r, stderr_w = os.pipe()
     try:
-        message = run_message(call, argv, env, limits, helpers)
         socket.send_fds(control, [message], [stdin_r, stdout_w, stderr_w])
     except OSError as e:
         for fd in (stdin_w, stdout_r, stderr_r):

@@ -2,15 +2,18 @@
 
 A local session (:mod:`envhub.sandbox.local_session`) is one bubblewrap sandbox built as any
 run's (:mod:`envhub.sandbox.jail`: same namespaces, mounts, uid, no capabilities,
-``no_new_privs``) whose pid 1 is :data:`INIT`, a small Python loop that forks each command
-on request. Its working folder and ``/tmp`` live on a tmpfs of ``disk_mb`` that the launcher
-mounted (:mod:`envhub.sandbox.session_launcher`).
+``no_new_privs``) whose pid 1 is its init, a small loop that forks each command on request:
+the compiled one (:mod:`envhub.sandbox.session_init_c`, C built once with the system's ``cc``)
+where it could be built, else :data:`INIT`, the same loop in Python. Its working folder and
+``/tmp`` live on a tmpfs of ``disk_mb`` that the launcher mounted
+(:mod:`envhub.sandbox.session_launcher`).
 
 The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
 
-- envhub -> init: a :mod:`marshal`-ed tuple. ``("run", id, argv, env, rlimits)`` with the
-  call's stdin, stdout and stderr as three file descriptors; ``("kill", id)``: SIGKILL the
-  call's process group; ``("killall",)``: SIGKILL every other process of the sandbox.
+- envhub -> init: NUL-ended fields (:func:`run_message`): ``run ID RLIMITS... ARGC ARGV...
+  "" ENV...`` with the call's stdin, stdout and stderr as three file descriptors;
+  ``kill ID``: SIGKILL the call's process group; ``killall``: SIGKILL every other process of
+  the sandbox.
 - init -> envhub: ASCII lines: ``ready``; ``exit ID STATUS`` when the call's first process
   ended (``128 + n`` for signal n; 126/127 when it could not start); for a killed call, once
   every process of its group has gone too.
@@ -18,22 +21,32 @@ The init talks to envhub over a ``SOCK_SEQPACKET`` socket that only it holds:
 Each command starts in a session of its own (its process group is what a timeout kills), with
 the default signal dispositions, its rlimits, only its three descriptors, in ``/sandbox``.
 The init searches ``PATH`` itself (``os.execvpe``'s search cost ~1.6 ms a call). It reaps
-every orphan; it makes itself non-dumpable first, so that commands (the same
-uid) cannot ptrace it or open its ``/proc`` files to forge later calls' results; as pid 1 it
-gets no signal from them but the SIGCHLD it handles.
+every orphan; it makes itself non-dumpable first, so that commands (the same uid) cannot
+ptrace it or open its ``/proc`` files to forge later calls' results. No call can kill it
+(``kill -9 -1``, ``kill -9 PID`` of it): as the sandbox's pid 1 it gets no signal from them
+but the SIGCHLD it handles; forked from a zygote (pid 2) its real and saved uid are the
+*keeper* uid (:func:`~envhub.sandbox.uids.keeper_uid`), which no process of a sandbox has,
+and only its effective uid is the session's: the kernel lets a process signal another only
+when one of its real and effective uids is the other's real or saved uid (and ptrace needs
+all three the same), while the init may still set its children's three uids to its effective
+one (which each call's child does first) and signal them.
 """
 
 from __future__ import annotations
 
-import marshal
+import os
 import resource
 from collections.abc import Mapping, Sequence
 
 from envhub.sandbox import zygote as zygotes
 from envhub.sandbox.base import Limits
 
+COMPILED_PATH = "/.envhub-session-init"
+"""Where a session whose sandbox has the compiled init (:mod:`envhub.sandbox.session_init_c`)
+sees it (a read-only bind on the sandbox's root)."""
+
 INIT = r"""
-import os, sys, _signal, _socket, select, marshal, resource
+import os, sys, _signal, _socket, select, resource
 def _main(fd):
     import _ctypes  # not ctypes: its import costs ~3 ms, the init's start is every session's
     class Int(_ctypes._SimpleCData):
@@ -47,6 +60,7 @@ def _main(fd):
         os._exit(125)
     prctl(15, b"envhub-init", 0, 0, 0)  # PR_SET_NAME: killing interpreters by name spares it
     ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, fd)
+    uid = os.geteuid()  # the calls' (a joined init's real uid is one they do not have)
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     _signal.set_wakeup_fd(wake_w)
@@ -71,14 +85,14 @@ def _main(fd):
                 if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
                     fds += [int.from_bytes(raw[i:i + 4], sys.byteorder)
                             for i in range(0, len(raw) - 3, 4)]
-            message = marshal.loads(data)
-            if message[0] == "run":
-                _start(ctrl, calls, message, fds, wake_w)
-            elif message[0] == "kill":
+            fields = data.split(b"\0")[:-1]
+            if fields[0] == b"run" and len(fds) == 3:
+                _start(ctrl, calls, fields, fds, uid)
+            elif fields[0] == b"kill":
                 for pid, call in list(calls.items()):
-                    if call == message[1]:
+                    if call == int(fields[1]):
                         _kill_group(ctrl, calls, pid)
-            elif message[0] == "killall":
+            elif fields[0] == b"killall":
                 try:
                     os.kill(-1, 9)
                 except OSError:
@@ -119,8 +133,12 @@ def _kill_group(ctrl, calls, pid):
         time.sleep(0.001)
     if reply is not None:
         ctrl.send(reply)
-def _start(ctrl, calls, message, fds, wake_w):
-    _, call, argv, env, limits = message
+_KINDS = (resource.RLIMIT_AS, resource.RLIMIT_CPU, resource.RLIMIT_FSIZE,
+          resource.RLIMIT_NPROC, resource.RLIMIT_NOFILE, resource.RLIMIT_CORE)
+def _start(ctrl, calls, fields, fds, uid):
+    call, argc = int(fields[1]), int(fields[14])
+    argv = fields[15:15 + argc]
+    env = dict(entry.split(b"=", 1) for entry in fields[16 + argc:])
     try:
         pid = os.fork()
     except OSError as e:
@@ -130,6 +148,7 @@ def _start(ctrl, calls, message, fds, wake_w):
     if pid == 0:
         try:
             os.setsid()
+            os.setresuid(uid, uid, uid)
             _signal.set_wakeup_fd(-1)
             for sig in (_signal.SIGCHLD, _signal.SIGINT, _signal.SIGPIPE, _signal.SIGXFSZ):
                 _signal.signal(sig, _signal.SIG_DFL)
@@ -137,24 +156,23 @@ def _start(ctrl, calls, message, fds, wake_w):
                 os.dup2(fd, n)
             os.closerange(3, 1 << 20)
             os.chdir("/sandbox")
-            for kind, soft, hard in limits:
-                resource.setrlimit(kind, (soft, hard))
+            for n, kind in enumerate(_KINDS):
+                resource.setrlimit(kind, (int(fields[2 + 2 * n]), int(fields[3 + 2 * n])))
             _exec(argv, env)
         except BaseException as e:
             code = 127 if isinstance(e, FileNotFoundError) else 126
             try:
-                os.write(2, b"envhub session: cannot run %s: %s\n"
-                         % (argv[0].encode(), str(e).encode()))
+                os.write(2, b"envhub session: cannot run %s: %s\n" % (argv[0], str(e).encode()))
             finally:
                 os._exit(code)
     calls[pid] = call
 def _exec(argv, env):
-    if "/" in argv[0]:
+    if b"/" in argv[0]:
         os.execve(argv[0], argv, env)
     error = FileNotFoundError(2, "No such file or directory")
-    for folder in env.get("PATH", "/usr/bin:/bin").split(":"):
+    for folder in env.get(b"PATH", b"/usr/bin:/bin").split(b":"):
         try:
-            os.execve(folder + "/" + argv[0], argv, env)
+            os.execve(folder + b"/" + argv[0], argv, env)
         except (FileNotFoundError, NotADirectoryError):
             pass
         except OSError as e:
@@ -169,15 +187,16 @@ INIT_NAME = "envhub-session-init"
 INIT_VARIABLE = "ENVHUB_SESSION_INIT"
 INIT_LOADER = f"import os;exec(os.environ.pop({INIT_VARIABLE!r}))"
 """How a joined init's zygote starts: ``INIT_NAME -S -I -c INIT_LOADER``, its program in the
-environment variable ``INIT_VARIABLE``. A pid-2 init can be killed by the session's calls,
-unlike a pid 1: this keeps its command line short and free of words that a call's
-``pkill -f python`` (or ``bash``, ``sh``...) would match."""
+environment variable ``INIT_VARIABLE``: its command line stays short and free of words that a
+call's ``pkill -f python`` (or ``bash``, ``sh``...) would match."""
 
 JOINED_INIT = zygotes.JOINER + INIT
 """A zygote's program whose runs are session inits (:mod:`envhub.sandbox.zygote`): the
 sandbox's pid 1 is then the zygote init's ``sh``, which waits; the session's init is forked
-into the sandbox (pid 2, the session's uid, no capabilities, ``no_new_privs``) with the
-control socket as its descriptor 3, instead of starting an interpreter per session (~10 ms)."""
+into the sandbox (pid 2, the session's uid as its effective one and the keeper uid as its
+real and saved ones, no capabilities, ``no_new_privs``) with the control socket as its
+descriptor 3, instead of starting an interpreter per session (~10 ms). Only the Python init
+runs this way (the compiled one starts as pid 1 as fast)."""
 
 
 def scratch_flags(tmpfs: str) -> list[str]:
@@ -185,37 +204,50 @@ def scratch_flags(tmpfs: str) -> list[str]:
     return ["--bind", f"{tmpfs}/root", "/sandbox", "--bind", f"{tmpfs}/tmp", "/tmp"]
 
 
-def rlimits(limits: Limits, helpers: int = 0) -> list[tuple[int, int, int]]:
+def rlimits(limits: Limits) -> list[tuple[int, int, int]]:
     """A call's rlimits as ``(resource, soft, hard)``, the values a cold run's init sets
-        (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
-        session's uid in its user namespace: the processes earlier calls left running too, and the
-    init; ``helpers`` more are allowed for the session's own processes beyond one init (the
-    waiting ``sh`` of a joined init), so that ``processes`` means the same either way."""
+    (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
+    session's uid in its user namespace: the processes earlier calls left running too, and one
+    more of the session's own (its init, or a joined init's waiting ``sh``: the init itself then
+    has another real uid), so that ``processes`` means the same either way."""
     mib, cpu = 1 << 20, limits.cpu_seconds
     return [
         (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
         (resource.RLIMIT_CPU, cpu, cpu + 1),
         (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
-        (resource.RLIMIT_NPROC, limits.processes + helpers, limits.processes + helpers),
+        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
         (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
         (resource.RLIMIT_CORE, 0, 0),
     ]
 
 
-def run_message(
-    call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits, helpers: int = 0
-) -> bytes:
-    """The init's ``run`` request (the three stdio descriptors go beside it); ``helpers`` as
-    for :func:`rlimits`."""
-    return marshal.dumps(("run", call, list(argv), dict(env), rlimits(limits, helpers)))
+def run_message(call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits) -> bytes:
+    """The init's ``run`` request (the three stdio descriptors go beside it): NUL-ended fields
+    ``run``, the call's id, the soft and hard value of each of :func:`rlimits` (in its order),
+    the number of arguments, the arguments, an empty field, then ``NAME=value`` for each
+    variable of the environment.
+
+    Raises:
+        ValueError: An argument or variable holds a NUL byte, or a variable's name is empty or
+            holds ``=`` (no program could be given it).
+    """
+    variables = [f"{name}={value}" for name, value in env.items()]
+    if any("=" in name or not name for name in env) or any(
+        "\0" in text for text in (*argv, *variables)
+    ):
+        raise ValueError("an argument or environment variable holds a NUL byte or a bad name")
+    numbers = [n for _, soft, hard in rlimits(limits) for n in (soft, hard)]
+    fields = [b"run", b"%d" % call, *(b"%d" % n for n in numbers), b"%d" % len(argv)]
+    fields += [*map(os.fsencode, argv), b"", *map(os.fsencode, variables)]
+    return b"\0".join(fields) + b"\0"
 
 
 def kill_message(call: int) -> bytes:
     """The init's ``kill`` request: SIGKILL the call's process group."""
-    return marshal.dumps(("kill", call))
+    return b"kill\0%d\0" % call
 
 
-KILLALL = marshal.dumps(("killall",))
+KILLALL = b"killall\0"
 """The init's ``killall`` request: SIGKILL every process of the sandbox but the init."""
 
 

@@ -52,12 +52,16 @@ above, with these changes:
   session ends, counted against ``processes`` (RLIMIT_NPROC counts every process of the
   session's uid in its user namespace) and each bound by the rlimits of the call that started
   it. The init is not dumpable: calls cannot ptrace it or open its ``/proc`` files to forge a
-  later call's result; its replies carry numbers only. As root it is forked into the sandbox by
-  a zygote (pid 2, as a one-shot zygote run: the session's uid, no capabilities,
-  ``no_new_privs``, a child subreaper): a call can kill it (``kill -9 -1``, ``kill 2``), which
-  ends its own session (the next call raises ``SandboxError``); its command line names no
-  interpreter, so ``pkill -f python`` spares it. With ``zygote=False`` it is the sandbox's pid 1
-  and ignores their signals.
+  later call's result; its replies carry numbers only. No call can kill it (``kill -9 -1``,
+  ``kill -9`` of its pid): the compiled init (:mod:`.session_init_c`), and the Python one with
+  ``zygote=False``, is the sandbox's pid 1, which gets no signal from inside its namespace; as
+  root the Python init is forked into the sandbox by a zygote (pid 2, as a one-shot zygote
+  run: no capabilities, ``no_new_privs``, a child subreaper) with the session's uid as its
+  effective uid only: its real and saved uid are a *keeper* uid that this envhub process claims
+  and no sandbox process has, so the kernel refuses the calls' signals and ptrace. Each call's
+  process sets all three of its uids to the session's before it runs anything. The compiled
+  init is a file of the host bound read-only into the sandbox (a call can read it, as it can
+  read ``/usr``).
 - **Files** — ``/sandbox`` and ``/tmp`` live on one tmpfs of ``disk_mb`` (the whole session's
   writes), mounted by a root helper (:mod:`.session_launcher`) in a mount namespace of the
   session's own before bubblewrap starts; ``/sandbox`` is an overlay whose lower layer is the

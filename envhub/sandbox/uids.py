@@ -32,6 +32,8 @@ class UidPool:
 
     def __init__(self, base: int, size: int, step: int = 1) -> None:
         self._range = (base, size, step)
+        self.base = base
+        """The first uid of the pool's range."""
         self.exclusive = bool(step)
         """Whether each uid is one run's alone (as root), not the caller's own repeated."""
         self.uids: tuple[int, ...] = tuple(_claim(base, size) if step else [base] * size)
@@ -134,6 +136,7 @@ def forget_pools() -> None:
     after this claim others)."""
     global _POOLS_LOCK
     _POOLS.clear()
+    _KEEPERS.clear()
     _POOLS_LOCK = threading.Lock()
 
 
@@ -143,3 +146,16 @@ def uid_pool(base: int, size: int, step: int = 1) -> UidPool:
         if (base, size, step) not in _POOLS:
             _POOLS[base, size, step] = UidPool(base, size, step)
         return _POOLS[base, size, step]
+
+
+_KEEPERS: dict[int, int] = {}
+
+
+def keeper_uid(base: int) -> int:
+    """A uid of ``base``'s range claimed for this process alone (as a pool's uids are, and
+    never in a pool): the real uid of its local sessions' inits. No process of a sandbox has
+    it, so none can signal or trace them (:mod:`envhub.sandbox.session_init`)."""
+    with _POOLS_LOCK:
+        if base not in _KEEPERS:
+            _KEEPERS[base] = _claim(base, 1)[0]
+        return _KEEPERS[base]

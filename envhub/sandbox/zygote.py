@@ -11,6 +11,9 @@ starting any program, until the run's status arrives (:func:`init_script`). For 
    with two file descriptors: the write end of the init's status pipe and the read end of the
    run's job pipe (the job itself, files and code, goes straight from envhub to the run: it
    never passes through the zygote's memory, so no run can find another's in its own).
+   A session's init is sent with a second uid too, the real and saved uid it keeps (set by the
+   joiner before it joins the user namespace, where that uid does not exist): see
+   :meth:`Zygote.start`.
 2. The zygote forks a *joiner*, which waits until bubblewrap has built the sandbox and started
    its init (never a half-built world), checks that the init and bubblewrap run as the run's
    uid, opens bubblewrap's stdin, stdout and stderr (the run's: envhub's pipes; the init's
@@ -70,8 +73,8 @@ def _envhub_zygote(control):
         if not message:
             os._exit(0)
         try:
-            pid, outer, uid, workdir = message.decode().split(" ", 3)
-            pid, outer, uid = int(pid), int(outer), int(uid)
+            pid, outer, uid, owner, workdir = message.decode().split(" ", 4)
+            pid, outer, uid, owner = int(pid), int(outer), int(uid), int(owner)
             status, job = fds
         except ValueError:
             for fd in fds:
@@ -79,10 +82,10 @@ def _envhub_zygote(control):
             continue
         if os.fork() == 0:
             sock.close()
-            return _envhub_join(libc, ctypes, time, pid, outer, uid, workdir, status, job)
+            return _envhub_join(libc, ctypes, time, pid, outer, uid, owner, workdir, status, job)
         os.close(status)
         os.close(job)
-def _envhub_join(libc, ctypes, time, pid, outer, uid, workdir, status, job):
+def _envhub_join(libc, ctypes, time, pid, outer, uid, owner, workdir, status, job):
     code, stdio = 125, []
     try:
         def read(folder, name):
@@ -114,6 +117,15 @@ def _envhub_join(libc, ctypes, time, pid, outer, uid, workdir, status, job):
         os.close(proc)
         os.setgroups([])
         os.setresgid(uid, uid, uid)
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+        if owner != uid:  # real and saved uid `owner`, set while it is a uid here: see start()
+            libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS: the capabilities to join stay
+            os.setresuid(owner, uid, owner)
+            caps = (ctypes.c_uint32 * 6)()
+            libc.capget(header, caps)
+            caps[0], caps[3] = caps[1], caps[4]  # effective again, as permitted
+            if libc.capset(header, caps) != 0:
+                raise OSError(ctypes.get_errno(), "capset")
         for fd, flag in spaces:
             if libc.setns(fd, flag) != 0:
                 raise OSError(ctypes.get_errno(), "cannot join the sandbox's namespaces")
@@ -125,8 +137,8 @@ def _envhub_join(libc, ctypes, time, pid, outer, uid, workdir, status, job):
                 for cap in range(64):
                     libc.prctl(24, cap, 0, 0, 0)
                 libc.prctl(47, 4, 0, 0, 0)
-                os.setresuid(uid, uid, uid)
-                header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+                if owner == uid:
+                    os.setresuid(uid, uid, uid)
                 if libc.capset(header, (ctypes.c_uint32 * 6)()) != 0:
                     raise OSError(ctypes.get_errno(), "capset")
                 if libc.prctl(38, 1, 0, 0, 0) != 0:
@@ -260,11 +272,23 @@ class Zygote:
         self._socket = ours
         self._lock = threading.Lock()
 
-    def start(self, init_pid: int, bwrap_pid: int, uid: int, status_fd: int, job_fd: int) -> None:
+    def start(
+        self,
+        init_pid: int,
+        bwrap_pid: int,
+        uid: int,
+        status_fd: int,
+        job_fd: int,
+        owner: int | None = None,
+    ) -> None:
         """Fork a run into the sandbox whose init is ``init_pid`` (bubblewrap's ``bwrap_pid``,
         whose stdio the run takes), as ``uid``; it writes its status to ``status_fd`` and reads
-        its job from ``job_fd`` (both sent, not closed)."""
-        message = f"{init_pid} {bwrap_pid} {uid} {self.workdir}".encode()
+        its job from ``job_fd`` (both sent, not closed). With ``owner`` (a host uid that no
+        process of the sandbox has) the run's real and saved uid are ``owner`` and only its
+        effective uid is ``uid``: the sandbox's processes cannot signal or trace it, and it can
+        still give its children ``uid`` (a session's init: :mod:`envhub.sandbox.session_init`)."""
+        owned = uid if owner is None else owner
+        message = f"{init_pid} {bwrap_pid} {uid} {owned} {self.workdir}".encode()
         try:
             with self._lock:
                 socket.send_fds(self._socket, [message], [status_fd, job_fd])

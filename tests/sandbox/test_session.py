@@ -22,6 +22,8 @@ from envhub.errors import ConfigError, SandboxError
 from envhub.sandbox import Limits, LocalSandbox, Workspace, bwrap_problem
 from envhub.sandbox.local_session import LocalSession
 from envhub.sandbox.session import sandbox_path
+from envhub.sandbox.session_init_c import compiled_init
+from envhub.sandbox.uids import keeper_uid
 
 from .conftest import live_sandbox_processes
 from .test_containment import FORK_COUNT
@@ -34,15 +36,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["joined", "own-init"])
+@pytest.fixture(
+    scope="module",
+    params=[(True, "compiled"), (True, "python"), (False, "python")],
+    ids=["compiled", "joined-python", "own-init-python"],
+)
 def box(request: pytest.FixtureRequest) -> Iterator[LocalSandbox]:
-    """Sessions whose init a zygote forks into them (the default as root), and sessions that
-    start their own init's interpreter (``zygote=False``)."""
-    with LocalSandbox(
-        LIMITS, base_uid=61300, max_concurrency=6, warm=0, zygote=request.param
-    ) as sandbox:
-        yield sandbox
-        assert live_sandbox_processes(sandbox) == []
+    """Sessions with the compiled init (the default where ``cc`` builds it: the sandbox's pid 1),
+    and with the Python one (``ENVHUB_SESSION_INIT=python``): forked into them by a zygote (the
+    default as root), or their own pid 1 (``zygote=False``)."""
+    zygote, init = request.param
+    with pytest.MonkeyPatch.context() as patch:
+        if init == "python":
+            patch.setenv("ENVHUB_SESSION_INIT", "python")
+        compiled_init.cache_clear()
+        if init == "compiled" and compiled_init() is None:
+            pytest.skip("no C compiler here: sessions run the Python init")
+        with LocalSandbox(
+            LIMITS, base_uid=61300, max_concurrency=6, warm=0, zygote=zygote
+        ) as sandbox:
+            yield sandbox
+            assert live_sandbox_processes(sandbox) == []
+    compiled_init.cache_clear()
 
 
 @pytest.fixture
@@ -218,21 +233,35 @@ async def test_a_cancelled_call_ends_and_the_session_goes_on(box: LocalSandbox) 
         assert (await session.arun("cat f")).stdout == "started\n"
 
 
+KILL_THE_INIT = (
+    "for p in /proc/[0-9]*; do"
+    ' if [ "$(cat $p/comm)" = envhub-init ]; then echo ${p#/proc/}; kill -9 ${p#/proc/}; fi;'
+    " done 2>/dev/null; sleep 0.1"
+)
+"""A call that finds the init by its name in ``/proc`` and SIGKILLs it."""
+
+
 @in_a_loop
-async def test_a_call_that_kills_everything(box: LocalSandbox) -> None:
+async def test_no_call_can_kill_the_init(box: LocalSandbox) -> None:
     session = box.session()
-    await session.arun("sleep 300 &")
-    uid = session.uid
-    if box.zygote:  # the init is pid 2 there: it dies too, and so does the session
-        with pytest.raises(SandboxError, match="ended"):
-            await session.arun("kill -9 -1")
-        with pytest.raises(SandboxError, match="closed"):
-            await session.arun("true")
-    else:  # pid 1 gets no signal from inside its namespace
-        await session.arun("kill -9 -1")
-        assert (await session.arun("echo alive")).stdout == "alive\n"
+    await session.arun("sleep 300 & echo kept > f")
+    assert isinstance(session, LocalSession) and session._running is not None
+    uid, running = session.uid, session._running
+    # pid 1 gets no signal from inside its namespace; a joined init (pid 2) has a real uid of
+    # its own (the keeper's), so the calls' signals are refused
+    joined = running.server_pid is not None
+    assert joined == (box.zygote and compiled_init() is None)
+    init = running.server_pid if joined else running.init_pid
+    if joined:
+        assert _uid_of(init) == keeper_uid(box.uids.base) != uid  # type: ignore[arg-type]
+    everything = await session.arun("kill -9 -1 2>/dev/null; echo survived")  # all but itself
+    assert (everything.stdout, everything.exit_code) == ("survived\n", 0)
+    found = await session.arun(KILL_THE_INIT)
+    assert (found.stdout, session.processes()) == ("2\n" if joined else "1\n", [])
+    assert (await session.arun("cat f; echo alive")).stdout == "kept\nalive\n"
+    assert _alive(init)  # type: ignore[arg-type]
     await session.aclose()
-    assert live_sandbox_processes([uid]) == []  # type: ignore[list-item]
+    assert live_sandbox_processes([uid]) == [] and not _alive(init)  # type: ignore[arg-type]
 
 
 @in_a_loop
@@ -287,6 +316,11 @@ async def test_stdin_env_exit_codes_and_missing_programs(box: LocalSandbox) -> N
         assert (result.stdout, result.exit_code, result.stop_reason) == ("in\nbar\n", 3, "ok")
         missing = await session.arun(["no-such-program"])
         assert (missing.exit_code, "no-such-program" in missing.stderr) == (127, True)
+        await session.arun("echo echo > not-executable")
+        refused = await session.arun(["./not-executable"])
+        assert (refused.exit_code, "Permission denied" in refused.stderr) == (126, True)
+        nul = await session.arun(["echo", "a\0b"], env={"A": "1"})
+        assert (nul.exit_code, nul.stop_reason, "NUL byte" in nul.stderr) == (126, "ok", True)
         killed = await session.arun("kill -TERM $$")
         assert (killed.exit_code, killed.stop_reason) == (143, "killed")
         env = await session.arun("env | sort")
