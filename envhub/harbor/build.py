@@ -28,6 +28,7 @@ import asyncio
 import functools
 import hashlib
 import io
+import posixpath
 import shutil
 import tarfile
 import tempfile
@@ -270,6 +271,29 @@ def _store(data: bytes, key: str) -> Path:
 
 def _as_ours(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
     """tarfile's ``tar`` filter (nothing outside the folder, no setuid bits), the files owned
-    by this user (a session sees them as its own)."""
+    by this user (a session sees them as its own), and no symbolic link out of the folder but
+    into the system's read-only folders (what reads the workspace on the host, such as an
+    upload to a remote sandbox, follows links).
+
+    Raises:
+        UnsupportedEnvironment: A link elsewhere.
+    """
+    if member.issym() and not _link_stays_in(member.name, member.linkname):
+        raise UnsupportedEnvironment(
+            f"a RUN step left a link {member.name.removeprefix('./')} -> {member.linkname} in "
+            f"the working folder; links must stay in it or point into {', '.join(SYSTEM_LINKS)}"
+        )
     kept = tarfile.tar_filter(member, path)
     return kept.replace(uid=None, gid=None, uname=None, gname=None, deep=False)
+
+
+SYSTEM_LINKS = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/sandbox/")
+"""Where a prepared workspace's absolute links may point: the system's read-only folders
+(the same in every session) and the working folder itself."""
+
+
+def _link_stays_in(name: str, target: str) -> bool:
+    if target.startswith("/"):
+        return target.startswith(SYSTEM_LINKS) and ".." not in target.split("/")
+    resolved = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+    return resolved != ".." and not resolved.startswith("../")

@@ -410,3 +410,23 @@ def test_install_requests_are_read_and_checked() -> None:
     fails = [("8.3.4", "==8.3"), ("8.3.4", "~=8.2.1"), ("8.3.4", "<8.3.4"), ("8.3.4", "!=8.3.*")]
     assert all(_meets(have, spec) for have, spec in meets)
     assert not any(_meets(have, spec) for have, spec in fails)
+
+
+@needs_sessions
+def test_links_stay_in_the_workspace_or_point_into_the_system(
+    tmp_path: Path, sandbox: LocalSandbox
+) -> None:
+    links = "ln -s /usr/bin/env env && mkdir d && ln -s ../env d/up && ln -s /sandbox/env here"
+    folder = make_task(tmp_path, f"WORKDIR /app\nRUN {links}\n")
+    workspace = prepare(HarborEnv(folder, sandbox=sandbox))
+    assert [os.readlink(workspace / n) for n in ("env", "d/up", "here")] == [
+        "/usr/bin/env", "../env", "/sandbox/env",
+    ]  # fmt: skip
+    for target in ("/etc/passwd", "../../../etc/passwd", "/usr/../etc/passwd"):
+        escape = make_task(tmp_path / target.replace("/", "_"), f"RUN ln -s {target} leak\n")
+        with pytest.raises(UnsupportedEnvironment) as error:
+            prepare(HarborEnv(escape, sandbox=sandbox))
+        assert str(error.value).startswith(
+            f"a RUN step left a link leak -> {target} in the working folder; links must stay "
+            "in it or point into /usr/, /bin/"
+        )
