@@ -5,7 +5,9 @@ Dockerfile's line) a step that can be told to need what a preparation session ca
 ``apt-get install`` of a package the host lacks, a ``pip install`` the sandbox's ``python3``
 does not satisfy (:mod:`envhub.harbor.installs`), a download (``curl``/``wget`` of a URL,
 ``git clone`` of a remote), or an installer that fetches from the network (``npm install``,
-``conda install``, ``cargo install``...). The step's text is split into simple commands
+``conda install``, ``cargo install``...), or a write outside the working folder and ``/tmp``
+(``mkdir``, ``touch``, ``cp``, ``mv``, ``ln``, ``install``, ``tee`` of an absolute path, a
+``>`` redirection). The step's text is split into simple commands
 (``&&``, ``||``, ``;``, ``|``, subshells); words holding ``$`` or a command substitution cannot
 be told and are left to the preparation, where the step fails or not.
 """
@@ -45,10 +47,13 @@ _NETWORK_INSTALLERS = {
     "gem": {"install"}, "pipx": {"install"}, "bundle": {"install"}, "composer": {"install"},
 }  # fmt: skip
 _LOCAL_HOSTS = ("://localhost", "://127.0.0.1", "://[::1]")
+_WRITERS = {">", "mkdir", "touch", "cp", "mv", "ln", "install", "tee"}
+_WRITABLE = ("/tmp/", "/dev/", "/sandbox/")
 
 
-def check_run(step: RunInstruction) -> None:
-    """Refuse ``step`` if its text shows it needs the network or a missing package.
+def check_run(step: RunInstruction, workdir: str) -> None:
+    """Refuse ``step`` if its text shows it needs the network, a missing package, or writes
+    outside the working folder ``workdir`` and ``/tmp``.
 
     Raises:
         UnsupportedEnvironment: What it needs, named with the step's line.
@@ -56,14 +61,34 @@ def check_run(step: RunInstruction) -> None:
     shell_form = len(step.argv) >= 2 and step.argv[-1] == step.text
     commands = simple_commands(step.text) if shell_form else [list(step.argv)]
     for words in commands:
-        problem = _problem(words, step.env)
+        problem = _problem(words, step.env) or _writes_outside(words, workdir)
         if problem:
             raise UnsupportedEnvironment(f"{step.where}: RUN {_short(step.text)}: {problem}")
 
 
+def _writes_outside(words: list[str], workdir: str) -> str | None:
+    """Where a command that writes files (``mkdir``, ``cp``, ``> file``...) writes outside the
+    working folder and ``/tmp`` (only those are writable here), or ``None``."""
+    if not words or words[0] not in _WRITERS:
+        return None
+    paths = [w for w in words[1:] if not w.startswith("-")]
+    if words[0] in ("cp", "mv", "ln", "install"):
+        paths = paths[-1:]  # the destination
+    writable = (workdir.rstrip("/") + "/", *_WRITABLE)
+    for path in paths:
+        if path.startswith("/") and "$" not in path and not (path + "/").startswith(writable):
+            return (
+                f"writes {path}, outside the working folder {workdir} and /tmp, the only "
+                "folders a RUN step can write here (the host's system is read-only); write it "
+                f"under {workdir}, or install it on this machine"
+            )
+    return None
+
+
 def simple_commands(text: str) -> list[list[str]]:
-    """The simple commands of a shell text, their leading ``NAME=value`` words dropped (empty
-    when the text cannot be split, such as unbalanced quotes)."""
+    """The simple commands of a shell text, their leading ``NAME=value`` words dropped, each
+    file an output redirection writes as a command ``[">", file]`` (empty when the text cannot
+    be split, such as unbalanced quotes)."""
     lexer = shlex.shlex(text, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     try:
@@ -71,16 +96,18 @@ def simple_commands(text: str) -> list[list[str]]:
     except ValueError:
         return []
     commands: list[list[str]] = [[]]
-    redirected = False
+    target: str | None = None  # after a redirection: "file" (written) or "skip"
     for token in tokens:
         if set(token) <= _CONTROL:
             commands.append([])
         elif set(token) <= _REDIRECT:  # `> file`, `2>&1`: neither is an argument
             if commands[-1] and commands[-1][-1].isdigit():
                 commands[-1].pop()
-            redirected = True
-        elif redirected:
-            redirected = False
+            target = "file" if ">" in token and "&" not in token else "skip"
+        elif target is not None:
+            if target == "file":  # a command of its own: `>` writes the file
+                commands.insert(-1, [">", token])
+            target = None
         else:
             commands[-1].append(token)
     return [words for words in map(_command_words, commands) if words]

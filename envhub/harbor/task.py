@@ -277,7 +277,7 @@ def _build(environment: Environment, copies: list[CopyStep], timeout: float | No
     steps: list[CopyStep | RunStep] = []
     done = 0
     for run in environment.runs:
-        check_run(run)
+        check_run(run, environment.workdir)
         steps += copies[done : run.after_copies]
         done = run.after_copies
         steps.append(_run_step(run, environment.workdir))

@@ -335,6 +335,14 @@ def test_steps_are_read_in_order_with_what_is_in_force() -> None:
         ("WORKDIR /opt\nRUN true\nWORKDIR /app\n", r":3: a RUN step in /opt, outside the working"),
         ("RUN --mount=type=secret,id=x true\n", r":2: .* needs a RUN --mount=type=secret,id=x"),
         ("RUN <<EOF\n", r":2: .* needs a RUN with a here-document"),
+        (
+            "WORKDIR /app\nRUN mkdir -p /app/a /tmp/b && cp tool /usr/local/bin/\n",
+            r":3: RUN mkdir .*: writes /usr/local/bin/, outside the working folder /app and /tmp",
+        ),
+        (
+            "WORKDIR /app\nRUN echo ok > /app/ok 2>/dev/null && echo x >> /etc/profile\n",
+            r":3: RUN echo .*: writes /etc/profile, outside the working folder /app and /tmp",
+        ),
     ],
 )
 def test_steps_that_cannot_run_here_are_refused_on_load(
@@ -374,14 +382,17 @@ def test_a_step_is_split_into_its_simple_commands() -> None:
         "(cd x; sudo pip install 'c>=1') | tee log; if true; then echo 'a && b' > f; fi"
     )
     assert simple_commands(text) == [
+        [">", "/dev/null"],
         ["apt-get", "install", "-y", "a", "b"],
         ["cd", "x"],
         ["pip", "install", "c>=1"],
         ["tee", "log"],
         ["true"],
+        [">", "f"],
         ["echo", "a && b"],
         ["fi"],
     ]
+    assert simple_commands("make 2>&1 | tee /tmp/log") == [["make"], ["tee", "/tmp/log"]]
     assert simple_commands("echo 'unbalanced") == []
 
 

@@ -114,7 +114,7 @@ def test_push_install_make_and_check_a_folder_of_tasks(
         "print(env.name, env.version, sorted(t.name for t in env.tasks.values()))",
     )
     assert made.stdout.strip() == (
-        "terminal-tasks 0.1.0 ['fix-median', 'hello-file', 'log-summary']"
+        "terminal-tasks 0.1.0 ['fix-median', 'hello-file', 'log-summary', 'tally-errors']"
     ), made.stderr
     checked = run("-m", "envhub.cli", "check", "terminal-tasks")
     assert checked.returncode == 0, checked.stdout + checked.stderr
