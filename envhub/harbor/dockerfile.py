@@ -30,7 +30,8 @@ Refused when the task loads, with an error naming the Dockerfile's line: another
 second stage, a ``docker-compose.yaml``, a copy to outside the working folder or from a URL, a
 ``RUN`` step in a ``WORKDIR`` outside the working folder, and a ``RUN`` step that can be told
 to need the network or the system (:mod:`envhub.harbor.build_check`: an install of a package
-the host lacks, a download, ``npm install``...). A ``RUN`` step that fails when the workspace
+the host lacks, a download, ``npm install``..., a write outside the working folder and
+``/tmp``). A ``RUN`` step that fails when the workspace
 is prepared is refused then, with its line and the end of its output.
 """
 
@@ -249,8 +250,8 @@ def _copies(environment: Environment, rest: str, where: str) -> list[tuple[str, 
     for source in sources:
         if "://" in source:
             raise _refuse(environment.image, where, f"a download ({source})")
-    into_folder = dest.endswith("/") or len(sources) > 1 or target == PurePosixPath(
-        environment.workdir
+    into_folder = (
+        dest.endswith("/") or len(sources) > 1 or target == PurePosixPath(environment.workdir)
     )
     return [(s, str(target) + ("/" if into_folder else "")) for s in sources]
 
