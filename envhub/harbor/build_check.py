@@ -61,7 +61,7 @@ def check_run(step: RunInstruction, workdir: str) -> None:
     shell_form = len(step.argv) >= 2 and step.argv[-1] == step.text
     commands = simple_commands(step.text) if shell_form else [list(step.argv)]
     for words in commands:
-        problem = _problem(words, step.env) or _writes_outside(words, workdir)
+        problem = _problem(words) or _writes_outside(words, workdir)
         if problem:
             raise UnsupportedEnvironment(f"{step.where}: RUN {_short(step.text)}: {problem}")
 
@@ -124,7 +124,7 @@ def _command_words(words: list[str]) -> list[str]:
     return words[index:]
 
 
-def _problem(words: list[str], env: dict[str, str]) -> str | None:
+def _problem(words: list[str]) -> str | None:
     """Why the simple command ``words`` cannot run here, or ``None`` (or not known)."""
     if not words or any("$" in w or "`" in w for w in words[:2]):
         return None
@@ -133,7 +133,7 @@ def _problem(words: list[str], env: dict[str, str]) -> str | None:
         return _apt_problem(tool, args)
     pip_args = _pip_args(tool, args)
     if pip_args is not None:
-        return _pip_problem(pip_args, env)
+        return _pip_problem(pip_args)
     if tool in ("curl", "wget"):
         url = next((w for w in args if "://" in w and not w.startswith(_LOCAL_HOSTS)), None)
         return f"downloads {url}, and there is no network here. {ADVICE}" if url else None
@@ -174,7 +174,7 @@ def _pip_args(tool: str, args: list[str]) -> list[str] | None:
     return None
 
 
-def _pip_problem(args: list[str], env: dict[str, str]) -> str | None:
+def _pip_problem(args: list[str]) -> str | None:
     subcommand = next((w for w in args if not w.startswith("-")), None)
     if subcommand != "install" or any("$" in w for w in args):
         return None
