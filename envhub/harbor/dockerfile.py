@@ -10,19 +10,36 @@ a task runs here when its image *is* the host's base system. The rule:
   Ubuntu and others, from ``/etc/os-release``), or the official ``python`` image at the version of
   the sandbox's ``python3`` (``python:3.11``, ``python:3.11-slim``, ``python:3.11-slim-bookworm``
   where it is 3.11 on bookworm);
-- after ``FROM``, only steps that need no build: ``WORKDIR``, ``COPY``/``ADD`` of files from the
-  build context into the working folder, ``ENV``; ``ARG``, ``LABEL``, ``USER``, ``EXPOSE``,
-  ``CMD``, ``ENTRYPOINT``, ``SHELL``, ``HEALTHCHECK``, ``STOPSIGNAL`` and ``VOLUME`` are ignored.
+- after ``FROM``: ``WORKDIR``; ``COPY``/``ADD`` of files from the build context into the working
+  folder; ``ENV`` and ``ARG`` (``$NAME`` and ``${NAME}`` expanded as Docker does, ``ARG`` only
+  for the ``RUN`` steps); ``SHELL`` (the shell of later ``RUN`` steps); ``LABEL``, ``USER``,
+  ``EXPOSE``, ``CMD``, ``ENTRYPOINT``, ``HEALTHCHECK``, ``STOPSIGNAL`` and ``VOLUME`` are
+  ignored;
+- ``RUN`` steps (shell form, run with ``/bin/sh -c`` or the ``SHELL``, or exec form), run once
+  per task when its workspace is prepared (:mod:`envhub.harbor.build`): in a sandbox session
+  without network, in order with the copies, in their ``WORKDIR`` (the working folder before
+  any), with the ``ENV`` and ``ARG`` values set above them, the working folder's path rewritten
+  to ``/sandbox`` as in the instruction. Only the working folder and ``/tmp`` are writable
+  there. Package installs are checked, not run (:mod:`envhub.harbor.installs`): ``apt-get`` /
+  ``apt install`` of packages the host has (``dpkg-query``), ``pip`` / ``pip3`` /
+  ``python3 -m pip install`` of distributions the sandbox's ``python3`` has (at a matching
+  version when one is asked), pass as done; ``apt-get update``, ``clean`` and the like are
+  no-ops.
 
-Anything else (another image, a ``RUN`` step, a second stage, a ``docker-compose.yaml``, a copy
-to outside the working folder or from a URL) is refused with an error naming the image and the
-line: it needs a container build that cannot happen here.
+Refused when the task loads, with an error naming the Dockerfile's line: another image, a
+second stage, a ``docker-compose.yaml``, a copy to outside the working folder or from a URL, a
+``RUN`` step in a ``WORKDIR`` outside the working folder, and a ``RUN`` step that can be told
+to need the network or the system (:mod:`envhub.harbor.build_check`: an install of a package
+the host lacks, a download, ``npm install``..., a write outside the working folder and
+``/tmp``). A ``RUN`` step that fails when the workspace
+is prepared is refused then, with its line and the end of its output.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -30,13 +47,16 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from envhub.errors import EnvLoadError
+from envhub.sandbox.jail import ENV as SANDBOX_ENV
 
 DEFAULT_WORKDIR = "/app"
 """Harbor's usual working folder, when the Dockerfile sets none."""
 _IGNORED = {
-    "ARG", "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "SHELL", "HEALTHCHECK", "STOPSIGNAL",
-    "VOLUME", "MAINTAINER",
+    "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "HEALTHCHECK", "STOPSIGNAL", "VOLUME",
+    "MAINTAINER", "ONBUILD",
 }  # fmt: skip
+DEFAULT_SHELL = ("/bin/sh", "-c")
+_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))")
 
 
 class UnsupportedEnvironment(EnvLoadError):
@@ -50,8 +70,31 @@ class Environment:
     image: str | None = None
     workdir: str = DEFAULT_WORKDIR
     copies: list[tuple[str, str]] = field(default_factory=list)
-    """(source in the build context, destination relative to the working folder)."""
+    """(source in the build context, destination relative to the (final) working folder; a
+    folder when it ends with ``/``)."""
     env: dict[str, str] = field(default_factory=dict)
+    runs: list[RunInstruction] = field(default_factory=list)
+    """The ``RUN`` steps, in order (each knows how many copies come before it)."""
+    explicit_workdir: bool = False
+    """Whether a ``WORKDIR`` was set (``RUN`` steps before any run in the working folder)."""
+
+
+@dataclass(frozen=True)
+class RunInstruction:
+    """One ``RUN`` step as the Dockerfile wrote it, with what was in force above it."""
+
+    where: str
+    """``path:line`` of the step."""
+    text: str
+    """The step as written (after ``RUN`` and its options)."""
+    argv: tuple[str, ...]
+    """The command: the shell and ``text`` (shell form), or the exec form's words."""
+    workdir: str | None
+    """The absolute ``WORKDIR`` it runs in (``None``: none set yet: the working folder)."""
+    env: dict[str, str]
+    """``ENV`` and ``ARG`` values set above it."""
+    after_copies: int
+    """How many of the environment's copies happen before it."""
 
 
 def read_dockerfile(path: Path) -> Environment:
@@ -61,7 +104,8 @@ def read_dockerfile(path: Path) -> Environment:
         UnsupportedEnvironment: The image or a step needs a container build (named).
     """
     environment = Environment()
-    froms = 0
+    froms, build_args, shell = 0, {}, DEFAULT_SHELL
+    copy_lines: list[str] = []
     for number, line in _instructions(path.read_text(encoding="utf-8", errors="replace")):
         word, _, rest = line.partition(" ")
         keyword, rest = word.upper(), rest.strip()
@@ -73,13 +117,28 @@ def read_dockerfile(path: Path) -> Environment:
             environment.image = _from_image(rest)
             check_image(environment.image, where)
         elif keyword == "WORKDIR":
-            environment.workdir = str(PurePosixPath(environment.workdir, rest.strip("\"'")))
+            folder = expand(rest.strip("\"'"), {**build_args, **environment.env})
+            environment.workdir = str(PurePosixPath(environment.workdir, folder))
+            environment.explicit_workdir = True
         elif keyword in ("COPY", "ADD"):
-            environment.copies.extend(_copies(environment, rest, where))
+            copies = _copies(environment, rest, where)
+            environment.copies.extend(copies)
+            copy_lines += [where] * len(copies)
         elif keyword == "ENV":
-            environment.env.update(_env_pairs(rest))
+            for key, value in _env_pairs(rest).items():
+                environment.env[key] = expand(value, {**build_args, **environment.env})
+        elif keyword == "ARG":
+            build_args.update(_arg_pair(rest, {**build_args, **environment.env}))
+        elif keyword == "SHELL":
+            shell = _exec_form(rest, where) or shell
+        elif keyword == "RUN":
+            environment.runs.append(_run(environment, rest, where, shell, build_args))
         elif keyword not in _IGNORED:
             raise _refuse(environment.image, where, f"a {keyword} step")
+    environment.copies = [
+        (source, _within_workdir(environment, target, where))
+        for (source, target), where in zip(environment.copies, copy_lines, strict=True)
+    ]
     return environment
 
 
@@ -187,18 +246,91 @@ def _copies(environment: Environment, rest: str, where: str) -> list[tuple[str, 
     if any(w.startswith("--from") for w in rest.split()) or len(words) < 2:
         raise _refuse(environment.image, where, "a COPY from another stage or image")
     *sources, dest = words
-    target = PurePosixPath(environment.workdir, dest)
-    try:
-        relative = target.relative_to(environment.workdir)
-    except ValueError:
-        raise _refuse(
-            environment.image, where, f"a copy to {dest}, outside the working folder"
-        ) from None
+    target = PurePosixPath(environment.workdir, dest)  # checked against the final WORKDIR
     for source in sources:
         if "://" in source:
             raise _refuse(environment.image, where, f"a download ({source})")
-    into_folder = dest.endswith("/") or len(sources) > 1 or str(relative) == "."
-    return [(s, str(relative) + ("/" if into_folder else "")) for s in sources]
+    into_folder = (
+        dest.endswith("/") or len(sources) > 1 or target == PurePosixPath(environment.workdir)
+    )
+    return [(s, str(target) + ("/" if into_folder else "")) for s in sources]
+
+
+def _within_workdir(environment: Environment, target: str, where: str) -> str:
+    """A copy's absolute target relative to the final working folder (the workspace's root)."""
+    into_folder = target.endswith("/")
+    try:
+        relative = PurePosixPath(target).relative_to(environment.workdir)
+    except ValueError:
+        raise _refuse(
+            environment.image,
+            where,
+            f"a copy to {target.rstrip('/')}, outside the working folder {environment.workdir}",
+        ) from None
+    return str(relative) + ("/" if into_folder else "")
+
+
+def expand(value: str, variables: dict[str, str]) -> str:
+    """``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced as Docker does in ``ENV`` and
+    ``WORKDIR`` (from ``variables``, else the sandbox's own environment, else empty)."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        known = {**SANDBOX_ENV, **variables}
+        if name in known:
+            return known[name]
+        return match.group(2) or ""
+
+    return _VARIABLE.sub(one, value)
+
+
+def _run(
+    environment: Environment,
+    rest: str,
+    where: str,
+    shell: tuple[str, ...],
+    build_args: dict[str, str],
+) -> RunInstruction:
+    """A ``RUN`` step: its options dropped (a cache mount is fine; other mounts are not)."""
+    while rest.startswith("--"):
+        option, _, rest = rest.partition(" ")
+        if option.startswith("--mount") and "type=cache" not in option:
+            raise _refuse(environment.image, where, f"a RUN {option} (a build mount)")
+        rest = rest.strip()
+    if rest.startswith("<<"):
+        raise _refuse(environment.image, where, "a RUN with a here-document")
+    if not rest:
+        raise EnvLoadError(f"{where}: a RUN without a command")
+    argv = _exec_form(rest, where) or (*shell, rest)
+    return RunInstruction(
+        where=where,
+        text=rest,
+        argv=tuple(argv),
+        workdir=environment.workdir if environment.explicit_workdir else None,
+        env={**build_args, **environment.env},
+        after_copies=len(environment.copies),
+    )
+
+
+def _exec_form(rest: str, where: str) -> tuple[str, ...] | None:
+    """The words of a JSON array (``RUN ["a", "b"]``, ``SHELL [...]``), or ``None``."""
+    if not rest.startswith("["):
+        return None
+    try:
+        words = json.loads(rest)
+    except ValueError as e:
+        raise EnvLoadError(f"{where}: cannot read the JSON form {rest!r}: {e}") from None
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) for w in words):
+        raise EnvLoadError(f"{where}: the JSON form must be a list of strings, got {rest!r}")
+    return tuple(words)
+
+
+def _arg_pair(rest: str, variables: dict[str, str]) -> dict[str, str]:
+    """``ARG NAME=default`` as a variable of later ``RUN`` steps (``ARG NAME``: none)."""
+    name, has_default, default = rest.strip().partition("=")
+    if not has_default:
+        return {}
+    return {name.strip(): expand(default.strip().strip("\"'"), variables)}
 
 
 def _env_pairs(rest: str) -> dict[str, str]:

@@ -2,8 +2,9 @@
 
 ``envhub.make("path/to/task")`` (one task folder) or ``envhub.make("path/to/tasks")`` (a
 folder of them) gives a :class:`HarborEnv`. An episode: the instruction is the prompt, the
-workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`), and the
-model works with the terminal tools. When it ends, every process the model left is killed,
+workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`) and what its
+``RUN`` steps made (run once per task, before its first episode: :mod:`envhub.harbor.build`),
+and the model works with the terminal tools. When it ends, every process the model left is killed,
 ``tests/`` is copied into a fresh folder out of the workspace (``/tmp/.harbor``, with ``/tmp``
 cleared of test-runner configuration: see :mod:`envhub.harbor.task`) and ``test.sh`` runs in
 the session with the verifier's timeout, the task's variables and no Python user site (the
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import EnvLoadError, VerifierError
+from envhub.harbor.build import prepare, prepared
 from envhub.harbor.dockerfile import UnsupportedEnvironment
 from envhub.harbor.task import (
     HARBOR_DIR,
@@ -96,11 +98,35 @@ class HarborEnv(WorkspaceEnv):
         return self.task_of(task).files
 
     def workspace_for(self, task: dict[str, Any]) -> Workspace:
-        """The prepared workspace, with the task's executable files executable."""
+        """The prepared workspace: the one its ``RUN`` steps made (prepared now if need be:
+        see :meth:`prepare_workspace`), else the task's files, executables executable."""
+        harbor = self.task_of(task)
+        if harbor.build is not None:
+            from envhub._async import run_sync
+
+            return prepared(harbor.build) or run_sync(self.prepare_workspace(task))
         workspace = super().workspace_for(task)
         for name in self.task_of(task).executables:
             (workspace.path / name).chmod(0o777)
         return workspace
+
+    async def prepare_workspace(self, task: dict[str, Any]) -> Workspace:
+        """The task's workspace, running its Dockerfile's ``RUN`` steps first if no process
+        has yet (:mod:`envhub.harbor.build`).
+
+        Raises:
+            UnsupportedEnvironment: A step failed (its line, the step, its output's end).
+        """
+        harbor = self.task_of(task)
+        if harbor.build is None:
+            return self.workspace_for(task)
+        variables = super().command_env(task)  # the Dockerfile's ENV: each step its own
+        return await prepare(harbor.build, self.sandbox, self.limits_for(task), variables)
+
+    async def setup_state(self, state: State) -> None:
+        """Prepare the task's workspace (once per task), then open the episode's session."""
+        await self.prepare_workspace(state.task)
+        await super().setup_state(state)
 
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
         """The Dockerfile's ``ENV`` variables, over the default ones."""
@@ -327,7 +353,7 @@ async def check_task(env: HarborEnv, key: str) -> TaskCheck:
         solved = None
         if task.solution is not None:
             solved = await _verify_fresh(env, row, solution=task.solution)
-    except (VerifierError, OSError) as e:
+    except (VerifierError, UnsupportedEnvironment, OSError) as e:
         return TaskCheck(task.name, None, 0.0, f"{type(e).__name__}: {e}")
     error = "" if task.solution is not None else f"{task.path / 'solution' / 'solve.sh'} is missing"
     return TaskCheck(task.name, solved, unsolved, error)
@@ -340,7 +366,8 @@ async def _verify_fresh(
 
     sandbox = env.sandbox or default_sandbox()
     variables, task = env.command_env(row), env.task_of(row)
-    async with sandbox.session(env.workspace_for(row), limits=env.limits_for(row)) as session:
+    workspace = await env.prepare_workspace(row)
+    async with sandbox.session(workspace, limits=env.limits_for(row)) as session:
         if solution is not None:
             for name, data in solution.items():
                 await session.write_file(f"{SOLUTION_DIR}/{name}", data)

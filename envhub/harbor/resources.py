@@ -16,7 +16,9 @@
                                           than this machine has is warned about
 ``[environment] gpus``                    refused when above 0: sessions have no GPU
 ``[environment] allow_internet = true``   warned about: sessions have no network
-``[environment] build_timeout_sec``       ignored: nothing is built
+``[environment] build_timeout_sec``       each ``RUN`` step's wall time when the workspace
+                                          is prepared (default 600 s;
+                                          :mod:`envhub.harbor.build`)
 ========================================  =================================================
 
 ``memory`` and ``storage`` are Harbor's older spellings, sizes such as ``"4G"`` or ``"512M"``.
@@ -55,6 +57,8 @@ class Resources:
     memory_mb: int | None = None
     storage_mb: int | None = None
     cpus: float | None = None
+    build_timeout: float | None = None
+    """Seconds each ``RUN`` step may run when the workspace is prepared (``None``: 600)."""
     verifier_env: dict[str, str] = field(default_factory=dict)
     solution_env: dict[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
@@ -97,6 +101,9 @@ def read_resources(file: Path, config: dict[str, Any]) -> Resources:
         memory_mb=_size_mb(environment, "memory_mb", "memory", f"{where}: [environment]"),
         storage_mb=_size_mb(environment, "storage_mb", "storage", f"{where}: [environment]"),
         cpus=cpus,
+        build_timeout=_number(
+            environment, "build_timeout_sec", f"{where}: [environment] build_timeout_sec"
+        ),
         verifier_env=_variables(verifier, f"{where}: [verifier] env"),
         solution_env=_variables(solution, f"{where}: [solution] env"),
         warnings=tuple(warnings),

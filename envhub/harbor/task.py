@@ -6,7 +6,9 @@ starts with, the tests and the solution (both kept off the workspace until they 
 limits (:mod:`envhub.harbor.resources`: the agent's and the verifier's timeouts, memory,
 storage; the verifier's defaults to 600 s as in Harbor). A malformed folder
 raises :class:`~envhub.errors.EnvLoadError` naming the file at fault; a task whose environment
-cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`.
+cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`. A Dockerfile
+with ``RUN`` steps gives the task a :attr:`HarborTask.build` (its copies and steps in order,
+paths mapped as below), which :mod:`envhub.harbor.build` runs once to prepare the workspace.
 
 **Paths.** Harbor's container has the task at its working folder (the Dockerfile's
 ``WORKDIR``, usually ``/app``), the tests at ``/tests``, the solution at ``/solution`` and the
@@ -31,13 +33,16 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from envhub.errors import EnvLoadError
+from envhub.harbor.build import DEFAULT_BUILD_TIMEOUT, Build, CopyStep, RunStep
+from envhub.harbor.build_check import check_run
 from envhub.harbor.dockerfile import (
     DEFAULT_WORKDIR,
     Environment,
+    RunInstruction,
     UnsupportedEnvironment,
     check_image,
     read_dockerfile,
@@ -80,6 +85,9 @@ class HarborTask:
     env: dict[str, str] = field(default_factory=dict)
     """Variables from the Dockerfile's ``ENV`` steps (commands and tests run with them)."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    build: Build | None = None
+    """The copies and ``RUN`` steps that prepare the workspace, when the Dockerfile has ``RUN``
+    steps (:mod:`envhub.harbor.build`); ``None``: the workspace is :attr:`files`."""
 
     @property
     def verifier_timeout(self) -> float:
@@ -136,8 +144,11 @@ def load_task(path: str | Path) -> HarborTask:
     if solution is not None and "solve.sh" not in solution:
         raise EnvLoadError(f"{solution_dir / 'solve.sh'} is missing (solution/ has no solve.sh)")
     mapped = _mapping(environment.workdir)
-    files, executables = _workspace_files(folder / "environment", environment)
+    copies = _copied_files(folder / "environment", environment)
+    files = {name: data for copy in copies for name, data in copy.files.items()}
+    executables = frozenset().union(*(c.executables for c in copies))
     task_meta = config.get("task") if isinstance(config.get("task"), dict) else {}
+    resources = read_resources(folder / "task.toml", config)
     return HarborTask(
         path=folder,
         name=str(task_meta.get("name") or folder.name),
@@ -146,9 +157,10 @@ def load_task(path: str | Path) -> HarborTask:
         executables=executables,
         tests=_rewrite_all(tests, _without(mapped, VERIFIER_PATHS)),
         solution=None if solution is None else _rewrite_all(solution, mapped),
-        resources=read_resources(folder / "task.toml", config),
-        env=environment.env,
+        resources=resources,
+        env=_rewrite_values(environment.env, _workdir_only(environment.workdir)),
         metadata=dict(_section(config, "metadata")),
+        build=_build(environment, copies, resources.build_timeout),
     )
 
 
@@ -246,28 +258,75 @@ def _environment(folder: Path, config: dict[str, Any]) -> Environment:
     return Environment(workdir=DEFAULT_WORKDIR)
 
 
-def _workspace_files(
-    context: Path, environment: Environment
-) -> tuple[dict[str, bytes], frozenset[str]]:
-    """The files the Dockerfile's copies put in the working folder (none without one), and
-    which of them are executable."""
+def _workdir_only(workdir: str) -> dict[str, str]:
+    return {} if workdir in ("/", "") else {workdir: WORKDIR}
+
+
+def _rewrite_values(env: dict[str, str], mapping: dict[str, str]) -> dict[str, str]:
+    return {key: rewrite_paths(value, mapping) for key, value in env.items()}
+
+
+def _build(environment: Environment, copies: list[CopyStep], timeout: float | None) -> Build | None:
+    """The copies and ``RUN`` steps in order, mapped into the sandbox (``None`` without steps).
+
+    Raises:
+        UnsupportedEnvironment: A step that cannot run here (see :mod:`envhub.harbor.build_check`).
+    """
+    if not environment.runs:
+        return None
+    steps: list[CopyStep | RunStep] = []
+    done = 0
+    for run in environment.runs:
+        check_run(run, environment.workdir)
+        steps += copies[done : run.after_copies]
+        done = run.after_copies
+        steps.append(_run_step(run, environment.workdir))
+    steps += copies[done:]
+    return Build(tuple(steps), timeout or DEFAULT_BUILD_TIMEOUT)
+
+
+def _run_step(run: RunInstruction, workdir: str) -> RunStep:
+    mapping = _workdir_only(workdir)
+    cwd = WORKDIR
+    if run.workdir is not None:
+        try:
+            relative = PurePosixPath(run.workdir).relative_to(workdir)
+        except ValueError:
+            raise UnsupportedEnvironment(
+                f"{run.where}: a RUN step in {run.workdir}, outside the working folder "
+                f"{workdir}: only the working folder is kept here; set WORKDIR {workdir} first"
+            ) from None
+        cwd = str(PurePosixPath(WORKDIR, relative))
+    return RunStep(
+        where=run.where,
+        text=run.text,
+        argv=tuple(rewrite_paths(word, mapping) for word in run.argv),
+        cwd=cwd,
+        env=_rewrite_values(run.env, mapping),
+    )
+
+
+def _copied_files(context: Path, environment: Environment) -> list[CopyStep]:
+    """The files each of the Dockerfile's copies puts in the working folder, and which of
+    them are executable."""
+    return [_copy_step(context, source, dest) for source, dest in environment.copies]
+
+
+def _copy_step(context: Path, source: str, dest: str) -> CopyStep:
     files: dict[str, bytes] = {}
     executable: set[str] = set()
-    for source, dest in environment.copies:
-        origin = (context / source).resolve()
-        if not origin.is_relative_to(context.resolve()) or not origin.exists():
-            raise EnvLoadError(
-                f"{context / 'Dockerfile'}: COPY {source}: no such file in {context}"
-            )
-        if origin.is_dir():
-            pairs = [(_join(dest, rel, dir_dest=True), origin / rel) for rel in _read_tree(origin)]
-        else:
-            pairs = [(_join(dest, origin.name, dir_dest=dest.endswith("/")), origin)]
-        for name, path in pairs:
-            files[name] = path.read_bytes()
-            if path.stat().st_mode & 0o111:
-                executable.add(name)
-    return files, frozenset(executable)
+    origin = (context / source).resolve()
+    if not origin.is_relative_to(context.resolve()) or not origin.exists():
+        raise EnvLoadError(f"{context / 'Dockerfile'}: COPY {source}: no such file in {context}")
+    if origin.is_dir():
+        pairs = [(_join(dest, rel, dir_dest=True), origin / rel) for rel in _read_tree(origin)]
+    else:
+        pairs = [(_join(dest, origin.name, dir_dest=dest.endswith("/")), origin)]
+    for name, path in pairs:
+        files[name] = path.read_bytes()
+        if path.stat().st_mode & 0o111:
+            executable.add(name)
+    return CopyStep(files, frozenset(executable))
 
 
 def _join(dest: str, name: str, *, dir_dest: bool) -> str:

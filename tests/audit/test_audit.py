@@ -416,6 +416,7 @@ CHEATS = {
         "cheat:exit_0_during_collection",
         "cheat:background_forges_the_report",
         "cheat:package_forges_the_verdict_and_exits",
+        "cheat:package_hunts_the_key",
         "cheat:package_patches_pytest",
         "cheat:sitecustomize_patches_pytest",
         "cheat:planted_pytest_plugin",

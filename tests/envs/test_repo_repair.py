@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import os
+import re
+import secrets
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 
 from envhub.checker import check_env
 from envhub.envs.repo_bugs import DIFFICULTIES, TEMPLATES, make_project
-from envhub.envs.repo_repair import CHEATS, LEVELS, SEEDS, RepoRepairEnv
+from envhub.envs.repo_repair import _KEY_HUNT, CHEATS, LEVELS, SEEDS, RepoRepairEnv, read_verdict
 from envhub.errors import ConfigError
 from envhub.pytest_bundle import pytest_bundle
 from envhub.rollout.runner import RolloutRunner
@@ -188,3 +190,37 @@ def test_forges_reach_the_runner_and_still_score_nothing(sandbox: LocalSandbox) 
     reward, share, output = seen["package_patches_pytest"]
     assert (reward, share) == (0.0, 0.0)
     assert f"{count} passed" in output and '"patched": 1' in output
+
+
+@needs_sessions
+def test_the_key_hunt_finds_a_key_held_in_the_test_process(sandbox: LocalSandbox) -> None:
+    """The hunt has teeth: run where the key sits in a frame of the process the repository's code
+    runs in (as the runner once held it), it prints a verdict the verifier would take."""
+    runner = (
+        "import sys\n\n\ndef run(key):\n"
+        "    exec(compile(open('cheat.py').read(), 'cheat.py', 'exec'), {})\n\n\n"
+        "run(sys.stdin.readline().strip())\n"
+    )
+    tests = "def test_a():\n    pass\n\n\ndef test_b():\n    pass\n"
+    key = secrets.token_hex(16)
+    result = sandbox.run_python(
+        runner, stdin=key + "\n", files={"cheat.py": _KEY_HUNT, "tests/test_ab.py": tests}
+    )
+    assert result.ok, result.stderr
+    assert read_verdict(result.stdout, key) == {
+        "tests": 2, "collect_errors": 0, "patched": 0, "passed": 2, "failed": 0, "skipped": 0,
+    }  # fmt: skip
+
+
+@needs_sessions
+def test_the_key_hunt_runs_in_pytest_and_finds_nothing(sandbox: LocalSandbox) -> None:
+    """Against the runner, the hunt runs (it ends pytest with status 0 before any test) and
+    what it prints carries no key of the run: no verdict, no reward."""
+    env = RepoRepairEnv(seeds=(2,), difficulties=(1,), sandbox=sandbox)
+    env.reset(seed=0, options={"task_index": 0})
+    while env.state.stop_reason is None:
+        _, reward, *_ = env.step(CHEATS["package_hunts_the_key"](env.state.messages, None))
+    output = env.state.data["pytest"]
+    env.close()
+    assert (reward, env.state.reward_components["tests_passed"]) == (0.0, 0.0)
+    assert re.search(r"\d+ (passed|failed)", output) is None  # pytest's summary never came

@@ -58,6 +58,7 @@ def test_make_on_a_folder_of_tasks_or_one_task(sandbox) -> None:
         "fix-median",
         "hello-file",
         "log-summary",
+        "tally-errors",
     ]
     one = envhub.make(str(EXAMPLES / "hello-file"), sandbox=sandbox)
     prompt, _ = one.reset(options={"task_index": 0})
@@ -221,6 +222,7 @@ def test_solutions_pass_and_doing_nothing_fails(tmp_path: Path, sandbox) -> None
         ("fix-median", 1.0, 0.0, True),
         ("hello-file", 1.0, 0.0, True),
         ("log-summary", 1.0, 0.0, True),
+        ("tally-errors", 1.0, 0.0, True),
     ]
     broken = task_copy(tmp_path)
     (broken / "solution/solve.sh").write_text("echo 'Hello!' > /app/hello.txt\n")
@@ -277,7 +279,11 @@ def test_unsupported_tasks_are_refused_or_left_out(tmp_path: Path, sandbox) -> N
     ):
         HarborEnv(tmp_path / "tasks", sandbox=sandbox)
     env = HarborEnv(tmp_path / "tasks", sandbox=sandbox, skip_unsupported=True)
-    assert [row["info"]["name"] for row in env.dataset] == ["fix-median", "log-summary"]
+    assert [row["info"]["name"] for row in env.dataset] == [
+        "fix-median",
+        "log-summary",
+        "tally-errors",
+    ]
 
 
 def test_only_folders_with_task_files_are_made_as_tasks(tmp_path: Path, monkeypatch) -> None:

@@ -20,11 +20,12 @@ def copy_task(tmp_path: Path, name: str = "fix-median") -> Path:
     return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
 
 
-def test_the_examples_folder_holds_three_tasks() -> None:
+def test_the_examples_folder_holds_four_tasks() -> None:
     assert [p.name for p in find_task_folders(EXAMPLES)] == [
         "fix-median",
         "hello-file",
         "log-summary",
+        "tally-errors",
     ]
     assert find_task_folders(EXAMPLES / "hello-file") == [EXAMPLES / "hello-file"]
 
@@ -103,8 +104,13 @@ def test_a_folder_without_tasks_says_so(tmp_path: Path) -> None:
     [
         ("FROM ubuntu:24.04\n", r"Dockerfile:1: the image 'ubuntu:24.04' cannot be built here"),
         (
-            "FROM debian:bookworm\nRUN apt-get install -y curl\n",
-            r"Dockerfile:2: the image 'debian:bookworm' needs a RUN step",
+            "FROM debian:bookworm\nRUN apt-get install -y envhub-absent-package\n",
+            r"Dockerfile:2: RUN apt-get install -y envhub-absent-package: apt-get install needs "
+            r"envhub-absent-package \(not installed on this machine\)",
+        ),
+        (
+            "FROM debian:12\nWORKDIR /app\nCOPY stats.py stats.py\nWORKDIR /srv\n",
+            r"Dockerfile:3: .* needs a copy to /app/stats.py, outside the working folder /srv",
         ),
         (
             "FROM debian:12 AS build\nFROM debian:12\n",

@@ -36,7 +36,7 @@ needs_sessions = pytest.mark.skipif(
 
 @pytest.fixture
 def tasks(tmp_path: Path) -> Path:
-    """A folder of the three example tasks, one with an executable helper, plus a README, a
+    """A folder of the example tasks, one with an executable helper, plus a README, a
     secret and a stray file."""
     folder = Path(shutil.copytree(EXAMPLES, tmp_path / "tasks"))
     helper = folder / "fix-median/environment/greet.sh"
@@ -80,6 +80,7 @@ def test_push_install_make_and_check_a_folder_of_tasks(
         ("fix-median", 1.0, 0.0),
         ("hello-file", 1.0, 0.0),
         ("log-summary", 1.0, 0.0),
+        ("tally-errors", 1.0, 0.0),
     ]
     card = files["README.md"].decode()
     assert "# Terminal tasks" in card and "| hello-file | 1 | 0 | ok |" in card
@@ -113,7 +114,7 @@ def test_push_install_make_and_check_a_folder_of_tasks(
         "print(env.name, env.version, sorted(t.name for t in env.tasks.values()))",
     )
     assert made.stdout.strip() == (
-        "terminal-tasks 0.1.0 ['fix-median', 'hello-file', 'log-summary']"
+        "terminal-tasks 0.1.0 ['fix-median', 'hello-file', 'log-summary', 'tally-errors']"
     ), made.stderr
     checked = run("-m", "envhub.cli", "check", "terminal-tasks")
     assert checked.returncode == 0, checked.stdout + checked.stderr

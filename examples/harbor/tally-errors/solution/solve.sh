@@ -1,0 +1,2 @@
+#!/bin/bash
+cd /app && grep -c ',error$' data/records.csv > summary.txt
