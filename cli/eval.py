@@ -164,7 +164,6 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
         TrajectoryWriter(folder / "trajectories.jsonl") as writer,
         _progress(len(indices) * rollouts) as advance,
     ):
-
         seen: set[tuple[str, int]] = set()
 
         def record(trajectory: Any) -> None:
