@@ -164,10 +164,14 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
         TrajectoryWriter(folder / "trajectories.jsonl") as writer,
         _progress(len(indices) * rollouts) as advance,
     ):
+        seen: set[tuple[str, int]] = set()
 
         def record(trajectory: Any) -> None:
             writer.write(trajectory)
-            advance(trajectory.reward)
+            # The bar counts episodes: a multi-role episode's trajectories (one per actor) once.
+            episode = (trajectory.group_id, trajectory.sample_index)
+            advance(trajectory.reward, episode not in seen)
+            seen.add(episode)
 
         async def go() -> Any:
             try:
@@ -221,7 +225,8 @@ def default_output(env_name: str, model: str) -> Path:
 
 
 class _progress:
-    """A rich progress bar over episodes showing the running mean reward."""
+    """A rich progress bar over episodes showing the running mean reward (of every
+    trajectory: each actor's of a multi-role episode)."""
 
     def __init__(self, total: int) -> None:
         from rich.progress import (
@@ -244,10 +249,13 @@ class _progress:
         self.bar.start()
         return self.advance
 
-    def advance(self, reward: float) -> None:
+    def advance(self, reward: float, new_episode: bool = True) -> None:
+        """One trajectory done, with its reward; ``new_episode``: the first of its episode."""
         self.total, self.count = self.total + reward, self.count + 1
         self.bar.update(
-            self.task, advance=1, description=f"mean reward {self.total / self.count:.3f}"
+            self.task,
+            advance=int(new_episode),
+            description=f"mean reward {self.total / self.count:.3f}",
         )
 
     def __exit__(self, *exc: object) -> None:
@@ -311,9 +319,21 @@ def tool_rows(summary: Any) -> list[tuple[str, str]]:
 
 
 def role_line(role: dict[str, Any]) -> str:
-    """``reward 0.250, 8 trajectories (win 2, loss 6)``: one role of a multi-role eval."""
+    """``reward 0.250, 8 trajectories (win 2, loss 6), pass@1 0.250, pass@2 0.500``: one role
+    of a multi-role eval (pass@k per task over that role's trajectories, where saved)."""
     results = ", ".join(f"{k} {v}" for k, v in sorted(role["results"].items()))
-    return f"reward {role['reward_mean']:.3f}, {role['trajectories']} trajectories ({results})"
+    passes = "".join(f", pass@{k} {v:.3f}" for k, v in role.get("pass_at", {}).items())
+    line = f"reward {role['reward_mean']:.3f}, {role['trajectories']} trajectories ({results})"
+    return line + passes
+
+
+def episodes_line(summary: Any) -> str:
+    """``4 (2 tasks x 2)``, and with a multi-role env how many trajectories they recorded."""
+    line = f"{summary.episodes} ({summary.tasks} tasks x {summary.samples_per_task})"
+    records = getattr(summary, "trajectories", 0)
+    if records and records != summary.episodes:
+        line += f", {records} trajectories"
+    return line
 
 
 def summary_table(summary: Any, title: str):
@@ -324,7 +344,7 @@ def summary_table(summary: Any, title: str):
     table.add_column("metric", style="bold")
     table.add_column("value")
     rows = [
-        ("episodes", f"{summary.episodes} ({summary.tasks} tasks x {summary.samples_per_task})"),
+        ("episodes", episodes_line(summary)),
         ("reward", f"{summary.reward_mean:.3f} ± {summary.reward_std:.3f}"),
         *component_rows(summary.components),
         *((f"pass@{k}", f"{value:.3f}") for k, value in summary.pass_at.items()),

@@ -11,8 +11,9 @@ episodes end within their budget with finite rewards of the right types inside
 ``reward_range``; a null (empty) policy scores the floor; the env's ``reference_policy``, if it
 has one, scores the top; ``close`` is idempotent and the env is a context manager. A
 :class:`~envhub.roles.MultiRoleEnv` is played through each actor's own view; every actor's
-total must lie in its role's range and obey the env's ``reward_mode``, and under the null
-policy the actor that moves first scores its role's floor.
+total must lie in its role's range and obey the env's ``reward_mode``, under the null
+policy the actor that moves first scores its role's floor, and an actor the env listed in
+``info["upcoming"]`` is shown, on its turn, exactly what the list said.
 
 A ``TaskEnv``'s episodes are pinned to tasks spread over its whole dataset (first to last, see
 :func:`spread_tasks`), not to whichever tasks the first seeds happen to draw. When a check fails
@@ -32,7 +33,7 @@ import jsonschema
 
 from envhub.env import Env, TaskEnv
 from envhub.errors import EnvCheckError
-from envhub.roles import ROLE, ROLE_REWARDS, MultiRoleEnv, role_totals_problem
+from envhub.roles import ROLE, ROLE_REWARDS, UPCOMING, MultiRoleEnv, role_totals_problem
 from envhub.testing import Policy, null_policy
 from envhub.tools.tool import TOOL_NAME_PATTERN
 from envhub.types import ErrorRecord, Message, actor_role, as_message
@@ -275,6 +276,7 @@ def _run(
     observation, info = env.reset(seed=start.seed, options=start.options)
     actor = info.get(ROLE)  # None but for a multi-role env: then each actor has its own view
     views = {actor: list(observation)}
+    promised = _note_upcoming({}, info)
     episode = _Episode([_dump(observation)], [], [])
     env.action_space.seed(start.seed)
     for _ in range(max_steps):
@@ -292,6 +294,8 @@ def _run(
                 if who in episode.role_totals:
                     episode.role_totals[who] += float(paid)
             actor = info.get(ROLE)
+            _keep_promise(promised, actor, observation)
+            _note_upcoming(promised, info)
         views.setdefault(actor, []).extend(observation)
         episode.observations.append(_dump(observation))
         episode.rewards.append(float(reward))
@@ -300,6 +304,40 @@ def _run(
         if terminated or truncated:
             return episode
     raise AssertionError(f"episode ({start}) did not end within {max_steps} steps")
+
+
+def _note_upcoming(
+    promised: dict[str, list[dict[str, Any]]], info: dict[str, Any]
+) -> dict[str, list[dict[str, Any]]]:
+    """Add what ``info["upcoming"]`` says each listed actor will be shown on its turn."""
+    for actor, shown in (info.get(UPCOMING) or {}).items():
+        promised.setdefault(actor, [as_message(m).model_dump() for m in shown])
+    return promised
+
+
+def _keep_promise(
+    promised: dict[str, list[dict[str, Any]]], actor: str | None, observation: list[Any]
+) -> None:
+    """``actor``, whose turn it is, must be shown what ``info["upcoming"]`` said (if it was
+    listed): the runner samples listed actors' turns ahead on that word."""
+    if actor not in promised:
+        return
+    said, shown = promised.pop(actor), [as_message(m).model_dump() for m in observation]
+    if shown == said:
+        return
+    pairs = enumerate(zip(said, shown, strict=False))
+    at = next((i for i, (a, b) in pairs if a != b), min(len(said), len(shown)))
+    raise AssertionError(
+        f"info['upcoming'] said {actor} would be shown {len(said)} message(s) on its turn, but it "
+        f"was shown {len(shown)}; message {at}: said {_content(said, at)!r}, shown "
+        f"{_content(shown, at)!r}. List in Match.upcoming only actors that no move in between "
+        "tells anything"
+    )
+
+
+def _content(messages: list[dict[str, Any]], index: int) -> str | None:
+    """Message ``index``'s text, cut short (``None`` past the end)."""
+    return (messages[index].get("content") or "")[:120] if index < len(messages) else None
 
 
 def _check_step_types(

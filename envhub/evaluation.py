@@ -51,11 +51,21 @@ def k_values(n: int) -> list[int]:
 
 
 class EvalSummary(BaseModel):
-    """Aggregate results of an evaluation."""
+    """Aggregate results of an evaluation.
+
+    ``episodes`` counts episodes: one of a multi-role env, which records one trajectory per
+    actor the policy played (two for tic-tac-toe self-play, ``k + 1`` for setter-solver with
+    ``k`` solvers), counts once, and ``trajectories`` says how many records they made. The
+    fields that average or count per record (reward, outcomes, turns, tool calls, errors)
+    are over trajectories, which for a one-role env are the episodes.
+    """
 
     episodes: int
     tasks: int
     samples_per_task: int
+    trajectories: int = 0
+    """Trajectories recorded (``episodes`` for a one-role env; 0 in a summary saved before it
+    was counted)."""
     reward_mean: float
     reward_std: float
     components: dict[str, float] = Field(default_factory=dict)
@@ -84,9 +94,9 @@ class EvalSummary(BaseModel):
     token_drift_episodes: int = 0
     seconds: float = 0.0
     roles: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    """Per role of a multi-role env (solver seats together): ``trajectories``,
-    ``reward_mean`` and ``results`` (trajectories per result: ``win``, ``solved``, ...);
-    empty for one-role envs."""
+    """Per role of a multi-role env (solver seats together): ``trajectories`` (that role's),
+    ``reward_mean``, ``results`` (trajectories per result: ``win``, ``solved``, ...) and
+    ``pass_at`` (per task, over that role's trajectories of it); empty for one-role envs."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -94,13 +104,36 @@ def _mean(values: Sequence[float]) -> float:
     return statistics.fmean(values) if values else 0.0
 
 
-def _pass_at(trajectories: Sequence[Trajectory], threshold: float) -> dict[int, float]:
-    by_task: dict[str, list[bool]] = defaultdict(list)
-    for t in trajectories:  # per task, and per role where there are several
-        by_task[t.group_key].append(t.reward >= threshold - 1e-9)
+TaskRole = tuple[str, str | None]
+"""``(group id, role)``: a task's samples of one role (``None``: a one-role env's)."""
+
+
+def _passes(trajectories: Sequence[Trajectory], threshold: float) -> dict[TaskRole, list[bool]]:
+    """Whether each trajectory passed, per task and role: a role's seats together (the
+    ``k`` solvers of each of a task's ``n`` episodes are that task's ``n * k`` solver samples)."""
+    by_task: dict[TaskRole, list[bool]] = defaultdict(list)
+    for t in trajectories:
+        by_task[(t.group_id, t.role_name)].append(t.reward >= threshold - 1e-9)
+    return by_task
+
+
+def _pass_at(by_task: dict[TaskRole, list[bool]]) -> dict[int, float]:
+    """pass@k averaged over the tasks (and roles), for k up to the fewest samples any has."""
     sizes = {len(v) for v in by_task.values()}
     n = min(sizes) if sizes else 0
     return {k: _mean([pass_at_k(len(v), sum(v), k) for v in by_task.values()]) for k in k_values(n)}
+
+
+def count_episodes(trajectories: Sequence[Trajectory]) -> int:
+    """Episodes the trajectories come from: each one-role trajectory is one; a multi-role
+    episode's trajectories (one per actor) share their env, group, sample and seed."""
+    solo = sum(1 for t in trajectories if t.role is None)
+    shared = {
+        (t.env.name, t.group_id, t.task_index, t.sample_index, t.seed)
+        for t in trajectories
+        if t.role is not None
+    }
+    return solo + len(shared)
 
 
 def _tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:
@@ -126,7 +159,9 @@ def _outcomes(trajectories: Sequence[Trajectory]) -> dict[str, int]:
     return {outcome: counts[outcome] for outcome in OUTCOMES}
 
 
-def _roles(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
+def _roles(
+    trajectories: Sequence[Trajectory], passes: dict[TaskRole, list[bool]]
+) -> dict[str, dict[str, Any]]:
     by_role: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         if t.role_name is not None:
@@ -136,6 +171,7 @@ def _roles(trajectories: Sequence[Trajectory]) -> dict[str, dict[str, Any]]:
             "trajectories": len(ts),
             "reward_mean": _mean([t.reward for t in ts]),
             "results": dict(Counter(str(t.info.get("role_result")) for t in ts)),
+            "pass_at": _pass_at({key: v for key, v in passes.items() if key[1] == role}),
         }
         for role, ts in sorted(by_role.items())
     }
@@ -148,17 +184,20 @@ def summarize(
     rewards = [t.reward for t in trajectories]
     names = sorted({name for t in trajectories for name in t.reward_components})
     groups = {t.group_id for t in trajectories}
+    episodes = count_episodes(trajectories)
+    passes = _passes(trajectories, pass_threshold)
     return EvalSummary(
-        episodes=len(trajectories),
+        episodes=episodes,
         tasks=len(groups),
-        samples_per_task=len(trajectories) // max(len(groups), 1),
+        samples_per_task=episodes // max(len(groups), 1),
+        trajectories=len(trajectories),
         reward_mean=_mean(rewards),
         reward_std=statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         components={
             n: _mean([t.reward_components[n] for t in trajectories if n in t.reward_components])
             for n in names
         },
-        pass_at=_pass_at(trajectories, pass_threshold),
+        pass_at=_pass_at(passes),
         pass_threshold=pass_threshold,
         **_tool_stats(trajectories),
         turns_mean=_mean([len(t.turns) for t in trajectories]),
@@ -169,7 +208,7 @@ def summarize(
         error_stages=dict(Counter(e.stage for t in trajectories for e in t.errors)),
         token_drift_episodes=sum(1 for t in trajectories if t.token_drift),
         seconds=seconds,
-        roles=_roles(trajectories),
+        roles=_roles(trajectories, passes),
     )
 
 

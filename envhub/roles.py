@@ -12,8 +12,11 @@ whose turn it is. The gym API is kept, read per actor:
 ``info["to_move"]`` names the actor to move next (the one the observation is for);
 ``info["role_rewards"]`` holds what every actor was paid at this step; on the final step
 ``info["role_results"]`` says how each actor's episode ended (``win``, ``loss``, ``draw``,
-``solved``, ``invalid``, ``crashed``, ...). A role can be played by a *fixed policy* (a Python
-function ``(messages, rng) -> str``: a scripted opponent the env ships, named in
+``solved``, ``invalid``, ``crashed``, ...). When several actors move next one after another
+without seeing each other's moves (the solvers of one problem), ``info["upcoming"]`` lists
+those after ``to_move`` with what each will be shown, so the runner may sample their turns at
+once (an env says so with :attr:`Match.upcoming`). A role can be played by a *fixed policy* (a
+Python function ``(messages, rng) -> str``: a scripted opponent the env ships, named in
 ``fixed_policies``, or one the config names as ``"module:function"``); the env plays those turns
 itself, so the runner only ever sees the actors that the policy being trained plays. An env
 whose other roles are all fixed therefore looks, from outside, like a one-role env.
@@ -58,6 +61,9 @@ ROLE_RESULTS = "role_results"
 """Final-step ``info`` key: ``{actor: result}``."""
 ROLE_COMPONENTS = "role_components"
 """Final-step ``info`` key: ``{actor: {component: total}}``."""
+UPCOMING = "upcoming"
+"""Reset/step ``info`` key, when the env set :attr:`Match.upcoming`: ``{actor: messages}``, the
+trained actors that move after ``to_move``, in order, with what each will be shown."""
 
 
 @dataclass
@@ -72,6 +78,12 @@ class Match:
     """Messages told to an actor that it will see on its next turn."""
     to_move: str | None = None
     """The actor whose turn is next; set by :meth:`MultiRoleEnv.setup` and ``play``."""
+    upcoming: list[str] = field(default_factory=list)
+    """Actors that move after ``to_move``, in this order, none of them told anything by the
+    others' moves in between: what each is shown is already pending, so the runner may sample
+    their turns together with ``to_move``'s (the solvers of one problem). Emptied at every turn;
+    an env sets it with ``to_move``. A hint: a turn sampled ahead whose actor is then shown
+    something else is sampled again."""
     acting: str | None = None
     """The actor whose turn is being played (what :meth:`tell` labels messages with)."""
     turn: int = 0
@@ -249,7 +261,7 @@ class MultiRoleEnv(Env):
         if self.match.to_move is None:
             raise EnvhubError(f"{self.name}: the match ended before the policy had a turn")
         observation = self.match.deliver(self.match.to_move)
-        return observation, {"task_index": index, ROLE: self.match.to_move}
+        return observation, {"task_index": index, ROLE: self.match.to_move, **self._upcoming()}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -309,6 +321,7 @@ class MultiRoleEnv(Env):
         match.views.setdefault(actor, []).append(message)
         match.acting = actor
         match.turn += 1
+        match.upcoming = []
         self.play(match, actor, turn.model_copy(update={"message": message}))
         match.acting = None
 
@@ -344,6 +357,8 @@ class MultiRoleEnv(Env):
             ROLE: match.to_move,
             ROLE_REWARDS: dict(match.step_rewards),
         }
+        if not ended:
+            info.update(self._upcoming())
         if ended:
             info.update(
                 stop_reason=match.stop_reason or "terminated",
@@ -354,6 +369,18 @@ class MultiRoleEnv(Env):
                 errors=list(match.errors),
             )
         return info
+
+    def _upcoming(self) -> dict[str, Any]:
+        """``{"upcoming": {actor: pending messages}}`` for the trained actors the env listed
+        in :attr:`Match.upcoming` (nothing when it listed none)."""
+        match = self.match
+        assert match is not None
+        upcoming = {
+            actor: list(match.pending.get(actor, []))
+            for actor in match.upcoming
+            if actor != match.to_move and actor_role(actor) not in self.fixed
+        }
+        return {UPCOMING: upcoming} if upcoming else {}
 
     def _active(self) -> Match:
         if self.match is None:

@@ -598,7 +598,8 @@ class CurriculumConfig(_Part):
     except with probability ``revisit``, when it is drawn again and its statistics refreshed.
     Env choice keeps the envs' weights; the curriculum acts within each env. Every choice comes
     from the run's seed and the step, and the statistics are in the checkpoint, so a resumed run
-    draws what an uninterrupted one would. Held-out evaluation is unaffected.
+    draws what an uninterrupted one would. Held-out evaluation is unaffected. An env with
+    several roles is tracked per task and role (:mod:`~envhub.trainer.curriculum`).
     """
 
     window: int = Field(4, ge=1)

@@ -6,6 +6,17 @@ up; the producer reports every scored group with :meth:`Curriculum.observe` when
 takes it. Nothing here draws randomness of its own: the schedule passes in a generator seeded
 from the run's seed and the step, so the choices depend only on the seed, the step and the
 statistics, which :meth:`Curriculum.state_dict` saves with the checkpoint.
+
+An env with several roles (:mod:`envhub.roles`) is tracked per task *and role*: a tic-tac-toe
+task's X and O results, or the setter's and the solvers', are not pooled into one rate. Such a
+task is settled only when every role that has statistics for it is (a setter whose problems
+are always in its band does not make the task uninformative while its solvers' results still
+vary); a role that never played it (the solvers of a setter that never wrote a valid problem)
+has nothing to say. An env's level keeps a
+window per role at its current level: it moves up when every role's window is full and at or
+above ``promote_above`` (the level is easy for all of them), down when any role's full window is
+at or below ``demote_below`` (it is too hard for one). A one-role env has one window, so the rule
+is the plain one, and its statistics and checkpoint are as before roles.
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from envhub.trainer.config import CurriculumConfig
 
 TaskKey = tuple[int, str | None, int]
 """``(env index, level or None, task index)``: a task as the statistics know it."""
+Role = str | None
+"""A role of a multi-role env (``x``, ``solver``: seats together); ``None`` for a one-role env."""
 
 
 def pass_rate(rewards: Sequence[float], threshold: float) -> float:
@@ -40,6 +53,20 @@ class EnvLevels:
     recent: deque[float] = field(default_factory=deque)
     """Pass rates of the last groups played at the current level (emptied by a move)."""
     moves: int = 0
+    role_recent: dict[str, deque[float]] = field(default_factory=dict)
+    """The same per role, for an env with several roles (``recent`` then stays empty)."""
+
+    def windows(self) -> list[deque[float]]:
+        """The windows a move is decided on: one per role, or the one of a one-role env."""
+        return list(self.role_recent.values()) or [self.recent]
+
+    def window(self, role: Role) -> deque[float]:
+        """The window ``role``'s pass rates go to (made on its first group)."""
+        if role is None:
+            return self.recent
+        if role not in self.role_recent:
+            self.role_recent[role] = deque(maxlen=self.recent.maxlen)
+        return self.role_recent[role]
 
     @property
     def current(self) -> str:
@@ -74,6 +101,9 @@ class Curriculum:
         self.config = config
         self.levels = [_env_levels(entry, config) for entry in levels]
         self.stats: dict[TaskKey, deque[float]] = {}
+        """One-role envs' tasks: the pass rates of their recent groups."""
+        self.role_stats: dict[TaskKey, dict[str, deque[float]]] = {}
+        """Multi-role envs' tasks: the same per role (see the module doc)."""
         self.counts = DrawCounts()
 
     def level(self, env_index: int) -> str | None:
@@ -81,19 +111,29 @@ class Curriculum:
         entry = self.levels[env_index]
         return entry.current if entry is not None else None
 
-    def mean_rate(self, key: TaskKey) -> float | None:
-        """The task's mean pass rate over its recent groups; ``None`` below ``min_groups``."""
-        rates = self.stats.get(key)
+    def mean_rate(self, key: TaskKey, role: Role = None) -> float | None:
+        """The task's (``role``'s) mean pass rate over its recent groups; ``None`` below
+        ``min_groups``."""
+        rates = self.stats.get(key) if role is None else self.role_stats.get(key, {}).get(role)
         if rates is None or len(rates) < self.config.min_groups:
             return None
         return float(sum(rates) / len(rates))
 
     def settled(self, key: TaskKey) -> bool:
-        """Whether the task is mastered or hopeless, so that it is skipped unless revisited."""
-        rate = self.mean_rate(key)
-        if rate is None:
-            return False
+        """Whether the task is mastered or hopeless, so that it is skipped unless revisited;
+        with several roles, whether every role with statistics for it is."""
+        rates = [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
+        return all(rate is not None and self._settled_rate(rate) for rate in rates)
+
+    def _settled_rate(self, rate: float) -> bool:
         return rate >= self.config.skip_above or rate <= self.config.skip_below
+
+    def _known_rate(self, key: TaskKey) -> float | None:
+        """The task's mean pass rate (with several roles, the mean of its roles' that are
+        known); ``None`` when none is."""
+        rates = [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
+        known = [rate for rate in rates if rate is not None]
+        return float(sum(known) / len(known)) if known else None
 
     def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
         """Whether the task that came up is drawn: always when it is still informative (or
@@ -113,36 +153,46 @@ class Curriculum:
 
     def _count_drawn(self, key: TaskKey) -> None:
         self.counts.drawn += 1
-        rate = self.mean_rate(key)
+        rate = self._known_rate(key)
         if rate is not None:
             self.counts.known_rates.append(rate)
 
-    def observe(self, key: TaskKey, rate: float) -> None:
-        """A scored group of the task, with its pass rate: the task's statistics, and its env's
-        level window when the group was played at the env's current level (which may move)."""
-        rates = self.stats.setdefault(key, deque(maxlen=self.config.window))
+    def observe(self, key: TaskKey, rate: float, role: Role = None) -> None:
+        """A scored group of the task (of one ``role`` of it, for an env with several), with
+        its pass rate: the task's statistics, and its env's level window when the group was
+        played at the env's current level (which may move)."""
+        window = self.config.window
+        if role is None:
+            rates = self.stats.setdefault(key, deque(maxlen=window))
+        else:
+            rates = self.role_stats.setdefault(key, {}).setdefault(role, deque(maxlen=window))
         rates.append(rate)
         env_index, level, _ = key
         entry = self.levels[env_index]
         if entry is None or level != entry.current:
             return
-        entry.recent.append(rate)
+        entry.window(role).append(rate)
         self._maybe_move(entry)
 
     def _maybe_move(self, entry: EnvLevels) -> None:
+        """Up when every window is full and at or above the bar, down when any full one is at
+        or below the other (one window: the plain rule); a move empties the windows."""
         bars = self.config.levels
         assert bars is not None  # an env has levels only when they are configured
-        if len(entry.recent) < bars.window:
+        windows = entry.windows()
+        means = [sum(w) / len(w) for w in windows if len(w) >= bars.window]
+        if not means:
             return
-        mean = sum(entry.recent) / len(entry.recent)
-        if mean >= bars.promote_above and entry.index + 1 < len(entry.names):
+        full = len(means) == len(windows)
+        if full and min(means) >= bars.promote_above and entry.index + 1 < len(entry.names):
             entry.index += 1
-        elif mean <= bars.demote_below and entry.index > 0:
+        elif min(means) <= bars.demote_below and entry.index > 0:
             entry.index -= 1
         else:
             return
         entry.moves += 1
-        entry.recent.clear()
+        for w in windows:
+            w.clear()
 
     def metrics(self, labels: list[str]) -> dict[str, float]:
         """``curriculum/*`` since the last call: tasks drawn, skipped, revisited and forced, the
@@ -157,7 +207,7 @@ class Curriculum:
             "curriculum/revisits": float(c.revisits),
             "curriculum/forced": float(c.forced),
             "curriculum/skipped_share": c.skipped / came_up if came_up else 0.0,
-            "curriculum/tracked_tasks": float(len(self.stats)),
+            "curriculum/tracked_tasks": float(len(self.stats) + len(self.role_stats)),
         }
         if c.known_rates:
             metrics["curriculum/drawn_pass_rate"] = float(np.mean(c.known_rates))
@@ -168,18 +218,21 @@ class Curriculum:
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        """The statistics, the levels and their windows (JSON-ready)."""
-        return {
+        """The statistics, the levels and their windows (JSON-ready); per-role statistics and
+        windows only where there are any, so a one-role run's state is as before roles."""
+        state: dict[str, Any] = {
             "stats": [
                 [e, lv, t, list(r)] for (e, lv, t), r in sorted(self.stats.items(), key=_order)
             ],
-            "levels": [
-                None
-                if e is None
-                else {"index": e.index, "recent": list(e.recent), "moves": e.moves}
-                for e in self.levels
-            ],
+            "levels": [None if e is None else _level_state(e) for e in self.levels],
         }
+        if self.role_stats:
+            state["role_stats"] = [
+                [e, lv, t, role, list(r)]
+                for (e, lv, t), roles in sorted(self.role_stats.items(), key=_order)
+                for role, r in roles.items()
+            ]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from :meth:`state_dict`.
@@ -195,14 +248,22 @@ class Curriculum:
                 "the checkpoint's curriculum levels do not match the config's envs and "
                 "curriculum.levels: resume with the config the run was started with"
             )
+        window = self.config.window
         self.stats = {
-            (int(e), lv, int(t)): deque(rates, maxlen=self.config.window)
-            for e, lv, t, rates in state["stats"]
+            (int(e), lv, int(t)): deque(rates, maxlen=window) for e, lv, t, rates in state["stats"]
         }
+        self.role_stats = {}
+        for e, lv, t, role, rates in state.get("role_stats", []):  # none before roles
+            roles = self.role_stats.setdefault((int(e), lv, int(t)), {})
+            roles[str(role)] = deque(rates, maxlen=window)
         for entry, s in zip(self.levels, saved, strict=True):
             if entry is not None:
                 entry.index, entry.moves = int(s["index"]), int(s["moves"])
                 entry.recent = deque(s["recent"], maxlen=entry.recent.maxlen)
+                entry.role_recent = {
+                    str(role): deque(rates, maxlen=entry.recent.maxlen)
+                    for role, rates in s.get("role_recent", {}).items()
+                }
 
 
 def _env_levels(
@@ -213,6 +274,18 @@ def _env_levels(
         return None
     names, start = entry
     return EnvLevels(names, names.index(start), deque(maxlen=config.levels.window))
+
+
+def _level_state(entry: EnvLevels) -> dict[str, Any]:
+    """One env's level, moves and windows, for the checkpoint."""
+    state: dict[str, Any] = {
+        "index": entry.index,
+        "recent": list(entry.recent),
+        "moves": entry.moves,
+    }
+    if entry.role_recent:
+        state["role_recent"] = {role: list(w) for role, w in entry.role_recent.items()}
+    return state
 
 
 def _order(item: tuple[TaskKey, Any]) -> tuple[int, str, int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.trainer.rollout_jobs import RolloutJob
-from envhub.types import Trajectory
+from envhub.types import TRAINED_OUTCOMES, Trajectory
 
 
 @dataclass
@@ -66,6 +66,23 @@ class Group:
             data["again"],
             data.get("level"),
         )
+
+
+def rewards_by_role(trajectories: list[Trajectory]) -> dict[str | None, list[float]]:
+    """A group's rewards that say something of its task, per role (``None``: a one-role env),
+    roles in the order they first appear.
+
+    An episode lost to the infrastructure (engine, sandbox, network) says nothing of the task.
+    With several roles, only the trajectories the trainer learns from count
+    (:data:`~envhub.types.TRAINED_OUTCOMES`): a role whose episode another role's crash cut
+    short was not measured. (A one-role env's other failures count as before roles, as 0.)
+    """
+    out: dict[str | None, list[float]] = {}
+    for t in trajectories:
+        measured = t.outcome != "infra_failure" if t.role is None else t.outcome in TRAINED_OUTCOMES
+        if measured:
+            out.setdefault(t.role_name, []).append(t.reward)
+    return out
 
 
 @dataclass(frozen=True)

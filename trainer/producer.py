@@ -42,7 +42,7 @@ import numpy as np
 
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.groups import Group, IdleClock, InFlight, Taken
+from envhub.trainer.groups import Group, IdleClock, InFlight, Taken, rewards_by_role
 from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions, run_job
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.scoring import has_signal
@@ -352,12 +352,12 @@ class GroupProducer:
         )
 
     def _observe(self, groups: list[Group]) -> None:
-        """Report the groups an update takes to the curriculum (if any), in job order. An
-        episode lost to the infrastructure (engine, sandbox, network) says nothing of the task."""
+        """Report the groups an update takes to the curriculum (if any), in job order, each
+        role's rewards apart for an env with several (:func:`rewards_by_role`)."""
         for group in groups:
             task = group.trajectories[0].task_index
-            rewards = [t.reward for t in group.trajectories if t.outcome != "infra_failure"]
-            self.schedule.observe_group(group.env_index, group.level, task, rewards)
+            for role, rewards in rewards_by_role(group.trajectories).items():
+                self.schedule.observe_group(group.env_index, group.level, task, rewards, role)
 
     def _drop_stale(self, step: int) -> None:
         """Drop the ready groups too old for update ``step``; sample their tasks again."""

@@ -133,14 +133,19 @@ class TaskSchedule:
         return task
 
     def observe_group(
-        self, env_index: int, level: str | None, task: int, rewards: list[float]
+        self,
+        env_index: int,
+        level: str | None,
+        task: int,
+        rewards: list[float],
+        role: str | None = None,
     ) -> None:
         """Tell the curriculum (if any) the rewards of a scored group of ``task`` (of env
-        ``env_index``, played at ``level``)."""
+        ``env_index``, played at ``level``): of its one role, or of its role ``role``."""
         if self.curriculum is None or not rewards:
             return
         threshold = self.slots[env_index].pass_threshold
-        self.curriculum.observe((env_index, level, task), pass_rate(rewards, threshold))
+        self.curriculum.observe((env_index, level, task), pass_rate(rewards, threshold), role)
 
     def curriculum_metrics(self) -> dict[str, float]:
         """``curriculum/*`` since the last call (none without a curriculum)."""

@@ -5,7 +5,8 @@ An episode: the ``setter`` writes an integer expression (``+ - *``, parentheses)
 ``<problem>...</problem>`` (without the tag, the last expression in its reply:
 :func:`read_problem`); the env computes its value exactly. Then ``attempts`` solvers
 (``solver#0`` .. ``solver#{k-1}``, each a fresh conversation seeing only the problem) answer
-it. Rewards:
+it, each unaware of the others (so the runner samples them together: :attr:`Match.upcoming
+<envhub.roles.Match.upcoming>`). Rewards:
 
 - a solver: 1.0 when its final number (the last ``\\boxed{}``, else the last number) equals
   the value, else 0.0;
@@ -208,6 +209,8 @@ class SetterSolverEnv(MultiRoleEnv):
         for seat in range(self.attempts):
             match.tell(f"solver#{seat}", system(SOLVER_PROMPT), user(problem))
         match.to_move = "solver#0"
+        # No solver sees another's answer: the runner may sample all of them at once.
+        match.upcoming = [f"solver#{seat}" for seat in range(1, self.attempts)]
 
 
 def _band_result(rate: float, band: tuple[float, float]) -> str:

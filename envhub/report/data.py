@@ -204,10 +204,7 @@ def build(folder: Path, decode: Decode | None = None) -> tuple[dict[str, Any], d
         key: step_block(iter_trajectories(file), decode, read_trainer_logprobs(file))
         for key, _, file in files
     }
-    steps = [
-        {"key": key, "label": label, "episodes": len(blocks[key]["episodes"])}
-        for key, label, _ in files
-    ]
+    steps = [step_entry(key, label, blocks[key]["episodes"]) for key, label, _ in files]
     kind = "eval" if (folder / "trajectories.jsonl").is_file() else "train"
     document = {
         "name": folder.resolve().name,
@@ -220,6 +217,17 @@ def build(folder: Path, decode: Decode | None = None) -> tuple[dict[str, Any], d
         "decoded": decode is not None,
     }
     return document, blocks
+
+
+def step_entry(key: str, label: str, views: list[dict[str, Any]]) -> dict[str, Any]:
+    """A step of the browser's list: its episodes, counted as episodes (a multi-role
+    episode's records, one per actor, once), and then how many records they made."""
+    solo = sum(1 for v in views if v["role"] is None)
+    shared = {(v["group"], v["task"], v["sample"]) for v in views if v["role"] is not None}
+    entry = {"key": key, "label": label, "episodes": solo + len(shared)}
+    if shared:
+        entry["trajectories"] = len(views)
+    return entry
 
 
 def first_trained(steps: list[dict[str, Any]], blocks: dict[str, Any]) -> dict[str, Any] | None:

@@ -59,7 +59,9 @@ function drawCharts() {
 function fillSteps() {
   const select = document.getElementById("step");
   for (const s of REPORT.steps) {
-    select.append(el("option", { value: s.key }, `${s.label} (${s.episodes} episodes)`));
+    // A multi-role step: its episodes, then the records they made (one per actor).
+    const records = s.trajectories ? `, ${s.trajectories} trajectories` : "";
+    select.append(el("option", { value: s.key }, `${s.label} (${s.episodes} episodes${records})`));
   }
   select.addEventListener("change", () => fillEpisodes(select.value));
   document.getElementById("episode").addEventListener("change", showEpisode);

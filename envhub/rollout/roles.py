@@ -11,20 +11,46 @@ A failure during an actor's turn (the engine failing to sample it, the env raisi
 recorded on that actor's trajectory as the runner records it on any episode, and on every other
 actor's as ``role_crashed`` at stage ``role:<actor>``: their episodes were cut short by it, so
 none of them is trained on (the outcome is a failure, not a reward of 0).
+
+Actors that move one after another without seeing each other's moves (the env lists them in
+``info["upcoming"]``: the solvers of one problem) are sampled together: their turns go to the
+engine at once, in the order the env named them (an engine that batches runs them as one
+batch), and are then played into the env one by one in that order, exactly as if each had been
+sampled on its turn. Only actors that have not moved yet are sampled ahead (their records are
+fresh), and only without an env token budget (which would change between their steps); a turn
+sampled ahead whose actor is then shown something else is sampled again, and one never reached
+(the episode ended first) is dropped. So the records are those of playing them in turn.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from envhub.roles import ROLE, ROLE_COMPONENTS, ROLE_RESULTS, ROLE_REWARDS
+from envhub.roles import ROLE, ROLE_COMPONENTS, ROLE_RESULTS, ROLE_REWARDS, UPCOMING
 from envhub.rollout.tokens import TokenTrace, append_env_turn
 from envhub.types import AssistantTurn, ErrorRecord, Message, as_message, assistant
 
 if TYPE_CHECKING:
     from envhub.env import Env
+    from envhub.inference.base import GenerateRequest, Generation
     from envhub.rollout.runner import RolloutRunner, _Episode
+
+
+@dataclass
+class _Turn:
+    """One actor's turn, ready to sample and then sampled: its record, what it was shown,
+    the request, and the generation or the engine's failure."""
+
+    actor: str
+    seat: _Episode
+    shown: list[Message]
+    request: GenerateRequest
+    generation: Generation | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
 
 
 async def drive_roles(
@@ -32,31 +58,32 @@ async def drive_roles(
     env: Env,
     ep: _Episode,
     observation: list[Message],
-    actor: str,
+    info: dict[str, Any],
 ) -> None:
-    """Play one multi-role episode from its reset; fill ``ep.seats`` with each trained
-    actor's record (see the module doc)."""
+    """Play one multi-role episode from its reset (``observation`` and ``info`` are what the
+    reset returned); fill ``ep.seats`` with each trained actor's record (see the module doc)."""
     tokenizer = runner._chat_tokenizer()
+    actor: str = info[ROLE]
+    ahead: dict[str, _Turn] = {}
     while True:
-        seat = ep.seats.get(actor)
-        if seat is None:
-            seat = await _open_seat(ep, actor, observation, env.tool_schemas, tokenizer)
-        elif not await _deliver(seat, tokenizer, observation):
-            seat.stop_reason = "error"
-        if seat.stop_reason == "error":  # the engine's tokenizer failed on the seat's prompt
-            return _crash(ep, actor, "engine", seat.pending_error, len(seat.turns))
-        turn = len(seat.turns)
-        max_tokens, reason = runner._turn_budget(env, seat)
-        if max_tokens <= 0:
-            return await _truncate(env, ep, reason)
-        request = runner._request(seat, max_tokens)
-        started = time.perf_counter()
-        try:
-            generation = await runner.engine.generate(request)
-        except Exception as e:
-            return _crash(ep, actor, "engine", e, turn)
-        generated = time.perf_counter()
-        runner._record_tokens(seat, generation, turn)
+        turn = ahead.pop(actor, None)
+        if turn is not None and _same(turn.shown, observation):
+            ep.seats[actor] = turn.seat
+        else:
+            turn = await _ready(runner, env, ep, actor, observation, tokenizer)
+            if turn is None:  # the episode ended instead (recorded)
+                return None
+            later = await _turns_ahead(runner, env, ep, info, ahead, tokenizer)
+            if later:
+                await asyncio.gather(*(_sample(runner, t) for t in [turn, *later]))
+            else:  # awaited in place, as it always was: the loop's schedule is unchanged
+                await _sample(runner, turn)
+            ahead |= {t.actor: t for t in later}
+        index, seat = len(turn.seat.turns), turn.seat
+        generation = turn.generation
+        if generation is None:
+            return _crash(ep, actor, "engine", turn.error, index)
+        runner._record_tokens(seat, generation, index)
         action = AssistantTurn(
             message=assistant(generation.text, generation.tool_calls).model_copy(
                 update={"actor": actor}
@@ -66,13 +93,14 @@ async def drive_roles(
         )
         seat.messages.append(action.message)
         seat.last_finish = generation.finish_reason
+        stepped = time.perf_counter()
         try:
             observation, _, terminated, truncated, info = await runner._timed(env.astep(action))
         except Exception as e:
-            return _crash(ep, actor, "env.step", e, turn)
-        seconds = (generated - started, time.perf_counter() - generated)
+            return _crash(ep, actor, "env.step", e, index)
+        seconds = (turn.seconds, time.perf_counter() - stepped)
         seat.turns.append(
-            runner._turn_record(seat, request, generation, action, (0, 0), *seconds, 0.0)
+            runner._turn_record(seat, turn.request, generation, action, (0, 0), *seconds, 0.0)
         )
         _pay(ep, info.get(ROLE_REWARDS, {}))
         if terminated or truncated:
@@ -80,21 +108,89 @@ async def drive_roles(
         observation, actor = [as_message(m) for m in observation], info[ROLE]
 
 
-async def _open_seat(
+async def _ready(
+    runner: RolloutRunner,
+    env: Env,
     ep: _Episode,
     actor: str,
+    observation: list[Message],
+    tokenizer: Any,
+) -> _Turn | None:
+    """``actor``'s turn, ready to sample: ``observation`` delivered to its record (opened on
+    its first turn); ``None`` when the episode ended instead, recorded: the engine's tokenizer
+    failed on its view (a crash), or no tokens are left (truncated)."""
+    seat = ep.seats.get(actor)
+    if seat is None:
+        seat = ep.seats[actor] = await _open_seat(ep, observation, env.tool_schemas, tokenizer)
+    elif not await _deliver(seat, tokenizer, observation):
+        seat.stop_reason = "error"
+    if seat.stop_reason == "error":  # the engine's tokenizer failed on the seat's prompt
+        _crash(ep, actor, "engine", seat.pending_error, len(seat.turns))
+        return None
+    max_tokens, reason = runner._turn_budget(env, seat)
+    if max_tokens <= 0:
+        await _truncate(env, ep, reason)
+        return None
+    return _Turn(actor, seat, observation, runner._request(seat, max_tokens))
+
+
+async def _turns_ahead(
+    runner: RolloutRunner,
+    env: Env,
+    ep: _Episode,
+    info: dict[str, Any],
+    ahead: dict[str, _Turn],
+    tokenizer: Any,
+) -> list[_Turn]:
+    """The turns of the actors ``info["upcoming"]`` names, ready to sample now, in order: up
+    to the first that has a record already, is sampled ahead already, or could not be made
+    ready (its tokenizer failed, no tokens left: that is recorded when its turn comes). None
+    under an env token budget, which changes with every step."""
+    upcoming = info.get(UPCOMING) or {}
+    if not upcoming or env.remaining_tokens is not None:
+        return []
+    turns: list[_Turn] = []
+    for actor, shown in upcoming.items():
+        if actor in ep.seats or actor in ahead:
+            break
+        shown = [as_message(m) for m in shown]
+        seat = await _open_seat(ep, shown, env.tool_schemas, tokenizer)
+        max_tokens, _ = runner._turn_budget(env, seat)
+        if seat.stop_reason == "error" or max_tokens <= 0:
+            break
+        turns.append(_Turn(actor, seat, shown, runner._request(seat, max_tokens)))
+    return turns
+
+
+async def _sample(runner: RolloutRunner, turn: _Turn) -> None:
+    """Ask the engine for ``turn``: its generation, or the failure, and how long it took."""
+    started = time.perf_counter()
+    try:
+        turn.generation = await runner.engine.generate(turn.request)
+    except Exception as e:
+        turn.error = e
+    turn.seconds = time.perf_counter() - started
+
+
+def _same(a: list[Message], b: list[Message]) -> bool:
+    """Whether two lists of messages say the same (a turn sampled ahead was shown ``a``)."""
+    return [m.model_dump() for m in a] == [m.model_dump() for m in b]
+
+
+async def _open_seat(
+    ep: _Episode,
     prompt: list[Message],
     tools: list[dict[str, Any]] | None,
     tokenizer: Any,
 ) -> _Episode:
-    """A record for ``actor``'s first turn, its token trace started from its ``prompt``
-    (``stop_reason`` ``error``, with ``pending_error``, when the tokenizer failed)."""
+    """A record for an actor's first turn (the caller files it in ``ep.seats``), its token
+    trace started from its ``prompt`` (``stop_reason`` ``error``, with ``pending_error``, when
+    the tokenizer failed)."""
     from envhub.rollout.runner import _Episode
 
     seat = _Episode(ep.task_index, ep.sample_index, ep.group_id, ep.seed)
     seat.messages, seat.prompt_length, seat.tools = list(prompt), len(prompt), tools
     seat.stop_reason = "terminated"
-    ep.seats[actor] = seat
     if tokenizer is not None:
         try:
             ids = await tokenizer.render(seat.messages, tools, add_generation_prompt=True)

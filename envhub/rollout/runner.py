@@ -253,7 +253,7 @@ class RolloutRunner:
         except Exception as e:
             return ep.fail("env.reset", e)
         if isinstance(info.get(ROLE), str):  # several roles: each trained actor has its own
-            return await drive_roles(self, env, ep, _as_messages(observation), info[ROLE])
+            return await drive_roles(self, env, ep, _as_messages(observation), info)
         ep.messages, ep.prompt_length, ep.tools = (
             _as_messages(observation),
             len(observation),

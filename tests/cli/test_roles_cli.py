@@ -16,6 +16,7 @@ from envhub.cli.app import app
 from envhub.cli.console import console
 from envhub.envs.setter_solver import SetterSolverEnv
 from envhub.envs.tictactoe import TicTacToeEnv
+from envhub.report.data import build
 from envhub.rollout.io import read_trajectories
 from envhub.types import Message
 
@@ -83,3 +84,11 @@ def test_eval_of_self_play_records_and_summarises_each_side(http_server, tmp_pat
         if len(cells) > 3
     }
     assert rows["role x"].startswith(f"reward {x['reward_mean']:.3f}, 4 trajectories (")
+    pass_x = ", ".join(f"pass@{k} {v:.3f}" for k, v in x["pass_at"].items())
+    assert list(x["pass_at"]) == ["1", "2"] and rows["role x"].endswith(f"), {pass_x}")
+    # Episodes are games (two trajectories each): the table, summary.json and the report agree.
+    assert rows["episodes"] == "4 (2 tasks x 2), 8 trajectories"
+    assert (summary["episodes"], summary["samples_per_task"], summary["trajectories"]) == (4, 2, 8)
+    document, _ = build(out)
+    assert document["summary"] == summary
+    assert document["steps"] == [{"key": "eval", "label": "eval", "episodes": 4, "trajectories": 8}]

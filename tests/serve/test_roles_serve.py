@@ -71,3 +71,30 @@ def test_a_remote_multi_role_env_plays_the_same_matches_as_a_local_one(
     assert [comparable(t) for t in remote] == [comparable(t) for t in local]
     assert all(t.outcome == "ok" for t in remote)
     assert any(m.actor is not None for t in remote for m in t.messages)
+
+
+class PeakEngine(ScriptedEngine):
+    """Counts the requests in flight at once (each yields to the loop before answering)."""
+
+    def __init__(self, policy: Any) -> None:
+        super().__init__(policy, ByteChatTokenizer())
+        self.in_flight = self.peak = 0
+
+    async def generate(self, request: Any) -> Any:
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+        await asyncio.sleep(0)
+        self.in_flight -= 1
+        return await super().generate(request)
+
+
+def test_a_remote_setter_solver_lists_its_solvers_so_they_are_sampled_together(
+    serve: Callable[..., Any],
+) -> None:
+    url = serve("setter-solver", env_args={"attempts": 3}).url()
+    engine = PeakEngine(classroom)
+    runner = RolloutRunner(engine, lambda: envhub.make(url), max_concurrency=1, seed=3)
+    setter, *solvers = asyncio.run(runner.run([4]))
+    assert engine.peak == 3 and engine.requests == 4  # info["upcoming"] crossed the wire
+    assert [t.role for t in solvers] == ["solver#0", "solver#1", "solver#2"]
+    assert all(t.reward == 1.0 for t in solvers) and setter.outcome == "ok"
