@@ -10,8 +10,8 @@ bytecode cache trusts a source file whose time and size match its ``.pyc``. A ba
 say where commands write (e2b: the whole VM) has no digest.
 
 End the session's processes first (:meth:`~envhub.sandbox.Session.akill_processes`): one left
-running could change a file after it is read. The hasher runs isolated (``python3 -I``: no
-variable, user site or current folder of the session's reaches it); any entry it cannot read
+running could change a file after it is read. The hasher runs isolated (``python3 -I -S``: no
+variable, site or current folder of the session's reaches it); any entry it cannot read
 (a file made unreadable, a tree too deep) leaves the session without a digest, never with a
 digest that two different trees could share.
 """
@@ -67,7 +67,7 @@ async def files_digest(session: Session) -> str | None:
     roots = session.writable_roots
     if not roots:
         return None
-    argv = ["python3", "-I", "-c", _HASHER, *roots]
+    argv = ["python3", "-I", "-S", "-c", _HASHER, *roots]
     result = await session.arun(argv, wall_time=DIGEST_WALL_TIME)
     digest = result.stdout.strip()
     return digest if result.ok and _HEX.fullmatch(digest) else None
