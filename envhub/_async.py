@@ -23,6 +23,15 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
+def close_thread_loop() -> None:
+    """Close the loop :func:`run_sync` keeps for this thread, if it made one: for a thread
+    that ends (the loop would otherwise be left to the garbage collector, unclosed)."""
+    loop = getattr(_local, "loop", None)
+    _local.loop = None
+    if loop is not None and not loop.is_closed():
+        loop.close()
+
+
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from synchronous code.
 

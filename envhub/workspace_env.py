@@ -17,21 +17,30 @@ error for a sandbox failure). An episode cut off before it ends (an engine failu
 session at the env's next ``reset`` or ``close``. Subclasses implement
 :meth:`~WorkspaceEnv.task_files` (or :meth:`~WorkspaceEnv.workspace_for`) and
 :meth:`~WorkspaceEnv.verify`.
+
+An env whose verdict depends on nothing but the task and the files the episode leaves declares
+it (:attr:`WorkspaceEnv.verdict_from_files`); inside :meth:`WorkspaceEnv.reusing_verdicts`, an
+episode that ends with the same files as an earlier one of the same task then gets that
+episode's verdict without running the verifier (the reward audit plays dozens of policies that
+never touch the workspace).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.rubric import Rubric, reward
 from envhub.sandbox.base import Limits, Sandbox
+from envhub.sandbox.digest import files_digest
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.tools.terminal import MAX_OUTPUT_CHARS, TERMINAL_TOOLS, terminal_context
@@ -104,6 +113,15 @@ class WorkspaceEnv(ToolEnv):
     tools = TERMINAL_TOOLS
     default_max_turns: ClassVar[int] = 30
     reward_range = (0.0, 1.0)
+    verdict_from_files: ClassVar[bool] = False
+    """Declares that :meth:`verify`'s verdict depends on nothing but the task and the session's
+    files once the model's processes are ended (what :func:`~envhub.sandbox.digest.files_digest`
+    reads: paths, contents, modes, files' times): not on the conversation, a clock or chance.
+    It lets :meth:`reusing_verdicts` reuse verdicts."""
+    episodes_in_state: ClassVar[bool] = False
+    """Declares that an episode keeps all it changes in its ``state`` and session, nothing on
+    the env itself (beyond what :class:`WorkspaceEnv` keeps): :meth:`episode_copy` may then
+    make copies that play episodes alongside this one."""
 
     def __init__(
         self,
@@ -120,6 +138,7 @@ class WorkspaceEnv(ToolEnv):
         self.executor.max_output_chars = MAX_OUTPUT_CHARS + 1000
         self._session: Session | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._verdicts: dict[tuple[int, str, str], Verdict] | None = None
 
     # -- hooks for subclasses -----------------------------------------------------------------
 
@@ -205,13 +224,51 @@ class WorkspaceEnv(ToolEnv):
             state.reward_components.update(verdict.components)
         return total
 
+    def episode_copy(self) -> WorkspaceEnv | None:
+        """A copy that plays its own episodes (its own state and session) at the same time as
+        this env's: the same settings, dataset, tools, rubric, sandbox and reused verdicts;
+        ``None`` unless the env declares :attr:`episodes_in_state`. Close it when done."""
+        if not self.episodes_in_state:
+            return None
+        twin = copy.copy(self)
+        twin.state, twin._session, twin._closing, twin._closed = None, None, set(), False
+        return twin
+
+    @contextlib.contextmanager
+    def reusing_verdicts(self) -> Iterator[None]:
+        """Within the block, an episode that ends with the same files (the same
+        :func:`~envhub.sandbox.digest.files_digest`) as an earlier one of the same task gets
+        that episode's verdict instead of running :meth:`verify` (``state.data
+        ["verdict_reused"]`` says so). Sound because the env declares its verdict a function of
+        the task and those files (:attr:`verdict_from_files`; without it, or a digest, every
+        episode is verified). Verdicts are forgotten when the block ends."""
+        previous, self._verdicts = self._verdicts, {}
+        try:
+            yield
+        finally:
+            self._verdicts = previous
+
     async def _verifier_reward(self, state: State) -> float:
         session = state.data.get("session")
         if session is None:
             raise RuntimeError("the episode has no session to verify")
-        verdict = await self.verify(session, state)
+        verdicts = self._verdicts if self.verdict_from_files else None
+        key = None if verdicts is None else await self._verdict_key(session, state)
+        verdict = None if verdicts is None or key is None else verdicts.get(key)
+        state.data["verdict_reused"] = verdict is not None
+        if verdict is None:
+            verdict = await self.verify(session, state)
+            if verdicts is not None and key is not None:
+                verdicts[key] = verdict
         state.data["verdict"] = verdict
         return verdict.reward
+
+    async def _verdict_key(self, session: Session, state: State) -> tuple[int, str, str] | None:
+        """(task index, task, files' digest): what a verdict is a function of; ``None`` when
+        the session has no digest."""
+        await session.akill_processes()  # one left running could change a file once read
+        digest = await files_digest(session)
+        return None if digest is None else (state.task_index, repr(state.task), digest)
 
     async def _end_session(self) -> None:
         session, self._session = self._session, None

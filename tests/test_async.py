@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 
 import pytest
 
-from envhub._async import FirstInIteration, start_eagerly, within
+from envhub._async import FirstInIteration, close_thread_loop, run_sync, start_eagerly, within
 
 
 def test_a_cancel_that_lands_as_the_step_finishes_is_not_lost() -> None:
@@ -114,3 +115,22 @@ def test_an_eager_task_that_waits_goes_on_with_timeouts_and_cancels_of_its_own()
             await start_eagerly(fails())
 
     asyncio.run(main())
+
+
+def test_close_thread_loop_closes_the_loop_run_sync_keeps_for_its_thread():
+    async def running_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.get_running_loop()
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    def work() -> None:
+        loops.extend([run_sync(running_loop()), run_sync(running_loop())])
+        close_thread_loop()
+        loops.append(run_sync(running_loop()))  # a fresh one after it
+        close_thread_loop()
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert loops[0] is loops[1] and loops[2] is not loops[0]
+    assert all(loop.is_closed() for loop in loops)

@@ -120,3 +120,45 @@ def test_an_episode_left_open_is_closed_by_the_next_reset_or_close(sandbox) -> N
     with pytest.raises(Exception, match="closed"):
         current.run("true")
     assert env.verified == []  # an episode that never ended is not scored
+
+
+class FilesMarkerEnv(MarkerEnv):
+    """MarkerEnv, whose verdict reads nothing but the files, saying so."""
+
+    name = "files-marker"
+    verdict_from_files = True
+
+
+def play(env: WorkspaceEnv, task: int, *replies: str) -> tuple[float, bool]:
+    """(reward, verdict reused) of one episode of ``replies``."""
+    env.reset(options={"task_index": task})
+    for reply in replies:
+        _, reward, terminated, truncated, _ = env.step(reply)
+    assert terminated or truncated
+    return reward, env.state.data["verdict_reused"]
+
+
+def test_a_verdict_is_reused_for_the_same_task_and_files_within_the_block(sandbox) -> None:
+    env = FilesMarkerEnv(sandbox=sandbox)
+    write = call("echo yes > done.txt")
+    with env.reusing_verdicts():
+        played = [
+            play(env, 0, "nothing done"),
+            play(env, 0, "still nothing"),  # the same files: the first episode's verdict
+            play(env, 1, "nothing done"),  # another task
+            play(env, 0, write, "done"),
+            play(env, 0, write, "done"),  # written again, later: other files (their times)
+            play(env, 0, call("ls -la"), "looked"),  # a command that changed nothing
+        ]
+    assert played == [(0.0, False), (0.0, True), (0.0, False), (1.0, False), (1.0, False),
+                      (0.0, True)]  # fmt: skip
+    assert len(env.verified) == 4
+    assert play(env, 0, "nothing done") == (0.0, False)  # out of the block: verified
+    assert len(env.verified) == 5
+
+
+def test_verdicts_are_not_reused_unless_the_env_declares_them_a_function_of_the_files(sandbox):
+    env = MarkerEnv(sandbox=sandbox)
+    with env.reusing_verdicts():
+        assert [play(env, 0, "nothing done") for _ in range(2)] == [(0.0, False)] * 2
+    assert len(env.verified) == 2

@@ -29,6 +29,13 @@ the reference, and abstaining must not beat a genuine wrong attempt on average. 
 any of these replies is a finding too. Each finding names its hack class, the policy, the
 episode, the reply that scored and how the reward could be fixed.
 
+Cost: a workspace env (each episode a sandbox session, its verdict a test run) is played by a
+few copies of itself at once where it allows (:mod:`~envhub.audit.players`), and, where it
+declares its verdict a function of the task and the files an episode leaves, an episode that
+leaves the files another episode of its task left gets that episode's verdict
+(:meth:`~envhub.workspace_env.WorkspaceEnv.reusing_verdicts`): most probes never touch the
+workspace. Neither changes a verdict.
+
 What it does not do: it cannot tell luck from a hack. A degenerate policy that happens to win
 a game (``numbers`` guessing 7, from "You have 7 guesses", when the secret is 7) fails the audit
 on that episode; the audited episodes are fixed, so the verdict is reproducible, and the failure

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from envhub.audit.mutation import MUTANT_PREFIX, Mutant, ProbeSkipped, answer_slot, task_answer
+from envhub.audit.players import Players
 from envhub.audit.probes import Contrast, Probe, contrasts, probes
 from envhub.audit.report import AuditFinding, AuditReport
 from envhub.checker import _run, _starts
@@ -14,6 +16,7 @@ from envhub.env import Env
 from envhub.errors import EnvCheckError
 from envhub.testing import Policy
 from envhub.types import Message
+from envhub.workspace_env import WorkspaceEnv
 
 TOLERANCE = 1e-9
 """Scores within this of each other are equal (float sums)."""
@@ -56,7 +59,8 @@ def audit_env(
     report.problem = _floor_problem(env, floor, declared)
     if not report.problem:
         starts = _starts(env, seeds)
-        episodes = _play_all(env, catalog, starts, max_steps)
+        with _reusing_verdicts(env):
+            episodes = _play_all(env, catalog, starts, max_steps)
         report.findings = _above_floor(catalog, episodes, floor)
         report.findings += _contrasted(judged, episodes, floor)
     if raise_on_failure and not report.passed:
@@ -64,24 +68,43 @@ def audit_env(
     return report
 
 
+def _reusing_verdicts(env: Env) -> contextlib.AbstractContextManager[None]:
+    """A workspace env's verdicts reused for the audit's length (see
+    :meth:`~envhub.workspace_env.WorkspaceEnv.reusing_verdicts`): most probes never touch the
+    workspace, and each verdict of an env like repo-repair is a pytest run."""
+    if isinstance(env, WorkspaceEnv):
+        return env.reusing_verdicts()
+    return contextlib.nullcontext()
+
+
 def _play_all(
     env: Env, catalog: list[Probe], starts: tuple[Any, ...], max_steps: int
 ) -> dict[str, list[AuditFinding | None]]:
-    """Every probe's episode on every start, by probe name. The reference plays first: where no
-    reply of its episode shows an answer, a mutant would replay that episode unchanged, so the
-    mutants skip it (``None``) without playing it (an env whose episodes are workspaces pays
-    seconds for each)."""
-    order = sorted(catalog, key=lambda p: p.name != "reference")  # stable: the rest in order
-    played: dict[str, list[AuditFinding | None]] = {}
-    for probe in order:
-        reference = played.get("reference", [None] * len(starts))
-        played[probe.name] = [
-            None
-            if probe.name.startswith(MUTANT_PREFIX) and not _shows_an_answer(env, start, ref)
-            else _play(env, probe, start, max_steps)
-            for start, ref in zip(starts, reference, strict=True)
-        ]
-    return {p.name: played[p.name] for p in catalog}
+    """Every probe's episode on every start, by probe name (played by :class:`Players`: a
+    workspace env's copies play several at once). The reference plays first: where no reply of
+    its episode shows an answer, a mutant would replay that episode unchanged, so the mutants
+    skip it (``None``) without playing it (an env whose episodes are workspaces pays seconds
+    for each)."""
+    names = [p.name for p in catalog]
+    played: dict[str, list[AuditFinding | None]] = {n: [None] * len(starts) for n in names}
+
+    def play(env: Env, probe: Probe, start: Any) -> AuditFinding | None:
+        return _play(env, probe, start, max_steps)
+
+    first = [n for n in names if n == "reference"]
+    with Players(env, catalog) as players:
+        for phase in (first, [n for n in names if n not in first]):
+            jobs = [
+                (name, index)
+                for name in phase
+                for index, start in enumerate(starts)
+                if not name.startswith(MUTANT_PREFIX)
+                or _shows_an_answer(env, start, played["reference"][index])
+            ]
+            found = players.play([(name, starts[index]) for name, index in jobs], play)
+            for (name, index), finding in zip(jobs, found, strict=True):
+                played[name][index] = finding
+    return played
 
 
 def _shows_an_answer(env: Env, start: Any, episode: AuditFinding | None) -> bool:

@@ -430,6 +430,8 @@ class RepoRepairEnv(WorkspaceEnv):
     reward_range = (0.0, 1.0)
     cheats = CHEATS
     levels = tuple(LEVELS)
+    verdict_from_files = True  # verify reads the task's suite and the files, nothing else
+    episodes_in_state = True
 
     def __init__(
         self,

@@ -109,6 +109,11 @@ class LocalSession(Session):
             made when the session starts; for comparison).
     """
 
+    writable_roots = (WORKDIR, "/tmp", "/dev")
+    """The session's tmpfs, bound at ``/sandbox`` and ``/tmp``, and its own ``/dev`` (a tmpfs
+    of bubblewrap's, ``/dev/shm`` in it); the rest of its root is read-only (see
+    :mod:`envhub.sandbox.jail`)."""
+
     def __init__(
         self,
         sandbox: LocalSandbox,

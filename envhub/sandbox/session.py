@@ -146,6 +146,10 @@ class Session(ABC):
     limits: Limits
     """The limits of every call (``disk_mb``, ``network`` and ``processes`` hold for the
     whole session)."""
+    writable_roots: tuple[str, ...] | None = None
+    """Every folder the session's commands can write to, when the backend confines them
+    (``None``: anywhere, as far as envhub knows); what
+    :func:`~envhub.sandbox.digest.files_digest` hashes."""
 
     @abstractmethod
     async def arun(
