@@ -28,10 +28,13 @@ and the RSS range after the first window, against the goals (good p99 < 50 ms; R
 server's share of a latency from the clients' competing for its core. The last lines give each
 process's CPU over the run.
 
-The batches are what costs the good clients most: a connection may have ``--max-in-flight``
-(1024) requests running, and while a few hundred of them are ready in every loop iteration each
-good request waits for that iteration (the limit must stay high for one client's many slow
-sessions: 1024 concurrent episodes of a slow env over one connection need 1024 in flight).
+A connection may have ``--max-in-flight`` (1024) requests running (the limit must stay high for
+one client's many slow sessions: 1024 concurrent episodes of a slow env over one connection need
+1024 in flight); while connections contend, the server runs at most ``TURNS`` of one
+connection's requests a loop iteration and makes a connection that sent a big frame wait
+``PACE`` times what reading it cost (``envhub/serve/app.py``), so that a good request waits for
+iterations of bounded length. On a shared 2-core machine what is left of the good clients'
+p99 is mostly the scheduler's: compare a run with ``--attacks`` alone and one with ``--pin``.
 """
 
 from __future__ import annotations

@@ -76,12 +76,16 @@ CONTENDED_FOR = 1.0
 the loop (and :data:`TURNS` and :data:`PACE` apply; see :class:`Floor`)."""
 PACE = 4.0
 """While connections contend, a connection that sent a frame over :data:`PACED_CHARS` waits this
-many times what reading it cost before its next frame is read: big frames (a client's, or an
-attacker's, that cost the loop milliseconds each) take at most a fifth of the loop's time."""
+many times what reading it cost before its next frame is read (an HTTP reply to a big body is
+delayed alike): big frames (a client's, or an attacker's, that cost the loop milliseconds each)
+take at most a fifth of the loop's time."""
 PACED_CHARS = 64 * 1024
 READ_RATE = 200e6
 """Bytes per second that uvicorn's protocol reads a frame at (unmasking, UTF-8 checks and
 decoding, before the app has it): an estimate, for :data:`PACE`."""
+PARSE_RATE = 50e6
+"""Bytes per second that an HTTP body is parsed at: an estimate, for :data:`PACE` (an HTTP
+request's time also holds its env call's, which is not the loop's)."""
 BATCH_HEADER = "envhub-batch"
 """The handshake header by which a client asks for batches, and the server says it takes them."""
 BATCH_BYTES = 1024 * 1024
@@ -126,6 +130,8 @@ class ServeApp:
         self.sweep_every, self.threads = sweep_every, threads
         self.idle_timeout, self.max_in_flight = idle_timeout, max_in_flight
         self.http_caller = Caller(owner=None)
+        self.http_spoke_at = -math.inf
+        """When the last HTTP request came (HTTP clients contend for the loop as one)."""
         self.connections: set[Connection] = set()
         self.floor = Floor()
 
@@ -202,7 +208,12 @@ class ServeApp:
         if body is None:
             limit = self.service.limits.max_message_bytes
             return _json(self.service.refuse(_too_large(limit)), 413)
+        now = asyncio.get_running_loop().time()
+        self.floor.heard(self.http_caller, now, self.http_spoke_at)  # every HTTP client as one
+        self.http_spoke_at = now
         reply = await self.service.handle(body, self.http_caller)
+        if len(body) > PACED_CHARS and self.floor.contended(now):  # as a connection's frames
+            await asyncio.sleep(PACE * len(body) / PARSE_RATE)
         return _json(reply, 200 if reply["ok"] else reply["error"]["code"])
 
     def _refusal(self, authorization: str | None, env: str) -> p.RequestError | None:
@@ -349,12 +360,13 @@ class Floor:
     and then run over another (as ``RemoteEnv``'s are) does not contend with itself."""
 
     def __init__(self) -> None:
-        self.last: Connection | None = None
+        self.last: object | None = None
+        """The connection that spoke last (every HTTP client counts as one, its caller)."""
         self.last_at = -math.inf
         """When :attr:`last` last spoke."""
         self.shared_at = -math.inf
 
-    def heard(self, connection: Connection, now: float, before: float) -> None:
+    def heard(self, connection: object, now: float, before: float) -> None:
         """A frame came from ``connection`` at ``now`` (its previous one at ``before``)."""
         if connection is not self.last:
             if now - before < CONTENDED_FOR and now - self.last_at < CONTENDED_FOR:
