@@ -10,7 +10,8 @@ idle timeout's: :class:`envhub.serve.app.ServeApp`.)
 
 The WebSocket protocol also gives the app a direct line to the socket (see
 :class:`TimedWebSocketProtocol`), and stops reading the socket only once a frame already waits
-for the app (uvicorn stops at every frame: two more system calls per request).
+for the app (uvicorn stops at every frame and starts again when the app took it: a change of
+the event loop's polling of the socket, twice per request).
 
 Only :func:`envhub.serve.server.uvicorn_config` imports this module (it imports uvicorn).
 """
@@ -143,8 +144,8 @@ class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
     def send_receive_event_to_app(self) -> None:  # noqa: D102
         if self.direct is not None and self._offered():
             return
-        # uvicorn stops reading the socket at every frame until the app has taken it (system
-        # calls to stop and restart polling it, for each request of a client that waits for
+        # uvicorn stops reading the socket at every frame until the app has taken it (the loop
+        # stops and restarts polling it, for each request of a client that waits for
         # each answer). Reading stops once a frame already waits: the app still has at most
         # two frames waiting for it (and what one read of the socket brought).
         if self.read_paused or not self.queue.empty():
