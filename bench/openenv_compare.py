@@ -167,24 +167,24 @@ def run_server(kind: str, port: int, max_sessions: int) -> None:
     import uvicorn
 
     import envhub
-    from envhub.serve.server import ServeSettings, build_app, uvicorn_config
+    from envhub.serve.server import ServeSettings, build_app, run, uvicorn_config
 
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)  # OpenEnv's close noise
     echo = envhub_echo()
     envhub.register(echo.name, echo, override=True)
     settings = ServeSettings(env=echo.name, port=port, max_sessions=max_sessions)
-    if kind == "bare_echo":
-        app = bare_echo_app()
-    elif kind == "openenv":
-        app = openenv_app(max_sessions)
-    elif kind == "envhub_openenv_protocol":
+    options: dict[str, Any] = dict(log_level="critical", ws_max_size=16 * 2**20)
+    if kind in ("bare_echo", "openenv"):  # served as their own servers are: plain uvicorn
+        app = bare_echo_app() if kind == "bare_echo" else openenv_app(max_sessions)
+        uvicorn.Server(uvicorn_config(settings, app, **options)).run()
+        return
+    if kind == "envhub_openenv_protocol":
         from envhub.serve.openenv_protocol import build_openenv_app
 
         app = build_openenv_app(settings)
     else:
         app = build_app(settings)
-    config = uvicorn_config(settings, app, log_level="critical", ws_max_size=16 * 2**20)
-    uvicorn.Server(config).run()
+    run(settings, app, **options)  # as `envhub serve` runs it
 
 
 def start_server(kind: str, max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:

@@ -59,13 +59,11 @@ class Echo(Env):
 
 def run_server(port: int) -> None:
     """The server process: serve ``Echo`` on ``port`` until killed."""
-    from envhub.serve.server import ServeSettings, build_app, uvicorn_config
+    from envhub.serve.server import ServeSettings, build_app, run
 
     envhub.register(Echo.name, Echo, override=True)
     settings = ServeSettings(env=Echo.name, port=port, max_sessions=4096)
-    import uvicorn
-
-    uvicorn.Server(uvicorn_config(settings, build_app(settings), log_level="warning")).run()
+    run(settings, build_app(settings), log_level="warning")
 
 
 def start_server() -> tuple[subprocess.Popen[bytes], int]:

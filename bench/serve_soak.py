@@ -20,12 +20,21 @@ sampled every second (the row shows the window's max). At the end the whole run'
 and the RSS range after the first window, against the goals (good p99 < 50 ms; RSS bounded).
 
     .venv/bin/python bench/serve_soak.py [--minutes 10] [--good 8] [--think 10] [--every 30]
-        [--attacks frames batches retries http vanish slow] [--max-in-flight N] [--json out.json]
+        [--attacks frames batches retries http vanish slow] [--max-in-flight N] [--pin]
+        [--json out.json]
 
-The batches are what costs the good clients most: a connection may have ``--max-in-flight``
-(1024) requests running, and while a few hundred of them are ready in every loop iteration each
-good request waits for that iteration (the limit must stay high for one client's many slow
-sessions: 1024 concurrent episodes of a slow env over one connection need 1024 in flight).
+``--attacks`` with no name runs the good clients alone (the latency floor of this machine);
+``--pin`` puts the server alone on one core and every client on the other (Linux), to tell the
+server's share of a latency from the clients' competing for its core. The last lines give each
+process's CPU over the run.
+
+A connection may have ``--max-in-flight`` (1024) requests running (the limit must stay high for
+one client's many slow sessions: 1024 concurrent episodes of a slow env over one connection need
+1024 in flight); while connections contend, the server runs at most ``TURNS`` of one
+connection's requests a loop iteration and makes a connection that sent a big frame wait
+``PACE`` times what reading it cost (``envhub/serve/app.py``), so that a good request waits for
+iterations of bounded length. On a shared 2-core machine what is left of the good clients'
+p99 is mostly the scheduler's: compare a run with ``--attacks`` alone and one with ``--pin``.
 """
 
 from __future__ import annotations
@@ -59,11 +68,10 @@ def run_server(port: int, max_in_flight: int) -> None:
     ``max_in_flight``)."""
     import logging
 
-    import uvicorn
     from openenv_compare import envhub_echo
 
     import envhub
-    from envhub.serve.server import ServeSettings, build_app, uvicorn_config
+    from envhub.serve.server import ServeSettings, build_app, run
 
     logging.getLogger("envhub").setLevel(logging.ERROR)  # the attacks are expected
     echo = envhub_echo()
@@ -71,8 +79,7 @@ def run_server(port: int, max_in_flight: int) -> None:
     settings = ServeSettings(
         env=echo.name, port=port, max_sessions=4096, max_in_flight=max_in_flight
     )
-    config = uvicorn_config(settings, build_app(settings), log_level="critical")
-    uvicorn.Server(config).run()
+    run(settings, build_app(settings), log_level="critical")
 
 
 def start_server(max_in_flight: int) -> tuple[subprocess.Popen[bytes], int]:
@@ -328,6 +335,12 @@ def run_bad(port: int, env: str, seconds: float, attacks: list[str]) -> None:
 # -- the run -------------------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds that process ``pid`` has spent."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile of ``values`` (nan when empty)."""
     if not values:
@@ -343,10 +356,18 @@ async def soak(args: argparse.Namespace) -> int:
     server, port = start_server(args.max_in_flight)
     env = envhub_echo().name
     seconds = args.minutes * 60
-    bad = subprocess.Popen(
-        [sys.executable, __file__, "--bad", str(port), env, str(seconds), ",".join(args.attacks)],
-        stdout=subprocess.PIPE,
-    )
+    bad = None
+    if args.attacks:
+        command = [sys.executable, __file__, "--bad", str(port), env, str(seconds)]
+        bad = subprocess.Popen([*command, ",".join(args.attacks)], stdout=subprocess.PIPE)
+    if args.pin:  # the server alone on the first core; both clients' processes on the second
+        os.sched_setaffinity(server.pid, {0})
+        for pid in [os.getpid()] + ([bad.pid] if bad else []):
+            os.sched_setaffinity(pid, {1})
+    processes = {"server": server.pid, "good clients": os.getpid()}
+    if bad is not None:
+        processes["bad clients"] = bad.pid
+    cpu_before = {name: cpu_seconds(pid) for name, pid in processes.items()}
     latencies: list[tuple[float, float]] = []
     rss: list[tuple[float, float]] = []
     start = time.perf_counter()
@@ -384,11 +405,14 @@ async def soak(args: argparse.Namespace) -> int:
             report(),
             *(good_client(url, until, args.think / 1000, latencies) for _ in range(args.good)),
         )
+        cpu = {name: cpu_seconds(pid) - cpu_before[name] for name, pid in processes.items()}
     finally:
-        out, _ = bad.communicate(timeout=120)
+        out = bad.communicate(timeout=120)[0] if bad is not None else b"{}"
         server.kill()
         server.wait()
-    tally = json.loads(out.decode().strip().splitlines()[-1])
+    tally = {"answered": 0, "expected": 0, "unexpected": {}} | json.loads(
+        out.decode().strip().splitlines()[-1]
+    )
     ms = [1000 * s for _, s in latencies]
     settled = [m for t, m in rss if t >= start + args.every] or [m for _, m in rss]
     p50, p99 = percentile(ms, 0.5), percentile(ms, 0.99)
@@ -400,6 +424,8 @@ async def soak(args: argparse.Namespace) -> int:
         f"server RSS: {min(m for _, m in rss):.0f}-{max(m for _, m in rss):.0f} MB over the run, "
         f"{min(settled):.0f}-{max(settled):.0f} MB after the first {args.every:g} s"
     )
+    shares = ", ".join(f"{name} {100 * used / seconds:.0f}%" for name, used in cpu.items())
+    print(f"CPU (of one core) over the run: {shares}" + (" (pinned)" if args.pin else ""))
     print(
         f"bad requests answered: {tally['answered']:,}, with the expected error or answer: "
         f"{tally['expected']:,}"
@@ -415,6 +441,8 @@ async def soak(args: argparse.Namespace) -> int:
                     "p99_ms": p99,
                     "rss_mb": rss,
                     "bad": tally,
+                    "cpu_s": cpu,
+                    "pinned": args.pin,
                 },
                 indent=2,
             )
@@ -442,7 +470,16 @@ def main() -> None:
     )
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument(
-        "--attacks", nargs="+", choices=ATTACKS, default=list(ATTACKS), help="bad clients to run"
+        "--attacks",
+        nargs="*",
+        choices=ATTACKS,
+        default=list(ATTACKS),
+        help="bad clients to run (none: good clients alone)",
+    )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the server alone on core 0, the clients' processes on core 1 (Linux)",
     )
     parser.add_argument("--bad", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -94,8 +94,8 @@ class FirstInIteration:
 def start_eagerly(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
     """A task running ``coro``, whose first step runs now rather than at the loop's next
     iteration: a coroutine that finishes without waiting (a natively async env's step) has
-    its result, and has done its work (sent its reply), before this returns; one that waits
-    goes on as a task from where it waited.
+    its result, and has done its work (sent its reply), before this returns (the future
+    returned is done already); one that waits goes on as a task from where it waited.
 
     While the first step runs, the current task is the new task (as it would be for a task
     stepped by the loop), so ``asyncio.timeout``, ``asyncio.current_task()`` and cancellation
@@ -125,6 +125,10 @@ def start_eagerly(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
         _leave_task(loop, task)
         if outer is not None:
             _enter_task(loop, outer)
+    if first.done and first.error is None:  # done: its result now (the task ends next turn)
+        finished: asyncio.Future[T] = loop.create_future()
+        finished.set_result(first.result)
+        return finished
     return task
 
 

@@ -76,9 +76,13 @@ def test_an_eager_task_runs_its_first_step_now_as_itself() -> None:
 
     async def main() -> None:
         outer = asyncio.current_task()
-        task = start_eagerly(quick())
-        assert seen == [task] and asyncio.current_task() is outer  # ran already, as the task
-        assert await task == "done"
+        answer = start_eagerly(quick())
+        # It ran already, as a task of its own, and its result is there.
+        assert answer.done() and answer.result() == "done"
+        [task] = seen
+        assert isinstance(task, asyncio.Task) and task is not outer
+        assert asyncio.current_task() is outer
+        assert await answer == "done"
 
     asyncio.run(main())
 

@@ -8,7 +8,8 @@
 - :mod:`envhub.serve.service` — turns requests into ``Env`` calls; no transport in it.
 - :mod:`envhub.serve.app` — the Starlette app: WebSocket and HTTP routes, auth, size limits,
   in-flight limits and idle connections.
-- :mod:`envhub.serve.timeouts` — uvicorn's protocols with a deadline for half-sent requests.
+- :mod:`envhub.serve.timeouts` — uvicorn's protocols with a deadline for half-sent requests,
+  and the WebSocket protocol's direct line to the app.
 - :mod:`envhub.serve.server` — settings (every limit) and the uvicorn entry point.
 - :mod:`envhub.serve.remote` — :class:`~envhub.serve.remote.RemoteEnv`, the client: an ``Env``
   whose episodes run on a server (``envhub.make("ws://...")``).

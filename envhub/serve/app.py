@@ -24,20 +24,29 @@ connection's other sessions go on (over HTTP, a JSON body with the error's statu
 plain-text 500); frames over 512 KB are read in a worker thread. A connection runs at most
 ``max_in_flight`` requests at once, each of a batch counted (reading waits for room: one
 client's batches back-pressure it, not the others); a batch's requests are started
-:data:`FAIR_SHARE` at a time, the other connections served in between. A request that runs alone
-on its connection starts eagerly (answered in the loop iteration that read it). A connection
-with no frame and nothing running for ``idle_timeout`` seconds is closed (1001); half-sent
-frames and requests are :mod:`envhub.serve.timeouts`' to cut.
+:data:`FAIR_SHARE` at a time, the other connections served in between. While several
+connections send frames, each one's requests run at most :data:`TURNS` to a loop iteration
+(:class:`Floor`, :meth:`Connection.turn`): a client's request waits for iterations of bounded
+length, whatever another client's batches hold. A request that runs alone on its connection
+starts eagerly (answered in the loop iteration that read it); served by
+:func:`envhub.serve.server.uvicorn_config`, such a request is started where its frame's bytes
+arrive (the protocol's direct line: :data:`DIRECT_LINE`) and its reply written at once. A
+connection with no frame and nothing running for ``idle_timeout`` seconds is closed (1001);
+half-sent frames and requests are :mod:`envhub.serve.timeouts`' to cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hmac
 import logging
+import math
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -58,10 +67,35 @@ one); reading waits beyond it (back-pressure, not an error)."""
 FAIR_SHARE = 128
 """A batch's requests are started this many at a time, the loop serving other connections in
 between: one client's big batch does not hold up the others."""
+TURNS = 32
+"""While other connections are active, one connection's requests run at most about this many
+at a time in one loop iteration (the others wait for the next): another client's request waits
+for an iteration of bounded length, not for hundreds of a batch's steps."""
+CONTENDED_FOR = 1.0
+"""Seconds after frames last came from two connections in turn during which they contend for
+the loop (and :data:`TURNS` and :data:`PACE` apply; see :class:`Floor`)."""
+PACE = 4.0
+"""While connections contend, a connection that sent a frame over :data:`PACED_CHARS` waits this
+many times what reading it cost before its next frame is read (an HTTP reply to a big body is
+delayed alike): big frames (a client's, or an attacker's, that cost the loop milliseconds each)
+take at most a fifth of the loop's time."""
+PACED_CHARS = 64 * 1024
+READ_RATE = 200e6
+"""Bytes per second that uvicorn's protocol reads a frame at (unmasking, UTF-8 checks and
+decoding, before the app has it): an estimate, for :data:`PACE`."""
+PARSE_RATE = 50e6
+"""Bytes per second that an HTTP body is parsed at: an estimate, for :data:`PACE` (an HTTP
+request's time also holds its env call's, which is not the loop's)."""
 BATCH_HEADER = "envhub-batch"
 """The handshake header by which a client asks for batches, and the server says it takes them."""
 BATCH_BYTES = 1024 * 1024
 """Replies are gathered into one frame up to about this size."""
+DIRECT_LINE = "envhub.direct_line"
+"""The ASGI scope extension by which the server's WebSocket protocol
+(:class:`envhub.serve.timeouts.TimedWebSocketProtocol`) offers the app frames where their bytes
+arrive, and writes frames at once."""
+DIRECT_CHARS = 64 * 1024
+"""Frames up to this size may take the direct line (larger ones: the reader's checks)."""
 CHUNK = 64
 """Replies that finish together leave in frames of at most about this many, each as soon as it
 is full: the client starts on the first while the rest are made."""
@@ -96,7 +130,10 @@ class ServeApp:
         self.sweep_every, self.threads = sweep_every, threads
         self.idle_timeout, self.max_in_flight = idle_timeout, max_in_flight
         self.http_caller = Caller(owner=None)
+        self.http_spoke_at = -math.inf
+        """When the last HTTP request came (HTTP clients contend for the loop as one)."""
         self.connections: set[Connection] = set()
+        self.floor = Floor()
 
     def starlette(self) -> Starlette:
         """The ASGI app."""
@@ -171,7 +208,12 @@ class ServeApp:
         if body is None:
             limit = self.service.limits.max_message_bytes
             return _json(self.service.refuse(_too_large(limit)), 413)
+        now = asyncio.get_running_loop().time()
+        self.floor.heard(self.http_caller, now, self.http_spoke_at)  # every HTTP client as one
+        self.http_spoke_at = now
         reply = await self.service.handle(body, self.http_caller)
+        if len(body) > PACED_CHARS and self.floor.contended(now):  # as a connection's frames
+            await asyncio.sleep(PACE * len(body) / PARSE_RATE)
         return _json(reply, 200 if reply["ok"] else reply["error"]["code"])
 
     def _refusal(self, authorization: str | None, env: str) -> p.RequestError | None:
@@ -204,7 +246,7 @@ class ServeApp:
         headers = [(BATCH_HEADER.encode(), str(limit).encode())] if batches else None
         await websocket.accept(headers=headers)
         caller = Caller(owner=websocket, batches=batches)
-        connection = Connection(websocket, self.max_in_flight)
+        connection = Connection(websocket, self.max_in_flight, self.floor)
         self.connections.add(connection)
         self.service.metrics.connections_open += 1
         try:
@@ -221,70 +263,214 @@ class ServeApp:
 
     async def _read_frames(self, connection: Connection, caller: Caller) -> None:
         websocket = connection.websocket
-        outbox = Outbox(websocket, caller.batches, connection.busy)
+        line = websocket.scope.get("extensions", {}).get(DIRECT_LINE)
+        outbox = Outbox(websocket, caller.batches, connection.busy, line)
         caller.send = outbox.send
         caller.busy = connection.busy
-        limit = self.service.limits.max_message_bytes
+        caller.turn = connection.turn
+        if line is not None:
+            line.direct = lambda text: self._direct(connection, caller, outbox, text)
         try:
             while True:
+                connection.reading = True
                 message = await websocket.receive()
+                connection.reading = False
                 if message["type"] == "websocket.disconnect":
                     return
                 connection.heard()
                 frame = message.get("text")
                 frame = frame if frame is not None else message["bytes"]
-                if _larger(frame, limit):
-                    outbox.put(self.service.refuse(_too_large(limit)))
-                    continue
                 off_loop = len(frame) > OFF_LOOP_BYTES  # parsed and decoded in a thread
-                try:
-                    if off_loop:
-                        prepare_frame = self.service.prepare_frame
-                        requests = await asyncio.to_thread(prepare_frame, frame, caller)
-                    else:  # parsed now, each request checked as it starts
-                        requests = self.service.payloads(frame, caller)
-                except UnreadableFrame as e:
-                    outbox.put(self.service.refuse(e, e.request_id))
-                    continue
+                requests = await self._read(frame, off_loop, connection, caller, outbox)
                 connection.batch = len(requests) > 1
                 for n, request in enumerate(requests, 1):
-                    await connection.room.acquire()  # a batch's requests count one by one
+                    await connection.place()  # a batch's requests count one by one
                     prepared = request if off_loop else self.service.prepare(request)
                     connection.started(self.service.launch(prepared, caller), outbox)
-                    if n % FAIR_SHARE == 0:
+                    if n % TURNS == 0 and (n % FAIR_SHARE == 0 or connection.contended()):
                         await asyncio.sleep(0)  # the other connections' turn
         finally:
+            if line is not None:
+                line.direct = None
             outbox.close()
+
+    async def _read(
+        self,
+        frame: str | bytes,
+        off_loop: bool,
+        connection: Connection,
+        caller: Caller,
+        outbox: Outbox,
+    ) -> list[Any]:
+        """The requests of a frame: prepared (parsed and decoded in a thread) when ``off_loop``,
+        else as parsed JSON, each checked as it starts; none when the frame is refused (its
+        error reply queued). After a large frame, while connections contend, its connection
+        waits :data:`PACE` times what reading the frame cost (parsing it here, and the
+        protocol's reading of its bytes, estimated), before its next frame is read."""
+        started = time.perf_counter()
+        limit = self.service.limits.max_message_bytes
+        requests: list[Any] = []
+        if _larger(frame, limit):
+            outbox.put(self.service.refuse(_too_large(limit)))
+        else:
+            try:
+                if off_loop:
+                    prepare_frame = self.service.prepare_frame
+                    requests = await asyncio.to_thread(prepare_frame, frame, caller)
+                else:
+                    requests = self.service.payloads(frame, caller)
+            except UnreadableFrame as e:
+                outbox.put(self.service.refuse(e, e.request_id))
+        if len(frame) > PACED_CHARS and connection.contended():
+            cost = time.perf_counter() - started + len(frame) / READ_RATE
+            await asyncio.sleep(PACE * cost)
+        return requests
+
+    def _direct(self, connection: Connection, caller: Caller, outbox: Outbox, text: str) -> bool:
+        """A frame handed over by the protocol where its bytes arrived: started now when it is
+        one small request and the reader waits, with nothing of the connection running (one
+        session's next step: no queue and no reader task between the socket and the env, one
+        loop iteration less). ``False``: the reader reads it, as any other frame."""
+        if (
+            not connection.reading
+            or connection.in_flight
+            or connection.batch
+            or text[:1] != "{"  # (a batch is an array)
+            or len(text) > DIRECT_CHARS
+            or _larger(text, self.service.limits.max_message_bytes)
+        ):
+            return False
+        connection.heard()
+        try:
+            [payload] = self.service.payloads(text, caller)
+        except UnreadableFrame as e:
+            outbox.put(self.service.refuse(e, e.request_id))
+            return True
+        connection.free -= 1  # (nothing runs: there is room)
+        connection.started(self.service.launch(self.service.prepare(payload), caller), outbox)
+        return True
+
+
+class Floor:
+    """Which connection spoke last, and when two last spoke in turn: whether connections
+    contend for the loop (one client alone runs its batches at full speed).
+
+    Two connections contend when frames come from one, then from the other, each having spoken
+    within :data:`CONTENDED_FOR` s: a client whose sessions were opened over one connection
+    and then run over another (as ``RemoteEnv``'s are) does not contend with itself."""
+
+    def __init__(self) -> None:
+        self.last: object | None = None
+        """The connection that spoke last (every HTTP client counts as one, its caller)."""
+        self.last_at = -math.inf
+        """When :attr:`last` last spoke."""
+        self.shared_at = -math.inf
+
+    def heard(self, connection: object, now: float, before: float) -> None:
+        """A frame came from ``connection`` at ``now`` (its previous one at ``before``)."""
+        if connection is not self.last:
+            if now - before < CONTENDED_FOR and now - self.last_at < CONTENDED_FOR:
+                self.shared_at = now
+            self.last = connection
+        self.last_at = now
+
+    def contended(self, now: float) -> bool:
+        """Whether two connections sent frames in turn within :data:`CONTENDED_FOR` s."""
+        return now - self.shared_at < CONTENDED_FOR
 
 
 class Connection:
     """One WebSocket connection's in-flight requests and clock.
 
-    Its requests (each of a batch) take a place in :attr:`room` until answered; reading waits
-    while none is free. It is idle while no request runs and no frame comes.
+    Its requests (each of a batch) take a place (:meth:`place`) until answered; reading waits
+    while none is free. It is idle while no request runs and no frame comes. While connections
+    contend (:class:`Floor`), its requests take turns (:meth:`turn`): about :data:`TURNS` run
+    in one loop iteration, the others in the next ones.
     """
 
-    def __init__(self, websocket: WebSocket, max_in_flight: int) -> None:
-        self.websocket = websocket
-        self.room = asyncio.Semaphore(max_in_flight)
+    def __init__(self, websocket: WebSocket, max_in_flight: int, floor: Floor) -> None:
+        self.websocket, self.floor = websocket, floor
+        self.free = max_in_flight
+        """Places left for requests (a batch's count one by one)."""
+        self._room: asyncio.Future[None] | None = None
         self.in_flight = 0
         self.batch = False
         """The frame being read holds several requests."""
+        self.reading = False
+        """The reader waits for the next frame."""
         self.loop = asyncio.get_running_loop()
         self.last_heard = self.loop.time()
+        """When a frame came or an answer left (idle since)."""
+        self.spoke_at = -math.inf
+        """When the last frame came."""
         self.reader = asyncio.current_task()
         self.hung_up: str | None = None
         """Why the server hangs up (set when it does)."""
+        self.turns_left = TURNS
+        self.waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._counting = False
+        """A new iteration's turns are due (its callback is scheduled)."""
 
     def heard(self) -> None:
         """A frame came."""
-        self.last_heard = self.loop.time()
+        self.last_heard = now = self.loop.time()
+        self.floor.heard(self, now, self.spoke_at)
+        self.spoke_at = now
+
+    def contended(self) -> bool:
+        """Whether other connections contend for the loop (:class:`Floor`)."""
+        return self.floor.contended(self.last_heard)
+
+    def turn(self) -> asyncio.Future[None] | None:
+        """A request of this connection is about to run on the loop: ``None`` if it may now,
+        else a future to await first (done at a later iteration, when its turn comes)."""
+        if not self.waiting and (self.turns_left > 0 or not self.contended()):
+            self.turns_left -= 1
+            self._count()
+            return None
+        waiting = self.loop.create_future()
+        self.waiting.append(waiting)
+        self._count()
+        return waiting
+
+    def _count(self) -> None:
+        if not self._counting:
+            self._counting = True
+            self.loop.call_soon(self._next_iteration)
+
+    def _next_iteration(self) -> None:
+        """A new loop iteration: new turns, given first to the requests that wait."""
+        self._counting = False
+        self.turns_left = TURNS
+        while self.waiting and self.turns_left > 0:
+            waiting = self.waiting.popleft()
+            if not waiting.done():  # (cancelled: the server is shutting down)
+                waiting.set_result(None)
+                self.turns_left -= 1
+        if self.waiting:
+            self._count()
+
+    async def place(self) -> None:
+        """Take a place for a request, waiting while none is free (back-pressure)."""
+        while self.free <= 0:
+            self._room = self.loop.create_future()
+            await self._room
+        self.free -= 1
+
+    def _release(self) -> None:
+        self.free += 1
+        if self._room is not None and not self._room.done():
+            self._room.set_result(None)
 
     def started(self, answer: Answer, outbox: Outbox) -> None:
         """A request was started: its reply now, or the future of it (which holds its place)."""
         if isinstance(answer, dict):
-            self.room.release()
+            self._release()
             outbox.put(answer)
+            return
+        if answer.done():  # answered as it started (a natively async env's step): sent already
+            self.last_heard = self.loop.time()
+            self._release()
             return
         # Its task sends the reply; the env call goes on if the client goes (a retry finds it).
         self.in_flight += 1
@@ -293,7 +479,7 @@ class Connection:
     def _finished(self, answer: asyncio.Future[dict]) -> None:
         self.in_flight -= 1
         self.last_heard = self.loop.time()  # idle from the last answer on
-        self.room.release()
+        self._release()
 
     def busy(self) -> bool:
         """Whether a request of it is running, or more come in the frame being read."""
@@ -324,9 +510,16 @@ class Outbox:
     """
 
     def __init__(
-        self, websocket: WebSocket, batches: bool, busy: Callable[[], bool] = lambda: True
+        self,
+        websocket: WebSocket,
+        batches: bool,
+        busy: Callable[[], bool] = lambda: True,
+        line: Any = None,
     ) -> None:
         self.websocket, self.batches, self.busy = websocket, batches, busy
+        self.line = line
+        """The protocol's direct line (:mod:`envhub.serve.timeouts`), if the server has one:
+        a frame written at once, without the ASGI send's coroutines."""
         self.replies: list[str] = []
         self.ready = asyncio.Event()
         self.writer = asyncio.ensure_future(self._write())
@@ -344,8 +537,14 @@ class Outbox:
             if len(self.replies) >= CHUNK:  # the client can start on these while we go on
                 await self._flush()
             return
+        await self._send(p.dumps(reply))
+
+    async def _send(self, frame: str) -> None:
+        """Send one frame; never raises (a connection that is gone drops it)."""
+        if self.line is not None and self.line.send_now(frame):
+            return
         try:
-            await self.websocket.send_text(p.dumps(reply))
+            await self.websocket.send_text(frame)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the client went away; its sessions are closed by the caller
 
@@ -370,11 +569,8 @@ class Outbox:
         """Send what is queued."""
         self.ready.clear()
         replies, self.replies = self.replies, []
-        try:
-            for frame in p.batches(replies, BATCH_BYTES) if self.batches else replies:
-                await self.websocket.send_text(frame)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pass  # the client went away; its sessions are closed by the caller
+        for frame in p.batches(replies, BATCH_BYTES) if self.batches else replies:
+            await self._send(frame)
 
 
 def _token_matches(authorization: str | None, token: str) -> bool:

@@ -31,6 +31,7 @@ import functools
 import json
 import logging
 import math
+import os
 import ssl
 import threading
 from collections.abc import Coroutine
@@ -295,28 +296,61 @@ class _Wire(asyncio.Protocol):
     (``transport.set_protocol``): a frame is parsed where its bytes arrive and its replies are
     handed to the waiting requests there, and a request's frame is written at once, with no
     reader task, message queue or send lock between (about a third of the client's time per
-    request at one session went to those, and one loop iteration)."""
+    request at one session went to those, and one loop iteration).
+
+    The frames of every request and reply (whole text or binary messages, masked when sent as
+    RFC 6455 asks) are read and written here (:class:`_Frames`); websockets' protocol reads
+    every other frame (pings, a closing handshake, fragments), each given to it whole, and
+    keeps the connection's state (once it saw a fragment or an oversized frame, it reads all
+    that follows)."""
 
     def __init__(self, owner: WebSocketTransport, connection: Any, generation: int) -> None:
         from websockets.frames import Opcode
+        from websockets.protocol import State
 
         self.owner, self.generation = owner, generation
         self.connection = connection  # kept: its protocol's logger refers to it weakly
         self.protocol, self.transport = connection.protocol, connection.transport
+        self._open = State.OPEN
         self._data_opcodes = (Opcode.TEXT, Opcode.BINARY)
         self._continuation = Opcode.CONT
         self._parts: list[bytes] = []
         self.paused = False
         self._resumed: asyncio.Future[None] | None = None
         self._gone = asyncio.get_running_loop().create_future()
+        self._frames: _Frames | None = _Frames()
+        """Our own reading of frames; ``None`` once websockets' protocol reads everything."""
         self.transport.set_protocol(self)
         self._take_events()  # anything that came with the handshake
+        reader = getattr(self.protocol, "reader", None)  # websockets' parser buffer (13+)
+        if getattr(reader, "buffer", True):  # a frame began with it: websockets goes on reading
+            self._frames = None
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:  # noqa: D102 (asyncio's hook)
-        self.protocol.receive_data(data)
-        self._take_events()
+        frames = self._frames
+        if frames is None:
+            self.protocol.receive_data(data)
+            self._take_events()
+            return
+        for kind, payload in frames.read(data):
+            if kind == _TEXT:
+                try:
+                    text = payload.decode()
+                except UnicodeDecodeError as e:  # not UTF-8: websockets closes with 1007
+                    self.close_with(e)
+                    return
+                self.owner._received(text, self)
+            elif kind == _BINARY:
+                self.owner._received(payload, self)
+            else:  # a control frame (given whole), or the rest once websockets reads it all
+                if kind == _REST:
+                    self._frames = None
+                self.protocol.receive_data(payload)
+                self._take_events()
+            if self._gone.done() or self.transport.is_closing():
+                return
 
     def eof_received(self) -> None:  # noqa: D102
         self.protocol.receive_eof()
@@ -347,6 +381,9 @@ class _Wire(asyncio.Protocol):
             if self.owner._ws is self:  # the next try opens a new connection
                 self.owner._ws = None
             raise _ConnectionLost(self.owner._lost(self._close_error()))
+        if self._frames is not None and self.protocol.state is self._open:
+            self.transport.write(self._frames.text(frame.encode()))
+            return
         try:
             self.protocol.send_text(frame.encode())
         except Exception as e:  # websockets' InvalidState: a close is under way
@@ -415,6 +452,109 @@ class _Wire(asyncio.Protocol):
     def _wake_writers(self) -> None:
         if self._resumed is not None and not self._resumed.done():
             self._resumed.set_result(None)
+
+
+_TEXT, _BINARY, _CONTROL, _REST = range(4)
+"""What :meth:`_Frames.read` found: a text or binary message, a control frame, or the rest of
+the bytes (for websockets' protocol to read)."""
+
+
+class _Frames:
+    """The client's side of RFC 6455 framing for whole messages: reads the server's frames
+    (unmasked) and writes text frames (masked with a random key each, as the RFC asks)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._need = 2
+        """Bytes the buffer must hold before the next frame can be read."""
+        self._keys = b""
+        self._key_at = 0
+        self._apply_mask = _masker()
+
+    def read(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The whole frames in ``data`` and the bytes before it, as ``(kind, payload)``; a
+        control frame's payload is the whole frame (for websockets' protocol), and once a frame
+        is one of neither (a fragment, a masked or oversized one), the rest of the bytes are."""
+        buffer = self._buffer
+        if not buffer and len(data) >= 2:  # the common case: whole frames in one read
+            buffer = memoryview(data)
+        else:
+            buffer.extend(data)
+            if len(buffer) < self._need:
+                return []
+        found: list[tuple[int, bytes]] = []
+        at, end = 0, len(buffer)
+        while end - at >= 2:
+            head, second = buffer[at], buffer[at + 1]
+            length, start = second & 0x7F, at + 2
+            if length == 126:
+                length, start = int.from_bytes(buffer[at + 2 : at + 4], "big"), at + 4
+            elif length == 127:
+                length, start = int.from_bytes(buffer[at + 2 : at + 10], "big"), at + 10
+            if start > end:  # the length's bytes are still to come
+                self._need = start - at
+                break
+            kind = _MESSAGES.get(head)
+            if kind is None and not (0x88 <= head <= 0x8A and length <= 125):
+                kind = _REST  # (a mask bit from a server is an error websockets reports)
+            elif second & 0x80 or length > MAX_REPLY_BYTES:
+                kind = _REST
+            if kind == _REST:
+                found.append((_REST, bytes(buffer[at:])))
+                at = end
+                break
+            if end - start < length:
+                self._need = start + length - at
+                break
+            if kind is None:
+                found.append((_CONTROL, bytes(buffer[at : start + length])))
+            else:
+                found.append((kind, bytes(buffer[start : start + length])))
+            at = start + length
+        else:
+            self._need = 2
+        if isinstance(buffer, memoryview):
+            self._buffer = bytearray(buffer[at:])
+        else:
+            del buffer[:at]
+        if len(self._buffer) < 2:
+            self._need = 2
+        return found
+
+    def text(self, payload: bytes) -> bytes:
+        """A masked text frame of ``payload`` (UTF-8)."""
+        n = len(payload)
+        if n < 126:
+            head = bytes((0x81, 0x80 | n))
+        elif n < 65536:
+            head = bytes((0x81, 0xFE)) + n.to_bytes(2, "big")
+        else:
+            head = bytes((0x81, 0xFF)) + n.to_bytes(8, "big")
+        key = self._key()
+        return head + key + self._apply_mask(payload, key)
+
+    def _key(self) -> bytes:
+        """4 random bytes, from a stock of them read from the OS's generator 1 KB at a time
+        (what websockets reads 4 bytes at a time)."""
+        if self._key_at >= len(self._keys):
+            self._keys, self._key_at = os.urandom(1024), 0
+        key = self._keys[self._key_at : self._key_at + 4]
+        self._key_at += 4
+        return key
+
+
+_MESSAGES = {0x81: _TEXT, 0x82: _BINARY}
+"""A whole message's first byte (FIN, no extension bits, its opcode)."""
+
+
+@functools.cache
+def _masker() -> Any:
+    """websockets' ``apply_mask`` (its C one where built), imported when a connection opens."""
+    try:
+        from websockets.speedups import apply_mask
+    except ImportError:  # websockets without its C extension
+        from websockets.utils import apply_mask
+    return apply_mask
 
 
 class HTTPTransport(Transport):

@@ -375,12 +375,9 @@ def build_openenv_app(settings: Any) -> Any:
 def serve_openenv(settings: Any, app: Any = None) -> None:
     """Serve ``settings.env`` in the OpenEnv protocol until interrupted (``app``: one that
     :func:`build_openenv_app` already made)."""
-    import uvicorn
+    from envhub.serve.server import run
 
-    from envhub.serve.server import uvicorn_config
-
-    app = app if app is not None else build_openenv_app(settings)
-    uvicorn.Server(uvicorn_config(settings, app)).run()
+    run(settings, app if app is not None else build_openenv_app(settings))
 
 
 def _payload(

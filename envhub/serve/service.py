@@ -58,6 +58,9 @@ class Caller:
     send: Callable[[dict[str, Any]], Awaitable[None]] | None = None
     """Sends one reply to it, never raising (a WebSocket connection): the task that answers a
     request sends the reply as soon as it has it. ``None``: replies are awaited (HTTP)."""
+    turn: Callable[[], asyncio.Future[None] | None] = lambda: None
+    """Called as one of its requests (not started eagerly) is about to run: ``None`` if it may
+    run now, else a future to await first (its connection takes turns with the others)."""
 
 
 class EnvService:
@@ -175,10 +178,12 @@ class EnvService:
             if answer is None:
                 if request.seq is not None and not session.sequence.take(request.seq):
                     raise _stale(request, session)
+                eager = not caller.busy()
+                turn = None if eager else caller.turn
                 return session.answers.start(
                     request.id,
-                    lambda: self._sent(caller, self._in_session(session, request, value)),
-                    eager=not caller.busy(),
+                    lambda: self._sent(caller, self._in_session(session, request, value, turn)),
+                    eager=eager,
                 )
         self.metrics.replays += 1
         if caller.send is not None:  # the first answer went to whoever asked first
@@ -225,10 +230,19 @@ class EnvService:
             asyncio.ensure_future(close_env(session))
         return p.ok_reply(request.id, p.Closed(closed=session is not None))
 
-    async def _in_session(self, session: Session, request: p.Request, value: Any) -> dict[str, Any]:
+    async def _in_session(
+        self,
+        session: Session,
+        request: p.Request,
+        value: Any,
+        turn: Callable[[], asyncio.Future[None] | None] | None = None,
+    ) -> dict[str, Any]:
         session.busy += 1
         try:
             async with session.lock:
+                waiting = turn() if turn is not None else None
+                if waiting is not None:
+                    await waiting
                 result = await self._call_env(session, request, value)
             return p.ok_reply(request.id, result)
         except p.RequestError as e:

@@ -3,6 +3,7 @@ malformed and oversized frames, auth, metrics, and sessions freed when a client 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -14,7 +15,7 @@ from websockets.sync.client import ClientConnection, connect
 
 import envhub
 from envhub.errors import RemoteEnvError
-from envhub.serve.app import CHUNK
+from envhub.serve.app import CHUNK, TURNS, Connection, Floor
 from envhub.types import user
 
 TOKEN = "s3cret-token"
@@ -259,3 +260,102 @@ def test_the_first_reply_leaves_at_once_and_the_ones_finishing_with_it_in_one_ar
         assert [len(f) if isinstance(f, list) else "one" for f in frames] == ["one", CHUNK, 5]
         ids = [r["id"] for f in frames for r in (f if isinstance(f, list) else [f])]
         assert sorted(ids) == sorted(f"s{i}" for i in range(70))
+
+
+def test_while_connections_contend_a_batch_takes_turns_and_alone_it_does_not(
+    serve: Callable[..., Any],
+) -> None:
+    envhub.register(AsyncEcho.name, AsyncEcho, override=True)
+    server = serve(AsyncEcho.name)
+    with (
+        connect(server.url(), additional_headers={"envhub-batch": "1"}) as ws,
+        connect(server.url()) as other,
+    ):
+        sessions = open_async_echo_sessions(ws, 3 * TURNS)
+        # Alone, the whole batch runs in one loop iteration: one reply at once, the rest in
+        # full frames.
+        assert [len(f) if isinstance(f, list) else "one" for f in step_all(ws, sessions)] == [
+            "one",
+            CHUNK,
+            3 * TURNS - 1 - CHUNK,
+        ]
+        # Another connection speaks: the batch now runs TURNS steps an iteration, its replies
+        # leaving in a frame per iteration, while the other connection's request is answered.
+        open_episode_on(other)
+        frames = step_all(ws, sessions)
+        sizes = [len(f) if isinstance(f, list) else 1 for f in frames]
+        assert sum(sizes) == 3 * TURNS and max(sizes) <= TURNS and len(sizes) >= 3
+
+
+def open_episode_on(ws: ClientConnection) -> None:
+    session = call(ws, {"id": "other-c", "op": "create"})["result"]["session"]
+    assert call(ws, {"id": "other-r", "op": "reset", "session": session})["ok"]
+
+
+def test_a_connections_requests_past_its_turns_wait_for_the_next_iterations() -> None:
+    async def scenario() -> None:
+        floor = Floor()
+        mine, other = Connection(None, 8, floor), Connection(None, 8, floor)
+        mine.heard()
+        other.heard()
+        assert not mine.contended()  # one connection after another: not yet
+        mine.heard()  # two connections in turn, each having spoken: they contend
+        assert mine.contended()
+        turns = [mine.turn() for _ in range(TURNS + 5)]
+        assert turns[:TURNS] == [None] * TURNS  # these run now
+        waiting = turns[TURNS:]
+        assert not any(w.done() for w in waiting)
+        await asyncio.sleep(0)  # the next iteration: the five waiting get their turns first
+        assert all(w.done() for w in waiting)
+        assert mine.turns_left == TURNS - 5
+
+    asyncio.run(scenario())
+
+
+def test_a_connection_alone_runs_every_request_at_once() -> None:
+    async def scenario() -> None:
+        floor = Floor()
+        mine, opener = Connection(None, 8, floor), Connection(None, 8, floor)
+        opener.heard()  # (as RemoteEnv opens sessions over one connection, runs them on another)
+        mine.heard()
+        mine.heard()
+        assert not mine.contended()
+        assert [mine.turn() for _ in range(3 * TURNS)] == [None] * (3 * TURNS)
+
+    asyncio.run(scenario())
+
+
+class Counter(envhub.Env):
+    """Natively async; each step's info says which step of the episode it was."""
+
+    name = "test-counter"
+
+    async def areset(self, *, seed: Any = None, options: Any = None) -> Any:
+        self.turn = 0
+        return [user("go")], {}
+
+    async def astep(self, action: Any) -> Any:
+        self.turn += 1
+        return [user(str(action))], 0.0, False, False, {"turn": self.turn}
+
+
+def test_requests_sent_back_to_back_run_in_the_order_sent(serve: Callable[..., Any]) -> None:
+    envhub.register(Counter.name, Counter, override=True)
+    server = serve(Counter.name)
+    with connect(server.url()) as ws:
+        session = open_counter_episode(ws)
+        for round_ in range(3):  # the first frame of a burst may be started where it arrives
+            for n in range(20):
+                frame = {"id": f"{round_}-{n}", "op": "step", "session": session, "action": n}
+                ws.send(json.dumps(frame))
+            replies = [json.loads(ws.recv(timeout=10)) for _ in range(20)]
+            turns = {r["id"]: r["result"]["info"]["turn"] for r in replies}
+            assert [turns[f"{round_}-{n}"] for n in range(20)] == [
+                20 * round_ + n + 1 for n in range(20)
+            ]
+
+
+def open_counter_episode(ws: ClientConnection) -> str:
+    session = call(ws, {"id": "counter-c", "op": "create"})["result"]["session"]
+    assert call(ws, {"id": "counter-r", "op": "reset", "session": session})["ok"]
+    return session
