@@ -86,6 +86,13 @@ class TimedHTTPProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
 
+_UVICORN_INTERNALS = (
+    "frames", "queue", "read_paused", "close_sent", "conn", "writable",
+    "disconnected", "handshake_complete", "initial_response", "transport",
+)  # fmt: skip
+"""uvicorn's (0.54) WebSocket protocol attributes that :class:`TimedWebSocketProtocol` reads."""
+
+
 class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's WebSocket protocol, closing a connection whose frame has been arriving for
     ``read_timeout`` seconds without being complete (bytes of it wait in the parser's buffer,
@@ -98,14 +105,23 @@ class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
     """
 
     read_timeout = 30.0
+    _internals_known = False
+    """Whether :meth:`_knows_uvicorn` held when the handshake completed."""
     direct: Callable[[str], bool] | None = None
     """Set by the app: takes a text frame (``True``) or leaves it to the queue (``False``)."""
 
     def handle_connect(self, event: Any) -> None:  # noqa: D102
         super().handle_connect(event)
         scope = getattr(self, "scope", None)  # (none when the handshake was refused)
-        if scope is not None:
+        self._internals_known = self._knows_uvicorn()
+        if scope is not None and self._internals_known:
             scope["extensions"][DIRECT_LINE] = self
+
+    def _knows_uvicorn(self) -> bool:
+        """Whether this uvicorn's protocol has the internals the direct line and the read
+        pausing use (checked on the live object: a uvicorn that renamed them serves as plain
+        uvicorn does instead of failing on every frame)."""
+        return all(hasattr(self, name) for name in _UVICORN_INTERNALS)
 
     def send_now(self, text: str) -> bool:
         """Write a text frame now, if the connection is open and the socket takes more;
@@ -142,6 +158,9 @@ class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
         super().connection_lost(exc)
 
     def send_receive_event_to_app(self) -> None:  # noqa: D102
+        if not self._internals_known:
+            super().send_receive_event_to_app()
+            return
         if self.direct is not None and self._offered():
             return
         # uvicorn stops reading the socket at every frame until the app has taken it (the loop
@@ -159,7 +178,8 @@ class TimedWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def _offered(self) -> bool:
         """Offer a whole text frame to the app's direct line; whether it took it."""
-        if self.curr_msg_data_type != "text" or len(self.frames) != 1 or self.close_sent:
+        kind = getattr(self, "curr_msg_data_type", None)  # set by uvicorn at a frame's start
+        if kind != "text" or len(self.frames) != 1 or self.close_sent:
             return False
         if not self.queue.empty() or len(self.frames[0]) > DIRECT_CHARS:
             return False  # frames wait for the app's receive (this one goes after them); large

@@ -199,3 +199,27 @@ def test_a_plain_env_has_no_state_and_cannot_be_truncated(serve: Callable[..., A
         remote.close()
     finally:  # later tests list the registry (`envhub list`'s layout tests)
         registry._registered.pop(Plain.name, None)
+
+
+def test_one_sessions_steps_take_the_protocols_direct_line(
+    servers: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With this uvicorn, a session's frames are started where their bytes arrive (the direct
+    line of envhub/serve/timeouts.py): a uvicorn whose internals changed would quietly serve
+    every frame the slow way, which only this test notices."""
+    from envhub.serve.app import ServeApp
+
+    taken: list[bool] = []
+    direct = ServeApp._direct
+
+    def counted(self: ServeApp, *args: Any) -> bool:
+        taken.append(direct(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(ServeApp, "_direct", counted)
+    remote = envhub.make(servers["guess-number"].url("ws"))
+    remote.reset(seed=0)
+    for guess in (50, 25, 75):
+        remote.step(f"<guess>{guess}</guess>")
+    remote.close()
+    assert taken.count(True) >= 3  # at least the three steps (reset and close may go too)
