@@ -107,13 +107,28 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=2)
     parser.add_argument("--levels", action="store_true", help="one env moved between levels")
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--without",
+        type=Path,
+        help="a --json of an earlier run with the same settings: reuse its run without the "
+        "curriculum (the same seed draws and samples the same) instead of running it again",
+    )
+    parser.add_argument("--env-window", type=int, default=16, help="curriculum.env_window")
     args = parser.parse_args()
-    curriculum: dict[str, Any] = {"revisit": args.revisit, "window": args.window}
+    curriculum: dict[str, Any] = {
+        "revisit": args.revisit,
+        "window": args.window,
+        "env_window": args.env_window,
+    }
     if args.levels:
         curriculum["levels"] = {"window": 8, "promote_above": 0.8, "demote_below": 0.2}
     with tempfile.TemporaryDirectory() as tmp:
         results = {
-            "without": run(args, None, Path(tmp) / "off"),
+            "without": (
+                json.loads(args.without.read_text())["without"]
+                if args.without
+                else run(args, None, Path(tmp) / "off")
+            ),
             "with": run(args, curriculum, Path(tmp) / "on"),
         }
     print(f"quickstart at mixed difficulty, {args.steps} steps, seed {args.seed}")

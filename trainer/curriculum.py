@@ -104,6 +104,8 @@ class Curriculum:
         """One-role envs' tasks: the pass rates of their recent groups."""
         self.role_stats: dict[TaskKey, dict[str, deque[float]]] = {}
         """Multi-role envs' tasks: the same per role (see the module doc)."""
+        self.env_recent: dict[tuple[int, str | None], deque[float]] = {}
+        """Per env and level: the pass rates of its last ``env_window`` groups (any task)."""
         self.counts = DrawCounts()
 
     def level(self, env_index: int) -> str | None:
@@ -134,6 +136,16 @@ class Curriculum:
         rates = [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
         known = [rate for rate in rates if rate is not None]
         return float(sum(known) / len(known)) if known else None
+
+    def env_factor(self, env_index: int) -> float:
+        """What env ``env_index``'s weight is multiplied by: ``revisit + (1 - revisit) x`` the
+        share of its recent groups (at its current level) that were informative, once it has
+        ``window`` of them; 1 before, and always with ``env_window: 0``."""
+        recent = self.env_recent.get((env_index, self.level(env_index)))
+        if not self.config.env_window or recent is None or len(recent) < self.config.window:
+            return 1.0
+        informative = sum(not self._settled_rate(rate) for rate in recent) / len(recent)
+        return self.config.revisit + (1.0 - self.config.revisit) * informative
 
     def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
         """Whether the task that came up is drawn: always when it is still informative (or
@@ -168,6 +180,11 @@ class Curriculum:
             rates = self.role_stats.setdefault(key, {}).setdefault(role, deque(maxlen=window))
         rates.append(rate)
         env_index, level, _ = key
+        if self.config.env_window:
+            recent = self.env_recent.setdefault(
+                (env_index, level), deque(maxlen=self.config.env_window)
+            )
+            recent.append(rate)
         entry = self.levels[env_index]
         if entry is None or level != entry.current:
             return
@@ -211,9 +228,11 @@ class Curriculum:
         }
         if c.known_rates:
             metrics["curriculum/drawn_pass_rate"] = float(np.mean(c.known_rates))
-        for label, entry in zip(labels, self.levels, strict=True):
+        for index, (label, entry) in enumerate(zip(labels, self.levels, strict=True)):
             if entry is not None:
                 metrics[f"curriculum/level/{label}"] = float(entry.index)
+            if self.config.env_window:
+                metrics[f"curriculum/env_weight/{label}"] = self.env_factor(index)
         self.counts = DrawCounts()
         return metrics
 
@@ -226,6 +245,13 @@ class Curriculum:
             ],
             "levels": [None if e is None else _level_state(e) for e in self.levels],
         }
+        if self.env_recent:
+            state["env_recent"] = [
+                [e, lv, list(r)]
+                for (e, lv), r in sorted(
+                    self.env_recent.items(), key=lambda i: (i[0][0], i[0][1] or "")
+                )
+            ]
         if self.role_stats:
             state["role_stats"] = [
                 [e, lv, t, role, list(r)]
@@ -251,6 +277,10 @@ class Curriculum:
         window = self.config.window
         self.stats = {
             (int(e), lv, int(t)): deque(rates, maxlen=window) for e, lv, t, rates in state["stats"]
+        }
+        self.env_recent = {
+            (int(e), lv): deque(rates, maxlen=self.config.env_window or None)
+            for e, lv, rates in state.get("env_recent", [])  # none before env weights
         }
         self.role_stats = {}
         for e, lv, t, role, rates in state.get("role_stats", []):  # none before roles

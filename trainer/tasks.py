@@ -101,7 +101,7 @@ class TaskSchedule:
         ``extra`` > 0 draws the step's ``extra``-th batch of additional tasks (to replace
         groups without signal), from a stream of its own.
         """
-        weights = np.array([s.spec.weight for s in self.slots], dtype=np.float64)
+        weights = self._weights()
         keys = [self.seed, step, 1, extra] if extra else [self.seed, step, 1]
         rng = np.random.default_rng(keys)
         choices = rng.choice(len(self.slots), size=count, p=weights / weights.sum())
@@ -114,6 +114,16 @@ class TaskSchedule:
         for env_index in choices.tolist():
             per_env[env_index].append(self._next_curated(env_index, curated))
         return per_env
+
+    def _weights(self) -> np.ndarray:
+        """The envs' draw weights: as configured, each scaled by the curriculum's measure of
+        how much it teaches now (:meth:`Curriculum.env_factor`); as configured if that leaves
+        none."""
+        weights = np.array([s.spec.weight for s in self.slots], dtype=np.float64)
+        if self.curriculum is None:
+            return weights
+        scaled = weights * [self.curriculum.env_factor(i) for i in range(len(self.slots))]
+        return scaled if scaled.sum() > 0 else weights
 
     def level(self, env_index: int) -> str | None:
         """The level env ``env_index`` is drawn at now (``None``: no curriculum levels)."""

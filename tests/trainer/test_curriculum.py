@@ -71,6 +71,8 @@ def test_mastered_and_hopeless_tasks_are_skipped_informative_and_unknown_ones_dr
         "curriculum/skipped_share": 2 / 6,
         "curriculum/tracked_tasks": 4.0,
         "curriculum/drawn_pass_rate": (0.75 + 0.5) / 2,  # tasks 1 and 4; 2 and 5 unknown
+        # the env's groups 1.0, 0.0, 1.0, 0.5, 0.5: 2 of 5 informative, revisit 0
+        "curriculum/env_weight/arithmetic": 2 / 5,
     }
     # The window keeps the last 2 groups: task 0 falls to (1.0 + 0.5) / 2 and is drawn again.
     _rates(schedule, {0: [0.5]})
@@ -122,13 +124,16 @@ def test_an_epoch_of_skips_in_a_row_draws_the_next_task_anyway() -> None:
     assert (m["curriculum/skipped"], m["curriculum/forced"]) == (6.0, 1.0)
 
 
-def test_env_choice_keeps_the_weights_and_the_curriculum_acts_within_each_env() -> None:
-    specs = [
-        EnvSpec(name="arithmetic", args={"num_tasks": 6}),
-        EnvSpec(name="arithmetic", args={"num_tasks": 5, "difficulty": "hard"}, weight=3.0),
-    ]
+TWO_ENVS = [
+    EnvSpec(name="arithmetic", args={"num_tasks": 6}),
+    EnvSpec(name="arithmetic", args={"num_tasks": 5, "difficulty": "hard"}, weight=3.0),
+]
+
+
+def test_without_env_weights_env_choice_keeps_the_weights_and_the_curriculum_acts_within() -> None:
+    specs = TWO_ENVS
     off = TaskSchedule.from_specs(specs, 3)
-    on = _schedule(specs, seed=3, revisit=0.0)
+    on = _schedule(specs, seed=3, revisit=0.0, env_window=0)
     _rates(on, {task: [1.0] for task in range(6)}, env=0)  # env 0 all mastered, env 1 unknown
     env0 = 0
     for step in range(20):
@@ -139,6 +144,40 @@ def test_env_choice_keeps_the_weights_and_the_curriculum_acts_within_each_env() 
     # Every env-0 task was settled: each one drawn only after six in a row were passed over.
     m = on.curriculum_metrics()
     assert env0 > 0 and (m["curriculum/forced"], m["curriculum/skipped"]) == (env0, 6 * env0)
+
+
+def test_an_env_whose_groups_all_tie_is_drawn_less_by_its_informative_share() -> None:
+    on = _schedule(TWO_ENVS, seed=3, revisit=0.1, window=2, env_window=4)
+    assert [on.curriculum.env_factor(i) for i in (0, 1)] == [1.0, 1.0]  # nothing known yet
+    _rates(on, {0: [1.0]}, env=0)
+    assert on.curriculum.env_factor(0) == 1.0  # one group: fewer than window (2)
+    _rates(on, {1: [1.0], 2: [0.0]}, env=0)  # mastered, hopeless: nothing taught
+    _rates(on, {0: [0.5], 1: [0.75], 2: [0.0], 3: [0.0]}, env=1)  # 2 of 4 taught
+    assert on.curriculum.env_factor(0) == 0.1  # revisit + 0.9 x 0/3
+    assert on.curriculum.env_factor(1) == 0.1 + 0.9 * 2 / 4
+    probabilities = np.array([1.0 * 0.1, 3.0 * 0.55]) / (0.1 + 3.0 * 0.55)
+    for step in range(5):
+        choices = np.random.default_rng([3, step, 1]).choice(2, size=8, p=probabilities)
+        assert [len(tasks) for tasks in on.draw(step, 8)] == [
+            int((choices == 0).sum()),
+            int((choices == 1).sum()),
+        ]
+    _rates(on, {3: [0.5], 4: [0.25], 5: [0.5], 0: [0.75]}, env=0)  # the window: 4 taught
+    assert on.curriculum.env_factor(0) == 1.0
+    metrics = on.curriculum_metrics()
+    assert (
+        metrics["curriculum/env_weight/arithmetic#0"],
+        metrics["curriculum/env_weight/arithmetic#1"],
+    ) == (1.0, 0.55)
+
+
+def test_env_weights_never_leave_no_env_to_draw() -> None:
+    on = _schedule(TWO_ENVS, seed=3, revisit=0.0, window=1, env_window=2)
+    _rates(on, {0: [1.0]}, env=0)
+    _rates(on, {0: [0.0]}, env=1)
+    assert [on.curriculum.env_factor(i) for i in (0, 1)] == [0.0, 0.0]
+    off = TaskSchedule.from_specs(TWO_ENVS, 3)
+    assert [len(t) for t in on.draw(0, 8)] == [len(t) for t in off.draw(0, 8)]  # as configured
 
 
 def test_pass_rate_counts_rewards_at_the_threshold() -> None:
