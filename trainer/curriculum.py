@@ -105,7 +105,8 @@ class Curriculum:
         self.role_stats: dict[TaskKey, dict[str, deque[float]]] = {}
         """Multi-role envs' tasks: the same per role (see the module doc)."""
         self.env_recent: dict[tuple[int, str | None], deque[float]] = {}
-        """Per env and level: the pass rates of its last ``env_window`` groups (any task)."""
+        """Per env and level: whether each of its last ``env_window`` groups (any task) taught
+        something (1.0) or tied (0.0)."""
         self.counts = DrawCounts()
 
     def level(self, env_index: int) -> str | None:
@@ -139,13 +140,14 @@ class Curriculum:
 
     def env_factor(self, env_index: int) -> float:
         """What env ``env_index``'s weight is multiplied by: ``revisit + (1 - revisit) x`` the
-        share of its recent groups (at its current level) that were informative, once it has
-        ``window`` of them; 1 before, and always with ``env_window: 0``."""
+        share of its recent groups (at its current level) that taught something (rewards that
+        differ: GRPO's advantages are not all zero), once it has ``window`` of them; 1 before,
+        and always with ``env_window: 0``."""
         recent = self.env_recent.get((env_index, self.level(env_index)))
         if not self.config.env_window or recent is None or len(recent) < self.config.window:
             return 1.0
-        informative = sum(not self._settled_rate(rate) for rate in recent) / len(recent)
-        return self.config.revisit + (1.0 - self.config.revisit) * informative
+        taught = sum(recent) / len(recent)
+        return self.config.revisit + (1.0 - self.config.revisit) * taught
 
     def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
         """Whether the task that came up is drawn: always when it is still informative (or
@@ -169,10 +171,14 @@ class Curriculum:
         if rate is not None:
             self.counts.known_rates.append(rate)
 
-    def observe(self, key: TaskKey, rate: float, role: Role = None) -> None:
+    def observe(
+        self, key: TaskKey, rate: float, role: Role = None, taught: bool | None = None
+    ) -> None:
         """A scored group of the task (of one ``role`` of it, for an env with several), with
-        its pass rate: the task's statistics, and its env's level window when the group was
-        played at the env's current level (which may move)."""
+        its pass rate and whether its rewards differed (``taught``: the group has an advantage
+        to learn from; ``None``: judged from the pass rate): the task's statistics, its env's
+        recent groups, and its env's level window when the group was played at the env's
+        current level (which may move)."""
         window = self.config.window
         if role is None:
             rates = self.stats.setdefault(key, deque(maxlen=window))
@@ -184,7 +190,7 @@ class Curriculum:
             recent = self.env_recent.setdefault(
                 (env_index, level), deque(maxlen=self.config.env_window)
             )
-            recent.append(rate)
+            recent.append(float(not self._settled_rate(rate) if taught is None else taught))
         entry = self.levels[env_index]
         if entry is None or level != entry.current:
             return

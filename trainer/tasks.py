@@ -155,7 +155,9 @@ class TaskSchedule:
         if self.curriculum is None or not rewards:
             return
         threshold = self.slots[env_index].pass_threshold
-        self.curriculum.observe((env_index, level, task), pass_rate(rewards, threshold), role)
+        taught = max(rewards) - min(rewards) > 1e-9  # a tied group has no advantage
+        key, rate = (env_index, level, task), pass_rate(rewards, threshold)
+        self.curriculum.observe(key, rate, role, taught)
 
     def curriculum_metrics(self) -> dict[str, float]:
         """``curriculum/*`` since the last call (none without a curriculum)."""

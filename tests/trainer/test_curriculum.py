@@ -171,6 +171,15 @@ def test_an_env_whose_groups_all_tie_is_drawn_less_by_its_informative_share() ->
     ) == (1.0, 0.55)
 
 
+def test_an_env_weight_counts_groups_whose_rewards_differ_not_pass_rates() -> None:
+    on = _schedule(TWO_ENVS, seed=3, revisit=0.0, window=2, env_window=4)
+    on.observe_group(0, None, 0, [0.1, 0.0, 0.1, 0.1])  # none passes, but the format differs
+    on.observe_group(0, None, 1, [0.1, 0.1, 0.1, 0.1])  # tied at 0.1
+    assert on.curriculum.mean_rate((0, None, 0)) == 0.0 and on.curriculum.settled((0, None, 0))
+    assert on.curriculum.env_factor(0) == 1 / 2  # task 0 hopeless, yet its group taught
+    assert on.curriculum.state_dict()["env_recent"] == [[0, None, [1.0, 0.0]]]
+
+
 def test_env_weights_never_leave_no_env_to_draw() -> None:
     on = _schedule(TWO_ENVS, seed=3, revisit=0.0, window=1, env_window=2)
     _rates(on, {0: [1.0]}, env=0)
