@@ -596,8 +596,8 @@ class CurriculumConfig(_Part):
     its env's epoch order and its mean pass rate over at least ``min_groups`` groups is at or
     above ``skip_above`` (mastered) or at or below ``skip_below`` (hopeless), it is skipped,
     except with probability ``revisit``, when it is drawn again and its statistics refreshed.
-    Across envs, each env's weight is scaled by the share of its recent groups whose rewards
-    differed (``env_window``), so an env whose unseen tasks will tie too is drawn less. Every
+    With ``env_window``, each env's weight is scaled by the share of its recent groups whose
+    rewards differed, so an env whose unseen tasks will tie too is drawn less. Every
     choice comes from the run's seed and the step, and the statistics are in the checkpoint, so
     a resumed run draws what an uninterrupted one would. Held-out evaluation is unaffected. An
     env with several roles is tracked per task and role (:mod:`~envhub.trainer.curriculum`).
@@ -613,12 +613,12 @@ class CurriculumConfig(_Part):
     """Mean pass rate at or below which a task counts as hopeless."""
     revisit: float = Field(0.1, ge=0.0, le=1.0)
     """Probability that a mastered or hopeless task is drawn anyway when it comes up."""
-    env_window: int = Field(16, ge=0)
+    env_window: int = Field(0, ge=0)
     """Recent groups per env (at its current level) whose share that taught something (their
     rewards differed, so GRPO's advantages are not all zero) scales the env's weight: weight x
     (``revisit`` + (1 - ``revisit``) x share), once the env has ``window`` groups. An env whose
-    groups all tie (seen tasks or not) is drawn less, one that teaches keeps its weight. 0: the
-    configured weights, always."""
+    groups all tie (seen tasks or not) is drawn less, one that teaches keeps its weight.
+    Default 0: the configured weights (measured not to help yet: docs/guides/curricula.md)."""
     levels: LevelsConfig | None = None
     """Move envs' difficulty levels from their pass rates; none when absent."""
 

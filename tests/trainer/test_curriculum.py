@@ -71,8 +71,6 @@ def test_mastered_and_hopeless_tasks_are_skipped_informative_and_unknown_ones_dr
         "curriculum/skipped_share": 2 / 6,
         "curriculum/tracked_tasks": 4.0,
         "curriculum/drawn_pass_rate": (0.75 + 0.5) / 2,  # tasks 1 and 4; 2 and 5 unknown
-        # the env's groups 1.0, 0.0, 1.0, 0.5, 0.5: 2 of 5 informative, revisit 0
-        "curriculum/env_weight/arithmetic": 2 / 5,
     }
     # The window keeps the last 2 groups: task 0 falls to (1.0 + 0.5) / 2 and is drawn again.
     _rates(schedule, {0: [0.5]})

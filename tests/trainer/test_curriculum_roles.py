@@ -203,7 +203,6 @@ def test_a_one_role_state_is_as_before_roles_and_an_old_one_loads() -> None:
     assert state == {
         "stats": [[0, "a", 4, [0.5]]],
         "levels": [{"index": 0, "recent": [0.5], "moves": 0}, None],
-        "env_recent": [[0, "a", [1.0]]],  # a rate of 0.5 (no rewards given): it taught
     }
     old = {
         "stats": [[0, "b", 2, [1.0, 0.0]]],
