@@ -149,7 +149,7 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     import time
 
     from envhub.cli.console import console
-    from envhub.evaluation import evaluate
+    from envhub.evaluation import episode_key, evaluate
     from envhub.inference.base import SamplingParams
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.rollout.io import TrajectoryWriter
@@ -164,12 +164,12 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
         TrajectoryWriter(folder / "trajectories.jsonl") as writer,
         _progress(len(indices) * rollouts) as advance,
     ):
-        seen: set[tuple[str, int]] = set()
+        seen: set[tuple[Any, ...]] = set()
 
         def record(trajectory: Any) -> None:
             writer.write(trajectory)
             # The bar counts episodes: a multi-role episode's trajectories (one per actor) once.
-            episode = (trajectory.group_id, trajectory.sample_index)
+            episode = episode_key(trajectory)
             advance(trajectory.reward, episode not in seen)
             seen.add(episode)
 

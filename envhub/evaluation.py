@@ -124,16 +124,18 @@ def _pass_at(by_task: dict[TaskRole, list[bool]]) -> dict[int, float]:
     return {k: _mean([pass_at_k(len(v), sum(v), k) for v in by_task.values()]) for k in k_values(n)}
 
 
+def episode_key(trajectory: Trajectory) -> tuple[Any, ...]:
+    """What the trajectories of one episode share (its env, group, task, sample and seed): a
+    multi-role episode records one trajectory per actor, all with this key."""
+    t = trajectory
+    return (t.env.name, t.group_id, t.task_index, t.sample_index, t.seed)
+
+
 def count_episodes(trajectories: Sequence[Trajectory]) -> int:
     """Episodes the trajectories come from: each one-role trajectory is one; a multi-role
-    episode's trajectories (one per actor) share their env, group, sample and seed."""
+    episode's trajectories (one per actor) share their :func:`episode_key`."""
     solo = sum(1 for t in trajectories if t.role is None)
-    shared = {
-        (t.env.name, t.group_id, t.task_index, t.sample_index, t.seed)
-        for t in trajectories
-        if t.role is not None
-    }
-    return solo + len(shared)
+    return solo + len({episode_key(t) for t in trajectories if t.role is not None})
 
 
 def _tool_stats(trajectories: Sequence[Trajectory]) -> dict[str, Any]:

@@ -125,8 +125,11 @@ class Curriculum:
     def settled(self, key: TaskKey) -> bool:
         """Whether the task is mastered or hopeless, so that it is skipped unless revisited;
         with several roles, whether every role with statistics for it is."""
-        rates = [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
-        return all(rate is not None and self._settled_rate(rate) for rate in rates)
+        return all(rate is not None and self._settled_rate(rate) for rate in self._rates(key))
+
+    def _rates(self, key: TaskKey) -> list[float | None]:
+        """The task's mean pass rate per role (one, ``None``-keyed, for a one-role env)."""
+        return [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
 
     def _settled_rate(self, rate: float) -> bool:
         return rate >= self.config.skip_above or rate <= self.config.skip_below
@@ -134,8 +137,7 @@ class Curriculum:
     def _known_rate(self, key: TaskKey) -> float | None:
         """The task's mean pass rate (with several roles, the mean of its roles' that are
         known); ``None`` when none is."""
-        rates = [self.mean_rate(key, role) for role in self.role_stats.get(key) or [None]]
-        known = [rate for rate in rates if rate is not None]
+        known = [rate for rate in self._rates(key) if rate is not None]
         return float(sum(known) / len(known)) if known else None
 
     def env_factor(self, env_index: int) -> float:
