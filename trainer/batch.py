@@ -64,6 +64,15 @@ class Sample:
         return any(a != 0.0 and m for a, m in pairs)
 
 
+def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``tensor`` on ``device``; from the host without making the host wait for the device
+    (a blocking copy to a GPU synchronises the stream: the first GPU profile counted ~21 per
+    Megatron micro-batch). Safe because the copy is ordered on the device's stream and the
+    driver stages a pageable source before returning; a copy *to* the host stays blocking,
+    since the host reads it next."""
+    return tensor.to(device, non_blocking=tensor.device.type == "cpu")
+
+
 @dataclass
 class MicroBatch:
     """Right-padded tensors of a few samples. Per-token fields are aligned with the *targets*:
@@ -84,9 +93,10 @@ class MicroBatch:
         return int(self.loss_mask.sum().item())
 
     def to(self, device: torch.device | str) -> MicroBatch:
-        """A copy with every tensor on ``device`` (``samples`` is shared, not copied)."""
+        """A copy with every tensor on ``device`` (``samples`` is shared, not copied), moved
+        by :func:`to_device`."""
         moved = {
-            name: getattr(self, name).to(device)
+            name: to_device(getattr(self, name), device)
             for name in (
                 "input_ids",
                 "attention_mask",

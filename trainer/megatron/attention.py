@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from envhub.trainer.backends import varlen
-from envhub.trainer.batch import Packing
+from envhub.trainer.batch import Packing, to_device
 
 SEGMENTS = "envhub_segments"
 """The attribute of a ``PackedSeqParams`` that holds the segment lengths as Python ints (read
@@ -43,7 +43,7 @@ def packed_seq_params(packing: Packing, device: torch.device) -> Any:
     segment lengths also kept as ints for :class:`PackedAttention`."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
-    bounds = packing.cu_seqlens().to(device)
+    bounds = to_device(packing.cu_seqlens(), device)
     longest = max(packing.segments)
     params = PackedSeqParams(
         qkv_format="thd",

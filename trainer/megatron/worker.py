@@ -27,7 +27,7 @@ import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
 from envhub.trainer.backends.torch_backend import lr_multiplier
-from envhub.trainer.batch import MicroBatch, Packing
+from envhub.trainer.batch import MicroBatch, Packing, to_device
 from envhub.trainer.megatron.attention import packed_seq_params, segment_lengths
 from envhub.trainer.megatron.bridge import (
     build_model,
@@ -445,13 +445,13 @@ class MegatronWorker:
         loss, metrics = policy_objective(
             spec,
             logprobs=logprobs,
-            old_logprobs=old[k].to(output.device) if old and k >= 0 else None,
+            old_logprobs=to_device(old[k], output.device) if old and k >= 0 else None,
             advantages=mb.advantages,
             mask=mb.loss_mask,
             num_tokens=num_tokens,
             num_sequences=num_sequences,
             sampler_logprobs=mb.sampler_logprobs,
-            ref_logprobs=ref[k].to(output.device) if ref and k >= 0 else None,
+            ref_logprobs=to_device(ref[k], output.device) if ref and k >= 0 else None,
             entropy=entropy,
         )
         return loss, torch.tensor(1, dtype=torch.int), micro_batch_report(loss, weight, metrics)
@@ -502,8 +502,8 @@ class MegatronWorker:
         """The packed ``row`` through the model, each sequence attending only to itself: THD
         varlen attention with Transformer Engine; else ``attention.PackedAttention`` given the
         sequences' lengths in place of the mask."""
-        ids = row.to(self.device)
-        positions = packing.positions().to(self.device)
+        ids = to_device(row, self.device)
+        positions = to_device(packing.positions(), self.device)
         if have_transformer_engine():
             params = packed_seq_params(packing, self.device)
             return model(ids, positions, None, packed_seq_params=params)
@@ -541,7 +541,7 @@ def _next_token_logits(
     """The logits of the packed ``row`` that predict each next token (as the model returned
     them: the losses divide by the temperature in float32, scoring the distribution the engine
     sampled from as the torch backend does), and those tokens."""
-    return output[:, :-1], row[:, 1:].to(output.device)
+    return output[:, :-1], to_device(row[:, 1:], output.device)
 
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:
