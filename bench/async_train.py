@@ -25,8 +25,10 @@ the tokens the update trained on (prompt and completion) per second of wall time
 
 ``--learning`` instead measures learning per wall-clock hour: ``--steps`` steps (use 20) of the
 quickstart (or the named ``--workload``) at each ``--staleness`` for each of ``--seeds``, the
-reward against wall time drawn per k (``--png``) and a table of the final reward and the reward
-at equal wall time.
+reward against wall time drawn per k (``--png``) and a table of the final reward, the reward
+at equal wall time and the last held-out evaluation's reward. ``--json`` is rewritten after
+every run with each run's steps; ``--replot FILE`` prints the table and draws the plot again
+from it.
 
     .venv/bin/python bench/async_train.py [--workload quickstart|latency|code|all] \
         [--staleness 0 1 2] [--steps 8] [--warmup 2] [--shared] [--json out.json]
@@ -40,6 +42,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import math
 import random
 import statistics
 import tempfile
@@ -255,17 +258,47 @@ def learning(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         for seed in args.seeds:
             extra = (*args.set, f"seed={seed}")
             rows = run(workload, k, args.steps, args.turns, out, extra, f"-s{seed}")
-            curves.setdefault(k, []).append(rows)
+            curves.setdefault(k, []).append(training_rows(rows))
+            if args.json:  # every run as it ends: a crash later loses nothing measured
+                args.json.write_text(json.dumps({"workload": workload, "curves": curves}))
+    return report_learning(workload, curves, args.png)
+
+
+def report_learning(
+    workload: str, curves: dict[int, list[list[dict[str, Any]]]], png: Path
+) -> dict[str, Any]:
+    """The learning study's table (printed), plot (``png``) and JSON-ready results, from each
+    k's runs' training rows."""
     mark = min(sum(r["wall_s"] for r in rows) for runs in curves.values() for rows in runs)
     results = {str(k): learning_row(runs, mark) for k, runs in curves.items()}
     print(learning_table(workload, results, mark))
-    plot_learning(workload, curves, args.png)
-    return results
+    plot_learning(workload, curves, png)
+    return {"workload": workload, "rows": results, "curves": curves}
+
+
+def training_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of training steps, each with the wall time of the eval-only rows before it
+    (the baseline eval) added, so that the curve's time is the run's whole time; the held-out
+    reward of the evaluations stays on the step it came with (``eval/reward``)."""
+    steps: list[dict[str, Any]] = []
+    carried: dict[str, Any] = {"wall_s": 0.0}
+    for row in rows:
+        if "reward/mean" not in row:  # an evaluation alone
+            carried = {**row, "wall_s": carried["wall_s"] + row["wall_s"]}
+            continue
+        steps.append({**carried, **row, "wall_s": row["wall_s"] + carried["wall_s"]})
+        carried = {"wall_s": 0.0}
+    if steps and carried["wall_s"]:  # the evaluation after the last step
+        steps[-1] = {**steps[-1], **carried, "wall_s": steps[-1]["wall_s"] + carried["wall_s"]}
+    return steps
 
 
 def learning_row(runs: list[list[dict[str, Any]]], mark: float) -> dict[str, float]:
-    """One k's numbers over its seeds (see :func:`learning`)."""
+    """One k's numbers over its seeds (see :func:`learning`), and the mean held-out reward of
+    the last evaluation (``held_out``; NaN when the runs have none)."""
     last5, walls, by_mark = [], [], []
+    held_out = [next((r["eval/reward"] for r in reversed(rows) if "eval/reward" in r), math.nan)
+                for rows in runs]  # fmt: skip
     for rows in runs:
         rewards = [r["reward/mean"] for r in rows]
         last5.append(sum(rewards[-5:]) / len(rewards[-5:]))
@@ -278,6 +311,7 @@ def learning_row(runs: list[list[dict[str, Any]]], mark: float) -> dict[str, flo
         "last5_reward_sd": statistics.pstdev(last5),
         "wall_s": statistics.mean(walls),
         "reward_at_mark": statistics.mean(by_mark),
+        "held_out": statistics.mean(held_out),
         "seeds": len(runs),
     }
 
@@ -287,13 +321,14 @@ def learning_table(workload: str, results: dict[str, dict[str, float]], mark: fl
     lines = [
         f"{workload}: mean over seeds; 'at {mark:.0f} s' = the mean reward of the last 5 steps "
         "that ended by the shortest run's wall time",
-        f"{'k':>3} {'seeds':>5} {'wall s':>8} {'last-5 reward':>16} {f'at {mark:.0f} s':>10}",
+        f"{'k':>3} {'seeds':>5} {'wall s':>8} {'last-5 reward':>16} {f'at {mark:.0f} s':>10} "
+        f"{'held-out':>9}",
     ]
     for k, row in results.items():
         spread = f"{row['last5_reward']:.3f} ± {row['last5_reward_sd']:.3f}"
         lines.append(
             f"{k:>3} {row['seeds']:>5} {row['wall_s']:>8.0f} {spread:>16} "
-            f"{row['reward_at_mark']:>10.3f}"
+            f"{row['reward_at_mark']:>10.3f} {row['held_out']:>9.3f}"
         )
     return "\n".join(lines)
 
@@ -351,8 +386,14 @@ def main() -> None:
     parser.add_argument("--learning", action="store_true")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="--learning")
     parser.add_argument("--png", type=Path, default=ROOT / "docs" / "async-quickstart-reward.png")
+    parser.add_argument("--replot", type=Path, help="a --learning --json file: table and plot")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="envhub-async-bench-") as tmp:
+        if args.replot:  # the table and plot again from a --learning --json file
+            saved = json.loads(args.replot.read_text())
+            curves = {int(k): runs for k, runs in saved["curves"].items()}
+            report_learning(saved["workload"], curves, args.png)
+            return
         if args.learning:
             results = learning(args, Path(tmp))
             if args.json:
