@@ -407,15 +407,20 @@ def test_rollout_workers_pin_themselves_to_the_engine_share() -> None:
     assert pinned.stdout.splitlines() == [f"[{first}]", f"[{first}]"]
 
 
-def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> None:
+def _async_bench():  # noqa: ANN202
     import importlib.util
-
-    import envhub.trainer.cores as cores
 
     root = Path(__file__).resolve().parents[2]
     spec = importlib.util.spec_from_file_location("async_train", root / "bench" / "async_train.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> None:
+    import envhub.trainer.cores as cores
+
+    bench = _async_bench()
     monkeypatch.setattr(cores, "machine_cores", lambda: (0, 1))
     sync = {"wall_s": 52.0, "rss_gib": 1.0, "time/rollout": 19.2, "time/update": 29.4,
             "time/sync": 2.0, "engine/cpu_s": 14.0}  # fmt: skip
@@ -430,6 +435,22 @@ def test_the_async_bench_prints_the_bounds_beside_each_ratio(monkeypatch) -> Non
     assert head.split()[9:12] == ["2-G/W", "perfect", "reached"]
     assert base.split()[5:9] == ["1.00x", "1.82x", "1.32x", "-"]
     assert k1.split()[5:9] == ["1.16x", "1.82x", "1.32x", "88%"]  # 52/45 = 1.156 of 1.318
+
+
+def test_the_learning_study_folds_evaluations_into_the_steps_and_reads_the_last_held_out() -> None:
+    bench = _async_bench()
+    rows = [
+        {"wall_s": 30.0, "eval/reward": 0.0},  # the baseline eval, before step 1
+        *({"wall_s": 10.0, "reward/mean": r} for r in (0.2, 0.4, 0.6)),
+        {"wall_s": 5.0, "eval/reward": 0.5},  # the eval after the last step
+    ]
+    steps = bench.training_rows(rows)
+    assert [s["wall_s"] for s in steps] == [40.0, 10.0, 15.0]  # the run's 75 s, all counted
+    assert [s.get("eval/reward") for s in steps] == [0.0, None, 0.5]
+    row = bench.learning_row([steps, steps[:2]], mark=50.0)
+    assert row["held_out"] == (0.5 + 0.0) / 2  # each run's last evaluation
+    assert row["wall_s"] == (65.0 + 50.0) / 2
+    assert row["reward_at_mark"] == pytest.approx(0.3)  # the steps that ended by 50 s: 0.2, 0.4
 
 
 def test_the_interop_pool_is_capped_only_by_a_split_and_only_before_it_starts() -> None:
