@@ -286,7 +286,7 @@ class Curriculum:
     def metrics(self, labels: list[str]) -> dict[str, float]:
         """``curriculum/*`` since the last call: tasks drawn, skipped, revisited and forced, the
         skipped share of the tasks that came up, the mean pass rate of the drawn tasks that had
-        statistics (``rule: teach``: also their mean chance to teach), and each levelled env's current level (its position, 0 the easiest) as
+        statistics, and each levelled env's current level (its position, 0 the easiest) as
         ``curriculum/level/<label>``."""
         c = self.counts
         came_up = c.drawn + c.skipped
