@@ -7,7 +7,7 @@ with the same seed, on three arithmetic envs of equal weight: ``tiny`` (mastered
 steps), ``easy`` and ``hard`` (hopeless for a 135M model: groups tied at 0), each of
 ``--tasks-per-env`` tasks (default 8, so that tasks come round again within a short run: the
 curriculum's statistics are per task, and a task seen once is never skipped). The second run
-adds ``curriculum:`` (``--rule``, ``--revisit``, ``--window``, ``--env-window``); with ``--levels`` it instead trains on one
+adds ``curriculum:`` (``--revisit``, ``--window``); with ``--levels`` it instead trains on one
 arithmetic env that starts at ``tiny`` and moves between levels (``curriculum.levels``). The
 held-out eval is the quickstart's (32 two-digit problems, greedy), run once at the end.
 
@@ -18,7 +18,7 @@ about 5 minutes on 2 cores); the issue's measurement is the long run:
 
     .venv/bin/python bench/curriculum.py                       # 4 steps each, 8 eval tasks
     .venv/bin/python bench/curriculum.py --steps 40 --eval-tasks 32 --tasks-per-env 32 \
-        [--levels] [--rule teach] [--json out.json]
+        [--levels] [--json out.json]
 """
 
 from __future__ import annotations
@@ -114,13 +114,12 @@ def main() -> None:
         "curriculum (the same seed draws and samples the same) instead of running it again",
     )
     parser.add_argument("--env-window", type=int, default=16, help="curriculum.env_window")
-    parser.add_argument(
-        "--rule", choices=["pass_rate", "teach"], default="pass_rate", help="curriculum.rule"
-    )
     args = parser.parse_args()
-    curriculum: dict[str, Any] = {"rule": args.rule, "revisit": args.revisit, "window": args.window}
-    if args.rule == "pass_rate":  # teach weighs envs its own way
-        curriculum["env_window"] = args.env_window
+    curriculum: dict[str, Any] = {
+        "revisit": args.revisit,
+        "window": args.window,
+        "env_window": args.env_window,
+    }
     if args.levels:
         curriculum["levels"] = {"window": 8, "promote_above": 0.8, "demote_below": 0.2}
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,7 +131,7 @@ def main() -> None:
             ),
             "with": run(args, curriculum, Path(tmp) / "on"),
         }
-    print(f"quickstart at mixed difficulty, {args.steps} steps, seed {args.seed}, {curriculum}")
+    print(f"quickstart at mixed difficulty, {args.steps} steps, seed {args.seed}")
     print(f"{'':24}{'without':>12}{'with':>12}")
     for key, fmt in [
         ("groups", "{:12.0f}"),

@@ -603,17 +603,6 @@ class CurriculumConfig(_Part):
     env with several roles is tracked per task and role (:mod:`~envhub.trainer.curriculum`).
     """
 
-    rule: Literal["pass_rate", "teach"] = "pass_rate"
-    """How a task that comes up is judged. ``pass_rate``: skipped when settled (its mean pass
-    rate at or above ``skip_above`` or at or below ``skip_below``), except with probability
-    ``revisit``. ``teach``: drawn with the estimated chance that its next group teaches (its
-    rewards differ, so GRPO's advantages are not all zero), at least ``revisit``: ``(its groups
-    that taught + p) / (its groups + 1)`` over its last ``window`` groups, where ``p`` is the
-    share of its env's (at its level) recent groups that taught, ``(taught + 1) / (groups + 1)``
-    (the guess for a task not seen yet: 1 before any); each env's weight is scaled by
-    ``max(revisit, p)``. Partial credit counts: a task nobody passes whose format reward still
-    differs teaches. ``skip_above``, ``skip_below``, ``min_groups`` and ``env_window`` are not
-    used by ``teach``."""
     window: int = Field(4, ge=1)
     """Recent groups of a task whose pass rates are averaged."""
     min_groups: int = Field(1, ge=1)

@@ -17,12 +17,6 @@ window per role at its current level: it moves up when every role's window is fu
 above ``promote_above`` (the level is easy for all of them), down when any role's full window is
 at or below ``demote_below`` (it is too hard for one). A one-role env has one window, so the rule
 is the plain one, and its statistics and checkpoint are as before roles.
-
-With ``rule: teach`` a task is not judged settled or not: it is drawn with the estimated chance
-that its next group teaches (:meth:`Curriculum.teach_chance`), from whether its recent groups'
-rewards differed, and its env's weight is scaled by the env's share (:meth:`Curriculum.env_prior`).
-A task with several roles teaches when any role's group does (as dynamic sampling keeps a task
-while any role group has signal).
 """
 
 from __future__ import annotations
@@ -90,8 +84,6 @@ class DrawCounts:
     forced: int = 0
     known_rates: list[float] = field(default_factory=list)
     """Mean pass rates of the drawn tasks that had statistics."""
-    chances: list[float] = field(default_factory=list)
-    """``rule: teach``: the estimated chance to teach of each drawn task."""
 
 
 class Curriculum:
@@ -115,12 +107,6 @@ class Curriculum:
         self.env_recent: dict[tuple[int, str | None], deque[float]] = {}
         """Per env and level: whether each of its last ``env_window`` groups (any task) taught
         something (1.0) or tied (0.0)."""
-        self.taught: dict[tuple[TaskKey, Role], deque[bool]] = {}
-        """``rule: teach``: per task (and role), whether each of its last ``window`` groups
-        taught (its rewards differed)."""
-        self._env_taught: dict[tuple[int, str | None], list[int]] = {}
-        """Per env and level: ``[groups that taught, groups]`` over the windows of
-        :attr:`taught` (kept as they change)."""
         self.counts = DrawCounts()
 
     def level(self, env_index: int) -> str | None:
@@ -154,31 +140,11 @@ class Curriculum:
         known = [rate for rate in self._rates(key) if rate is not None]
         return float(sum(known) / len(known)) if known else None
 
-    def env_prior(self, env_index: int, level: str | None) -> float:
-        """``rule: teach``: the share of the env's (at ``level``) recent groups that taught,
-        ``(taught + 1) / (groups + 1)`` over its tasks' windows: 1 before any group, the guess
-        for a task of it not seen yet."""
-        taught, groups = self._env_taught.get((env_index, level), (0, 0))
-        return (taught + 1) / (groups + 1)
-
-    def teach_chance(self, key: TaskKey) -> float:
-        """``rule: teach``: the estimated chance that the task's next group teaches,
-        ``(groups that taught + prior) / (groups + 1)`` over its last ``window`` groups, the
-        prior being :meth:`env_prior`; with several roles, the largest of its roles'."""
-        env_index, level, _ = key
-        prior = self.env_prior(env_index, level)
-        roles = self.role_stats.get(key) or [None]
-        flags = [self.taught.get((key, role), ()) for role in roles]
-        return max((sum(f) + prior) / (len(f) + 1) for f in flags)
-
     def env_factor(self, env_index: int) -> float:
-        """What env ``env_index``'s weight is multiplied by. ``rule: teach``: ``max(revisit,``
-        :meth:`env_prior` ``)`` at its current level. Else ``revisit + (1 - revisit) x`` the
+        """What env ``env_index``'s weight is multiplied by: ``revisit + (1 - revisit) x`` the
         share of its recent groups (at its current level) that taught something (rewards that
         differ: GRPO's advantages are not all zero), once it has ``window`` of them; 1 before,
         and always with ``env_window: 0``."""
-        if self.config.rule == "teach":
-            return max(self.config.revisit, self.env_prior(env_index, self.level(env_index)))
         recent = self.env_recent.get((env_index, self.level(env_index)))
         if not self.config.env_window or recent is None or len(recent) < self.config.window:
             return 1.0
@@ -186,25 +152,13 @@ class Curriculum:
         return self.config.revisit + (1.0 - self.config.revisit) * taught
 
     def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
-        """Whether the task that came up is drawn. ``rule: pass_rate``: always when it is still
-        informative (or unknown); when settled, with probability ``revisit`` (one number from
-        ``rng``). ``rule: teach``: with probability ``max(revisit,`` :meth:`teach_chance` ``)``
-        (one number from ``rng`` when that is below 1)."""
-        if self.config.rule == "teach":
-            return self._admit_by_chance(key, rng)
+        """Whether the task that came up is drawn: always when it is still informative (or
+        unknown); when settled, with probability ``revisit`` (one number from ``rng``)."""
         if self.settled(key):
             if rng.random() >= self.config.revisit:
                 self.counts.skipped += 1
                 return False
             self.counts.revisits += 1
-        self._count_drawn(key)
-        return True
-
-    def _admit_by_chance(self, key: TaskKey, rng: np.random.Generator) -> bool:
-        chance = max(self.config.revisit, self.teach_chance(key))
-        if chance < 1.0 and rng.random() >= chance:
-            self.counts.skipped += 1
-            return False
         self._count_drawn(key)
         return True
 
@@ -215,8 +169,6 @@ class Curriculum:
 
     def _count_drawn(self, key: TaskKey) -> None:
         self.counts.drawn += 1
-        if self.config.rule == "teach":
-            self.counts.chances.append(self.teach_chance(key))
         rate = self._known_rate(key)
         if rate is not None:
             self.counts.known_rates.append(rate)
@@ -236,10 +188,6 @@ class Curriculum:
             rates = self.role_stats.setdefault(key, {}).setdefault(role, deque(maxlen=window))
         rates.append(rate)
         env_index, level, _ = key
-        if self.config.rule == "teach":
-            self._note_taught(
-                key, role, bool(not self._settled_rate(rate) if taught is None else taught)
-            )
         if self.config.env_window:
             recent = self.env_recent.setdefault(
                 (env_index, level), deque(maxlen=self.config.env_window)
@@ -250,18 +198,6 @@ class Curriculum:
             return
         entry.window(role).append(rate)
         self._maybe_move(entry)
-
-    def _note_taught(self, key: TaskKey, role: Role, taught: bool) -> None:
-        """Add a group's flag to its task's window and its env's counts (less the flag the
-        full window drops)."""
-        flags = self.taught.setdefault((key, role), deque(maxlen=self.config.window))
-        counts = self._env_taught.setdefault(key[:2], [0, 0])
-        if len(flags) == flags.maxlen:
-            counts[0] -= flags[0]
-            counts[1] -= 1
-        flags.append(taught)
-        counts[0] += taught
-        counts[1] += 1
 
     def _maybe_move(self, entry: EnvLevels) -> None:
         """Up when every window is full and at or above the bar, down when any full one is at
@@ -300,8 +236,6 @@ class Curriculum:
         }
         if c.known_rates:
             metrics["curriculum/drawn_pass_rate"] = float(np.mean(c.known_rates))
-        if c.chances:
-            metrics["curriculum/drawn_teach_chance"] = float(np.mean(c.chances))
         for index, (label, entry) in enumerate(zip(labels, self.levels, strict=True)):
             if entry is not None:
                 metrics[f"curriculum/level/{label}"] = float(entry.index)
@@ -324,13 +258,6 @@ class Curriculum:
                 [e, lv, list(r)]
                 for (e, lv), r in sorted(
                     self.env_recent.items(), key=lambda i: (i[0][0], i[0][1] or "")
-                )
-            ]
-        if self.taught:
-            state["taught"] = [
-                [e, lv, t, role, [int(f) for f in flags]]
-                for ((e, lv, t), role), flags in sorted(
-                    self.taught.items(), key=lambda i: (*_order((i[0][0], None)), i[0][1] or "")
                 )
             ]
         if self.role_stats:
@@ -367,10 +294,6 @@ class Curriculum:
         for e, lv, t, role, rates in state.get("role_stats", []):  # none before roles
             roles = self.role_stats.setdefault((int(e), lv, int(t)), {})
             roles[str(role)] = deque(rates, maxlen=window)
-        self.taught, self._env_taught = {}, {}
-        for e, lv, t, role, flags in state.get("taught", []):  # none before rule: teach
-            for flag in flags:
-                self._note_taught((int(e), lv, int(t)), role, bool(flag))
         for entry, s in zip(self.levels, saved, strict=True):
             if entry is not None:
                 entry.index, entry.moves = int(s["index"]), int(s["moves"])
