@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 
 from envhub.trainer.backends import varlen
-from envhub.trainer.batch import MicroBatch, prompt_groups
+from envhub.trainer.batch import MicroBatch, prompt_groups, to_device
 
 NAME = "envhub_packed_sdpa"
 """The name the function is registered under (``attn_implementation``)."""
@@ -113,16 +113,15 @@ class PackedRow:
     def to(self, device: torch.device | str) -> PackedRow:
         """A copy with its tensors on ``device`` (a row is laid out on the host, where the
         micro-batch's lengths are known without asking the device)."""
-        move = {"non_blocking": True}
         segments = [
-            s if s.mask is None else s._replace(mask=s.mask.to(device, **move))
+            s if s.mask is None else s._replace(mask=to_device(s.mask, device))
             for s in self.segments
         ]
         return PackedRow(
-            self.input_ids.to(device, **move),
-            self.position_ids.to(device, **move),
+            to_device(self.input_ids, device),
+            to_device(self.position_ids, device),
             segments,
-            self.scoring.to(device, **move),
+            to_device(self.scoring, device),
             self.varlen_plan.to(device),
         )
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from envhub.trainer.backends import packed_attention
-from envhub.trainer.batch import MicroBatch
+from envhub.trainer.batch import MicroBatch, to_device
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,11 @@ class Targets:
 
     def to(self, device: torch.device | str) -> Targets:
         """A copy with the index tensors on ``device`` (copied without waiting where it can)."""
-        move = {"non_blocking": True}
         return replace(
             self,
-            rows=self.rows.to(device, **move),
-            columns=self.columns.to(device, **move),
-            tokens=self.tokens.to(device, **move),
+            rows=to_device(self.rows, device),
+            columns=to_device(self.columns, device),
+            tokens=to_device(self.tokens, device),
         )
 
     def spread(self, values: torch.Tensor) -> torch.Tensor:
@@ -98,23 +97,22 @@ def place(
             implementations (eager's additive mask, flash-attention's padding mask) get the
             2-D mask and build theirs as transformers does.
     """
-    move = {"non_blocking": True}
     targets = Targets.of(mb) if head_on_targets else None
     placed = targets.to(device) if targets is not None else None
     if packed:
         layout = packed_attention.PackedRow.of(mb)
         inputs = layout.to(device).model_inputs() | {"attention_mask": packed_attention.NO_MASK}
         rows = layout.scoring if targets is None else layout.scoring[targets.rows, targets.columns]
-        states: tuple[Any, ...] = (torch.zeros_like(rows).to(device, **move),
-                                   rows.to(device, **move))  # fmt: skip
+        states: tuple[Any, ...] = (to_device(torch.zeros_like(rows), device),
+                                   to_device(rows, device))  # fmt: skip
     else:
         inputs = {
-            "input_ids": mb.input_ids.to(device, **move),
+            "input_ids": to_device(mb.input_ids, device),
             "attention_mask": _padded_attention_mask(mb.attention_mask, device, sdpa_mask),
         }
         # every place but the last: position t scores token t + 1
         states = (placed.rows, placed.columns) if placed is not None else (slice(None), slice(-1))
-    tokens = placed.tokens if placed is not None else mb.input_ids[:, 1:].to(device, **move)
+    tokens = placed.tokens if placed is not None else to_device(mb.input_ids[:, 1:], device)
     return Placed(inputs, placed, states, tokens)
 
 
@@ -129,7 +127,7 @@ def _padded_attention_mask(
     if bool(mask.all()):  # ``mask`` is on the host: no wait
         return None
     if not sdpa:
-        return mask.to(device, non_blocking=True)
+        return to_device(mask, device)
     width = mask.shape[1]
     keys = mask.to(device, dtype=torch.bool, non_blocking=True)[:, None, None, :]
     causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
