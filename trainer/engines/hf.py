@@ -21,9 +21,12 @@ there are no weights to synchronise: :meth:`HFEngine.update_weights` only counts
   steps x batch x vocab floats (6 GB for 64 rows x 512 tokens x 49k vocab).
 - **Seeds.** Each ``generate`` call seeds torch's RNG from (engine seed, call counter[, request
   seed]) inside :func:`torch.random.fork_rng`, so the trainer's own RNG stream is untouched and
-  the same requests batched the same way sample the same tokens. A row's draw depends on its
-  batch, so where batching follows timing (env replies racing the batch window in multi-turn
-  rollouts) a rerun can differ. :meth:`~HFEngine.state_dict` checkpoints the counter.
+  the same requests batched the same way sample the same tokens. A batch's rows are put in
+  prompt order, not arrival order (envs reset in threads and reply in whatever order they
+  finish), so which row gets which draw does not follow timing. A row's draw still depends on
+  its batch, so where the batches themselves follow timing (env replies racing the batch window
+  in multi-turn rollouts) a rerun can differ. :meth:`~HFEngine.state_dict` checkpoints the
+  counter.
 """
 
 from __future__ import annotations
@@ -251,6 +254,7 @@ class HFEngine(RolloutEngine):
                     stop = True  # serve what came before the close, then stop
                 else:
                     pending.append(item)
+            pending.sort(key=_row_order)
             try:
                 for batch in _batches(pending, self.max_batch_size, self.tokenizer.max_length):
                     await self._run(batch)
@@ -394,8 +398,14 @@ class _Recorder(StoppingCriteria):
         return torch.stack(self._steps, dim=1).tolist()
 
 
+def _row_order(p: _Pending) -> tuple[list[int], int]:
+    """Where a request's row goes in a batch: by prompt, so that a rerun's arrival order (which
+    follows thread timing) does not change which row gets which of the batch's random draws."""
+    return p.prompt_ids, p.sampling.max_tokens
+
+
 def _batches(pending: list[_Pending], size: int, context: int | None) -> list[list[_Pending]]:
-    """Group requests whose sampling differs only in ``max_tokens``, in arrival order, and split
+    """Group requests whose sampling differs only in ``max_tokens``, in the given order, and split
     each group into batches of at most ``size`` rows that fit the context: every row of a batch
     advances to the longest prompt plus the largest ``max_tokens``, and positions past the
     model's limit would break models with learned position embeddings."""

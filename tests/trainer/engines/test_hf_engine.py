@@ -262,8 +262,26 @@ def test_rows_that_together_overrun_the_context_go_in_separate_batches(
         engine,
         [request(short, max_tokens=30), request(long, max_tokens=2), request(short, max_tokens=3)],
     )
-    assert engine.last_batch_sizes == [1, 2]  # 1000 + 30 > 1024; then 1000 + 3 fits
+    # Rows go in prompt order, the long prompt first: 1000 + 3 fits, 1000 + 30 > 1024 does not.
+    assert engine.last_batch_sizes == [2, 1]
     assert [len(g.token_ids or ()) for g in generations] == [30, 2, 3]
+
+
+def test_a_prompt_samples_the_same_tokens_whatever_order_the_batch_arrived_in(
+    model: Any, tokenizer: Any
+) -> None:
+    ids = [prompt_ids(tokenizer, t) for t in ("Hi", "Hello", "Hey there")]
+    sampling = SamplingParams(temperature=1.0, max_tokens=8)
+
+    def by_prompt(order: list[int]) -> dict[int, list[int] | None]:
+        engine = HFEngine(model, tokenizer, seed=3, batch_wait_s=0.05)
+        generations = generate_all(engine, [request(ids[i], sampling) for i in order])
+        assert engine.last_batch_sizes == [3]
+        return {i: g.token_ids for i, g in zip(order, generations, strict=True)}
+
+    forward = by_prompt([0, 1, 2])
+    assert forward == by_prompt([2, 0, 1]) == by_prompt([1, 2, 0])
+    assert len({tuple(t or ()) for t in forward.values()}) == 3  # three different draws
 
 
 def test_same_seed_same_samples_and_the_counter_resumes(model: Any, tokenizer: Any) -> None:
