@@ -22,8 +22,8 @@ there are no weights to synchronise: :meth:`HFEngine.update_weights` only counts
 - **Seeds.** Each ``generate`` call seeds torch's RNG from (engine seed, call counter[, request
   seed]) inside :func:`torch.random.fork_rng`, so the trainer's own RNG stream is untouched and
   the same requests batched the same way sample the same tokens. A batch's rows are put in
-  prompt order, not arrival order (envs reset in threads and reply in whatever order they
-  finish), so which row gets which draw does not follow timing. A row's draw still depends on
+  prompt order, not arrival order (which follows the timing of the env calls before each
+  request), so which row gets which draw does not follow timing. A row's draw still depends on
   its batch, so where the batches themselves follow timing (env replies racing the batch window
   in multi-turn rollouts) a rerun can differ. :meth:`~HFEngine.state_dict` checkpoints the
   counter.
@@ -400,7 +400,7 @@ class _Recorder(StoppingCriteria):
 
 def _row_order(p: _Pending) -> tuple[list[int], int]:
     """Where a request's row goes in a batch: by prompt, so that a rerun's arrival order (which
-    follows thread timing) does not change which row gets which of the batch's random draws."""
+    follows timing) does not change which row gets which of the batch's random draws."""
     return p.prompt_ids, p.sampling.max_tokens
 
 
