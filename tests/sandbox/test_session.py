@@ -503,7 +503,7 @@ def test_killing_the_caller_leaves_nothing(tmp_path: Path) -> None:
     script.write_text(
         "import asyncio, os\n"
         "from envhub.sandbox import LocalSandbox, Workspace, session_launcher\n"
-        "box = LocalSandbox(base_uid=61400, max_concurrency=2)\n"
+        "box = LocalSandbox(base_uid=61480, max_concurrency=2)\n"  # uids no other test uses
         "workspace = Workspace.from_files({'f': 'x'})\n"
         "async def main():\n"
         "    session = box.session(workspace)\n"
