@@ -7,8 +7,8 @@ added (commit 83c5460): each step's groups (id and task) and a digest of every t
 3-step run of two weighted LetterEnv envs on the tiny random Llama with the hf engine, on one
 torch thread (with torch's default threads on 2 shared cores the digest moved once in 5 runs).
 The digests were re-recorded when the HF engine began putting a batch's rows in prompt order
-rather than arrival order (arrival order follows env threads' timing and moved a step's digest in
-about 1 run of 5); the groups are 83c5460's, and before that change the tokens (digested as
+rather than arrival order (arrival order follows timing and moved a step's digest in about 1
+run of 5); the groups are 83c5460's, and before that change the tokens (digested as
 below) matched 83c5460's in every run whose arrival order was the usual one.
 """
 
