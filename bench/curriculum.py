@@ -8,7 +8,8 @@ steps), ``easy`` and ``hard`` (hopeless for a 135M model: groups tied at 0), eac
 ``--tasks-per-env`` tasks (default 8, so that tasks come round again within a short run: the
 curriculum's statistics are per task, and a task seen once is never skipped). The second run
 adds ``curriculum:`` (``--revisit``, ``--window``); with ``--levels`` it instead trains on one
-arithmetic env that starts at ``tiny`` and moves between levels (``curriculum.levels``). The
+arithmetic env that starts at ``tiny`` and moves between levels (``curriculum.levels``; what
+moves them: ``--level-signal``, pass rates or ties). The
 held-out eval is the quickstart's (32 two-digit problems, greedy), run once at the end.
 
 A group is tied when all its samples' rewards are equal; tokens trained are the tokens (prompt
@@ -106,6 +107,12 @@ def main() -> None:
     parser.add_argument("--revisit", type=float, default=0.1)
     parser.add_argument("--window", type=int, default=2)
     parser.add_argument("--levels", action="store_true", help="one env moved between levels")
+    parser.add_argument(
+        "--level-signal",
+        choices=("pass_rate", "ties"),
+        default="pass_rate",
+        help="curriculum.levels.signal: what moves the level (with --levels)",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument(
         "--without",
@@ -121,7 +128,12 @@ def main() -> None:
         "env_window": args.env_window,
     }
     if args.levels:
-        curriculum["levels"] = {"window": 8, "promote_above": 0.8, "demote_below": 0.2}
+        curriculum["levels"] = {
+            "window": 8,
+            "promote_above": 0.8,
+            "demote_below": 0.2,
+            "signal": args.level_signal,
+        }
     with tempfile.TemporaryDirectory() as tmp:
         results = {
             "without": (

@@ -23,15 +23,19 @@ the steadier measure of what each stack costs.
 
 One more line bounds the 1-session column: a bare uvicorn + Starlette WebSocket echo (no env, no
 JSON, no protocol) driven by a bare ``websockets`` client, one message in flight. No server on
-this stack answers one session faster than that.
+this stack answers one session faster than that. The last line splits the 1-session CPU per
+step into the server's and the client's, beside the echo's per round trip: what the sockets and
+event loops cost with no protocol at all, against what each stack adds.
 
     .venv/bin/python bench/openenv_compare.py [--seconds 3] [--sessions 1 64 1024] [--json out.json]
 
 JSON: ``{"env": ..., "seconds": s, "cpus": n, "goal": 3.0, "echo_floor": round trips/s,
+"echo_floor_server_us"/"echo_floor_client_us": CPU per round trip,
 "rows": [{"sessions": n,
 "envhub": steps/s, "openenv": steps/s, "envhub_openenv_protocol": steps/s,
 "speedup": envhub / openenv, "server_speedup": envhub_openenv_protocol / openenv,
-"envhub_cpu_us": server + client CPU us per step (also ``openenv_cpu_us``, ...)}, ...]}``
+"envhub_cpu_us": server + client CPU us per step (also ``openenv_cpu_us``, ...),
+"envhub_server_us"/"envhub_client_us": its two parts (also ``openenv_server_us``, ...)}, ...]}``
 (``server_speedup`` compares the servers alone: the same OpenEnv client drives both).
 """
 
@@ -213,6 +217,10 @@ class Measured:
 
     rate: float
     cpu_us: float
+    server_us: float = math.nan
+    """The server's part of ``cpu_us``."""
+    client_us: float = math.nan
+    """The client process's part of ``cpu_us``."""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -236,15 +244,25 @@ async def drive(
             taken = await episode(client)  # not `steps += await ...`: that reads steps first
             steps += taken
 
-    started, server_cpu, client_cpu = (
-        time.perf_counter(),
-        cpu_seconds(server_pid),
-        time.process_time(),
-    )
+    clock = Clock(server_pid)
     await asyncio.gather(*(worker(c) for c in clients))
-    elapsed = time.perf_counter() - started
-    cpu = cpu_seconds(server_pid) - server_cpu + time.process_time() - client_cpu
-    return Measured(steps / elapsed, 1e6 * cpu / max(steps, 1)), clients
+    return clock.measured(steps), clients
+
+
+class Clock:
+    """Wall time and the server's and this process's CPU, from now."""
+
+    def __init__(self, server_pid: int) -> None:
+        self.server_pid = server_pid
+        self.started = time.perf_counter()
+        self.server, self.client = cpu_seconds(server_pid), time.process_time()
+
+    def measured(self, count: int) -> Measured:
+        """Rate and CPU per unit of ``count`` units done since the clock started."""
+        elapsed = time.perf_counter() - self.started
+        server = 1e6 * (cpu_seconds(self.server_pid) - self.server) / max(count, 1)
+        client = 1e6 * (time.process_time() - self.client) / max(count, 1)
+        return Measured(count / elapsed, server + client, server, client)
 
 
 async def envhub_rate(url: str, sessions: int, seconds: float, server_pid: int) -> Measured:
@@ -289,18 +307,19 @@ async def openenv_client_rate(url: str, sessions: int, seconds: float, server_pi
     return measured
 
 
-async def bare_echo_rate(url: str, seconds: float) -> float:
-    """Round trips/s of one bare ``websockets`` client against the bare echo, one in flight."""
+async def bare_echo_rate(url: str, seconds: float, server_pid: int) -> Measured:
+    """Round trips/s (and CPU per round trip) of one bare ``websockets`` client against the
+    bare echo, one in flight."""
     from websockets.asyncio.client import connect
 
     frame = json.dumps({"id": "0123456789abcdef-1", "op": "step", "session": "s-1", "action": "hi"})
     async with connect(url.replace("http://", "ws://") + "/", compression=None) as ws:
-        trips, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
+        trips, clock = 0, Clock(server_pid)
+        while time.perf_counter() - clock.started < seconds:
             await ws.send(frame)
             await ws.recv()
             trips += 1
-        return trips / (time.perf_counter() - started)
+        return clock.measured(trips)
 
 
 def measure(kind: str, sessions: int, seconds: float) -> Measured:
@@ -308,7 +327,7 @@ def measure(kind: str, sessions: int, seconds: float) -> Measured:
     process, url = start_server(kind, max(sessions, 1))
     try:
         if kind == "bare_echo":
-            return Measured(asyncio.run(bare_echo_rate(url, seconds)), math.nan)
+            return asyncio.run(bare_echo_rate(url, seconds, process.pid))
         rate = envhub_rate if kind == "envhub" else openenv_client_rate
         return asyncio.run(rate(url, sessions, seconds, process.pid))
     finally:
@@ -334,14 +353,16 @@ def main() -> None:
         + "  speedup (server alone), steps/s; CPU us/step envhub vs openenv"
     )
     rows = []
-    floor = 0.0
+    floor: Measured | None = None
     for n in args.sessions:
         row: dict[str, float] = {"sessions": n}
         for kind in kinds:
             measured = measure(kind, n, args.seconds)
             row[kind], row[f"{kind}_cpu_us"] = measured.rate, measured.cpu_us
-        if not floor:  # once, beside the first (1-session) row: this machine's speed drifts
-            floor = measure("bare_echo", 1, args.seconds).rate
+            row[f"{kind}_server_us"] = measured.server_us
+            row[f"{kind}_client_us"] = measured.client_us
+        if floor is None:  # once, beside the first (1-session) row: this machine's speed drifts
+            floor = measure("bare_echo", 1, args.seconds)
         row["speedup"] = row["envhub"] / row["openenv"]
         row["server_speedup"] = row["envhub_openenv_protocol"] / row["openenv"]
         rows.append(row)
@@ -351,16 +372,26 @@ def main() -> None:
             f"{n:>8}  {cells}  {row['speedup']:>6.1f}x  ({row['server_speedup']:.1f}x)  {cpu}",
             flush=True,
         )
-    ones = [row["openenv"] for row in rows if row["sessions"] == 1]
-    versus = f" = {floor / ones[0]:.1f}x OpenEnv's 1-session rate" if ones else ""
-    print(f"1-session floor, bare uvicorn + Starlette WebSocket echo: {floor:,.0f}/s{versus}")
+    assert floor is not None  # (at least one session count is measured)
+    ones = [row for row in rows if row["sessions"] == 1]
+    versus = f" = {floor.rate / ones[0]['openenv']:.1f}x OpenEnv's 1-session rate" if ones else ""
+    print(f"1-session floor, bare uvicorn + Starlette WebSocket echo: {floor.rate:,.0f}/s{versus}")
+    if ones:
+        sides = [
+            f"{kind} {ones[0][f'{kind}_server_us']:.0f} + {ones[0][f'{kind}_client_us']:.0f}"
+            for kind in ("envhub", "openenv")
+        ]
+        echo = f"bare echo {floor.server_us:.0f} + {floor.client_us:.0f} (per round trip)"
+        print(f"1 session, CPU us per step, server + client: {', '.join(sides)}; {echo}")
     if args.json:
         result = {
             "env": f"echo, {TURNS} turns, reward 1 at the end",
             "seconds": args.seconds,
             "cpus": os.cpu_count(),
             "goal": GOAL,
-            "echo_floor": floor,
+            "echo_floor": floor.rate,
+            "echo_floor_server_us": floor.server_us,
+            "echo_floor_client_us": floor.client_us,
             "rows": rows,
         }
         args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -571,12 +571,22 @@ class LevelsConfig(_Part):
     level up, at or below ``demote_below`` one down. A move empties the window, so the next
     decision waits for ``window`` groups at the new level; with the gap between the bars this
     is the hysteresis that keeps a level from flapping. Envs without levels are left as they are.
+
+    With ``signal: ties`` a group counts by what GRPO learns from it rather than by its pass
+    rate: 1 when it tied with every sample passing (nothing left to learn: the level is easy),
+    0 when it tied with none passing (nothing to learn: too hard), 0.5 when its rewards differed
+    (it taught something, whatever its pass rate). The same bars then move the level only when
+    most recent groups tie the same way (with 0.8 and 0.2, three in five or more), and a level
+    whose groups still teach keeps the run there.
     """
 
     window: int = Field(16, ge=1)
     """Groups at the current level whose pass rates decide a move."""
     promote_above: float = Field(0.8, gt=0.0, le=1.0)
     demote_below: float = Field(0.2, ge=0.0, lt=1.0)
+    signal: Literal["pass_rate", "ties"] = "pass_rate"
+    """What a group adds to the window: its pass rate, or 1/0.5/0 for tied at success, taught,
+    tied at failure (see above)."""
 
     @model_validator(mode="after")
     def _check_bars(self) -> LevelsConfig:

@@ -16,7 +16,9 @@ has nothing to say. An env's level keeps a
 window per role at its current level: it moves up when every role's window is full and at or
 above ``promote_above`` (the level is easy for all of them), down when any role's full window is
 at or below ``demote_below`` (it is too hard for one). A one-role env has one window, so the rule
-is the plain one, and its statistics and checkpoint are as before roles.
+is the plain one, and its statistics and checkpoint are as before roles. With ``levels.signal:
+ties`` a window holds what each group taught instead of its pass rate (1 tied at success, 0.5
+taught, 0 tied at failure: :meth:`Curriculum._level_signal`).
 """
 
 from __future__ import annotations
@@ -196,8 +198,20 @@ class Curriculum:
         entry = self.levels[env_index]
         if entry is None or level != entry.current:
             return
-        entry.window(role).append(rate)
+        entry.window(role).append(self._level_signal(rate, taught))
         self._maybe_move(entry)
+
+    def _level_signal(self, rate: float, taught: bool | None) -> float:
+        """What a group adds to its env's level window: its pass rate, or with ``signal:
+        ties`` 0.5 when it taught (rewards that differ) and its pass rate (1 or 0: every sample
+        passed or none did) when it tied. ``taught`` unknown: judged from the pass rate."""
+        bars = self.config.levels
+        assert bars is not None  # an env has levels only when they are configured
+        if bars.signal == "pass_rate":
+            return rate
+        if taught is None:
+            taught = 0.0 < rate < 1.0
+        return 0.5 if taught else float(rate >= 0.5)
 
     def _maybe_move(self, entry: EnvLevels) -> None:
         """Up when every window is full and at or above the bar, down when any full one is at

@@ -229,6 +229,38 @@ def test_levels_move_on_a_hand_made_sequence_of_pass_rates_with_hysteresis() -> 
     assert "curriculum/level/y" not in curriculum.metrics(["x", "y"])
 
 
+def test_with_the_ties_signal_levels_move_only_when_most_groups_tie_the_same_way() -> None:
+    config = CurriculumConfig(
+        levels=LevelsConfig(window=4, promote_above=0.8, demote_below=0.2, signal="ties")
+    )
+    curriculum = Curriculum(config, [(("a", "b", "c"), "b")])
+    seen, windows = [], []
+    # (pass rate, taught): a taught group adds 0.5 whatever its pass rate; a tied one its rate.
+    groups = [
+        (0.25, True), (0.25, True), (0.0, False), (0.25, True),  # 1.5 / 4 = 0.375: stay
+        (0.0, False),  # [0.5, 0, 0.5, 0] = 0.25: stay (a pass-rate window would be 0.125: down)
+        (0.0, False),  # [0, 0.5, 0, 0] = 0.125 <= 0.2: demote, window emptied
+        (1.0, False), (1.0, False), (0.75, True), (1.0, False),  # 3.5 / 4 = 0.875: promote
+        (1.0, False), (0.875, True), (1.0, False), (0.875, True),  # 3 / 4 = 0.75: stay
+        (1.0, False),  # [0.5, 1, 0.5, 1] = 0.75: stay (a pass-rate window would be 0.94: up)
+    ]  # fmt: skip
+    for rate, taught in groups:
+        curriculum.observe((0, curriculum.level(0), 0), rate, taught=taught)
+        seen.append(curriculum.level(0))
+        windows.append(list(curriculum.levels[0].recent))
+    assert seen == ["b"] * 5 + ["a"] * 4 + ["b"] * 6
+    assert windows[4] == [0.5, 0.0, 0.5, 0.0] and windows[5] == [] and windows[9] == []
+    assert windows[-1] == [0.5, 1.0, 0.5, 1.0] and curriculum.levels[0].moves == 2
+
+
+def test_the_ties_signal_judges_a_group_from_its_pass_rate_when_not_told() -> None:
+    config = CurriculumConfig(levels=LevelsConfig(window=3, signal="ties"))
+    curriculum = Curriculum(config, [(("a", "b"), "a")])
+    for rate in (1.0, 0.5, 0.0):
+        curriculum.observe((0, "a", 0), rate)
+    assert list(curriculum.levels[0].recent) == [1.0, 0.5, 0.0]
+
+
 def test_the_easiest_level_is_not_left_downwards_and_groups_of_another_level_do_not_count() -> None:
     curriculum = _levels(window=1)
     curriculum.observe((0, "a", 0), 0.0)
@@ -335,6 +367,9 @@ def test_the_curriculum_is_off_by_default_and_its_block_is_validated() -> None:
         validate_config(_config({"revisit": 1.5}))
     with pytest.raises(ConfigError, match="did you mean 'revisit'"):
         validate_config(_config({"revisits": 0.1}))
+    assert on.curriculum.levels.signal == "pass_rate"
+    with pytest.raises(ConfigError, match=r"curriculum.levels.signal.*'pass_rate' or 'ties'"):
+        validate_config(_config({"levels": {"signal": "tie"}}))
 
 
 def test_deques_keep_only_the_window() -> None:
