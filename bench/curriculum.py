@@ -78,6 +78,9 @@ def run(args: argparse.Namespace, curriculum: dict[str, Any] | None, out: Path) 
         "seconds": seconds,
         "skipped": sum(r.get("curriculum/skipped", 0.0) for r in result.history),
         "final_levels": levels,
+        "level_trace": {  # each step's level per levelled env (0: the easiest)
+            key: [int(r[key]) for r in result.history if key in r] for key in levels
+        },
     }
 
 
@@ -157,6 +160,8 @@ def main() -> None:
         print(f"{key:24}{row}")
     if results["with"]["final_levels"]:
         print(f"final levels (0: tiny): {results['with']['final_levels']}")
+        for key, trace in results["with"].get("level_trace", {}).items():
+            print(f"{key} by step: {' '.join(map(str, trace))}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 
