@@ -15,7 +15,7 @@ Short by default (a smoke run of a few minutes on 2 cores); a long run is the is
 measurement:
 
     .venv/bin/python bench/self_play.py                 # 3 steps, 8 held-out tasks
-    .venv/bin/python bench/self_play.py --steps 40 --eval-tasks 32 [--json out.json]
+    .venv/bin/python bench/self_play.py --steps 40 --eval-tasks 32 [--json out.json] [--out runs/]
 """
 
 from __future__ import annotations
@@ -96,10 +96,16 @@ def main() -> None:
     parser.add_argument("--eval-tasks", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--out", type=Path, help="keep the run here (logging.output_dir; default: a temporary one)"
+    )
     args = parser.parse_args()
     envhub.register("setter-solver", SetterSolverEnv, override=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        results = run(args, Path(tmp))
+    if args.out is not None:  # kept: the run's trajectories, metrics and report
+        results = run(args, args.out)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run(args, Path(tmp))
     low, high = DEFAULT_BAND
     print(
         f"setter-solver, SmolLM2-135M, {args.steps} steps x {args.tasks} tasks x "
