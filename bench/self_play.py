@@ -7,7 +7,9 @@ run is ``examples/quickstart.yaml`` (SmolLM2-135M-Instruct, GRPO, the hf engine 
 with that env in place of arithmetic and ``--max-tokens`` per turn (the setter needs room for
 ``<problem>...</problem>``). Each step prints, over the step's setters: how many problems were
 posed, the share that was invalid, the mean solve rate of the valid ones, and the share whose
-solve rate fell inside the rewarded band, beside the band itself; then the mean reward per role.
+solve rate fell inside the rewarded band, beside the band itself; then the mean reward per role
+and the groups whose rewards all tied (nothing to learn; the run goes on through steps where
+every group ties, ``algorithm.max_empty_steps: null``, since the whole curve is the measurement).
 The held-out eval is the quickstart's (two-digit arithmetic, greedy, the solver's prompt), before
 the first step and after the last.
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -74,6 +77,9 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         "checkpoint.export_hf=false",
         "eval.every=null",
         f"eval.envs.0.num_tasks={args.eval_tasks}",
+        # The whole curve is the measurement: a stretch of steps where every group ties (the
+        # setter's problems all outside the band) is counted, not a reason to stop.
+        "algorithm.max_empty_steps=null",
     ]
     config = load_config(QUICKSTART, overrides)
     started = time.perf_counter()
@@ -82,6 +88,11 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     steps = sorted((result.run_dir / "trajectories").glob("step-*.jsonl"))
     rows = [step_row(read_trajectories(path), DEFAULT_BAND) for path in steps]
     held_out = [r["eval/two-digit/reward"] for r in result.history if "eval/two-digit/reward" in r]
+    tied = [
+        r["batch/zero_variance_groups"] for r in result.history if "batch/zero_variance_groups" in r
+    ]
+    for row, count in zip(rows, tied, strict=False):
+        row["tied_groups"] = count
     return {"rows": rows, "held_out": held_out, "seconds": seconds}
 
 
@@ -113,11 +124,11 @@ def main() -> None:
         f"{results['seconds']:.0f} s"
     )
     print(f"rewarded band: solve rate in [{low}, {high}]")
-    head = ("step", "problems", "invalid", "solve rate", "in band", "setter r", "solver r")
+    head = ("step", "problems", "invalid", "solve rate", "in band", "setter r", "solver r", "tied")
     print("".join(f"{h:>12}" for h in head))
     for step, row in enumerate(results["rows"], 1):
         cells = [row[k] for k in ("problems", "invalid_share", "solve_rate", "in_band_share")]
-        cells += [row["setter_reward"], row["solver_reward"]]
+        cells += [row["setter_reward"], row["solver_reward"], row.get("tied_groups", math.nan)]
         print(f"{step:>12}" + "".join(f"{c:>12.3f}" for c in cells))
     before, after = (results["held_out"] + [float("nan")] * 2)[:2]
     print(f"held-out two-digit reward (solver prompt): before {before:.3f}, after {after:.3f}")
