@@ -30,10 +30,10 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from envhub.rollout.io import iter_trajectories
-from envhub.trainer.config import load_config
+from envhub.trainer.config import LevelsConfig, load_config
 from envhub.trainer.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,8 +112,8 @@ def main() -> None:
     parser.add_argument("--levels", action="store_true", help="one env moved between levels")
     parser.add_argument(
         "--level-signal",
-        choices=("pass_rate", "ties"),
-        default="pass_rate",
+        choices=get_args(LevelsConfig.model_fields["signal"].annotation),
+        default=LevelsConfig.model_fields["signal"].default,
         help="curriculum.levels.signal: what moves the level (with --levels)",
     )
     parser.add_argument("--json", type=Path)

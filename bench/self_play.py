@@ -88,11 +88,10 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     steps = sorted((result.run_dir / "trajectories").glob("step-*.jsonl"))
     rows = [step_row(read_trajectories(path), DEFAULT_BAND) for path in steps]
     held_out = [r["eval/two-digit/reward"] for r in result.history if "eval/two-digit/reward" in r]
-    tied = [
-        r["batch/zero_variance_groups"] for r in result.history if "batch/zero_variance_groups" in r
-    ]
-    for row, count in zip(rows, tied, strict=False):
-        row["tied_groups"] = count
+    key = "batch/zero_variance_groups"
+    tied = {r["step"]: r[key] for r in result.history if key in r}
+    for path, row in zip(steps, rows, strict=True):  # by step number, as the files are named
+        row["tied_groups"] = tied.get(int(path.stem.removeprefix("step-")), math.nan)
     return {"rows": rows, "held_out": held_out, "seconds": seconds}
 
 
