@@ -124,6 +124,9 @@ def main() -> None:
         "curriculum (the same seed draws and samples the same) instead of running it again",
     )
     parser.add_argument("--env-window", type=int, default=16, help="curriculum.env_window")
+    parser.add_argument(
+        "--keep", type=Path, help="keep both runs' output here (default: a temporary folder)"
+    )
     args = parser.parse_args()
     curriculum: dict[str, Any] = {
         "revisit": args.revisit,
@@ -137,7 +140,8 @@ def main() -> None:
             "demote_below": 0.2,
             "signal": args.level_signal,
         }
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = args.keep or scratch
         results = {
             "without": (
                 json.loads(args.without.read_text())["without"]

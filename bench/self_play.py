@@ -18,6 +18,10 @@ measurement:
 
     .venv/bin/python bench/self_play.py                 # 3 steps, 8 held-out tasks
     .venv/bin/python bench/self_play.py --steps 40 --eval-tasks 32 [--json out.json] [--out runs/]
+
+``--nudge`` pays a setter whose problem fell outside the band up to that much for a problem
+whose size lies toward the band (``setter-solver``'s ``nudge``), so that two setters of a task
+whose problems both missed the band on the same side no longer tie.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ def step_row(trajectories: list[Trajectory], band: tuple[float, float]) -> dict[
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The training run; its per-step rows and the held-out reward before and after."""
-    env = {"name": "setter-solver", "args": {"attempts": args.attempts}}
+    env = {"name": "setter-solver", "args": {"attempts": args.attempts, "nudge": args.nudge}}
     overrides = [
         f"steps={args.steps}",
         f"seed={args.seed}",
@@ -103,6 +107,9 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=2, help="setters per task")
     parser.add_argument("--attempts", type=int, default=4, help="solvers per problem")
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--nudge", type=float, default=0.0, help="setter-solver's nudge toward the band (0: none)"
+    )
     parser.add_argument("--eval-tasks", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
@@ -119,7 +126,7 @@ def main() -> None:
     low, high = DEFAULT_BAND
     print(
         f"setter-solver, SmolLM2-135M, {args.steps} steps x {args.tasks} tasks x "
-        f"{args.samples} setters x {args.attempts} solvers, seed {args.seed}, "
+        f"{args.samples} setters x {args.attempts} solvers, nudge {args.nudge}, seed {args.seed}, "
         f"{results['seconds']:.0f} s"
     )
     print(f"rewarded band: solve rate in [{low}, {high}]")

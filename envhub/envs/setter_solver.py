@@ -13,7 +13,9 @@ it, each unaware of the others (so the runner samples them together: :attr:`Matc
 - the setter: with ``p`` = the share of the ``attempts`` solvers that solved it (the solve rate
   of the problem's group of solver samples), :func:`setter_reward` pays 1.0 when
   ``band[0] <= p <= band[1]`` (the default band is 0.25-0.75: solved sometimes, not always) and
-  0.0 outside it;
+  0.0 outside it, or with ``nudge`` > 0 up to ``nudge`` toward the band: a too-easy problem
+  earns ``nudge`` x its size, a too-hard one ``nudge`` x (1 - its size) (:func:`problem_size`),
+  so that two problems outside the band on the same side no longer tie;
 - an invalid problem (no expression, a character other than digits, spaces, ``+ - * ( )``,
   more than ``max_operations`` operations, or a value over ``max_value`` in size) pays the
   setter ``-1.0`` (result ``invalid``) and ends the episode before any solver plays.
@@ -62,6 +64,24 @@ def setter_reward(solve_rate: float, band: tuple[float, float] = DEFAULT_BAND) -
     solvers: 1.0 inside ``band`` (both ends included), 0.0 outside it."""
     low, high = band
     return 1.0 if low - 1e-12 <= solve_rate <= high + 1e-12 else 0.0
+
+
+def problem_size(problem: str, value: int, max_operations: int, max_value: int) -> float:
+    """How big a valid problem is, in [0, 1]: the mean of its share of ``max_operations`` and
+    its value's digits' share of ``max_value``'s (``(12 + 7) * 3``: 2 of 6 operations, 2 of 7
+    digits under 10**6). A proxy for hardness that needs no solver."""
+    operations = len(_OPERATOR.findall(problem)) / max_operations
+    digits = len(str(abs(value))) / len(str(max_value))
+    return (min(operations, 1.0) + min(digits, 1.0)) / 2
+
+
+def nudged_reward(rate: float, size: float, band: tuple[float, float], nudge: float) -> float:
+    """The setter's reward with a nudge toward the band: :func:`setter_reward` inside it;
+    outside, ``nudge`` x ``size`` when the problem was too easy (bigger is nearer the band),
+    ``nudge`` x (1 - ``size``) when too hard (smaller is nearer)."""
+    if setter_reward(rate, band) or not nudge:
+        return setter_reward(rate, band)
+    return nudge * (size if rate > band[1] else 1.0 - size)
 
 
 def read_problem(text: str, max_operations: int, max_value: int) -> tuple[str, int]:
@@ -133,6 +153,8 @@ class SetterSolverEnv(MultiRoleEnv):
         band: The solve rates, ``(low, high)`` inclusive, for which the setter is paid.
         max_operations: The most operations a valid problem may have.
         max_value: The largest size of a valid problem's value.
+        nudge: Outside the band, pay the setter up to this much for a problem whose size lies
+            toward the band (:func:`nudged_reward`; 0, the default: nothing outside the band).
         policies: Fixed policies by role (``{"setter": "random"}`` trains the solver only).
     """
 
@@ -149,18 +171,20 @@ class SetterSolverEnv(MultiRoleEnv):
         band: tuple[float, float] | list[float] = DEFAULT_BAND,
         max_operations: int = 6,
         max_value: int = 10**6,
+        nudge: float = 0.0,
         *,
         policies: dict[str, Any] | None = None,
     ) -> None:
         low, high = band
-        if attempts < 1 or not 0.0 <= low <= high <= 1.0:
+        if attempts < 1 or not 0.0 <= low <= high <= 1.0 or not 0.0 <= nudge < 1.0:
             raise ValueError(
-                f"setter-solver: attempts must be >= 1 and 0 <= band[0] <= band[1] <= 1, got "
-                f"attempts={attempts}, band={band}"
+                f"setter-solver: attempts must be >= 1, 0 <= band[0] <= band[1] <= 1 and "
+                f"0 <= nudge < 1 (below the band's 1), got attempts={attempts}, band={band}, "
+                f"nudge={nudge}"
             )
         super().__init__(policies=policies, max_turns=attempts + 1)
         self.attempts, self.band = attempts, (float(low), float(high))
-        self.max_operations, self.max_value = max_operations, max_value
+        self.max_operations, self.max_value, self.nudge = max_operations, max_value, nudge
 
     def role_reward_range(self, role: str) -> tuple[float, float]:
         """A solver scores 0 or 1; the setter -1 (invalid) to 1."""
@@ -190,7 +214,10 @@ class SetterSolverEnv(MultiRoleEnv):
             match.to_move = f"solver#{seat}"
             return None
         rate = match.data["solved"] / self.attempts
-        match.pay("setter", setter_reward(rate, self.band), "edge")
+        size = problem_size(
+            match.data["problem"], match.data["value"], self.max_operations, self.max_value
+        )
+        match.pay("setter", nudged_reward(rate, size, self.band, self.nudge), "edge")
         match.metrics.update({"solve_rate": rate, "in_band": setter_reward(rate, self.band)})
         match.end({"setter": _band_result(rate, self.band)})
         return None

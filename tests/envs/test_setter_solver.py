@@ -12,7 +12,9 @@ import pytest
 from envhub.checker import check_env
 from envhub.envs.setter_solver import (
     SetterSolverEnv,
+    nudged_reward,
     oracle_solver,
+    problem_size,
     random_setter,
     read_problem,
     setter_reward,
@@ -39,6 +41,35 @@ from envhub.types import Message, Trajectory
 )
 def test_setter_reward_by_hand(rate: float, band: tuple[float, float], expected: float) -> None:
     assert setter_reward(rate, band) == expected
+
+
+@pytest.mark.parametrize(
+    ("problem", "value", "size"),
+    [
+        ("(12 + 7) * 3", 57, (2 / 6 + 2 / 7) / 2),
+        ("1 + 1", 2, (1 / 6 + 1 / 7) / 2),
+        ("5 - 9", -4, (1 / 6 + 1 / 7) / 2),  # the value's digits, not its sign
+        ("999 * 999 + 1 + 1 + 1 + 1", 998005, (5 / 6 + 6 / 7) / 2),
+        ("9 * 9 + 9 + 9 + 9 + 9 + 9 + 9", 135, (1 + 3 / 7) / 2),  # 7 operations: capped at 1
+    ],
+)
+def test_problem_size_by_hand(problem: str, value: int, size: float) -> None:
+    assert problem_size(problem, value, max_operations=6, max_value=10**6) == pytest.approx(size)
+
+
+@pytest.mark.parametrize(
+    ("rate", "size", "nudge", "expected"),
+    [
+        (0.5, 0.2, 0.5, 1.0),  # in the band: the band's pay, whatever the size
+        (1.0, 0.2, 0.5, 0.1),  # too easy: bigger is nearer the band
+        (1.0, 0.8, 0.5, 0.4),
+        (0.0, 0.2, 0.5, 0.4),  # too hard: smaller is nearer
+        (0.0, 0.8, 0.5, 0.1),
+        (1.0, 0.8, 0.0, 0.0),  # no nudge: nothing outside the band
+    ],
+)
+def test_nudged_reward_by_hand(rate: float, size: float, nudge: float, expected: float) -> None:
+    assert nudged_reward(rate, size, (0.25, 0.75), nudge) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -136,6 +167,17 @@ def test_a_problem_always_or_never_solved_pays_nothing(
     setter, *solvers = roll(Classroom("<problem>12 * 3 + 4</problem>", answers), [0])
     assert (setter.reward, setter.info["role_result"]) == (reward, result)
     assert len(solvers) == 4
+
+
+def test_with_a_nudge_two_too_easy_problems_no_longer_tie() -> None:
+    small = roll(Classroom("<problem>2 + 2</problem>", ["\\boxed{4}"]), [0], nudge=0.5)[0]
+    big = roll(Classroom("<problem>(12 + 7) * 3</problem>", ["\\boxed{57}"]), [0], nudge=0.5)[0]
+    assert small.info["role_result"] == big.info["role_result"] == "too_easy"
+    assert small.reward == pytest.approx(0.5 * (1 / 6 + 1 / 7) / 2)
+    assert big.reward == pytest.approx(0.5 * (2 / 6 + 2 / 7) / 2)
+    assert small.metrics["in_band"] == big.metrics["in_band"] == 0.0
+    with pytest.raises(ValueError, match="nudge"):
+        SetterSolverEnv(nudge=1.0)
 
 
 def test_an_invalid_problem_is_the_setters_recorded_failure() -> None:
