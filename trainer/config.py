@@ -629,6 +629,12 @@ class CurriculumConfig(_Part):
     (``revisit`` + (1 - ``revisit``) x share), once the env has ``window`` groups. An env whose
     groups all tie (seen tasks or not) is drawn less, one that teaches keeps its weight.
     Default 0: the configured weights (measured not to help yet: docs/guides/curricula.md)."""
+    env_rule: Literal["share", "thompson"] = "share"
+    """How ``env_window``'s counts choose envs: ``share`` scales each env's weight as above;
+    ``thompson`` draws each task slot from the env whose sampled chance of teaching is highest
+    (Thompson sampling: per env ``weight x Beta(1 + taught, 1 + tied)`` over its window, so an
+    env is chosen with the probability that it teaches most), or with probability ``revisit``
+    by the configured weights alone (so that an env given up on is looked at again)."""
     levels: LevelsConfig | None = None
     """Move envs' difficulty levels from their pass rates; none when absent."""
 
@@ -638,6 +644,11 @@ class CurriculumConfig(_Part):
             raise ValueError(
                 f"curriculum.skip_below ({self.skip_below}) must be below skip_above "
                 f"({self.skip_above}): tasks in between are the ones worth drawing"
+            )
+        if self.env_rule == "thompson" and not self.env_window:
+            raise ValueError(
+                "curriculum.env_rule: thompson chooses envs from their recent groups: set "
+                "curriculum.env_window (e.g. 16)"
             )
         if self.min_groups > self.window:
             raise ValueError(

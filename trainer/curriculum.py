@@ -23,7 +23,7 @@ taught, 0 tied at failure: :meth:`Curriculum._level_signal`).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +86,8 @@ class DrawCounts:
     forced: int = 0
     known_rates: list[float] = field(default_factory=list)
     """Mean pass rates of the drawn tasks that had statistics."""
+    env_slots: Counter[int] = field(default_factory=Counter)
+    """Task slots each env was chosen for (``env_rule: thompson``)."""
 
 
 class Curriculum:
@@ -146,12 +148,42 @@ class Curriculum:
         """What env ``env_index``'s weight is multiplied by: ``revisit + (1 - revisit) x`` the
         share of its recent groups (at its current level) that taught something (rewards that
         differ: GRPO's advantages are not all zero), once it has ``window`` of them; 1 before,
-        and always with ``env_window: 0``."""
-        recent = self.env_recent.get((env_index, self.level(env_index)))
-        if not self.config.env_window or recent is None or len(recent) < self.config.window:
+        and always with ``env_window: 0`` or ``env_rule: thompson`` (which chooses apart:
+        :meth:`choose_envs`)."""
+        recent = self._env_window(env_index)
+        if self.config.env_rule != "share" or len(recent) < self.config.window:
             return 1.0
         taught = sum(recent) / len(recent)
         return self.config.revisit + (1.0 - self.config.revisit) * taught
+
+    def _env_window(self, env_index: int) -> Sequence[float]:
+        """Whether each of the env's recent groups at its current level taught (1) or tied
+        (0); empty without ``env_window``."""
+        if not self.config.env_window:
+            return ()
+        return self.env_recent.get((env_index, self.level(env_index)), ())
+
+    def choose_envs(self, weights: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+        """``count`` task slots' envs by Thompson sampling (``env_rule: thompson``): each slot,
+        with probability ``revisit``, an env drawn by ``weights``; otherwise the env whose
+        ``weight x`` a draw from ``Beta(1 + taught, 1 + tied)`` (its recent groups) is highest,
+        so each env is chosen with the probability that it teaches most. All numbers come from
+        ``rng``, slot by slot."""
+        p = weights / weights.sum()
+        choices = np.empty(count, dtype=np.int64)
+        for slot in range(count):
+            if rng.random() < self.config.revisit:
+                choices[slot] = rng.choice(len(p), p=p)
+                continue
+            sampled = []
+            for env_index, weight in enumerate(weights):
+                recent = self._env_window(env_index)
+                taught = float(sum(recent))
+                chance = rng.beta(1.0 + taught, 1.0 + len(recent) - taught)
+                sampled.append(weight * chance if weight > 0 else -1.0)
+            choices[slot] = int(np.argmax(sampled))
+        self.counts.env_slots.update(choices.tolist())
+        return choices
 
     def admit(self, key: TaskKey, rng: np.random.Generator) -> bool:
         """Whether the task that came up is drawn: always when it is still informative (or
@@ -237,7 +269,9 @@ class Curriculum:
         """``curriculum/*`` since the last call: tasks drawn, skipped, revisited and forced, the
         skipped share of the tasks that came up, the mean pass rate of the drawn tasks that had
         statistics, and each levelled env's current level (its position, 0 the easiest) as
-        ``curriculum/level/<label>``."""
+        ``curriculum/level/<label>``; with ``env_window``, ``curriculum/env_weight/<label>``:
+        the factor of :meth:`env_factor`, or with ``env_rule: thompson`` the share of the task
+        slots chosen since the last call that went to the env."""
         c = self.counts
         came_up = c.drawn + c.skipped
         metrics = {
@@ -253,7 +287,12 @@ class Curriculum:
         for index, (label, entry) in enumerate(zip(labels, self.levels, strict=True)):
             if entry is not None:
                 metrics[f"curriculum/level/{label}"] = float(entry.index)
-            if self.config.env_window:
+            if self.config.env_rule == "thompson":
+                slots = sum(c.env_slots.values())
+                metrics[f"curriculum/env_weight/{label}"] = (
+                    c.env_slots[index] / slots if slots else 0.0
+                )
+            elif self.config.env_window:
                 metrics[f"curriculum/env_weight/{label}"] = self.env_factor(index)
         self.counts = DrawCounts()
         return metrics

@@ -103,8 +103,12 @@ class TaskSchedule:
         """
         weights = self._weights()
         keys = [self.seed, step, 1, extra] if extra else [self.seed, step, 1]
-        rng = np.random.default_rng(keys)
-        choices = rng.choice(len(self.slots), size=count, p=weights / weights.sum())
+        if self.curriculum is not None and self.curriculum.config.env_rule == "thompson":
+            thompson = np.random.default_rng([*keys, 4])  # a stream of its own
+            choices = self.curriculum.choose_envs(weights, count, thompson)
+        else:
+            rng = np.random.default_rng(keys)
+            choices = rng.choice(len(self.slots), size=count, p=weights / weights.sum())
         per_env: list[list[int]] = [[] for _ in self.slots]
         if self.curriculum is None:
             for env_index in choices.tolist():

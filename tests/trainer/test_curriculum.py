@@ -187,6 +187,57 @@ def test_env_weights_never_leave_no_env_to_draw() -> None:
     assert [len(t) for t in on.draw(0, 8)] == [len(t) for t in off.draw(0, 8)]  # as configured
 
 
+def _thompson_by_hand(
+    seed: int,
+    step: int,
+    weights: list[float],
+    counts: list[tuple[int, int]],
+    revisit: float,
+    slots: int,
+) -> list[int]:
+    """Each slot's env, from the stream ``default_rng([seed, step, 1, 4])`` read in the order
+    the rule documents: one number for the revisit; below ``revisit``, an env by ``weights``;
+    else one Beta(1 + taught, 1 + tied) draw per env, the highest ``weight x draw`` wins."""
+    rng, p = np.random.default_rng([seed, step, 1, 4]), np.array(weights) / sum(weights)
+    out = []
+    for _ in range(slots):
+        if rng.random() < revisit:
+            out.append(int(rng.choice(len(p), p=p)))
+            continue
+        draws = [w * rng.beta(1 + t, 1 + n - t) for w, (t, n) in zip(weights, counts)]
+        out.append(int(np.argmax(draws)))
+    return out
+
+
+def test_thompson_env_choice_by_hand_and_it_favours_the_env_that_teaches() -> None:
+    on = _schedule(TWO_ENVS, seed=3, revisit=0.1, window=2, env_window=4, env_rule="thompson")
+    _rates(on, {0: [0.5], 1: [0.75], 2: [0.25]}, env=0)  # env 0: 3 of 3 taught
+    _rates(on, {0: [0.0], 1: [1.0], 2: [0.0], 3: [0.0]}, env=1)  # env 1: 0 of 4 taught
+    assert [on.curriculum.env_factor(i) for i in (0, 1)] == [1.0, 1.0]  # weights as configured
+    chosen = []
+    for step in range(10):
+        expected = _thompson_by_hand(3, step, [1.0, 3.0], [(3, 3), (0, 4)], 0.1, 8)
+        got = on.draw(step, 8)
+        assert [len(tasks) for tasks in got] == [expected.count(0), expected.count(1)]
+        chosen += expected
+    # Env 1 has 3x the weight but its 4 groups all tied: it wins a slot only when 3 x
+    # Beta(1, 5) beats Beta(4, 1) (22% of the time), or by a revisit (10%, then 3 in 4
+    # by weight); by weights alone it would have had 60 of the 80.
+    assert chosen.count(0) == 49 and chosen.count(1) == 31
+    metrics = on.curriculum_metrics()
+    assert metrics["curriculum/env_weight/arithmetic#0"] == 49 / 80
+    assert metrics["curriculum/env_weight/arithmetic#1"] == 31 / 80
+
+
+def test_thompson_with_nothing_known_and_every_slot_a_revisit_is_the_weights() -> None:
+    on = _schedule(TWO_ENVS, seed=5, revisit=1.0, env_window=4, env_rule="thompson")
+    assert [len(t) for t in on.draw(0, 8)] == [
+        _thompson_by_hand(5, 0, [1.0, 3.0], [(0, 0), (0, 0)], 1.0, 8).count(i) for i in (0, 1)
+    ]
+    with pytest.raises(ConfigError, match="env_rule: thompson .* set curriculum.env_window"):
+        validate_config(_config({"env_rule": "thompson"}))
+
+
 def test_pass_rate_counts_rewards_at_the_threshold() -> None:
     assert pass_rate([1.0, 1.1, 0.1, 0.999999999999], 1.0) == 0.75
     assert pass_rate([], 1.0) == 0.0
@@ -323,12 +374,17 @@ def _play(schedule: TaskSchedule, steps: range) -> list[tuple[list[list[int]], d
     return out
 
 
-def test_a_schedule_resumed_from_its_state_draws_what_an_uninterrupted_one_draws() -> None:
+@pytest.mark.parametrize(
+    "extra", [{}, {"env_window": 4, "env_rule": "thompson"}], ids=["weights", "thompson"]
+)
+def test_a_schedule_resumed_from_its_state_draws_what_an_uninterrupted_one_draws(
+    extra: dict[str, Any],
+) -> None:
     specs = [
         EnvSpec(name="arithmetic", args={"num_tasks": 7, "difficulty": "tiny"}),
         EnvSpec(name="guess-number", args={"num_tasks": 5}, weight=2.0),
     ]
-    config = {"revisit": 0.3, "window": 2, "levels": {"window": 3}}
+    config = {"revisit": 0.3, "window": 2, "levels": {"window": 3}, **extra}
     straight = _play(_schedule(specs, seed=11, **config), range(12))
     first = _schedule(specs, seed=11, **config)
     assert _play(first, range(6)) == straight[:6]
