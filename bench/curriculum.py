@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from envhub.rollout.io import iter_trajectories
-from envhub.trainer.config import LevelsConfig, load_config
+from envhub.trainer.config import CurriculumConfig, LevelsConfig, load_config
 from envhub.trainer.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,6 +125,12 @@ def main() -> None:
     )
     parser.add_argument("--env-window", type=int, default=16, help="curriculum.env_window")
     parser.add_argument(
+        "--env-rule",
+        choices=get_args(CurriculumConfig.model_fields["env_rule"].annotation),
+        default=CurriculumConfig.model_fields["env_rule"].default,
+        help="curriculum.env_rule: how env_window's counts choose envs",
+    )
+    parser.add_argument(
         "--keep", type=Path, help="keep both runs' output here (default: a temporary folder)"
     )
     args = parser.parse_args()
@@ -132,6 +138,7 @@ def main() -> None:
         "revisit": args.revisit,
         "window": args.window,
         "env_window": args.env_window,
+        "env_rule": args.env_rule,
     }
     if args.levels:
         curriculum["levels"] = {

@@ -204,7 +204,7 @@ def _thompson_by_hand(
         if rng.random() < revisit:
             out.append(int(rng.choice(len(p), p=p)))
             continue
-        draws = [w * rng.beta(1 + t, 1 + n - t) for w, (t, n) in zip(weights, counts)]
+        draws = [w * rng.beta(1 + t, 1 + n - t) for w, (t, n) in zip(weights, counts, strict=True)]
         out.append(int(np.argmax(draws)))
     return out
 
