@@ -54,6 +54,9 @@ def run(args: argparse.Namespace, curriculum: dict[str, Any] | None, out: Path) 
         "eval.every=null",
         "eval.baseline=false",
         f"eval.envs.0.num_tasks={args.eval_tasks}",
+        # A measurement wants the whole run: steps where every group ties are what it counts,
+        # not a reason to stop (a run stopped at its last step has no held-out reward).
+        "algorithm.max_empty_steps=null",
     ]
     levels = ("tiny",) if args.levels and curriculum is not None else MIXED
     envs = [
