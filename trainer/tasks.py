@@ -6,8 +6,8 @@ dataset. The whole schedule is a function of the run seed and the per-env cursor
 checkpoint stores, so a resumed run trains on exactly the tasks it would have seen.
 
 With a curriculum (``curriculum:``, :mod:`~envhub.trainer.curriculum`) the envs are still chosen
-by weight, from the same stream (each weight scaled by how much its env teaches, with
-``env_window``; with ``env_rule: thompson``, by Thompson sampling from a stream of its own);
+by weight from the same stream (each weight scaled by how much its env teaches, with
+``env_window``), or with ``env_rule: thompson`` by Thompson sampling from a stream of its own;
 within an env the epoch order is walked as before, but a task
 the curriculum deems settled (mastered or hopeless) is passed over unless a revisit draws it,
 and an env with levels is drawn at its current level (each level with its own epochs and
