@@ -84,6 +84,7 @@ def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         # The whole curve is the measurement: a stretch of steps where every group ties (the
         # setter's problems all outside the band) is counted, not a reason to stop.
         "algorithm.max_empty_steps=null",
+        *args.set,
     ]
     config = load_config(QUICKSTART, overrides)
     started = time.perf_counter()
@@ -111,6 +112,13 @@ def main() -> None:
         "--nudge", type=float, default=0.0, help="setter-solver's nudge toward the band (0: none)"
     )
     parser.add_argument("--eval-tasks", type=int, default=8)
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a run-config override, as envhub train takes them (algorithm.aggregation=...)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
     parser.add_argument(
@@ -130,6 +138,8 @@ def main() -> None:
         f"{results['seconds']:.0f} s"
     )
     print(f"rewarded band: solve rate in [{low}, {high}]")
+    if args.set:
+        print(f"config overrides: {' '.join(args.set)}")
     head = ("step", "problems", "invalid", "solve rate", "in band", "setter r", "solver r", "tied")
     print("".join(f"{h:>12}" for h in head))
     for step, row in enumerate(results["rows"], 1):
