@@ -27,6 +27,7 @@ whose problems both missed the band on the same side no longer tie.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import statistics
@@ -109,7 +110,10 @@ def main() -> None:
     parser.add_argument("--attempts", type=int, default=4, help="solvers per problem")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument(
-        "--nudge", type=float, default=0.0, help="setter-solver's nudge toward the band (0: none)"
+        "--nudge",
+        type=float,
+        default=inspect.signature(SetterSolverEnv).parameters["nudge"].default,
+        help="setter-solver's nudge toward the band (default: the env's, none)",
     )
     parser.add_argument("--eval-tasks", type=int, default=8)
     parser.add_argument(

@@ -170,17 +170,18 @@ class Curriculum:
         so each env is chosen with the probability that it teaches most. All numbers come from
         ``rng``, slot by slot."""
         p = weights / weights.sum()
+        windows = [self._env_window(env_index) for env_index in range(len(weights))]
+        taught = [float(sum(window)) for window in windows]  # the same for every slot
+        tied = [len(window) - t for window, t in zip(windows, taught, strict=True)]
         choices = np.empty(count, dtype=np.int64)
         for slot in range(count):
             if rng.random() < self.config.revisit:
                 choices[slot] = rng.choice(len(p), p=p)
                 continue
-            sampled = []
-            for env_index, weight in enumerate(weights):
-                recent = self._env_window(env_index)
-                taught = float(sum(recent))
-                chance = rng.beta(1.0 + taught, 1.0 + len(recent) - taught)
-                sampled.append(weight * chance if weight > 0 else -1.0)
+            sampled = [
+                weight * rng.beta(1.0 + taught[e], 1.0 + tied[e]) if weight > 0 else -1.0
+                for e, weight in enumerate(weights)
+            ]
             choices[slot] = int(np.argmax(sampled))
         self.counts.env_slots.update(choices.tolist())
         return choices

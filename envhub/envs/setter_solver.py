@@ -66,11 +66,17 @@ def setter_reward(solve_rate: float, band: tuple[float, float] = DEFAULT_BAND) -
     return 1.0 if low - 1e-12 <= solve_rate <= high + 1e-12 else 0.0
 
 
+def count_operations(expression: str) -> int:
+    """The operators (``+ - *``) in an expression that follow a digit, a closing parenthesis
+    or a space (so a minus sign at its start is not counted)."""
+    return len(_OPERATOR.findall(expression))
+
+
 def problem_size(problem: str, value: int, max_operations: int, max_value: int) -> float:
     """How big a valid problem is, in [0, 1]: the mean of its share of ``max_operations`` and
     its value's digits' share of ``max_value``'s (``(12 + 7) * 3``: 2 of 6 operations, 2 of 7
     digits under 10**6). A proxy for hardness that needs no solver."""
-    operations = len(_OPERATOR.findall(problem)) / max_operations
+    operations = count_operations(problem) / max_operations
     digits = len(str(abs(value))) / len(str(max_value))
     return (min(operations, 1.0) + min(digits, 1.0)) / 2
 
@@ -79,8 +85,9 @@ def nudged_reward(rate: float, size: float, band: tuple[float, float], nudge: fl
     """The setter's reward with a nudge toward the band: :func:`setter_reward` inside it;
     outside, ``nudge`` x ``size`` when the problem was too easy (bigger is nearer the band),
     ``nudge`` x (1 - ``size``) when too hard (smaller is nearer)."""
-    if setter_reward(rate, band) or not nudge:
-        return setter_reward(rate, band)
+    paid = setter_reward(rate, band)
+    if paid or not nudge:
+        return paid
     return nudge * (size if rate > band[1] else 1.0 - size)
 
 
@@ -104,7 +111,7 @@ def read_problem(text: str, max_operations: int, max_value: int) -> tuple[str, i
         raise ValueError("no problem written")
     if not _ALLOWED.fullmatch(expression):
         raise ValueError(f"only digits, spaces, + - * and parentheses are allowed: {expression!r}")
-    operations = len(_OPERATOR.findall(expression))
+    operations = count_operations(expression)
     if operations == 0:
         raise ValueError("the problem has no operation")
     if operations > max_operations:
