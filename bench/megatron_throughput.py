@@ -20,7 +20,9 @@ bf16 of an H100/H200 SXM, 989 TFLOP/s; pass your card's figure).
 ``--profile`` runs one more update under ``torch.profiler`` and prints, from rank 0, where its
 time went: the device's busy time against the wall time (a device idle for most of the update
 waits on the host, Python launching kernels), the host-device syncs, and the top ops by host
-and by device time.
+and by device time. ``--trace-syncs`` runs one more update with torch's sync debug mode on and
+prints the Python call sites of the operations that made the host wait for the device, counted
+(the profiler counts syncs; this says who asked for them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ import os
 import statistics
 import tempfile
 import time
+import traceback
+import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -180,6 +185,8 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
         profiled = profile_update(update, gpu) if args.profile else None
     except Exception as e:
         profiled = f"profiling failed: {type(e).__name__}: {e}"
+    if args.trace_syncs and gpu:
+        profiled = "\n".join(filter(None, [profiled, trace_syncs(update)]))
     if torch.distributed.get_rank() == 0:
         memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         report = {
@@ -225,6 +232,38 @@ def profile_update(update: Callable[[], None], gpu: bool, rows: int = 25) -> str
     return "\n".join(lines)
 
 
+def trace_syncs(update: Callable[[], None], rows: int = 15, depth: int = 3) -> str:
+    """One ``update()`` with ``torch.cuda.set_sync_debug_mode("warn")``: each operation that
+    makes the host wait for the device warns, and the Python stack at that moment (the
+    innermost ``depth`` frames outside torch's own files) is counted. Returns the ``rows``
+    commonest call sites as text. Syncs inside the autograd engine's threads have no Python
+    frame of their own and are counted as ``(backward)``."""
+    sites: Counter[str] = Counter()
+
+    def record(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
+        if "synchronizing" not in str(message):
+            return
+        frames = [
+            f"{Path(f.filename).name}:{f.lineno} {f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if "/torch/" not in f.filename and "warnings" not in Path(f.filename).name
+        ]
+        sites[" <- ".join(reversed(frames[-depth:])) or "(backward)"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            update()
+            torch.cuda.synchronize()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    lines = [f"sync trace: {sum(sites.values())} synchronizing operations in one update"]
+    lines += [f"{count:6d}  {site}" for site, count in sites.most_common(rows)]
+    return "\n".join(lines)
+
+
 def measure(model: Path, args: argparse.Namespace) -> dict:
     """Run the ``tp x pp`` ranks under torchrun on the saved ``model`` and return rank 0's report.
 
@@ -256,7 +295,9 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
              "--tokens", str(args.tokens), "--seq", str(args.seq),
              "--micro-batch-tokens", str(args.micro_batch_tokens),
              "--steps", str(args.steps)]  # fmt: skip
-    return flags + ["--recompute"] * args.recompute + ["--profile"] * args.profile
+    switches = [("--recompute", args.recompute), ("--profile", args.profile),
+                ("--trace-syncs", args.trace_syncs)]  # fmt: skip
+    return flags + [flag for flag, on in switches if on]
 
 
 def print_report(report: dict, args: argparse.Namespace) -> None:
@@ -328,6 +369,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--profile", action="store_true", help="profile one more update (see the docstring)"
+    )
+    parser.add_argument(
+        "--trace-syncs",
+        action="store_true",
+        help="on a GPU, count the call sites of one more update's host-device syncs",
     )
     parser.add_argument("--rank", metavar="MODEL")
     args = parser.parse_args()

@@ -6,7 +6,8 @@ The update alone (forward, backward and the optimizer step over every micro-batc
 ``bench/megatron_throughput.py``'s on the same shapes and batch: a randomly initialised Qwen2.5
 shape (``--shape``), random sequences of ``--seq``/2 to ``--seq`` tokens, ``--tokens`` in all,
 in micro-batches of ``--micro-batch-tokens`` (packed: one row each; padded: rows of the
-longest). fp32 master weights under bf16 autocast on a GPU, fp32 on the CPU.
+longest). fp32 master weights under bf16 autocast on a GPU, fp32 on the CPU. ``--trace-syncs``
+counts the call sites of one more update's host-device syncs (megatron_throughput's).
 
 Model FLOPs: megatron_throughput's count (6 x matmul parameters per token plus causal attention;
 no recomputation counted). MFU divides the achieved FLOP/s by ``--peak-tflops``.
@@ -34,6 +35,7 @@ from megatron_throughput import (
     make_model,
     model_flops,
     profile_update,
+    trace_syncs,
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -92,6 +94,8 @@ def run_variant(model: Path, packing: str, args: argparse.Namespace) -> dict:
         profiled = profile_update(update, gpu) if args.profile else None
     except Exception as e:
         profiled = f"profiling failed: {type(e).__name__}: {e}"
+    if args.trace_syncs and gpu:
+        profiled = "\n".join(filter(None, [profiled, trace_syncs(update)]))
     lengths = [len(s) for s in batch.samples]
     update_s = statistics.median(seconds)
     tflops = model_flops(args.shape, lengths) / update_s / 1e12
@@ -145,6 +149,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--recompute", action="store_true", help="gradient checkpointing")
     parser.add_argument("--profile", action="store_true", help="profile one more update")
+    parser.add_argument(
+        "--trace-syncs", action="store_true", help="count one more update's sync call sites"
+    )
     parser.add_argument("--peak-tflops", type=float, default=H100_BF16_TFLOPS)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()

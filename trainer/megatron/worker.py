@@ -40,6 +40,7 @@ from envhub.trainer.megatron.loss import (
     vocab_parallel_entropy,
     vocab_parallel_entropy_report,
 )
+from envhub.trainer.megatron.grad_norm import use_device_grad_norm
 from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out, unshare_steps
 from envhub.trainer.weight_sync.plan import TransferPlan
 
@@ -108,6 +109,7 @@ class MegatronWorker:
         # the point on machines without them (GPU runs with TE do not take them).
         warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
         _run_setup_file()
+        use_device_grad_norm()
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
 
