@@ -67,6 +67,8 @@ for s in $STAGES; do
         --micro-batch-tokens 4096 --steps 1 --trace-syncs && python3 '$ROOT/bench/torch_update.py' \
         --shape qwen2.5-0.5b --tokenizer '$ROOT/.gpu/smollm2' --variants padded --steps 1 \
         --trace-syncs" ;;
+    mg05sync) stage mg05sync 150 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 --trace-syncs ;;
     mg05r) stage mg05r 100 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 --recompute ;;
     mg15) stage mg15 110 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
