@@ -24,6 +24,7 @@ import torch
 from envhub.trainer.algorithms import zero_variance_groups
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.critic.targets import ValueTarget
+from envhub.trainer.role_balance import balance_roles
 from envhub.trainer.scoring import (
     Advantages,
     Scored,
@@ -186,6 +187,9 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
             )
         else:
             samples.extend(_segment_sample(segment, advantage, i) for segment in t.segments)
+    if algorithm.role_balance:
+        samples, role_stats = balance_roles(samples, trajectories, algorithm.aggregation)
+        stats |= role_stats
     stats |= {
         "batch/kept": float(len(samples)),
         "batch/segments_skipped": float(skipped_segments),

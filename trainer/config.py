@@ -373,6 +373,12 @@ class AlgorithmConfig(_Part):
     aggregation: AggregationName = "token-mean"
     """A name of ``registry.AGGREGATIONS``: ``token-mean``, ``seq-mean-token-mean`` or
     ``seq-mean-token-sum-norm``."""
+    role_balance: bool = False
+    """Multi-role envs: every role weighs the same in the update, whatever its share of the
+    tokens (or, with ``seq-mean-token-mean``, of the sequences): the loss is the mean over roles
+    of each role's own aggregate. Scales the advantages by role (``batch/role_weight/<role>``);
+    the policy term is balanced exactly, a KL or entropy term stays per token. No effect on
+    one-role envs."""
     kl_beta: float = Field(0.0, ge=0.0)
     """KL penalty to the initial model; 0 loads no reference model."""
     kl_estimator: KLEstimatorName = "k3"

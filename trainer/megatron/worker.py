@@ -35,12 +35,12 @@ from envhub.trainer.megatron.bridge import (
     hf_weights,
     load_bridge,
 )
+from envhub.trainer.megatron.grad_norm import use_device_grad_norm
 from envhub.trainer.megatron.loss import (
     chunked_logprobs,
     vocab_parallel_entropy,
     vocab_parallel_entropy_report,
 )
-from envhub.trainer.megatron.grad_norm import use_device_grad_norm
 from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out, unshare_steps
 from envhub.trainer.weight_sync.plan import TransferPlan
 
