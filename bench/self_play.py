@@ -21,7 +21,10 @@ measurement:
 
 ``--nudge`` pays a setter whose problem fell outside the band up to that much for a problem
 whose size lies toward the band (``setter-solver``'s ``nudge``), so that two setters of a task
-whose problems both missed the band on the same side no longer tie.
+whose problems both missed the band on the same side no longer tie. ``--solver student`` trains
+the setter alone against the env's fixed ``student`` solver, whose skill does not move (right
+half the time at problem size 0.4): whether the setter finds the band at all, apart from a
+solver that learns beside it. The ``size`` column is the valid problems' mean ``problem_size``.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ def step_row(trajectories: list[Trajectory], band: tuple[float, float]) -> dict[
     setters = [t for t in trajectories if t.role == "setter"]
     valid = [t for t in setters if t.metrics.get("invalid") == 0.0]
     rates = [t.metrics["solve_rate"] for t in valid if "solve_rate" in t.metrics]
+    sizes = [t.metrics["problem_size"] for t in valid if "problem_size" in t.metrics]
     solvers = [t for t in trajectories if t.role_name == "solver"]
     return {
         "problems": float(len(setters)),
         "invalid_share": 1 - len(valid) / len(setters) if setters else float("nan"),
         "solve_rate": statistics.fmean(rates) if rates else float("nan"),
+        "size": statistics.fmean(sizes) if sizes else float("nan"),
         "in_band_share": (
             sum(band[0] <= r <= band[1] for r in rates) / len(rates) if rates else float("nan")
         ),
@@ -67,7 +72,10 @@ def step_row(trajectories: list[Trajectory], band: tuple[float, float]) -> dict[
 
 def run(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The training run; its per-step rows and the held-out reward before and after."""
-    env = {"name": "setter-solver", "args": {"attempts": args.attempts, "nudge": args.nudge}}
+    env_args: dict[str, Any] = {"attempts": args.attempts, "nudge": args.nudge}
+    if args.solver:
+        env_args["policies"] = {"solver": args.solver}
+    env = {"name": "setter-solver", "args": env_args}
     overrides = [
         f"steps={args.steps}",
         f"seed={args.seed}",
@@ -115,6 +123,11 @@ def main() -> None:
         default=inspect.signature(SetterSolverEnv).parameters["nudge"].default,
         help="setter-solver's nudge toward the band (default: the env's, none)",
     )
+    parser.add_argument(
+        "--solver",
+        choices=sorted(k for k in SetterSolverEnv.fixed_policies if k != "random"),
+        help="a fixed solver (the env's); the policy then plays the setter alone",
+    )
     parser.add_argument("--eval-tasks", type=int, default=8)
     parser.add_argument(
         "--set",
@@ -138,16 +151,19 @@ def main() -> None:
     low, high = DEFAULT_BAND
     print(
         f"setter-solver, SmolLM2-135M, {args.steps} steps x {args.tasks} tasks x "
-        f"{args.samples} setters x {args.attempts} solvers, nudge {args.nudge}, seed {args.seed}, "
-        f"{results['seconds']:.0f} s"
+        f"{args.samples} setters x {args.attempts} {args.solver or 'trained'} solvers, "
+        f"nudge {args.nudge}, seed {args.seed}, {results['seconds']:.0f} s"
     )
     print(f"rewarded band: solve rate in [{low}, {high}]")
     if args.set:
         print(f"config overrides: {' '.join(args.set)}")
-    head = ("step", "problems", "invalid", "solve rate", "in band", "setter r", "solver r", "tied")
+    head = ("step", "problems", "invalid", "solve rate", "size", "in band", "setter r", "solver r")
+    head += ("tied",)
     print("".join(f"{h:>12}" for h in head))
     for step, row in enumerate(results["rows"], 1):
-        cells = [row[k] for k in ("problems", "invalid_share", "solve_rate", "in_band_share")]
+        cells = [
+            row[k] for k in ("problems", "invalid_share", "solve_rate", "size", "in_band_share")
+        ]
         cells += [row["setter_reward"], row["solver_reward"], row.get("tied_groups", math.nan)]
         print(f"{step:>12}" + "".join(f"{c:>12.3f}" for c in cells))
     before, after = (results["held_out"] + [float("nan")] * 2)[:2]

@@ -23,11 +23,14 @@ it, each unaware of the others (so the runner samples them together: :attr:`Matc
 The solvers' attempts are one training group (the same problem, the same role: their actor
 ids carry a seat, ``solver#i``, see :attr:`~envhub.types.Trajectory.group_key`); the setters of
 a task's samples are another. Fixed policies: ``random`` (a setter drawing a random problem of
-the asked size) and ``oracle`` (a solver that computes the answer).
+the asked size), ``oracle`` (a solver that computes the answer) and ``student`` (a solver of
+known skill, right more often the smaller the problem: :func:`student_solver`), against which a
+trained setter can be checked for finding the band without a solver that learns beside it.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import re
 from typing import Any, ClassVar
@@ -40,6 +43,7 @@ from envhub.roles import Match, MultiRoleEnv
 from envhub.types import AssistantTurn, Message, system, user
 
 DEFAULT_BAND = (0.25, 0.75)
+DEFAULT_MAX_OPERATIONS = 6
 INVALID_PENALTY = -1.0
 RANDOM_SETTER_MAX = 10**6
 """The largest value the ``random`` setter writes (the default ``max_value``)."""
@@ -56,6 +60,10 @@ SETTER_PROMPT = (
     "enough that the student sometimes gets it wrong, but not always. Reply with the expression "
     "inside <problem></problem>, for example <problem>(12 + 7) * 3</problem>."
 )
+STUDENT_SKILL = 0.4
+"""The problem size the ``student`` solver gets right half the time."""
+STUDENT_SLOPE = 0.05
+"""How sharply the ``student``'s success falls with size around its skill."""
 SOLVER_PROMPT = "Solve the arithmetic problem. Give the final answer as \\boxed{NUMBER}."
 
 
@@ -145,6 +153,26 @@ def oracle_solver(messages: list[Message], rng: np.random.Generator) -> str:
     return f"\\boxed{{{int(evaluate(problem))}}}"
 
 
+def student_solve_probability(size: float) -> float:
+    """The ``student`` solver's chance on a problem of :func:`problem_size` ``size``:
+    ``1 / (1 + exp((size - STUDENT_SKILL) / STUDENT_SLOPE))``: 0.88 at size 0.3, 0.5 at 0.4,
+    0.12 at 0.5."""
+    return 1.0 / (1.0 + math.exp((size - STUDENT_SKILL) / STUDENT_SLOPE))
+
+
+def student_solver(messages: list[Message], rng: np.random.Generator) -> str:
+    """A fixed solver of known skill: right with :func:`student_solve_probability` of the
+    problem's size (under the default limits: 6 operations, values up to 10**6), else off by
+    1-9. Its solve rates fall in the default band for problems of size about 0.35-0.45 (two or
+    three operations on a value of three or four digits)."""
+    problem = next(m.content or "" for m in reversed(messages) if m.role == "user")
+    value = int(evaluate(problem))
+    size = problem_size(problem, value, DEFAULT_MAX_OPERATIONS, RANDOM_SETTER_MAX)
+    if rng.random() < student_solve_probability(size):
+        return f"\\boxed{{{value}}}"
+    return f"\\boxed{{{value + int(rng.integers(1, 10))}}}"
+
+
 def setter_tasks() -> list[dict[str, Any]]:
     """What the setter is asked for: 1-4 operations on 1-3-digit numbers (12 tasks)."""
     return [{"operations": n, "digits": d} for n in range(1, 5) for d in range(1, 4)]
@@ -170,13 +198,17 @@ class SetterSolverEnv(MultiRoleEnv):
     roles = ("setter", "solver")
     reward_mode = "general"
     reward_range = (-1.0, 1.0)
-    fixed_policies: ClassVar = {"random": random_setter, "oracle": oracle_solver}
+    fixed_policies: ClassVar = {
+        "random": random_setter,
+        "oracle": oracle_solver,
+        "student": student_solver,
+    }
 
     def __init__(
         self,
         attempts: int = 4,
         band: tuple[float, float] | list[float] = DEFAULT_BAND,
-        max_operations: int = 6,
+        max_operations: int = DEFAULT_MAX_OPERATIONS,
         max_value: int = 10**6,
         nudge: float = 0.0,
         *,
@@ -225,7 +257,9 @@ class SetterSolverEnv(MultiRoleEnv):
             match.data["problem"], match.data["value"], self.max_operations, self.max_value
         )
         match.pay("setter", nudged_reward(rate, size, self.band, self.nudge), "edge")
-        match.metrics.update({"solve_rate": rate, "in_band": setter_reward(rate, self.band)})
+        match.metrics.update(
+            {"solve_rate": rate, "in_band": setter_reward(rate, self.band), "problem_size": size}
+        )
         match.end({"setter": _band_result(rate, self.band)})
         return None
 

@@ -4,6 +4,7 @@ and whole episodes with scripted setters and solvers."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ from envhub.envs.setter_solver import (
     random_setter,
     read_problem,
     setter_reward,
+    student_solve_probability,
+    student_solver,
 )
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
@@ -117,6 +120,36 @@ def test_the_fixed_policies() -> None:
     assert random_setter([observation[0]], rng).startswith("<problem>")
 
 
+@pytest.mark.parametrize(
+    ("size", "chance"),
+    [
+        (0.4, 0.5),
+        (0.3, 1 / (1 + math.exp(-2))),
+        (0.5, 1 / (1 + math.exp(2))),
+        (0.0, 1 / (1 + math.exp(-8))),
+    ],
+)
+def test_the_students_chance_by_hand(size: float, chance: float) -> None:
+    assert student_solve_probability(size) == pytest.approx(chance)
+
+
+def test_the_student_solves_small_problems_and_misses_big_ones() -> None:
+    def answers(problem: str, n: int = 200) -> list[int]:
+        rng = np.random.default_rng(0)
+        messages = [Message(role="user", content=problem)]
+        return [int(student_solver(messages, rng)[7:-1]) for _ in range(n)]
+
+    small = answers("1 + 2")  # size (1/6 + 1/7) / 2 = 0.155: chance 0.9926
+    big = answers("123456 * 7 + 1 - 2 + 3 + 4 + 5")  # 6 of 6 operations, 6 of 7 digits: 2.5e-5
+    edge = answers("12 * 3 + 4")  # 2 operations, 2 digits: 0.31, chance 0.86
+    assert small.count(3) >= 195 and big.count(864203) == 0
+    assert 150 <= edge.count(40) <= 190
+    assert all(1 <= a - 3 <= 9 for a in small if a != 3)  # a miss is off by 1-9
+    env = SetterSolverEnv(policies={"solver": "student"})
+    observation, info = env.reset(seed=0)
+    assert info["to_move"] == "setter"  # the setter is the policy's; the student is the env's
+
+
 class Classroom:
     """A scripted policy: the setter writes ``problem``; solver k answers ``answers[k]``
     (solvers of an episode play one after another, so a count tells them apart)."""
@@ -148,6 +181,7 @@ def test_a_problem_at_the_solvers_edge_pays_the_setter() -> None:
     assert setter.reward == 1.0 and setter.info["role_result"] == "edge"
     assert setter.reward_components == {"edge": 1.0}
     assert setter.metrics["solve_rate"] == 0.5 and setter.metrics["in_band"] == 1.0
+    assert setter.metrics["problem_size"] == pytest.approx((2 / 6 + 2 / 7) / 2)
     assert {t.group_key for t in solvers} == {"g0/s0/solver"} and setter.group_key == "g0/setter"
     # Every solver saw the problem, labelled as the setter's doing, and only that.
     assert all(
