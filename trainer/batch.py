@@ -187,8 +187,14 @@ def select(scored: Scored, advantages: Advantages, algorithm: AlgorithmConfig) -
             )
         else:
             samples.extend(_segment_sample(segment, advantage, i) for segment in t.segments)
-    if algorithm.role_balance:
-        samples, role_stats = balance_roles(samples, trajectories, algorithm.aggregation)
+    if algorithm.role_balance or algorithm.role_scale:
+        samples, role_stats = balance_roles(
+            samples,
+            trajectories,
+            algorithm.aggregation,
+            balance=algorithm.role_balance,
+            scale=algorithm.role_scale,
+        )
         stats |= role_stats
     stats |= {
         "batch/kept": float(len(samples)),

@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     ValidationError,
     field_validator,
     model_validator,
@@ -379,6 +380,10 @@ class AlgorithmConfig(_Part):
     of each role's own aggregate. Scales the advantages by role (``batch/role_weight/<role>``);
     the policy term is balanced exactly, a KL or entropy term stays per token. No effect on
     one-role envs."""
+    role_scale: dict[str, NonNegativeFloat] = Field(default_factory=dict)
+    """Multi-role envs: multiply a role's advantages, its share of the update, by hand
+    (``{solver: 0.25}``: the solver's tokens learn at a quarter of the rate; 0: the role is
+    played but not trained); after ``role_balance`` when both are set. Roles not named keep 1."""
     kl_beta: float = Field(0.0, ge=0.0)
     """KL penalty to the initial model; 0 loads no reference model."""
     kl_estimator: KLEstimatorName = "k3"

@@ -16,11 +16,14 @@ whole batch's, so the loss becomes the mean over roles of each role's own aggreg
 applied to the advantages, which the policy losses (``ppo_clip``, ``gspo``, dual clip included)
 are linear in for a positive factor, so the policy term is balanced exactly; a KL or entropy
 term stays per token. A batch with one role (every one-role env) is left exactly as it was.
+
+``algorithm.role_scale`` multiplies named roles' factors by hand (``{solver: 0.25}``: the
+solver learns at a quarter of the rate, e.g. so that a setter can keep pace with it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -54,11 +57,24 @@ def role_weights(
 
 
 def balance_roles(
-    samples: Sequence[Sample], trajectories: Sequence[Trajectory], aggregation: str
+    samples: Sequence[Sample],
+    trajectories: Sequence[Trajectory],
+    aggregation: str,
+    *,
+    balance: bool = True,
+    scale: Mapping[str, float] | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
-    """``samples`` with each one's advantages scaled by its role's :func:`role_weights`, and
-    ``batch/role_weight/<role>`` stats (nothing when there is nothing to balance)."""
-    weights = role_weights(samples, trajectories, aggregation)
+    """``samples`` with each one's advantages scaled by its role's factor, and
+    ``batch/role_weight/<role>`` stats of the factors (nothing when every factor is 1).
+
+    A role's factor is its :func:`role_weights` with ``balance`` (else 1) times ``scale[role]``
+    (``algorithm.role_scale``: a role's share of the update set by hand, 0 to not train it).
+    """
+    weights = role_weights(samples, trajectories, aggregation) if balance else {}
+    present = {t.role_name for t in trajectories if t.role_name is not None}
+    for role, factor in (scale or {}).items():
+        if role in present:
+            weights[role] = weights.get(role, 1.0) * factor
     if not weights:
         return list(samples), {}
     balanced = []

@@ -125,3 +125,26 @@ def test_the_balanced_loss_is_the_mean_of_each_roles_token_mean() -> None:
     # unbalanced, the setters' 4 tokens of 20 weigh 1/5 of the loss, not 1/2
     unbalanced = sum(sum(v) for v in by_role.values()) / 20
     assert expected != pytest.approx(unbalanced)
+
+
+def test_role_scale_by_hand_alone_and_after_the_balance() -> None:
+    trajectories = _setter_and_solvers()
+    samples = [_sample(0, 2), *[_sample(k, 6) for k in range(1, 5)], _sample(5, 2)]
+    scaled, stats = balance_roles(
+        samples, trajectories, "token-mean", balance=False, scale={"solver": 0.25, "x": 3.0}
+    )
+    assert [s.advantage for s in scaled] == [1.0, 0.25, 0.25, 0.25, 0.25, 1.0]
+    assert stats == {"batch/role_weight/solver": 0.25}  # a role not in the batch is not logged
+    both, stats = balance_roles(samples, trajectories, "token-mean", scale={"solver": 0.25})
+    assert [s.advantage for s in both] == pytest.approx([3.5] + [28 / 48 * 0.25] * 4 + [3.5])
+    assert stats["batch/role_weight/solver"] == pytest.approx(28 / 48 * 0.25)
+
+
+def test_a_role_scaled_to_zero_is_played_but_not_trained() -> None:
+    trajectories = _setter_and_solvers()
+    batch = build_batch(trajectories, AlgorithmConfig(role_scale={"solver": 0.0}), max_tokens=16)
+    kept = {trajectories[s.trajectory].role_name: s.has_signal for s in batch.samples}
+    assert kept == {"setter": True, "solver": False}
+    assert batch.stats["batch/role_weight/solver"] == 0.0
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        AlgorithmConfig(role_scale={"solver": -1.0})
