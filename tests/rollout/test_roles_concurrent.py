@@ -24,6 +24,9 @@ from envhub.types import Message, Trajectory
 
 BEFORE = Path(__file__).parent / "data" / "setter_solver_before_concurrent.json"
 TIMINGS = {"seconds", "generate_seconds", "env_seconds"}
+METRICS_ADDED_SINCE = {"problem_size"}
+"""Episode metrics the env records that it did not when the record was made (left out here, so
+the records still say whether sampling together changed anything)."""
 
 
 def is_setter(messages: list[Message]) -> bool:
@@ -114,6 +117,7 @@ def record(t: Trajectory) -> dict[str, Any]:
     to read."""
     data = t.model_dump(mode="json", exclude={"seconds"})
     data["turns"] = [{k: v for k, v in turn.items() if k not in TIMINGS} for turn in data["turns"]]
+    data["metrics"] = {k: v for k, v in data["metrics"].items() if k not in METRICS_ADDED_SINCE}
     digest = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
     return {"role": t.role, "reward": t.reward, "outcome": t.outcome, "sha256": digest}
 
