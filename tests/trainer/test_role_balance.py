@@ -8,26 +8,15 @@ from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
 from envhub.trainer.batch import Sample, build_batch, micro_batches
 from envhub.trainer.config import AlgorithmConfig
 from envhub.trainer.role_balance import balance_roles, role_weights
-from envhub.types import EnvRef, Message, Trajectory, TurnRecord
+from envhub.types import Trajectory
+
+from .test_batch import _traj as batch_trajectory
 
 
 def _traj(group: str, role: str | None, reward: float, answer: list[int], sample: int = 0):
-    ids = [1, *answer]
-    mask = [0] + [1] * len(answer)
-    return Trajectory(
-        env=EnvRef(name="t"),
-        task_index=0,
-        group_id=group,
-        sample_index=sample,
-        role=role,
-        messages=[Message(role="user", content="q")],
-        prompt_length=1,
-        token_ids=ids,
-        loss_mask=mask,
-        sampler_logprobs=[-0.5 if m else 0.0 for m in mask],
-        reward=reward,
-        turns=[TurnRecord(completion_tokens=len(answer), finish_reason="stop")],
-    )
+    """test_batch's trajectory (prompt token 1, then ``answer`` in the loss), played as ``role``."""
+    t = batch_trajectory(group, reward, [1, *answer], [0] + [1] * len(answer))
+    return t.model_copy(update={"role": role, "sample_index": sample})
 
 
 def _sample(trajectory: int, tokens: int, advantage: float = 1.0) -> Sample:
