@@ -181,12 +181,7 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
         t.numel() * t.element_size() for _, t in hf_weights(worker.bridge, [worker.model.module])
     )
     parameters = worker.num_parameters()  # a collective: every rank
-    try:  # a profiler that fails must not cost the timings above
-        profiled = profile_update(update, gpu) if args.profile else None
-    except Exception as e:
-        profiled = f"profiling failed: {type(e).__name__}: {e}"
-    if args.trace_syncs and gpu:
-        profiled = "\n".join(filter(None, [profiled, trace_syncs(update)]))
+    profiled = diagnose(update, gpu, args)
     if torch.distributed.get_rank() == 0:
         memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
         report = {
@@ -262,6 +257,19 @@ def trace_syncs(update: Callable[[], None], rows: int = 15, depth: int = 3) -> s
     lines = [f"sync trace: {sum(sites.values())} synchronizing operations in one update"]
     lines += [f"{count:6d}  {site}" for site, count in sites.most_common(rows)]
     return "\n".join(lines)
+
+
+def diagnose(update: Callable[[], None], gpu: bool, args: argparse.Namespace) -> str | None:
+    """What ``--profile`` and ``--trace-syncs`` (on a GPU) ask for, each from one more
+    ``update()``, as text (``None``: neither). A profiler that fails is reported, not raised:
+    it must not cost the timings taken before it."""
+    try:
+        profiled = profile_update(update, gpu) if args.profile else None
+    except Exception as e:
+        profiled = f"profiling failed: {type(e).__name__}: {e}"
+    if args.trace_syncs and gpu:
+        profiled = "\n".join(filter(None, [profiled, trace_syncs(update)]))
+    return profiled
 
 
 def measure(model: Path, args: argparse.Namespace) -> dict:

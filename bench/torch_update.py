@@ -31,11 +31,10 @@ import torch
 from megatron_throughput import (
     H100_BF16_TFLOPS,
     SHAPES,
+    diagnose,
     make_batch,
     make_model,
     model_flops,
-    profile_update,
-    trace_syncs,
 )
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -90,12 +89,7 @@ def run_variant(model: Path, packing: str, args: argparse.Namespace) -> dict:
         torch.cuda.reset_peak_memory_stats()
     seconds = [timed() for _ in range(args.steps + 1)][1:]
     memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
-    try:  # a profiler that fails must not cost the timings above
-        profiled = profile_update(update, gpu) if args.profile else None
-    except Exception as e:
-        profiled = f"profiling failed: {type(e).__name__}: {e}"
-    if args.trace_syncs and gpu:
-        profiled = "\n".join(filter(None, [profiled, trace_syncs(update)]))
+    profiled = diagnose(update, gpu, args)
     lengths = [len(s) for s in batch.samples]
     update_s = statistics.median(seconds)
     tflops = model_flops(args.shape, lengths) / update_s / 1e12

@@ -44,8 +44,9 @@ from envhub.types import AssistantTurn, Message, system, user
 
 DEFAULT_BAND = (0.25, 0.75)
 DEFAULT_MAX_OPERATIONS = 6
+DEFAULT_MAX_VALUE = 10**6
 INVALID_PENALTY = -1.0
-RANDOM_SETTER_MAX = 10**6
+RANDOM_SETTER_MAX = DEFAULT_MAX_VALUE
 """The largest value the ``random`` setter writes (the default ``max_value``)."""
 _PROBLEM_TAG = re.compile(r"<problem>(.*?)</problem>", re.DOTALL)
 _ALLOWED = re.compile(r"[\d\s+\-*()]+")
@@ -167,7 +168,7 @@ def student_solver(messages: list[Message], rng: np.random.Generator) -> str:
     three operations on a value of three or four digits)."""
     problem = next(m.content or "" for m in reversed(messages) if m.role == "user")
     value = int(evaluate(problem))
-    size = problem_size(problem, value, DEFAULT_MAX_OPERATIONS, RANDOM_SETTER_MAX)
+    size = problem_size(problem, value, DEFAULT_MAX_OPERATIONS, DEFAULT_MAX_VALUE)
     if rng.random() < student_solve_probability(size):
         return f"\\boxed{{{value}}}"
     return f"\\boxed{{{value + int(rng.integers(1, 10))}}}"
@@ -209,7 +210,7 @@ class SetterSolverEnv(MultiRoleEnv):
         attempts: int = 4,
         band: tuple[float, float] | list[float] = DEFAULT_BAND,
         max_operations: int = DEFAULT_MAX_OPERATIONS,
-        max_value: int = 10**6,
+        max_value: int = DEFAULT_MAX_VALUE,
         nudge: float = 0.0,
         *,
         policies: dict[str, Any] | None = None,
