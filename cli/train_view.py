@@ -32,6 +32,9 @@ COLUMNS = [
 ]
 EVAL_COLUMN = ("eval/reward", "eval", "{:.3f}", 5, 1)
 """Held-out reward (``eval:``), after pass@1, in runs that evaluate; ``-`` between evaluations."""
+SFT_COLUMN = ("sft/epoch", "epoch", "{:.2f}", 5, 1)
+"""In runs with a warm start (``sft:``), after the step: the passes over the demonstrations
+so far (``-`` in RL steps, whose ``loss`` is the policy's, not the demonstrations')."""
 CRITIC_COLUMNS = [
     ("critic/explained_variance", "ev", "{:+.2f}", 5, 1),
     ("critic/value_loss", "v loss", "{:.4f}", 6, 2),
@@ -49,12 +52,15 @@ def step_width(steps: int) -> int:
 
 
 def columns_for(
-    width: int, steps: int, evaluates: bool = False, critic: bool = False
+    width: int, steps: int, evaluates: bool = False, critic: bool = False, sft: bool = False
 ) -> list[tuple[str, str, str, int, int]]:
     """The columns that fit in ``width`` characters, dropping low-priority ones first
     (``evaluates``: the run has held-out evaluation, which gets a column; ``critic``: it trains
-    a critic, whose explained variance and loss get two)."""
+    a critic, whose explained variance and loss get two; ``sft``: it has supervised steps,
+    whose epoch gets one first)."""
     chosen = [*COLUMNS[:3], EVAL_COLUMN, *COLUMNS[3:]] if evaluates else list(COLUMNS)
+    if sft:
+        chosen.insert(0, SFT_COLUMN)
     if critic:
         after_loss = [c[0] for c in chosen].index("train/loss") + 1
         chosen[after_loss:after_loss] = CRITIC_COLUMNS
@@ -87,6 +93,7 @@ class RichReporter:
         self.steps = 0
         self.evaluates = False
         self.critic = False
+        self.sft = False
         self.heartbeat: Heartbeat | None = None
         """Off a terminal, a line every ``logging.heartbeat_seconds`` (the bar shows nothing)."""
 
@@ -102,12 +109,13 @@ class RichReporter:
     def start(self, config: Any, info: dict[str, Any]) -> None:
         """Print the run's header: model, envs, run size, run folder, rollout engine, the
         core split and whether async can gain, and the workers."""
-        self.steps = config.steps
+        self.steps = config.total_steps
         self.evaluates = getattr(config, "eval", None) is not None
         self.critic = config.algorithm.needs_critic
+        self.sft = bool(config.sft_steps)
         every = config.logging.heartbeat_seconds
         if every is not None and not console.is_terminal:
-            self.heartbeat = Heartbeat(every, config.steps, _print_line)
+            self.heartbeat = Heartbeat(every, config.total_steps, _print_line)
             self.heartbeat.finish_step(info.get("resumed_from") or 0)
             self.heartbeat.start()
         envs = ", ".join(e.name for e in config.envs)
@@ -115,7 +123,7 @@ class RichReporter:
         console.print(
             f"[bold]envhub train[/] {config.model.name} "
             f"({info['parameters'] / 1e6:.1f}M params, {info['device']}) on {envs}: "
-            f"{config.steps} steps x {config.rollout.tasks_per_step} tasks "
+            f"{_supervised(config)}{config.steps} steps x {config.rollout.tasks_per_step} tasks "
             f"x {config.rollout.samples_per_task} samples{resumed}",
             soft_wrap=True,
         )
@@ -137,6 +145,8 @@ class RichReporter:
             console.print(f"[yellow]{info['advice']}[/]", soft_wrap=True)
         if info.get("tools"):
             console.print(f"tools: {info['tools']}", soft_wrap=True)
+        if info.get("sft"):
+            console.print(f"warm start: {info['sft']}", soft_wrap=True)
         if info.get("eval"):
             console.print(f"held-out eval: {info['eval']}", soft_wrap=True)
         if info.get("critic"):
@@ -168,7 +178,7 @@ class RichReporter:
         if self._task is not None:
             self.progress.remove_task(self._task)
             self._task = None
-        columns = columns_for(console.width, self.steps, self.evaluates, self.critic)
+        columns = columns_for(console.width, self.steps, self.evaluates, self.critic, self.sft)
         console.print(
             step_row(step, self.steps, metrics, header=self._rows % 20 == 0, columns=columns)
         )
@@ -181,6 +191,15 @@ class RichReporter:
             self.heartbeat.stop()
         history = [r for r in result.history if "reward/mean" in r]  # not the baseline's row
         evals = [r for r in result.history if "eval/reward" in r]
+        supervised = [r for r in result.history if "sft/epoch" in r]
+        if supervised:
+            first, last = supervised[0], supervised[-1]
+            console.print(
+                f"[bold]warm start[/]: demonstrations' loss {first['train/loss']:.3f} "
+                f"(step {first['step']}) -> {last['train/loss']:.3f} (step {last['step']}), "
+                f"{last['sft/epoch']:.2f} epochs",
+                soft_wrap=True,
+            )
         if history:
             first, last = history[0], history[-1]
             console.print(
@@ -205,6 +224,12 @@ class RichReporter:
         ):
             if path is not None:
                 console.print(f"{label}: {path}", soft_wrap=True)
+
+
+def _supervised(config: Any) -> str:
+    """``"3 supervised steps, then "`` for a run with a warm start (``""`` without)."""
+    steps = config.sft_steps
+    return f"{steps} supervised step{'s' if steps != 1 else ''}, then " if steps else ""
 
 
 def drift_summary(history: list[dict[str, Any]]) -> str | None:

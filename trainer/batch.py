@@ -52,13 +52,18 @@ class Sample:
     token."""
     value_target: ValueTarget | None = None
     """With a critic: what it learns on this sequence (``advantage: gae``)."""
+    supervised: float = 0.0
+    """A demonstration's weight: its loss-mask tokens learn by cross-entropy times this
+    (``sft``), not by the policy loss; 0: the policy sampled them (RL)."""
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     @property
     def has_signal(self) -> bool:
-        """Some token in the loss has a non-zero advantage."""
+        """Some token in the loss has a non-zero advantage (a demonstration always has)."""
+        if self.supervised:
+            return True
         if self.token_advantages is None:
             return self.advantage != 0.0
         pairs = zip(self.token_advantages, self.loss_mask, strict=True)
@@ -87,6 +92,9 @@ class MicroBatch:
     """``[n, width - 1]`` the advantage of each target token (0 on padding), like ``loss_mask``."""
     samples: list[int]
     """Indices into the batch's samples."""
+    supervised: torch.Tensor | None = None
+    """``[n, width - 1]`` each target's cross-entropy weight where it is a demonstration's
+    (``Sample.supervised``), 0 elsewhere; ``None`` when no sample of the micro-batch is one."""
 
     @property
     def num_tokens(self) -> int:
@@ -106,7 +114,8 @@ class MicroBatch:
                 "advantages",
             )
         }
-        return MicroBatch(**moved, samples=self.samples)
+        supervised = None if self.supervised is None else to_device(self.supervised, device)
+        return MicroBatch(**moved, samples=self.samples, supervised=supervised)
 
 
 @dataclass
@@ -433,6 +442,11 @@ def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> Micro
     mask = torch.zeros((n, width - 1), dtype=torch.float32)
     sampler = torch.zeros((n, width - 1), dtype=torch.float32)
     advantages = torch.zeros((n, width - 1), dtype=torch.float32)
+    supervised = (
+        torch.zeros((n, width - 1), dtype=torch.float32)
+        if any(s.supervised for s in samples)
+        else None
+    )
     for row, s in enumerate(samples):
         length = len(s)
         input_ids[row, :length] = torch.tensor(s.token_ids)
@@ -445,7 +459,11 @@ def collate(samples: Sequence[Sample], indices: list[int], pad_id: int) -> Micro
             advantages[row, : length - 1] = torch.tensor(
                 s.token_advantages[1:], dtype=torch.float32
             )
-    return MicroBatch(input_ids, attention, mask, sampler, advantages, list(indices))
+        if supervised is not None and s.supervised:
+            supervised[row, : length - 1] = mask[row, : length - 1] * s.supervised
+    return MicroBatch(
+        input_ids, attention, mask, sampler, advantages, list(indices), supervised=supervised
+    )
 
 
 # -- helpers ----------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
-    ConfigDict,
     Field,
     NonNegativeFloat,
     ValidationError,
@@ -34,6 +33,9 @@ from envhub.trainer.algorithms.registry import (  # names only: no torch
     Estimator,
     Registry,
 )
+from envhub.trainer.config_base import ConfigPart as _Part
+from envhub.trainer.config_base import EnvName
+from envhub.trainer.sft.config import SFTConfig
 
 
 def _registered(registry: Registry[Any]) -> AfterValidator:
@@ -53,10 +55,6 @@ PolicyLossName = Annotated[str, _registered(POLICY_LOSSES)]
 AggregationName = Annotated[str, _registered(AGGREGATIONS)]
 KLEstimatorName = Annotated[str, _registered(KL_ESTIMATORS)]
 MismatchName = Annotated[str, _registered(MISMATCH_MODES)]
-
-
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class LoraConfig(_Part):
@@ -84,22 +82,6 @@ class ModelConfig(_Part):
     attn_implementation: str | None = None
     """Passed to transformers (e.g. ``sdpa``, ``flash_attention_2``); default: its choice."""
     lora: LoraConfig | None = None
-
-
-def _absolute_env_file(name: str) -> str:
-    """An env file's reference (``path/file.py[:Class]``) with the path made absolute, so
-    that the run's ``config.json`` finds the env again from any folder (and so do rollout
-    workers); any other name as it is."""
-    from envhub.references import parse_reference
-
-    ref = parse_reference(name)
-    if ref is None or ref.path is None:
-        return name
-    path = str(ref.path.expanduser().absolute())
-    return f"{path}:{ref.attr}" if ref.attr else path
-
-
-EnvName = Annotated[str, AfterValidator(_absolute_env_file)]
 
 
 class EnvSpec(_Part):
@@ -672,7 +654,9 @@ class CurriculumConfig(_Part):
 class TrainConfig(_Part):
     """A whole training run."""
 
-    steps: int = Field(20, ge=1)
+    steps: int = Field(20, ge=0)
+    """RL steps (after ``sft``'s supervised ones, if any; 0 only with ``sft``: a supervised
+    run alone)."""
     seed: int = 0
     model: ModelConfig = Field(default_factory=ModelConfig)
     envs: list[EnvSpec] = Field(min_length=1)
@@ -689,9 +673,16 @@ class TrainConfig(_Part):
     """Held-out evaluation during training; none when absent."""
     curriculum: CurriculumConfig | None = None
     """Online curriculum (which tasks and levels each step draws); none when absent."""
+    sft: SFTConfig | None = None
+    """Supervised steps on demonstrations before RL (a warm start), and a supervised term
+    during it; none when absent."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainConfig:
+        if self.steps == 0 and self.sft is None:
+            raise ValueError(
+                "steps must be at least 1 (0 only with sft:, for supervised steps alone)"
+            )
         if self.algorithm.mismatch_low >= self.algorithm.mismatch_high:
             raise ValueError("algorithm.mismatch_low must be below algorithm.mismatch_high")
         buffer = self.algorithm.overlong.soft_penalty_buffer
@@ -809,6 +800,35 @@ class TrainConfig(_Part):
                 "the Megatron backend trains all weights: "
                 "remove model.lora (or use backend.kind=torch)"
             )
+
+    @property
+    def sft_steps(self) -> int:
+        """The supervised steps before RL (``sft.steps``; 0 without ``sft``).
+
+        Raises:
+            ConfigError: ``sft.epochs`` was given and the demonstrations are not loaded yet
+                (the loop counts the steps from them first: :func:`with_sft_steps`).
+        """
+        if self.sft is None:
+            return 0
+        if self.sft.steps is None:
+            raise ConfigError(
+                "sft.epochs: the supervised steps are counted once the demonstrations are loaded"
+            )
+        return self.sft.steps
+
+    @property
+    def sft_lr_scale(self) -> float:
+        """The supervised updates' learning rate over ``optimizer.lr`` (``sft.lr``; 1 when
+        unset or without ``sft``)."""
+        if self.sft is None or self.sft.lr is None:
+            return 1.0
+        return self.sft.lr / self.optimizer.lr
+
+    @property
+    def total_steps(self) -> int:
+        """Every step of the run: the supervised ones, then ``steps`` of RL."""
+        return self.sft_steps + self.steps
 
     @property
     def run_name(self) -> str:

@@ -58,6 +58,7 @@ def estimate(config: TrainConfig) -> dict[str, str]:
             f"hidden {hidden}, vocab {vocab})"
         ),
         "parameters": f"{params / 1e6:,.1f}M ({trainable / 1e6:,.1f}M trainable)",
+        **({"stages": stages(config)} if config.sft is not None else {}),
         "episodes per step": (
             f"{episodes} ({rc.tasks_per_step} tasks x {rc.samples_per_task} samples), "
             f"<= {rc.max_tokens} tokens per turn"
@@ -180,6 +181,26 @@ def activation_dtype(config: TrainConfig) -> str:
         or (device == "auto" and torch.cuda.is_available())
     )
     return "bfloat16" if on_gpu else "float32"
+
+
+def stages(config: TrainConfig) -> str:
+    """What the run does in order: its supervised steps on which demonstrations, then RL."""
+    sft = config.sft
+    assert sft is not None
+    if sft.steps is None:
+        length = f"{sft.epochs:g} epochs of supervised steps (counted once the demonstrations load)"
+    else:
+        length = f"{sft.steps} supervised steps"
+    sources = "; ".join(source.describe() for source in sft.sources)
+    lr = sft.lr if sft.lr is not None else config.optimizer.lr
+    text = (
+        f"{length} ({sft.batch_size} demonstrations each, lr {lr:g}; from {sources}), "
+        f"then {config.steps} RL steps"
+    )
+    if sft.aux_weight:
+        size = sft.aux_batch_size or sft.batch_size
+        text += f" with {size} demonstrations weighted {sft.aux_weight:g} in each update"
+    return text
 
 
 def _per_rank(config: TrainConfig, state: float, activations: float) -> str:

@@ -79,7 +79,7 @@ class HeldOutEval:
         if step == 0:
             return self.settings.baseline
         every = self.settings.every
-        return step == self.config.steps or (every is not None and step % every == 0)
+        return step == self.config.total_steps or (every is not None and step % every == 0)
 
     async def run(self, step: int, engine: RolloutEngine, isolated: bool) -> dict[str, float]:
         """Evaluate the engine's current policy after ``step`` updates: ``eval/*`` metrics and

@@ -50,6 +50,8 @@ from envhub.trainer.kl_reward import kl_controller
 from envhub.trainer.models import resolve_model
 from envhub.trainer.no_signal import EmptySteps
 from envhub.trainer.producer import GroupProducer
+from envhub.trainer.sft.demonstrations import Demonstrations, load_for_run, with_sft_steps
+from envhub.trainer.sft.step import sft_step
 from envhub.trainer.step import Run, train_step
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.tracking import MetricsLogger, plot_rewards, read_metrics
@@ -140,8 +142,10 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     # Cheap checks first: a bad env name or argument, or a model that is not there, fails here
     # in a second, before Ray, the model load or an engine start.
     schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
-    held_out = HeldOutEval(config) if config.eval is not None else None
     resolve_model(config.model.name)
+    demonstrations = await load_for_run(config)  # a bad source fails here, before the model
+    config = with_sft_steps(config, demonstrations)
+    held_out = HeldOutEval(config) if config.eval is not None else None
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
@@ -150,7 +154,7 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     try:
         backend = make_backend(config)
         try:
-            start = await _run_steps(config, schedule, backend, reporter, held_out)
+            start = await _run_steps(config, schedule, backend, reporter, held_out, demonstrations)
             if config.checkpoint.export_hf:
                 _enter(getattr(reporter, "phase", None), "export")
             result = _finish(config, backend, start)
@@ -168,8 +172,10 @@ async def _run_steps(
     backend: TrainBackend,
     reporter: Reporter,
     held_out: HeldOutEval | None,
+    demonstrations: Demonstrations | None = None,
 ) -> int:
-    """Resume, then run the remaining steps with checkpoints; returns the step resumed from."""
+    """Resume, then run the remaining steps (the supervised ones first, if any) with
+    checkpoints; returns the step resumed from."""
     on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
     # A resumed run's synchronous steps, if any (a run that starts over measured nothing yet).
     phases = phases_of_run(config.run_dir) if config.checkpoint.resume != "never" else None
@@ -180,7 +186,7 @@ async def _run_steps(
     on_phase = getattr(reporter, "phase", None)  # optional: reporters written before it
     run = Run(
         config, backend, engine, producer, kl_controller(config), make_critic(config, backend),
-        on_phase=on_phase, cores=cores,
+        on_phase=on_phase, cores=cores, demonstrations=demonstrations,
     )  # fmt: skip
     checkpoints = RunCheckpoints(
         CheckpointManager(config.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last),
@@ -197,12 +203,12 @@ async def _run_steps(
             baseline = await held_out.run(0, engine, isolated=True)  # nothing rolls out yet
             tracker.log(0, baseline)
             reporter.step(0, baseline)
-        producer.start(first_draw=start)
-        for step in range(start, config.steps):
+        producer.start(first_draw=max(start, config.sft_steps))  # RL draws follow the SFT
+        for step in range(start, config.total_steps):
             metrics, empty = await _step(step, run, checkpoints, held_out)
             tracker.log(step + 1, metrics)
             reporter.step(step + 1, metrics)
-            if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.steps:
+            if (step + 1) % config.checkpoint.every == 0 or step + 1 == config.total_steps:
                 _enter(run.on_phase, "checkpoint")
                 checkpoints.save(step + 1)
             empty_steps.observe(step + 1, empty)  # may stop the run, after the checkpoint
@@ -222,7 +228,10 @@ async def _step(
     rank) stops the run saying how to resume; Ctrl-C or SIGTERM between updates first saves
     the groups rolled out so far."""
     try:
-        metrics, empty = await train_step(step, run)
+        if step < run.config.sft_steps:
+            metrics, empty = await sft_step(step, run), None
+        else:
+            metrics, empty = await train_step(step, run)
         if held_out is not None and held_out.due(step + 1):
             _enter(run.on_phase, "eval")
             metrics |= await held_out.run(step + 1, run.engine, isolated=not run.producer.busy)
@@ -278,6 +287,8 @@ async def _start_rollouts(
         info["eval"] = held_out.describe()
     if config.algorithm.needs_critic:
         info["critic"] = describe_critic(config)
+    if run.demonstrations is not None:
+        info["sft"] = run.demonstrations.describe()
     reporter.start(config, info)
 
 

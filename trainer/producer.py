@@ -151,7 +151,10 @@ class GroupProducer:
     def advance(self) -> None:
         """Launch every draw the engine's policy version allows."""
         version = self.engine.weights_version
-        while self.next_draw < self.config.steps and version >= self.next_draw - self.max_staleness:
+        while (
+            self.next_draw < self.config.total_steps
+            and version >= self.next_draw - self.max_staleness
+        ):
             self._launch_draw(self.next_draw)
             self.next_draw += 1
 

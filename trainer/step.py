@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envhub.evaluation import summarize
 from envhub.rollout.io import TrajectoryWriter
@@ -24,7 +25,7 @@ from envhub.rollout.manifest import update_manifest
 from envhub.trainer import trainer_logprobs
 from envhub.trainer.algorithms import KLController, ObjectiveSpec
 from envhub.trainer.backends import TrainBackend
-from envhub.trainer.batch import Batch, NoSignal, no_signal, select
+from envhub.trainer.batch import Batch, NoSignal, Sample, no_signal, select
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.cores import CoreSplit, ThreadBalancer
 from envhub.trainer.critic import Critic, update_critic
@@ -37,6 +38,9 @@ from envhub.trainer.scoring import Scored, estimate_advantages, score
 from envhub.trainer.tasks import TaskSchedule
 from envhub.trainer.trainer_logprobs import TrainerLogprobs
 from envhub.types import Trajectory
+
+if TYPE_CHECKING:
+    from envhub.trainer.sft.demonstrations import Demonstration, Demonstrations
 
 TRAIN_PHASES = ("logprobs", "update", "values", "critic")
 """The phases that run the trainer's models (``throughput/train_tokens_per_s``)."""
@@ -59,6 +63,8 @@ class Run:
     """Told the name of each phase a step enters (``Reporter.phase``: the CLI's heartbeat)."""
     cores: CoreSplit | None = None
     """How the engine and the trainer share the CPU cores (torch's threads per update)."""
+    demonstrations: Demonstrations | None = None
+    """The ``sft:`` demonstrations: the warm start's batches, and RL's auxiliary term."""
 
     @property
     def schedule(self) -> TaskSchedule:
@@ -113,6 +119,7 @@ async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | 
     await run.engine.sleep()
     scored, kl_metrics = await _charge_kl(run, scored, timer)
     batch = await _advantages_and_batch(run, scored, timer)
+    batch = with_demonstrations(step, run, batch)
     update_metrics = await _update(step, run, batch, timer)
     with timer("sync"):
         sync_metrics = await run.engine.update_weights(run.backend, version=step + 1) or {}
@@ -128,6 +135,32 @@ async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | 
         | _throughput(sampled, batch, timer)
     )
     return metrics, no_signal(scored, batch, run.producer.schedule.pass_threshold)
+
+
+def with_demonstrations(step: int, run: Run, batch: Batch) -> Batch:
+    """``batch`` with ``sft.aux_batch_size`` demonstrations weighted ``sft.aux_weight`` (the
+    supervised term during RL), the stream going on where the warm start's steps left it;
+    ``batch`` itself when the run has no such term."""
+    sft, demos = run.config.sft, run.demonstrations
+    if sft is None or not sft.aux_weight or demos is None:
+        return batch
+    size = sft.aux_batch_size or sft.batch_size
+    chosen = demos.batch(
+        step - run.config.sft_steps, size, start=run.config.sft_steps * sft.batch_size
+    )
+    samples = demonstration_samples(chosen, sft.aux_weight)
+    stats = batch.stats | {"batch/demonstrations": float(len(samples))}
+    return Batch(batch.samples + samples, stats)
+
+
+def demonstration_samples(demos: Sequence[Demonstration], weight: float) -> list[Sample]:
+    """Demonstrations as samples of the supervised term (``weight`` per token; no trajectory
+    of the step: index -1)."""
+    return [
+        Sample(list(d.token_ids), list(d.loss_mask), [0.0] * len(d.token_ids), 0.0, -1,
+               supervised=weight)
+        for d in demos
+    ]  # fmt: skip
 
 
 def _record(step: int, config: TrainConfig, taken: Taken) -> list[Trajectory]:
@@ -166,23 +199,38 @@ async def _advantages_and_batch(run: Run, scored: Scored, timer: PhaseTimer) -> 
 async def _update(step: int, run: Run, batch: Batch, timer: PhaseTimer) -> dict[str, float]:
     """The policy's update (not while the critic warms up), then the critic's."""
     config, metrics = run.config, {}
-    warming_up = run.critic is not None and step < config.critic.warmup_steps
+    warming_up = run.critic is not None and step < config.sft_steps + config.critic.warmup_steps
     if batch.samples and not warming_up:
-        balancer = ThreadBalancer(run.cores or CoreSplit(()), _engine_working(run))
-        metrics, seen = await asyncio.to_thread(
-            balancer.run, update_policy, batch, config, run.backend, timer
-        )
-        metrics |= balancer.metrics()
-        release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
-        if config.logging.save_trajectories and seen:
-            path = trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1)
-            trainer_logprobs.save(path, seen)
+        metrics = await run_update(step, run, batch, timer)
     if run.critic is not None and batch.samples:
         with timer("critic"):
             updates = config.algorithm.updates_per_step
             metrics |= await asyncio.to_thread(update_critic, run.critic, batch, updates)
             metrics["critic/warmup"] = float(warming_up)
         release_freed_memory()
+    return metrics
+
+
+async def run_update(
+    step: int,
+    run: Run,
+    batch: Batch,
+    timer: PhaseTimer,
+    spec: ObjectiveSpec | None = None,
+    updates: int | None = None,
+) -> dict[str, float]:
+    """:func:`update_policy` in a worker thread, torch's threads balanced against the engine's
+    work; the trainer's logprobs of the step's trajectories saved. Returns the metrics."""
+    config = run.config
+    balancer = ThreadBalancer(run.cores or CoreSplit(()), _engine_working(run))
+    metrics, seen = await asyncio.to_thread(
+        balancer.run, update_policy, batch, config, run.backend, timer, spec, updates
+    )
+    metrics |= balancer.metrics()
+    release_freed_memory()  # the thread's heap would keep it (see trainer/memory.py)
+    if config.logging.save_trajectories and seen:
+        path = trainer_logprobs.trainer_logprobs_path(config.run_dir, step + 1)
+        trainer_logprobs.save(path, seen)
     return metrics
 
 
@@ -212,24 +260,30 @@ def _throughput(sampled: list[Trajectory], batch: Batch, timer: PhaseTimer) -> d
 
 
 def update_policy(
-    batch: Batch, config: TrainConfig, backend: TrainBackend, timer: PhaseTimer
+    batch: Batch,
+    config: TrainConfig,
+    backend: TrainBackend,
+    timer: PhaseTimer,
+    spec: ObjectiveSpec | None = None,
+    updates: int | None = None,
 ) -> tuple[dict[str, float], TrainerLogprobs]:
-    """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches, each cut
-    into micro-batches by the backend.
+    """Optimizer update(s) on the batch: ``algorithm.updates_per_step`` mini-batches (or
+    ``updates``), each cut into micro-batches by the backend, with the run's objective (or
+    ``spec``).
 
     Returns the metrics and the trainer's logprob of each trained token: the policy's before
     any of the step's updates (the ``old`` logprobs) when there are several, else the ones the
     one update's loss saw (the same policy); empty when the backend returns none.
     """
-    spec = objective_spec(config)
-    updates = min(config.algorithm.updates_per_step, len(batch.samples))
+    spec = spec or objective_spec(config)
+    updates = min(updates or config.algorithm.updates_per_step, len(batch.samples))
     chunks = [Batch(batch.samples[i::updates]) for i in range(updates)]
     packed = [backend.micro_batches(chunk) for chunk in chunks]
     old = ref = None
     with timer("logprobs"):
         if updates > 1:  # later updates need the logprobs of the policy that sampled
             old = [backend.logprobs(mbs) for mbs in packed]
-        if config.algorithm.kl_beta > 0:
+        if spec.kl_beta > 0:
             ref = [backend.logprobs(mbs, reference=True) for mbs in packed]
     totals: dict[str, float] = {}
     seen: TrainerLogprobs = {}

@@ -40,6 +40,8 @@ def collect(
         rows = values.detach().float().cpu().tolist()
         for row, index in enumerate(mb.samples):
             sample = chunk.samples[index]
+            if sample.supervised:  # a demonstration: no line of the step's file
+                continue
             found[sample.trajectory] = [None] + [
                 round(lp, 4) if trained else None
                 for lp, trained in zip(rows[row], sample.loss_mask[1:], strict=False)

@@ -4,6 +4,12 @@ Order: mismatch correction (its weights multiply the per-token policy loss, its 
 narrows the mask) -> policy loss -> ``+ kl_beta * KL`` -> ``- entropy_coef * entropy`` ->
 aggregation with the WHOLE batch's token and sequence counts, so the sum over micro-batches is
 the batch's loss.
+
+Supervised tokens (demonstrations: a warm start's, or the auxiliary term during RL) ride in the
+same micro-batches: where ``supervised`` holds a weight ``w > 0`` the token's loss is the
+cross-entropy ``-w * logprob`` instead of the policy loss, and the mismatch correction and the
+policy loss's metrics see only the other tokens. A batch without supervised tokens computes
+exactly what it computed before they existed.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ def policy_objective(
     sampler_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
     entropy: Tensor | None = None,
+    supervised: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The scalar loss of one micro-batch and its metrics.
 
@@ -101,11 +108,15 @@ def policy_objective(
         ref_logprobs: ``(B,T)`` the reference model's log-probs; required when ``kl_beta > 0``.
         entropy: ``(B,T)`` token entropies (with grad for a bonus); required when
             ``entropy_coef != 0``.
+        supervised: ``(B,T)`` the cross-entropy weight of each demonstration token (0 on the
+            tokens the policy sampled); ``None``: none is.
 
     Returns:
         ``(loss, metrics)``. Metrics (detached, masked means): the policy loss's (``clip_frac``,
         ``ratio_mean``, ...), the mismatch ones when corrected, ``policy_loss``, and ``kl`` /
-        ``entropy`` when their inputs are given.
+        ``entropy`` when their inputs are given; with supervised tokens, ``sft_nll`` (their
+        mean negative logprob) and ``sft_token_frac`` (their share of the micro-batch's loss
+        tokens).
 
     Raises:
         ConfigError: ``kl_beta > 0`` without ``ref_logprobs``, or ``entropy_coef != 0`` without
@@ -118,6 +129,9 @@ def policy_objective(
     if spec.entropy_coef != 0 and entropy is None:
         raise ConfigError("entropy_coef != 0 needs the token entropies (pass entropy=...)")
     mask = as_bool_mask(mask, logprobs)
+    demo = _supervised_mask(supervised, mask)
+    if demo is not None:
+        mask = mask & ~demo  # the policy loss's tokens
     old = logprobs.detach() if old_logprobs is None else old_logprobs.detach()
     metrics: dict[str, Tensor] = {}
     weights: Tensor | float = 1.0
@@ -146,6 +160,9 @@ def policy_objective(
     metrics.update(policy_metrics)
     with torch.no_grad():
         metrics["policy_loss"] = masked_mean(token_loss, mask)
+    if demo is not None:
+        assert supervised is not None
+        token_loss, mask = _add_supervised(token_loss, mask, logprobs, supervised, demo, metrics)
     if ref_logprobs is not None:
         kl = kl_penalty(spec.kl_estimator, logprobs, ref_logprobs, mask)
         metrics["kl"] = masked_mean(kl.detach(), mask)
@@ -165,3 +182,33 @@ def policy_objective(
         norm_length=spec.norm_length,
     )
     return loss, metrics
+
+
+def _supervised_mask(supervised: Tensor | None, mask: Tensor) -> Tensor | None:
+    """Where the loss is the demonstrations' cross-entropy (``None``: nowhere)."""
+    if supervised is None:
+        return None
+    if supervised.shape != mask.shape:
+        raise ValueError(
+            f"supervised has shape {tuple(supervised.shape)}, expected {tuple(mask.shape)}"
+        )
+    return mask & (supervised > 0)
+
+
+def _add_supervised(
+    token_loss: Tensor,
+    policy_mask: Tensor,
+    logprobs: Tensor,
+    supervised: Tensor,
+    demo: Tensor,
+    metrics: dict[str, Tensor],
+) -> tuple[Tensor, Tensor]:
+    """The token losses with ``-w * logprob`` on the demonstration tokens, and the mask of
+    every token in the loss (the policy's and the demonstrations')."""
+    nll = -logprobs
+    token_loss = torch.where(demo, supervised.to(nll.dtype) * nll, token_loss)
+    full = policy_mask | demo
+    with torch.no_grad():
+        metrics["sft_nll"] = masked_mean(nll.detach(), demo)
+        metrics["sft_token_frac"] = demo.sum() / full.sum().clamp(min=1)
+    return token_loss, full

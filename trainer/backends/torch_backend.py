@@ -74,9 +74,10 @@ class TorchBackend:
             trainable, lr=opt.lr, betas=opt.betas, weight_decay=opt.weight_decay
         )
         total_updates = config.steps * config.algorithm.updates_per_step
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_multiplier(opt.schedule, opt.warmup_steps, total_updates)
+        multiplier = lr_multiplier(
+            opt.schedule, opt.warmup_steps, total_updates, config.sft_steps, config.sft_lr_scale
         )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, multiplier)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -212,6 +213,7 @@ class TorchBackend:
                 sampler_logprobs=loss_inputs.sampler_logprobs,
                 ref_logprobs=ref_logprobs[k].to(self.device) if ref_logprobs else None,
                 entropy=entropy,
+                supervised=loss_inputs.supervised,
             )
             loss.backward()
             weight_sum += weight
@@ -494,11 +496,18 @@ def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
     return get_peft_model(model, peft_config)
 
 
-def lr_multiplier(kind: str, warmup: int, total: int) -> Any:
+def lr_multiplier(
+    kind: str, warmup: int, total: int, sft_updates: int = 0, sft_scale: float = 1.0
+) -> Any:
     """LR multiplier per update: linear warm-up, then constant, linear or cosine decay to 0
-    (shared with the Megatron backend, which must follow the same schedule)."""
+    over ``total`` RL updates (shared with the Megatron backend, which must follow the same
+    schedule). A warm start's ``sft_updates`` supervised updates come first, at ``sft_scale``
+    (``sft.lr / optimizer.lr``), and the schedule starts after them."""
 
     def multiplier(update: int) -> float:
+        if update < sft_updates:
+            return sft_scale
+        update -= sft_updates
         if warmup and update < warmup:
             return (update + 1) / warmup
         if kind == "constant" or total <= warmup:

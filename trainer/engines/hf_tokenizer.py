@@ -121,6 +121,30 @@ class HFChatTokenizer:
         return high
 
 
+def generation_config(model_path: str) -> Any:
+    """The model's generation config (its EOS ids), as transformers gives a loaded model: the
+    folder's ``generation_config.json``, else one derived from ``config.json``."""
+    from transformers import AutoConfig, GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(model_path)
+    except OSError:
+        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
+
+
+def policy_chat_tokenizer(model_path: str, tokenizer: Any = None) -> HFChatTokenizer:
+    """The chat tokenizer a trainer's engine renders ``model_path``'s prompts with: its
+    context limit from the model's config and its turns ending on the generation config's EOS
+    ids (``tokenizer``: already loaded, else loaded from the folder)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_path)
+    limit = getattr(AutoConfig.from_pretrained(model_path), "max_position_embeddings", None)
+    return HFChatTokenizer(
+        tokenizer, max_length=limit, generation_config=generation_config(model_path)
+    )
+
+
 def load_chat_tokenizer(model: str) -> HFChatTokenizer:
     """The chat tokenizer of ``model`` (a local folder, a Hub id already in the cache, or an
     alias such as ``smollm2-135m``), loaded offline: nothing is downloaded.

@@ -30,7 +30,7 @@ from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation
 from envhub.trainer.cores import process_group_cpu_seconds
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
+from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer, generation_config
 from envhub.trainer.engines.vllm_transport import (
     EngineSettings,
     InProcessTransport,
@@ -405,7 +405,7 @@ def make_vllm_engine(
     return VLLMEngine(
         settings,
         backend.tokenizer,
-        generation_config=_generation_config(backend.model_path),
+        generation_config=generation_config(backend.model_path),
         mode=v.mode,
         url=v.url,
         transport=transport,
@@ -415,17 +415,6 @@ def make_vllm_engine(
         verify_tokens=v.verify_tokens,
         in_flight_updates=config.rollout.max_staleness > 0,
     )
-
-
-def _generation_config(model_path: str) -> Any:
-    """The model's generation config (its EOS ids), as transformers gives a loaded model: the
-    folder's ``generation_config.json``, else one derived from ``config.json``."""
-    from transformers import AutoConfig, GenerationConfig
-
-    try:
-        return GenerationConfig.from_pretrained(model_path)
-    except OSError:
-        return GenerationConfig.from_model_config(AutoConfig.from_pretrained(model_path))
 
 
 def _installed_version(*distributions: str) -> str | None:

@@ -316,7 +316,8 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
     """What every rank needs to build its shard and optimizer, from ``config``.
 
     ``model.dtype: auto`` becomes bfloat16 on GPU ranks and float32 on CPU ranks; the LR
-    schedule's length is ``steps x algorithm.updates_per_step`` updates.
+    schedule's length is ``steps x algorithm.updates_per_step`` updates, after the warm
+    start's supervised ones (``sft``).
     """
     opt = config.optimizer
     dtype = config.model.dtype
@@ -336,6 +337,8 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
         schedule=opt.schedule,
         warmup_steps=opt.warmup_steps,
         total_updates=config.steps * config.algorithm.updates_per_step,
+        sft_updates=config.sft_steps,
+        sft_lr_scale=config.sft_lr_scale,
         entropy_coef=config.algorithm.entropy_coef,
         reference=config.algorithm.needs_reference,
         recompute=config.model.gradient_checkpointing,

@@ -88,6 +88,9 @@ class WorkerSpec:
     schedule: str = "constant"
     warmup_steps: int = 0
     total_updates: int = 1
+    sft_updates: int = 0
+    """Supervised updates before the schedule starts (a warm start's), at ``sft_lr_scale``."""
+    sft_lr_scale: float = 1.0
     entropy_coef: float = 0.0
     reference: bool = False
     recompute: bool = False
@@ -140,7 +143,10 @@ class MegatronWorker:
         self._weight_stream = None
         self._transfer: RankTransfer | None = None
         """This rank's side of the weight transfer to vLLM, once connected."""
-        self._lr_multiplier = lr_multiplier(spec.schedule, spec.warmup_steps, spec.total_updates)
+        self._lr_multiplier = lr_multiplier(
+            spec.schedule, spec.warmup_steps, spec.total_updates, spec.sft_updates,
+            spec.sft_lr_scale,
+        )  # fmt: skip
 
     # -- set-up ---------------------------------------------------------------------------------
 
@@ -455,6 +461,7 @@ class MegatronWorker:
             sampler_logprobs=mb.sampler_logprobs,
             ref_logprobs=to_device(ref[k], output.device) if ref and k >= 0 else None,
             entropy=entropy,
+            supervised=mb.supervised,
         )
         return loss, torch.tensor(1, dtype=torch.int), micro_batch_report(loss, weight, metrics)
 
@@ -555,6 +562,7 @@ def _empty_like(mb: MicroBatch) -> MicroBatch:
         torch.zeros_like(mb.sampler_logprobs),
         mb.advantages,
         [],
+        supervised=None if mb.supervised is None else torch.zeros_like(mb.supervised),
     )
 
 

@@ -228,3 +228,84 @@ def test_per_sequence_advantages_broadcast_per_token_give_bit_identical_loss_and
     assert metrics_a.keys() == metrics_b.keys()
     assert all(torch.equal(metrics_a[k], metrics_b[k]) for k in metrics_a)
     assert all(torch.equal(a, b) for a, b in zip(grads_a, grads_b, strict=True))
+
+
+# -- supervised tokens (demonstrations) --------------------------------------------------------
+
+
+def _mixed(device: str) -> dict:
+    """Row 0: a sampled sequence (RL, advantage 2); row 1: a demonstration (weight 0.5) whose
+    sampler logprobs are 0, as a demonstration has none."""
+    logp = torch.tensor(
+        [[LN(0.5), LN(0.25), 0.0], [LN(0.5), LN(0.125), LN(0.25)]], device=device
+    ).requires_grad_()
+    return {
+        "logprobs": logp,
+        "old_logprobs": None,
+        "advantages": torch.tensor([[2.0, 2.0, 0.0], [0.0, 0.0, 0.0]], device=device),
+        "mask": torch.tensor([[1, 1, 0], [0, 1, 1]], device=device),
+        "num_tokens": 4,
+        "num_sequences": 2,
+        "sampler_logprobs": torch.tensor([[LN(0.5), LN(0.25), 0], [0, 0, 0]], device=device),
+        "supervised": torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.5, 0.5]], device=device),
+    }
+
+
+def test_supervised_tokens_learn_by_cross_entropy_by_hand(device: str, assert_close) -> None:
+    inputs = _mixed(device)
+    loss, metrics = policy_objective(ObjectiveSpec(mismatch="tis"), **inputs)
+    # RL tokens at ratio 1 and TIS weight 1: -A each; demonstration tokens: -w * logp.
+    rl = -2.0 - 2.0
+    demo = 0.5 * -LN(0.125) + 0.5 * -LN(0.25)
+    assert loss.item() == pytest.approx((rl + demo) / 4, abs=1e-6)  # token-mean over all 4
+    loss.backward()
+    assert_close(inputs["logprobs"].grad, [[-0.5, -0.5, 0.0], [0.0, -0.125, -0.125]])
+    assert metrics["sft_nll"].item() == pytest.approx((LN(8) + LN(4)) / 2)
+    assert metrics["sft_token_frac"].item() == pytest.approx(0.5)
+    assert metrics["policy_loss"].item() == pytest.approx(-2.0)  # the RL tokens only
+    assert metrics["ratio_mean"].item() == pytest.approx(1.0)
+
+
+def test_the_mismatch_correction_never_sees_a_demonstration_token(device: str) -> None:
+    """Masking tokens whose trainer/sampler ratio is far from 1 drops none of the
+    demonstration's (their 'sampler' logprob 0 makes ratios of 1/8 and 1/4)."""
+    inputs = _mixed(device)
+    spec = ObjectiveSpec(mismatch="mask-token", mismatch_low=0.5, mismatch_high=2.0)
+    loss, metrics = policy_objective(spec, **inputs)
+    assert metrics["mismatch_masked_frac"].item() == 0.0
+    demo = 0.5 * -LN(0.125) + 0.5 * -LN(0.25)
+    assert loss.item() == pytest.approx((-4.0 + demo) / 4, abs=1e-6)
+
+
+def test_a_batch_of_demonstrations_alone_is_the_mean_negative_logprob(
+    device: str, assert_close
+) -> None:
+    logp = torch.tensor([[LN(0.5), LN(0.25)], [LN(0.125), 0.0]], device=device)
+    logp.requires_grad_()
+    mask = torch.tensor([[1, 1], [1, 0]], device=device)
+    loss, _ = policy_objective(
+        ObjectiveSpec(mismatch="none"), logprobs=logp, old_logprobs=None,
+        advantages=torch.zeros(2, device=device), mask=mask, num_tokens=3, num_sequences=2,
+        supervised=mask.float(),
+    )  # fmt: skip
+    assert loss.item() == pytest.approx((LN(2) + LN(4) + LN(8)) / 3)
+    loss.backward()
+    assert_close(logp.grad, [[-1 / 3, -1 / 3], [-1 / 3, 0.0]])
+
+
+def test_no_supervised_tokens_computes_exactly_what_it_did_without_them(device: str) -> None:
+    inputs = _mixed(device)
+    plain = dict(inputs, supervised=None)
+    zeros = dict(inputs, supervised=torch.zeros_like(inputs["supervised"]))
+    losses, grads, reports = [], [], []
+    for case in (plain, zeros):
+        logp = inputs["logprobs"].detach().clone().requires_grad_()
+        loss, metrics = policy_objective(ObjectiveSpec(), **dict(case, logprobs=logp))
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(logp.grad)
+        reports.append(metrics)
+    assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
+    assert "sft_nll" not in reports[0] and reports[1]["sft_token_frac"].item() == 0.0
+    for name, value in reports[0].items():
+        assert torch.equal(value, reports[1][name]), name
