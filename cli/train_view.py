@@ -147,6 +147,8 @@ class RichReporter:
             console.print(f"tools: {info['tools']}", soft_wrap=True)
         if info.get("sft"):
             console.print(f"warm start: {info['sft']}", soft_wrap=True)
+        if info.get("teacher"):
+            console.print(f"teacher: {info['teacher']}", soft_wrap=True)
         if info.get("eval"):
             console.print(f"held-out eval: {info['eval']}", soft_wrap=True)
         if info.get("critic"):

@@ -35,6 +35,7 @@ from envhub.trainer.algorithms.registry import (  # names only: no torch
 )
 from envhub.trainer.config_base import ConfigPart as _Part
 from envhub.trainer.config_base import EnvName
+from envhub.trainer.distill.config import DistillConfig
 from envhub.trainer.sft.config import SFTConfig
 
 
@@ -676,6 +677,9 @@ class TrainConfig(_Part):
     sft: SFTConfig | None = None
     """Supervised steps on demonstrations before RL (a warm start), and a supervised term
     during it; none when absent."""
+    distill: DistillConfig | None = None
+    """On-policy distillation from a teacher (alone or with the env's reward); none when
+    absent."""
 
     @model_validator(mode="after")
     def _check_consistency(self) -> TrainConfig:
@@ -690,7 +694,10 @@ class TrainConfig(_Part):
             raise ValueError(
                 "algorithm.overlong.soft_penalty_buffer must be smaller than rollout.max_tokens"
             )
-        if self.algorithm.estimator.needs_group and self.rollout.samples_per_task < 2:
+        if self.distill is not None:
+            self._check_distill()
+        alone = self.distill is not None and self.distill.reward_weight == 0
+        if self.algorithm.estimator.needs_group and self.rollout.samples_per_task < 2 and not alone:
             raise ValueError(
                 f"{self.algorithm.advantage} compares samples of a task: "
                 "set rollout.samples_per_task >= 2"
@@ -702,6 +709,15 @@ class TrainConfig(_Part):
             self._check_rollout_workers()
         self._check_sampling()
         return self
+
+    def _check_distill(self) -> None:
+        if self.algorithm.dynamic_sampling:
+            raise ValueError(
+                "distill: the teacher's signal is in every group, tied or not, and dynamic "
+                "sampling drops the tied ones: set algorithm.dynamic_sampling=false"
+            )
+        if self.steps == 0:
+            raise ValueError("distill teaches the RL steps: set steps >= 1")
 
     def _check_sampling(self) -> None:
         r = self.rollout

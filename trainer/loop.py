@@ -44,6 +44,7 @@ from envhub.trainer.cores import (
     phases_of_run,
 )
 from envhub.trainer.critic import describe_critic, make_critic
+from envhub.trainer.distill.phase import make_distiller
 from envhub.trainer.engines import make_engine
 from envhub.trainer.held_out import HeldOutEval
 from envhub.trainer.kl_reward import kl_controller
@@ -187,6 +188,7 @@ async def _run_steps(
     run = Run(
         config, backend, engine, producer, kl_controller(config), make_critic(config, backend),
         on_phase=on_phase, cores=cores, demonstrations=demonstrations,
+        distiller=make_distiller(config, backend),
     )  # fmt: skip
     checkpoints = RunCheckpoints(
         CheckpointManager(config.run_dir / "checkpoints", keep_last=config.checkpoint.keep_last),
@@ -216,6 +218,8 @@ async def _run_steps(
         tracker.close()
         if run.critic is not None:
             run.critic.close()
+        if run.distiller is not None:
+            await run.distiller.aclose()
         await producer.aclose()  # and the rollout workers it started
         await engine.aclose()
     return start
@@ -261,6 +265,8 @@ async def _start_rollouts(
     reporter what runs where, how the cores are split and, when ``phases`` (measured by
     earlier steps) or the machine say async cannot gain, that too."""
     config, backend, engine = run.config, run.backend, run.engine
+    # A teacher whose tokenizer is not the policy's fails here, before the engine starts.
+    teacher = await run.distiller.start(backend.tokenizer) if run.distiller is not None else None
     # The engine starts from the model on disk: give it the trainer's weights (a resumed
     # run's, and a check that both sides compute the same logprobs) before any rollout.
     await engine.start()
@@ -289,6 +295,8 @@ async def _start_rollouts(
         info["critic"] = describe_critic(config)
     if run.demonstrations is not None:
         info["sft"] = run.demonstrations.describe()
+    if teacher is not None:
+        info["teacher"] = teacher
     reporter.start(config, info)
 
 

@@ -40,6 +40,7 @@ from envhub.trainer.trainer_logprobs import TrainerLogprobs
 from envhub.types import Trajectory
 
 if TYPE_CHECKING:
+    from envhub.trainer.distill.phase import Distiller
     from envhub.trainer.sft.demonstrations import Demonstration, Demonstrations
 
 TRAIN_PHASES = ("logprobs", "update", "values", "critic")
@@ -65,6 +66,8 @@ class Run:
     """How the engine and the trainer share the CPU cores (torch's threads per update)."""
     demonstrations: Demonstrations | None = None
     """The ``sft:`` demonstrations: the warm start's batches, and RL's auxiliary term."""
+    distiller: Distiller | None = None
+    """The ``distill:`` teacher and what it is shown."""
 
     @property
     def schedule(self) -> TaskSchedule:
@@ -119,6 +122,7 @@ async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | 
     await run.engine.sleep()
     scored, kl_metrics = await _charge_kl(run, scored, timer)
     batch = await _advantages_and_batch(run, scored, timer)
+    batch, distill_metrics = await _distill(step, run, batch, scored, timer)
     batch = with_demonstrations(step, run, batch)
     update_metrics = await _update(step, run, batch, timer)
     with timer("sync"):
@@ -128,6 +132,7 @@ async def train_step(step: int, run: Run) -> tuple[dict[str, float], NoSignal | 
         | engine_metrics
         | batch.stats
         | kl_metrics
+        | distill_metrics
         | update_metrics
         | sync_metrics
         | taken.metrics
@@ -181,6 +186,16 @@ async def _charge_kl(run: Run, scored: Scored, timer: PhaseTimer) -> tuple[Score
     with timer("logprobs"):
         estimator = run.config.algorithm.kl_in_reward.estimator  # type: ignore[union-attr]
         return await asyncio.to_thread(charge_kl, scored, run.backend, run.kl_controller, estimator)
+
+
+async def _distill(
+    step: int, run: Run, batch: Batch, scored: Scored, timer: PhaseTimer
+) -> tuple[Batch, dict[str, float]]:
+    """With a teacher: the batch's advantages mixed with its per-token signal."""
+    if run.distiller is None or not batch.samples:
+        return batch, {}
+    with timer("teacher"):
+        return await run.distiller(step, batch, list(scored.trajectories))
 
 
 async def _advantages_and_batch(run: Run, scored: Scored, timer: PhaseTimer) -> Batch:

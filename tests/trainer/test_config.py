@@ -207,7 +207,8 @@ def test_envs_are_required() -> None:
         (
             "envs: [{name: arithmetic}]\nxyzzy: 1\n",
             "unknown config key 'xyzzy' (valid: steps, seed, model, envs, rollout, algorithm, "
-            "critic, optimizer, backend, cluster, logging, checkpoint, eval, curriculum, sft)",
+            "critic, optimizer, backend, cluster, logging, checkpoint, eval, curriculum, sft, "
+            "distill)",
         ),
         (
             "envs: [{name: arithmetic}]\nsetps: 3\noptimizer: {lrr: 1.0e-6}\n",
