@@ -117,8 +117,12 @@ def test_the_distiller_mixes_the_teachers_signal_into_each_sampled_token() -> No
     distiller = Distiller(config, teacher, TeacherContext({}, config.envs, None))
     rl = Sample([1, 2, 3, 4], [0, 0, 1, 1], [0.0, 0.0, LN(0.25), LN(0.5)], 2.0, 0)
     demo = Sample([1, 5, 6], [0, 1, 1], [0.0] * 3, 0.0, -1, supervised=1.0)
-    trajectories = [Trajectory(env=EnvRef(name="c"), task_index=0, sample_index=0,
-                               group_id="s1e0g0", seed=0, messages=[], prompt_length=0)]  # fmt: skip
+    trajectories = [
+        Trajectory(
+            env=EnvRef(name="c"), task_index=0, sample_index=0, group_id="s1e0g0", seed=0,
+            messages=[], prompt_length=0,
+        )
+    ]  # fmt: skip
     batch, metrics = asyncio.run(distiller(1, Batch([rl, demo]), trajectories))  # weight 2/3
     w = 1 - 1 / 3
     got = batch.samples[0].token_advantages
