@@ -223,6 +223,8 @@ class NoSignal:
     reason: str
     solved: bool
     """Every usable episode passed: the policy solves what it drew (nothing is broken)."""
+    hint: str = ""
+    """What to do about it, when the reason suggests something (``""``: nothing to add)."""
 
 
 def no_signal(scored: Scored, batch: Batch, pass_threshold: float) -> NoSignal | None:
@@ -243,7 +245,16 @@ def no_signal(scored: Scored, batch: Batch, pass_threshold: float) -> NoSignal |
     error = next((e for t in trajectories for e in t.errors), None)
     if error is not None:
         reason += f"; first recorded error: {error.stage}: {error.type}: {error.message}"
-    return NoSignal(reason, solved)
+    never = bool(scored.usable) and not bool((scored.rewards >= pass_threshold).any())
+    return NoSignal(reason, solved, COLD_START if never and error is None else "")
+
+
+COLD_START = (
+    "no episode passed, so RL has nothing to reinforce: show the model how first, with a warm "
+    "start on demonstrations (sft: the env's reference policy, recorded episodes) or a "
+    "teacher (distill:); docs: 'When RL has nothing to learn from'"
+)
+"""The hint of a step in which no episode passed (the cold start)."""
 
 
 def _tied_at(scored: Scored) -> str:

@@ -53,22 +53,26 @@ class EmptySteps:
         if self.limit is not None and self.streak >= self.limit:
             raise NoLearningSignalError(
                 f"stopped after {self.streak} steps in a row with nothing to learn from "
-                f"(steps {step - self.streak + 1}-{step}): {empty.reason}. Check that the env "
-                "can reward this model (`envhub eval ENV --serve -m MODEL`), make the task "
-                "easier, or set algorithm.max_empty_steps: null to keep going; the last "
-                "checkpoint resumes the run."
+                f"(steps {step - self.streak + 1}-{step}): {empty.reason}. "
+                + (f"{empty.hint[0].upper()}{empty.hint[1:]}. " if empty.hint else "")
+                + "Check that the env can reward this model (`envhub eval ENV --serve -m "
+                "MODEL`), make the task easier, or set algorithm.max_empty_steps: null to keep "
+                "going; the last checkpoint resumes the run."
             )
-        self._say(step, empty.reason)
+        self._say(step, empty.reason, empty.hint)
 
     def _say_solved(self, step: int) -> None:
         again = f" again ({self.solved_streak} steps in a row)" if self.solved_streak > 1 else ""
         log.warning("step %d: every episode passed%s, nothing to learn from", step, again)
 
-    def _say(self, step: int, reason: str) -> None:
-        """The reason in full on a streak's first step or when it changed; else one short line."""
+    def _say(self, step: int, reason: str, hint: str = "") -> None:
+        """The reason (and what to do) in full on a streak's first step or when it changed;
+        else one short line."""
         if self.streak == 1 or reason != self.last_reason:
             self.last_reason = reason
-            log.warning("step %d trained on nothing: %s", step, reason)
+            log.warning(
+                "step %d trained on nothing: %s%s", step, reason, f"; {hint}" if hint else ""
+            )
             return
         stops = f", the run stops at {self.limit}" if self.limit is not None else ""
         log.warning(

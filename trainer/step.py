@@ -319,6 +319,8 @@ def update_policy(
                     chunk, mbs, old[k] if old else result.token_logprobs
                 )
     totals["train/micro_batches"] = float(sum(len(m) for m in packed))
+    if totals.get("train/sft_token_frac"):  # the demonstrations' mean negative logprob
+        totals["train/sft_nll"] = totals["train/sft_nll_per_token"] / totals["train/sft_token_frac"]
     return totals, seen
 
 

@@ -33,6 +33,16 @@ CHART_GROUPS: list[tuple[str, str, Callable[[str], bool]]] = [
         lambda k: k.startswith("eval/") and (k.endswith("/reward") or "/pass@" in k),
     ),
     ("Loss", "loss", lambda k: k in ("train/loss", "train/policy_loss")),
+    (
+        "Demonstrations: negative logprob (warm start, supervised term) and epochs",
+        "nats / epochs",
+        lambda k: k in ("train/sft_nll", "sft/epoch"),
+    ),
+    (
+        "Distillation: reverse KL to the teacher and its coefficient",
+        "nats / weight",
+        lambda k: k.startswith("distill/") and k != "distill/teacher_logprob",
+    ),
     ("KL and entropy", "nats", lambda k: k in ("train/kl", "train/entropy")),
     ("Clip fraction", "fraction", lambda k: k.startswith("train/clip_frac")),
     (

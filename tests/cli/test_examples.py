@@ -19,7 +19,14 @@ from envhub.errors import ConfigError
 from envhub.trainer.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ["calculator-agent", "calculator-tools", "gsm8k-1gpu", "megatron-8gpu", "quickstart"]
+SHIPPED = [
+    "calculator-agent",
+    "calculator-tools",
+    "calculator-warmstart",
+    "gsm8k-1gpu",
+    "megatron-8gpu",
+    "quickstart",
+]
 runner = CliRunner()
 
 
@@ -83,8 +90,8 @@ def test_an_unknown_example_suggests_the_nearest() -> None:
     assert isinstance(result.exception, ConfigError)
     assert str(result.exception) == (
         "no shipped example named 'megatron' (did you mean 'megatron-8gpu'? shipped: "
-        "calculator-agent, calculator-tools, gsm8k-1gpu, megatron-8gpu, quickstart; "
-        "`envhub examples` describes them)"
+        "calculator-agent, calculator-tools, calculator-warmstart, gsm8k-1gpu, megatron-8gpu, "
+        "quickstart; `envhub examples` describes them)"
     )
 
 

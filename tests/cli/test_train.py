@@ -155,7 +155,8 @@ def test_example_option_resolves_the_same_config_as_the_file() -> None:
         (
             ["--example", "quickstrt"],
             "no shipped example named 'quickstrt' (did you mean 'quickstart'? shipped: "
-            "calculator-agent, calculator-tools, gsm8k-1gpu, megatron-8gpu, quickstart; "
+            "calculator-agent, calculator-tools, calculator-warmstart, gsm8k-1gpu, megatron-8gpu, "
+            "quickstart; "
             "`envhub examples` describes them)",
         ),
         (

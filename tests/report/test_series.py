@@ -60,3 +60,20 @@ def test_chart_specs_shape_every_chart() -> None:
     assert [s["name"] for s in charts["Loss"]["series"]] == ["train/loss = train/policy_loss"]
     assert "note" not in charts["Loss"]
     assert charts["Clip fraction"]["note"] == "all zero"
+
+
+def test_a_warm_start_and_a_teacher_get_charts_of_their_own() -> None:
+    rows = [
+        {"step": 1, "train/loss": 0.7, "train/sft_nll": 0.7, "sft/epoch": 0.5},
+        {"step": 2, "train/loss": 0.2, "train/sft_nll": 0.2, "sft/epoch": 1.0},
+        {"step": 3, "train/loss": 0.1, "distill/weight": 1.0, "distill/reverse_kl": 0.3,
+         "distill/teacher_logprob": -2.0},
+    ]  # fmt: skip
+    charts = {c["title"]: c for c in chart_specs(rows)}
+    demos = charts["Demonstrations: negative logprob (warm start, supervised term) and epochs"]
+    assert [(s["name"], s["x"]) for s in demos["series"]] == [
+        ("train/sft_nll", [1, 2]), ("sft/epoch", [1, 2])
+    ]  # fmt: skip
+    teacher = charts["Distillation: reverse KL to the teacher and its coefficient"]
+    assert [s["name"] for s in teacher["series"]] == ["distill/weight", "distill/reverse_kl"]
+    assert charts["Loss"]["series"][0]["x"] == [1, 2, 3]  # both stages on one curve

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from envhub.trainer.batch import (
+    COLD_START,
     NoSignal,
     Packing,
     Sample,
@@ -275,6 +276,7 @@ def test_groups_tied_at_zero_are_named_with_their_rewards(dynamic_sampling: bool
     assert _no_signal(trajectories, dynamic_sampling=dynamic_sampling) == NoSignal(
         "every group's rewards are tied (2 groups at 0, 1 group at 0.5), so every advantage is 0",
         solved=False,
+        hint=COLD_START,  # none passed: show the model how first
     )
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envhub.errors import NoLearningSignalError
-from envhub.trainer.batch import NoSignal
+from envhub.trainer.batch import COLD_START, NoSignal
 from envhub.trainer.config import validate_config
 from envhub.trainer.loop import train
 from envhub.trainer.no_signal import EmptySteps
@@ -109,8 +109,11 @@ def test_a_run_on_an_env_that_never_rewards_stops_and_says_why(
     assert str(stopped.value).startswith(
         f"stopped after 3 steps in a row with nothing to learn from (steps 1-3): {reason}."
     )
+    assert f"{reason}. No episode passed, so RL has nothing to reinforce: show the" in str(
+        stopped.value
+    )
     assert [r.getMessage() for r in caplog.records] == [
-        f"step 1 trained on nothing: {reason}",
+        f"step 1 trained on nothing: {reason}; {COLD_START}",
         "step 2 trained on nothing again: 2 steps in a row, the run stops at 3 (same reason)",
     ]
     lines = (config.run_dir / "metrics.jsonl").read_text().splitlines()

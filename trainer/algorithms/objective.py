@@ -21,7 +21,7 @@ from torch import Tensor
 
 from envhub.errors import ConfigError
 
-from ._common import as_bool_mask, masked_mean
+from ._common import as_bool_mask, masked_mean, masked_sum
 from .aggregation import Count, aggregate
 from .kl import kl_penalty
 from .mismatch import mismatch_weights
@@ -114,9 +114,11 @@ def policy_objective(
     Returns:
         ``(loss, metrics)``. Metrics (detached, masked means): the policy loss's (``clip_frac``,
         ``ratio_mean``, ...), the mismatch ones when corrected, ``policy_loss``, and ``kl`` /
-        ``entropy`` when their inputs are given; with supervised tokens, ``sft_nll`` (their
-        mean negative logprob) and ``sft_token_frac`` (their share of the micro-batch's loss
-        tokens).
+        ``entropy`` when their inputs are given; with supervised tokens, ``sft_token_frac``
+        (their share of the micro-batch's loss tokens) and ``sft_nll_per_token`` (their
+        negative logprobs summed, per loss token: over any split into micro-batches the
+        demonstrations' mean is the ratio of the two, which the trainer reports as
+        ``sft_nll``).
 
     Raises:
         ConfigError: ``kl_beta > 0`` without ``ref_logprobs``, or ``entropy_coef != 0`` without
@@ -209,6 +211,9 @@ def _add_supervised(
     token_loss = torch.where(demo, supervised.to(nll.dtype) * nll, token_loss)
     full = policy_mask | demo
     with torch.no_grad():
-        metrics["sft_nll"] = masked_mean(nll.detach(), demo)
-        metrics["sft_token_frac"] = demo.sum() / full.sum().clamp(min=1)
+        # Per loss token of the micro-batch, as every metric is weighted by those counts: the
+        # demonstrations' mean is sft_nll_per_token / sft_token_frac over any split.
+        tokens = full.sum().clamp(min=1)
+        metrics["sft_nll_per_token"] = masked_sum(nll.detach(), demo) / tokens
+        metrics["sft_token_frac"] = demo.sum() / tokens
     return token_loss, full

@@ -62,7 +62,7 @@ class DemoSource(ConfigPart):
     def describe(self) -> str:
         """What the source is, in a few words (for the run header)."""
         if self.env is not None:
-            return f"{self.env}'s reference policy on {self.num_tasks} tasks"
+            return f"{self.env}'s reference policy (up to {self.num_tasks} tasks)"
         if self.path is not None:
             return str(self.path)
         return f"dataset {self.dataset} ({self.split})"

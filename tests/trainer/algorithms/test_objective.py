@@ -260,8 +260,8 @@ def test_supervised_tokens_learn_by_cross_entropy_by_hand(device: str, assert_cl
     assert loss.item() == pytest.approx((rl + demo) / 4, abs=1e-6)  # token-mean over all 4
     loss.backward()
     assert_close(inputs["logprobs"].grad, [[-0.5, -0.5, 0.0], [0.0, -0.125, -0.125]])
-    assert metrics["sft_nll"].item() == pytest.approx((LN(8) + LN(4)) / 2)
-    assert metrics["sft_token_frac"].item() == pytest.approx(0.5)
+    assert metrics["sft_nll_per_token"].item() == pytest.approx((LN(8) + LN(4)) / 4)
+    assert metrics["sft_token_frac"].item() == pytest.approx(0.5)  # their mean: the ratio
     assert metrics["policy_loss"].item() == pytest.approx(-2.0)  # the RL tokens only
     assert metrics["ratio_mean"].item() == pytest.approx(1.0)
 
@@ -306,6 +306,6 @@ def test_no_supervised_tokens_computes_exactly_what_it_did_without_them(device: 
         grads.append(logp.grad)
         reports.append(metrics)
     assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
-    assert "sft_nll" not in reports[0] and reports[1]["sft_token_frac"].item() == 0.0
+    assert "sft_token_frac" not in reports[0] and reports[1]["sft_token_frac"].item() == 0.0
     for name, value in reports[0].items():
         assert torch.equal(value, reports[1][name]), name

@@ -37,14 +37,22 @@ ENGINES_ENV = "ENVHUB_TEST_ENGINE_URLS"
 """Comma-separated URLs of weight-transfer engines the ranks sync to after training."""
 
 
+DEMONSTRATION = 2
+"""The sample that is a demonstration (its tokens learn by cross-entropy, weight 0.5)."""
+
+
 def batch() -> Batch:
-    """Five sequences of different lengths, prompts unmasked, random sampler logprobs."""
+    """Five sequences of different lengths, prompts unmasked, random sampler logprobs; one of
+    them a demonstration (the supervised term, in a micro-batch with a sampled sequence)."""
     generator = torch.Generator().manual_seed(0)
     samples = []
     for i, (n, advantage) in enumerate(zip(LENGTHS, ADVANTAGES, strict=True)):
         ids = torch.randint(0, VOCAB, (n,), generator=generator).tolist()
         sampler = (-torch.rand(n, generator=generator) * 10).tolist()
-        samples.append(Sample(ids, [0] * 3 + [1] * (n - 3), sampler, advantage, i))
+        supervised = 0.5 if i == DEMONSTRATION else 0.0
+        samples.append(
+            Sample(ids, [0] * 3 + [1] * (n - 3), sampler, advantage, i, supervised=supervised)
+        )
     return Batch(samples)
 
 

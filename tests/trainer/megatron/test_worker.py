@@ -191,6 +191,8 @@ def test_two_updates_match_the_torch_backend(ranks: list[dict], reference: dict)
             "clip_frac",
             "mismatch_kl",
             "ratio_mean",
+            "sft_nll_per_token",  # the demonstration's tokens (rank_main.DEMONSTRATION)
+            "sft_token_frac",
         ):
             assert ours[name] == pytest.approx(theirs[name], rel=1e-4, abs=1e-7), name
     assert reports[0][0]["grad_norm"] > 0.2  # the clip (0.2) was active: clipping is compared too
