@@ -62,10 +62,14 @@ class TeacherConfig(ConfigPart):
             "local": f"{self.model} (beside the trainer)",
             "self": "the policy itself",
         }[self.kind]
-        if self.env_args:
-            shown = ", ".join(f"{k}={v!r}" for k, v in self.env_args.items())
-            who += f", shown the env's prompt with {shown}"
-        return who
+        return who + self.shown()
+
+    def shown(self) -> str:
+        """What the teacher is shown besides the student's tokens (``""``: nothing)."""
+        if not self.env_args:
+            return ""
+        args = ", ".join(f"{k}={v!r}" for k, v in self.env_args.items())
+        return f", shown the env's prompt with {args}"
 
 
 class DistillConfig(ConfigPart):

@@ -140,29 +140,34 @@ class Distiller:
         if weight == 0 and distill.reward_weight == 1:
             return batch, metrics
         policy = [k for k, s in enumerate(batch.samples) if not s.supervised]
-        views = [
-            await self.context.view(batch.samples[k], trajectories[batch.samples[k].trajectory])
-            for k in policy
-        ]
-        scored = await self.teacher.logprobs([v.token_ids for v in views]) if weight else None
-        samples, kl, teacher_lp = list(batch.samples), [], []
+        scored = [batch.samples[k] for k in policy]
+        teacher = await self._teacher_logprobs(scored, trajectories) if weight else None
+        samples, kl, seen = list(batch.samples), [], []
         for n, k in enumerate(policy):
             s = samples[k]
+            # At a coefficient of 0 only the reward weight acts: nothing was scored.
+            lt = teacher[n] if teacher is not None else [0.0] * len(s)
+            ls = s.sampler_logprobs if teacher is not None else [0.0] * len(s)
             base = s.token_advantages or [s.advantage] * len(s)
-            teacher = views[n].align(scored[n], len(s)) if scored is not None else [0.0] * len(s)
-            student = s.sampler_logprobs if scored is not None else [0.0] * len(s)
-            samples[k] = replace(s, token_advantages=distill_token_advantages(
-                base, teacher, student, s.loss_mask, weight, distill.reward_weight
-            ))  # fmt: skip
-            if scored is not None:
-                kl += reverse_kl_terms(teacher, student, s.loss_mask)
-                teacher_lp += [
-                    t for t, m in zip(teacher, s.loss_mask, strict=True) if m and t is not None
-                ]
+            advantages = distill_token_advantages(
+                base, lt, ls, s.loss_mask, weight, distill.reward_weight
+            )
+            samples[k] = replace(s, token_advantages=advantages)
+            if teacher is not None:
+                kl += reverse_kl_terms(lt, ls, s.loss_mask)
+                seen += [t for t, m in zip(lt, s.loss_mask, strict=True) if m and t is not None]
         if kl:
             metrics["distill/reverse_kl"] = sum(kl) / len(kl)
-            metrics["distill/teacher_logprob"] = sum(teacher_lp) / len(teacher_lp)
+            metrics["distill/teacher_logprob"] = sum(seen) / len(seen)
         return Batch(samples, batch.stats), metrics
+
+    async def _teacher_logprobs(
+        self, samples: list[Sample], trajectories: list[Trajectory]
+    ) -> list[list[float | None]]:
+        """The teacher's logprob of each token of each sample, as it sees the sample."""
+        views = [await self.context.view(s, trajectories[s.trajectory]) for s in samples]
+        scored = await self.teacher.logprobs([v.token_ids for v in views])
+        return [v.align(lps, len(s)) for v, lps, s in zip(views, scored, samples, strict=True)]
 
     async def start(self, tokenizer: Any) -> str:
         """Start the teacher, checking its tokenizer; the run header's line."""
@@ -186,8 +191,9 @@ def _describe(config: TrainConfig, teacher: Teacher) -> str:
         "alone (no reward)" if distill.reward_weight == 0
         else f"plus the env's advantage x {distill.reward_weight:g}"
     )  # fmt: skip
-    shown = f", {distill.teacher.describe().split(', ', 1)[1]}" if distill.teacher.env_args else ""
-    return f"{teacher.describe()}{shown}: reverse KL x {weight} per token, {reward}"
+    return (
+        f"{teacher.describe()}{distill.teacher.shown()}: reverse KL x {weight} per token, {reward}"
+    )
 
 
 def make_distiller(config: TrainConfig, backend: Any) -> Distiller | None:
