@@ -193,15 +193,9 @@ class RichReporter:
             self.heartbeat.stop()
         history = [r for r in result.history if "reward/mean" in r]  # not the baseline's row
         evals = [r for r in result.history if "eval/reward" in r]
-        supervised = [r for r in result.history if "sft/epoch" in r]
-        if supervised:
-            first, last = supervised[0], supervised[-1]
-            console.print(
-                f"[bold]warm start[/]: demonstrations' loss {first['train/loss']:.3f} "
-                f"(step {first['step']}) -> {last['train/loss']:.3f} (step {last['step']}), "
-                f"{last['sft/epoch']:.2f} epochs",
-                soft_wrap=True,
-            )
+        warm_start = warm_start_summary(result.history)
+        if warm_start:
+            console.print(warm_start, soft_wrap=True)
         if history:
             first, last = history[0], history[-1]
             console.print(
@@ -226,6 +220,20 @@ class RichReporter:
         ):
             if path is not None:
                 console.print(f"{label}: {path}", soft_wrap=True)
+
+
+def warm_start_summary(history: list[dict[str, Any]]) -> str | None:
+    """``warm start: demonstrations' loss 0.726 (step 1) -> 0.001 (step 16), 2.00 epochs``
+    over a run's supervised steps, or ``None`` when it had none."""
+    supervised = [r for r in history if "sft/epoch" in r]
+    if not supervised:
+        return None
+    first, last = supervised[0], supervised[-1]
+    return (
+        f"[bold]warm start[/]: demonstrations' loss {first['train/loss']:.3f} "
+        f"(step {first['step']}) -> {last['train/loss']:.3f} (step {last['step']}), "
+        f"{last['sft/epoch']:.2f} epochs"
+    )
 
 
 def _supervised(config: Any) -> str:

@@ -309,3 +309,41 @@ def test_the_header_shows_the_core_split_and_when_async_cannot_gain(monkeypatch)
     assert not any(
         line.startswith(("cores:", "async")) for line in console.export_text().splitlines()
     )
+
+
+def test_a_warm_start_shows_both_stages_from_the_dry_run_to_the_summary(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"What is {i} + 1?"},
+                                 {"role": "assistant", "content": f"\\boxed{{{i + 1}}}"}]}) + "\n"
+        for i in range(4)
+    ))  # fmt: skip
+    sft = f"sft={{sources: [{{path: {demos}}}], steps: 2, batch_size: 2, lr: 1.0e-4}}"
+    common = [
+        "examples/quickstart.yaml", f"model.name={tiny_model_dir}", "steps=1", sft,
+        "rollout.tasks_per_step=2", "rollout.samples_per_task=2", "rollout.max_tokens=6",
+        f"logging.output_dir={tmp_path}", "logging.run_name=cli", "backend.device=cpu",
+        "eval.envs.0.num_tasks=2",
+    ]  # fmt: skip
+    dry = envhub("train", *common, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "2 supervised steps (2 demonstrations each, lr 0.0001; from" in " ".join(
+        dry.stdout.split()
+    )
+    result = envhub("train", *common)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "2 supervised steps, then 1 steps x 2 tasks x 2 samples" in out
+    assert "warm start: 4 demonstrations (" in out and "kept 4 of 4" in out
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s*[0-3]/3 ", line)]
+    assert [(row[0], row[1]) for row in rows] == [
+        ("0/3", "-"),
+        ("1/3", "0.50"),
+        ("2/3", "1.00"),
+        ("3/3", "-"),
+    ]  # fmt: skip: the epoch column, in the supervised steps only
+    assert re.search(
+        r"warm start: demonstrations' loss \d+\.\d+ \(step 1\) -> \d+\.\d+ \(step 2\)", out
+    )

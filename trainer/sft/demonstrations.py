@@ -154,10 +154,11 @@ async def load_for_run(config: TrainConfig) -> Demonstrations | None:
 
 
 def with_sft_steps(config: TrainConfig, demos: Demonstrations | None) -> TrainConfig:
-    """``config`` with ``sft.steps`` counted from ``sft.epochs`` over ``demos`` (the same
-    config when the steps were given)."""
+    """``config`` with ``sft.epochs`` over ``demos`` as the ``sft.steps`` they make (the same
+    config when the steps were given), so that the run's ``config.json`` says how many."""
     if config.sft is None or config.sft.steps is not None or demos is None:
         return config
     assert config.sft.epochs is not None
     steps = demos.steps_for(config.sft.epochs, config.sft.batch_size)
-    return config.model_copy(update={"sft": config.sft.model_copy(update={"steps": steps})})
+    sft = config.sft.model_copy(update={"steps": steps, "epochs": None})
+    return config.model_copy(update={"sft": sft})

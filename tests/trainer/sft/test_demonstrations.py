@@ -93,3 +93,19 @@ def test_nothing_left_to_train_on_is_an_error_that_says_why(tmp_path: Path) -> N
     tok = ByteChatTokenizer(max_length=40)
     with pytest.raises(ConfigError, match="no demonstration.*1 left out: longer than"):
         _load(path, tok)
+
+
+def test_epochs_become_the_steps_they_make_in_the_runs_config(tmp_path: Path) -> None:
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.sft.demonstrations import with_sft_steps
+
+    demos = _load(_file(tmp_path, 5))
+    config = validate_config({
+        "envs": [{"name": "arithmetic"}], "steps": 3,
+        "sft": {"sources": [{"path": str(tmp_path / "demos.jsonl")}], "epochs": 2, "batch_size": 3},
+    })  # fmt: skip
+    resolved = with_sft_steps(config, demos)
+    assert (resolved.sft.steps, resolved.sft.epochs) == (4, None)  # ceil(2 x 5 / 3)
+    assert resolved.total_steps == 7
+    # What the run writes to config.json validates as it is.
+    assert validate_config(resolved.model_dump(mode="json")).sft.steps == 4
