@@ -62,14 +62,17 @@ def calls_that_run(folder: Path) -> float:
 
 
 def last_step_file(run_dir: Path) -> Path:
+    """The run's last training step's episodes."""
     return sorted((run_dir / "trajectories").glob("step-*.jsonl"))[-1]
 
 
 def last_eval_file(run_dir: Path) -> Path:
+    """The run's last held-out evaluation's episodes."""
     return sorted((run_dir / "trajectories" / "eval").glob("step-*.jsonl"))[-1]
 
 
 def evals(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every row that logged ``key``."""
     return [(r["step"], r[key]) for r in rows if key in r]
 
 
@@ -140,12 +143,14 @@ def self_distill(seed: int, out: Path) -> dict[str, Any]:
 
 
 def spread(values: list[float]) -> str:
+    """``mean (min, max)``."""
     mean = statistics.mean(values)
     low, high = min(values), max(values)
     return f"{mean:.3f} (min {low:.3f}, max {high:.3f})"
 
 
 def report(results: dict[str, dict[int, Any]]) -> None:
+    """Print every measurement's numbers, seeds side by side."""
     if "cold-start" in results:
         print("\ncold start (calculator, no worked example, no call bonus)")
         for label in ("rl_alone", "warm_start"):
@@ -171,15 +176,17 @@ def report(results: dict[str, dict[int, Any]]) -> None:
     if "self-distill" in results:
         print("\nself-distillation on calculator (teacher shown the worked example)")
         for seed, r in results["self-distill"].items():
-            print(f"  seed {seed}: calls that run per step {[round(c, 2) for c in r['calls_per_step']]},"
-                  f" held-out episodes {r['calls_held_out']:.2f}, solved {r['held_out_solved']},"
-                  f" {r['seconds'] / 60:.1f} min")  # fmt: skip
+            calls = [round(c, 2) for c in r["calls_per_step"]]
+            print(f"  seed {seed}: calls that run per step {calls}, held-out episodes "
+                  f"{r['calls_held_out']:.2f}, solved {r['held_out_solved']}, "
+                  f"{r['seconds'] / 60:.1f} min")  # fmt: skip
 
 
 def main() -> None:
+    """Run the measurements asked for, then print them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", nargs="+",
-                        choices=["cold-start", "quickstart", "distill", "self-distill"])  # fmt: skip
+    choices = ["cold-start", "quickstart", "distill", "self-distill"]
+    parser.add_argument("what", nargs="+", choices=choices)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=Path("bench-out/beyond-rl"))
     parser.add_argument("--teacher", type=Path, help="default: the quickstart's seed-0 model")
