@@ -18,7 +18,7 @@ Every run is a real ``envhub train`` of a shipped config with overrides; the num
 its ``metrics.jsonl`` and ``trajectories/``. A full pass takes about 1.5 hours on 2 cores:
 
     .venv/bin/python bench/beyond_rl.py cold-start quickstart distill self-distill \
-        [--seeds 0 1 2] [--out bench-out/] [--json results.json]
+        [--seeds 0 1 2] [--out bench-out/] [--json results.json] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 CALCULATOR = {"max_turns": 3}
 COMMON = ["checkpoint.every=1000", "logging.plot=false", "checkpoint.resume=never"]
+EXTRA: list[str] = []
+"""``--set KEY=VALUE`` overrides, applied to every run after the measurement's own."""
 
 
 def run(config: str, out: Path, name: str, overrides: list[str]) -> dict[str, Any]:
     """One training run of ``examples/<config>.yaml``: its metric rows, folder and wall time."""
     cfg = load_config(
         EXAMPLES / f"{config}.yaml",
-        [*COMMON, f"logging.output_dir={out}", f"logging.run_name={name}", *overrides],
+        [*COMMON, f"logging.output_dir={out}", f"logging.run_name={name}", *overrides, *EXTRA],
     )
     started = time.perf_counter()
     result = train(cfg)
@@ -192,7 +194,12 @@ def main() -> None:
     parser.add_argument("--teacher", type=Path, help="default: the quickstart's seed-0 model")
     parser.add_argument("--distill-steps", type=int, default=6)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a run-config override for every run (e.g. optimizer.lr=1e-5)",
+    )  # fmt: skip
     args = parser.parse_args()
+    EXTRA.extend(args.set)
     results: dict[str, dict[int, Any]] = {}
     measures: dict[str, Callable[[int, Path], dict[str, Any]]] = {
         "cold-start": cold_start,
