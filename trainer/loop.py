@@ -233,7 +233,10 @@ async def _step(
     the groups rolled out so far."""
     try:
         if step < run.config.sft_steps:
-            metrics, empty = await sft_step(step, run), None
+            samples_next = step + 1 == run.config.sft_steps or (
+                held_out is not None and held_out.due(step + 1)
+            )
+            metrics, empty = await sft_step(step, run, sync=samples_next), None
         else:
             metrics, empty = await train_step(step, run)
         if held_out is not None and held_out.due(step + 1):

@@ -200,3 +200,30 @@ def test_asynchronous_training_samples_during_updates_within_the_bound_and_resum
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["sync/logprob_diff_max"] < 1e-4 for r in rows)
     assert all(r["async/staleness_max"] <= 1 and r["rollout/errors"] == 0.0 for r in rows[done:])
+
+
+@pytest.mark.timeout(2400)
+def test_a_warm_start_syncs_the_engine_only_before_it_samples(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Two supervised steps then one RL step: nothing samples after the first supervised step,
+    so it sends no weights; the second sends them (verified against the trainer's logprobs),
+    and the RL step samples from them."""
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"Write a word ({i})."},
+                                 {"role": "assistant", "content": "eeee"}]}) + "\n"
+        for i in range(4)
+    ))  # fmt: skip
+    data = _config(tiny_model_dir, tmp_path).model_dump(mode="json")
+    data |= {"steps": 1, "sft": {"sources": [{"path": str(demos)}], "steps": 2, "batch_size": 2}}
+    result = train(validate_config(data))
+    first, second, rl = result.history
+    assert "sync/seconds" not in first and "sft/epoch" in first
+    assert second["sync/seconds"] > 0 and second["sync/logprob_diff_max"] < 1e-3
+    assert rl["sync/logprob_diff_max"] < 1e-3 and rl["rollout/episodes"] == 8
+    episodes = list(iter_trajectories(result.run_dir / "trajectories" / "step-000003.jsonl"))
+    assert {t.policy_version for t in episodes} == {2}  # sampled from the warm-started policy

@@ -31,7 +31,8 @@ class TeacherConfig(ConfigPart):
     env_args: dict[str, Any] = Field(default_factory=dict)
     """The teacher's context: env arguments over the training env's (``{demonstration:
     true}``). The teacher sees that env's prompt for the same task in place of the student's,
-    then the rest of the student's episode token for token. Empty: the student's own tokens."""
+    then the rest of the student's episode token for token (a harness env's segments and the
+    seats of a multi-role episode are scored as they are). Empty: the student's own tokens."""
     max_concurrency: int = Field(16, ge=1)
     """``server``: requests in flight at once."""
     timeout: float = Field(300.0, gt=0.0)

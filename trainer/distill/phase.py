@@ -77,11 +77,17 @@ class TeacherContext:
         self._prompts: dict[tuple[int, int, int], list[int]] = {}
 
     async def view(self, sample: Sample, trajectory: Trajectory) -> TeacherView:
-        """How the teacher sees ``sample`` (a record of ``trajectory``: its main one, or a
-        harness segment, which the teacher sees as it is)."""
+        """How the teacher sees ``sample`` (a record of ``trajectory``). A harness segment and
+        a seat of a multi-role episode are seen as they are: the env's reset prompt is neither
+        one's."""
         own = TeacherView(list(sample.token_ids), 0, 1)
         prompt_length = trajectory.prompt_token_count
-        if not self.env_args or prompt_length is None or trajectory.token_ids != sample.token_ids:
+        if (
+            not self.env_args
+            or prompt_length is None
+            or trajectory.role is not None
+            or trajectory.token_ids != sample.token_ids
+        ):
             return own
         prompt = await self._prompt(trajectory)
         rest = list(sample.token_ids[prompt_length:])

@@ -4,9 +4,9 @@
 
 The update is RL's (:func:`~envhub.trainer.step.run_update`, the same micro-batches, backends
 and threads) with an objective whose every token is a demonstration's: the loss is the mean
-negative logprob of the assistant turns' tokens over the batch (token-mean). Nothing rolls out;
-the engine gets the new weights so that held-out evaluation and the first RL step sample from
-them.
+negative logprob of the assistant turns' tokens over the batch (token-mean). Nothing rolls out,
+so the engine gets the new weights only when something samples next: a held-out evaluation,
+or the first RL step.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ def supervised_spec() -> ObjectiveSpec:
     return ObjectiveSpec(aggregation="token-mean", mismatch="none")
 
 
-async def sft_step(step: int, run: Run) -> dict[str, float]:
+async def sft_step(step: int, run: Run, sync: bool = True) -> dict[str, float]:
     """Supervised step ``step`` (counted from 0) of the run: its metrics (``train/*``,
-    ``sft/*``, ``time/*`` and the sync's)."""
+    ``sft/*``, ``time/*`` and the sync's). ``sync``: send the engine the new weights (the
+    loop asks for it when an evaluation or RL comes next; nothing samples in between)."""
     sft, demos = run.config.sft, run.demonstrations
     assert sft is not None and demos is not None, "a supervised step needs sft: demonstrations"
     timer = PhaseTimer(on_enter=run.on_phase)
@@ -37,12 +38,14 @@ async def sft_step(step: int, run: Run) -> dict[str, float]:
         batch = Batch(demonstration_samples(demos.batch(step, sft.batch_size), 1.0))
     await run.engine.sleep()
     update = await run_update(step, run, batch, timer, supervised_spec(), updates=1)
-    with timer("sync"):
-        sync = await run.engine.update_weights(run.backend, version=step + 1) or {}
+    synced = {}
+    if sync:
+        with timer("sync"):
+            synced = await run.engine.update_weights(run.backend, version=step + 1) or {}
     metrics = {k: v for k, v in update.items() if k.removeprefix("train/") in SFT_METRICS}
     metrics |= {
         "sft/demonstrations": float(len(batch.samples)),
         "sft/tokens": float(batch.num_tokens),
         "sft/epoch": (step + 1) * sft.batch_size / len(demos),
     }
-    return metrics | sync | timer.metrics()
+    return metrics | synced | timer.metrics()
