@@ -39,6 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 CALCULATOR = {"max_turns": 3}
 COMMON = ["checkpoint.every=1000", "logging.plot=false", "checkpoint.resume=never"]
+WARM_ONLY = False
+"""``--warm-only``: the cold start without its RL-alone baseline."""
 EXTRA: list[str] = []
 """``--set KEY=VALUE`` overrides, applied to every run after the measurement's own."""
 
@@ -82,14 +84,16 @@ def evals(rows: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def cold_start(seed: int, out: Path) -> dict[str, Any]:
-    """RL alone vs warm start then RL on the plain calculator."""
+    """RL alone (unless ``--warm-only``) vs warm start then RL on the plain calculator."""
     plain_env = f"envs=[{{name: calculator, args: {json.dumps(CALCULATOR)}}}]"
-    alone = run("calculator-warmstart", out, f"rl-alone-{seed}", [
-        f"seed={seed}", "sft=null", "steps=5", plain_env, "eval.every=null",
-    ])  # fmt: skip
-    warm = run("calculator-warmstart", out, f"warm-start-{seed}", [f"seed={seed}"])
+    runs = {}
+    if not WARM_ONLY:
+        runs["rl_alone"] = run("calculator-warmstart", out, f"rl-alone-{seed}", [
+            f"seed={seed}", "sft=null", "steps=5", plain_env, "eval.every=null",
+        ])  # fmt: skip
+    runs["warm_start"] = run("calculator-warmstart", out, f"warm-start-{seed}", [f"seed={seed}"])
     result = {}
-    for label, r in (("rl_alone", alone), ("warm_start", warm)):
+    for label, r in runs.items():
         held = evals(r["rows"], "eval/held-out/pass@1")
         result[label] = {
             "seconds": r["seconds"],
@@ -156,7 +160,9 @@ def report(results: dict[str, dict[int, Any]]) -> None:
     if "cold-start" in results:
         print("\ncold start (calculator, no worked example, no call bonus)")
         for label in ("rl_alone", "warm_start"):
-            per_seed = [r[label] for r in results["cold-start"].values()]
+            per_seed = [r[label] for r in results["cold-start"].values() if label in r]
+            if not per_seed:
+                continue
             print(f"  {label:11s} calls that run, last RL step: "
                   f"{spread([r['calls_last_step'] for r in per_seed])}; held-out episodes: "
                   f"{spread([r['calls_held_out'] for r in per_seed])}")  # fmt: skip
@@ -198,8 +204,11 @@ def main() -> None:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a run-config override for every run (e.g. optimizer.lr=1e-5)",
     )  # fmt: skip
+    parser.add_argument("--warm-only", action="store_true", help="cold-start: no RL alone")
     args = parser.parse_args()
     EXTRA.extend(args.set)
+    global WARM_ONLY
+    WARM_ONLY = args.warm_only
     results: dict[str, dict[int, Any]] = {}
     measures: dict[str, Callable[[int, Path], dict[str, Any]]] = {
         "cold-start": cold_start,
