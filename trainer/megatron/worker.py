@@ -18,7 +18,7 @@ import json
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -267,7 +267,7 @@ class MegatronWorker:
     ) -> dict[str, float] | None:
         """One optimizer update over ``batches``; its metrics on the output rank, else ``None``."""
         loss = partial(self._loss, spec, old_logprobs, ref_logprobs, num_tokens, num_sequences)
-        return self._train_on(batches, loss)
+        return self._train_on(_uniform_supervision(batches), loss)
 
     def _collect(
         self, model: torch.nn.Module, batches: list[MicroBatch], extract: Callable
@@ -551,6 +551,20 @@ def _next_token_logits(
     them: the losses divide by the temperature in float32, scoring the distribution the engine
     sampled from as the torch backend does), and those tokens."""
     return output[:, :-1], to_device(row[:, 1:], output.device)
+
+
+def _uniform_supervision(batches: list[MicroBatch]) -> list[MicroBatch]:
+    """``batches``, each with a ``supervised`` tensor (zeros where it had none) when any has
+    one: every micro-batch on every data rank then reports the same metrics, which the
+    all-reduce of their sums needs (an all-zero weight changes no loss)."""
+    if all(mb.supervised is None for mb in batches):
+        return batches
+    return [
+        mb
+        if mb.supervised is not None
+        else replace(mb, supervised=torch.zeros_like(mb.loss_mask, dtype=torch.float32))
+        for mb in batches
+    ]
 
 
 def _empty_like(mb: MicroBatch) -> MicroBatch:
