@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from envhub.errors import EngineError, WorkerError, WorkerGroupClosedError
+from envhub.lifetime import owning
 from envhub.rollout.tool_prompt import where_tools_go
 from envhub.trainer.backends import TrainBackend, make_backend
 from envhub.trainer.batch import NoSignal
@@ -151,18 +152,21 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(config.model_dump_json(indent=2))
     seed_everything(config.seed)
-    started_ray = start_ray(config)
-    try:
-        backend = make_backend(config)
+    with owning(run_dir):  # first ends what a killed run of this folder left; tags ours
+        started_ray = start_ray(config)
         try:
-            start = await _run_steps(config, schedule, backend, reporter, held_out, demonstrations)
-            if config.checkpoint.export_hf:
-                _enter(getattr(reporter, "phase", None), "export")
-            result = _finish(config, backend, start)
+            backend = make_backend(config)
+            try:
+                start = await _run_steps(
+                    config, schedule, backend, reporter, held_out, demonstrations
+                )
+                if config.checkpoint.export_hf:
+                    _enter(getattr(reporter, "phase", None), "export")
+                result = _finish(config, backend, start)
+            finally:
+                backend.close()
         finally:
-            backend.close()
-    finally:
-        stop_ray(started_ray)
+            stop_ray(started_ray)
     reporter.finish(result)
     return result
 

