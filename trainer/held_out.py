@@ -23,6 +23,7 @@ from pathlib import Path
 
 import envhub
 from envhub.checker import spread_tasks
+from envhub.errors import ConfigError
 from envhub.evaluation import EvalSummary, Evaluation, evaluate
 from envhub.inference.base import SamplingParams
 from envhub.references import display_name
@@ -46,6 +47,22 @@ class EvalTarget:
     pass_threshold: float
 
 
+def _check_labels(targets: list[EvalTarget]) -> None:
+    """Refuse labels that repeat once references name their envs (two files whose envs share a
+    name): their metrics would overwrite each other."""
+    labels = [t.label for t in targets]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        clashes = "; ".join(
+            f"{label!r} from " + ", ".join(t.spec.name for t in targets if t.label == label)
+            for label in repeated
+        )
+        raise ConfigError(
+            f"eval.envs: two envs would report under one label ({clashes}); give each a "
+            "distinct `label:`"
+        )
+
+
 class HeldOutEval:
     """Runs ``config.eval`` when it is due.
 
@@ -54,12 +71,14 @@ class HeldOutEval:
 
     Raises:
         EnvhubError: An eval env cannot be made (checked here, before any engine starts).
+        ConfigError: Two eval envs have the same label once references name their envs.
     """
 
     def __init__(self, config: TrainConfig) -> None:
         assert config.eval is not None
         self.config, self.settings = config, config.eval
         self.targets = [self._target(spec) for spec in self.settings.envs]
+        _check_labels(self.targets)
         self.sampling = SamplingParams(
             temperature=self.settings.temperature,
             max_tokens=self.settings.max_tokens or config.rollout.max_tokens,

@@ -52,6 +52,7 @@ from envhub.trainer.kl_reward import kl_controller
 from envhub.trainer.models import resolve_model
 from envhub.trainer.no_signal import EmptySteps
 from envhub.trainer.producer import GroupProducer
+from envhub.trainer.role_balance import check_role_scale
 from envhub.trainer.sft.demonstrations import Demonstrations, load_for_run, with_sft_steps
 from envhub.trainer.sft.step import sft_step
 from envhub.trainer.step import Run, train_step
@@ -144,6 +145,7 @@ async def _train(config: TrainConfig, reporter: Reporter) -> RunResult:
     # Cheap checks first: a bad env name or argument, or a model that is not there, fails here
     # in a second, before Ray, the model load or an engine start.
     schedule = TaskSchedule.from_specs(config.envs, config.seed, config.curriculum)
+    check_role_scale(config.algorithm.role_scale, [r for s in schedule.slots for r in s.roles])
     resolve_model(config.model.name)
     demonstrations = await load_for_run(config)  # a bad source fails here, before the model
     config = with_sft_steps(config, demonstrations)

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from envhub.errors import ConfigError
 from envhub.types import Trajectory
 
 if TYPE_CHECKING:
@@ -91,3 +92,31 @@ def balance_roles(
             )
         )
     return balanced, {f"batch/role_weight/{role}": w for role, w in sorted(weights.items())}
+
+
+def check_role_scale(scale: Mapping[str, float], roles: Sequence[str]) -> None:
+    """Refuse an ``algorithm.role_scale`` that names a role no env lets the policy play (a
+    misspelt role would otherwise scale nothing, silently).
+
+    Raises:
+        ConfigError: The unknown names, the nearest role to each, and the roles there are.
+    """
+    import difflib
+
+    unknown = [name for name in scale if name not in roles]
+    if not unknown:
+        return
+    if not roles:
+        raise ConfigError(
+            f"algorithm.role_scale names {unknown}, but no env of the run has roles the policy "
+            "plays (it applies to multi-role envs): remove it"
+        )
+    hints = [
+        f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name)
+        for name in unknown
+        for close in [difflib.get_close_matches(name, roles, n=1)]
+    ]
+    raise ConfigError(
+        f"algorithm.role_scale names no role the policy plays: {', '.join(hints)}; the envs' "
+        f"roles are {sorted(set(roles))}"
+    )

@@ -47,6 +47,8 @@ class EnvSlot:
     """Tasks per level, for an env the curriculum moves between levels (empty: none)."""
     level_cursors: dict[str, int] = field(default_factory=dict)
     """Tasks handed out so far at each level."""
+    roles: tuple[str, ...] = ()
+    """The roles the policy plays in a multi-role env (none in a one-role env)."""
 
     def level_args(self, level: str | None) -> dict[str, Any]:
         """The constructor arguments that select ``level`` (none for ``None``)."""
@@ -83,7 +85,8 @@ class TaskSchedule:
                 size = _dataset_size(env, spec.name)
                 threshold = float(getattr(env, "pass_threshold", 1.0))
                 tools = len(env.tool_schemas or ())
-                slots.append(EnvSlot(spec, size, threshold, num_tools=tools))
+                roles = tuple(getattr(env, "trained_roles", ()))
+                slots.append(EnvSlot(spec, size, threshold, num_tools=tools, roles=roles))
                 if curriculum is not None and curriculum.levels is not None:
                     levels.append(_levels_of(env, slots[-1], index))
             finally:

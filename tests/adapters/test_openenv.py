@@ -659,6 +659,32 @@ def test_an_action_the_server_rejects_is_the_policys_failed_turn(
         assert reply.content == "LOUD"
 
 
+class MiscountingEnvironment(EchoGuessEnvironment):
+    """A bug in the env's own step: it builds an observation pydantic refuses."""
+
+    def step(self, action: Any, timeout_s: float | None = None, **_: Any) -> Any:
+        return EchoObservation(echoed_message=action.message, message_length="many")
+
+
+def test_a_validation_error_inside_the_envs_own_step_is_the_envs_failure(
+    servers: Callable[[Any], str],
+) -> None:
+    # OpenEnv answers both with VALIDATION_ERROR; only the action's own is the policy's turn.
+    app = create_fastapi_app(MiscountingEnvironment, SayAction, EchoObservation)
+    url = servers(app)
+    engine = ScriptedEngine(lambda messages, tools: "hello")
+    make = lambda: envhub.make(f"openenv:{url}")  # noqa: E731
+    [episode] = asyncio.run(RolloutRunner(engine, make, max_concurrency=1).run([0]))
+    assert episode.outcome == "env_failure"
+    [error] = episode.errors
+    assert (error.stage, error.type, error.turn) == ("env.step", "RemoteEnvError", 0)
+    assert error.message == (
+        f"openenv:MiscountingEnvironment at {url}: the env's own step failed a validation that "
+        "is not about the action (message_length: Input should be a valid integer, unable to "
+        "parse string as an integer): a bug in the env"
+    )
+
+
 # -- envhub serve --protocol openenv, driven by OpenEnv's own client ------------------------
 
 

@@ -133,3 +133,27 @@ def test_an_unknown_eval_env_fails_before_any_engine_starts(tiny_model_dir, tmp_
     with pytest.raises(Exception, match="Did you mean 'arithmetic'"):
         train(validate_config(_config(tiny_model_dir, tmp_path, "w", eval=bad)))
     assert not (tmp_path / "w" / "metrics.jsonl").exists()
+
+
+def test_labels_that_repeat_once_references_name_their_envs_are_refused(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    # Two env files whose classes share a name: their references differ, their labels would not.
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "env.py").write_text(
+            "from envhub.testing import LetterEnv\n\n\n"
+            "class Letters(LetterEnv):\n    name = 'my-letters'\n"
+        )
+    refs = [f"{tmp_path / folder / 'env.py'}:Letters" for folder in ("a", "b")]
+    evaluation = {"envs": [{"name": ref, "num_tasks": 2} for ref in refs]}
+    config = validate_config(_config(tiny_model_dir, tmp_path, "run", eval=evaluation))
+    with pytest.raises(ConfigError) as clash:
+        HeldOutEval(config)
+    assert str(clash.value) == (
+        f"eval.envs: two envs would report under one label ('my-letters' from {refs[0]}, "
+        f"{refs[1]}); give each a distinct `label:`"
+    )
+    labelled = [{"name": ref, "num_tasks": 2, "label": f"l{i}"} for i, ref in enumerate(refs)]
+    config = validate_config(_config(tiny_model_dir, tmp_path, "run", eval={"envs": labelled}))
+    assert [t.label for t in HeldOutEval(config).targets] == ["l0", "l1"]

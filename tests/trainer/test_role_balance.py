@@ -137,3 +137,26 @@ def test_a_role_scaled_to_zero_is_played_but_not_trained() -> None:
     assert batch.stats["batch/role_weight/solver"] == 0.0
     with pytest.raises(ValueError, match="greater than or equal to 0"):
         AlgorithmConfig(role_scale={"solver": -1.0})
+
+
+def test_a_role_scale_naming_no_role_the_policy_plays_is_refused_at_start(tmp_path) -> None:
+    from envhub.errors import ConfigError
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.loop import train
+
+    def config(scale: dict[str, float], env: str = "setter-solver") -> object:
+        return validate_config({
+            "envs": [{"name": env}],
+            "algorithm": {"role_scale": scale},
+            "logging": {"output_dir": str(tmp_path), "run_name": "run"},
+        })  # fmt: skip
+
+    with pytest.raises(ConfigError) as misspelt:
+        train(config({"solvr": 0.25}))
+    assert str(misspelt.value) == (
+        "algorithm.role_scale names no role the policy plays: 'solvr' (did you mean 'solver'?); "
+        "the envs' roles are ['setter', 'solver']"
+    )
+    with pytest.raises(ConfigError, match=r"no env of the run has roles the policy plays"):
+        train(config({"solver": 0.5}, env="arithmetic"))
+    assert not (tmp_path / "run").exists()  # refused before anything was written

@@ -10,6 +10,7 @@ from typing import Any
 
 from envhub.adapters.openenv import schema as schemas
 from envhub.adapters.openenv.actions import Attempt, MCPActions, TextActions, TypedActions
+from envhub.adapters.openenv.validation import ServerError, blames_action, client_class
 from envhub.env import Action, Env, StepResult, as_turn
 from envhub.errors import (
     EnvhubError,
@@ -25,7 +26,16 @@ NOT_RUN = "not_run"
 
 
 class _Rejected(Exception):
-    """The server refused an action as invalid (OpenEnv's ``VALIDATION_ERROR``): the policy's."""
+    """The server refused an action as invalid (OpenEnv's ``VALIDATION_ERROR`` about the
+    action): the policy's."""
+
+
+def _summary(errors: list[dict[str, object]] | None) -> str:
+    """Pydantic's errors in one line: ``loc: msg`` each."""
+    return "; ".join(
+        f"{'.'.join(map(str, e.get('loc', ()))) or 'the model'}: {e.get('msg', '?')}"
+        for e in errors or ()
+    )
 
 
 class OpenEnvEnv(Env):
@@ -220,11 +230,15 @@ class OpenEnvEnv(Env):
             if op == "reset":
                 return await client.reset(**data)
             return await client.step(data)
-        except RuntimeError as e:
-            if not str(e).startswith("Server error"):
-                raise
-            if op == "step" and "(code: VALIDATION_ERROR)" in str(e):
-                raise _Rejected(f"the env rejected the action as invalid: {data}") from e
+        except ServerError as e:
+            if op == "step" and e.code == "VALIDATION_ERROR":
+                if blames_action(e.errors, data):
+                    raise _Rejected(f"the env rejected the action as invalid: {data}") from e
+                raise RemoteEnvError(
+                    f"{self.name} at {self.url}: the env's own step failed a validation that "
+                    f"is not about the action ({_summary(e.errors)}): a bug in the env",
+                    remote_type="ValidationError",
+                ) from e
             raise RemoteEnvError(f"{self.name} at {self.url}: {e}", remote_type=op) from e
         except (OSError, WebSocketException, asyncio.TimeoutError) as e:
             await self._disconnect()
@@ -237,9 +251,7 @@ class OpenEnvEnv(Env):
 
     async def _connected(self) -> Any:
         if self._client is None:
-            from openenv.core import GenericEnvClient
-
-            client = GenericEnvClient(
+            client = client_class()(
                 base_url=self.url, connect_timeout_s=self.timeout, message_timeout_s=self.timeout
             )
             try:
