@@ -1,0 +1,273 @@
+"""Kill a training run at random moments and check that nothing is left and nothing is lost.
+
+For each of ``--moments`` seeded moments: start ``envhub train`` (a tiny random Llama on
+``envhub.testing:LetterEnv``, a checkpoint every step), SIGKILL it after a delay drawn
+uniformly over an uninterrupted run's wall time (so the kill lands anywhere: the start, a
+rollout, an update, a checkpoint write, the export), then check
+
+- **left**: everything below the killed process in the process tree at the kill has ended
+  10 s later, and no ``/dev/shm`` entry that appeared during the run is still there;
+- **resumed**: running the same command again finishes the run;
+- **steps**: its ``metrics.jsonl`` has each step once, in order;
+- **metrics**: each step's metrics equal the uninterrupted run's (all but timings, which
+  differ, and the engine's counters with vLLM, where sampling is not bit-exact);
+- **weights**: the final model's tensors equal the uninterrupted run's (HF engine only: vLLM's
+  sampling on a CPU is not bit-exact across restarts).
+
+Engines: ``--engine hf`` (deterministic; the default) or ``vllm``; ``--async`` trains with
+``max_staleness: 1``. The harness prints one row per moment and a summary line, and writes
+``--json``. 20 moments with the HF engine take about 12 minutes on 2 cores:
+
+    .venv/bin/python bench/kill_runs.py --moments 20 [--engine vllm] [--async] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+LEFT_WITHIN_S = 10.0
+VARIABLE = ("time/", "seconds", "per_s", "memory", "mfu")
+"""Metric name parts that measure time or memory: they differ between any two runs."""
+ENGINE_COUNTERS = ("engine/", "sync/", "train/mismatch", "rollout/")
+"""With vLLM, what depends on its (not bit-exact) sampling."""
+
+
+def tiny_model(folder: Path) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer in ``folder`` (made once)."""
+    if (folder / "config.json").exists():
+        return folder
+    import torch  # noqa: TID251 - a script outside the package; it makes a model
+    import transformers
+
+    from envhub.trainer.models import resolve_model
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=512,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run_config(model: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The run every moment repeats."""
+    rollout: dict[str, Any] = {"tasks_per_step": 4, "samples_per_task": 4, "max_tokens": 16}
+    if args.engine == "vllm":
+        rollout |= {"engine": "vllm", "vllm": {"kv_cache_gb": 1}}
+    if args.asynchronous:
+        rollout |= {"max_staleness": 1}
+    return {
+        "steps": args.steps, "seed": 5, "model": {"name": str(model)},
+        "envs": [{"name": "envhub.testing:LetterEnv"}], "rollout": rollout,
+        "optimizer": {"lr": 1e-3}, "backend": {"device": "cpu", "micro_batch_tokens": 128},
+        "logging": {"output_dir": str(out), "run_name": "run", "plot": False},
+        "checkpoint": {"every": 1, "keep_last": 2},
+    }  # fmt: skip
+
+
+def start(config: Path) -> subprocess.Popen[bytes]:
+    """``envhub train CONFIG``, quiet."""
+    command = [sys.executable, "-m", "envhub.cli", "train", str(config)]
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def finish(config: Path, run: Path | None = None) -> tuple[float, float]:
+    """Run ``envhub train CONFIG`` to the end: its wall time, and when the run began (its
+    folder's ``config.json`` appeared: imports and checks are done) if ``run`` is given."""
+    started = time.monotonic()
+    began = 0.0
+    process = start(config)
+    while run is not None and process.poll() is None and not (run / "config.json").exists():
+        time.sleep(0.02)
+    began = time.monotonic() - started
+    _, stderr = process.communicate()
+    if process.returncode != 0:
+        raise SystemExit(f"the run failed:\n{stderr.decode()[-3000:]}")
+    return time.monotonic() - started, began
+
+
+def shm_entries() -> set[str]:
+    """What ``/dev/shm`` holds now."""
+    try:
+        return set(os.listdir("/dev/shm"))
+    except OSError:
+        return set()
+
+
+def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
+    """Start the run, SIGKILL it after ``delay`` s; what it had done and what it left."""
+    shm_before = shm_entries()
+    process = start(config)
+    deadline = time.monotonic() + delay
+    below: dict[int, psutil.Process] = {}
+    while time.monotonic() < deadline and process.poll() is None:
+        try:  # noted as it goes: the kill must find what exists at its moment
+            below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.05)
+    if process.poll() is not None:
+        return {"killed": False}
+    below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    done = len(_rows(run))
+    checkpoints = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
+    _, alive = psutil.wait_procs(list(below.values()), timeout=LEFT_WITHIN_S)
+    left = [" ".join(p.cmdline())[:80] for p in alive if _running(p)]
+    shm_left = sorted(shm_entries() - shm_before)
+    return {"killed": True, "steps_logged": done, "checkpoints": checkpoints,
+            "left": left, "shm_left": shm_left}  # fmt: skip
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _rows(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            rows.append({"step": "partial line"})
+    return rows
+
+
+def comparable(row: dict[str, Any], engine: str) -> dict[str, Any]:
+    """A metrics row without what differs between any two runs (and, with vLLM, the values
+    that follow its sampling)."""
+    skip = VARIABLE + (ENGINE_COUNTERS if engine == "vllm" else ())
+    return {k: v for k, v in row.items() if not any(part in k for part in skip)}
+
+
+def digest(model: Path) -> str:
+    """A hash of every tensor of an HF folder's safetensors, by name."""
+    from safetensors import safe_open
+
+    h = hashlib.sha256()
+    for file in sorted(model.glob("*.safetensors")):
+        with safe_open(file, "np") as f:  # the run saves float32: numpy reads it
+            for name in sorted(f.keys()):
+                h.update(name.encode())
+                h.update(f.get_tensor(name).tobytes())
+    return h.hexdigest()[:16]
+
+
+def moment(index: int, args: argparse.Namespace, model: Path, baseline: dict[str, Any]) -> dict:
+    """Kill one run at the ``index``-th seeded moment, resume it, compare it with the baseline."""
+    # One kill in five during the start (imports, checks, the model load), the rest in the run.
+    rng = random.Random(f"{args.seed}:{index}")
+    began, wall = baseline["began_s"], baseline["wall_s"]
+    delay = rng.uniform(0.0, began) if rng.random() < 0.2 else rng.uniform(began, wall)
+    out = args.out / f"moment-{index:02d}"
+    shutil.rmtree(out, ignore_errors=True)
+    config = out / "run.yaml"
+    config.parent.mkdir(parents=True)
+    config.write_text(yaml.safe_dump(run_config(model, out, args)))
+    run = out / "run"
+    result: dict[str, Any] = {"moment": index, "delay_s": round(delay, 2)}
+    result |= kill_at(config, delay, run)
+    result["resume_s"] = round(finish(config)[0], 1)
+    rows = _rows(run)
+    result["steps_ok"] = [r["step"] for r in rows] == list(range(1, args.steps + 1))
+    result["metrics_equal"] = result["steps_ok"] and all(
+        comparable(a, args.engine) == comparable(b, args.engine)
+        for a, b in zip(rows, baseline["rows"], strict=True)
+    )
+    if args.engine == "hf":
+        result["weights_equal"] = digest(run / "final") == baseline["digest"]
+    shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)  # the disk, on long runs
+    return result
+
+
+def survived(result: dict[str, Any]) -> bool:
+    """Whether a moment passed every check."""
+    return (
+        not result.get("left")
+        and not result.get("shm_left")
+        and result["steps_ok"]
+        and result["metrics_equal"]
+        and result.get("weights_equal", True)
+    )
+
+
+def main() -> None:
+    """The command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--moments", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--async", dest="asynchronous", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/kill-runs"))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    args.out = args.out.resolve()
+    model = tiny_model(args.out / "model")
+
+    base = args.out / "baseline"
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir(parents=True)
+    (base / "run.yaml").write_text(yaml.safe_dump(run_config(model, base, args)))
+    wall, began = finish(base / "run.yaml", base / "run")
+    baseline = {"wall_s": wall, "began_s": began, "rows": _rows(base / "run")}
+    if args.engine == "hf":
+        baseline["digest"] = digest(base / "run" / "final")
+    print(f"uninterrupted: {args.steps} steps in {wall:.1f} s, the run began at {began:.1f} s "
+          f"({args.engine} engine{', async' if args.asynchronous else ''})")  # fmt: skip
+    print("moment  delay s  logged  checkpoints  left  shm  resumed s  steps  metrics  weights")
+    results = []
+    for index in range(args.moments):
+        r = moment(index, args, model, baseline)
+        results.append(r)
+        if not r["killed"]:
+            print(f"{index:6d}  {r['delay_s']:7.2f}  (finished before the kill)")
+            continue
+        print(
+            f"{index:6d}  {r['delay_s']:7.2f}  {r['steps_logged']:6d}  "
+            f"{(r['checkpoints'] or ['-'])[-1]:>11}  {len(r['left']):4d}  "
+            f"{len(r['shm_left']):3d}  {r['resume_s']:9.1f}  {_yes(r['steps_ok']):>5}  "
+            f"{_yes(r['metrics_equal']):>7}  {_yes(r.get('weights_equal')):>7}"
+        )
+        for line in r["left"] + r["shm_left"]:
+            print(f"        left: {line}")
+    killed = [r for r in results if r["killed"]]
+    ok = sum(survived(r) for r in killed)
+    print(f"survived {ok} of {len(killed)} kills ({len(results) - len(killed)} runs ended first)")
+    if args.json:
+        args.json.write_text(json.dumps({"baseline_wall_s": wall, "moments": results}, indent=2))
+    sys.exit(0 if ok == len(killed) else 1)
+
+
+def _yes(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "NO")
+
+
+if __name__ == "__main__":
+    main()
