@@ -206,6 +206,43 @@ def test_a_run_killed_with_sigkill_resumes_with_the_same_data_order(
     assert _task_order(tmp_path / "b" / "run") == expected_order
 
 
+def test_a_disk_that_fills_during_a_checkpoint_names_the_folder_and_keeps_the_last_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    import resource
+
+    import yaml
+
+    from envhub.trainer.checkpoint import CheckpointManager
+    from envhub.trainer.checkpoint.manifest import is_complete
+
+    config = _config(tiny_model_dir, tmp_path, steps=40)
+    config["envs"] = [{"name": "envhub.testing:LetterEnv"}]  # a reference the CLI can load
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    command = [sys.executable, "-m", "envhub.cli", "train", str(path)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    root = tmp_path / "run" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not _names(root / LATEST, "step-000001") and process.poll() is None:
+        assert time.monotonic() < deadline, "checkpoint 1 was not committed within 300 s"
+        time.sleep(0.02)
+    # The disk is full from now on, for this run: no file of it may grow past 64 KiB (the
+    # model's weights are MBs; Python ignores SIGXFSZ, so the write fails with EFBIG).
+    resource.prlimit(process.pid, resource.RLIMIT_FSIZE, (65536, 65536))
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode != 0
+    last = CheckpointManager(root).latest()
+    assert last is not None and is_complete(last) and not list(root.glob(".tmp-*"))
+    line = stderr.decode()
+    assert "could not write checkpoint step-" in line and f" in {root} (" in line
+    assert f"the last checkpoint, {last.name}, is intact: free some space" in line, line
+
+    config["steps"] = int(last.name.removeprefix("step-")) + 1
+    result = train(validate_config(config))  # space again: the rerun resumes from it
+    assert result.resumed_from == config["steps"] - 1
+
+
 class StopInRollout:
     """A reporter that cancels the run (as Ctrl-C does) once ``episodes`` episodes of step
     ``step`` are in, recording what it saw."""

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -87,22 +88,39 @@ class CheckpointManager:
         self.root.mkdir(parents=True, exist_ok=True)
         clean_stale(self.root, ".tmp-*")
         name = _step_name(step)
-        with staging(self.root / f".tmp-{name}-{os.getpid()}") as tmp:
-            save_model(model, tokenizer, tmp / "model")
-            if optimizer is not None:
-                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            if scheduler is not None:
-                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            if critic is not None:
-                _save_critic(critic, tmp / CRITIC)
-            torch.save(rng, tmp / "rng.pt")
-            (tmp / "trainer_state.json").write_text(state_json + "\n", encoding="utf-8")
-            seal(tmp, step)
-            final = self.root / name
-            replace_dir(tmp, final)
-        write_text_atomic(self.root / LATEST, name + "\n")
+        try:
+            with staging(self.root / f".tmp-{name}-{os.getpid()}") as tmp:
+                save_model(model, tokenizer, tmp / "model")
+                if optimizer is not None:
+                    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                if scheduler is not None:
+                    torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                if critic is not None:
+                    _save_critic(critic, tmp / CRITIC)
+                torch.save(rng, tmp / "rng.pt")
+                (tmp / "trainer_state.json").write_text(state_json + "\n", encoding="utf-8")
+                seal(tmp, step)
+                final = self.root / name
+                replace_dir(tmp, final)
+            write_text_atomic(self.root / LATEST, name + "\n")
+        except Exception as e:  # a full disk shows as OSError, torch's RuntimeError, safetensors'
+            raise CheckpointError(self._unwritable(name, e)) from e
         self._rotate(keep=final)
         return final
+
+    def _unwritable(self, name: str, error: Exception) -> str:
+        """Why checkpoint ``name`` was not written, what is left and what to do."""
+        try:
+            free = f"{shutil.disk_usage(self.root).free / 2**20:,.0f} MiB free there"
+        except OSError:
+            free = "its free space unknown"
+        last = self.latest()
+        kept = f"the last checkpoint, {last.name}, is intact" if last else "no checkpoint yet"
+        return (
+            f"could not write checkpoint {name} in {self.root} ({type(error).__name__}: "
+            f"{error}); {free}. Nothing half-written is left and {kept}: free some space (or "
+            "lower checkpoint.keep_last) and rerun the same command to resume"
+        )
 
     def list(self) -> list[Path]:
         """Complete checkpoints, oldest step first."""
