@@ -6,13 +6,18 @@ uniformly over an uninterrupted run's wall time (so the kill lands anywhere: the
 rollout, an update, a checkpoint write, the export), then check
 
 - **left**: everything below the killed process in the process tree at the kill has ended
-  10 s later, and no ``/dev/shm`` entry that appeared during the run is still there;
+  10 s later, and no ``/dev/shm`` entry that appeared during the run is still there unused
+  (one a live process maps or holds open belongs to it, not to the dead run);
 - **resumed**: running the same command again finishes the run;
 - **steps**: its ``metrics.jsonl`` has each step once, in order;
+- **data**: with the HF engine, each step trained on the same groups of the same tasks as the
+  uninterrupted run; with vLLM (whose timing decides which finished groups an asynchronous
+  step takes), no group is trained twice, each group is of the same task as in the
+  uninterrupted run (the data order resumed), and each step trained as many groups;
 - **metrics**: each step's metrics equal the uninterrupted run's (all but timings, which
-  differ, and the engine's counters with vLLM, where sampling is not bit-exact);
-- **weights**: the final model's tensors equal the uninterrupted run's (HF engine only: vLLM's
-  sampling on a CPU is not bit-exact across restarts).
+  differ; HF engine only: vLLM's sampling on a CPU is not the same across two runs, so its
+  rewards and losses differ even between two uninterrupted runs);
+- **weights**: the final model's tensors equal the uninterrupted run's (HF engine only).
 
 Engines: ``--engine hf`` (deterministic; the default) or ``vllm``; ``--async`` trains with
 ``max_staleness: 1``. The harness prints one row per moment and a summary line, and writes
@@ -40,10 +45,9 @@ import psutil
 import yaml
 
 LEFT_WITHIN_S = 10.0
-VARIABLE = ("time/", "seconds", "per_s", "memory", "mfu")
-"""Metric name parts that measure time or memory: they differ between any two runs."""
-ENGINE_COUNTERS = ("engine/", "sync/", "train/mismatch", "rollout/")
-"""With vLLM, what depends on its (not bit-exact) sampling."""
+VARIABLE = ("time/", "seconds", "per_s", "memory", "mfu", "cores/")
+"""Metric name parts that measure time, memory or the core split (which a resumed run sets
+from the phases it measured): they differ between any two runs."""
 
 
 def tiny_model(folder: Path) -> Path:
@@ -113,6 +117,20 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def shm_in_use() -> set[str]:
+    """The ``/dev/shm`` entries some running process maps or holds open: a live process's
+    (another program's, on a shared machine), not one a dead run left."""
+    used = set()
+    for process in psutil.process_iter():
+        try:
+            paths = [m.path for m in process.memory_maps(grouped=False)]
+            paths += [f.path for f in process.open_files()]
+        except (psutil.Error, OSError):
+            continue
+        used |= {p.removeprefix("/dev/shm/") for p in paths if p.startswith("/dev/shm/")}
+    return used
+
+
 def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
     """Start the run, SIGKILL it after ``delay`` s; what it had done and what it left."""
     shm_before = shm_entries()
@@ -134,7 +152,7 @@ def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
     checkpoints = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     _, alive = psutil.wait_procs(list(below.values()), timeout=LEFT_WITHIN_S)
     left = [" ".join(p.cmdline())[:80] for p in alive if _running(p)]
-    shm_left = sorted(shm_entries() - shm_before)
+    shm_left = sorted(shm_entries() - shm_before - shm_in_use())
     return {"killed": True, "steps_logged": done, "checkpoints": checkpoints,
             "left": left, "shm_left": shm_left}  # fmt: skip
 
@@ -159,11 +177,21 @@ def _rows(run: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def comparable(row: dict[str, Any], engine: str) -> dict[str, Any]:
-    """A metrics row without what differs between any two runs (and, with vLLM, the values
-    that follow its sampling)."""
-    skip = VARIABLE + (ENGINE_COUNTERS if engine == "vllm" else ())
-    return {k: v for k, v in row.items() if not any(part in k for part in skip)}
+def comparable(row: dict[str, Any]) -> dict[str, Any]:
+    """A metrics row without what differs between any two runs."""
+    return {k: v for k, v in row.items() if not any(part in k for part in VARIABLE)}
+
+
+def groups(run: Path, steps: int) -> list[list[tuple[str, int]]]:
+    """Each step's trained groups: (group id, task index) of its episodes, sorted."""
+    from envhub.rollout.io import iter_trajectories
+
+    found = []
+    for step in range(1, steps + 1):
+        path = run / "trajectories" / f"step-{step:06d}.jsonl"
+        episodes = iter_trajectories(path) if path.exists() else []
+        found.append(sorted({(t.group_id, t.task_index) for t in episodes}))
+    return found
 
 
 def digest(model: Path) -> str:
@@ -196,11 +224,11 @@ def moment(index: int, args: argparse.Namespace, model: Path, baseline: dict[str
     result["resume_s"] = round(finish(config)[0], 1)
     rows = _rows(run)
     result["steps_ok"] = [r["step"] for r in rows] == list(range(1, args.steps + 1))
-    result["metrics_equal"] = result["steps_ok"] and all(
-        comparable(a, args.engine) == comparable(b, args.engine)
-        for a, b in zip(rows, baseline["rows"], strict=True)
-    )
+    result["data_equal"] = same_data(groups(run, args.steps), baseline["groups"], args.engine)
     if args.engine == "hf":
+        result["metrics_equal"] = result["steps_ok"] and all(
+            comparable(a) == comparable(b) for a, b in zip(rows, baseline["rows"], strict=True)
+        )
         result["weights_equal"] = digest(run / "final") == baseline["digest"]
     shutil.rmtree(out / "run" / "checkpoints", ignore_errors=True)  # the disk, on long runs
     return result
@@ -212,8 +240,25 @@ def survived(result: dict[str, Any]) -> bool:
         not result.get("left")
         and not result.get("shm_left")
         and result["steps_ok"]
-        and result["metrics_equal"]
+        and result["data_equal"]
+        and result.get("metrics_equal", True)
         and result.get("weights_equal", True)
+    )
+
+
+def same_data(
+    run: list[list[tuple[str, int]]], base: list[list[tuple[str, int]]], engine: str
+) -> bool:
+    """Whether a resumed run's groups per step are the uninterrupted run's (see the module's
+    docstring for what that means with each engine)."""
+    if engine == "hf":
+        return run == base
+    trained = [group for step in run for group, _ in step]
+    tasks, base_tasks = dict(sum(run, [])), dict(sum(base, []))
+    return (
+        len(trained) == len(set(trained))
+        and all(tasks[g] == base_tasks[g] for g in tasks.keys() & base_tasks.keys())
+        and [len(step) for step in run] == [len(step) for step in base]
     )
 
 
@@ -236,12 +281,18 @@ def main() -> None:
     base.mkdir(parents=True)
     (base / "run.yaml").write_text(yaml.safe_dump(run_config(model, base, args)))
     wall, began = finish(base / "run.yaml", base / "run")
-    baseline = {"wall_s": wall, "began_s": began, "rows": _rows(base / "run")}
+    baseline = {
+        "wall_s": wall,
+        "began_s": began,
+        "rows": _rows(base / "run"),
+        "groups": groups(base / "run", args.steps),
+    }
     if args.engine == "hf":
         baseline["digest"] = digest(base / "run" / "final")
     print(f"uninterrupted: {args.steps} steps in {wall:.1f} s, the run began at {began:.1f} s "
           f"({args.engine} engine{', async' if args.asynchronous else ''})")  # fmt: skip
-    print("moment  delay s  logged  checkpoints  left  shm  resumed s  steps  metrics  weights")
+    print("moment  delay s  logged  checkpoints  left  shm  resumed s  steps  data  metrics  "
+          "weights")  # fmt: skip
     results = []
     for index in range(args.moments):
         r = moment(index, args, model, baseline)
@@ -253,7 +304,8 @@ def main() -> None:
             f"{index:6d}  {r['delay_s']:7.2f}  {r['steps_logged']:6d}  "
             f"{(r['checkpoints'] or ['-'])[-1]:>11}  {len(r['left']):4d}  "
             f"{len(r['shm_left']):3d}  {r['resume_s']:9.1f}  {_yes(r['steps_ok']):>5}  "
-            f"{_yes(r['metrics_equal']):>7}  {_yes(r.get('weights_equal')):>7}"
+            f"{_yes(r['data_equal']):>4}  {_yes(r.get('metrics_equal')):>7}  "
+            f"{_yes(r.get('weights_equal')):>7}"
         )
         for line in r["left"] + r["shm_left"]:
             print(f"        left: {line}")

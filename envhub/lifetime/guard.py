@@ -9,9 +9,14 @@ signal). A SIGTERM (or SIGINT, SIGHUP) to the guard ends the group the same way,
 ``--grace`` seconds, so stopping the group's leader stops everything and one place sends the
 signals (the guard then exits by its own SIGKILL).
 
+Before the SIGKILL the guard unlinks the ``/dev/shm`` entries its group maps and no process
+outside it does: a killed process never unlinks its own (vLLM left a pair of 160 and 240 MiB
+segments and a semaphore per killed engine before).
+
 A watched process is followed through a pidfd (Linux 5.3+: no polling, no race with a reused
-pid) or, where there is none, by polling it. The guard imports only the standard library: it is
-run as a file, not through ``envhub``, so it costs a bare interpreter (~10 MB).
+pid) or, where there is none, by polling it. The guard imports only the standard library and
+its sibling :mod:`procs`: it is run as a file, not through ``envhub``, so it costs a bare
+interpreter (~13 MB).
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import procs  # noqa: E402 - a sibling file, not the envhub package (this runs as a file)
 
 POLL_S = 0.2
 """How often the guard looks at its command when nothing else wakes it."""
@@ -73,15 +82,24 @@ class _Stop:
 
 def end_group(child: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM to the guard's group, ``grace`` seconds for ``child`` to exit, then SIGKILL to
-    whatever of the group is left (the guard included, so this may not return)."""
+    whatever of the group is left (the guard included, so this may not return). The shared
+    memory the group mapped and did not release (vLLM's, when it is killed) is unlinked first:
+    no process of the group will ever unlink it."""
+    group = os.getpgrp()
+    members = [pid for pid in procs.group_members(group) if pid != os.getpid()]
+    mapped = set().union(*(procs.shared_memory(pid) for pid in members))
+    # envhub's own files (the weights a trainer shares with its engines) are the trainer's to
+    # remove: it may outlive this engine, and it sweeps its own leftovers.
+    mapped = {name for name in mapped if not name.startswith("envhub-")}
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    os.killpg(os.getpgrp(), signal.SIGTERM)
+    os.killpg(group, signal.SIGTERM)
     try:
         child.wait(grace)
     except subprocess.TimeoutExpired:
         pass
+    procs.release_shared_memory(mapped, besides=procs.group_members(group))
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.killpg(group, signal.SIGKILL)
 
 
 def exit_as(returncode: int) -> None:

@@ -105,6 +105,47 @@ def descendants(*roots: int) -> dict[int, str]:
     return found
 
 
+def group_members(group: int) -> list[int]:
+    """The running processes of process group ``group``."""
+    found = []
+    for pid in pids():
+        fields = _stat(pid)
+        if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == group:
+            found.append(pid)  # field 5: the process group
+    return found
+
+
+def shared_memory(pid: int) -> set[str]:
+    """The ``/dev/shm`` entries ``pid`` maps (POSIX shared memory, named semaphores)."""
+    try:
+        maps = (PROC / str(pid) / "maps").read_text()
+    except OSError:
+        return set()
+    return {
+        line.split("/dev/shm/", 1)[1].removesuffix(" (deleted)")
+        for line in maps.splitlines()
+        if "/dev/shm/" in line and not line.endswith(" (deleted)")
+    }
+
+
+def release_shared_memory(names: Iterable[str], besides: Iterable[int]) -> list[str]:
+    """Unlink the ``/dev/shm`` entries ``names`` that no process but ``besides`` maps (a
+    killed process cannot unlink its own); returns those unlinked."""
+    ours = set(besides)
+    others = set()
+    for pid in pids():
+        if pid not in ours:
+            others |= shared_memory(pid)
+    released = []
+    for name in sorted(set(names) - others):
+        try:
+            os.unlink(f"/dev/shm/{name}")
+        except OSError:
+            continue  # already gone: it cleaned up after itself
+        released.append(name)
+    return released
+
+
 def leftovers(folder: str, dir_env: str, owner_env: str) -> list[Leftover]:
     """Processes tagged ``dir_env=folder`` whose ``owner_env`` tag names a process that is gone."""
     found = []

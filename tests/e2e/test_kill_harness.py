@@ -30,7 +30,7 @@ def test_runs_killed_at_seeded_moments_resume_into_the_uninterrupted_run(
     assert len(moments) == 4 and all(m["killed"] for m in moments)
     for m in moments:
         assert (m["left"], m["shm_left"]) == ([], [])
-        assert m["steps_ok"] and m["metrics_equal"] and m["weights_equal"], m
+        assert m["steps_ok"] and m["data_equal"] and m["metrics_equal"] and m["weights_equal"], m
     # The seeded moments reach past the start: at least one kill found steps already logged.
     assert max(m["steps_logged"] for m in moments) >= 1
     assert "survived 4 of 4 kills" in done.stdout

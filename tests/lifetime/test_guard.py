@@ -114,3 +114,52 @@ def test_the_guard_leads_a_group_of_its_own_even_when_not_started_so() -> None:
                             text=True, timeout=HANG_S)  # fmt: skip
     assert result.returncode == 0
     assert int(result.stdout) != os.getpgrp()
+
+
+# Maps a /dev/shm file of its own and one of the test's, as vLLM's engine maps its segments
+# (plain mmap: multiprocessing's resource tracker would clean up on its own).
+MAPPER = """
+import mmap, os, sys, time
+maps = []
+for name in sys.argv[1:]:
+    fd = os.open(f"/dev/shm/{name}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    maps.append(mmap.mmap(fd, 4096))
+print("mapped", flush=True)
+time.sleep(600)
+"""
+GUARDED_OWNER = """
+import subprocess, sys, time
+from envhub.lifetime import guarded
+guard = subprocess.Popen(guarded(sys.argv[1:]), start_new_session=True)
+print(guard.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_shared_memory_the_group_left_is_released_unless_another_process_maps_it() -> None:
+    import mmap
+
+    ours, shared = f"psm_test_{os.getpid()}_ours", f"psm_test_{os.getpid()}_shared"
+    fd = os.open(f"/dev/shm/{shared}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.ftruncate(fd, 4096)
+    outside = mmap.mmap(fd, 4096)  # mapped here, outside the guarded group
+    command = [sys.executable, "-c", MAPPER, ours, shared]
+    owner = subprocess.Popen(
+        [sys.executable, "-c", GUARDED_OWNER, *command], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        group = int(owner.stdout.readline())
+        assert owner.stdout.readline() == "mapped\n"
+        owner.kill()
+        owner.wait(HANG_S)
+        assert group_gone(group)
+        assert not Path(f"/dev/shm/{ours}").exists()  # the killed group's own: released
+        assert Path(f"/dev/shm/{shared}").exists()  # mapped by this test too: kept
+    finally:
+        owner.kill()
+        outside.close()
+        os.close(fd)
+        for name in (ours, shared):
+            Path(f"/dev/shm/{name}").unlink(missing_ok=True)
