@@ -6,8 +6,8 @@ uniformly over an uninterrupted run's wall time (so the kill lands anywhere: the
 rollout, an update, a checkpoint write, the export), then check
 
 - **left**: everything below the killed process in the process tree at the kill has ended
-  10 s later, and no ``/dev/shm`` entry that appeared during the run is still there unused
-  (one a live process maps or holds open belongs to it, not to the dead run);
+  10 s later, and no ``/dev/shm`` entry its processes mapped (or the weights file its driver
+  shared) is still there unless a live process maps it;
 - **resumed**: running the same command again finishes the run;
 - **steps**: its ``metrics.jsonl`` has each step once, in order;
 - **data**: with the HF engine, each step trained on the same groups of the same tasks as the
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import shutil
 import signal
@@ -95,66 +94,68 @@ def start(config: Path) -> subprocess.Popen[bytes]:
 
 
 def finish(config: Path, run: Path | None = None) -> tuple[float, float]:
-    """Run ``envhub train CONFIG`` to the end: its wall time, and when the run began (its
-    folder's ``config.json`` appeared: imports and checks are done) if ``run`` is given."""
+    """Run ``envhub train CONFIG`` to the end: its wall time, and (when ``run`` is given) when
+    its first step began, estimated as its first metrics line less one step's mean time (the
+    imports, the model load and an engine's start come before)."""
     started = time.monotonic()
-    began = 0.0
+    first = None
     process = start(config)
-    while run is not None and process.poll() is None and not (run / "config.json").exists():
+    while run is not None and process.poll() is None and first is None:
+        if (run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text():
+            first = time.monotonic() - started
         time.sleep(0.02)
-    began = time.monotonic() - started
     _, stderr = process.communicate()
     if process.returncode != 0:
         raise SystemExit(f"the run failed:\n{stderr.decode()[-3000:]}")
-    return time.monotonic() - started, began
-
-
-def shm_entries() -> set[str]:
-    """What ``/dev/shm`` holds now."""
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
+    wall = time.monotonic() - started
+    if first is None:
+        return wall, 0.0
+    steps = len(_rows(run)) if run is not None else 1
+    return wall, max(0.0, first - (wall - first) / max(steps, 1))
 
 
 def shm_in_use() -> set[str]:
-    """The ``/dev/shm`` entries some running process maps or holds open: a live process's
-    (another program's, on a shared machine), not one a dead run left."""
-    used = set()
-    for process in psutil.process_iter():
-        try:
-            paths = [m.path for m in process.memory_maps(grouped=False)]
-            paths += [f.path for f in process.open_files()]
-        except (psutil.Error, OSError):
-            continue
-        used |= {p.removeprefix("/dev/shm/") for p in paths if p.startswith("/dev/shm/")}
-    return used
+    """The ``/dev/shm`` entries some running process maps."""
+    from envhub.lifetime.procs import pids, shared_memory
+
+    return set().union(*(shared_memory(pid) for pid in pids()))
 
 
 def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
     """Start the run, SIGKILL it after ``delay`` s; what it had done and what it left."""
-    shm_before = shm_entries()
     process = start(config)
     deadline = time.monotonic() + delay
     below: dict[int, psutil.Process] = {}
+    shm: set[str] = set()
     while time.monotonic() < deadline and process.poll() is None:
-        try:  # noted as it goes: the kill must find what exists at its moment
-            below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
-        except psutil.NoSuchProcess:
-            break
+        note(process, below, shm)  # as it goes: the kill must find what exists at its moment
         time.sleep(0.05)
     if process.poll() is not None:
         return {"killed": False}
-    below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
+    note(process, below, shm)
     process.send_signal(signal.SIGKILL)
     process.wait()
     done = len(_rows(run))
     checkpoints = sorted(p.name for p in (run / "checkpoints").glob("step-*"))
     _, alive = psutil.wait_procs(list(below.values()), timeout=LEFT_WITHIN_S)
     left = [" ".join(p.cmdline())[:80] for p in alive if _running(p)]
-    shm_left = sorted(shm_entries() - shm_before - shm_in_use())
+    shm |= {path.name for path in Path("/dev/shm").glob(f"envhub-weights-{process.pid}-*")}
+    shm_left = sorted(n for n in shm - shm_in_use() if Path(f"/dev/shm/{n}").exists())
     return {"killed": True, "steps_logged": done, "checkpoints": checkpoints,
             "left": left, "shm_left": shm_left}  # fmt: skip
+
+
+def note(process: subprocess.Popen[bytes], below: dict[int, psutil.Process], shm: set[str]) -> None:
+    """Add what runs below ``process`` to ``below``, and the ``/dev/shm`` entries they map to
+    ``shm`` (so that another program's entries on a shared machine are never counted)."""
+    from envhub.lifetime.procs import shared_memory
+
+    try:
+        below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
+    except psutil.NoSuchProcess:
+        return
+    for pid in [process.pid, *below]:
+        shm |= shared_memory(pid)
 
 
 def _running(process: psutil.Process) -> bool:
@@ -209,7 +210,7 @@ def digest(model: Path) -> str:
 
 def moment(index: int, args: argparse.Namespace, model: Path, baseline: dict[str, Any]) -> dict:
     """Kill one run at the ``index``-th seeded moment, resume it, compare it with the baseline."""
-    # One kill in five during the start (imports, checks, the model load), the rest in the run.
+    # One kill in five during the start, the rest in the steps.
     rng = random.Random(f"{args.seed}:{index}")
     began, wall = baseline["began_s"], baseline["wall_s"]
     delay = rng.uniform(0.0, began) if rng.random() < 0.2 else rng.uniform(began, wall)
@@ -289,7 +290,7 @@ def main() -> None:
     }
     if args.engine == "hf":
         baseline["digest"] = digest(base / "run" / "final")
-    print(f"uninterrupted: {args.steps} steps in {wall:.1f} s, the run began at {began:.1f} s "
+    print(f"uninterrupted: {args.steps} steps in {wall:.1f} s, the first began at {began:.1f} s "
           f"({args.engine} engine{', async' if args.asynchronous else ''})")  # fmt: skip
     print("moment  delay s  logged  checkpoints  left  shm  resumed s  steps  data  metrics  "
           "weights")  # fmt: skip

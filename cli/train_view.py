@@ -123,7 +123,8 @@ class RichReporter:
         console.print(
             f"[bold]envhub train[/] {config.model.name} "
             f"({info['parameters'] / 1e6:.1f}M params, {info['device']}) on {envs}: "
-            f"{_supervised(config)}{config.steps} steps x {config.rollout.tasks_per_step} tasks "
+            f"{_supervised(config)}{config.steps} step{'s' if config.steps != 1 else ''} x "
+            f"{config.rollout.tasks_per_step} tasks "
             f"x {config.rollout.samples_per_task} samples{resumed}",
             soft_wrap=True,
         )

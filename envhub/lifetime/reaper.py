@@ -9,7 +9,8 @@ a process that sets its title, as Ray's and vLLM's do, may blank it, hence both)
 for one, outlive a killed driver and its raylet by up to a minute on their own.
 
 The reaper waits for ``PID`` to exit, however it exits, then ends each of them: SIGTERM, and
-SIGKILL to those left after :data:`GRACE_S`. A SIGTERM to the reaper (the run ended well and
+SIGKILL to those left after :data:`GRACE_S`, and unlinks the shared memory they held (a killed
+process never unlinks its own). A SIGTERM to the reaper (the run ended well and
 cleaned up itself) makes it exit without a sweep. Meanwhile it keeps the noted processes in the
 JSON file ``LIST`` (``{"owner": TAG, "processes": [[pid, start, command], ...]}``), so that if
 it is killed too, the next run of the folder still knows what to end
@@ -25,6 +26,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,6 +87,16 @@ def the_runs(noted: dict[int, str], env: str, tag: str) -> list[int]:
     return sorted(found)
 
 
+def release(driver: int, mapped: set[str]) -> None:
+    """Unlink the shared memory the run's processes mapped and no live process maps, and the
+    weights file the driver shared with its engines (``envhub-weights-PID-*.bin``, written,
+    not mapped, by the driver): nobody of the run is left to."""
+    procs.release_shared_memory(mapped, besides=())
+    for folder in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
+        for path in folder.glob(f"envhub-weights-{driver}-*.bin"):
+            path.unlink(missing_ok=True)
+
+
 def main() -> None:
     """The command line (see the module's docstring)."""
     pid, tag, env, listing = int(sys.argv[1]), sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -95,9 +107,13 @@ def main() -> None:
     sys.stdout.flush()
     noted = note_until_exit(pid, fd, listing, tag)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish the sweep
+    mapped: set[str] = set()
     # Twice: a process that was starting a child when the first pass ended it may have left one.
     for _ in range(2):
-        procs.end_processes(the_runs(noted, env, tag), GRACE_S)
+        targets = the_runs(noted, env, tag)
+        mapped |= set().union(*(procs.shared_memory(p) for p in targets))
+        procs.end_processes(targets, GRACE_S)
+    release(pid, mapped)
     listing.unlink(missing_ok=True)  # all ended: nothing for the next run to sweep
 
 

@@ -335,7 +335,7 @@ def test_a_warm_start_shows_both_stages_from_the_dry_run_to_the_summary(
     result = envhub("train", *common)
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "2 supervised steps, then 1 steps x 2 tasks x 2 samples" in out
+    assert "2 supervised steps, then 1 step x 2 tasks x 2 samples" in out
     assert "warm start: 4 demonstrations (" in out and "kept 4 of 4" in out
     rows = [line.split() for line in out.splitlines() if re.match(r"\s*[0-3]/3 ", line)]
     assert [(row[0], row[1]) for row in rows] == [
