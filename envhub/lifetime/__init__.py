@@ -24,6 +24,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from envhub.lifetime import procs
 from envhub.lifetime.procs import (
     Leftover,
     end_processes,
@@ -76,7 +77,7 @@ def owning(folder: str | Path) -> Iterator[list[Leftover]]:
     ended = sweep(folder)
     tag = owner_tag(os.getpid())
     listing = Path(folder) / LISTING
-    reaper = _start_reaper(tag, listing)
+    reaper = _start_reaper(tag, listing) if procs.AVAILABLE else None  # it reads /proc
     saved = {name: os.environ.get(name) for name in (OWNER_DIR_ENV, OWNER_ENV)}
     os.environ[OWNER_DIR_ENV] = folder
     os.environ[OWNER_ENV] = tag
@@ -88,8 +89,9 @@ def owning(folder: str | Path) -> Iterator[list[Leftover]]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        reaper.terminate()  # we are alive and cleaned up: it has nothing to do
-        reaper.wait()
+        if reaper is not None:
+            reaper.terminate()  # we are alive and cleaned up: it has nothing to do
+            reaper.wait()
         listing.unlink(missing_ok=True)
 
 

@@ -61,6 +61,7 @@ def _watch(pid: int) -> int | None:
 
 
 def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (polled where there are no pidfds)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -2,6 +2,8 @@
 
 A process is named by ``PID:START`` (its start time in clock ticks since boot), which no later
 process with a reused pid shares. Processes we may not read are skipped: they are not ours.
+Where there is no ``/proc`` (macOS) every scan finds nothing (:data:`AVAILABLE` says so): the
+callers then fall back to what works everywhere (the guard polls its owner's pid).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PROC = Path("/proc")
+AVAILABLE = (PROC / "self" / "stat").exists()
+"""Whether this system has Linux's ``/proc``."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,9 @@ def command_line(pid: int, width: int = 100) -> str:
 
 
 def pids() -> Iterator[int]:
-    """Every running process's pid."""
+    """Every running process's pid (none without ``/proc``)."""
+    if not AVAILABLE:
+        return
     for entry in PROC.iterdir():
         if entry.name.isdigit():
             yield int(entry.name)
