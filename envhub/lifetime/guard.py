@@ -4,10 +4,11 @@ The guard leads a process group of its own and starts ``CMD`` in it; whatever ``
 (vLLM's engine core and workers, a program's children) joins the group. When any watched
 process ends, however it ends (SIGKILL included, which no handler sees), the guard sends the
 group SIGTERM, waits up to :data:`ORPHAN_GRACE_S` seconds and then SIGKILLs all of it, itself
-last. When ``CMD`` ends on its own the guard exits with its status (a signal as the same
-signal). A SIGTERM (or SIGINT, SIGHUP) to the guard ends the group the same way, after up to
-``--grace`` seconds, so stopping the group's leader stops everything and one place sends the
-signals (the guard then exits by its own SIGKILL).
+last. When ``CMD`` ends on its own the guard ends what is left of the group the same way, then
+exits with its status (a signal as the same signal). A SIGTERM (or SIGINT, SIGHUP) to the
+guard ends the group the same way, after up to ``--grace`` seconds, so stopping the group's
+leader stops everything and one place sends the signals (the guard then exits by its own
+SIGKILL).
 
 Before the SIGKILL the guard unlinks the ``/dev/shm`` entries its group maps and no process
 outside it does: a killed process never unlinks its own (vLLM left a pair of 160 and 240 MiB
@@ -103,6 +104,19 @@ def end_group(child: subprocess.Popen[bytes], grace: float) -> None:
     os.killpg(group, signal.SIGKILL)
 
 
+def end_rest(grace: float) -> None:
+    """End what is left of the group once the command has exited on its own (vLLM's engine
+    core outlives an API server that crashed): SIGTERM, SIGKILL after ``grace`` s, and the
+    shared memory they mapped released."""
+    me, group = os.getpid(), os.getpgrp()
+    rest = [pid for pid in procs.group_members(group) if pid != me]
+    if not rest:
+        return
+    mapped = set().union(*(procs.shared_memory(pid) for pid in rest))
+    procs.end_processes(rest, grace)
+    procs.release_shared_memory({n for n in mapped if not n.startswith("envhub-")}, besides=())
+
+
 def exit_as(returncode: int) -> None:
     """Exit as the command did: its code, or killed by the same signal."""
     if returncode < 0:
@@ -130,6 +144,7 @@ def run(command: Sequence[str], watched: Sequence[int], grace: float) -> None:
             time.sleep(POLL_S)
         owner_died = owner_died or any(_gone(pid) for pid in polled)
         if child.poll() is not None:
+            end_rest(min(grace, ORPHAN_GRACE_S))
             exit_as(child.returncode)
         if owner_died or _Stop.requested:
             end_group(child, grace if _Stop.requested else min(grace, ORPHAN_GRACE_S))

@@ -80,6 +80,13 @@ def test_the_guard_exits_as_its_command_does() -> None:
     assert killed.returncode == -signal.SIGTERM
 
 
+def test_a_command_that_exits_leaves_nothing_of_its_group_behind() -> None:
+    # As vLLM's engine core outlives an API server that crashed.
+    guard = subprocess.Popen(guarded(["sh", "-c", "sleep 300 & exit 3"]), start_new_session=True)
+    assert guard.wait(HANG_S) == 3
+    assert group_gone(guard.pid)
+
+
 def test_stopping_the_guard_ends_a_command_that_ignores_sigterm_after_the_grace() -> None:
     command = ["sh", "-c", "trap '' TERM; echo up; sleep 300 & wait; wait"]
     guard = subprocess.Popen(
