@@ -18,8 +18,9 @@ import atexit
 import functools
 import os
 import shutil
-import tempfile
 from collections.abc import Sequence
+
+from envhub.lifetime.tempdirs import owned_tempdir
 
 COPIED = (
     "/etc/ld.so.cache",
@@ -33,7 +34,7 @@ COPIED = (
 
 @functools.lru_cache(maxsize=8)
 def _prepared(mount_points: tuple[str, ...]) -> str:
-    folder = tempfile.mkdtemp(prefix="envhub-sandbox-etc-")
+    folder = owned_tempdir("envhub-sandbox-etc-")  # a killed process's is removed by the next
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     for path in COPIED:
         _copy(path, os.path.join(folder, os.path.relpath(path, "/etc")))

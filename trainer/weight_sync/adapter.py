@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from envhub.lifetime.tempdirs import owned_tempdir
 from envhub.trainer.weight_sync.plan import SentWeights
 
 ADAPTER_PREFIX = "policy-lora"
@@ -93,7 +93,7 @@ class AdapterSender:
     ) -> None:
         self.backend, self.engines, self.loop = backend, list(engines), loop
         self.slots = slots
-        self.root = root or Path(tempfile.mkdtemp(prefix="envhub-lora-"))
+        self.root = root or Path(owned_tempdir("envhub-lora-"))  # a killed run's: removed later
         self.timeout_s = timeout_s
         self.syncs = 0
 
