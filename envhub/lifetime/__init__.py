@@ -31,6 +31,7 @@ from envhub.lifetime.procs import (
     leftovers,
     listed_leftovers,
     owner_tag,
+    read_listing,
 )
 
 __all__ = [
@@ -128,5 +129,7 @@ def sweep(folder: str | Path, grace: float = 5.0) -> list[Leftover]:
             leftover.owner,
         )
     end_processes([leftover.pid for leftover in found], grace)
-    (folder / LISTING).unlink(missing_ok=True)
+    listing = read_listing(folder / LISTING)
+    if listing is not None and not procs.alive(listing[0]):  # a live owner's stays its own
+        (folder / LISTING).unlink(missing_ok=True)
     return found

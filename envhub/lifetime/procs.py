@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 PROC = Path("/proc")
 AVAILABLE = (PROC / "self" / "stat").exists()
@@ -163,16 +164,22 @@ def leftovers(folder: str, dir_env: str, owner_env: str) -> list[Leftover]:
     return found
 
 
+def read_listing(path: Path) -> tuple[str, list[list[Any]]] | None:
+    """A reaper's listing: its owner's tag and its rows (``None`` if missing or unreadable)."""
+    try:
+        listing = json.loads(path.read_text())
+        return str(listing["owner"]), list(listing["processes"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def listed_leftovers(path: Path) -> list[Leftover]:
     """The processes a reaper listed in ``path`` that still run, if its owner is gone (none
     when the file is missing or unreadable, or names a live owner)."""
-    try:
-        listing = json.loads(path.read_text())
-        owner, rows = listing["owner"], listing["processes"]
-    except (OSError, ValueError, KeyError, TypeError):
+    listing = read_listing(path)
+    if listing is None or alive(listing[0]):
         return []
-    if alive(owner):
-        return []
+    owner, rows = listing
     return [
         Leftover(int(pid), command_line(int(pid)), owner)
         for pid, started, _ in rows

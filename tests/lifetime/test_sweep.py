@@ -129,6 +129,7 @@ def test_what_a_killed_reaper_listed_is_ended_even_without_a_tag(tmp_path: Path)
         row = [untagged.pid, owner_tag(untagged.pid).partition(":")[2], "sleep 300"]
         listing.write_text(json.dumps({"owner": owner_tag(os.getpid()), "processes": [row]}))
         assert sweep(tmp_path) == []  # the owner (this test) is alive: nothing is a leftover
+        assert listing.exists()  # and its list stays its own
         listing.write_text(json.dumps({"owner": dead_owner_tag(), "processes": [row]}))
         ended = sweep(tmp_path)
         assert [(e.pid, e.name) for e in ended] == [(untagged.pid, "sleep 300")]
