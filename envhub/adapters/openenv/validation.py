@@ -10,6 +10,7 @@ very value that was sent.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +30,7 @@ class ServerError(RuntimeError):
         super().__init__(f"Server error: {message} (code: {self.code})")
 
 
+@functools.cache
 def client_class() -> type:
     """OpenEnv's ``GenericEnvClient``, raising :class:`ServerError` for an error answer."""
     from openenv.core import GenericEnvClient
