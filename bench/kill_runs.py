@@ -116,9 +116,9 @@ def finish(config: Path, run: Path | None = None) -> tuple[float, float]:
 
 def shm_in_use() -> set[str]:
     """The ``/dev/shm`` entries some running process maps."""
-    from envhub.lifetime.procs import pids, shared_memory
+    from envhub.lifetime.procs import mapped_by, pids
 
-    return set().union(*(shared_memory(pid) for pid in pids()))
+    return mapped_by(pids())
 
 
 def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
@@ -148,14 +148,13 @@ def kill_at(config: Path, delay: float, run: Path) -> dict[str, Any]:
 def note(process: subprocess.Popen[bytes], below: dict[int, psutil.Process], shm: set[str]) -> None:
     """Add what runs below ``process`` to ``below``, and the ``/dev/shm`` entries they map to
     ``shm`` (so that another program's entries on a shared machine are never counted)."""
-    from envhub.lifetime.procs import shared_memory
+    from envhub.lifetime.procs import mapped_by
 
     try:
         below |= {p.pid: p for p in psutil.Process(process.pid).children(recursive=True)}
     except psutil.NoSuchProcess:
         return
-    for pid in [process.pid, *below]:
-        shm |= shared_memory(pid)
+    shm |= mapped_by([process.pid, *below])
 
 
 def _running(process: psutil.Process) -> bool:

@@ -114,7 +114,8 @@ def sweep(folder: str | Path, grace: float = 5.0) -> list[Leftover]:
     listed, and those tagged with ``folder`` (SIGTERM, then SIGKILL after ``grace`` s), each
     named in the log; returns them. Processes of a live owner are left alone."""
     folder = Path(folder).resolve()
-    found = listed_leftovers(folder / LISTING)
+    listing = read_listing(folder / LISTING)
+    found = listed_leftovers(listing)
     found += [
         leftover
         for leftover in leftovers(str(folder), OWNER_DIR_ENV, OWNER_ENV)
@@ -129,7 +130,6 @@ def sweep(folder: str | Path, grace: float = 5.0) -> list[Leftover]:
             leftover.owner,
         )
     end_processes([leftover.pid for leftover in found], grace)
-    listing = read_listing(folder / LISTING)
     if listing is not None and not procs.alive(listing[0]):  # a live owner's stays its own
         (folder / LISTING).unlink(missing_ok=True)
     return found

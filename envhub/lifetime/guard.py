@@ -61,17 +61,6 @@ def _watch(pid: int) -> int | None:
         return None
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (polled where there are no pidfds)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 class _Stop:
     """Set by SIGTERM/SIGINT/SIGHUP: stop the command, then exit as it did."""
 
@@ -82,17 +71,20 @@ class _Stop:
         cls.requested = True
 
 
+def _releasable(members: list[int]) -> set[str]:
+    """The shared memory ``members`` map that the guard may unlink once they are killed: not
+    envhub's own files (the weights a trainer shares with its engines), which are the trainer's
+    to remove: it may outlive this engine, and it sweeps its own leftovers."""
+    return {name for name in procs.mapped_by(members) if not name.startswith("envhub-")}
+
+
 def end_group(child: subprocess.Popen[bytes], grace: float) -> None:
     """SIGTERM to the guard's group, ``grace`` seconds for ``child`` to exit, then SIGKILL to
     whatever of the group is left (the guard included, so this may not return). The shared
     memory the group mapped and did not release (vLLM's, when it is killed) is unlinked first:
     no process of the group will ever unlink it."""
     group = os.getpgrp()
-    members = [pid for pid in procs.group_members(group) if pid != os.getpid()]
-    mapped = set().union(*(procs.shared_memory(pid) for pid in members))
-    # envhub's own files (the weights a trainer shares with its engines) are the trainer's to
-    # remove: it may outlive this engine, and it sweeps its own leftovers.
-    mapped = {name for name in mapped if not name.startswith("envhub-")}
+    mapped = _releasable([pid for pid in procs.group_members(group) if pid != os.getpid()])
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.killpg(group, signal.SIGTERM)
     try:
@@ -112,9 +104,9 @@ def end_rest(grace: float) -> None:
     rest = [pid for pid in procs.group_members(group) if pid != me]
     if not rest:
         return
-    mapped = set().union(*(procs.shared_memory(pid) for pid in rest))
+    mapped = _releasable(rest)
     procs.end_processes(rest, grace)
-    procs.release_shared_memory({n for n in mapped if not n.startswith("envhub-")}, besides=())
+    procs.release_shared_memory(mapped, besides=())
 
 
 def exit_as(returncode: int) -> None:
@@ -142,7 +134,7 @@ def run(command: Sequence[str], watched: Sequence[int], grace: float) -> None:
         owner_died = bool(select.select(readable, [], [], POLL_S)[0]) if readable else False
         if not readable:
             time.sleep(POLL_S)
-        owner_died = owner_died or any(_gone(pid) for pid in polled)
+        owner_died = owner_died or not all(procs.exists(pid) for pid in polled)
         if child.poll() is not None:
             end_rest(min(grace, ORPHAN_GRACE_S))
             exit_as(child.returncode)

@@ -62,6 +62,18 @@ def alive(tag: str) -> bool:
     return pid.isdigit() and start_time(int(pid)) == started
 
 
+def exists(pid: int) -> bool:
+    """Whether a process with pid ``pid`` exists (a zombie, or another user's, included): the
+    check that works without ``/proc``, for names that carry their maker's pid."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    return True
+
+
 def environment(pid: int) -> dict[str, str]:
     """``pid``'s environment as it started (empty when it cannot be read)."""
     try:
@@ -135,14 +147,16 @@ def shared_memory(pid: int) -> set[str]:
     }
 
 
+def mapped_by(targets: Iterable[int]) -> set[str]:
+    """The ``/dev/shm`` entries any of ``targets`` maps."""
+    return set().union(*(shared_memory(pid) for pid in targets))
+
+
 def release_shared_memory(names: Iterable[str], besides: Iterable[int]) -> list[str]:
     """Unlink the ``/dev/shm`` entries ``names`` that no process but ``besides`` maps (a
     killed process cannot unlink its own); returns those unlinked."""
     ours = set(besides)
-    others = set()
-    for pid in pids():
-        if pid not in ours:
-            others |= shared_memory(pid)
+    others = mapped_by(pid for pid in pids() if pid not in ours)
     released = []
     for name in sorted(set(names) - others):
         try:
@@ -173,10 +187,9 @@ def read_listing(path: Path) -> tuple[str, list[list[Any]]] | None:
         return None
 
 
-def listed_leftovers(path: Path) -> list[Leftover]:
-    """The processes a reaper listed in ``path`` that still run, if its owner is gone (none
-    when the file is missing or unreadable, or names a live owner)."""
-    listing = read_listing(path)
+def listed_leftovers(listing: tuple[str, list[list[Any]]] | None) -> list[Leftover]:
+    """The processes a reaper's ``listing`` (:func:`read_listing`) names that still run, if its
+    owner is gone (none without a listing, or when it names a live owner)."""
     if listing is None or alive(listing[0]):
         return []
     owner, rows = listing

@@ -111,7 +111,7 @@ def main() -> None:
     # Twice: a process that was starting a child when the first pass ended it may have left one.
     for _ in range(2):
         targets = the_runs(noted, env, tag)
-        mapped |= set().union(*(procs.shared_memory(p) for p in targets))
+        mapped |= procs.mapped_by(targets)
         procs.end_processes(targets, GRACE_S)
     release(pid, mapped)
     listing.unlink(missing_ok=True)  # all ended: nothing for the next run to sweep

@@ -32,19 +32,7 @@ def remove_orphans(parent: Path, prefix: str) -> list[Path]:
     removed = []
     for path in parent.glob(f"{prefix}*"):
         match = pattern.match(path.name)
-        if match and path.is_dir() and not _running(int(match.group(1))):
+        if match and path.is_dir() and not procs.exists(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed
-
-
-def _running(pid: int) -> bool:
-    if procs.AVAILABLE:
-        return procs.start_time(pid) is not None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from envhub.inference.vllm_server import free_port
-from envhub.lifetime.procs import command_line, pids, shared_memory
+from envhub.lifetime.procs import command_line, mapped_by, pids
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("require_vllm")]
 
@@ -38,11 +38,11 @@ def left_after_kill(process: subprocess.Popen) -> list[str]:
     process tree at the kill) that still run :data:`LEFT_WITHIN_S` later, and the ``/dev/shm``
     entries they mapped that are still there, mapped by no live process (``shm:NAME``)."""
     started = psutil.Process(process.pid).children(recursive=True)
-    mapped = set().union(*(shared_memory(p.pid) for p in [process, *started]))
+    mapped = mapped_by(p.pid for p in [process, *started])
     process.send_signal(signal.SIGKILL)
     process.wait(60)
     _, alive = psutil.wait_procs(started, timeout=LEFT_WITHIN_S)
-    in_use = set().union(*(shared_memory(pid) for pid in pids()))
+    in_use = mapped_by(pids())
     shm = [f"shm:{name}" for name in sorted(mapped - in_use) if Path(f"/dev/shm/{name}").exists()]
     return [command_line(p.pid) for p in alive] + shm
 

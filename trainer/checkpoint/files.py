@@ -14,6 +14,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+from envhub.lifetime.procs import exists
+
 # One logger for the package, named as before it was split into modules (see ``rng``).
 log = logging.getLogger(__package__)
 
@@ -51,7 +53,7 @@ def clean_stale(folder: Path, pattern: str) -> None:
     for entry in folder.glob(pattern):
         match = _TMP_PID.fullmatch(entry.name)
         pid = int(match.group(1)) if match else None
-        if pid is not None and pid != os.getpid() and _process_alive(pid):
+        if pid is not None and pid != os.getpid() and exists(pid):
             continue  # another live process is writing there
         log.info("removing %s, left by an interrupted save", entry)
         remove(entry)
@@ -137,13 +139,3 @@ def remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     elif path.exists() or path.is_symlink():
         path.unlink(missing_ok=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, owned by someone else
-        pass
-    return True

@@ -42,6 +42,8 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from envhub.lifetime.procs import exists
+
 BACKEND = "envhub_shm"
 DEFAULT_BUCKET_BYTES = 256 << 20
 _ALIGN = 64  # every tensor starts on a cache-line boundary
@@ -330,7 +332,7 @@ def _remove_orphans(directory: Path) -> None:
     ``/dev/shm`` stays taken until someone does."""
     for path in directory.glob("envhub-weights-*-*.bin"):
         pid = path.name.split("-")[2]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        if pid.isdigit() and not exists(int(pid)):
             path.unlink(missing_ok=True)
 
 
