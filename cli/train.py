@@ -45,8 +45,15 @@ def train_command(
     from envhub.trainer.config import load_config
     from envhub.trainer.env_names import check_env_names
 
-    cfg = load_config(*_config_source(config, example, overrides or []))
+    notes: list[str] = []
+    cfg = load_config(*_config_source(config, example, overrides or []), notes=notes)
+    if notes:
+        from envhub.cli.console import console
+
+        for note in notes:
+            console.print(f"[dim]note: {note}[/dim]")
     check_env_names(cfg)  # a bad env name or reference fails here, before any model loads
+    _warn_about_tool_calls(cfg)
     if dry_run:
         from envhub.cli.train_view import show_dry_run
         from envhub.trainer.estimate import estimate
@@ -79,3 +86,12 @@ def _config_source(
     from envhub import examples
 
     return examples.path(example), ([config] if config is not None else []) + overrides
+
+
+def _warn_about_tool_calls(cfg: object) -> None:
+    """Say so before anything starts when ``rollout.max_tokens`` cannot hold one tool call."""
+    from envhub.cli.console import console
+    from envhub.trainer.tool_budget import tool_call_warnings
+
+    for warning in tool_call_warnings(cfg):
+        console.print(f"[yellow]warning: {warning}[/yellow]")

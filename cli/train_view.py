@@ -214,13 +214,36 @@ class RichReporter:
                 f"{evals[-1]['eval/reward']:.3f} (step {evals[-1]['step']})",
                 soft_wrap=True,
             )
+        unchanged = never_learned(result.history)
+        if unchanged:
+            console.print(unchanged, soft_wrap=True)
         for label, path in (
             ("metrics", result.run_dir / "metrics.jsonl"),
             ("reward plot", result.plot),
-            ("final model", result.final_model),
+            ("final model" + (" (the starting weights)" if unchanged else ""), result.final_model),
         ):
             if path is not None:
                 console.print(f"{label}: {path}", soft_wrap=True)
+
+
+def never_learned(history: list[dict[str, Any]]) -> str | None:
+    """What to say at the end of a run none of whose steps had anything to learn from (so its
+    weights never changed), or ``None``."""
+    steps = [r for r in history if "reward/mean" in r]
+    supervised = any("sft/epoch" in r for r in history)
+    if not steps or supervised or not all(r.get("train/no_signal") for r in steps):
+        return None
+    passed = max(r.get("pass@1", 0.0) for r in steps)
+    why = (
+        "no episode passed, so RL had nothing to reinforce: show the model how first, with a "
+        "warm start (sft:) or a teacher (distill:); docs: 'When RL has nothing to learn from'"
+        if passed == 0
+        else "the warnings above say why for each step"
+    )
+    return (
+        f"[bold yellow]nothing learned[/]: each of the {len(steps)} steps trained on nothing, "
+        f"so the weights never changed; {why}"
+    )
 
 
 def warm_start_summary(history: list[dict[str, Any]]) -> str | None:

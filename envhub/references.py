@@ -5,8 +5,12 @@ Three forms, taken everywhere an env name is (``envhub.make``, ``check``, ``eval
 
 - ``path/to/file.py:Class``: the class ``Class`` of that Python file;
 - ``path/to/file.py``: the one :class:`~envhub.env.Env` subclass the file defines (with several,
-  the error lists them);
+  the error lists them), or, when it defines none, its one module-level env instance;
 - ``module:Class``: the class of an importable module (``my_envs.lookup:LookupEnv``).
+
+``Class`` may also name an env *instance* (``env = HarnessEnv(agent, tasks)``): each env made
+from it is a deep copy of that instance (episodes run side by side, so they never share one),
+of a class made for it that keeps its type's attributes; it takes no arguments.
 
 A file is imported once per process (again when it changes on disk), as a module of its own
 whose folder is put on ``sys.path`` first, as ``python file.py`` would. Errors name the cause:
@@ -19,6 +23,7 @@ envhub's default, the file's stem (``lookup_sum.py`` -> ``lookup_sum``).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import importlib
 import importlib.util
@@ -191,10 +196,13 @@ def _find_class(ref: EnvReference, module: ModuleType) -> type:
                 f"{defined}"
             )
         obj = getattr(obj, part)
+    if _is_env_instance(obj):
+        return _instance_class(obj, module, ref.attr)
     if not _is_env_class(obj):
         kind = f"class {obj.__name__}" if inspect.isclass(obj) else type(obj).__name__
         raise EnvLoadError(
-            f"{ref.attr} in {where} (in {ref.text!r}) is a {kind}, not a subclass of envhub.Env"
+            f"{ref.attr} in {where} (in {ref.text!r}) is a {kind}, neither a subclass of "
+            "envhub.Env nor an env instance"
         )
     return obj
 
@@ -203,10 +211,19 @@ def _only_env_class(ref: EnvReference, module: ModuleType) -> type:
     found = _env_classes(module)
     if len(found) == 1:
         return next(iter(found.values()))
+    instances = _env_instances(module)
+    if not found and len(instances) == 1:
+        name, instance = next(iter(instances.items()))
+        return _instance_class(instance, module, name)
+    if not found and instances:
+        choices = ", ".join(f"{ref.path}:{name}" for name in instances)
+        raise EnvLoadError(
+            f"{ref.path} defines {len(instances)} env instances; name one: {choices}"
+        )
     if not found:
         raise EnvNotFoundError(
-            f"{ref.path} defines no subclass of envhub.Env; write one, or name the class: "
-            f"{ref.path}:Class"
+            f"{ref.path} defines no subclass of envhub.Env and no env instance; write one, or "
+            f"name it: {ref.path}:Class"
         )
     choices = ", ".join(f"{ref.path}:{name}" for name in found)
     raise EnvLoadError(f"{ref.path} defines {len(found)} Env subclasses; name one: {choices}")
@@ -241,6 +258,64 @@ def _is_env_class(obj: Any) -> bool:
     from envhub.env import Env
 
     return inspect.isclass(obj) and issubclass(obj, Env)
+
+
+def _is_env_instance(obj: Any) -> bool:
+    from envhub.env import Env
+
+    return isinstance(obj, Env)
+
+
+def _env_instances(module: ModuleType) -> dict[str, Any]:
+    """The env instances ``module`` holds at its top level, by name."""
+    return {name: obj for name, obj in vars(module).items() if _is_env_instance(obj)}
+
+
+_instance_classes: dict[int, type] = {}
+"""The class made for each instance (by ``id``; the instance lives in its cached module)."""
+
+
+def _instance_class(template: Any, module: ModuleType, attr: str) -> type:
+    """A class whose every construction is a deep copy of ``template`` (an env instance at
+    ``module.attr``): ``file.py:env`` then works wherever ``file.py:Class`` does."""
+    made = _instance_classes.get(id(template))
+    if made is not None and made.__template__ is template:  # type: ignore[attr-defined]
+        return made
+    base = type(template)
+
+    def __new__(cls: type, **kwargs: Any) -> Any:  # noqa: N807 - the class's constructor
+        if kwargs:
+            raise TypeError(
+                f"{attr} is an env instance, made once by its file; it takes no arguments "
+                f"(got {', '.join(kwargs)}); to pass some, name a class instead"
+            )
+        try:
+            env = copy.deepcopy(template)
+        except Exception as e:
+            raise TypeError(
+                f"cannot copy the env instance {attr} for an episode ({type(e).__name__}: {e}); "
+                f"write a subclass of {base.__name__} instead and name it"
+            ) from e
+        env.__class__ = cls
+        return env
+
+    def __init__(self: Any) -> None:  # noqa: N807 - the copy is already made
+        """Made by ``__new__``, as a copy of the file's instance."""
+
+    made = type(
+        base.__name__,
+        (base,),
+        {
+            "__new__": __new__,
+            "__init__": __init__,
+            "__module__": module.__name__,
+            "__qualname__": attr,
+            "__doc__": base.__doc__,
+            "__template__": template,
+        },
+    )
+    _instance_classes[id(template)] = made
+    return made
 
 
 def _give_stable_name(cls: type, ref: EnvReference) -> None:

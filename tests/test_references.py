@@ -147,13 +147,13 @@ def test_a_file_reference_is_no_hub_reference(env_file: Path) -> None:
             "{tmp}/letters.py:not_an_env",
             EnvLoadError,
             "not_an_env in {tmp}/letters.py (in '{tmp}/letters.py:not_an_env') is a function, "
-            "not a subclass of envhub.Env",
+            "neither a subclass of envhub.Env nor an env instance",
         ),
         (
             "{tmp}/letters.py:Plain",
             EnvLoadError,
-            "Plain in {tmp}/letters.py (in '{tmp}/letters.py:Plain') is a class Plain, not a "
-            "subclass of envhub.Env",
+            "Plain in {tmp}/letters.py (in '{tmp}/letters.py:Plain') is a class Plain, neither "
+            "a subclass of envhub.Env nor an env instance",
         ),
         (
             "{tmp}/letters.py",
@@ -164,8 +164,8 @@ def test_a_file_reference_is_no_hub_reference(env_file: Path) -> None:
         (
             "{tmp}/empty.py",
             EnvNotFoundError,
-            "{tmp}/empty.py defines no subclass of envhub.Env; write one, or name the class: "
-            "{tmp}/empty.py:Class",
+            "{tmp}/empty.py defines no subclass of envhub.Env and no env instance; write one, or "
+            "name it: {tmp}/empty.py:Class",
         ),
         (
             "no_such_module_here:Env",
@@ -244,3 +244,64 @@ def test_reference_for_finds_the_class_again(env_file: Path) -> None:
         pass
 
     assert reference_for(Local) is None
+
+
+INSTANCES = """
+from envhub.testing import LetterEnv
+
+env = LetterEnv()
+other = LetterEnv()
+"""
+
+ONE_INSTANCE = """
+from envhub.testing import LetterEnv
+
+env = LetterEnv()
+env.marker = "b"
+"""
+
+
+def test_an_instance_makes_copies_of_itself_that_keep_its_type(tmp_path: Path) -> None:
+    path = write(tmp_path, "one.py", ONE_INSTANCE)
+    cls = load_reference(f"{path}:env")
+    assert load_reference(str(path)) is cls  # the file's only env instance; made once
+    from envhub.testing import LetterEnv
+
+    template = sys.modules[cls.__module__].env
+    with envhub.make(f"{path}:env") as first, envhub.make(str(path)) as second:
+        assert first is not second and template not in (first, second)
+        assert isinstance(first, LetterEnv) and type(first) is cls
+        assert (first.name, first.marker, second.marker) == ("one", "b", "b")
+        first.marker = "z"  # a copy of its own: the next episode's env is unchanged
+        assert (second.marker, template.marker) == ("b", "b")
+
+
+@pytest.mark.parametrize(
+    ("reference", "message"),
+    [
+        (
+            "{tmp}/two.py",
+            "{tmp}/two.py defines 2 env instances; name one: {tmp}/two.py:env, {tmp}/two.py:other",
+        ),
+    ],
+)
+def test_several_instances_are_named_for_the_user(
+    tmp_path: Path, reference: str, message: str
+) -> None:
+    write(tmp_path, "two.py", INSTANCES)
+    with pytest.raises(EnvLoadError) as raised:
+        load_reference(reference.format(tmp=tmp_path))
+    assert str(raised.value) == message.format(tmp=tmp_path)
+
+
+def test_an_instance_takes_no_arguments_and_one_that_cannot_be_copied_says_what_to_do(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, "one.py", ONE_INSTANCE + "import threading\nenv.lock = threading.Lock()\n")
+    with pytest.raises(EnvLoadError, match=r"env is an env instance, made once by its file; it "
+                       r"takes no arguments \(got max_turns\); to pass some, name a class instead"):  # fmt: skip
+        envhub.make(f"{path}:env", max_turns=3)
+    with pytest.raises(EnvLoadError, match=r"cannot copy the env instance env for an episode "
+                       r"\(TypeError: cannot pickle '_thread.lock' object\); write a subclass of "
+                       r"LetterEnv instead and name it"):  # fmt: skip
+        envhub.make(f"{path}:env")

@@ -867,9 +867,16 @@ class TrainConfig(_Part):
 
 
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    notes: list[str] | None = None,
 ) -> TrainConfig:
     """Read a YAML config, apply ``key=value`` overrides, validate.
+
+    When the overrides change the names of the envs trained on (``envs.0.name=my_env.py``),
+    the file's ``logging.run_name`` and its ``eval`` section, which were written for its own
+    envs, are dropped unless overridden too (see :func:`follow_overridden_envs`); what was
+    dropped is added to ``notes``.
 
     Raises:
         ConfigError: the file is missing or not YAML, an override is malformed, a key is unknown
@@ -877,8 +884,82 @@ def load_config(
             what is allowed.
     """
     data = read_config_file(path) if path is not None else {}
+    file_envs = _env_names(data)
     apply_overrides(data, overrides)
+    dropped = follow_overridden_envs(data, file_envs, [_parse_override(o)[0] for o in overrides])
+    if notes is not None:
+        notes += dropped
     return validate_config(data)
+
+
+def _drop_old_envs_args(
+    data: dict[str, Any], file_envs: list[Any], override_keys: set[str]
+) -> list[str]:
+    """An env renamed by ``envs.N.name=...`` keeps none of the old env's ``args`` (unless
+    ``envs.N.args...`` is overridden too): they were written for the old env."""
+    notes = []
+    for index, env in enumerate(data.get("envs") or []):
+        if (
+            not isinstance(env, dict)
+            or index >= len(file_envs)
+            or env.get("name") == file_envs[index]
+        ):
+            continue
+        prefix = f"envs.{index}.args"
+        if env.get("args") and not any(
+            k == prefix or k.startswith(prefix + ".") for k in override_keys
+        ):
+            notes.append(
+                f"envs.{index} is now {env.get('name')}, so {file_envs[index]}'s args "
+                f"{env['args']} are dropped ({prefix}.KEY=VALUE to give some)"
+            )
+            del env["args"]
+    return notes
+
+
+def _env_names(data: dict[str, Any]) -> list[Any]:
+    envs = data.get("envs")
+    if not isinstance(envs, list):
+        return []
+    return [e.get("name") if isinstance(e, dict) else e for e in envs]
+
+
+def follow_overridden_envs(
+    data: dict[str, Any], file_envs: list[Any], override_keys: Sequence[str]
+) -> list[str]:
+    """Drop the file's run name and held-out evaluation when overrides changed the envs.
+
+    A config's ``run_name`` (with ``resume: auto``) and its ``eval`` envs belong to the envs it
+    was written for: kept for another env, the run would land in (and resume) the first env's
+    run folder and evaluate on an env it never trains on. Either stays when an override sets it.
+
+    Returns:
+        One line per thing dropped, for the user.
+    """
+    if not file_envs or _env_names(data) == file_envs:
+        return []
+    overridden = {key.split(".")[0] for key in override_keys} | {
+        ".".join(key.split(".")[:2]) for key in override_keys
+    }
+    notes = _drop_old_envs_args(data, file_envs, set(override_keys))
+    run_name = (data.get("logging") or {}).get("run_name")
+    if run_name and "logging.run_name" not in overridden and "logging" not in overridden:
+        del data["logging"]["run_name"]
+        notes.append(
+            f"the envs were overridden, so the run is not named {run_name!r} as the config's "
+            "envs' run is (logging.run_name=NAME to choose)"
+        )
+    trained = set(_env_names(data))
+    evaluated = [
+        e.get("name") for e in (data.get("eval") or {}).get("envs") or [] if isinstance(e, dict)
+    ]
+    if evaluated and not trained >= set(evaluated) and "eval" not in overridden:
+        del data["eval"]
+        notes.append(
+            f"the envs were overridden, so the config's held-out evaluation on "
+            f"{', '.join(map(str, evaluated))} is dropped (eval.envs=[...] to evaluate)"
+        )
+    return notes
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:

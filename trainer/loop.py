@@ -245,6 +245,8 @@ async def _step(
             metrics, empty = await sft_step(step, run, sync=samples_next), None
         else:
             metrics, empty = await train_step(step, run)
+            if empty is not None:  # the run's summary tells a run that never learned
+                metrics["train/no_signal"] = 1.0
         if held_out is not None and held_out.due(step + 1):
             _enter(run.on_phase, "eval")
             metrics |= await held_out.run(step + 1, run.engine, isolated=not run.producer.busy)

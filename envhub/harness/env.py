@@ -154,6 +154,9 @@ class HarnessEnv(TaskEnv):
     default_max_turns = 32
     default_timeout: ClassVar[float] = 600.0
     tool_parser: ClassVar[str] = "auto"
+    tools_come_from_program: ClassVar[bool] = True
+    """Its tools arrive with the program's calls: ``tool_schemas`` cannot list them before an
+    episode (what ``eval``, ``train`` and the dry run say about tools reads this)."""
 
     def __init__(
         self,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from envhub.cli.console import console
+from envhub.cli.train_view import RichReporter, never_learned
 from envhub.errors import NoLearningSignalError
 from envhub.trainer.batch import COLD_START, NoSignal
 from envhub.trainer.config import validate_config
@@ -122,8 +124,31 @@ def test_a_run_on_an_env_that_never_rewards_stops_and_says_why(
     assert not (config.run_dir / "final").exists()
 
 
-def test_max_empty_steps_null_lets_the_run_go_on(tiny_model_dir: Path, tmp_path: Path) -> None:
+def test_max_empty_steps_null_lets_the_run_go_on_and_its_end_says_nothing_was_learned(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
     config = validate_config(_config(tiny_model_dir, tmp_path, max_empty_steps=None) | {"steps": 4})
     result = train(config)
-    assert [r["batch/kept"] for r in result.history] == [0.0] * 4
+    assert [(r["batch/kept"], r["train/no_signal"]) for r in result.history] == [(0.0, 1.0)] * 4
     assert (config.run_dir / "final").exists()
+    # What a user saw: "final model:" as if it had trained.
+    with console.capture() as captured:
+        RichReporter().finish(result)
+    text = " ".join(captured.get().split())
+    assert (
+        "nothing learned: each of the 4 steps trained on nothing, so the weights never changed; "
+        "no episode passed, so RL had nothing to reinforce: show the model how first, with a "
+        "warm start (sft:) or a teacher (distill:)"
+    ) in text
+    assert f"final model (the starting weights): {config.run_dir / 'final'}" in text
+
+
+def test_the_end_of_a_run_that_learned_at_all_says_nothing_of_the_kind() -> None:
+    tied = {"reward/mean": 1.0, "pass@1": 1.0, "train/no_signal": 1.0}
+    assert never_learned([{"step": 1, "reward/mean": 0.5}, {"step": 2, **tied}]) is None
+    assert never_learned([{"step": 1, "sft/epoch": 1.0}, {"step": 2, **tied}]) is None
+    assert never_learned([]) is None
+    assert never_learned([{"step": 1, **tied}, {"step": 2, **tied}]) == (
+        "[bold yellow]nothing learned[/]: each of the 2 steps trained on nothing, so the weights "
+        "never changed; the warnings above say why for each step"
+    )
