@@ -297,7 +297,9 @@ def test_several_instances_are_named_for_the_user(
 def test_an_instance_takes_no_arguments_and_one_that_cannot_be_copied_says_what_to_do(
     tmp_path: Path,
 ) -> None:
-    path = write(tmp_path, "one.py", ONE_INSTANCE + "import threading\nenv.lock = threading.Lock()\n")
+    path = write(
+        tmp_path, "one.py", ONE_INSTANCE + "import threading\nenv.lock = threading.Lock()\n"
+    )
     with pytest.raises(EnvLoadError, match=r"env is an env instance, made once by its file; it "
                        r"takes no arguments \(got max_turns\); to pass some, name a class instead"):  # fmt: skip
         envhub.make(f"{path}:env", max_turns=3)

@@ -906,6 +906,8 @@ def _drop_old_envs_args(
         ):
             continue
         prefix = f"envs.{index}.args"
+        if {"envs", f"envs.{index}"} & override_keys:  # the user wrote the whole env
+            continue
         if env.get("args") and not any(
             k == prefix or k.startswith(prefix + ".") for k in override_keys
         ):
@@ -938,12 +940,10 @@ def follow_overridden_envs(
     """
     if not file_envs or _env_names(data) == file_envs:
         return []
-    overridden = {key.split(".")[0] for key in override_keys} | {
-        ".".join(key.split(".")[:2]) for key in override_keys
-    }
-    notes = _drop_old_envs_args(data, file_envs, set(override_keys))
+    keys = set(override_keys)
+    notes = _drop_old_envs_args(data, file_envs, keys)
     run_name = (data.get("logging") or {}).get("run_name")
-    if run_name and "logging.run_name" not in overridden and "logging" not in overridden:
+    if run_name and not keys & {"logging", "logging.run_name"}:
         del data["logging"]["run_name"]
         notes.append(
             f"the envs were overridden, so the run is not named {run_name!r} as the config's "
@@ -953,7 +953,8 @@ def follow_overridden_envs(
     evaluated = [
         e.get("name") for e in (data.get("eval") or {}).get("envs") or [] if isinstance(e, dict)
     ]
-    if evaluated and not trained >= set(evaluated) and "eval" not in overridden:
+    given = any(key in ("eval", "eval.envs") or key.startswith("eval.envs.") for key in keys)
+    if evaluated and not trained >= set(evaluated) and not given:
         del data["eval"]
         notes.append(
             f"the envs were overridden, so the config's held-out evaluation on "

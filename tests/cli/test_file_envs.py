@@ -213,3 +213,62 @@ def test_list_shows_the_references_a_file_offers(env_file: Path) -> None:
         *"Look up two prices and add them.".split(),
     ]  # fmt: skip
     assert len(lines) == 3
+
+
+HARNESS_INSTANCE = """
+import envhub
+from envhub.harness import HarnessEnv
+
+
+async def my_agent(client, prompt):
+    messages = [{"role": "user", "content": prompt}]
+    reply = await client.chat.completions.create(model="policy", messages=messages)
+    return reply.choices[0].message.content
+
+
+@envhub.reward
+def says_four(state) -> float:
+    return float(state.data["result"].rstrip(".").split()[-1:] == ["4"])
+
+
+env = HarnessEnv(my_agent, [{"question": "What is 2 + 2?"}], rubric=envhub.Rubric([says_four]))
+"""
+
+
+def test_the_harness_guides_instance_checks_and_trains(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, unload: list[str]
+) -> None:
+    # What a user saw: "defines no subclass of envhub.Env", and for file.py:env "is a
+    # HarnessEnv, not a subclass of envhub.Env".
+    pytest.importorskip("openai")
+    monkeypatch.setattr(console, "_width", 300)
+    path = tmp_path / "four_agent.py"
+    path.write_text(HARNESS_INSTANCE)
+    checked = runner.invoke(app, ["check", str(path)])
+    assert checked.exit_code == 0, checked.output
+    assert rows(checked.output)["api"] == ("ok", "HarnessEnv v0.1.0")
+    assert rows(checked.output)["reward audit"][0] == "ok"
+    out = tmp_path / "outputs"
+    trained = runner.invoke(
+        app,
+        [
+            "train",
+            str(QUICKSTART),
+            f"envs.0.name={path}:env",
+            f"model.name={tiny_model_dir}",
+            "steps=1",
+            "rollout.tasks_per_step=1",
+            "rollout.samples_per_task=2",
+            "rollout.max_tokens=4",
+            "algorithm.max_empty_steps=null",
+            "backend.device=cpu",
+            f"logging.output_dir={out}",
+            "logging.plot=false",
+        ],  # fmt: skip
+    )
+    assert trained.exit_code == 0, trained.output
+    run = out / f"four_agent-{tiny_model_dir.name.lower()}"  # named after the env, not quickstart
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()] == [1]
+    episodes = read_trajectories(run / "trajectories" / "step-000001.jsonl")
+    assert [t.env.name for t in episodes] == ["four_agent"] * 2
+    assert all(t.outcome == "ok" and len(t.turns) == 1 for t in episodes)

@@ -38,6 +38,62 @@ def test_quickstart_is_a_cpu_run_of_smollm2_on_arithmetic() -> None:
     assert config.run_dir == Path("outputs/train/quickstart")
 
 
+def test_a_run_on_overridden_envs_is_not_the_configs_run() -> None:
+    # What a user saw: their env's run landed in outputs/train/quickstart (resume: auto could
+    # resume the arithmetic run), evaluated arithmetic, and got the arithmetic env's args.
+    notes: list[str] = []
+    config = load_config(
+        EXAMPLES_DIR / "quickstart.yaml", ["envs.0.name=examples/envs/lookup_sum.py"], notes
+    )
+    assert config.run_dir == Path("outputs/train/lookup_sum-smollm2-135m")
+    assert (config.envs[0].args, config.eval) == ({}, None)
+    assert notes == [
+        "envs.0 is now examples/envs/lookup_sum.py, so arithmetic's args {'difficulty': 'tiny'} "
+        "are dropped (envs.0.args.KEY=VALUE to give some)",
+        "the envs were overridden, so the run is not named 'quickstart' as the config's envs' "
+        "run is (logging.run_name=NAME to choose)",
+        "the envs were overridden, so the config's held-out evaluation on arithmetic is dropped "
+        "(eval.envs=[...] to evaluate)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "run_name", "args", "evaluated"),
+    [
+        (["envs.0.args.difficulty=easy"], "quickstart", {"difficulty": "easy"}, True),
+        (["envs.0.name=arithmetic"], "quickstart", {"difficulty": "tiny"}, True),
+        (
+            ["envs.0.name=examples/envs/lookup_sum.py", "logging.run_name=mine"],
+            "mine",
+            {},
+            False,
+        ),
+        (
+            ["envs=[{name: examples/envs/lookup_sum.py, args: {a: 1}}]", "eval.envs.0.args={}"],
+            "lookup_sum-smollm2-135m",
+            {"a": 1},
+            True,
+        ),
+        (
+            ["envs.0.name=examples/envs/lookup_sum.py", "logging.output_dir=x", "eval.every=2"],
+            "lookup_sum-smollm2-135m",
+            {},
+            False,
+        ),
+    ],
+    ids=["args-only", "same-name", "run-name-given", "eval-given", "other-logging-and-eval"],
+)
+def test_what_the_user_overrides_too_stays(
+    overrides: list[str], run_name: str, args: dict, evaluated: bool
+) -> None:
+    config = load_config(EXAMPLES_DIR / "quickstart.yaml", overrides)
+    assert (config.run_name, config.envs[0].args, config.eval is not None) == (
+        run_name,
+        args,
+        evaluated,
+    )
+
+
 def test_overrides_parse_yaml_values_and_index_lists(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text("envs:\n  - name: arithmetic\n")
