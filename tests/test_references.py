@@ -300,8 +300,11 @@ def test_an_instance_takes_no_arguments_and_one_that_cannot_be_copied_says_what_
     path = write(
         tmp_path, "one.py", ONE_INSTANCE + "import threading\nenv.lock = threading.Lock()\n"
     )
-    with pytest.raises(EnvLoadError, match=r"env is an env instance, made once by its file; it "
-                       r"takes no arguments \(got max_turns\); to pass some, name a class instead"):  # fmt: skip
+    refused = (
+        r"env is an env instance, made once by its file; it takes no arguments \(got max_turns\); "
+        r"to pass some, name a class instead"
+    )
+    with pytest.raises(EnvLoadError, match=refused):
         envhub.make(f"{path}:env", max_turns=3)
     with pytest.raises(EnvLoadError, match=r"cannot copy the env instance env for an episode "
                        r"\(TypeError: cannot pickle '_thread.lock' object\); write a subclass of "
