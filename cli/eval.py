@@ -124,6 +124,8 @@ class TaskPlan(NamedTuple):
     indices: list[int]
     pass_threshold: float
     num_tools: int
+    tools_from_program: bool = False
+    """A harness env's tools come with its program's calls."""
 
 
 def plan_tasks(env_name: str, env_kwargs: dict[str, Any], num_tasks: int, seed: int) -> TaskPlan:
@@ -136,6 +138,7 @@ def plan_tasks(env_name: str, env_kwargs: dict[str, Any], num_tasks: int, seed: 
             choose_tasks(probe, num_tasks, seed),
             probe.pass_threshold,
             len(probe.tool_schemas or ()),
+            bool(getattr(probe, "tools_come_from_program", False)),
         )
 
 
@@ -176,8 +179,10 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
         async def go() -> Any:
             try:
                 await engine.start()
-                if plan.num_tools:
-                    where = await where_tools_go(engine.tokenizer, plan.num_tools)
+                if plan.num_tools or plan.tools_from_program:
+                    where = await where_tools_go(
+                        engine.tokenizer, plan.num_tools, plan.tools_from_program
+                    )
                     console.print(f"tools: {where}")
                 return await evaluate(
                     engine, env_name, indices, env_args=env_kwargs, samples_per_task=rollouts,

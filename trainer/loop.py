@@ -289,9 +289,11 @@ async def _start_rollouts(
         "device": backend.describe(),
         "engine": repr(engine),
     } | initial_sync
-    num_tools = max(slot.num_tools for slot in run.producer.schedule.slots)
-    if num_tools and engine.tokenizer is not None:  # where the model finds them
-        info["tools"] = await where_tools_go(engine.tokenizer, num_tools)
+    slots = run.producer.schedule.slots
+    num_tools = max(slot.num_tools for slot in slots)
+    from_program = not num_tools and any(slot.tools_from_program for slot in slots)
+    if (num_tools or from_program) and engine.tokenizer is not None:  # where the model finds them
+        info["tools"] = await where_tools_go(engine.tokenizer, num_tools, from_program)
     if run.cores is not None and run.cores.describe():
         info["cores"] = run.cores.describe()
     advice = async_advice(config, run.cores, phases) if run.cores is not None else None

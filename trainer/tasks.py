@@ -41,6 +41,8 @@ class EnvSlot:
     """Tasks of this env handed out so far (across epochs)."""
     num_tools: int = 0
     """Tools the env offers the model (the run header says where the model finds them)."""
+    tools_from_program: bool = False
+    """A harness env: its tools come with its program's calls (the header says so too)."""
     level_arg: str = ""
     """The constructor argument that selects a level (with curriculum levels)."""
     level_sizes: dict[str, int] = field(default_factory=dict)
@@ -86,7 +88,11 @@ class TaskSchedule:
                 threshold = float(getattr(env, "pass_threshold", 1.0))
                 tools = len(env.tool_schemas or ())
                 roles = tuple(getattr(env, "trained_roles", ()))
-                slots.append(EnvSlot(spec, size, threshold, num_tools=tools, roles=roles))
+                program = bool(getattr(env, "tools_come_from_program", False))
+                slots.append(
+                    EnvSlot(spec, size, threshold, num_tools=tools, roles=roles,
+                            tools_from_program=program)  # fmt: skip
+                )
                 if curriculum is not None and curriculum.levels is not None:
                     levels.append(_levels_of(env, slots[-1], index))
             finally:

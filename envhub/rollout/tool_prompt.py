@@ -54,22 +54,27 @@ async def template_renders_tools(tokenizer: ChatTokenizer) -> bool:
     return answer
 
 
-def describe_tool_prompt(renders: bool, num_tools: int) -> str:
-    """One line for run headers and ``envhub doctor``: where the model finds the tools."""
+def describe_tool_prompt(renders: bool, num_tools: int, from_program: bool = False) -> str:
+    """One line for run headers and ``envhub doctor``: where the model finds the tools
+    (``from_program``: a harness env's, which its program sends with each call)."""
+    tools = "the program's tools (sent with its calls)" if from_program else f"{num_tools} tool(s)"
     if renders:
-        return f"{num_tools} tool(s), rendered by the chat template"
+        return f"{tools}, rendered by the chat template"
     return (
-        f"{num_tools} tool(s) in the system prompt: the chat template ignores `tools` "
+        f"{tools} in the system prompt: the chat template ignores `tools` "
         "(format: envhub.tools.prompt)"
     )
 
 
-async def where_tools_go(tokenizer: ChatTokenizer | None, num_tools: int) -> str:
+async def where_tools_go(
+    tokenizer: ChatTokenizer | None, num_tools: int, from_program: bool = False
+) -> str:
     """:func:`describe_tool_prompt` for an engine's tokenizer; without one (chat mode) the
     server's own template decides what the model sees of ``tools``."""
     if tokenizer is None:
-        return f"{num_tools} tool(s), sent to the server as `tools` (chat mode)"
-    return describe_tool_prompt(await template_renders_tools(tokenizer), num_tools)
+        tools = "the program's tools" if from_program else f"{num_tools} tool(s)"
+        return f"{tools}, sent to the server as `tools` (chat mode)"
+    return describe_tool_prompt(await template_renders_tools(tokenizer), num_tools, from_program)
 
 
 class ToolsInPrompt:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -57,6 +58,15 @@ def test_eval_then_show(http_server, tmp_path):
         ],
     )
     assert result.exit_code == 0, result.output
+    # The evaluation guide names these files (it once said results.jsonl).
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "evaluation.md").read_text()
+    intro = " ".join(guide.split("\n\n")[1].split())
+    named = {f for f in ("trajectories.jsonl", "summary.json", "config.json") if f"`{f}`" in intro}
+    assert {p.name for p in out.iterdir()} == named == {
+        "trajectories.jsonl",
+        "summary.json",
+        "config.json",
+    }
     trajectories = read_trajectories(out / "trajectories.jsonl")
     assert len(trajectories) == 6 and all(
         t.reward == 1.0 and len(t.turns) == 2 for t in trajectories

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -47,6 +48,15 @@ def test_the_lines_it_prints_name_the_url_and_the_commands_that_use_it() -> None
     # Listening on every interface: local clients use loopback; a name with a space is quoted.
     lines = next_steps("http://0.0.0.0:9000", "my model", "0.0.0.0")
     assert lines[2] == "  envhub eval ENV -u http://127.0.0.1:9000/v1 -m 'my model'"
+
+
+def test_the_evaluation_guide_shows_what_the_default_server_prints() -> None:
+    # What a user saw: the guide showed `serving smollm2-135m`, the server printed the Hub id.
+    from envhub.cli.serve_model import DEFAULT_MODEL
+
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "evaluation.md").read_text()
+    shown = guide.split("stop the server's whole process group:\n\n```text\n")[1].split("```")[0]
+    assert shown.splitlines() == next_steps("http://127.0.0.1:8000", DEFAULT_MODEL, "127.0.0.1")
 
 
 class Child(VLLMServer):

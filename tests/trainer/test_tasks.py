@@ -93,3 +93,29 @@ def test_envs_count_their_tools_and_the_header_says_where_they_go(smollm2_dir: P
     assert asyncio.run(where_tools_go(None, 2)) == (
         "2 tool(s), sent to the server as `tools` (chat mode)"
     )
+
+
+def test_a_harness_envs_tools_are_its_programs_and_the_header_and_eval_say_so(
+    smollm2_dir: Path, tmp_path: Path, unload: list[str]
+) -> None:
+    # What a user saw: eval said where tools go for a Harbor env, and nothing for a harness env.
+    from envhub.cli.eval import plan_tasks
+
+    path = tmp_path / "agent_env.py"
+    path.write_text(
+        "from envhub.harness import HarnessEnv\n\n"
+        "def agent(client, prompt):\n    return ''\n\n"
+        "env = HarnessEnv(agent, [{'question': 'Hi?'}])\n"
+    )
+    schedule = TaskSchedule.from_specs([EnvSpec(name=f"{path}:env")], seed=0)
+    assert [(s.num_tools, s.tools_from_program) for s in schedule.slots] == [(0, True)]
+    assert plan_tasks(f"{path}:env", {}, 1, 0).tools_from_program is True
+    assert plan_tasks("arithmetic", {}, 1, 0).tools_from_program is False
+    smollm2 = HFChatTokenizer(AutoTokenizer.from_pretrained(smollm2_dir))
+    assert asyncio.run(where_tools_go(smollm2, 0, from_program=True)).startswith(
+        "the program's tools (sent with its calls) in the system prompt: the chat template "
+        "ignores `tools`"
+    )
+    assert asyncio.run(where_tools_go(None, 0, from_program=True)) == (
+        "the program's tools, sent to the server as `tools` (chat mode)"
+    )
