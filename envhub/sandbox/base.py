@@ -30,7 +30,7 @@ from envhub._async import run_sync
 from envhub.errors import ConfigError
 
 if TYPE_CHECKING:
-    from envhub.sandbox.session import Session, Workspace
+    from envhub.sandbox.session import Session, SessionPaths, Workspace
 
 StopReason = Literal["ok", "timeout", "memory", "output_limit", "killed"]
 STOP_REASONS: tuple[str, ...] = ("ok", "timeout", "memory", "output_limit", "killed")
@@ -257,16 +257,25 @@ class Sandbox(ABC):
         workspace: Workspace | str | os.PathLike[str] | None = None,
         *,
         limits: Limits | None = None,
+        paths: SessionPaths | None = None,
     ) -> Session:
         """A sandbox that lives for an episode, its working folder starting as ``workspace``
-        (:mod:`envhub.sandbox.session`); ``limits`` default to the sandbox's.
+        (:mod:`envhub.sandbox.session`); ``limits`` default to the sandbox's; ``paths``: more
+        folders it shows (where :meth:`session_path_problem` has none).
 
         Raises:
-            SandboxUnavailableError: This backend has no sessions (here).
+            SandboxUnavailableError: This backend has no sessions (here), or cannot show
+                ``paths``.
         """
         from envhub.errors import SandboxUnavailableError
 
         raise SandboxUnavailableError(f"the {self.backend} sandbox backend has no sessions")
+
+    def session_path_problem(self, path: str) -> str | None:
+        """Why this backend's sessions cannot show a folder at ``path``
+        (:class:`~envhub.sandbox.session.SessionPaths`), or ``None`` when they can. By default
+        they show none: callers map such paths into ``/sandbox`` themselves."""
+        return f"{self.backend} sessions show no folders but {WORKDIR} and /tmp"
 
     async def aclose(self) -> None:  # noqa: B027 - an optional hook, a no-op by default
         """Release the backend's resources (a remote sandbox, say). Safe to call twice."""

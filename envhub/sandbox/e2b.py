@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from envhub.errors import MissingDependencyError, SandboxError
+from envhub.errors import MissingDependencyError, SandboxError, SandboxUnavailableError
 from envhub.sandbox.base import (
     Command,
     ExecResult,
@@ -37,7 +37,7 @@ from envhub.sandbox.base import (
 
 if TYPE_CHECKING:
     from envhub.sandbox.e2b_session import E2BSession
-    from envhub.sandbox.session import Workspace
+    from envhub.sandbox.session import SessionPaths, Workspace
 
 RUN_ROOT = "/tmp/envhub-runs"
 
@@ -150,12 +150,23 @@ class E2BSandbox(Sandbox):
         workspace: Workspace | str | os.PathLike[str] | None = None,
         *,
         limits: Limits | None = None,
+        paths: SessionPaths | None = None,
     ) -> E2BSession:
         """A VM of its own for one episode, created on first use, with ``workspace``'s files
-        uploaded into its folder (:mod:`envhub.sandbox.e2b_session`)."""
+        uploaded into its folder (:mod:`envhub.sandbox.e2b_session`). Its session shows no
+        other folder (:meth:`~envhub.sandbox.base.Sandbox.session_path_problem`): callers map
+        such paths into the session's folder.
+
+        Raises:
+            SandboxUnavailableError: ``paths`` holds a path.
+        """
         from envhub.sandbox.e2b_session import E2BSession
         from envhub.sandbox.session import as_workspace
 
+        if paths is not None and paths.all:
+            raise SandboxUnavailableError(
+                f"cannot show {paths.all[0]}: {self.session_path_problem(paths.all[0])}"
+            )
         return E2BSession(self, as_workspace(workspace), limits or self.limits)
 
     async def aclose(self) -> None:

@@ -36,7 +36,8 @@ A run is ``[prlimit <limits> --] <uid drop> bwrap <flags> -- /bin/sh -c <init> s
     :mod:`envhub.sandbox.system_files`), the resolver's and TLS files bound on top only when
     the run has the network; the sandbox's ``ro_binds`` read-only at their place;
   - a fresh ``/proc`` and ``/dev``; the working folder ``/sandbox`` a private tmpfs of
-    ``disk_mb``, ``/tmp`` pointing into it;
+    ``disk_mb``, ``/tmp`` pointing into it (a session binds its own: see
+    :func:`shown_path_problem` for the other folders it may show);
   - ``--clearenv``: no environment variables but :data:`ENV`;
   - the call's files copied in from memfds (:func:`input_files`);
   - ``--info-fd``: bubblewrap reports the init's host pid (the uid is free once it is gone);
@@ -76,6 +77,10 @@ ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 """The whole environment of a run (``--clearenv`` drops every other variable)."""
+
+
+SYSTEM_PATHS = (*_RO_SYSTEM, *_LINKS, "/etc", "/proc", "/dev", WORKDIR, "/tmp")
+"""What every sandbox's root holds (besides the jail's ``ro_binds``)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +206,27 @@ def bwrap_flags(
         WORKDIR,
     ]
     return flags
+
+
+def shown_path_problem(jail: Jail, path: str) -> str | None:
+    """Why a session of ``jail`` cannot show a folder of its own at ``path`` (absolute and
+    normalized), or ``None`` when it can. bubblewrap makes the mount point in the root it
+    builds, after the system's mounts: a path at or under one of :data:`SYSTEM_PATHS` or the
+    ``ro_binds``, or above a ``ro_bind`` (it would hide it), cannot be one; nor a hidden name at
+    the top (``/.envhub-session-init``: envhub's own)."""
+    for mount in SYSTEM_PATHS:
+        if _within(path, mount):
+            return f"{path} is {mount} or inside it, which every sandbox has"
+    for mount in jail.ro_binds:
+        if _within(path, mount) or _within(mount, path):
+            return f"{path} meets {mount}, which the sandbox mounts read-only"
+    if path.split("/")[1].startswith("."):
+        return f"{path}: hidden names at the top of a sandbox are envhub's own"
+    return None
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def scratch_flags(limits: Limits) -> list[str]:

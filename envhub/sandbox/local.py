@@ -65,11 +65,12 @@ from envhub.sandbox.jail import (
     input_files,
     nproc,
     shell_is_dash,
+    shown_path_problem,
     ulimit_prologue,
 )
 from envhub.sandbox.local_session import LocalSession, Start
 from envhub.sandbox.outputs import ALL_FILES, init_script, parse_outputs
-from envhub.sandbox.session import Workspace, as_workspace
+from envhub.sandbox.session import SessionPaths, Workspace, as_workspace
 from envhub.sandbox.uids import forget_pools, uid_pool
 from envhub.sandbox.warm import (
     Kind,
@@ -243,15 +244,24 @@ class LocalSandbox(Sandbox):
         *,
         limits: Limits | None = None,
         start: Start = "overlay",
+        paths: SessionPaths | None = None,
     ) -> LocalSession:
         """A sandbox for one episode, started on first use, its working folder a
-        copy-on-write view of ``workspace`` (``start="copy"``: a copy of it)
-        (:mod:`envhub.sandbox.local_session`). It holds a uid of the pool until it is closed.
+        copy-on-write view of ``workspace`` (``start="copy"``: a copy of it), showing the
+        folders of ``paths`` too (:mod:`envhub.sandbox.local_session`). It holds a uid of the
+        pool until it is closed.
 
         Raises:
             SandboxUnavailableError: Not root, or the ``rlimits`` fallback.
+            ConfigError: A path of ``paths`` it cannot show (:meth:`session_path_problem`).
         """
-        return LocalSession(self, as_workspace(workspace), limits or self.limits, start)
+        workspace = as_workspace(workspace)
+        return LocalSession(self, workspace, limits or self.limits, start, paths)
+
+    def session_path_problem(self, path: str) -> str | None:
+        """Why a local session cannot show a folder at ``path``, or ``None``: any path but
+        those the sandbox's root already has (:func:`~envhub.sandbox.jail.shown_path_problem`)."""
+        return shown_path_problem(self.jail, path)
 
     @property
     def isolation(self) -> Isolation:

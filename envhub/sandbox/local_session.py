@@ -5,11 +5,13 @@ whole life (so ``max_concurrency`` bounds live sessions and runs together), has 
 (:mod:`envhub.sandbox.session_launcher`) mount its files (a tmpfs of ``disk_mb`` in a mount
 namespace of its own, holding an overlay on the workspace) and start bubblewrap with the jail's
 flags (:func:`~envhub.sandbox.jail.bwrap_argv`), then waits for its init
-(:mod:`envhub.sandbox.session_init`), which forks each call's command. The init is the
-sandbox's pid 1: compiled (:mod:`envhub.sandbox.session_init_c`) where the system's ``cc``
-could build it, else in Python. The Python init, as root with zygotes on (the default), is
-instead forked into the started sandbox by a zygote of session inits, as a zygote run is
-(:mod:`envhub.sandbox.zygote`), with a real uid that no call has
+(:mod:`envhub.sandbox.session_init`), which forks each call's command. The folders of its
+:class:`~envhub.sandbox.session.SessionPaths` are bound from the same tmpfs: the working
+folder again at each ``workdir`` path, an empty folder of the launcher's at each of
+``folders``. The init is the sandbox's pid 1: compiled (:mod:`envhub.sandbox.session_init_c`)
+where the system's ``cc`` could build it, else in Python. The Python init, as root with
+zygotes on (the default), is instead forked into the started sandbox by a zygote of session
+inits, as a zygote run is (:mod:`envhub.sandbox.zygote`), with a real uid that no call has
 (:func:`~envhub.sandbox.uids.keeper_uid`), rather than starting an interpreter of its own
 (~10 ms). No call can kill the init either way. The sandbox starts on first use.
 
@@ -38,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from envhub.errors import SandboxError, SandboxUnavailableError
+from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process, netns
 from envhub.sandbox import zygote as zygotes
 from envhub.sandbox._pipes import CallPipes
@@ -52,7 +54,7 @@ from envhub.sandbox.base import (
     classify_exit,
 )
 from envhub.sandbox.jail import ENV, bwrap_argv
-from envhub.sandbox.session import Session, Workspace
+from envhub.sandbox.session import Session, SessionPaths, Workspace
 from envhub.sandbox.session_channel import KILL_WAIT, ExitWatch, end_call, receive, send_run
 from envhub.sandbox.session_init import (
     COMPILED_PATH,
@@ -107,12 +109,19 @@ class LocalSession(Session):
         limits: The limits of every call and of the session.
         start: ``"overlay"`` (copy-on-write over the workspace) or ``"copy"`` (a copy of it,
             made when the session starts; for comparison).
+        paths: More folders it shows (where the sandbox's
+            :meth:`~envhub.sandbox.LocalSandbox.session_path_problem` has none).
+
+    Raises:
+        SandboxUnavailableError: Not root, or the ``rlimits`` fallback.
+        ConfigError: A path of ``paths`` that a sandbox cannot show (the reason named).
     """
 
-    writable_roots = (WORKDIR, "/tmp", "/dev")
-    """The session's tmpfs, bound at ``/sandbox`` and ``/tmp``, and its own ``/dev`` (a tmpfs
-    of bubblewrap's, ``/dev/shm`` in it); the rest of its root is read-only (see
-    :mod:`envhub.sandbox.jail`)."""
+    writable_roots: tuple[str, ...] = (WORKDIR, "/tmp", "/dev")
+    """The session's tmpfs, bound at ``/sandbox`` and ``/tmp`` (and at its
+    :attr:`~envhub.sandbox.session.SessionPaths.folders`), and its own ``/dev`` (a tmpfs of
+    bubblewrap's, ``/dev/shm`` in it); the rest of its root is read-only (see
+    :mod:`envhub.sandbox.jail`). The working folder's other paths are ``/sandbox`` again."""
 
     def __init__(
         self,
@@ -120,6 +129,7 @@ class LocalSession(Session):
         workspace: Workspace | None,
         limits: Limits,
         start: Start = "overlay",
+        paths: SessionPaths | None = None,
     ) -> None:
         if not sandbox.as_root or sandbox.isolation != "bwrap":
             raise SandboxUnavailableError(
@@ -128,6 +138,12 @@ class LocalSession(Session):
             )
         if start not in ("overlay", "copy"):
             raise ValueError(f"start must be 'overlay' or 'copy', got {start!r}")
+        self.paths = paths or SessionPaths()
+        for path in self.paths.all:
+            problem = sandbox.session_path_problem(path)
+            if problem:
+                raise ConfigError(f"a local session cannot show {path}: {problem}")
+        self.writable_roots = (*type(self).writable_roots, *self.paths.folders)
         self.sandbox, self.workspace, self.limits, self.start = sandbox, workspace, limits, start
         self._running: _Running | None = None
         self._closed = False
@@ -358,7 +374,7 @@ class LocalSession(Session):
         """Have the launcher mount the session's files and start bubblewrap around ``init``
         with ``fds`` as its stderr, descriptor 3 and info pipe, and ``compiled`` (the compiled
         init) bound in; its pid and a pidfd."""
-        scratch = scratch_flags(str(MOUNT_POINT))
+        scratch = scratch_flags(str(MOUNT_POINT), self.paths)
         if compiled is not None:
             scratch += ["--ro-bind", str(compiled), COMPILED_PATH]
         argv = bwrap_argv(
@@ -372,7 +388,8 @@ class LocalSession(Session):
             raise SandboxError(f"a local session could not start: its workspace: {e}") from e
         mode = self.start if workspace else "empty"
         size = self.limits.disk_mb << 20
-        return launcher().launch(str(workspace), owner, uid, size, mode, argv, fds)
+        shown = len(self.paths.folders)
+        return launcher().launch(str(workspace), owner, uid, size, mode, argv, fds, shown)
 
     async def _join(
         self, running: _Running, info_read: int, status_write: int, control: socket.socket

@@ -18,8 +18,14 @@ never reach the workspace nor each other.
         await session.arun("python3 app.py > out.txt")
         assert await session.read_file("out.txt") == b"hi\\n"
 
+A session can also show folders at paths a task expects (:class:`SessionPaths`): the working
+folder again at, say, ``/app``, and empty writable folders such as ``/tests``. A backend that
+cannot (:meth:`Sandbox.session_path_problem <envhub.sandbox.base.Sandbox.session_path_problem>`
+says why) refuses them; its callers map such paths into ``/sandbox`` themselves.
+
 Backends: :class:`~envhub.sandbox.local_session.LocalSession` (bubblewrap, an overlay of the
-workspace) and :class:`~envhub.sandbox.e2b_session.E2BSession` (one e2b sandbox per session).
+workspace; shows :class:`SessionPaths`) and :class:`~envhub.sandbox.e2b_session.E2BSession` (one
+e2b sandbox per session; shows none).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import tempfile
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,6 +125,40 @@ def as_workspace(workspace: Workspace | str | os.PathLike[str] | None) -> Worksp
     if workspace is None or isinstance(workspace, Workspace):
         return workspace
     return Workspace(workspace)
+
+
+@dataclass(frozen=True)
+class SessionPaths:
+    """Folders a session shows at absolute paths of the caller's choosing, besides ``/sandbox``
+    and ``/tmp`` (what a task written for a container expects: a Harbor task's ``/app``,
+    ``/tests``, ``/solution``). Each path is absolute and normalized, not ``/``, and none lies
+    inside another; which paths a backend can show, it says
+    (:meth:`~envhub.sandbox.base.Sandbox.session_path_problem`).
+
+    Raises:
+        ConfigError: A path that is relative, not normalized, ``/``, repeated, or inside another.
+    """
+
+    workdir: tuple[str, ...] = ()
+    """Paths where the working folder appears too: the same files as ``/sandbox``."""
+    folders: tuple[str, ...] = ()
+    """Empty folders the session's commands may write: on the session's own storage (counted
+    in ``disk_mb``), dropped with it."""
+
+    def __post_init__(self) -> None:
+        shown = self.all
+        for path in shown:
+            if not path.startswith("/") or posixpath.normpath(path) != path or path == "/":
+                raise ConfigError(f"a session path must be absolute and normalized, got {path!r}")
+        for path in shown:
+            around = [p for p in shown if p != path and (p + "/").startswith(path + "/")]
+            if around or shown.count(path) > 1:
+                raise ConfigError(f"session paths must not repeat or nest: {path!r} in {shown}")
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        """Every path shown: :attr:`workdir`, then :attr:`folders`."""
+        return (*self.workdir, *self.folders)
 
 
 def sandbox_path(path: str) -> str:

@@ -37,9 +37,14 @@ from __future__ import annotations
 import os
 import resource
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from envhub.sandbox import zygote as zygotes
 from envhub.sandbox.base import Limits
+from envhub.sandbox.session_launcher import SHOWN
+
+if TYPE_CHECKING:
+    from envhub.sandbox.session import SessionPaths
 
 COMPILED_PATH = "/.envhub-session-init"
 """Where a session whose sandbox has the compiled init (:mod:`envhub.sandbox.session_init_c`)
@@ -199,9 +204,17 @@ descriptor 3, instead of starting an interpreter per session (~10 ms). Only the 
 runs this way (the compiled one starts as pid 1 as fast)."""
 
 
-def scratch_flags(tmpfs: str) -> list[str]:
-    """bubblewrap's flags binding the session's working folder and ``/tmp`` from its tmpfs."""
-    return ["--bind", f"{tmpfs}/root", "/sandbox", "--bind", f"{tmpfs}/tmp", "/tmp"]
+def scratch_flags(tmpfs: str, paths: SessionPaths | None = None) -> list[str]:
+    """bubblewrap's flags binding the session's working folder and ``/tmp`` from its tmpfs,
+    then its :class:`~envhub.sandbox.session.SessionPaths`: the working folder again at each
+    ``workdir`` path, and the launcher's folder ``shown/i`` at ``folders[i]``."""
+    flags = ["--bind", f"{tmpfs}/root", "/sandbox", "--bind", f"{tmpfs}/tmp", "/tmp"]
+    if paths is not None:
+        for path in paths.workdir:
+            flags += ["--bind", f"{tmpfs}/root", path]
+        for i, path in enumerate(paths.folders):
+            flags += ["--bind", f"{tmpfs}/{SHOWN}/{i}", path]
+    return flags
 
 
 def rlimits(limits: Limits) -> list[tuple[int, int, int]]:

@@ -5,7 +5,8 @@ One per envhub process, started on the first session (:func:`launcher`). For eac
 forks a child that, in a mount namespace of its own (nothing of it is visible on the host):
 
 1. mounts a tmpfs of ``disk_mb`` at :data:`MOUNT_POINT` (``nosuid``, ``nodev``) holding the
-   session's writable layer and ``/tmp``;
+   session's writable layer, ``/tmp`` and the folders it shows elsewhere (``shown/0``, ...:
+   :class:`~envhub.sandbox.session.SessionPaths`), all owned by the session's uid;
 2. makes the session's working folder there: an overlay whose lower layer is the workspace,
    bound through an *idmapped* mount (the workspace's owner appears as the session's uid, so
    its files are the session's own: ``chmod``, ``git``'s ownership check; the workspace on disk
@@ -41,6 +42,9 @@ from envhub.errors import SandboxError
 MOUNT_POINT = Path(tempfile.gettempdir()) / "envhub-session-mount"
 """Where each session mounts its tmpfs, in its own mount namespace (the host's stays empty)."""
 
+SHOWN = "shown"
+"""The folder of each session's tmpfs holding the folders it shows elsewhere (``shown/0``, ...;
+the name :data:`SOURCE` makes)."""
 FDS = {"stderr": 2, "control": 3, "info": 4}
 """The descriptor numbers bubblewrap and the init get: name them in their argv."""
 
@@ -80,14 +84,15 @@ def userns(owner, uid, cache={}):
         os.waitpid(pid, 0)
     cache[owner, uid] = fd
     return fd
-def mount_files(workspace, owner, uid, size, mode):
+def mount_files(workspace, owner, uid, size, mode, shown):
     check(libc.unshare(0x20000), "unshare(CLONE_NEWNS)")
     check(libc.mount(None, b"/", None, (1 << 14) | (1 << 18), None), "make / private")
     options = f"size={size},mode=0755".encode()
     check(libc.mount(b"envhub-session", MP.encode(), b"tmpfs", 2 | 4, options), "mount tmpfs")
-    for name in ("upper", "work", "root", "tmp", "lower"):
+    folders = [f"shown/{i}" for i in range(shown)]
+    for name in ("upper", "work", "root", "tmp", "lower", "shown", *folders):
         os.mkdir(f"{MP}/{name}", 0o755)
-    for name in ("upper", "root", "tmp"):
+    for name in ("upper", "root", "tmp", *folders):
         os.chown(f"{MP}/{name}", uid, uid)
     if mode == "overlay":
         tree = check(libc.syscall(428, -100, workspace.encode(), 1 | os.O_CLOEXEC | 0x8000),
@@ -108,10 +113,10 @@ def mount_files(workspace, owner, uid, size, mode):
             if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0:
                 raise OSError(f"{argv[0]} failed")
 def child(request, fds):
-    workspace, owner, uid, size, mode, argv = request
+    workspace, owner, uid, size, mode, argv, shown = request
     errors = fds[0]
     try:
-        mount_files(workspace, owner, uid, size, mode)
+        mount_files(workspace, owner, uid, size, mode, shown)
         null = os.open("/dev/null", os.O_RDWR)
         high = [os.dup2(fd, 200 + i) for i, fd in enumerate([null, *fds])]
         for target, fd in zip((0, 1, 2, 3, 4), [high[0], high[0], *high[1:]]):
@@ -217,11 +222,13 @@ class Launcher:
         mode: str,
         argv: Sequence[str],
         fds: Sequence[int],
+        shown: int = 0,
     ) -> tuple[int, int]:
-        """Start ``argv`` (absolute program path) with the session's files mounted; ``fds``:
-        its stderr, the init's control socket, bubblewrap's info pipe (sent, not closed).
-        Returns the started process's pid and a pidfd of it."""
-        message = marshal.dumps((workspace, owner, uid, size, mode, list(argv)))
+        """Start ``argv`` (absolute program path) with the session's files mounted and
+        ``shown`` empty folders made for it (``shown/0``, ...); ``fds``: its stderr, the init's
+        control socket, bubblewrap's info pipe (sent, not closed). Returns the started
+        process's pid and a pidfd of it."""
+        message = marshal.dumps((workspace, owner, uid, size, mode, list(argv), shown))
         with self._lock:
             try:
                 socket.send_fds(self._socket, [message], list(fds))

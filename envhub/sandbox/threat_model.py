@@ -66,10 +66,13 @@ above, with these changes:
   writes), mounted by a root helper (:mod:`.session_launcher`) in a mount namespace of the
   session's own before bubblewrap starts; ``/sandbox`` is an overlay whose lower layer is the
   workspace through an idmapped, read-only mount (its owner's files appear as the session's
-  uid's; the workspace is never written), or a copy (``start="copy"``). Nothing of it is
-  visible on the host; it goes with the session's last process. ``read_file``/``write_file``
-  run inside the sandbox as the session's uid, so a symlink to a host path reaches nothing of
-  the host.
+  uid's; the workspace is never written), or a copy (``start="copy"``). The folders a session
+  is asked to show elsewhere (:class:`~envhub.sandbox.session.SessionPaths`: the working folder
+  again at ``/app``, empty folders such as ``/tests``) are binds of that same tmpfs, at paths
+  none of the sandbox's own mounts holds (:func:`~envhub.sandbox.jail.shown_path_problem`).
+  Nothing of it is visible on the host; it goes with the session's last process.
+  ``read_file``/``write_file`` run inside the sandbox as the session's uid, so a symlink to a
+  host path reaches nothing of the host.
 - **The end** — closing SIGKILLs the sandbox's pid 1: the kernel kills its pid namespace, and
   the mount namespace with its tmpfs goes with bubblewrap. When envhub dies however it dies, the
   launcher sees its socket close and SIGKILLs every session's bubblewrap, and a session's

@@ -10,10 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from envhub.errors import SandboxError
+from envhub.errors import SandboxError, SandboxUnavailableError
 from envhub.rewards.code import run_tests
 from envhub.sandbox import Limits, LocalSandbox, Sandbox
 from envhub.sandbox.e2b import E2BSandbox
+from envhub.sandbox.session import SessionPaths
 
 from .conftest import live_sandbox_processes
 from .envd_local import LocalEnvd, local_envd_process
@@ -150,6 +151,15 @@ def test_the_envd_serves_in_process_too(sandbox: LocalSandbox) -> None:
         assert (result.stdout, result.files) == ("x", {"in.txt": b"x"})
         assert sorted(path.rsplit("/", 1)[-1] for path in server.store) == ["in.txt"]
         box.close()
+
+
+def test_e2b_sessions_show_no_other_folders() -> None:
+    """Callers map such paths into the session's folder themselves (Harbor tasks do)."""
+    box = E2BSandbox(debug=True, sandbox_url="http://127.0.0.1:9", http_version="1.1")
+    assert box.session_path_problem("/app") == "e2b sessions show no folders but /sandbox and /tmp"
+    with pytest.raises(SandboxUnavailableError, match="^cannot show /tests: e2b sessions show no"):
+        box.session(paths=SessionPaths(folders=("/tests",)))
+    assert box.session(paths=SessionPaths()).workspace is None
 
 
 def test_an_unreachable_envd_is_a_sandbox_error() -> None:

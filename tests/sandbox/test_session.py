@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,8 +21,9 @@ import pytest
 
 from envhub.errors import ConfigError, SandboxError
 from envhub.sandbox import Limits, LocalSandbox, Workspace, bwrap_problem
+from envhub.sandbox.jail import Jail, shown_path_problem
 from envhub.sandbox.local_session import LocalSession
-from envhub.sandbox.session import sandbox_path
+from envhub.sandbox.session import SessionPaths, sandbox_path
 from envhub.sandbox.session_init_c import compiled_init
 from envhub.sandbox.uids import keeper_uid
 
@@ -132,6 +134,83 @@ async def test_an_empty_session_and_a_copied_one(box: LocalSandbox, workspace: W
         result = await copied.arun("echo y >> README && cat README && stat -c %u README")
         assert result.stdout == f"hello\ny\n{copied.uid}\n"
     assert (workspace.path / "README").read_text() == "hello\n"
+
+
+TASK_PATHS = SessionPaths(workdir=("/app",), folders=("/tests", "/logs"))
+"""Where a container task expects its files: its working folder, its tests, its logs."""
+
+
+@in_a_loop
+async def test_a_session_shows_its_folder_and_more_at_the_paths_asked(
+    box: LocalSandbox, workspace: Workspace
+) -> None:
+    async with box.session(workspace, paths=TASK_PATHS) as session:
+        made = await session.arun(
+            "echo 3 > /app/count.txt && cat count.txt /app/README && ls -A /tests /logs && "
+            "echo t > /tests/t.sh && mkdir -p /logs/verifier && stat -c '%n %u %a' /app /tests"
+        )
+        owner = f"{session.uid} 755"
+        assert made.stdout == f"3\nhello\n/logs:\n\n/tests:\n/app {owner}\n/tests {owner}\n"
+        assert await session.read_file("count.txt") == b"3\n"
+        assert session.writable_roots == ("/sandbox", "/tmp", "/dev", "/tests", "/logs")
+        assert (await session.arun("touch /elsewhere")).exit_code == 1  # the root stays read-only
+    async with box.session(workspace, paths=TASK_PATHS) as later:  # nothing carries over
+        listing = await later.arun("ls -A /tests /logs; ls /app")
+        assert listing.stdout == "/logs:\n\n/tests:\nREADME\nsrc\n"
+    async with box.session(workspace) as plain:
+        assert (await plain.arun("ls /app /tests")).exit_code == 2
+
+
+@in_a_loop
+async def test_shown_folders_count_in_the_sessions_disk(box: LocalSandbox) -> None:
+    async with box.session(limits=LIMITS.with_(disk_mb=2), paths=TASK_PATHS) as session:
+        fill = "head -c 1500000 /dev/zero > /tests/a && head -c 1500000 /dev/zero > /sandbox/b"
+        full = await session.arun(fill)
+        assert (full.exit_code, full.stderr.strip()[-23:]) == (1, "No space left on device")
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/usr/src/app", "/usr/src/app is /usr or inside it, which every sandbox has"),
+        ("/tmp/tests", "/tmp/tests is /tmp or inside it, which every sandbox has"),
+        ("/sandbox", "/sandbox is /sandbox or inside it, which every sandbox has"),
+        ("/etc/app", "/etc/app is /etc or inside it, which every sandbox has"),
+        ("/.app", "/.app: hidden names at the top of a sandbox are envhub's own"),
+    ],
+)
+def test_paths_the_sandbox_has_cannot_be_shown(box: LocalSandbox, path: str, why: str) -> None:
+    assert box.session_path_problem(path) == why
+    with pytest.raises(ConfigError) as refused:
+        box.session(paths=SessionPaths(folders=(path,)))
+    assert str(refused.value) == f"a local session cannot show {path}: {why}"
+    assert box.session_path_problem("/opt/app") is None
+
+
+def test_a_shown_path_may_not_hide_a_read_only_bind() -> None:
+    jail = Jail("bwrap", as_root=True, ro_binds=("/var/tmp/bundle",))
+    assert shown_path_problem(jail, "/var") == (
+        "/var meets /var/tmp/bundle, which the sandbox mounts read-only"
+    )
+    assert shown_path_problem(jail, "/var/tmp/bundle/x") == (
+        "/var/tmp/bundle/x meets /var/tmp/bundle, which the sandbox mounts read-only"
+    )
+    assert shown_path_problem(jail, "/var/app") is None
+
+
+@pytest.mark.parametrize(
+    ("workdir", "folders", "message"),
+    [
+        (("app",), (), "absolute and normalized, got 'app'"),
+        (("/a/../app",), (), "absolute and normalized, got '/a/../app'"),
+        (("/",), (), "absolute and normalized, got '/'"),
+        (("/app",), ("/app/tests",), "must not repeat or nest: '/app' in"),
+        (("/app",), ("/app",), "must not repeat or nest: '/app' in"),
+    ],
+)
+def test_session_paths_are_absolute_and_apart(workdir, folders, message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        SessionPaths(workdir=workdir, folders=folders)
 
 
 @in_a_loop
