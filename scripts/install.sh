@@ -46,6 +46,24 @@ install_bubblewrap() {
     echo "      \`dnf install -y bubblewrap\` (Fedora), or run code envs in e2b instead." >&2
 }
 install_bubblewrap
+# The run report and the docs site are looked at (and tested) in headless Chromium through its
+# ChromeDriver: from the system's packages (Debian: chromium, chromium-driver; Ubuntu's apt
+# Chromium is a snap stub, so it is said rather than installed there).
+install_chromium() {
+    [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && return 0
+    if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq || true
+        if apt-cache policy chromium-driver 2>/dev/null | grep -q "Candidate: [0-9]"; then
+            echo "installing chromium and chromium-driver (the report's and docs' browser tests)"
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver \
+                >/dev/null && return 0
+        fi
+    fi
+    echo "note: Chromium and its ChromeDriver (/usr/bin/chromium, /usr/bin/chromedriver) are not" >&2
+    echo "      installed; the report's and the docs site's browser tests skip without them." >&2
+    echo "      Install them as root, e.g. \`apt-get install -y chromium chromium-driver\` (Debian)." >&2
+}
+install_chromium
 # `pip check` must report nothing but the exclusions listed (tests/test_pip_check.py fails CI
 # on any other); this says which, if any.
 .venv/bin/python scripts/pip_check.py || true

@@ -6,7 +6,7 @@ after it (``lookup_sum``)::
     envhub check examples/envs/lookup_sum.py
     envhub list examples/envs/lookup_sum.py
     envhub eval examples/envs/lookup_sum.py:LookupSum -u http://127.0.0.1:8000/v1 -m MODEL
-    envhub train --example quickstart envs.0.name=examples/envs/lookup_sum.py 'envs.0.args={}'
+    envhub train --example quickstart envs.0.name=examples/envs/lookup_sum.py rollout.max_tokens=128
 
 ``solve`` is the reference policy: it shows ``envhub check`` that every task can be solved.
 """
