@@ -162,6 +162,12 @@ class WorkspaceEnv(ToolEnv):
         WORKSPACES.move_to_end(key)
         return workspace
 
+    def session_for(self, sandbox: Sandbox, workspace: Workspace, task: dict[str, Any]) -> Session:
+        """The (not yet started) session of an episode of ``task``: on ``workspace`` with
+        :meth:`limits_for` by default; override to ask the sandbox for more (folders at a
+        task's own paths: :class:`~envhub.sandbox.session.SessionPaths`)."""
+        return sandbox.session(workspace, limits=self.limits_for(task))
+
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
         """Variables the model's commands run with (default: :func:`default_command_env`)."""
         return default_command_env()
@@ -198,7 +204,7 @@ class WorkspaceEnv(ToolEnv):
         limit = self.time_limit(state.task)
         if limit is not None:
             state.data["deadline"] = time.monotonic() + limit
-        self._session = sandbox.session(workspace, limits=self.limits_for(state.task))
+        self._session = self.session_for(sandbox, workspace, state.task)
         # Start it now: waiting for a free uid, or a sandbox that cannot start, belongs to the
         # reset (an env failure), not to the model's first tool call (a tool timeout).
         await self._session.__aenter__()

@@ -19,12 +19,11 @@ a task runs here when its image *is* the host's base system. The rule:
   per task when its workspace is prepared (:mod:`envhub.harbor.build`): in a sandbox session
   without network, in order with the copies, in their ``WORKDIR`` (the working folder before
   any), with the ``ENV`` and ``ARG`` values set above them, the working folder's path rewritten
-  to ``/sandbox`` as in the instruction. Only the working folder and ``/tmp`` are writable
-  there. Package installs are checked, not run (:mod:`envhub.harbor.installs`): ``apt-get`` /
-  ``apt install`` of packages the host has (``dpkg-query``), ``pip`` / ``pip3`` /
-  ``python3 -m pip install`` of distributions the sandbox's ``python3`` has (at a matching
-  version when one is asked), pass as done; ``apt-get update``, ``clean`` and the like are
-  no-ops.
+  to ``/sandbox``. Only the working folder and ``/tmp`` are writable there. Package installs
+  are checked, not run (:mod:`envhub.harbor.installs`): ``apt-get`` / ``apt install`` of
+  packages the host has (``dpkg-query``), ``pip`` / ``pip3`` / ``python3 -m pip install`` of
+  distributions the sandbox's ``python3`` has (at a matching version when one is asked), pass
+  as done; ``apt-get update``, ``clean`` and the like are no-ops.
 
 Refused when the task loads, with an error naming the Dockerfile's line: another image, a
 second stage, a ``docker-compose.yaml``, a copy to outside the working folder or from a URL, a
@@ -50,7 +49,7 @@ from envhub.errors import EnvLoadError
 from envhub.sandbox.jail import ENV as SANDBOX_ENV
 
 DEFAULT_WORKDIR = "/app"
-"""Harbor's usual working folder, when the Dockerfile sets none."""
+"""Harbor's usual working folder, when neither the Dockerfile nor ``task.toml`` sets one."""
 _IGNORED = {
     "LABEL", "USER", "EXPOSE", "CMD", "ENTRYPOINT", "HEALTHCHECK", "STOPSIGNAL", "VOLUME",
     "MAINTAINER", "ONBUILD",
@@ -97,13 +96,14 @@ class RunInstruction:
     """How many of the environment's copies happen before it."""
 
 
-def read_dockerfile(path: Path) -> Environment:
-    """The environment a Dockerfile describes, if it runs here.
+def read_dockerfile(path: Path, workdir: str = DEFAULT_WORKDIR) -> Environment:
+    """The environment a Dockerfile describes, if it runs here; ``workdir``: the working
+    folder before any ``WORKDIR`` (``task.toml``'s ``[environment] workdir``, else ``/app``).
 
     Raises:
         UnsupportedEnvironment: The image or a step needs a container build (named).
     """
-    environment = Environment()
+    environment = Environment(workdir=workdir)
     froms, build_args, shell = 0, {}, DEFAULT_SHELL
     copy_lines: list[str] = []
     for number, line in _instructions(path.read_text(encoding="utf-8", errors="replace")):

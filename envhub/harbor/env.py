@@ -4,11 +4,14 @@
 folder of them) gives a :class:`HarborEnv`. An episode: the instruction is the prompt, the
 workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`) and what its
 ``RUN`` steps made (run once per task, before its first episode: :mod:`envhub.harbor.build`),
-and the model works with the terminal tools. When it ends, every process the model left is killed,
-``tests/`` is copied into a fresh folder out of the workspace (``/tmp/.harbor``, with ``/tmp``
-cleared of test-runner configuration: see :mod:`envhub.harbor.task`) and ``test.sh`` runs in
-the session with the verifier's timeout, the task's variables and no Python user site (the
-model's home is the workspace); the reward is what it wrote, as Harbor reads it:
+and the model works with the terminal tools. The session shows the task's paths where it
+expects them (the working folder at ``/app`` too, ``/tests``, ``/solution``, ``/logs``), or, on a
+backend that cannot, they are mapped into ``/sandbox`` (:mod:`envhub.harbor.layout`). When the
+episode ends, every process the model left is killed, the tests' and logs' folders are emptied
+(``/tmp`` is cleared of test-runner configuration too), ``tests/`` is copied in and ``test.sh``
+runs in the session, in the working folder, with the verifier's timeout, the task's variables
+and no Python user site (the model's home is the workspace); the reward is what it wrote, as
+Harbor reads it:
 
 - ``reward.json`` first: a JSON object of numbers; the reward is its ``"reward"`` key, or its
   only value, else the mean of its values (every key is also reported as a weight-0
@@ -22,8 +25,10 @@ end of its output; a session that breaks records an infrastructure error.
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import posixpath
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,21 +37,20 @@ from typing import Any
 from envhub.errors import EnvLoadError, VerifierError
 from envhub.harbor.build import prepare, prepared
 from envhub.harbor.dockerfile import UnsupportedEnvironment
+from envhub.harbor.layout import HARBOR_DIR, Layout, layout_for
 from envhub.harbor.task import (
-    HARBOR_DIR,
-    SOLUTION_DIR,
-    VERIFIER_DIR,
     HarborTask,
     find_task_folders,
     load_task,
     rewrite_bytes,
-    verifier_paths,
+    rewrite_paths,
+    rewrite_values,
 )
-from envhub.sandbox.base import ExecResult, Limits
+from envhub.sandbox.base import ExecResult, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
-from envhub.types import Message
-from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
+from envhub.types import Message, system, user
+from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv, default_sandbox
 
 
 class HarborEnv(WorkspaceEnv):
@@ -76,13 +80,12 @@ class HarborEnv(WorkspaceEnv):
             for key, t in self.tasks.items()
         ]
         super().__init__(rows, **kwargs)
-        solutions = {t.instruction: t.solution for t in self.tasks.values()}
-        complete = all(solutions.values()) and len(solutions) == len(self.tasks)
-        variables = {t.instruction: t.resources.solution_env for t in self.tasks.values()}
+        complete = all(t.solution for t in self.tasks.values())
+        instructions = {t.instruction for t in self.tasks.values()}
+        # The policy knows a task by its instruction: two tasks with one instruction, no policy.
+        unique = len(instructions) == len(self.tasks)
         self.reference_policy = (
-            _solution_policy(solutions, variables)  # type: ignore[arg-type]
-            if complete and self.max_turns >= 3
-            else None
+            _solution_policy(self) if complete and unique and self.max_turns >= 3 else None
         )
 
     def task_of(self, task: dict[str, Any]) -> HarborTask:
@@ -92,6 +95,27 @@ class HarborEnv(WorkspaceEnv):
     def task_key(self, task: dict[str, Any]) -> str:
         """The task folder's path."""
         return str(task["info"]["id"])
+
+    def layout(self, task: dict[str, Any], sandbox: Sandbox | None = None) -> Layout:
+        """Where the task's Harbor paths are in sessions of ``sandbox`` (default: the env's):
+        shown at their own place, or mapped (:mod:`envhub.harbor.layout`)."""
+        return layout_for(self.task_of(task).workdir, sandbox or self.sandbox or default_sandbox())
+
+    def format_prompt(self, task: dict[str, Any]) -> list[Message]:
+        """The system prompt, which names the task's working folder when the session shows it
+        there too, and the instruction as the task wrote it (its paths mapped on a backend that
+        cannot show them)."""
+        layout = self.layout(task)
+        head = self.instructions
+        if head and layout.paths.workdir:
+            head += SAME_FOLDER.format(workdir=layout.paths.workdir[0])
+        instruction = rewrite_paths(self.task_of(task).instruction, layout.mapping)
+        return [*([system(head)] if head else []), user(instruction)]
+
+    def session_for(self, sandbox: Sandbox, workspace: Workspace, task: dict[str, Any]) -> Session:
+        """A session showing the task's paths where it expects them, when ``sandbox`` can."""
+        paths = self.layout(task, sandbox).paths
+        return sandbox.session(workspace, limits=self.limits_for(task), paths=paths)
 
     def task_files(self, task: dict[str, Any]) -> dict[str, bytes]:
         """The files the task's Dockerfile puts in its working folder."""
@@ -129,8 +153,10 @@ class HarborEnv(WorkspaceEnv):
         await super().setup_state(state)
 
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
-        """The Dockerfile's ``ENV`` variables, over the default ones."""
-        return {**super().command_env(task), **self.task_of(task).env}
+        """The Dockerfile's ``ENV`` variables (their paths mapped where the session does not
+        show them), over the default ones."""
+        variables = rewrite_values(self.task_of(task).env, self.layout(task).mapping)
+        return {**super().command_env(task), **variables}
 
     def limits_for(self, task: dict[str, Any]) -> Limits:
         """The env's limits with the task's memory and storage (``task.toml``), and no command
@@ -151,39 +177,46 @@ class HarborEnv(WorkspaceEnv):
 
     async def verify(self, session: Session, state: State) -> Verdict:
         """Kill what the model left running, run ``tests/test.sh``, read the reward."""
-        return await run_verifier(session, self.task_of(state.task), self.command_env(state.task))
+        task = state.task
+        harbor, layout = self.task_of(task), self.layout(task)
+        return await run_verifier(session, harbor, self.command_env(task), layout)
 
 
-async def run_verifier(session: Session, task: HarborTask, env: dict[str, str]) -> Verdict:
-    """Run a task's tests in ``session`` and read the reward they wrote.
+async def run_verifier(
+    session: Session, task: HarborTask, env: dict[str, str], layout: Layout
+) -> Verdict:
+    """Run a task's tests in ``session`` (laid out as ``layout``) and read the reward they
+    wrote.
 
     Raises:
-        VerifierError: No reward file, or a malformed one (with the script's output's end).
+        VerifierError: The tests' folders could not be emptied, no reward file, or a malformed
+            one (with the script's output's end).
     """
     await session.akill_processes()
-    folder = verifier_folder(session)
-    paths = verifier_paths(folder)
-    await session.arun(["/bin/sh", "-c", _CLEAR, "sh", folder, *RUNNER_CONFIGS])
+    cleared = await session.arun(["/bin/sh", "-c", _CLEAR, "sh", *layout.fresh])
+    if not cleared.ok:
+        raise VerifierError(f"could not empty {', '.join(layout.fresh)}: {cleared.describe()}")
+    await session.arun(["/bin/sh", "-c", _CLEAR_TMP, "sh", *RUNNER_CONFIGS])
     for name, data in task.tests.items():
-        await _put(session, f"{paths['/tests']}/{name}", rewrite_bytes(data, paths))
-    await session.arun(["chmod", "-R", "a+x", paths["/tests"]])  # as Harbor copies them
-    await session.arun(["mkdir", "-p", paths["/logs/verifier"]])
+        await _put(session, f"{layout.tests}/{name}", rewrite_bytes(data, layout.mapping))
+    await session.arun(["chmod", "-R", "a+x", layout.tests])  # as Harbor copies them
+    await session.arun(["mkdir", "-p", layout.logs])
     result = await session.arun(
-        ["bash", f"{paths['/tests']}/test.sh"],
+        _in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"]),
         wall_time=task.verifier_timeout,
         env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
-    return await read_reward(session, task, result)
+    return await read_reward(session, task, result, layout.logs)
 
 
-async def read_reward(session: Session, task: HarborTask, result: ExecResult) -> Verdict:
-    """The reward ``test.sh`` wrote: ``reward.json`` first, else ``reward.txt``.
+async def read_reward(session: Session, task: HarborTask, result: ExecResult, logs: str) -> Verdict:
+    """The reward ``test.sh`` wrote in ``logs`` (Harbor's ``/logs/verifier``):
+    ``reward.json`` first, else ``reward.txt``.
 
     Raises:
         VerifierError: Neither file, or one that does not hold a reward in [0, 1].
     """
     where = task.path / "tests" / "test.sh"
-    logs = verifier_paths(verifier_folder(session))["/logs/verifier"]
     for name, parse in (("reward.json", _json_reward), ("reward.txt", _text_reward)):
         text = await _get(session, f"{logs}/{name}")
         if text is None:
@@ -199,23 +232,31 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult) ->
     )
 
 
-def verifier_folder(session: Session) -> str:
-    """Where the tests and the reward go: out of the workspace (:data:`VERIFIER_DIR`) in a
-    local session; in it (``/sandbox/.harbor``) where ``/tmp`` may not last from one command
-    to the next."""
-    from envhub.sandbox.local_session import LocalSession
-
-    return VERIFIER_DIR if isinstance(session, LocalSession) else HARBOR_DIR
-
-
+SAME_FOLDER = (
+    "\n\nThe task's working folder, {workdir}, is this same folder: {workdir}/x is /sandbox/x."
+)
+"""Added to the system prompt when the session shows the working folder at its own path."""
 RUNNER_CONFIGS = (
     "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py",
     "conftest.py", "__init__.py",
 )  # fmt: skip
 """Files a test runner reads from the folders above its tests: taken out of ``/tmp``."""
-_CLEAR = 'rm -rf -- "$1"; shift; cd /tmp && rm -rf -- "$@"'
+# Each folder emptied: made readable first (the model may have locked it), removed (a link
+# with it; a mount point stays), made again, then checked empty.
+_CLEAR = (
+    'for d in "$@"; do if [ -d "$d" ] && [ ! -L "$d" ]; then chmod -R u+rwx -- "$d"; fi; '
+    'rm -rf -- "$d" 2>/dev/null; mkdir -p -- "$d" && left=$(ls -A -- "$d") && [ -z "$left" ] '
+    "|| exit 1; done"
+)
+_CLEAR_TMP = 'cd /tmp && rm -rf -- "$@"'
+_IN_FOLDER = 'cd -- "$1" || exit 1; shift; exec "$@"'
 _PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
+
+
+def _in_folder(folder: str, argv: list[str]) -> list[str]:
+    """``argv`` run in ``folder`` (where Harbor runs ``test.sh`` and ``solve.sh``)."""
+    return ["/bin/sh", "-c", _IN_FOLDER, "sh", folder, *argv]
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:
@@ -285,30 +326,42 @@ def _load_all(folders: list[Path], skip_unsupported: bool) -> dict[str, HarborTa
     return tasks
 
 
-def _solution_policy(
-    solutions: dict[str, dict[str, bytes]], variables: dict[str, dict[str, str]]
-) -> Any:
-    """Copy the solution in with ``create``, run ``solve.sh`` with ``bash`` (and the task's
-    ``[solution] env``), then answer."""
+def _solution_policy(env: HarborEnv) -> Any:
+    """Write the task's ``solution/`` into its solution folder with one ``bash`` call, run
+    ``solve.sh`` with another (in the working folder, with the task's ``[solution] env``), then
+    answer. The task is the one whose prompt holds the conversation's instruction."""
 
     def solve(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         instruction = next(m.content for m in messages if m.role == "user") or ""
-        if instruction not in solutions:  # not a task of ours: just answer
+        rows = ({"info": {"id": key}} for key in env.tasks)
+        row = next((r for r in rows if env.format_prompt(r)[-1].content == instruction), None)
+        if row is None:  # not a task of ours: just answer
             return "Done."
-        files = sorted(solutions[instruction].items())
+        task, layout = env.task_of(row), env.layout(row)
         done = sum(m.role == "assistant" for m in messages)
-        if done < len(files):
-            name, data = files[done]
-            args = {"path": f"{SOLUTION_DIR}/{name}", "file_text": data.decode("utf-8")}
-            return _call("create", args)
-        if done == len(files):
-            assign = "".join(
-                f"{k}={shlex.quote(v)} " for k, v in variables.get(instruction, {}).items()
-            )
-            return _call("bash", {"command": f"{assign}bash {SOLUTION_DIR}/solve.sh"})
+        if done == 0:
+            files = {n: rewrite_bytes(d, layout.mapping) for n, d in (task.solution or {}).items()}
+            return _call("bash", {"command": _write_files(layout.solution, files)})
+        if done == 1:
+            variables = task.resources.solution_env.items()
+            assign = "".join(f"{k}={shlex.quote(v)} " for k, v in variables)
+            solution = shlex.quote(layout.solution)
+            run = f"chmod -R a+x {solution} && {assign}bash {solution}/solve.sh"
+            return _call("bash", {"command": f"cd {shlex.quote(layout.workdir)} && {run}"})
         return "Done."
 
     return solve
+
+
+def _write_files(folder: str, files: dict[str, bytes]) -> str:
+    """A shell script writing ``files`` (relative paths) under ``folder``, bytes exact."""
+    steps = ["set -e"]
+    for name, data in sorted(files.items()):
+        path = posixpath.join(folder, name)
+        encoded = base64.encodebytes(data).decode()  # "_" is no base64 letter: the end is found
+        steps.append(f"mkdir -p {shlex.quote(posixpath.dirname(path))}")
+        steps.append(f"base64 -d > {shlex.quote(path)} <<'_EOF_'\n{encoded}_EOF_")
+    return "\n".join(steps)
 
 
 def _call(name: str, arguments: dict[str, Any]) -> str:
@@ -362,21 +415,21 @@ async def check_task(env: HarborEnv, key: str) -> TaskCheck:
 async def _verify_fresh(
     env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None
 ) -> float:
-    from envhub.workspace_env import default_sandbox
-
     sandbox = env.sandbox or default_sandbox()
-    variables, task = env.command_env(row), env.task_of(row)
+    variables, task, layout = env.command_env(row), env.task_of(row), env.layout(row, sandbox)
     workspace = await env.prepare_workspace(row)
-    async with sandbox.session(workspace, limits=env.limits_for(row)) as session:
+    async with env.session_for(sandbox, workspace, row) as session:
         if solution is not None:
             for name, data in solution.items():
-                await session.write_file(f"{SOLUTION_DIR}/{name}", data)
-            await session.arun(["chmod", "-R", "a+x", SOLUTION_DIR])
+                data = rewrite_bytes(data, layout.mapping)
+                await _put(session, f"{layout.solution}/{name}", data)
+            await session.arun(["chmod", "-R", "a+x", layout.solution])
             await session.arun(
-                ["bash", f"{SOLUTION_DIR}/solve.sh"],
+                _in_folder(layout.workdir, ["bash", f"{layout.solution}/solve.sh"]),
                 env={**variables, **task.resources.solution_env},
                 wall_time=task.resources.agent_timeout or env.limits.wall_time,
             )
-            await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, task, variables)
+            if not layout.shown:  # a mapped solution lies in the workspace: out before the tests
+                await session.arun(["rm", "-rf", HARBOR_DIR])
+        verdict = await run_verifier(session, task, variables, layout)
     return verdict.reward

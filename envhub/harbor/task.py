@@ -2,34 +2,30 @@
 and an optional ``solution/``.
 
 A task folder becomes a :class:`HarborTask`: the instruction, the files the episode's workspace
-starts with, the tests and the solution (both kept off the workspace until they run), and its
-limits (:mod:`envhub.harbor.resources`: the agent's and the verifier's timeouts, memory,
-storage; the verifier's defaults to 600 s as in Harbor). A malformed folder
+starts with, its working folder, the tests and the solution (both kept off the workspace until
+they run), and its limits (:mod:`envhub.harbor.resources`: the agent's and the verifier's
+timeouts, memory, storage; the verifier's defaults to 600 s as in Harbor). A malformed folder
 raises :class:`~envhub.errors.EnvLoadError` naming the file at fault; a task whose environment
 cannot run here raises :class:`~envhub.harbor.dockerfile.UnsupportedEnvironment`. A Dockerfile
-with ``RUN`` steps gives the task a :attr:`HarborTask.build` (its copies and steps in order,
-paths mapped as below), which :mod:`envhub.harbor.build` runs once to prepare the workspace.
+with ``RUN`` steps gives the task a :attr:`HarborTask.build` (its copies and steps in order, the
+working folder's path mapped to ``/sandbox``), which :mod:`envhub.harbor.build` runs once to
+prepare the workspace.
 
-**Paths.** Harbor's container has the task at its working folder (the Dockerfile's
-``WORKDIR``, usually ``/app``), the tests at ``/tests``, the solution at ``/solution`` and the
-reward at ``/logs/verifier``. A sandbox session has two writable folders, ``/sandbox`` and
-``/tmp``, so envhub maps them there: the working folder is ``/sandbox``, the solution
-``/sandbox/.harbor/solution`` (the reference policy writes it with the model's tools), the
-tests and the reward ``/tmp/.harbor/tests`` and ``/tmp/.harbor/logs/verifier``
-(:data:`VERIFIER_DIR`; ``/sandbox/.harbor`` on a backend whose ``/tmp`` does not last the
-session). Those absolute paths are rewritten in the instruction and in the text files of
-``tests/`` and ``solution/`` (:func:`rewrite_paths`; the tests' when they run). The tests and
-the solution are copied in only when they run, after the episode, as Harbor uploads them.
+**Paths.** The instruction, the tests, the solution and the Dockerfile's ``ENV`` values are
+kept as the task wrote them: a session shows the working folder (:attr:`HarborTask.workdir`,
+usually ``/app``), ``/tests``, ``/solution`` and ``/logs`` where the task expects them; only a
+backend that cannot gets them mapped into ``/sandbox`` and rewritten (:func:`rewrite_paths`),
+see :mod:`envhub.harbor.layout`.
 
-The tests stay out of ``/sandbox`` for the reason Harbor keeps ``/tests`` out of ``/app``: a
-test runner reads configuration from the folders above its tests (pytest: ``pytest.ini``,
-``pyproject.toml``, ``conftest.py``, ...), and the workspace is the model's to write. Above
-``/tmp/.harbor`` there is only ``/tmp``, which the verifier clears of such files first, and the
-read-only ``/``.
+The ``task.toml`` fields read: ``[task] name`` (the task's name; else its folder's),
+``[metadata]`` (kept), ``[environment] workdir`` (the working folder; a Dockerfile ``WORKDIR``
+must agree), ``[environment] docker_image`` (the image when there is no Dockerfile), and the
+limits and variables of :mod:`envhub.harbor.resources`.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import sys
 from dataclasses import dataclass, field
@@ -55,19 +51,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-HARBOR_DIR = f"{WORKDIR}/.harbor"
-"""Where the solution goes, in the workspace."""
-SOLUTION_DIR = f"{HARBOR_DIR}/solution"
-VERIFIER_DIR = "/tmp/.harbor"
-"""Where the tests and the reward go, out of the workspace (made afresh for each verifier)."""
-TESTS_DIR = f"{VERIFIER_DIR}/tests"
-VERIFIER_LOGS = f"{VERIFIER_DIR}/logs/verifier"
 _MARKERS = ("task.toml", "instruction.md", "tests", "environment")
 
 
 @dataclass(frozen=True)
 class HarborTask:
-    """One Harbor task, read and checked; paths already mapped into the sandbox."""
+    """One Harbor task, read and checked; its texts as the task wrote them."""
 
     path: Path
     name: str
@@ -77,9 +66,10 @@ class HarborTask:
     executables: frozenset[str]
     """Those of :attr:`files` that are executable (a workspace keeps their mode)."""
     tests: dict[str, bytes]
-    """``tests/``'s files, relative to it (``test.sh`` among them); their ``/tests`` and
-    ``/logs/verifier`` are mapped when they run (:func:`verifier_paths`)."""
+    """``tests/``'s files, relative to it (``test.sh`` among them)."""
     solution: dict[str, bytes] | None
+    workdir: str = DEFAULT_WORKDIR
+    """The working folder, absolute: where the workspace's files are and commands start."""
     resources: Resources = field(default_factory=Resources)
     """Its limits and the variables of its tests and solution, from ``task.toml``."""
     env: dict[str, str] = field(default_factory=dict)
@@ -143,7 +133,6 @@ def load_task(path: str | Path) -> HarborTask:
     solution = _read_tree(solution_dir) if solution_dir.is_dir() else None
     if solution is not None and "solve.sh" not in solution:
         raise EnvLoadError(f"{solution_dir / 'solve.sh'} is missing (solution/ has no solve.sh)")
-    mapped = _mapping(environment.workdir)
     copies = _copied_files(folder / "environment", environment)
     files = {name: data for copy in copies for name, data in copy.files.items()}
     executables = frozenset().union(*(c.executables for c in copies))
@@ -152,13 +141,14 @@ def load_task(path: str | Path) -> HarborTask:
     return HarborTask(
         path=folder,
         name=str(task_meta.get("name") or folder.name),
-        instruction=rewrite_paths(instruction, mapped),
+        instruction=instruction,
         files=files,
         executables=executables,
-        tests=_rewrite_all(tests, _without(mapped, VERIFIER_PATHS)),
-        solution=None if solution is None else _rewrite_all(solution, mapped),
+        tests=tests,
+        solution=solution,
+        workdir=environment.workdir,
         resources=resources,
-        env=_rewrite_values(environment.env, _workdir_only(environment.workdir)),
+        env=environment.env,
         metadata=dict(_section(config, "metadata")),
         build=_build(environment, copies, resources.build_timeout),
     )
@@ -185,27 +175,9 @@ def rewrite_bytes(data: bytes, mapping: dict[str, str]) -> bytes:
     return rewrite_paths(text, mapping).encode("utf-8")
 
 
-def _rewrite_all(files: dict[str, bytes], mapping: dict[str, str]) -> dict[str, bytes]:
-    return {name: rewrite_bytes(data, mapping) for name, data in files.items()}
-
-
-VERIFIER_PATHS = ("/tests", "/logs/verifier")
-
-
-def verifier_paths(folder: str) -> dict[str, str]:
-    """Harbor's ``/tests`` and ``/logs/verifier`` under ``folder``."""
-    return {"/tests": f"{folder}/tests", "/logs/verifier": f"{folder}/logs/verifier"}
-
-
-def _without(mapping: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
-    return {k: v for k, v in mapping.items() if k not in keys}
-
-
-def _mapping(workdir: str) -> dict[str, str]:
-    mapping = {"/tests": TESTS_DIR, "/solution": SOLUTION_DIR, "/logs/verifier": VERIFIER_LOGS}
-    if workdir not in ("/", ""):
-        mapping[workdir] = WORKDIR
-    return mapping
+def rewrite_values(env: dict[str, str], mapping: dict[str, str]) -> dict[str, str]:
+    """:func:`rewrite_paths` on each value of ``env``."""
+    return {key: rewrite_paths(value, mapping) for key, value in env.items()}
 
 
 def _read_config(file: Path) -> dict[str, Any]:
@@ -250,20 +222,38 @@ def _environment(folder: Path, config: dict[str, Any]) -> Environment:
                 "here; envhub runs Harbor tasks on the host's base system in its sandbox"
             )
     image = _section(config, "environment").get("docker_image")
+    workdir = _workdir(folder / "task.toml", config)
     if (env_dir / "Dockerfile").is_file():
-        return read_dockerfile(env_dir / "Dockerfile")
+        environment = read_dockerfile(env_dir / "Dockerfile", workdir or DEFAULT_WORKDIR)
+        if workdir is not None and environment.workdir != workdir:
+            raise UnsupportedEnvironment(
+                f"{folder / 'task.toml'}: [environment] workdir = {workdir!r}, but "
+                f"{env_dir / 'Dockerfile'} works in {environment.workdir}: only one working "
+                "folder is kept here; make them agree"
+            )
+        return environment
     if image:
         check_image(str(image), f"{folder / 'task.toml'} [environment] docker_image")
-        return Environment(image=str(image))
-    return Environment(workdir=DEFAULT_WORKDIR)
+        return Environment(image=str(image), workdir=workdir or DEFAULT_WORKDIR)
+    return Environment(workdir=workdir or DEFAULT_WORKDIR)
+
+
+def _workdir(file: Path, config: dict[str, Any]) -> str | None:
+    """``[environment] workdir``, normalized (``None`` when absent).
+
+    Raises:
+        EnvLoadError: Not an absolute path.
+    """
+    value = _section(config, "environment").get("workdir")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise EnvLoadError(f"{file}: [environment] workdir must be an absolute path, got {value!r}")
+    return posixpath.normpath(value)
 
 
 def _workdir_only(workdir: str) -> dict[str, str]:
     return {} if workdir in ("/", "") else {workdir: WORKDIR}
-
-
-def _rewrite_values(env: dict[str, str], mapping: dict[str, str]) -> dict[str, str]:
-    return {key: rewrite_paths(value, mapping) for key, value in env.items()}
 
 
 def _build(environment: Environment, copies: list[CopyStep], timeout: float | None) -> Build | None:
@@ -302,7 +292,7 @@ def _run_step(run: RunInstruction, workdir: str) -> RunStep:
         text=run.text,
         argv=tuple(rewrite_paths(word, mapping) for word in run.argv),
         cwd=cwd,
-        env=_rewrite_values(run.env, mapping),
+        env=rewrite_values(run.env, mapping),
     )
 
 

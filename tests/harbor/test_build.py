@@ -353,16 +353,15 @@ def test_steps_that_cannot_run_here_are_refused_on_load(
         load_task(folder)
 
 
-def test_env_values_expand_and_map_into_the_sandbox(tmp_path: Path) -> None:
+def test_env_values_expand_and_steps_map_into_the_sandbox(tmp_path: Path) -> None:
+    """ENV values stay as written (a session shows /app); a step runs in the preparation
+    session, whose working folder is /sandbox."""
     dockerfile = (
         "ARG TOOL=/app/bin\nWORKDIR /app\nENV PATH=/app/bin:$PATH DATA=${TOOL}/data\n"
         "RUN echo /app/x /apple > /app/out.txt\n"
     )
     task = load_task(make_task(tmp_path, dockerfile))
-    assert task.env == {
-        "PATH": "/sandbox/bin:/usr/local/bin:/usr/bin:/bin",
-        "DATA": "/sandbox/bin/data",
-    }
+    assert task.env == {"PATH": "/app/bin:/usr/local/bin:/usr/bin:/bin", "DATA": "/app/bin/data"}
     step = task.build.steps[-1]  # type: ignore[union-attr]
     assert step.argv[-1] == "echo /sandbox/x /apple > /sandbox/out.txt"
 

@@ -20,6 +20,8 @@ from envhub.cli.app import app
 from envhub.harbor import UnsupportedEnvironment
 from envhub.harbor.env import HarborEnv, check_tasks
 from envhub.sandbox import LocalSandbox, bwrap_problem
+from envhub.types import assistant
+from envhub.workspace_env import WORKSPACE_PROMPT
 
 pytestmark = pytest.mark.skipif(
     bwrap_problem() is not None or os.geteuid() != 0,
@@ -62,10 +64,11 @@ def test_make_on_a_folder_of_tasks_or_one_task(sandbox) -> None:
     ]
     one = envhub.make(str(EXAMPLES / "hello-file"), sandbox=sandbox)
     prompt, _ = one.reset(options={"task_index": 0})
-    assert (
-        prompt[-1].content
-        == "Create a file `/sandbox/hello.txt` whose only line is `Hello, world!`.\n"
-    )
+    assert [m.content for m in prompt] == [
+        WORKSPACE_PROMPT
+        + "\n\nThe task's working folder, /app, is this same folder: /app/x is /sandbox/x.",
+        "Create a file `/app/hello.txt` whose only line is `Hello, world!`.\n",
+    ]
     assert [t["function"]["name"] for t in one.tool_schemas] == [
         "bash",
         "view",
@@ -91,24 +94,37 @@ def test_rewards_are_what_the_tests_write(sandbox) -> None:
     assert info["reward_components"] == {"verifier": 0.5, "errors_line": 1.0, "top_line": 0.0}
 
 
-def test_the_tests_are_not_in_the_workspace_during_the_episode(sandbox) -> None:
+def test_the_tests_are_out_of_reach_during_the_episode(sandbox) -> None:
+    """/tests, /solution and /logs are there, empty, as the task expects; the tests come in
+    after the episode."""
     env = HarborEnv(EXAMPLES / "fix-median", sandbox=sandbox)
     env.reset(options={"task_index": 0})
-    observation, *_ = env.step(call("bash", command="ls -a; ls /tests 2>&1 | head -1"))
+    observation, *_ = env.step(call("bash", command="ls -A /app /tests /solution /logs"))
     assert observation[0].content == (
-        "[exit 0]\n.\n..\nstats.py\nls: cannot access '/tests': No such file or directory"
+        "[exit 0]\n/app:\nstats.py\n\n/logs:\n\n/solution:\n\n/tests:"
     )
     env.close()
 
 
 def test_what_the_model_leaves_running_cannot_write_the_reward(sandbox) -> None:
     forge = (
-        "(while true; do for d in /tmp/.harbor /sandbox/.harbor; do mkdir -p $d/logs/verifier; "
+        "(while true; do for d in /tmp/.harbor /sandbox/.harbor /; do mkdir -p $d/logs/verifier; "
         "echo 1 > $d/logs/verifier/reward.txt; done; sleep 0.01; done) "
         ">/dev/null 2>&1 & echo planted"
     )
     env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
     assert play(env, 0, call("bash", command=forge), "done")[0] == 0.0
+
+
+def test_what_the_model_plants_or_locks_in_the_tests_folders_is_cleared(sandbox) -> None:
+    plant = (
+        "mkdir -p /logs/verifier /tests/sub && echo 1 > /logs/verifier/reward.txt && "
+        "echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh && touch /tests/.hidden && "
+        "chmod 000 /tests/sub /logs/verifier /tests /logs && echo planted"
+    )
+    env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
+    reward, info = play(env, 0, call("bash", command=plant), "done")
+    assert (reward, info["errors"]) == (0.0, [])
 
 
 PASS_EVERYTHING = (
@@ -165,6 +181,7 @@ def test_the_workspace_cannot_configure_the_tests(pytest_task: Path, bundled) ->
         call("create", path="conftest.py", file_text=PASS_EVERYTHING),
         call("bash", command="cp pytest.ini conftest.py /tmp/ && mkdir -p /tmp/.harbor/tests"),
         call("bash", command="cp conftest.py /tmp/.harbor/conftest.py && touch /tmp/setup.py"),
+        call("bash", command="cp pytest.ini conftest.py /tests/ && cp conftest.py /logs/"),
         call("bash", command=f"mkdir -p ~/{user_site} && ls -d ~/{user_site}"),
         call("create", path=f"{user_site}/forge_plugin.py", file_text=PASS_EVERYTHING),
         *[
@@ -174,6 +191,82 @@ def test_the_workspace_cannot_configure_the_tests(pytest_task: Path, bundled) ->
     ]
     reward, info = play(env, 0, *plants, "done")
     assert (reward, info["errors"]) == (0.0, [])
+    env.close()
+
+
+COUNT_LINES = {
+    "task.toml": (
+        'version = "1.0"\n\n[task]\nname = "envhub/count-lines"\n\n[verifier]\n'
+        'timeout_sec = 60.0\n\n[agent]\ntimeout_sec = 120.0\n\n[environment]\nworkdir = "/app"\n'
+    ),
+    "instruction.md": "Write the number of lines of `/app/data.txt` to `/app/count.txt`.\n",
+    "environment/Dockerfile": "FROM debian:12\nWORKDIR /app\nCOPY data.txt /app/data.txt\n",
+    "environment/data.txt": "a\nb\nc\n",
+    "tests/test.sh": (
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        '[ "$(pwd)" = /app ] && python3 -m pytest -q /tests/test_outputs.py '
+        "&& echo 1 > /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt\n"
+    ),
+    "tests/test_outputs.py": (
+        "from pathlib import Path\n\n\ndef test_count():\n"
+        "    lines = Path('/app/data.txt').read_text().splitlines()\n"
+        "    assert Path('/app/count.txt').read_text().strip() == str(len(lines))\n"
+    ),
+    "solution/solve.sh": "#!/bin/bash\npython3 /solution/count.py /app/data.txt > /app/count.txt\n",
+    "solution/count.py": "import sys\n\nprint(len(open(sys.argv[1]).read().splitlines()))\n",
+}
+"""A task as published Harbor tasks are written: its own paths everywhere, /tests read by
+pytest, a solution that reads /solution, a working folder in task.toml and the Dockerfile."""
+
+
+@pytest.fixture
+def count_lines(tmp_path: Path) -> Path:
+    from envhub.harbor.dockerfile import host_images
+
+    if "debian:12" not in host_images():
+        pytest.skip("the host is not Debian 12")
+    folder = tmp_path / "count-lines"
+    for name, text in COUNT_LINES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text)
+    return folder
+
+
+def play_reference(env: HarborEnv, index: int) -> tuple[float, list[str]]:
+    """The reward of the env's reference policy on a task, and the replies it got."""
+    messages, _ = env.reset(options={"task_index": index})
+    replies: list[str] = []
+    while True:
+        turn = env.reference_policy(messages, env.tool_schemas)
+        observation, reward, terminated, truncated, _ = env.step(turn)
+        messages = [*messages, assistant(turn), *observation]
+        replies += [m.content or "" for m in observation]
+        if terminated or truncated:
+            return reward, replies
+
+
+def test_a_published_style_task_passes_envhub_check(count_lines: Path, bundled) -> None:
+    checks = check_tasks(count_lines, sandbox=bundled)
+    assert [(c.name, c.solved, c.unsolved, c.passed, c.error) for c in checks] == [
+        ("envhub/count-lines", 1.0, 0.0, True, "")
+    ]
+    result = CliRunner().invoke(app, ["check", str(count_lines)])
+    assert result.exit_code == 0, result.output
+    assert "│ envhub/count-lines │ 1             │ 0       │ ok     │" in result.output
+
+
+def test_a_published_style_task_runs_at_its_own_paths(count_lines: Path, bundled) -> None:
+    env = HarborEnv(count_lines, sandbox=bundled)
+    prompt, _ = env.reset(options={"task_index": 0})
+    assert prompt[-1].content == COUNT_LINES["instruction.md"]  # as written: /app is there
+    count = call("bash", command="wc -l < /app/data.txt > /app/count.txt && cat count.txt && pwd")
+    observation, *_ = env.step(count)
+    assert observation[0].content == "[exit 0]\n3\n/sandbox"
+    _, reward, terminated, _, info = env.step("Done.")
+    assert (reward, terminated, info["errors"]) == (1.0, True, [])
+    assert play(env, 0, "Done.")[0] == 0.0
+    # The reference policy writes solution/ to /solution, then runs solve.sh from /app.
+    assert play_reference(env, 0) == (1.0, ["[exit 0]\n(no output)", "[exit 0]\n(no output)"])
     env.close()
 
 

@@ -20,6 +20,12 @@ def copy_task(tmp_path: Path, name: str = "fix-median") -> Path:
     return Path(shutil.copytree(EXAMPLES / name, tmp_path / name))
 
 
+def set_environment(folder: Path, line: str) -> None:
+    """Add ``line`` to the ``[environment]`` section of the task's ``task.toml``."""
+    toml = (folder / "task.toml").read_text()
+    (folder / "task.toml").write_text(toml.replace("[environment]\n", f"[environment]\n{line}\n"))
+
+
 def test_the_examples_folder_holds_four_tasks() -> None:
     assert [p.name for p in find_task_folders(EXAMPLES)] == [
         "fix-median",
@@ -30,17 +36,15 @@ def test_the_examples_folder_holds_four_tasks() -> None:
     assert find_task_folders(EXAMPLES / "hello-file") == [EXAMPLES / "hello-file"]
 
 
-def test_a_task_is_read_with_its_paths_mapped_into_the_sandbox() -> None:
+def test_a_task_is_read_as_written() -> None:
     task = load_task(EXAMPLES / "fix-median")
-    assert task.name == "fix-median"
-    assert task.instruction.startswith("`/sandbox/stats.py` has a `median(values)` function")
+    assert (task.name, task.workdir) == ("fix-median", "/app")
+    assert task.instruction.startswith("`/app/stats.py` has a `median(values)` function")
     assert sorted(task.files) == ["stats.py"]
     assert task.files["stats.py"] == (EXAMPLES / "fix-median/environment/stats.py").read_bytes()
     assert sorted(task.tests) == ["test.sh", "test_stats.py"]
-    # /app is mapped now; /tests and /logs/verifier when the tests run (where depends on the
-    # session's backend).
-    assert b"cd /sandbox && python3 /tests/test_stats.py" in task.tests["test.sh"]
-    assert b"> /logs/verifier/reward.txt" in task.tests["test.sh"]
+    # Paths are mapped only where a session cannot show them (envhub.harbor.layout).
+    assert task.tests["test.sh"] == (EXAMPLES / "fix-median/tests/test.sh").read_bytes()
     assert task.verifier_timeout == 60.0
     assert task.env == {"PYTHONDONTWRITEBYTECODE": "1"}
     assert task.metadata["category"] == "debugging"
@@ -90,6 +94,51 @@ def test_malformed_folders_name_the_file(tmp_path: Path, damage, message: str) -
     folder = copy_task(tmp_path)
     damage(folder)
     with pytest.raises(EnvLoadError, match=message):
+        load_task(folder)
+
+
+def test_the_working_folder_comes_from_task_toml_or_the_dockerfile(tmp_path: Path) -> None:
+    hello = Path(shutil.copytree(EXAMPLES / "hello-file", tmp_path / "hello"))
+    assert load_task(hello).workdir == "/app"  # neither sets one: Harbor's usual
+    toml = (hello / "task.toml").read_text()
+    (hello / "task.toml").write_text(toml + '\n[environment]\nworkdir = "/workspace/"\n')
+    assert load_task(hello).workdir == "/workspace"
+    if "debian:12" not in host_images():
+        return
+    folder = copy_task(tmp_path)
+    set_environment(folder, 'workdir = "/app"')
+    assert load_task(folder).workdir == "/app"  # the Dockerfile's WORKDIR agrees
+    (folder / "environment/Dockerfile").write_text("FROM debian:12\nCOPY stats.py stats.py\n")
+    task = load_task(folder)  # no WORKDIR: copies land in task.toml's
+    assert (task.workdir, sorted(task.files)) == ("/app", ["stats.py"])
+
+
+@pytest.mark.parametrize(
+    ("environment", "error", "message"),
+    [
+        (
+            'workdir = "/srv"',
+            UnsupportedEnvironment,
+            r"task.toml: \[environment\] workdir = '/srv', but .*/Dockerfile works in /app: only "
+            r"one working folder is kept here; make them agree",
+        ),
+        (
+            'workdir = "app"',
+            EnvLoadError,
+            r"task.toml: \[environment\] workdir must be an absolute path, got 'app'",
+        ),
+        ("workdir = 3", EnvLoadError, r"workdir must be an absolute path, got 3"),
+    ],
+)
+def test_a_working_folder_that_cannot_be_kept_is_refused(
+    tmp_path: Path, environment: str, error: type[Exception], message: str
+) -> None:
+    if "debian:12" not in host_images():
+        pytest.skip("the host is not Debian 12")
+    folder = copy_task(tmp_path)
+    (folder / "environment/Dockerfile").write_text("FROM debian:12\nWORKDIR /app\n")
+    set_environment(folder, environment)
+    with pytest.raises(error, match=message):
         load_task(folder)
 
 
