@@ -75,12 +75,13 @@ def _saved_summary(file: Path) -> dict:
 
 def render_episode(console, trajectory, index: int) -> None:
     """One episode: a header line, each message in a panel, then errors and drift."""
+    from rich.markup import escape
     from rich.panel import Panel
 
     t = trajectory
     parts = ", ".join(f"{k} {v:g}" for k, v in t.reward_components.items())
     console.print(
-        f"[bold]episode {index}[/]: {t.env.name} v{t.env.version} task {t.task_index} "
+        f"[bold]episode {index}[/]: {escape(episode_label(t))} task {t.task_index} "
         f"sample {t.sample_index} | reward {t.reward:g} ({parts}) | {t.stop_reason}, "
         f"{t.outcome} | {len(t.turns)} turns, {t.num_completion_tokens} tokens",
         soft_wrap=True,
@@ -116,6 +117,14 @@ def render_episode(console, trajectory, index: int) -> None:
         console.print(
             f"[yellow]token drift[/] at turn {d['turn']}, token {d['position']}", soft_wrap=True
         )
+
+
+def episode_label(trajectory) -> str:
+    """What produced an episode: ``harbor v0.1.0``, or with a named task (a Harbor task's
+    ``[task] name``, recorded as ``info["task"]``) ``org/count-lines (harbor v0.1.0)``."""
+    env = f"{trajectory.env.name} v{trajectory.env.version}"
+    task = trajectory.info.get("task")
+    return f"{task} ({env})" if isinstance(task, str) and task else env
 
 
 def sampler_line(sampler) -> str:

@@ -515,6 +515,7 @@ class RolloutRunner:
             metrics=self._metrics(ep),
             errors=ep.errors,
             token_drift=ep.drift + (ep.trace.drift if ep.trace is not None else []),
+            info=_task_name(state),
             seconds=time.perf_counter() - ep.started,
         )
 
@@ -586,3 +587,11 @@ class RolloutRunner:
         for env in self._created:
             close_quietly(env)
         self._created.clear()
+
+
+def _task_name(state: State | None) -> dict[str, Any]:
+    """``{"task": name}`` when the episode's task row names itself (``info["name"]``, as a
+    Harbor task's row does: ``envhub show`` labels the episode with it), else nothing."""
+    info = state.task.get("info") if state is not None else None
+    name = info.get("name") if isinstance(info, dict) else None
+    return {"task": name} if isinstance(name, str) and name else {}

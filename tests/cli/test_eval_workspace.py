@@ -83,7 +83,10 @@ def test_eval_a_harbor_task_folder(http_server, tmp_path: Path) -> None:
     out = evaluate(http_server, tmp_path, str(EXAMPLES / "hello-file"))
     trajectories = read_trajectories(out / "trajectories.jsonl")
     assert [t.reward for t in trajectories] == [1.0] * 2
+    assert [t.info for t in trajectories] == [{"task": "hello-file"}] * 2
     shown = runner.invoke(app, ["show", str(out), "-e", "0"])
+    # Labelled with the task's name (its folder's, with no [task] name), not only the env's.
+    assert shown.output.startswith("episode 0: hello-file (harbor v0.1.0) task 0 sample 0 |")
     assert "tool -> bash" in shown.output
     assert "solve.sh" in shown.output
     assert "[exit 0]" in shown.output
