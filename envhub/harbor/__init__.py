@@ -5,7 +5,8 @@
 :mod:`~envhub.harbor.task` reads a folder, :mod:`~envhub.harbor.dockerfile` decides whether its
 environment runs here (:mod:`~envhub.harbor.build_check` and :mod:`~envhub.harbor.installs` for
 its ``RUN`` steps), :mod:`~envhub.harbor.build` runs those steps once per task to prepare its
-workspace, :mod:`~envhub.harbor.env` is the env (:class:`HarborEnv`).
+workspace, :mod:`~envhub.harbor.layout` says where its paths (``/app``, ``/tests``...) are in a
+session, :mod:`~envhub.harbor.env` is the env (:class:`HarborEnv`).
 """
 
 from envhub.harbor.dockerfile import UnsupportedEnvironment

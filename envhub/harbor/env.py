@@ -46,7 +46,7 @@ from envhub.harbor.task import (
     rewrite_paths,
     rewrite_values,
 )
-from envhub.sandbox.base import ExecResult, Limits, Sandbox
+from envhub.sandbox.base import WORKDIR, ExecResult, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.types import Message, system, user
@@ -256,6 +256,8 @@ _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; ex
 
 def _in_folder(folder: str, argv: list[str]) -> list[str]:
     """``argv`` run in ``folder`` (where Harbor runs ``test.sh`` and ``solve.sh``)."""
+    if folder == WORKDIR:  # a session's commands start there (an e2b session's is elsewhere)
+        return argv
     return ["/bin/sh", "-c", _IN_FOLDER, "sh", folder, *argv]
 
 
@@ -347,7 +349,9 @@ def _solution_policy(env: HarborEnv) -> Any:
             assign = "".join(f"{k}={shlex.quote(v)} " for k, v in variables)
             solution = shlex.quote(layout.solution)
             run = f"chmod -R a+x {solution} && {assign}bash {solution}/solve.sh"
-            return _call("bash", {"command": f"cd {shlex.quote(layout.workdir)} && {run}"})
+            if layout.workdir != WORKDIR:  # as _in_folder
+                run = f"cd {shlex.quote(layout.workdir)} && {run}"
+            return _call("bash", {"command": run})
         return "Done."
 
     return solve

@@ -359,6 +359,13 @@ def test_the_same_tasks_score_the_same_on_e2b() -> None:
         assert play(env, 1, "done")[0] == 0.0
         mean = "def median(values):\n    return sum(values) / len(values)\n"
         assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
+        # e2b sessions show no /app or /tests: the paths are mapped into /sandbox instead.
+        assert env.format_prompt(env.dataset[1])[-1].content == (
+            "Create a file `/sandbox/hello.txt` whose only line is `Hello, world!`.\n"
+        )
+        assert play_reference(env, 1)[0] == 1.0
+        checks = check_tasks(EXAMPLES / "hello-file", sandbox=box, limits=env.limits)
+        assert [(c.solved, c.unsolved, c.passed) for c in checks] == [(1.0, 0.0, True)]
         env.close()
         box.close()
 
