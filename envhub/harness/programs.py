@@ -21,9 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from envhub.harness.wire import POLICY_MODEL
+from envhub.lifetime import guarded
+from envhub.lifetime.procs import CANNOT_START, CANNOT_START_CODE
 
 MAX_OUTPUT_BYTES = 1024 * 1024
 """A command's stdout kept as its result (the rest is dropped, and that is said)."""
+LEFTOVER_GRACE_S = 1.0
+"""How long what a command left running gets between SIGTERM and SIGKILL once it exits."""
 STDERR_TAIL = 2000
 """Characters of a failed command's stderr kept in its error message."""
 
@@ -264,8 +268,10 @@ class CommandProgram:
 
             return await run_in_session(self, launch)
         try:
+            # Under the guard: the command's group ends with this process however it dies
+            # (a SIGKILLed `envhub eval` or `envhub serve` has no reaper to end it).
             process = await asyncio.create_subprocess_exec(
-                *self.argv_for(launch),
+                *guarded(self.argv_for(launch), grace=LEFTOVER_GRACE_S),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -282,6 +288,9 @@ class CommandProgram:
             _kill_group(process)
         if process.returncode != 0:
             tail = stderr.decode(errors="replace")[-STDERR_TAIL:].strip()
+            if process.returncode == CANNOT_START_CODE and tail.startswith(CANNOT_START):
+                reason = tail.removeprefix(CANNOT_START).strip()
+                raise ProgramError("start", f"cannot start {self.describe()}: {reason}")
             raise ProgramError(
                 "exit", f"{self.describe()} exited with status {process.returncode}: {tail}"
             )

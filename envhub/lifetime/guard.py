@@ -127,13 +127,22 @@ def run(command: Sequence[str], watched: Sequence[int], grace: float) -> None:
         sys.exit(f"envhub guard: a watched process ({list(watched)}) is already gone")
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, _Stop.handle)
-    child = subprocess.Popen(list(command))
+    try:
+        child = subprocess.Popen(list(command))
+    except OSError as e:  # said as the caller would say it had it started the command itself
+        print(f"{procs.CANNOT_START} {command[0]}: {e}", file=sys.stderr, flush=True)
+        sys.exit(procs.CANNOT_START_CODE)
     polled = [pid for pid, fd in fds.items() if fd is None]
-    readable = [fd for fd in fds.values() if fd is not None]
+    owners = [fd for fd in fds.values() if fd is not None]
+    # The command's own pidfd wakes us the moment it exits (a short command, a harness
+    # program, is not kept waiting for the next poll).
+    child_fd = _watch(child.pid) if owners else None
+    readable = owners + ([child_fd] if child_fd is not None else [])
     while True:
-        owner_died = bool(select.select(readable, [], [], POLL_S)[0]) if readable else False
+        ready = select.select(readable, [], [], POLL_S)[0] if readable else []
         if not readable:
             time.sleep(POLL_S)
+        owner_died = any(fd in ready for fd in owners)
         owner_died = owner_died or not all(procs.exists(pid) for pid in polled)
         if child.poll() is not None:
             end_rest(min(grace, ORPHAN_GRACE_S))

@@ -21,6 +21,11 @@ PROC = Path("/proc")
 AVAILABLE = (PROC / "self" / "stat").exists()
 """Whether this system has Linux's ``/proc``."""
 
+CANNOT_START = "envhub guard: cannot start"
+"""How the guard's stderr begins when its command could not be started (no such file, ...)."""
+CANNOT_START_CODE = 127
+"""The guard's exit status then (the shell's for a command not found)."""
+
 
 @dataclass(frozen=True)
 class Leftover:

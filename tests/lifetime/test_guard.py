@@ -170,3 +170,37 @@ def test_shared_memory_the_group_left_is_released_unless_another_process_maps_it
         os.close(fd)
         for name in (ours, shared):
             Path(f"/dev/shm/{name}").unlink(missing_ok=True)
+
+
+def test_a_command_that_cannot_start_is_said_so_with_the_shells_status() -> None:
+    done = subprocess.run(guarded(["/nonexistent/agent"]), capture_output=True, text=True)
+    assert done.returncode == 127
+    assert done.stderr == (
+        "envhub guard: cannot start /nonexistent/agent: [Errno 2] No such file or directory: "
+        "'/nonexistent/agent'\n"
+    )
+
+
+# A harness command program's episode in a process that is then SIGKILLed: what `envhub eval`
+# or `envhub serve` is when a scheduler kills it (no reaper runs under them).
+EPISODE = """
+import asyncio, sys
+from envhub.harness.programs import CommandProgram, Launch
+program = CommandProgram(["sh", "-c", "sleep 300 & echo $$ > " + sys.argv[1] + "; wait"])
+asyncio.run(program.run(Launch("http://127.0.0.1:9/v1", "key", {}, "task")))
+"""
+
+
+def test_a_harness_command_ends_with_the_process_that_runs_its_episode(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    runner = subprocess.Popen([sys.executable, "-c", EPISODE, str(pid_file)])
+    deadline = time.monotonic() + HANG_S
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline and runner.poll() is None
+        time.sleep(0.05)
+    shell = int(pid_file.read_text())
+    group = os.getpgid(shell)
+    assert group != os.getpgid(runner.pid)  # a group of its own: killing the runner alone
+    runner.kill()  # would leave it, as it did before the guard
+    runner.wait()
+    assert group_gone(group)
