@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 from envhub.multiturn import TOOL_FORMAT_HINT, ToolEnv
 from envhub.rewards.rubric import Rubric, reward
-from envhub.sandbox.base import Limits, Sandbox
+from envhub.sandbox.base import WORKDIR, Limits, Sandbox
 from envhub.sandbox.digest import files_digest
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
@@ -58,15 +58,25 @@ MAX_WORKSPACES = 256
 LIVE_SESSIONS = 64
 """Sessions the default sandbox keeps alive at once (each holds a uid for its episode, model
 turns included); an episode beyond them waits in ``reset`` for one to end."""
-WORKSPACE_PROMPT = (
-    "You are working in a sandbox whose current folder is /sandbox, with tools to run shell "
-    "commands (`bash`), view files and folders (`view`), write files (`create`) and edit them "
-    "(`str_replace`). There is no network.\n\n"
-    + TOOL_FORMAT_HINT
-    + "\n\nWhen the task is done, reply without a tool call."
-)
-"""The system prompt of workspace envs: the tools, and how an episode ends."""
 _default_sandbox: Sandbox | None = None
+
+
+def workspace_prompt(workdir: str = WORKDIR) -> str:
+    """The system prompt of workspace envs whose commands start in ``workdir``: the folder,
+    the tools, and how an episode ends. A ``workdir`` other than ``/sandbox`` is named as the
+    same folder (where the session shows it again: :meth:`WorkspaceEnv.workdir_for`)."""
+    where = WORKDIR if workdir == WORKDIR else f"{workdir} (the same folder as {WORKDIR})"
+    return (
+        f"You are working in a sandbox whose current folder is {where}, with tools to run shell "
+        "commands (`bash`), view files and folders (`view`), write files (`create`) and edit "
+        "them (`str_replace`). There is no network.\n\n"
+        + TOOL_FORMAT_HINT
+        + "\n\nWhen the task is done, reply without a tool call."
+    )
+
+
+WORKSPACE_PROMPT = workspace_prompt()
+"""The system prompt of workspace envs whose commands start in ``/sandbox``."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +182,14 @@ class WorkspaceEnv(ToolEnv):
         """Variables the model's commands run with (default: :func:`default_command_env`)."""
         return default_command_env()
 
+    def workdir_for(self, task: dict[str, Any]) -> str:
+        """The model's current folder in an episode of ``task``: where its commands start and
+        what its file tools take paths under besides ``/sandbox`` (default ``/sandbox``). A
+        path other than ``/sandbox`` must be one where :meth:`session_for`'s session shows the
+        working folder again (:attr:`~envhub.sandbox.session.SessionPaths.workdir`); name it
+        in the system prompt (:func:`workspace_prompt`)."""
+        return WORKDIR
+
     def limits_for(self, task: dict[str, Any]) -> Limits:
         """The limits of a task's session (default: the env's ``limits``)."""
         return self.limits
@@ -208,9 +226,8 @@ class WorkspaceEnv(ToolEnv):
         # Start it now: waiting for a free uid, or a sandbox that cannot start, belongs to the
         # reset (an env failure), not to the model's first tool call (a tool timeout).
         await self._session.__aenter__()
-        state.data.update(
-            terminal_context(self._session, self.command_env(state.task)), workspace=workspace
-        )
+        variables, workdir = self.command_env(state.task), self.workdir_for(state.task)
+        state.data.update(terminal_context(self._session, variables, workdir), workspace=workspace)
 
     def _budget_exhausted(self, state: State) -> bool:
         if super()._budget_exhausted(state):

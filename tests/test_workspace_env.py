@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from envhub.rollout.runner import RolloutRunner
-from envhub.sandbox import LocalSandbox, Workspace, bwrap_problem
+from envhub.sandbox import LocalSandbox, Sandbox, Workspace, bwrap_problem
 from envhub.sandbox._process import uid_processes
-from envhub.sandbox.session import Session
+from envhub.sandbox.session import Session, SessionPaths
 from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, replay
 from envhub.workspace_env import WORKSPACES, Verdict, WorkspaceEnv
@@ -162,3 +162,28 @@ def test_verdicts_are_not_reused_unless_the_env_declares_them_a_function_of_the_
     with env.reusing_verdicts():
         assert [play(env, 0, "nothing done") for _ in range(2)] == [(0.0, False)] * 2
     assert len(env.verified) == 2
+
+
+class ShownMarkerEnv(MarkerEnv):
+    """MarkerEnv whose sessions show the working folder again at /work, the model's folder."""
+
+    name = "shown-marker"
+
+    def session_for(self, sandbox: Sandbox, workspace: Workspace, task: dict[str, Any]) -> Session:
+        paths = SessionPaths(workdir=("/work",))
+        return sandbox.session(workspace, limits=self.limits_for(task), paths=paths)
+
+    def workdir_for(self, task: dict[str, Any]) -> str:
+        return "/work"
+
+
+def test_the_model_works_in_the_folder_the_env_names(sandbox) -> None:
+    env = ShownMarkerEnv(sandbox=sandbox)
+    env.reset(options={"task_index": 0})
+    create = {"name": "create", "arguments": {"path": "/work/done.txt", "file_text": "yes\n"}}
+    observation, *_ = env.step(f"<tool_call>\n{json.dumps(create)}\n</tool_call>")
+    assert observation[0].content == "Wrote /work/done.txt (1 lines, 4 bytes)."
+    observation, *_ = env.step(call("pwd && cat /sandbox/done.txt"))
+    assert observation[0].content == "[exit 0]\n/work\nyes"
+    _, reward, terminated, _, _ = env.step("finished")
+    assert (reward, terminated, env.verified) == (1.0, True, ["yes\ndone.txt\ntask.txt\n"])

@@ -5,8 +5,9 @@ folder of them) gives a :class:`HarborEnv`. An episode: the instruction is the p
 workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task`) and what its
 ``RUN`` steps made (run once per task, before its first episode: :mod:`envhub.harbor.build`),
 and the model works with the terminal tools. The session shows the task's paths where it
-expects them (the working folder at ``/app`` too, ``/tests``, ``/solution``, ``/logs``), or, on a
-backend that cannot, they are mapped into ``/sandbox`` (:mod:`envhub.harbor.layout`). When the
+expects them (the working folder at ``/app`` too, ``/tests``, ``/solution``, ``/logs``; the
+model's commands start in ``/app`` and its file tools take ``/app`` paths), or, on a backend
+that cannot, they are mapped into ``/sandbox`` (:mod:`envhub.harbor.layout`). When the
 episode ends, every process the model left is killed, the tests' and logs' folders are emptied
 (``/tmp`` is cleared of test-runner configuration too), ``tests/`` is copied in and ``test.sh``
 runs in the session, in the working folder, with the verifier's timeout, the task's variables
@@ -49,8 +50,15 @@ from envhub.harbor.task import (
 from envhub.sandbox.base import WORKDIR, ExecResult, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
+from envhub.tools.terminal import in_folder
 from envhub.types import Message, system, user
-from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv, default_sandbox
+from envhub.workspace_env import (
+    WORKSPACE_PROMPT,
+    Verdict,
+    WorkspaceEnv,
+    default_sandbox,
+    workspace_prompt,
+)
 
 
 class HarborEnv(WorkspaceEnv):
@@ -102,13 +110,16 @@ class HarborEnv(WorkspaceEnv):
         return layout_for(self.task_of(task).workdir, sandbox or self.sandbox or default_sandbox())
 
     def format_prompt(self, task: dict[str, Any]) -> list[Message]:
-        """The system prompt, which names the task's working folder when the session shows it
-        there too, and the instruction as the task wrote it (its paths mapped on a backend that
-        cannot show them)."""
+        """The system prompt, which names the task's working folder as the current one when
+        the session shows it (:func:`~envhub.workspace_env.workspace_prompt`, or a sentence
+        after a prompt of the caller's), and the instruction as the task wrote it (its paths
+        mapped on a backend that cannot show them)."""
         layout = self.layout(task)
         head = self.instructions
-        if head and layout.paths.workdir:
-            head += SAME_FOLDER.format(workdir=layout.paths.workdir[0])
+        if head == WORKSPACE_PROMPT:
+            head = workspace_prompt(layout.workdir)
+        elif head and layout.workdir != WORKDIR:
+            head += SAME_FOLDER.format(workdir=layout.workdir)
         instruction = rewrite_paths(self.task_of(task).instruction, layout.mapping)
         return [*([system(head)] if head else []), user(instruction)]
 
@@ -158,6 +169,11 @@ class HarborEnv(WorkspaceEnv):
         variables = rewrite_values(self.task_of(task).env, self.layout(task).mapping)
         return {**super().command_env(task), **variables}
 
+    def workdir_for(self, task: dict[str, Any]) -> str:
+        """The task's working folder where the session shows it (``/app``), else
+        ``/sandbox``: the model's commands start there, as in Harbor's container."""
+        return self.layout(task).workdir
+
     def limits_for(self, task: dict[str, Any]) -> Limits:
         """The env's limits with the task's memory and storage (``task.toml``), and no command
         longer than the agent's timeout (see :mod:`envhub.harbor.resources`)."""
@@ -202,7 +218,7 @@ async def run_verifier(
     await session.arun(["chmod", "-R", "a+x", layout.tests])  # as Harbor copies them
     await session.arun(["mkdir", "-p", layout.logs])
     result = await session.arun(
-        _in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"]),
+        in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"]),
         wall_time=task.verifier_timeout,
         env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
@@ -233,9 +249,11 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult, lo
 
 
 SAME_FOLDER = (
-    "\n\nThe task's working folder, {workdir}, is this same folder: {workdir}/x is /sandbox/x."
+    "\n\nThe current folder is the task's working folder, {workdir}: commands start there, and "
+    "it is the same folder as /sandbox ({workdir}/x is /sandbox/x)."
 )
-"""Added to the system prompt when the session shows the working folder at its own path."""
+"""Added to a system prompt of the caller's when the session shows the working folder at its
+own path."""
 RUNNER_CONFIGS = (
     "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py",
     "conftest.py", "__init__.py",
@@ -249,16 +267,8 @@ _CLEAR = (
     "|| exit 1; done"
 )
 _CLEAR_TMP = 'cd /tmp && rm -rf -- "$@"'
-_IN_FOLDER = 'cd -- "$1" || exit 1; shift; exec "$@"'
 _PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
-
-
-def _in_folder(folder: str, argv: list[str]) -> list[str]:
-    """``argv`` run in ``folder`` (where Harbor runs ``test.sh`` and ``solve.sh``)."""
-    if folder == WORKDIR:  # a session's commands start there (an e2b session's is elsewhere)
-        return argv
-    return ["/bin/sh", "-c", _IN_FOLDER, "sh", folder, *argv]
 
 
 async def _put(session: Session, path: str, data: bytes) -> None:
@@ -330,8 +340,9 @@ def _load_all(folders: list[Path], skip_unsupported: bool) -> dict[str, HarborTa
 
 def _solution_policy(env: HarborEnv) -> Any:
     """Write the task's ``solution/`` into its solution folder with one ``bash`` call, run
-    ``solve.sh`` with another (in the working folder, with the task's ``[solution] env``), then
-    answer. The task is the one whose prompt holds the conversation's instruction."""
+    ``solve.sh`` with another (in the working folder, where the model's commands start, with
+    the task's ``[solution] env``), then answer. The task is the one whose prompt holds the
+    conversation's instruction."""
 
     def solve(messages: list[Message], tools: list[dict[str, Any]] | None) -> str:
         instruction = next(m.content for m in messages if m.role == "user") or ""
@@ -349,8 +360,6 @@ def _solution_policy(env: HarborEnv) -> Any:
             assign = "".join(f"{k}={shlex.quote(v)} " for k, v in variables)
             solution = shlex.quote(layout.solution)
             run = f"chmod -R a+x {solution} && {assign}bash {solution}/solve.sh"
-            if layout.workdir != WORKDIR:  # as _in_folder
-                run = f"cd {shlex.quote(layout.workdir)} && {run}"
             return _call("bash", {"command": run})
         return "Done."
 
@@ -429,7 +438,7 @@ async def _verify_fresh(
                 await _put(session, f"{layout.solution}/{name}", data)
             await session.arun(["chmod", "-R", "a+x", layout.solution])
             await session.arun(
-                _in_folder(layout.workdir, ["bash", f"{layout.solution}/solve.sh"]),
+                in_folder(layout.workdir, ["bash", f"{layout.solution}/solve.sh"]),
                 env={**variables, **task.resources.solution_env},
                 wall_time=task.resources.agent_timeout or env.limits.wall_time,
             )

@@ -9,7 +9,8 @@ else the Dockerfile's ``WORKDIR``, else ``/app``), the tests at ``/tests``, the 
   shows the working folder again at the task's own path (``/app`` and ``/sandbox`` hold the same
   files), and ``/tests``, ``/solution`` and ``/logs`` are empty folders of its own. Nothing is
   rewritten: the instruction, the Dockerfile's ``ENV`` values, ``tests/`` and ``solution/`` run
-  as written, and ``test.sh`` and ``solve.sh`` start in the working folder, as in Harbor. A
+  as written, and ``test.sh``, ``solve.sh`` and the model's commands start in the working
+  folder, as in Harbor (the model's file tools take paths under it too). A
   working folder the backend cannot show (under ``/usr``, say) is mapped alone, as below.
 - **Mapped** (the fallback, for backends that show no other folder: e2b, a remote one):
   the working folder is ``/sandbox``, the solution ``/sandbox/.harbor/solution``, the tests
@@ -51,7 +52,8 @@ class Layout:
     """Where one task's Harbor paths are in the sessions of one sandbox."""
 
     workdir: str
-    """The folder ``test.sh`` and ``solve.sh`` start in (the task's own, or ``/sandbox``)."""
+    """The folder ``test.sh``, ``solve.sh`` and the model's commands start in (the task's own,
+    or ``/sandbox``)."""
     tests: str
     logs: str
     """Harbor's ``/logs/verifier``: where ``test.sh`` writes the reward."""

@@ -3,12 +3,18 @@
 
 Each is a normal :class:`~envhub.tools.tool.Tool` with an OpenAI schema. The session is an
 injected argument (``session`` in the tool context), and so are the variables commands run
-with (``command_env``): :class:`~envhub.workspace_env.WorkspaceEnv` supplies both, and a
-harness program or your own env passes :func:`terminal_context` as the context.
+with (``command_env``) and the model's current folder (``workdir``):
+:class:`~envhub.workspace_env.WorkspaceEnv` supplies them, and a harness program or your own
+env passes :func:`terminal_context` as the context.
 
-- ``bash``: runs a command in ``/sandbox``; files and background processes persist until the
-  episode ends. ``timeout`` is capped by the session's ``wall_time``. The reply starts with
-  ``[exit N]`` (or why the command was stopped), then stdout and stderr, cut to
+The current folder is ``/sandbox``, or a path where the session shows the same folder again
+(:class:`~envhub.sandbox.session.SessionPaths`: a Harbor task's ``/app``). Commands start there,
+and the file tools take paths relative to it or absolute under it or ``/sandbox``: ``/app/x``
+and ``/sandbox/x`` are one file.
+
+- ``bash``: runs a command in the current folder; files and background processes persist
+  until the episode ends. ``timeout`` is capped by the session's ``wall_time``. The reply
+  starts with ``[exit N]`` (or why the command was stopped), then stdout and stderr, cut to
   :data:`MAX_OUTPUT_CHARS` with the cut said where it happened.
 - ``view``: a text file with line numbers, or lines ``[first, last]`` of it; a folder's files
   two levels deep.
@@ -25,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any
 
-from envhub.sandbox.base import WORKDIR, ExecResult
+from envhub.sandbox.base import WORKDIR, ExecResult, as_argv
 from envhub.sandbox.session import Session
 from envhub.tools.text_edits import (
     EditError,
@@ -47,19 +53,36 @@ _LIST = "-mindepth 1 -maxdepth 2 -name '.*' -prune -o -printf '%y %P\\n'"
 
 Env = Annotated[Mapping[str, str], Injected("command_env")]
 SessionArg = Annotated[Session, Injected("session")]
+Workdir = Annotated[str, Injected("workdir")]
+_IN_FOLDER = 'cd -- "$1" || exit 1; shift; exec "$@"'
 
 
-def terminal_context(session: Session, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The tool context the terminal tools need: ``session`` and ``command_env``."""
-    return {"session": session, "command_env": dict(env or {})}
+def terminal_context(
+    session: Session, env: Mapping[str, str] | None = None, workdir: str = WORKDIR
+) -> dict[str, Any]:
+    """The tool context the terminal tools need: ``session``, ``command_env`` and ``workdir``,
+    the model's current folder (``/sandbox``, or a path where ``session`` shows it again)."""
+    return {"session": session, "command_env": dict(env or {}), "workdir": workdir}
+
+
+def in_folder(folder: str, argv: list[str]) -> list[str]:
+    """``argv`` run in ``folder``, the session's working folder or a path that shows it."""
+    if folder == WORKDIR:  # a session's commands start there (an e2b session's is elsewhere)
+        return argv
+    return ["/bin/sh", "-c", _IN_FOLDER, "sh", folder, *argv]
 
 
 @tool(name="bash")
 async def bash(
-    command: str, session: SessionArg, command_env: Env, timeout: float | None = None
+    command: str,
+    session: SessionArg,
+    command_env: Env,
+    workdir: Workdir,
+    timeout: float | None = None,
 ) -> str:
-    """Run a shell command in the task's workspace (the current folder, /sandbox). Files and
-    background processes persist between calls until the episode ends. There is no network.
+    """Run a shell command in the task's workspace; it starts in the current folder (/sandbox,
+    or the one the system prompt names). Files and background processes persist between calls
+    until the episode ends. There is no network.
 
     Args:
         command: The command line, run by /bin/sh.
@@ -67,7 +90,8 @@ async def bash(
     """
     limit = session.limits.wall_time
     wall = limit if timeout is None else min(max(timeout, 0.1), limit)
-    result = await session.arun(command, wall_time=wall, env=dict(command_env))
+    argv = in_folder(workdir, as_argv(command))
+    result = await session.arun(argv, wall_time=wall, env=dict(command_env))
     return describe_run(result, wall, limit, session.limits.output_bytes)
 
 
@@ -93,21 +117,24 @@ def describe_run(result: ExecResult, wall: float, limit: float, output_bytes: in
 
 
 @tool(name="view")
-async def view(path: str, session: SessionArg, view_range: list[int] | None = None) -> str:
+async def view(
+    path: str, session: SessionArg, workdir: Workdir, view_range: list[int] | None = None
+) -> str:
     """Show a text file with line numbers, or list a folder's files (two levels deep).
 
     Args:
-        path: A file or folder, relative to /sandbox or absolute under it.
+        path: A file or folder: relative to the current folder, or absolute under it or
+            /sandbox (the same folder).
         view_range: [first, last] line numbers to show (1-based, inclusive; last = -1 for the
             end of the file). Only for files.
     """
-    relative = workspace_path(path, allow_root=True)
+    relative = workspace_path(path, allow_root=True, workdir=workdir)
     try:
         data = await session.read_file(relative, max_bytes=MAX_FILE_BYTES)
     except IsADirectoryError:
         return await _listing(session, relative, path, view_range)
     except FileNotFoundError:
-        raise EditError(f"{path} does not exist (view {WORKDIR} to see the files)") from None
+        raise EditError(f"{path} does not exist (view {workdir} to see the files)") from None
     shown = view_lines(path, decode_text(path, data), view_range)
     return cap_output(shown, MAX_OUTPUT_CHARS)
 
@@ -122,14 +149,15 @@ async def _listing(session: Session, relative: str, path: str, view_range: list[
 
 
 @tool(name="create")
-async def create(path: str, file_text: str, session: SessionArg) -> str:
+async def create(path: str, file_text: str, session: SessionArg, workdir: Workdir) -> str:
     """Create a file with the given contents, or overwrite it; parent folders are created.
 
     Args:
-        path: The file, relative to /sandbox or absolute under it.
+        path: The file: relative to the current folder, or absolute under it or /sandbox (the
+            same folder).
         file_text: The whole contents of the file.
     """
-    relative = workspace_path(path)
+    relative = workspace_path(path, workdir=workdir)
     try:
         await session.write_file(relative, file_text)
     except IsADirectoryError:
@@ -139,16 +167,19 @@ async def create(path: str, file_text: str, session: SessionArg) -> str:
 
 
 @tool(name="str_replace")
-async def str_replace(path: str, old_str: str, new_str: str, session: SessionArg) -> str:
+async def str_replace(
+    path: str, old_str: str, new_str: str, session: SessionArg, workdir: Workdir
+) -> str:
     """Replace one exact occurrence of old_str in a file by new_str. old_str must occur exactly
     once, whitespace and indentation included; add surrounding lines to make it unique.
 
     Args:
-        path: The file, relative to /sandbox or absolute under it.
+        path: The file: relative to the current folder, or absolute under it or /sandbox (the
+            same folder).
         old_str: The exact text to replace.
         new_str: The text to put in its place (may be empty to delete it).
     """
-    relative = workspace_path(path)
+    relative = workspace_path(path, workdir=workdir)
     try:
         data = await session.read_file(relative, max_bytes=MAX_FILE_BYTES)
     except FileNotFoundError:

@@ -20,26 +20,29 @@ class EditError(ValueError):
     """A tool call the model got wrong: the message says what to do instead."""
 
 
-def workspace_path(path: str, *, allow_root: bool = False) -> str:
-    """``path`` relative to the workspace (``/sandbox``): ``src/a.py`` and ``/sandbox/src/a.py``
-    both give ``src/a.py``; the workspace itself is ``.`` when ``allow_root``.
+def workspace_path(path: str, *, allow_root: bool = False, workdir: str = WORKDIR) -> str:
+    """``path`` relative to the workspace, whose files the session shows at ``/sandbox`` and,
+    when ``workdir`` is another path (a task's ``/app``), there too: ``src/a.py`` (relative to
+    ``workdir``, the model's current folder), ``/sandbox/src/a.py`` and ``/app/src/a.py`` all
+    give ``src/a.py``; the workspace itself is ``.`` when ``allow_root``.
 
     Raises:
         EditError: The path is empty, leaves the workspace, or names the workspace itself.
     """
     if not path.strip():
         raise EditError("the path is empty; give a file path such as src/main.py")
-    absolute = posixpath.normpath(posixpath.join(WORKDIR, path.strip()))
-    if absolute == WORKDIR:
-        if allow_root:
-            return "."
-        raise EditError(f"{path!r} is the workspace folder itself; give a file inside it")
-    if not absolute.startswith(WORKDIR + "/"):
-        raise EditError(
-            f"{path!r} is outside the workspace; files are edited under {WORKDIR} "
-            "(use bash to read other files)"
-        )
-    return absolute[len(WORKDIR) + 1 :]
+    absolute = posixpath.normpath(posixpath.join(workdir, path.strip()))
+    for root in (workdir, WORKDIR):  # the same files at either path
+        if absolute == root:
+            if allow_root:
+                return "."
+            raise EditError(f"{path!r} is the workspace folder itself; give a file inside it")
+        if absolute.startswith(root + "/"):
+            return absolute[len(root) + 1 :]
+    raise EditError(
+        f"{path!r} is outside the workspace; files are edited under {workdir} "
+        "(use bash to read other files)"
+    )
 
 
 def decode_text(path: str, data: bytes) -> str:

@@ -21,7 +21,7 @@ from envhub.harbor import UnsupportedEnvironment
 from envhub.harbor.env import HarborEnv, check_tasks
 from envhub.sandbox import LocalSandbox, bwrap_problem
 from envhub.types import assistant
-from envhub.workspace_env import WORKSPACE_PROMPT
+from envhub.workspace_env import WORKSPACE_PROMPT, workspace_prompt
 
 pytestmark = pytest.mark.skipif(
     bwrap_problem() is not None or os.geteuid() != 0,
@@ -65,10 +65,18 @@ def test_make_on_a_folder_of_tasks_or_one_task(sandbox) -> None:
     one = envhub.make(str(EXAMPLES / "hello-file"), sandbox=sandbox)
     prompt, _ = one.reset(options={"task_index": 0})
     assert [m.content for m in prompt] == [
-        WORKSPACE_PROMPT
-        + "\n\nThe task's working folder, /app, is this same folder: /app/x is /sandbox/x.",
+        workspace_prompt("/app"),
         "Create a file `/app/hello.txt` whose only line is `Hello, world!`.\n",
     ]
+    assert workspace_prompt("/app").startswith(
+        "You are working in a sandbox whose current folder is /app (the same folder as "
+        "/sandbox), with tools to run shell commands (`bash`), view files and folders (`view`),"
+    )
+    own = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox, system_prompt="Be brief.")
+    assert own.format_prompt(own.dataset[0])[0].content == (
+        "Be brief.\n\nThe current folder is the task's working folder, /app: commands start "
+        "there, and it is the same folder as /sandbox (/app/x is /sandbox/x)."
+    )
     assert [t["function"]["name"] for t in one.tool_schemas] == [
         "bash",
         "view",
@@ -106,24 +114,25 @@ def test_the_tests_are_out_of_reach_during_the_episode(sandbox) -> None:
     env.close()
 
 
-def test_what_the_model_leaves_running_cannot_write_the_reward(sandbox) -> None:
-    forge = (
-        "(while true; do for d in /tmp/.harbor /sandbox/.harbor /; do mkdir -p $d/logs/verifier; "
-        "echo 1 > $d/logs/verifier/reward.txt; done; sleep 0.01; done) "
-        ">/dev/null 2>&1 & echo planted"
-    )
-    env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
-    assert play(env, 0, call("bash", command=forge), "done")[0] == 0.0
+FORGE_IN_THE_BACKGROUND = (
+    "(while true; do for d in /tmp/.harbor /sandbox/.harbor /; do mkdir -p $d/logs/verifier; "
+    "echo 1 > $d/logs/verifier/reward.txt; done; sleep 0.01; done) >/dev/null 2>&1 & echo planted"
+)
+PLANT_AND_LOCK = (
+    "mkdir -p /logs/verifier /tests/sub && echo 1 > /logs/verifier/reward.txt && "
+    "echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh && touch /tests/.hidden && "
+    "chmod 000 /tests/sub /logs/verifier /tests /logs && echo planted"
+)
 
 
-def test_what_the_model_plants_or_locks_in_the_tests_folders_is_cleared(sandbox) -> None:
-    plant = (
-        "mkdir -p /logs/verifier /tests/sub && echo 1 > /logs/verifier/reward.txt && "
-        "echo 'echo 1 > /logs/verifier/reward.txt' > /tests/test.sh && touch /tests/.hidden && "
-        "chmod 000 /tests/sub /logs/verifier /tests /logs && echo planted"
-    )
+@pytest.mark.parametrize(
+    "forge", [FORGE_IN_THE_BACKGROUND, PLANT_AND_LOCK], ids=["left-running", "planted-and-locked"]
+)
+def test_a_reward_the_model_forges_is_not_read(sandbox, forge: str) -> None:
+    """What the model leaves running cannot write the reward, and what it plants or locks in
+    the tests' folders is cleared before the tests run."""
     env = HarborEnv(EXAMPLES / "hello-file", sandbox=sandbox)
-    reward, info = play(env, 0, call("bash", command=plant), "done")
+    reward, info = play(env, 0, call("bash", command=forge), "done")
     assert (reward, info["errors"]) == (0.0, [])
 
 
@@ -164,6 +173,27 @@ def bundled() -> Iterator[LocalSandbox]:
     binds = (str(bundle),) if bundle else ()
     with LocalSandbox(base_uid=61560, max_concurrency=2, warm=0, ro_binds=binds) as box:
         yield box
+
+
+def test_the_file_tools_take_the_tasks_own_paths(pytest_task: Path, bundled) -> None:
+    """/app/answer.txt (the task's working folder) and /sandbox/answer.txt are one file to the
+    file tools; commands start in /app; the verifier reads what the tools wrote."""
+    env = HarborEnv(pytest_task, sandbox=bundled)
+    env.reset(options={"task_index": 0})
+    turns = [
+        call("create", path="/app/answer.txt", file_text="41\n"),
+        call("view", path="/sandbox/answer.txt"),
+        call("str_replace", path="/app/answer.txt", old_str="41", new_str="42"),
+        call("bash", command="pwd && cat answer.txt /sandbox/answer.txt"),
+    ]
+    assert [env.step(turn)[0][0].content for turn in turns] == [
+        "Wrote /app/answer.txt (1 lines, 3 bytes).",
+        "     1\t41",
+        "Edited /app/answer.txt at line 1. The lines around the edit now read:\n     1\t42",
+        "[exit 0]\n/app\n42\n42",
+    ]
+    _, reward, terminated, _, info = env.step("Done.")
+    assert (reward, terminated, info["errors"]) == (1.0, True, [])
 
 
 def test_the_workspace_cannot_configure_the_tests(pytest_task: Path, bundled) -> None:
@@ -261,11 +291,12 @@ def test_a_published_style_task_runs_at_its_own_paths(count_lines: Path, bundled
     assert prompt[-1].content == COUNT_LINES["instruction.md"]  # as written: /app is there
     count = call("bash", command="wc -l < /app/data.txt > /app/count.txt && cat count.txt && pwd")
     observation, *_ = env.step(count)
-    assert observation[0].content == "[exit 0]\n3\n/sandbox"
+    assert observation[0].content == "[exit 0]\n3\n/app"
     _, reward, terminated, _, info = env.step("Done.")
     assert (reward, terminated, info["errors"]) == (1.0, True, [])
     assert play(env, 0, "Done.")[0] == 0.0
-    # The reference policy writes solution/ to /solution, then runs solve.sh from /app.
+    # The reference policy writes solution/ to /solution, then runs solve.sh (in /app, where
+    # the model's commands start).
     assert play_reference(env, 0) == (1.0, ["[exit 0]\n(no output)", "[exit 0]\n(no output)"])
     env.close()
 
@@ -359,10 +390,19 @@ def test_the_same_tasks_score_the_same_on_e2b() -> None:
         assert play(env, 1, "done")[0] == 0.0
         mean = "def median(values):\n    return sum(values) / len(values)\n"
         assert play(env, 0, call("create", path="stats.py", file_text=mean), "done")[0] == 0.75
-        # e2b sessions show no /app or /tests: the paths are mapped into /sandbox instead.
-        assert env.format_prompt(env.dataset[1])[-1].content == (
-            "Create a file `/sandbox/hello.txt` whose only line is `Hello, world!`.\n"
+        # e2b sessions show no /app or /tests: the paths are mapped into /sandbox instead, and
+        # the model's folder is /sandbox alone.
+        assert [m.content for m in env.format_prompt(env.dataset[1])] == [
+            WORKSPACE_PROMPT,
+            "Create a file `/sandbox/hello.txt` whose only line is `Hello, world!`.\n",
+        ]
+        env.reset(options={"task_index": 1})
+        hello_at_app = call("create", path="/app/hello.txt", file_text="Hello, world!\n")
+        assert env.step(hello_at_app)[0][0].content == (
+            "Error: create raised EditError: '/app/hello.txt' is outside the workspace; files "
+            "are edited under /sandbox (use bash to read other files)"
         )
+        assert env.step("done")[1] == 0.0
         assert play_reference(env, 1)[0] == 1.0
         checks = check_tasks(EXAMPLES / "hello-file", sandbox=box, limits=env.limits)
         assert [(c.solved, c.unsolved, c.passed) for c in checks] == [(1.0, 0.0, True)]

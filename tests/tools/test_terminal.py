@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from envhub.sandbox import Limits, LocalSandbox, Workspace, bwrap_problem
+from envhub.sandbox.base import WORKDIR
+from envhub.sandbox.session import SessionPaths
 from envhub.tools.executor import ToolExecutor
 from envhub.tools.parsers import ParsedTurn
 from envhub.tools.terminal import MAX_OUTPUT_CHARS, TERMINAL_TOOLS, terminal_context
@@ -38,13 +40,17 @@ def workspace() -> Iterator[Workspace]:
     ws.remove()
 
 
-def run_calls(box: LocalSandbox, workspace: Workspace, *calls: tuple[str, dict]) -> list[Any]:
-    """Each call's reply (or the EditError it raised), in one session."""
+def run_calls(
+    box: LocalSandbox, workspace: Workspace, *calls: tuple[str, dict], workdir: str = WORKDIR
+) -> list[Any]:
+    """Each call's reply (or the EditError it raised), in one session whose working folder is
+    shown again at ``workdir`` (when it is not ``/sandbox``), the model's current folder."""
+    paths = SessionPaths(workdir=(workdir,) if workdir != WORKDIR else ())
 
     async def go() -> list[Any]:
         replies: list[Any] = []
-        async with box.session(workspace) as session:
-            context = terminal_context(session)
+        async with box.session(workspace, paths=paths) as session:
+            context = terminal_context(session, workdir=workdir)
             for name, arguments in calls:
                 try:
                     replies.append(await TOOLS[name].acall(arguments, context))
@@ -78,8 +84,13 @@ def test_bash_shows_the_exit_code_stdout_and_stderr(box: LocalSandbox, workspace
         workspace,
         ("bash", {"command": "ls; echo oops >&2; exit 3"}),
         ("bash", {"command": "true"}),
+        ("bash", {"command": "pwd"}),
     )
-    assert replies == ["[exit 3]\nnotes.txt\nsrc\n[stderr]\noops", "[exit 0]\n(no output)"]
+    assert replies == [
+        "[exit 3]\nnotes.txt\nsrc\n[stderr]\noops",
+        "[exit 0]\n(no output)",
+        "[exit 0]\n/sandbox",
+    ]
 
 
 def test_bash_timeouts_are_capped_by_the_session_limit(box: LocalSandbox, workspace) -> None:
@@ -163,6 +174,40 @@ def test_files_never_cross_sessions_of_one_workspace(box: LocalSandbox, workspac
     assert sorted(p.name for p in workspace.path.iterdir()) == ["notes.txt", "src"]
 
 
+def test_the_tools_take_the_folder_the_session_shows_again(box: LocalSandbox, workspace) -> None:
+    """With the working folder shown at /app and /app the current folder, /app/x and
+    /sandbox/x are one file to every tool, and commands start in /app."""
+    replies = run_calls(
+        box,
+        workspace,
+        ("bash", {"command": "pwd; ls"}),
+        ("create", {"path": "/app/new.txt", "file_text": "one\n"}),
+        ("view", {"path": "/sandbox/new.txt"}),
+        ("str_replace", {"path": "/app/notes.txt", "old_str": "alpha", "new_str": "A"}),
+        ("view", {"path": "notes.txt", "view_range": [1, 2]}),
+        ("view", {"path": "/app"}),
+        ("bash", {"command": "cat /sandbox/new.txt /app/notes.txt | head -2"}),
+        ("create", {"path": "/app/../apple/x", "file_text": ""}),
+        ("view", {"path": "/nothing.txt"}),
+        workdir="/app",
+    )
+    assert [str(r) for r in replies] == [
+        "[exit 0]\n/app\nnotes.txt\nsrc",
+        "Wrote /app/new.txt (1 lines, 4 bytes).",
+        "     1\tone",
+        "Edited /app/notes.txt at line 1. The lines around the edit now read:\n"
+        "     1\tA\n     2\tbeta\n     3\tgamma\n     4\tbeta",
+        "     1\tA\n     2\tbeta",
+        "/app (files and folders up to 2 levels deep, hidden ones left out):\n"
+        "new.txt\nnotes.txt\nsrc/\nsrc/app.py",
+        "[exit 0]\none\nA",
+        "'/app/../apple/x' is outside the workspace; files are edited under /app (use bash to "
+        "read other files)",
+        "'/nothing.txt' is outside the workspace; files are edited under /app (use bash to "
+        "read other files)",
+    ]
+
+
 def test_model_mistakes_are_tool_errors(box: LocalSandbox, workspace) -> None:
     replies = run_calls(
         box,
@@ -175,6 +220,7 @@ def test_model_mistakes_are_tool_errors(box: LocalSandbox, workspace) -> None:
         ("view", {"path": "notes.txt", "view_range": [3, 9]}),
         ("str_replace", {"path": "missing.py", "old_str": "a", "new_str": "b"}),
         ("create", {"path": "src", "file_text": "x"}),
+        ("create", {"path": "/app/new.txt", "file_text": "x"}),  # no folder shown at /app
     )
     assert [str(r) for r in replies[1:]] == [
         "blob.bin is a binary file (3 bytes); only text files are shown",
@@ -186,6 +232,8 @@ def test_model_mistakes_are_tool_errors(box: LocalSandbox, workspace) -> None:
         "or -1 for the end",
         "missing.py does not exist; create it with the create tool",
         "src is a folder; give a file path",
+        "'/app/new.txt' is outside the workspace; files are edited under /sandbox "
+        "(use bash to read other files)",
     ]
 
 

@@ -31,6 +31,22 @@ def test_workspace_paths_are_relative_to_the_sandbox() -> None:
         workspace_path(" ")
 
 
+def test_a_working_folder_shown_elsewhere_is_the_same_folder() -> None:
+    assert workspace_path("src/a.py", workdir="/app") == "src/a.py"
+    assert workspace_path("/app/src/a.py", workdir="/app") == "src/a.py"
+    assert workspace_path("/sandbox/src/a.py", workdir="/app") == "src/a.py"
+    assert workspace_path("/app", workdir="/app", allow_root=True) == "."
+    assert workspace_path("/sandbox", workdir="/app", allow_root=True) == "."
+    with pytest.raises(EditError, match=r"^'/apple/x' is outside the workspace; .* under /app "):
+        workspace_path("/apple/x", workdir="/app")
+    with pytest.raises(EditError, match=r"^'\.\./x' is outside the workspace; .* under /app "):
+        workspace_path("../x", workdir="/app")
+    with pytest.raises(EditError, match=r"^'/app/' is the workspace folder itself"):
+        workspace_path("/app/", workdir="/app")
+    with pytest.raises(EditError, match=r"^'/app/x' is outside the workspace; .* under /sandbox "):
+        workspace_path("/app/x")
+
+
 def test_views_are_numbered_and_ranges_are_checked() -> None:
     assert (
         view_lines("a.txt", TEXT)
