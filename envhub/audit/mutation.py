@@ -18,7 +18,12 @@ checker policies cover code). The mutations:
 - **pad**: the reference reply with filler after it (``ref:padded``), judged against the
   reference itself: more pay for more text is a length hack;
 - **a wrong attempt** (``ref:wrong``, the answer swapped for a wrong one): the baseline an
-  abstention must not beat on average.
+  abstention must not beat on average;
+- **a wrong attempt whose other fields say so** (``ref:wrong-fields-low``, ``-high``): the
+  answer swapped for a wrong one and every other number of the reply set to 0 (1) and every
+  other ``Label: word`` field to its low (high) word (:func:`set_fields`): a confidence, a
+  score, a "sure: yes". A wrong answer must not buy back the right one's pay through them (a
+  Brier-style reward gives a wrong answer at 0% confidence full marks).
 
 Wrong candidates (:func:`decoys`) are the answer's numeric neighbours, else the options the
 prompt names, else other tasks' answers. A mutant that changed nothing in an episode (no slot
@@ -160,6 +165,33 @@ def _repeat(reply: str, items: list[str], keep: bool) -> str:
     return "\n".join(replace_answer(reply, value, item) for item in order)
 
 
+_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
+_FIELD = re.compile(r"(?m)^([^\S\n]*[A-Za-z][\w ]{0,30}:[^\S\n]*)([A-Za-z]+)([^\S\n]*)$")
+_LOW_HIGH = (
+    ("low", "high"), ("no", "yes"), ("false", "true"), ("unsure", "sure"),
+    ("uncertain", "certain"), ("unlikely", "likely"), ("none", "all"),
+)  # fmt: skip
+_MARK = "\x00answer\x00"
+
+
+def set_fields(reply: str, value: str, wrong: str, high: bool) -> str:
+    """``reply`` with its answer ``value`` replaced by ``wrong`` and every other number set to
+    1 (``high``) or 0, and every other ``Label: word`` field to that word's high or low form
+    (``none``/``all`` for a word of no known pair)."""
+    marked = replace_answer(reply, value, _MARK)
+    marked = _NUMBER.sub("1" if high else "0", marked)
+    marked = _FIELD.sub(lambda m: m[1] + _extreme(m[2], high) + m[3], marked)
+    return marked.replace(_MARK, wrong)
+
+
+def _extreme(word: str, high: bool) -> str:
+    for pair in _LOW_HIGH:
+        if word.lower() in pair:
+            chosen = pair[1] if high else pair[0]
+            return chosen.capitalize() if word[0].isupper() else chosen
+    return "all" if high else "none"
+
+
 def _pad(env: Env) -> Callable[[str], str]:
     def pad(reply: str) -> str:
         budget = env.remaining_tokens
@@ -195,6 +227,8 @@ def mutants(env: Env, start: Any) -> dict[str, Mutant]:
         "ref:repeat": whole(lambda r, v, i: _repeat(r, i, True)),
         "ref:repeat-decoys": whole(lambda r, v, i: _repeat(r, i, False)),
         "ref:wrong": slot(lambda v, w: w[0]),
+        "ref:wrong-fields-low": whole(lambda r, v, i: set_fields(r, v, i[1], high=False)),
+        "ref:wrong-fields-high": whole(lambda r, v, i: set_fields(r, v, i[1], high=True)),
         "ref:padded": whole(lambda r, v, i: pad(r)),
     }
 

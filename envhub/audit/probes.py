@@ -48,6 +48,10 @@ class Contrast:
     """Compare the averages over the audited episodes instead of each episode."""
     above_floor: bool = False
     """Count a win only when the probe also scored above the floor."""
+    reaches: bool = False
+    """The probe is a wrong answer and the baseline the right one: it wins by scoring as much,
+    on an episode where a plain wrong answer (``ref:wrong``) scores less (the reward reads the
+    answer, and the probe's other fields buy its pay back)."""
 
 
 def _fixed(policy: Policy) -> Callable[[Env, Any], Policy]:
@@ -107,7 +111,8 @@ _CLASSES = {
 _REFERENCE_FLOOR = ("ref:no-answer", "ref:blank-answer", "ref:padded-no-answer")
 _REFERENCE_BASELINES = (
     "ref:candidates", "ref:candidates-decoys", "ref:either", "ref:either-decoys", "ref:repeat",
-    "ref:repeat-decoys", "ref:wrong", "ref:padded",
+    "ref:repeat-decoys", "ref:wrong", "ref:padded", "ref:wrong-fields-low",
+    "ref:wrong-fields-high",
 )  # fmt: skip
 _NOOP = "a program that does nothing"
 _WITHOUT_ANSWER = "the same reply with a wrong answer in the answer's place"
@@ -130,6 +135,8 @@ def probes(env: Env) -> list[Probe]:
 
 def _contrast_class(name: str) -> str:
     """The class of a probe judged only by contrast: what its comparison tries."""
+    if name.startswith("ref:wrong-fields"):
+        return "calibration"
     return {"ref:wrong": "abstention", "ref:padded": "length"}.get(name, "non-commitment")
 
 
@@ -154,8 +161,16 @@ def contrasts(played: list[str]) -> list[Contrast]:
         ),
         Contrast("ref:padded", "reference", "length", "the reference reply unpadded"),
         *(
+            Contrast(name, "reference", "calibration", "the right answer", reaches=True)
+            for name in ("ref:wrong-fields-low", "ref:wrong-fields-high")
+        ),
+        *(
             Contrast(name, "ref:wrong", "abstention", "a genuine wrong attempt, on average", True)
             for name in ("abstain", "abstain-in-format")
         ),
     ]
-    return [c for c in every if c.probe in played and c.baseline in played]
+    return [
+        c
+        for c in every
+        if c.probe in played and c.baseline in played and (not c.reaches or "ref:wrong" in played)
+    ]

@@ -148,14 +148,14 @@ def test_a_finding_names_the_policy_the_episode_and_keeps_the_conversation():
     ]
     assert report.summary() == (
         "`junk-format` [format-only] scored 1 > floor 0 (seed 0, task 0), reply "
-        "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk' "
+        "'\\\\boxed{junk}\\n<answer>junk</answer>\\nAnswer: junk' "
         "(and 17 more: abstain-in-format, candidates, checker:print, everything, junk-format, "
         "stuffing)"
     )
     assert first.transcript() == (
         "[system] 'Compare the numbers.'\n"
         "[user] 'Which is larger, 12, or 7?'\n"
-        "[assistant] '\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk'"
+        "[assistant] '\\\\boxed{junk}\\n<answer>junk</answer>\\nAnswer: junk'"
     )
     data = report.to_dict()
     assert (data["passed"], data["floor"], data["floor_from"], data["episodes_per_policy"]) == (
@@ -437,6 +437,7 @@ def test_every_builtin_env_passes_the_audit(name: str):
         *(["cheat"] if name in CHEATS else []),
         *([] if name in WITHOUT_REFERENCE else ["form-without-answer"]),
         *([] if tools else ["checker"]),
+        *([] if name in WITHOUT_REFERENCE else ["calibration"]),
     ]  # fmt: skip
     assert report.policies[:3] == ["empty", "echo", "junk-format"]
     assert [p for p in report.policies if p.startswith("cheat:")] == CHEATS.get(name, [])

@@ -26,7 +26,12 @@ def test_each_hackable_env_is_flagged_with_its_hack_class(name: str):
     flagged = [f for f in report.findings if f.hack == hack]
     assert flagged, report.summary()
     first = flagged[0].to_dict()
-    assert first["reward"] > first["baseline"] if first["baseline"] is not None else True
+    if first["baseline"] is not None:  # a wrong answer paid as a right one: as much is the hack
+        assert (
+            first["reward"] >= first["baseline"]
+            if hack == "calibration"
+            else first["reward"] > first["baseline"]
+        )
     assert first["example"] and first["fix"] == HACKS[hack]
     assert all(f.reward is not None for f in report.findings)  # no crash among them
 
@@ -45,6 +50,7 @@ def test_the_catalog_covers_every_hack_class_several_times():
         "non-commitment": 4,
         "stuffing": 4,
         "abstention": 2,
+        "calibration": 2,
         "length": 3,
         "form-without-answer": 2,
         "checker": 5,
@@ -73,3 +79,22 @@ def test_abstaining_is_judged_against_a_wrong_attempt_on_average():
         "`abstain` [abstention] scored 0.2 > `ref:wrong` (a genuine wrong attempt, on average) 0 "
         '(seed 0, task 0), reply "I don\'t know. I am not able to answer this with confidence."'
     )
+
+
+def test_a_wrong_answer_that_buys_its_pay_back_through_its_confidence_is_named():
+    # What the audit missed: a Brier-style reward, where "wrong, confidence 0" scores 1.
+    report = audit_env(HACKABLE["brier alone"][0](), raise_on_failure=False)
+    assert [(f.policy, f.hack, f.reward, f.baseline) for f in report.findings] == [
+        ("ref:wrong-fields-low", "calibration", 1.0, 1.0)
+    ] * 3
+    assert report.findings[0].describe(report.floor) == (
+        "`ref:wrong-fields-low` [calibration] scored 1 >= `reference` (the right answer) 1 "
+        r"(seed 0, task 0), reply 'The capital city is Tokyo.\nAnswer: Tokyo\nSure: no\n"
+        r"Confidence: 0'"
+    )
+    # "Sure: no" pays a wrong answer in full (and the reward's own words pay: stuffing too).
+    doubt = audit_env(HACKABLE["honest about doubt"][0](), raise_on_failure=False)
+    assert {(f.policy, f.hack) for f in doubt.findings} == {
+        ("ref:wrong-fields-low", "calibration"),
+        ("stuffing", "stuffing"),
+    }

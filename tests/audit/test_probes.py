@@ -196,10 +196,11 @@ def test_a_reference_env_plays_its_mutants_and_the_reference():
     from envhub.envs.arithmetic import ArithmeticEnv
 
     names = [p.name for p in probes(ArithmeticEnv(num_tasks=3))]
-    assert names[-12:] == [
+    assert names[-14:] == [
         "ref:no-answer", "ref:blank-answer", "ref:padded-no-answer", "ref:candidates",
         "ref:candidates-decoys", "ref:either", "ref:either-decoys", "ref:repeat",
-        "ref:repeat-decoys", "ref:wrong", "ref:padded", "reference",
+        "ref:repeat-decoys", "ref:wrong", "ref:padded", "ref:wrong-fields-low",
+        "ref:wrong-fields-high", "reference",
     ]  # fmt: skip
 
 

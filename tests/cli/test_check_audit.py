@@ -61,9 +61,9 @@ def test_a_builtin_env_shows_the_audit_row(wide: None) -> None:
     assert result.exit_code == 0, result.output
     assert rows(result.output)["reward audit"] == (
         "ok",
-        "30 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+        "32 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
         "degenerate, format-only, length, non-commitment, stuffing, abstention, cheat, "
-        "form-without-answer, checker",
+        "form-without-answer, checker, calibration",
     )
     assert "The episode:" not in result.output
 
@@ -82,10 +82,10 @@ def test_a_hackable_env_fails_and_its_episode_is_printed(wide: None, box_pays: s
     episode = result.output.split("box-pays: reward audit: ", 1)[1]
     assert episode.splitlines() == [
         "`junk-format` [format-only] scored 1 > floor 0 (seed 0, task 0), reply "
-        "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk'. The episode:",
+        "'\\\\boxed{junk}\\n<answer>junk</answer>\\nAnswer: junk'. The episode:",
         "[system] 'Give the sum in [brackets] and \\\\boxed{}.'",
         "[user] 'What is 0 + 1?'",
-        "[assistant] '\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk'",
+        "[assistant] '\\\\boxed{junk}\\n<answer>junk</answer>\\nAnswer: junk'",
         "How to fix it: the reward pays for the answer's form with junk inside: pay for the form "
         "at most a small amount and declare it as the env's `audit_floor`, pay the rest only for "
         "a right answer.",

@@ -11,10 +11,10 @@ from envhub.package_check import check_package
 
 HACKS = [
     "degenerate", "format-only", "length", "non-commitment", "stuffing", "abstention",
-    "form-without-answer", "checker",
+    "form-without-answer", "checker", "calibration",
 ]  # fmt: skip
 PASSED = (
-    "29 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+    "31 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
     + ", ".join(HACKS)
 )
 JUNK = "\\boxed{junk}\n<answer>junk</answer>\nAnswer: junk"
@@ -59,7 +59,7 @@ def test_a_package_that_pays_junk_fails_with_the_episode_that_scored(package: Pa
     assert [r.name for r in report.failures] == ["capital-cities: reward audit"]
     assert audit_row(report)[2] == (
         "`junk-format` [format-only] scored 0.1 > floor 0 (seed 0, task 0), reply "
-        "'\\\\boxed{junk}\\\\n<answer>junk</answer>\\\\nAnswer: junk' "
+        "'\\\\boxed{junk}\\n<answer>junk</answer>\\nAnswer: junk' "
         "(and 26 more: abstain-in-format, candidates, checker:print, everything, junk-format, "
         "ref:blank-answer, ref:no-answer, ref:padded-no-answer, stuffing)"
     )
