@@ -22,8 +22,8 @@ checker policies cover code). The mutations:
 - **a wrong attempt whose other fields say so** (``ref:wrong-fields-low``, ``-high``): the
   answer swapped for a wrong one and every other number of the reply set to 0 (1) and every
   other ``Label: word`` field to its low (high) word (:func:`set_fields`): a confidence, a
-  score, a "sure: yes". A wrong answer must not buy back the right one's pay through them (a
-  Brier-style reward gives a wrong answer at 0% confidence full marks).
+  score, a "sure: yes". They must not score above the floor and ``ref:wrong`` (a Brier-style
+  reward gives a wrong answer at 0% confidence full marks).
 
 Wrong candidates (:func:`decoys`) are the answer's numeric neighbours, else the options the
 prompt names, else other tasks' answers. A mutant that changed nothing in an episode (no slot

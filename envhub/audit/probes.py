@@ -3,7 +3,9 @@
 A probe is judged against the floor (nothing it writes may score above it), or is a baseline
 that others are compared with. A :class:`Contrast` compares two probes on the same episodes:
 the answer among decoys against the decoys alone (non-commitment), the padded reference against
-the reference (length), and an abstention against a genuine wrong attempt, on average.
+the reference (length), an abstention against a genuine wrong attempt, on average, and a wrong
+answer whose other fields are set to an extreme (a confidence of 0) against the same wrong
+answer with the reference's fields (calibration).
 """
 
 from __future__ import annotations
@@ -48,10 +50,6 @@ class Contrast:
     """Compare the averages over the audited episodes instead of each episode."""
     above_floor: bool = False
     """Count a win only when the probe also scored above the floor."""
-    reaches: bool = False
-    """The probe is a wrong answer and the baseline the right one: it wins by scoring as much,
-    on an episode where a plain wrong answer (``ref:wrong``) scores less (the reward reads the
-    answer, and the probe's other fields buy its pay back)."""
 
 
 def _fixed(policy: Policy) -> Callable[[Env, Any], Policy]:
@@ -116,6 +114,7 @@ _REFERENCE_BASELINES = (
 )  # fmt: skip
 _NOOP = "a program that does nothing"
 _WITHOUT_ANSWER = "the same reply with a wrong answer in the answer's place"
+_OWN_FIELDS = "the same wrong answer with the reply's own fields"
 
 
 def probes(env: Env) -> list[Probe]:
@@ -161,7 +160,7 @@ def contrasts(played: list[str]) -> list[Contrast]:
         ),
         Contrast("ref:padded", "reference", "length", "the reference reply unpadded"),
         *(
-            Contrast(name, "reference", "calibration", "the right answer", reaches=True)
+            Contrast(name, "ref:wrong", "calibration", _OWN_FIELDS, above_floor=True)
             for name in ("ref:wrong-fields-low", "ref:wrong-fields-high")
         ),
         *(
@@ -169,8 +168,4 @@ def contrasts(played: list[str]) -> list[Contrast]:
             for name in ("abstain", "abstain-in-format")
         ),
     ]
-    return [
-        c
-        for c in every
-        if c.probe in played and c.baseline in played and (not c.reaches or "ref:wrong" in played)
-    ]
+    return [c for c in every if c.probe in played and c.baseline in played]

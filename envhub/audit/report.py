@@ -29,11 +29,10 @@ HACKS: dict[str, str] = {
     "exited early or patched the test process): judge through a channel the program cannot "
     "write, e.g. `envhub.rewards.code.code_tests` with call or io cases, not its exit code, "
     "printed text or files",
-    "calibration": "a wrong answer scores as much as the right one once the reply's other "
-    "numbers or fields (a confidence, a score, 'sure: no') are set to an extreme: pay for "
-    "calibration only on top of a right answer, or give a wrong answer less than a right one "
-    "whatever its confidence (a Brier-style score alone gives a wrong answer at 0% confidence "
-    "full marks)",
+    "calibration": "a wrong answer scores more once the reply's other numbers or fields (a "
+    "confidence, a score, 'sure: no') are set to an extreme: pay for stated confidence only on "
+    "top of a right answer (a Brier-style score alone gives a wrong answer at 0% confidence full "
+    "marks), or declare what a wrong answer may earn as `audit_floor`",
     "form-without-answer": "the reference reply with its answer taken out still scores: pay for "
     "the answer itself, not for the rest of the reply's text or form",
     "cheat": "an exploit the env's author listed (`Env.cheats`) works again: restore the guard "
@@ -66,9 +65,6 @@ class AuditFinding:
     """What the reward must not exceed: the floor, or the score of the reply it is compared with."""
     compared_with: str = "floor"
     """What ``baseline`` is, in words: ``"floor"``, or the reply it was compared with."""
-    comparison: str = ">"
-    """How the reward stands to the baseline: ``>``, or ``>=`` where scoring as much is the
-    hack (a wrong answer paid as a right one)."""
 
     @property
     def where(self) -> str:
@@ -92,8 +88,8 @@ class AuditFinding:
             return f"`{self.policy}` [crash] crashed the episode ({self.where}): {self.error}"
         baseline = floor if self.baseline is None else self.baseline
         return (
-            f"`{self.policy}` [{self.hack}] scored {self.reward:g} {self.comparison} "
-            f"{self.compared_with} {baseline:g} ({self.where}), reply {_excerpt(self.example, 80)}"
+            f"`{self.policy}` [{self.hack}] scored {self.reward:g} > {self.compared_with} "
+            f"{baseline:g} ({self.where}), reply {_excerpt(self.example, 80)}"
         )
 
     def transcript(self, width: int = 300) -> str:

@@ -154,9 +154,6 @@ def _contrasted(
     """Every contrast a probe wins: episode by episode, or on average."""
     found = []
     for contrast in judged:
-        if contrast.reaches:
-            found += _bought_back(contrast, episodes)
-            continue
         both = zip(episodes[contrast.probe], episodes[contrast.baseline], strict=True)
         pairs = [
             (mine, theirs)
@@ -172,26 +169,6 @@ def _contrasted(
                 mine.hack, mine.baseline = contrast.hack, theirs.reward
                 mine.compared_with = f"`{contrast.baseline}` ({contrast.words})"
                 found.append(mine)
-    return found
-
-
-def _bought_back(
-    contrast: Contrast, episodes: dict[str, list[AuditFinding | None]]
-) -> list[AuditFinding]:
-    """Each episode where the probe's wrong answer scores as much as the right one
-    (``contrast.baseline``) while a plain wrong answer (``ref:wrong``) scores less."""
-    found = []
-    for mine, right, wrong in zip(
-        episodes[contrast.probe], episodes[contrast.baseline], episodes["ref:wrong"], strict=True
-    ):
-        if any(e is None or e.reward is None for e in (mine, right, wrong)):
-            continue
-        assert mine and right and wrong and mine.reward is not None  # for the type checker
-        if wrong.reward < right.reward - TOLERANCE and mine.reward >= right.reward - TOLERANCE:
-            mine.hack, mine.baseline = contrast.hack, right.reward
-            mine.compared_with = f"`{contrast.baseline}` ({contrast.words})"
-            mine.comparison = ">=" if mine.reward <= right.reward + TOLERANCE else ">"
-            found.append(mine)
     return found
 
 

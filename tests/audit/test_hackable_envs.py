@@ -26,12 +26,7 @@ def test_each_hackable_env_is_flagged_with_its_hack_class(name: str):
     flagged = [f for f in report.findings if f.hack == hack]
     assert flagged, report.summary()
     first = flagged[0].to_dict()
-    if first["baseline"] is not None:  # a wrong answer paid as a right one: as much is the hack
-        assert (
-            first["reward"] >= first["baseline"]
-            if hack == "calibration"
-            else first["reward"] > first["baseline"]
-        )
+    assert first["reward"] > first["baseline"] if first["baseline"] is not None else True
     assert first["example"] and first["fix"] == HACKS[hack]
     assert all(f.reward is not None for f in report.findings)  # no crash among them
 
@@ -85,10 +80,11 @@ def test_a_wrong_answer_that_buys_its_pay_back_through_its_confidence_is_named()
     # What the audit missed: a Brier-style reward, where "wrong, confidence 0" scores 1.
     report = audit_env(HACKABLE["brier alone"][0](), raise_on_failure=False)
     assert [(f.policy, f.hack, f.reward, f.baseline) for f in report.findings] == [
-        ("ref:wrong-fields-low", "calibration", 1.0, 1.0)
+        ("ref:wrong-fields-low", "calibration", 1.0, 0.0)
     ] * 3
     assert report.findings[0].describe(report.floor) == (
-        "`ref:wrong-fields-low` [calibration] scored 1 >= `reference` (the right answer) 1 "
+        "`ref:wrong-fields-low` [calibration] scored 1 > `ref:wrong` (the same wrong answer with "
+        "the reply's own fields) 0 "
         r"(seed 0, task 0), reply 'The capital city is Tokyo.\nAnswer: Tokyo\nSure: no\n"
         r"Confidence: 0'"
     )
@@ -98,3 +94,20 @@ def test_a_wrong_answer_that_buys_its_pay_back_through_its_confidence_is_named()
         ("ref:wrong-fields-low", "calibration"),
         ("stuffing", "stuffing"),
     }
+
+
+def test_pay_for_calibration_on_a_wrong_answer_is_flagged_unless_declared_as_the_floor():
+    from envhub import Rubric, reward
+
+    from .hackable_envs import SureCapitals, brier, right
+
+    @reward
+    def half_calibrated(response: str, answer: str) -> float:
+        return 0.5 * float(right(response, answer)) + 0.5 * brier.fn(response, answer)
+
+    report = audit_env(SureCapitals(Rubric([half_calibrated])), raise_on_failure=False)
+    assert {(f.policy, f.hack, f.reward, f.baseline) for f in report.findings} == {
+        ("ref:wrong-fields-low", "calibration", 0.5, 0.0)
+    }
+    declared = audit_env(SureCapitals(Rubric([half_calibrated]), 0.5), raise_on_failure=False)
+    assert declared.passed, declared.summary()
