@@ -46,7 +46,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from envhub.defaults import free_port
 
 TURNS = 8
 GOAL = 3.0
@@ -193,9 +194,7 @@ def run_server(kind: str, port: int, max_sessions: int) -> None:
 
 def start_server(kind: str, max_sessions: int) -> tuple[subprocess.Popen[bytes], str]:
     """Start a server process; its process and base URL once it answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, __file__, "--serve", kind, str(port), str(max_sessions)]
     process = subprocess.Popen(command)
     health = "/healthz" if kind == "envhub" else "/health"

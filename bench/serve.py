@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 
 import envhub
+from envhub.defaults import free_port
 from envhub.env import Env
 from envhub.types import Message, user
 
@@ -68,9 +68,7 @@ def run_server(port: int) -> None:
 
 def start_server() -> tuple[subprocess.Popen[bytes], int]:
     """Start the server process; return it and its port once it answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     process = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

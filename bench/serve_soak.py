@@ -44,7 +44,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -53,6 +52,8 @@ from typing import Any
 
 import httpx
 import psutil
+
+from envhub.defaults import free_port
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -84,9 +85,7 @@ def run_server(port: int, max_in_flight: int) -> None:
 
 def start_server(max_in_flight: int) -> tuple[subprocess.Popen[bytes], int]:
     """Start the server process; its process and port once it answers."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, __file__, "--serve", str(port), str(max_in_flight)]
     process = subprocess.Popen(command)
     deadline = time.monotonic() + 60

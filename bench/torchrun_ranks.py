@@ -7,19 +7,18 @@ ranks' stderr when no rank reported (a crash in any rank).
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from typing import Any
+
+from envhub.defaults import free_port
 
 
 def run_ranks(
     script: str, world: int, args: list[str], *, env: dict[str, str], marker: str, timeout: float
 ) -> Any:
     """``script args`` in ``world`` processes on this machine (a free rendezvous port)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [
         sys.executable,
         "-m",

@@ -25,6 +25,8 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from envhub.defaults import free_port
+
 
 def _reply(messages: list[dict[str, Any]], tools: Any) -> dict[str, Any]:
     question = next(m["content"] for m in messages if m["role"] == "user")
@@ -71,12 +73,6 @@ class _Handler(BaseHTTPRequestHandler):
 def serve(port: int) -> None:
     """Serve the scripted completions on 127.0.0.1:``port`` until killed."""
     ThreadingHTTPServer(("127.0.0.1", port), _Handler).serve_forever()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait(port: int) -> None:
@@ -170,7 +166,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.serve:
         return serve(args.serve)
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(port)])
     try:
         _wait(port)

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 import typer
 
 from envhub.cli.serve_model import DEFAULT_MODEL
+from envhub.defaults import EPISODE_TIMEOUT_S, STEP_TIMEOUT_S
 
 
 def register(app: typer.Typer) -> None:
@@ -61,8 +62,8 @@ def eval_command(
         None, "--output", "-o", help="Folder for results (default outputs/eval/ENV-MODEL-TIME)."
     ),
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the server."),
-    step_timeout: float = typer.Option(60.0, help="Seconds an env step may take."),
-    episode_timeout: float = typer.Option(900.0, help="Seconds an episode may take."),
+    step_timeout: float = typer.Option(STEP_TIMEOUT_S, help="Seconds an env step may take."),
+    episode_timeout: float = typer.Option(EPISODE_TIMEOUT_S, help="Seconds an episode may take."),
 ) -> None:
     """Evaluate a model on an env: a summary table, results as JSONL.
 

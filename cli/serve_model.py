@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from envhub.defaults import SMOLLM2_ID
+
 if TYPE_CHECKING:
     from envhub.inference.vllm_server import VLLMServer
 
-DEFAULT_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+DEFAULT_MODEL = SMOLLM2_ID
 """What ``serve-model`` and ``eval --serve`` serve by default: the set-up installs it (offline)."""
 
 DEFAULT_PORT = 8000

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
+from envhub.defaults import EPISODE_TIMEOUT_S, STEP_TIMEOUT_S
 from envhub.types import OUTCOMES, Trajectory
 
 if TYPE_CHECKING:
@@ -233,8 +234,8 @@ async def evaluate(
     samples_per_task: int = 1,
     sampling: SamplingParams | None = None,
     max_concurrency: int = 32,
-    step_timeout: float | None = 60.0,
-    episode_timeout: float | None = 900.0,
+    step_timeout: float | None = STEP_TIMEOUT_S,
+    episode_timeout: float | None = EPISODE_TIMEOUT_S,
     seed: int = 0,
     pass_threshold: float | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,

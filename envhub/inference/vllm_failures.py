@@ -14,13 +14,15 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from envhub.defaults import DEFAULT_MODEL
+
 _PREFIX = re.compile(r"^\((?:[\w .-]+) pid=\d+\)\s+(?:\w+ \d\d-\d\d \d\d:\d\d:\d\d \[[^\]]*\]\s?)?")
 """vLLM's per-process log prefix: ``(EngineCore pid=12) ERROR 11-27 23:30:17 [core.py:1510] ``."""
 
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?(\w+(?:Error|Exception|Exit)): (.+)$")
 _WRAPPERS = ("Engine core initialization failed", "EngineCore failed to start", "See root cause")
 
-SMALL_MODEL = "smollm2-135m"
+SMALL_MODEL = DEFAULT_MODEL
 """The model the set-up (scripts/install.sh) puts on the machine, for remedies to name."""
 
 

@@ -20,7 +20,6 @@ import importlib.util
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import httpx
 
+from envhub.defaults import free_port
 from envhub.errors import EngineStartError, MissingDependencyError
 from envhub.inference.vllm_failures import Launch, diagnose, start_failed
 from envhub.inference.vllm_idle import ENV as IDLE_ENV
@@ -90,14 +90,6 @@ def default_context_length(model: str) -> int:
     return min(
         [DEFAULT_CONTEXT, *(int(v) for v in limits if isinstance(v, (int, float)) and v > 0)]
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port on ``host`` that was free a moment ago (the OS picks it; another process could
-    still take it before the server binds it)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class VLLMServer:

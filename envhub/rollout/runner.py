@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from envhub._async import within
+from envhub.defaults import EPISODE_TIMEOUT_S, STEP_TIMEOUT_S
 from envhub.env import NEW_SEGMENT, Env, EpisodeEnv, close_quietly
 from envhub.errors import ConfigError
 from envhub.inference.base import GenerateRequest, Generation, InferenceEngine, SamplingParams
@@ -143,8 +144,8 @@ class RolloutRunner:
         *,
         sampling: SamplingParams | None = None,
         max_concurrency: int = 64,
-        step_timeout: float | None = 60.0,
-        episode_timeout: float | None = 600.0,
+        step_timeout: float | None = STEP_TIMEOUT_S,
+        episode_timeout: float | None = EPISODE_TIMEOUT_S,
         seed: int = 0,
     ) -> None:
         self.engine = engine

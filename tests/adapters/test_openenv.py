@@ -12,7 +12,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment  # noqa: E402
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation  # noqa: E402
 
 import envhub  # noqa: E402
+from envhub.defaults import free_port
 from envhub.errors import (  # noqa: E402
     EnvhubError,
     EnvLoadError,
@@ -110,12 +110,6 @@ def say_the_word(messages: list[Message], tools: Any) -> str:
     if sum(m.role == "assistant" for m in messages) == 0:
         return "pear"
     return messages[0].content.rsplit(" ", 1)[-1]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_healthy(port: int, alive: Callable[[], bool]) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import socket
-
 from typer.testing import CliRunner
 
 from envhub.cli.app import app
+from envhub.defaults import free_port
 from envhub.errors import EngineUnavailableError
 
 
 def test_no_server_names_serve_model() -> None:
-    with socket.socket() as sock:  # a port nobody listens on once closed
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # a port nobody listens on once closed
     result = CliRunner().invoke(app, ["doctor", "-u", f"http://127.0.0.1:{port}"])
     assert isinstance(result.exception, EngineUnavailableError)
     assert str(result.exception) == (

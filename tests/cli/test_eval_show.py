@@ -62,11 +62,8 @@ def test_eval_then_show(http_server, tmp_path):
     guide = (Path(__file__).parents[2] / "docs" / "guides" / "evaluation.md").read_text()
     intro = " ".join(guide.split("\n\n")[1].split())
     named = {f for f in ("trajectories.jsonl", "summary.json", "config.json") if f"`{f}`" in intro}
-    assert {p.name for p in out.iterdir()} == named == {
-        "trajectories.jsonl",
-        "summary.json",
-        "config.json",
-    }
+    written = {p.name for p in out.iterdir()}
+    assert written == named == {"trajectories.jsonl", "summary.json", "config.json"}
     trajectories = read_trajectories(out / "trajectories.jsonl")
     assert len(trajectories) == 6 and all(
         t.reward == 1.0 and len(t.turns) == 2 for t in trajectories

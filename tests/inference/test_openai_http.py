@@ -6,13 +6,13 @@ A real vLLM server is exercised in tests/e2e; these tests drive every code path 
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from typing import Any
 
 import pytest
 
+from envhub.defaults import free_port
 from envhub.errors import ConfigError, EngineError, EngineUnavailableError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
 from envhub.inference.openai_http import OpenAIEngine, ServerChatTokenizer
@@ -106,9 +106,7 @@ def test_a_success_that_is_not_json_is_an_engine_error(http_server: Any) -> None
 
 
 def test_a_closed_port_says_what_to_do() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with pytest.raises(EngineUnavailableError) as info:
         generate(engine_for(f"http://127.0.0.1:{port}", max_retries=1))
     message = str(info.value)

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+from envhub.defaults import free_port
 from envhub.sandbox.base import Limits
 from envhub.sandbox.local import LocalSandbox
 from envhub.sandbox.outputs import ALL_FILES
@@ -161,7 +162,7 @@ class LocalEnvd:
         self.service = _Process(
             self.sandbox, self.store, limits or Limits(wall_time=600, output_bytes=64 << 20)
         )
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -218,12 +219,6 @@ class LocalEnvd:
         self.stop()
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket()) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def local_envd_process(
     port: int = 0, base_uid: int = 61500, timeout: float = 60.0
@@ -238,7 +233,7 @@ def local_envd_process(
     import sys
     import time
 
-    port = port or _free_port()
+    port = port or free_port()
     argv = [
         sys.executable,
         str(Path(__file__).resolve()),  # a script: this folder is no package of an installed one

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 
 import envhub
+from envhub.defaults import free_port
 from envhub.serve import protocol as p
 
 CLIENTS = 2000
@@ -27,9 +27,7 @@ MAX_SESSIONS = 1500
 @pytest.fixture(scope="module")
 def crowded_server() -> Iterator[int]:
     """``envhub serve calculator`` in its own process (its own core), 1500 sessions at most."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "envhub.cli", "serve", "calculator", "--port", str(port)]
     process = subprocess.Popen(
         [*command, "--max-sessions", str(MAX_SESSIONS)],

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 import envhub
+from envhub.defaults import free_port
 from envhub.envs.calculator import reference_policy
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
@@ -90,9 +90,7 @@ def test_an_episode_the_runner_cuts_is_scored_on_the_server_as_locally(
 @pytest.fixture
 def cli_server() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """`envhub serve calculator --arg max_turns=4` in its own process."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "envhub.cli", "serve", "calculator", "--port", str(port)]
     process = subprocess.Popen(
         [*command, "--arg", "max_turns=4"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL

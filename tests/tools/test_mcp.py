@@ -22,6 +22,7 @@ import mcp_types
 import pytest
 
 from envhub.checker import check_env
+from envhub.defaults import free_port
 from envhub.errors import ToolServerUnavailableError
 from envhub.multiturn import ToolEnv
 from envhub.rewards.match import exact_match
@@ -72,12 +73,6 @@ def load_server() -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_http_server() -> tuple[subprocess.Popen[bytes], MCPTools]:

@@ -28,12 +28,12 @@ the group.
 from __future__ import annotations
 
 import os
-import socket
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from envhub.defaults import free_port
 from envhub.errors import (
     ConfigError,
     PlacementError,
@@ -118,9 +118,8 @@ class _Rank:
         return ray.util.get_node_ip_address()
 
     def free_port(self) -> int:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+        """A port free on this node, on every interface (the rendezvous of its ranks)."""
+        return free_port("")
 
     def start(
         self, master_addr: str, master_port: int, worker_cls: type, args: tuple, kwargs: dict

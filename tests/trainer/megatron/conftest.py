@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from envhub.defaults import free_port
+
 HERE = Path(__file__).resolve().parent
 COMPAT = HERE / "cpu_compat.py"
 """The CPU compatibility module every rank loads before Megatron builds anything."""
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(

@@ -6,7 +6,6 @@ mbridge over gloo), and the Megatron shards score a sequence as transformers doe
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ pytest.importorskip("mbridge")
 
 import transformers  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+
+from envhub.defaults import free_port
 
 HERE = Path(__file__).resolve().parent
 SHAPE = {
@@ -40,12 +41,6 @@ def _tiny_model(family: str, folder: Path) -> Path:
     return folder
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_a_family_converts_exactly_and_scores_as_transformers(family: str, tmp_path: Path) -> None:
     model_dir = _tiny_model(family, tmp_path / family)
@@ -55,7 +50,7 @@ def test_a_family_converts_exactly_and_scores_as_transformers(family: str, tmp_p
         "ENVHUB_MEGATRON_WORKER_SETUP": str(HERE / "cpu_compat.py"),
     }
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-               f"--master-port={_free_port()}", str(HERE / "family_main.py"), str(model_dir),
+               f"--master-port={free_port()}", str(HERE / "family_main.py"), str(model_dir),
                str(tmp_path / "rank0.pt"), "2"]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -18,7 +18,7 @@ def trainer_init_info(side: SenderSide) -> Any:
     from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
     if side.rank == 0:
-        from envhub.inference.vllm_server import free_port
+        from envhub.defaults import free_port
 
         group = {
             "master_address": side.address,
