@@ -112,7 +112,8 @@ def end_rest(grace: float) -> None:
 def exit_as(returncode: int) -> None:
     """Exit as the command did: its code, or killed by the same signal."""
     if returncode < 0:
-        signal.signal(-returncode, signal.SIG_DFL)
+        if -returncode not in (signal.SIGKILL, signal.SIGSTOP):  # those take no handler
+            signal.signal(-returncode, signal.SIG_DFL)
         os.kill(os.getpid(), -returncode)
     sys.exit(returncode if returncode >= 0 else 128 - returncode)
 

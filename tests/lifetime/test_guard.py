@@ -78,6 +78,14 @@ def test_the_guard_exits_as_its_command_does() -> None:
         guarded(["sh", "-c", "kill -TERM $$"]), start_new_session=True, timeout=HANG_S
     )
     assert killed.returncode == -signal.SIGTERM
+    # SIGKILL takes no handler: the guard once crashed here (status 1 and a traceback for a
+    # vLLM server the OOM killer took).
+    for name in ("KILL", "SEGV"):
+        done = subprocess.run(
+            guarded(["sh", "-c", f"kill -{name} $$"]), start_new_session=True, timeout=HANG_S,
+            capture_output=True,
+        )  # fmt: skip
+        assert (done.returncode, done.stderr) == (-getattr(signal, f"SIG{name}"), b"")
 
 
 def test_a_command_that_exits_leaves_nothing_of_its_group_behind() -> None:

@@ -82,8 +82,11 @@ class KillServerInStep:
                     command = " ".join(child.cmdline())
                 except psutil.Error:  # zombies and processes that just ended
                     continue
-                if "vllm.entrypoints.openai.api_server" in command:
-                    os.killpg(os.getpgid(child.pid), signal.SIGKILL)
+                # The API server alone, as a crash or the OOM killer would: its guard then
+                # ends the engine core and releases the shared memory it held (SIGKILLing the
+                # whole group, guard included, left a pair of /dev/shm segments each time).
+                if "vllm.entrypoints.openai.api_server" in command and "guard.py" not in command:
+                    os.kill(child.pid, signal.SIGKILL)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
         self.finished_steps = step

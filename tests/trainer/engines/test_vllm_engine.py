@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
 from envhub.errors import EngineError, EngineUnavailableError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
+from envhub.lifetime.procs import group_members, mapped_by
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import LetterEnv
 from envhub.trainer.backends.base import sequence_logprobs
@@ -201,8 +202,14 @@ def test_a_sync_invalidates_cached_prompts(setup: Setup) -> None:
 
 def test_a_dead_server_is_reported_with_its_exit(setup: Setup) -> None:
     server = setup.engine.transport.server
-    os.killpg(os.getpgid(server.process.pid), signal.SIGKILL)
+    # The API server alone (the guard's child), as a crash would: the guard ends the rest,
+    # releases its shared memory and exits as the server did.
+    group = os.getpgid(server.process.pid)
+    held = {n for n in mapped_by(group_members(group)) if not n.startswith("envhub-")}
+    (api_server,) = psutil.Process(server.process.pid).children()
+    api_server.kill()
     server.process.wait(30)
+    assert held and not [n for n in held if (Path("/dev/shm") / n).exists()]
 
     with pytest.raises(EngineUnavailableError, match="exited with code -9"):
         setup.run(setup.engine.check_alive())
