@@ -22,7 +22,9 @@ most), then check
 - **weights**: the final model's tensors equal the uninterrupted run's (HF engine only).
 
 Engines: ``--engine hf`` (deterministic; the default) or ``vllm``; ``--async`` trains with
-``max_staleness: 1``. The harness prints one row per moment and a summary line, and writes
+``max_staleness: 1``; ``--backend megatron`` trains with two megatron-core ranks (PP=2, gloo)
+and a vLLM engine, all placed by Ray (as vLLM: no metrics or weights compared). The harness
+prints one row per moment and a summary line, and writes
 ``--json``. 20 moments with the HF engine take about 12 minutes on 2 cores:
 
     .venv/bin/python bench/kill_runs.py --moments 20 [--engine vllm] [--async] [--seed 0]
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -78,23 +81,32 @@ def tiny_model(folder: Path) -> Path:
 def run_config(model: Path, out: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The run every moment repeats."""
     rollout: dict[str, Any] = {"tasks_per_step": 4, "samples_per_task": 4, "max_tokens": 16}
+    backend: dict[str, Any] = {"device": "cpu", "micro_batch_tokens": 128}
     if args.engine == "vllm":
         rollout |= {"engine": "vllm", "vllm": {"kv_cache_gb": 1}}
+    if args.backend == "megatron":
+        rollout["vllm"]["mode"] = "ray"
+        backend = {"kind": "megatron", "megatron": {"pipeline_parallel": 2}}
     if args.asynchronous:
         rollout |= {"max_staleness": 1}
     return {
         "steps": args.steps, "seed": 5, "model": {"name": str(model)},
         "envs": [{"name": "envhub.testing:LetterEnv"}], "rollout": rollout,
-        "optimizer": {"lr": 1e-3}, "backend": {"device": "cpu", "micro_batch_tokens": 128},
+        "optimizer": {"lr": 1e-3}, "backend": backend,
         "logging": {"output_dir": str(out), "run_name": "run", "plot": False},
         "checkpoint": {"every": 1, "keep_last": 2},
     }  # fmt: skip
 
 
+MEGATRON_CPU = Path(__file__).resolve().parents[1] / "tests/trainer/megatron/cpu_compat.py"
+"""What megatron-core's ranks load first on a CPU (the tests' compatibility module)."""
+
+
 def start(config: Path) -> subprocess.Popen[bytes]:
-    """``envhub train CONFIG``, quiet."""
+    """``envhub train CONFIG``, quiet (Megatron's ranks get the CPU compatibility module)."""
     command = [sys.executable, "-m", "envhub.cli", "train", str(config)]
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(MEGATRON_CPU)}
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
 
 
 def finish(config: Path, run: Path | None = None) -> tuple[float, float]:
@@ -278,10 +290,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--backend", choices=["torch", "megatron"], default="torch")
     parser.add_argument("--async", dest="asynchronous", action="store_true")
     parser.add_argument("--out", type=Path, default=Path("bench-out/kill-runs"))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    if args.backend == "megatron":
+        args.engine = "vllm"  # Megatron's ranks serve vLLM engines, not the HF engine
     args.out = args.out.resolve()
     model = tiny_model(args.out / "model")
 
@@ -299,7 +314,8 @@ def main() -> None:
     if args.engine == "hf":
         baseline["digest"] = digest(base / "run" / "final")
     print(f"uninterrupted: {args.steps} steps in {wall:.1f} s, the first began at {began:.1f} s "
-          f"({args.engine} engine{', async' if args.asynchronous else ''})")  # fmt: skip
+          f"({args.backend} backend, {args.engine} engine"
+          f"{', async' if args.asynchronous else ''})")  # fmt: skip
     print("moment  delay s  logged  checkpoints  left  shm  resumed s  steps  data  metrics  "
           "weights")  # fmt: skip
     results = []

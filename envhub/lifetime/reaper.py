@@ -87,14 +87,16 @@ def the_runs(noted: dict[int, str], env: str, tag: str) -> list[int]:
     return sorted(found)
 
 
-def release(driver: int, mapped: set[str]) -> None:
+def release(writers: set[int], mapped: set[str]) -> None:
     """Unlink the shared memory the run's processes mapped and no live process maps, and the
-    weights file the driver shared with its engines (``envhub-weights-PID-*.bin``, written,
-    not mapped, by the driver): nobody of the run is left to."""
+    weights files its processes shared with their engines (``envhub-weights-PID-*.bin``,
+    written, not mapped, by the driver or, with Megatron, by trainer rank 0, for each pid of
+    ``writers``): nobody of the run is left to."""
     procs.release_shared_memory(mapped, besides=())
     for folder in {Path("/dev/shm"), Path(tempfile.gettempdir())}:
-        for path in folder.glob(f"envhub-weights-{driver}-*.bin"):
-            path.unlink(missing_ok=True)
+        for writer in writers:
+            for path in folder.glob(f"envhub-weights-{writer}-*.bin"):
+                path.unlink(missing_ok=True)
 
 
 def main() -> None:
@@ -108,12 +110,14 @@ def main() -> None:
     noted = note_until_exit(pid, fd, listing, tag)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # from here on, finish the sweep
     mapped: set[str] = set()
+    ended = {pid, *noted}
     # Twice: a process that was starting a child when the first pass ended it may have left one.
     for _ in range(2):
         targets = the_runs(noted, env, tag)
         mapped |= procs.mapped_by(targets)
+        ended |= set(targets)
         procs.end_processes(targets, GRACE_S)
-    release(pid, mapped)
+    release(ended, mapped)
     listing.unlink(missing_ok=True)  # all ended: nothing for the next run to sweep
 
 

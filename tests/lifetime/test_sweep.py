@@ -160,3 +160,41 @@ def test_a_reaper_keeps_the_list_of_its_owners_processes_while_it_runs(tmp_path:
             child.kill()
             child.wait()
     assert not listing.exists()  # the run ended well: nothing for the next one to sweep
+
+
+# Under owning(FOLDER), a child (as Megatron's trainer rank 0 is) writes the weights file it
+# shares with the engines, named with its own pid, closes it, prints its pid and sleeps.
+WRITER = """
+import subprocess, sys, time
+from envhub.lifetime import owning
+code = (
+    "import os, sys, time; "
+    "open(f'/dev/shm/envhub-weights-{os.getpid()}-test.bin', 'wb').write(b'w'); "
+    "print(os.getpid(), flush=True); time.sleep(300)"
+)
+with owning(sys.argv[1]):
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    print(child.stdout.readline().strip(), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_the_weights_file_a_process_of_the_run_wrote_goes_with_it(tmp_path: Path) -> None:
+    # What the kill harness found with Megatron: rank 0's envhub-weights file stayed in /dev/shm.
+    owner = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert owner.stdout is not None
+        writer = int(owner.stdout.readline())
+        weights = Path(f"/dev/shm/envhub-weights-{writer}-test.bin")
+        assert weights.exists()
+        owner.kill()
+        owner.wait(HANG_S)
+        deadline = time.monotonic() + HANG_S
+        while weights.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not weights.exists() and not alive(owner_tag(writer))
+    finally:
+        owner.kill()
+        Path(f"/dev/shm/envhub-weights-{writer}-test.bin").unlink(missing_ok=True)
