@@ -9,8 +9,9 @@ Three forms, taken everywhere an env name is (``envhub.make``, ``check``, ``eval
 - ``module:Class``: the class of an importable module (``my_envs.lookup:LookupEnv``).
 
 ``Class`` may also name an env *instance* (``env = HarnessEnv(agent, tasks)``): each env made
-from it is a deep copy of that instance (episodes run side by side, so they never share one),
-of a class made for it that keeps its type's attributes; it takes no arguments.
+from it is a deep copy of that instance (episodes run side by side, so they never share one;
+its task rows, which nothing writes, are shared), of a class made for it that keeps its type's
+attributes; it takes no arguments.
 
 A file is imported once per process (again when it changes on disk), as a module of its own
 whose folder is put on ``sys.path`` first, as ``python file.py`` would. Errors name the cause:
@@ -289,8 +290,11 @@ def _instance_class(template: Any, module: ModuleType, attr: str) -> type:
                 f"{attr} is an env instance, made once by its file; it takes no arguments "
                 f"(got {', '.join(kwargs)}); to pass some, name a class instead"
             )
+        # The task rows are read, never written: shared, not copied (20k rows: 23 ms a copy).
+        dataset = getattr(template, "dataset", None)
+        shared = {} if dataset is None else {id(dataset): dataset}
         try:
-            env = copy.deepcopy(template)
+            env = copy.deepcopy(template, shared)
         except Exception as e:
             raise TypeError(
                 f"cannot copy the env instance {attr} for an episode ({type(e).__name__}: {e}); "

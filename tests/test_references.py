@@ -274,6 +274,7 @@ def test_an_instance_makes_copies_of_itself_that_keep_its_type(tmp_path: Path) -
         assert (first.name, first.marker, second.marker) == ("one", "b", "b")
         first.marker = "z"  # a copy of its own: the next episode's env is unchanged
         assert (second.marker, template.marker) == ("b", "b")
+        assert first.dataset is second.dataset is template.dataset  # read-only rows: shared
 
 
 @pytest.mark.parametrize(
