@@ -359,7 +359,7 @@ def test_rendered_env_passes_the_reward_audit(rendered, template, unload):
     assert report.hacks == [
         "degenerate", "format-only", *tools, "length", "non-commitment", "stuffing",
         "abstention", *(["checker"] if tools else []), "form-without-answer",
-        *([] if tools else ["checker"]),
+        *([] if tools else ["checker"]), "calibration",
     ]  # fmt: skip
     assert {"junk-tools", "tool-hacks"} <= set(report.policies) or template != "tool"
     assert {"ref:no-answer", "ref:candidates", "ref:padded", "reference"} <= set(report.policies)
