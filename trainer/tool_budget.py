@@ -10,9 +10,10 @@ with its program's calls, so its call is one to a tool named ``tool`` with one s
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
+
+from envhub.tools.prompt import tool_call_block
 
 _PLACEHOLDERS: dict[str, Any] = {
     "string": "example",
@@ -47,8 +48,7 @@ def call_text(schema: dict[str, Any]) -> str:
     arguments = {
         name: _placeholder(properties.get(name) or {}) for name in parameters.get("required") or []
     }
-    body = json.dumps({"name": function["name"], "arguments": arguments})
-    return f"<tool_call>\n{body}\n</tool_call>"
+    return tool_call_block(function["name"], arguments)
 
 
 def _placeholder(prop: dict[str, Any]) -> Any:

@@ -26,6 +26,7 @@ from envhub.errors import EnvhubError
 from envhub.inference.base import ChatTokenizer
 from envhub.rollout.tokens import TokenTrace
 from envhub.rollout.tool_prompt import ToolsInPrompt
+from envhub.tools.prompt import tool_call_block
 from envhub.types import Message, as_message
 
 TOOL_MARKERS = ("<tool_call>", "[TOOL_CALLS]")
@@ -74,8 +75,7 @@ def _call_block(name: str, arguments: str) -> str:
         parsed: Any = json.loads(arguments) if arguments else {}
     except ValueError:
         parsed = arguments  # kept as written: the model would have to write it so
-    call = json.dumps({"name": name, "arguments": parsed}, ensure_ascii=False)
-    return f"<tool_call>\n{call}\n</tool_call>"
+    return tool_call_block(name, parsed)
 
 
 async def render_conversation(

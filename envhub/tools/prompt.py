@@ -39,6 +39,13 @@ TOOL_FORMAT_HINT = (
 TOOLS_HEADING = "# Tools"
 
 
+def tool_call_block(name: str, arguments: Any) -> str:
+    """One call written in the format above: ``<tool_call>``, the call's JSON, ``</tool_call>``
+    (``arguments`` as they go in the JSON: a dict, or a string kept as written)."""
+    call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{call}\n</tool_call>"
+
+
 def tools_prompt(tools: Sequence[dict[str, Any]], system_prompt: str = "") -> str:
     """The text that lists ``tools`` (OpenAI schemas) and how to call them, to follow
     ``system_prompt`` (whose own format hint, if it has one, is not repeated)."""
