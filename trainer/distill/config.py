@@ -14,7 +14,8 @@ class TeacherConfig(ConfigPart):
 
     ``server``: an OpenAI-compatible server that returns prompt logprobs for given token ids
     (vLLM's ``prompt_logprobs``; ``envhub serve-model CHECKPOINT`` serves one). ``local``: a
-    checkpoint loaded beside the trainer (torch backend). ``self``: the policy itself, shown
+    checkpoint loaded beside the trainer (in its process beside the torch backend, in a Ray actor
+    of its own beside the Megatron backend's ranks). ``self``: the policy itself, shown
     another context (``env_args``): a model distils what it does when shown, say, a worked
     example into what it does without one. The teacher must use the policy's tokenizer: it
     is checked when the run starts.
@@ -33,6 +34,9 @@ class TeacherConfig(ConfigPart):
     true}``). The teacher sees that env's prompt for the same task in place of the student's,
     then the rest of the student's episode token for token (a harness env's segments and the
     seats of a multi-role episode are scored as they are). Empty: the student's own tokens."""
+    gpus: float = Field(1.0, gt=0.0)
+    """``local`` beside the Megatron backend on GPUs: the GPUs its Ray actor takes (a share
+    below 1 lets it sit on a GPU beside something else; on CPUs it takes none)."""
     max_concurrency: int = Field(16, ge=1)
     """``server``: requests in flight at once."""
     timeout: float = Field(300.0, gt=0.0)
@@ -46,6 +50,8 @@ class TeacherConfig(ConfigPart):
             raise ValueError("distill.teacher.kind=local needs model (a checkpoint folder)")
         if self.kind != "server" and (self.url or self.api_key):
             raise ValueError(f"distill.teacher: url and api_key are a server's, not {self.kind}")
+        if self.kind != "local" and "gpus" in self.model_fields_set:
+            raise ValueError(f"distill.teacher: gpus is a local teacher's, not {self.kind}")
         if self.kind == "self" and self.model:
             raise ValueError("distill.teacher.kind=self is the policy: drop model")
         if self.kind == "self" and not self.env_args:

@@ -179,9 +179,10 @@ class LocalTeacher:
 
     async def start(self, tokenizer: Any) -> None:
         """Load the checkpoint; refuse one whose vocabulary differs from the policy's."""
-        await asyncio.to_thread(self._load, tokenizer)
+        await asyncio.to_thread(self.load, tokenizer)
 
-    def _load(self, tokenizer: Any) -> None:
+    def load(self, tokenizer: Any) -> None:
+        """:meth:`start` in the calling thread."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -199,9 +200,10 @@ class LocalTeacher:
 
     async def logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
         """Forward passes over padded micro-batches, in a worker thread."""
-        return await asyncio.to_thread(self._score, sequences)
+        return await asyncio.to_thread(self.score, sequences)
 
-    def _score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+    def score(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """:meth:`logprobs` in the calling thread."""
         import torch
 
         from envhub.trainer.algorithms import selective_log_softmax
@@ -280,12 +282,9 @@ def full_mask_batch(sequences: Sequence[Sequence[int]]) -> Any:
 
 
 def make_teacher(config: TeacherConfig, backend: Any) -> Teacher:
-    """The teacher ``config`` describes, beside ``backend`` (the policy's).
-
-    Raises:
-        ConfigError: A local teacher beside the Megatron backend (its ranks hold no room for
-            one yet: serve the checkpoint and use ``kind: server``).
-    """
+    """The teacher ``config`` describes, beside ``backend`` (the policy's): a ``local`` one in
+    this process beside the torch backend, in a Ray actor of its own beside the Megatron
+    backend's ranks (:class:`~envhub.trainer.distill.ray_teacher.RayTeacher`)."""
     if config.kind == "server":
         assert config.url is not None
         return ServerTeacher(
@@ -293,13 +292,12 @@ def make_teacher(config: TeacherConfig, backend: Any) -> Teacher:
         )
     if config.kind == "local":
         assert config.model is not None
-        if getattr(backend, "describe", lambda: "")().startswith("megatron"):
-            raise ConfigError(
-                "distill.teacher.kind=local loads the teacher beside the torch backend; with "
-                "backend.kind=megatron serve the checkpoint (`envhub serve-model PATH`) and use "
-                "kind: server"
-            )
         budget = getattr(getattr(backend, "config", None), "backend", None)
         tokens = getattr(budget, "micro_batch_tokens", 4096)
+        if getattr(backend, "group", None) is not None:  # the policy's ranks are Ray actors
+            from envhub.trainer.distill.ray_teacher import RayTeacher
+
+            on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
+            return RayTeacher(config.model, tokens, config.gpus if on_gpu else 0.0)
         return LocalTeacher(config.model, backend.device, tokens)
     return PolicyTeacher(backend)
