@@ -1,0 +1,227 @@
+"""The training service driven by the official ``tinker`` SDK, checked against envhub's own
+torch backend on the same data (SmolLM2-135M-Instruct on the CPU, one server per module)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tinker = pytest.importorskip("tinker")
+torch = pytest.importorskip("torch")
+
+from envhub.defaults import LOOPBACK, SMOLLM2_ID, free_port  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8
+LORA_RANK, SEED = 8, 3
+
+
+class Running:
+    """A service on 127.0.0.1 in a thread of the test process."""
+
+    def __init__(self, state_dir: Path) -> None:
+        import uvicorn
+
+        from envhub.trainer.service import ServiceSettings, build_app
+
+        self.settings = ServiceSettings(
+            state_dir=state_dir, device="cpu", port=free_port(), long_poll_s=2
+        )
+        self.app = build_app(self.settings)
+        config = uvicorn.Config(self.app, host=LOOPBACK, port=self.settings.port,
+                                log_level="warning", lifespan="on")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "no start"
+            time.sleep(0.02)
+        self.url = f"http://{LOOPBACK}:{self.settings.port}"
+
+    def client(self, api_key: str | None = None) -> Any:
+        """A ``tinker.ServiceClient`` of this service."""
+        return tinker.ServiceClient(base_url=self.url, api_key=api_key or self.settings.api_key)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def service(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
+    running = Running(tmp_path_factory.mktemp("serve-trainer"))
+    yield running
+    running.stop()
+    assert not running.thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def client(service: Running) -> Any:
+    return service.client()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.fixture(scope="module")
+def examples(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """Two (prompt, completion) token lists of different lengths."""
+    pairs = [("What is 2 + 3?", " 2 + 3 = 5."), ("Name a colour.", " Blue, like the sky.")]
+    return [(tokenizer.encode(p), tokenizer.encode(c)) for p, c in pairs]
+
+
+def datums(examples: list[tuple[list[int], list[int]]]) -> list[Any]:
+    """Tinker datums of ``examples``: the completions trained, each token weighing
+    1 / (completion tokens of the batch), which makes Tinker's summed loss the token mean that
+    envhub's supervised update minimises."""
+    total = sum(len(c) for _, c in examples)
+    out = []
+    for prompt, completion in examples:
+        full = prompt + completion
+        weights = [0.0] * (len(prompt) - 1) + [1.0 / total] * len(completion)
+        out.append(tinker.types.Datum(
+            model_input=tinker.types.ModelInput.from_ints(full[:-1]),
+            loss_fn_inputs={"target_tokens": full[1:], "weights": weights},
+        ))  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(examples: list[tuple[list[int], list[int]]]) -> dict[str, Any]:
+    """What envhub's torch backend computes on ``examples``: the logprobs before the step, the
+    supervised update's loss, and the backend itself after one AdamW step."""
+    from envhub.trainer.backends.base import sequence_logprobs
+    from envhub.trainer.backends.torch_backend import TorchBackend
+    from envhub.trainer.batch import Batch, Sample
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.sft.step import supervised_spec
+
+    config = validate_config({
+        "model": {"name": SMOLLM2_ID, "dtype": "float32",
+                  "lora": {"rank": LORA_RANK, "target_modules": "all-linear"}},
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"temperature": 1.0},
+        "optimizer": {"lr": LR, "betas": list(BETAS), "grad_clip": None},
+        "backend": {"device": "cpu"},
+    })  # fmt: skip
+    torch.manual_seed(SEED)  # as the service seeds it: the same LoRA initialisation
+    backend = TorchBackend(config)
+    sequences = [p + c for p, c in examples]
+    before = [sequence_logprobs(backend, ids, temperature=1.0) for ids in sequences]
+    samples = [
+        Sample(p + c, [0] * len(p) + [1] * len(c), [0.0] * len(p + c), 0.0, i, supervised=1.0)
+        for i, (p, c) in enumerate(examples)
+    ]
+    batch = Batch(samples)
+    result = backend.update(
+        backend.micro_batches(batch), supervised_spec(), old_logprobs=None, ref_logprobs=None,
+        num_tokens=batch.num_tokens, num_sequences=batch.num_sequences,
+    )  # fmt: skip
+    return {"backend": backend, "before": before, "loss": result.metrics["loss"]}
+
+
+@pytest.fixture(scope="module")
+def trained(client: Any, examples: list, reference: dict) -> dict[str, Any]:
+    """One session's round trip: create model -> forward_backward -> optim_step -> save."""
+    training = client.create_lora_training_client(base_model=SMOLLM2_ID, rank=LORA_RANK,
+                                                  seed=SEED).result()  # fmt: skip
+    data = datums(examples)
+    forward = training.forward_backward(data, "cross_entropy").result()
+    adam = tinker.types.AdamParams(learning_rate=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)
+    step = training.optim_step(adam).result()
+    saved = training.save_weights_for_sampler("step-1").result()
+    return {"training": training, "forward": forward, "step": step, "saved": saved}
+
+
+def test_forward_backward_matches_the_backend(trained: dict, reference: dict) -> None:
+    forward = trained["forward"]
+    for output, expected in zip(forward.loss_fn_outputs, reference["before"], strict=True):
+        got = output["logprobs"].to_numpy()
+        assert got.shape == (len(expected),)
+        assert got == pytest.approx(expected, abs=2e-5)
+    assert forward.metrics["loss:sum"] == pytest.approx(reference["loss"], rel=1e-5)
+
+
+def test_optim_step_gives_the_backends_weights(trained: dict, reference: dict,
+                                               service: Running) -> None:  # fmt: skip
+    from safetensors.torch import load_file
+
+    model_id = trained["training"].model_id
+    assert trained["saved"].path == f"tinker://{model_id}/sampler_weights/step-1"
+    folder = service.settings.state_dir / model_id / "sampler_weights" / "step-1"
+    saved = load_file(str(folder / "model.safetensors"))
+    with torch.no_grad():  # weights() is a generator: its merge runs when iterated, here
+        expected = dict(reference["backend"].weights())
+    assert set(saved) == set(expected)
+    worst = max(float((saved[k] - expected[k]).abs().max()) for k in expected)
+    assert worst < 1e-6
+    assert trained["step"].metrics["learning_rate"] == LR
+
+
+def test_sample_from_the_saved_weights(client: Any, trained: dict, reference: dict,
+                                       examples: list) -> None:  # fmt: skip
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    sampler = client.create_sampling_client(model_path=trained["saved"].path).result()
+    prompt = examples[0][0]
+    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=7)
+    response = sampler.sample(tinker.types.ModelInput.from_ints(prompt), 2, params).result()
+    assert len(response.sequences) == 2
+    for sequence in response.sequences:
+        assert 1 <= len(sequence.tokens) <= 6
+        assert sequence.stop_reason in ("stop", "length")
+        if sequence.stop_reason == "length":
+            assert len(sequence.tokens) == 6
+        scored = sequence_logprobs(reference["backend"], prompt + sequence.tokens, 1.0)
+        assert sequence.logprobs == pytest.approx(scored[len(prompt) - 1 :], abs=1e-4)
+
+
+def test_futures_resolve_in_order(client: Any, examples: list, reference: dict) -> None:
+    """Requests sent without waiting run in the order sent: a forward before the step sees
+    the old weights, one after it the new ones (the reference backend's, after its step)."""
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    training = client.create_lora_training_client(base_model=SMOLLM2_ID, rank=LORA_RANK,
+                                                  seed=SEED).result()  # fmt: skip
+    data = datums(examples)
+    adam = tinker.types.AdamParams(learning_rate=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)
+    futures = [
+        training.forward(data, "cross_entropy"),
+        training.forward_backward(data, "cross_entropy"),
+        training.optim_step(adam),
+        training.forward(data, "cross_entropy"),
+    ]
+    first, backward, _, after = [f.result() for f in futures]
+    for out, expected in zip(first.loss_fn_outputs, reference["before"], strict=True):
+        assert out["logprobs"].to_numpy() == pytest.approx(expected, abs=2e-5)
+    assert first.metrics == backward.metrics
+    for out, (p, c) in zip(after.loss_fn_outputs, examples, strict=True):
+        stepped = sequence_logprobs(reference["backend"], p + c, 1.0)
+        assert out["logprobs"].to_numpy() == pytest.approx(stepped, abs=2e-5)
+
+
+def test_a_wrong_key_is_refused(service: Running) -> None:
+    with pytest.raises(tinker.AuthenticationError) as refused:
+        service.client(api_key="tml-wrong").create_lora_training_client(
+            base_model=SMOLLM2_ID, rank=LORA_RANK
+        ).result()
+    assert refused.value.status_code == 401
+    assert "TINKER_API_KEY" in str(refused.value.body)
+
+
+def test_an_unknown_loss_fails_the_request(client: Any, trained: dict, examples: list) -> None:
+    with pytest.raises(tinker.RequestFailedError) as failed:
+        trained["training"].forward(datums(examples), "no_such_loss").result()
+    assert "'no_such_loss' is not served" in str(failed.value)
+    assert failed.value.category == tinker.types.RequestErrorCategory.User

@@ -1,0 +1,37 @@
+"""How to run the training service (torch-free: the CLI builds it before anything loads)."""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from envhub.defaults import LOOPBACK, SMOLLM2_ID
+
+
+def new_api_key() -> str:
+    """A fresh key in the SDK's format (it refuses keys without the ``tml-`` prefix)."""
+    return "tml-" + secrets.token_urlsafe(24)
+
+
+class ServiceSettings(BaseModel):
+    """The service's settings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    models: tuple[str, ...] = (SMOLLM2_ID,)
+    """The base models clients may train and sample, by the names they send: Hub ids, local
+    HF folders, or ``smollm2-135m`` (each resolved by envhub's model registry)."""
+    api_key: str = Field(default_factory=new_api_key)
+    """The key clients send (``TINKER_API_KEY``); requests without it are refused."""
+    state_dir: Path = Field(default_factory=lambda: Path("outputs/serve-trainer"))
+    """Where saved weights go (``<model id>/sampler_weights/<name>``)."""
+    device: str = "auto"
+    """Where models train and sample: ``auto`` (a CUDA GPU when there is one), ``cpu``, ``cuda``."""
+    host: str = LOOPBACK
+    port: int = 8000
+    long_poll_s: float = Field(10.0, gt=0)
+    """How long a ``retrieve_future`` waits for its result before answering ``try_again``."""
+    context_length: int = 2048
+    """The context length reported for each model."""

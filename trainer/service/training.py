@@ -1,0 +1,204 @@
+"""One training model of the service: envhub's torch backend driven by Tinker's verbs.
+
+Tinker splits an update in two: ``forward_backward`` adds a batch's gradients (any number of
+times) and ``optim_step`` applies them with the Adam parameters of that call. The backend's
+own :meth:`~envhub.trainer.backends.torch_backend.TorchBackend.update` does both at once, so
+here the backend lends its parts: the policy (LoRA through its ``model.lora``), its forward
+(:func:`~envhub.trainer.backends.torch_backend.place_for` and ``placed_logits``: packed rows on
+a CPU, the head on the scored places only), its AdamW and its export. Gradients accumulate in
+the parameters' ``.grad`` between the two verbs, as in any torch loop.
+
+Every method runs on the service's trainer thread, one at a time (``state.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from envhub.errors import ConfigError
+from envhub.trainer.algorithms import selective_log_softmax
+from envhub.trainer.backends.torch_backend import TorchBackend, place_for, placed_logits
+from envhub.trainer.batch import Sample, collate
+from envhub.trainer.config import validate_config
+from envhub.trainer.service.losses import get_loss
+from envhub.trainer.service.wire import Datum, ForwardRequest
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """A LoRA adapter as a client asks for it (``LoraConfig`` of the SDK)."""
+
+    rank: int
+    train_attn: bool = True
+    train_mlp: bool = True
+
+    def target_modules(self) -> list[str] | str:
+        """PEFT's ``target_modules``: every linear layer, or the attention's / the MLP's
+        (Llama-family names). The unembedding is never adapted (its weight is tied to the
+        embedding in the small models served on a CPU)."""
+        if self.train_attn and self.train_mlp:
+            return "all-linear"
+        attention = ["q_proj", "k_proj", "v_proj", "o_proj"]
+        mlp = ["gate_proj", "up_proj", "down_proj"]
+        return (attention if self.train_attn else []) + (mlp if self.train_mlp else [])
+
+
+def backend_config(model: str, lora: LoraSpec | None, device: str) -> Any:
+    """The ``TrainConfig`` whose torch backend the service drives: logprobs at temperature 1,
+    no gradient clipping of its own (each ``optim_step`` says), no schedule."""
+    return validate_config({
+        "model": {"name": model, "dtype": "float32",
+                  "lora": None if lora is None else {
+                      "rank": lora.rank, "target_modules": lora.target_modules()}},
+        "envs": [{"name": "arithmetic"}],  # a TrainConfig needs one; nothing rolls out here
+        "rollout": {"temperature": 1.0},
+        "optimizer": {"grad_clip": None},
+        "backend": {"device": device},
+    })  # fmt: skip
+
+
+class TrainingModel:
+    """A policy with its optimizer, trained by ``forward_backward`` and ``optim_step``.
+
+    Args:
+        model: A served model name (resolved by :func:`~envhub.trainer.models.resolve_model`).
+        lora: The adapter to train, or ``None`` for every weight.
+        seed: Seeds torch before the model is built (the LoRA adapter's initialisation).
+        device: ``cpu``, ``cuda`` or ``auto``.
+    """
+
+    def __init__(self, model: str, lora: LoraSpec | None, seed: int, device: str) -> None:
+        self.name = model
+        self.lora = lora
+        torch.manual_seed(seed)
+        self.backend = TorchBackend(backend_config(model, lora, device))
+        self.steps = 0
+        """``optim_step`` calls applied."""
+
+    def forward(self, request: ForwardRequest) -> tuple[list[dict[str, np.ndarray]], float]:
+        """Score ``request.data`` and, unless ``forward_only``, add the loss's gradients.
+
+        Returns:
+            Per datum ``logprobs`` and ``elementwise_loss`` (float32, one per target token),
+            and the summed loss.
+
+        Raises:
+            ConfigError: An unknown loss, missing or misshapen ``loss_fn_inputs``.
+        """
+        loss_fn = get_loss(request.loss_fn)
+        data = request.data
+        if not data:
+            raise ConfigError("forward_backward needs at least one datum")
+        targets = [_targets(d) for d in data]
+        model = self.backend.model
+        backward = not request.forward_only
+        model.train(backward)
+        grad = torch.enable_grad() if backward else torch.no_grad()
+        with grad:
+            logprobs = self._logprobs(data, targets)
+            losses = [
+                loss_fn(lp, _loss_inputs(d, lp), request.loss_fn_config)
+                for d, lp in zip(data, logprobs, strict=True)
+            ]
+            total = torch.stack([loss.sum() for loss in losses]).sum()
+            if backward:
+                total.backward()
+        outputs = [
+            {"logprobs": lp.detach().numpy(), "elementwise_loss": loss.detach().numpy()}
+            for lp, loss in zip(logprobs, losses, strict=True)
+        ]
+        return outputs, float(total.detach())
+
+    def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
+        """Apply the accumulated gradients with the backend's AdamW at ``adam``'s settings
+        (``learning_rate``, ``beta1``, ``beta2``, ``eps``, ``weight_decay``, and
+        ``grad_clip_norm``: 0 for none), then clear them.
+
+        Returns:
+            ``grad_norm`` (before clipping) and the ``learning_rate`` used.
+        """
+        optimizer = self.backend.optimizer
+        for group in optimizer.param_groups:
+            group["lr"] = adam["learning_rate"]
+            group["betas"] = (adam["beta1"], adam["beta2"])
+            group["eps"] = adam["eps"]
+            group["weight_decay"] = adam["weight_decay"]
+        params = [p for p in self.backend.model.parameters() if p.grad is not None]
+        limit = adam["grad_clip_norm"] or math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return {"grad_norm": norm, "learning_rate": adam["learning_rate"]}
+
+    def export(self, folder: Path) -> Path:
+        """Write the weights (LoRA merged) and tokenizer as an HF folder a sampler loads."""
+        return self.backend.export(folder)
+
+    def _logprobs(self, data: list[Datum], targets: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each datum's logprob of its target at every input position, in one forward.
+
+        A datum becomes one sequence of the backend's micro-batch: its input tokens plus a
+        placeholder last token (causal attention: it changes no earlier position), with every
+        position scored; the logits are then read at the datum's own ``target_tokens``, which
+        need not be the next input tokens.
+        """
+        backend = self.backend
+        samples = [
+            Sample(d.tokens + [backend.pad_id], [0] + [1] * len(d.tokens),
+                   [0.0] * (len(d.tokens) + 1), 0.0, i)
+            for i, d in enumerate(data)
+        ]  # fmt: skip
+        mb = collate(samples, list(range(len(samples))), backend.pad_id)
+        placed = place_for(backend.model, mb, backend.packed)
+        with _autocast(backend):
+            logits = placed_logits(backend.model, placed).float()
+        lengths = [len(d.tokens) for d in data]
+        if placed.targets is not None:  # [N, V], the places row by row
+            rows = torch.split(logits, lengths)
+        else:  # [n, width - 1, V]
+            rows = tuple(logits[i, :n] for i, n in enumerate(lengths))
+        return [
+            selective_log_softmax(row[None], t.to(row.device)[None])[0].cpu()
+            for row, t in zip(rows, targets, strict=True)
+        ]
+
+
+def _targets(datum: Datum) -> torch.Tensor:
+    target = datum.inputs.get("target_tokens")
+    if target is None:
+        raise ConfigError("every datum needs loss_fn_inputs['target_tokens']")
+    if target.shape != (len(datum.tokens),):
+        raise ConfigError(
+            f"target_tokens has shape {tuple(target.shape)}; the model input has "
+            f"{len(datum.tokens)} tokens (one target per input position)"
+        )
+    return torch.from_numpy(target.astype(np.int64))
+
+
+def _loss_inputs(datum: Datum, logprobs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The datum's float ``loss_fn_inputs`` as tensors shaped like its logprobs."""
+    out = {}
+    for name, array in datum.inputs.items():
+        if name == "target_tokens":
+            continue
+        if array.shape != tuple(logprobs.shape):
+            raise ConfigError(
+                f"loss_fn_inputs[{name!r}] has shape {array.shape}; "
+                f"expected {tuple(logprobs.shape)}"
+            )
+        out[name] = torch.from_numpy(array.astype(np.float32))
+    return out
+
+
+def _autocast(backend: TorchBackend) -> contextlib.AbstractContextManager[Any]:
+    if backend.autocast_dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=backend.device.type, dtype=backend.autocast_dtype)
