@@ -133,6 +133,13 @@ class Env(gym.Env[list[Message], Action]):
         """Tokens the policy may still sample this episode, if the env has a token budget."""
         return None
 
+    @property
+    def multi_role(self) -> bool:
+        """Whether an episode is a match between several actors taking turns
+        (:class:`~envhub.roles.MultiRoleEnv`): the reset's and each step's ``info`` then name
+        the actor to move, and the runner records one trajectory per actor the policy plays."""
+        return False
+
     # -- sync/async bridging: subclasses override one side of each pair ------------------------
 
     def reset(

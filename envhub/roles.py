@@ -214,6 +214,11 @@ class MultiRoleEnv(Env):
         return self.reward_range
 
     @property
+    def multi_role(self) -> bool:
+        """Always: an episode is a match between actors (see the module doc)."""
+        return True
+
+    @property
     def trained_roles(self) -> tuple[str, ...]:
         """The roles the policy plays (those without a fixed policy)."""
         return tuple(r for r in self.roles if r not in self.fixed)

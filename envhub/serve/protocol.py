@@ -500,6 +500,8 @@ class EnvInfo(BaseModel):
     """The turn budget of a ``TaskEnv`` (``None`` for envs without one)."""
     max_tokens: int | None = None
     tool_schemas: list[dict[str, Any]] | None = None
+    multi_role: bool = False
+    """Whether the env's episodes are matches between several actors (``Env.multi_role``)."""
     observation_space: str
     action_space: str
     metadata: dict[str, Any] = Field(default_factory=dict)

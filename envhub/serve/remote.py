@@ -157,6 +157,11 @@ class RemoteEnv(Env):
         """Tokens left under the env's ``max_tokens`` after the last reset or step."""
         return self._remaining
 
+    @property
+    def multi_role(self) -> bool:
+        """Whether the served env's episodes are matches between several actors."""
+        return self.info.multi_role
+
     def _describe(self, info: p.EnvInfo) -> None:
         self.info = info
         self.name, self.version = info.ref.name, info.ref.version or "0.0.0"

@@ -322,6 +322,7 @@ def env_info(env: Env) -> p.EnvInfo:
         max_turns=getattr(env, "max_turns", None),
         max_tokens=getattr(env, "max_tokens", None),
         tool_schemas=env.tool_schemas,
+        multi_role=env.multi_role,
         observation_space=repr(env.observation_space),
         action_space=repr(env.action_space),
         metadata=p.encode(dict(env.metadata)),
