@@ -21,6 +21,7 @@ from envhub.cli import (
     search,
     serve,
     serve_model,
+    serve_trainer,
     show,
     train,
 )
@@ -49,6 +50,7 @@ for module in (
     search,
     serve,
     serve_model,
+    serve_trainer,
 ):
     module.register(app)
 

