@@ -99,6 +99,8 @@ class RoleSeats:
         own_seat = ep.seats[actor]
         own_seat.fail(stage, error, turn)
         own, own_seat.result = own_seat.errors[-1], "crashed"
+        # An env whose step timed out may still be running it: the episode's env goes with it.
+        ep.discard_env = ep.discard_env or own_seat.discard_env
         for other, seat in ep.seats.items():
             if other == actor:
                 continue

@@ -250,3 +250,27 @@ def test_an_episode_timeout_is_recorded_on_every_side() -> None:
         assert t.outcome == "timeout" and t.reward == 0.0
     assert [m.content for m in x.messages if m.role == "assistant"] == ["1"]
     assert sum(x.loss_mask) == 2 and sum(o.loss_mask) == 0  # "1" + <|im_end|>; O sampled nothing
+
+
+class SlowTicTacToe(TicTacToeEnv):
+    """Hangs on O's first move (the step times out)."""
+
+    async def astep(self, action: Any) -> Any:
+        if self.match is not None and self.match.to_move == "o":
+            await asyncio.sleep(5)
+        return await super().astep(action)
+
+
+def test_an_env_whose_step_timed_out_on_a_sides_turn_is_not_reused() -> None:
+    made: list[TicTacToeEnv] = []
+
+    def make() -> TicTacToeEnv:
+        made.append(SlowTicTacToe())
+        return made[-1]
+
+    engine = ScriptedEngine(scripted_game(X_WINS), tokenizer=ByteChatTokenizer())
+    runner = RolloutRunner(engine, make, max_concurrency=1, step_timeout=0.2)
+    trajectories = asyncio.run(runner.run([0, 0]))
+    outcomes = [(t.role, t.outcome) for t in trajectories]
+    assert outcomes == [("x", "env_failure"), ("o", "timeout")] * 2
+    assert len(made) == 2  # the second episode had a fresh env
