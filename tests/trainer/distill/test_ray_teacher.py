@@ -108,3 +108,32 @@ def test_beside_ranks_on_ray_a_local_teacher_is_an_actor(tiny_model_dir: Path) -
     assert isinstance(in_process, LocalTeacher)
     with pytest.raises(ValueError, match="gpus is a local teacher's, not server"):
         TeacherConfig(kind="server", url="http://127.0.0.1:1", gpus=1)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_actor_takes_it_and_scores_as_the_gpu_here(
+    cluster: None, tiny_model_dir: Path
+) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    gpus = ray.cluster_resources().get("GPU", 0.0)  # the cluster found the machine's
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    async def both() -> tuple[list[list[float]], list[list[float]], float]:
+        remote = RayTeacher(str(tiny_model_dir), 64, gpus=0.5)
+        here = LocalTeacher(str(tiny_model_dir), "cuda", 64)
+        await remote.start(tokenizer)
+        await here.start(tokenizer)
+        try:
+            free = ray.available_resources().get("GPU", 0.0)
+            return await remote.logprobs(SEQUENCES), await here.logprobs(SEQUENCES), free
+        finally:
+            await remote.aclose()
+            await here.aclose()
+
+    got, expected, free = asyncio.run(both())
+    assert free == gpus - 0.5  # the actor holds half of a GPU
+    for a, b in zip(got, expected, strict=True):
+        assert max(abs(x - y) for x, y in zip(a, b, strict=True)) < 1e-4
