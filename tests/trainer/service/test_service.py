@@ -225,3 +225,23 @@ def test_an_unknown_loss_fails_the_request(client: Any, trained: dict, examples:
         trained["training"].forward(datums(examples), "no_such_loss").result()
     assert "'no_such_loss' is not served" in str(failed.value)
     assert failed.value.category == tinker.types.RequestErrorCategory.User
+
+
+def test_unnamed_save_samples_and_stops_at_a_stop_token(trained: dict, examples: list,
+                                                        reference: dict) -> None:  # fmt: skip
+    """``save_weights_and_get_sampling_client`` saves the same weights under a session of
+    their own; a stop token id cuts the completion after it."""
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    sampler = trained["training"].save_weights_and_get_sampling_client().result()
+    prompt = examples[0][0]
+    greedy = tinker.types.SamplingParams(max_tokens=5, temperature=0.0)
+    first = sampler.sample(tinker.types.ModelInput.from_ints(prompt), 1, greedy).result()
+    tokens = first.sequences[0].tokens
+    assert len(tokens) == 5 and first.sequences[0].stop_reason == "length"
+    scored = sequence_logprobs(reference["backend"], prompt + tokens, 1.0)[len(prompt) - 1 :]
+    assert first.sequences[0].logprobs == pytest.approx(scored, abs=1e-4)
+    stop = tinker.types.SamplingParams(max_tokens=5, temperature=0.0, stop=[tokens[1]])
+    cut = sampler.sample(tinker.types.ModelInput.from_ints(prompt), 1, stop).result()
+    assert cut.sequences[0].tokens == tokens[: tokens.index(tokens[1]) + 1]
+    assert cut.sequences[0].stop_reason == "stop"
