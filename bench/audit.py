@@ -1,6 +1,6 @@
 """The reward audit's cost and hit rate: seconds per built-in env and per template (default 3
-episodes a policy), and the share of the hackable fixture envs (tests/audit/hackable_envs.py)
-flagged with their hack class, with their honest twins' passes.
+episodes a policy), and the share of the hackable fixture envs (tests/audit/hackable_envs.py
+and hackable_fields.py) flagged with their hack class, with their honest twins' passes.
 
 Run from the repository root: ``python bench/audit.py`` (``--no-fixtures`` for the timing only,
 ``--only repo-repair`` for one built-in env).
@@ -131,14 +131,25 @@ def variant_rows(compare: bool) -> list[tuple]:
     return rows
 
 
+FIXTURES = ("hackable_envs", "hackable_fields")
+"""The modules of tests/audit/ that hold hackable fixtures (``HACKABLE`` and ``HONEST``)."""
+
+
 def fixture_rows() -> list[tuple[str, str, bool, bool, float, bool]]:
     """(fixture, hack class, flagged with it, twin passed, seconds, flagged by the old policies)
     for every hackable fixture."""
-    spec = importlib.util.spec_from_file_location(
-        "hackable_envs", ROOT / "tests" / "audit" / "hackable_envs.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    rows = []
+    for name in FIXTURES:
+        path = ROOT / "tests" / "audit" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        rows += _fixture_rows(module)
+    return rows
+
+
+def _fixture_rows(module) -> list[tuple[str, str, bool, bool, float, bool]]:
+    """:func:`fixture_rows` for the fixtures of one module."""
     rows = []
     for name, (make, hack) in module.HACKABLE.items():
         start = time.perf_counter()

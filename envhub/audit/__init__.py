@@ -17,7 +17,8 @@ dataset). Each policy tries one class of hack (:data:`~envhub.audit.report.HACKS
   for, exit early, patch the test process or return an object that equals everything, in a
   code block and in every tool argument, each against a program that does nothing;
 - **the reference, mutated** (:mod:`~envhub.audit.mutation`): the env's ``reference_policy``
-  with its answer dropped (form kept), hedged among decoys, padded, or wrong;
+  with its answer dropped (form kept), hedged among decoys, padded, or wrong (with its other
+  numbers and fields at an extreme, all at once and one at a time: **calibration**);
 - **cheat**: each of the env's own :attr:`~envhub.env.Env.cheats`.
 
 Nothing a policy without the answer writes may score above the floor: ``env.audit_floor`` when

@@ -20,10 +20,14 @@ checker policies cover code). The mutations:
 - **a wrong attempt** (``ref:wrong``, the answer swapped for a wrong one): the baseline an
   abstention must not beat on average;
 - **a wrong attempt whose other fields say so** (``ref:wrong-fields-low``, ``-high``): the
-  answer swapped for a wrong one and every other number of the reply set to 0 (1) and every
-  other ``Label: word`` field to its low (high) word (:func:`set_fields`): a confidence, a
-  score, a "sure: yes". They must not score above the floor and ``ref:wrong`` (a Brier-style
-  reward gives a wrong answer at 0% confidence full marks).
+  answer swapped for a wrong one and every other number of the reply set to 0 (the top of its
+  scale) and every other ``Label: word`` field to its low (high) word (:func:`set_fields`): a
+  confidence, a score, a "sure: yes". They must not score above the floor and ``ref:wrong`` (a
+  Brier-style reward gives a wrong answer at 0% confidence full marks);
+- **the same, one field at a time** (``ref:wrong-field-K-low``, ``-high``, :data:`FIELD_PROBES`):
+  the wrong answer with only the K-th other field at its extreme (:func:`set_field`; at most
+  :data:`~envhub.audit.fields.MAX_FIELDS` fields), judged the same way: a reward that pays
+  ``Confidence: 0`` only beside ``Sure: yes`` is paid by none of the two above.
 
 Wrong candidates (:func:`decoys`) are the answer's numeric neighbours, else the options the
 prompt names, else other tasks' answers. A mutant that changed nothing in an episode (no slot
@@ -38,6 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from envhub.audit.basic import JUNK, filler
+from envhub.audit.fields import MAX_FIELDS, set_all, set_one
 from envhub.audit.hedging import prompt_options
 from envhub.env import Env, TaskEnv
 from envhub.testing import Policy
@@ -101,7 +106,8 @@ Rewrite = Callable[[str, list[str]], str]
 
 class Mutant:
     """A policy: the reference's reply with its answer slot rewritten by ``rewrite``; or the
-    whole reply rewritten by ``whole`` (for ``ref:repeat``, ``ref:padded``)."""
+    whole reply rewritten by ``whole`` (for ``ref:repeat``, ``ref:padded``). With a ``name``
+    of :data:`FIELD_PROBES`, a reply counts as changed only where :func:`applies`."""
 
     def __init__(
         self,
@@ -110,8 +116,10 @@ class Mutant:
         others: list[str],
         rewrite: Rewrite | None = None,
         whole: Callable[[str, str, list[str]], str] | None = None,
+        name: str = "",
     ) -> None:
         self.reference = env.reference_policy
+        self.name = name
         self.answer, self.others = answer, others
         self.rewrite, self.whole = rewrite, whole
         self.changed = False
@@ -125,7 +133,7 @@ class Mutant:
             return reply
         value = reply[slot[0] : slot[1]]
         wrong = decoys(value, messages, self.others)
-        self.changed = True
+        self.changed |= applies(self.name, reply, self.answer)
         if self.whole is not None:
             return self.whole(reply, value, [value, *wrong])
         return replace_answer(reply, value, self.rewrite(value, wrong) if self.rewrite else value)
@@ -165,31 +173,42 @@ def _repeat(reply: str, items: list[str], keep: bool) -> str:
     return "\n".join(replace_answer(reply, value, item) for item in order)
 
 
-_NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
-_FIELD = re.compile(r"(?m)^([^\S\n]*[A-Za-z][\w ]{0,30}:[^\S\n]*)([A-Za-z]+)([^\S\n]*)$")
-_LOW_HIGH = (
-    ("low", "high"), ("no", "yes"), ("false", "true"), ("unsure", "sure"),
-    ("uncertain", "certain"), ("unlikely", "likely"), ("none", "all"),
-)  # fmt: skip
 _MARK = "\x00answer\x00"
 
 
 def set_fields(reply: str, value: str, wrong: str, high: bool) -> str:
-    """``reply`` with its answer ``value`` replaced by ``wrong`` and every other number set to
-    1 (``high``) or 0, and every other ``Label: word`` field to that word's high or low form
-    (``none``/``all`` for a word of no known pair)."""
+    """``reply`` with its answer ``value`` replaced by ``wrong`` and every other number and
+    ``Label: word`` field at its low or high extreme (:mod:`envhub.audit.fields`: 0 or the top
+    of the number's scale; ``no`` or ``yes``, ...)."""
+    return set_all(replace_answer(reply, value, _MARK), high).replace(_MARK, wrong)
+
+
+def set_field(reply: str, value: str, wrong: str, index: int, high: bool) -> str:
+    """``reply`` with its answer ``value`` replaced by ``wrong`` and its ``index``-th other
+    field (:func:`~envhub.audit.fields.fields`) alone at its low or high extreme; only the
+    answer replaced when it has no such field."""
     marked = replace_answer(reply, value, _MARK)
-    marked = _NUMBER.sub("1" if high else "0", marked)
-    marked = _FIELD.sub(lambda m: m[1] + _extreme(m[2], high) + m[3], marked)
-    return marked.replace(_MARK, wrong)
+    return (set_one(marked, index, high) or marked).replace(_MARK, wrong)
 
 
-def _extreme(word: str, high: bool) -> str:
-    for pair in _LOW_HIGH:
-        if word.lower() in pair:
-            chosen = pair[1] if high else pair[0]
-            return chosen.capitalize() if word[0].isupper() else chosen
-    return "all" if high else "none"
+FIELD_PROBES: dict[str, tuple[int, bool]] = {
+    f"ref:wrong-field-{index + 1}-{'high' if high else 'low'}": (index, high)
+    for index in range(MAX_FIELDS)
+    for high in (False, True)
+}
+"""The one-field-at-a-time calibration probes: name -> (the field's index, high)."""
+
+
+def applies(name: str, reply: str, answer: Any) -> bool:
+    """Whether the mutant ``name`` rewrites the reference's ``reply``: it shows an answer and,
+    for a :data:`FIELD_PROBES` mutant, has that field, not at that extreme already."""
+    slot = answer_slot(reply, answer)
+    if slot is None:
+        return False
+    if name not in FIELD_PROBES:
+        return True
+    index, high = FIELD_PROBES[name]
+    return set_one(replace_answer(reply, reply[slot[0] : slot[1]], _MARK), index, high) is not None
 
 
 def _pad(env: Env) -> Callable[[str], str]:
@@ -213,8 +232,11 @@ def mutants(env: Env, start: Any) -> dict[str, Mutant]:
     def slot(rewrite: Rewrite) -> Mutant:
         return Mutant(env, answer, others, rewrite=rewrite)
 
-    def whole(rewrite: Callable[[str, str, list[str]], str]) -> Mutant:
-        return Mutant(env, answer, others, whole=rewrite)
+    def whole(rewrite: Callable[[str, str, list[str]], str], name: str = "") -> Mutant:
+        return Mutant(env, answer, others, whole=rewrite, name=name)
+
+    def field(name: str, index: int, high: bool) -> Mutant:
+        return whole(lambda r, v, i: set_field(r, v, i[1], index, high), name)
 
     return {
         "ref:no-answer": slot(lambda v, w: JUNK),
@@ -230,7 +252,7 @@ def mutants(env: Env, start: Any) -> dict[str, Mutant]:
         "ref:wrong-fields-low": whole(lambda r, v, i: set_fields(r, v, i[1], high=False)),
         "ref:wrong-fields-high": whole(lambda r, v, i: set_fields(r, v, i[1], high=True)),
         "ref:padded": whole(lambda r, v, i: pad(r)),
-    }
+    } | {name: field(name, *where) for name, where in FIELD_PROBES.items()}
 
 
 def task_answer(env: Env, start: Any) -> Any:
@@ -255,11 +277,13 @@ def _other_answers(env: Env, start: Any, limit: int = 20) -> list[str]:
 
 
 __all__ = [
+    "FIELD_PROBES",
     "MUTANT_PREFIX",
     "Mutant",
     "task_answer",
     "ProbeSkipped",
     "answer_slot",
+    "applies",
     "decoys",
     "mutants",
 ]

@@ -4,8 +4,8 @@ A probe is judged against the floor (nothing it writes may score above it), or i
 that others are compared with. A :class:`Contrast` compares two probes on the same episodes:
 the answer among decoys against the decoys alone (non-commitment), the padded reference against
 the reference (length), an abstention against a genuine wrong attempt, on average, and a wrong
-answer whose other fields are set to an extreme (a confidence of 0) against the same wrong
-answer with the reference's fields (calibration).
+answer whose other fields are set to an extreme (a confidence of 0), all together or one at a
+time, against the same wrong answer with the reference's fields (calibration).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from envhub.audit import basic, checker_hacks, hedging, stuffing
-from envhub.audit.mutation import guarded, mutants
+from envhub.audit.mutation import FIELD_PROBES, guarded, mutants
 from envhub.env import Env
 from envhub.testing import Policy, null_policy
 
@@ -110,8 +110,9 @@ _REFERENCE_FLOOR = ("ref:no-answer", "ref:blank-answer", "ref:padded-no-answer")
 _REFERENCE_BASELINES = (
     "ref:candidates", "ref:candidates-decoys", "ref:either", "ref:either-decoys", "ref:repeat",
     "ref:repeat-decoys", "ref:wrong", "ref:padded", "ref:wrong-fields-low",
-    "ref:wrong-fields-high",
+    "ref:wrong-fields-high", *FIELD_PROBES,
 )  # fmt: skip
+_CALIBRATION = ("ref:wrong-fields-low", "ref:wrong-fields-high", *FIELD_PROBES)
 _NOOP = "a program that does nothing"
 _WITHOUT_ANSWER = "the same reply with a wrong answer in the answer's place"
 _OWN_FIELDS = "the same wrong answer with the reply's own fields"
@@ -134,7 +135,7 @@ def probes(env: Env) -> list[Probe]:
 
 def _contrast_class(name: str) -> str:
     """The class of a probe judged only by contrast: what its comparison tries."""
-    if name.startswith("ref:wrong-fields"):
+    if name in _CALIBRATION:
         return "calibration"
     return {"ref:wrong": "abstention", "ref:padded": "length"}.get(name, "non-commitment")
 
@@ -161,7 +162,7 @@ def contrasts(played: list[str]) -> list[Contrast]:
         Contrast("ref:padded", "reference", "length", "the reference reply unpadded"),
         *(
             Contrast(name, "ref:wrong", "calibration", _OWN_FIELDS, above_floor=True)
-            for name in ("ref:wrong-fields-low", "ref:wrong-fields-high")
+            for name in _CALIBRATION
         ),
         *(
             Contrast(name, "ref:wrong", "abstention", "a genuine wrong attempt, on average", True)

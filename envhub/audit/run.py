@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.audit.mutation import MUTANT_PREFIX, Mutant, ProbeSkipped, answer_slot, task_answer
+from envhub.audit.mutation import MUTANT_PREFIX, Mutant, ProbeSkipped, applies, task_answer
 from envhub.audit.players import Players
 from envhub.audit.probes import Contrast, Probe, contrasts, probes
 from envhub.audit.report import AuditFinding, AuditReport
@@ -82,9 +82,9 @@ def _play_all(
 ) -> dict[str, list[AuditFinding | None]]:
     """Every probe's episode on every start, by probe name (played by :class:`Players`: a
     workspace env's copies play several at once). The reference plays first: where no reply of
-    its episode shows an answer, a mutant would replay that episode unchanged, so the mutants
-    skip it (``None``) without playing it (an env whose episodes are workspaces pays seconds
-    for each)."""
+    its episode shows an answer (for a one-field mutant, has that field), a mutant would replay
+    that episode unchanged, so the mutants skip it (``None``) without playing it (an env whose
+    episodes are workspaces pays seconds for each)."""
     names = [p.name for p in catalog]
     played: dict[str, list[AuditFinding | None]] = {n: [None] * len(starts) for n in names}
 
@@ -99,7 +99,7 @@ def _play_all(
                 for name in phase
                 for index, start in enumerate(starts)
                 if not name.startswith(MUTANT_PREFIX)
-                or _shows_an_answer(env, start, played["reference"][index])
+                or _rewrites(env, start, name, played["reference"][index])
             ]
             found = players.play([(name, starts[index]) for name, index in jobs], play)
             for (name, index), finding in zip(jobs, found, strict=True):
@@ -107,13 +107,14 @@ def _play_all(
     return played
 
 
-def _shows_an_answer(env: Env, start: Any, episode: AuditFinding | None) -> bool:
-    """False when the reference's episode finished and none of its replies shows an answer."""
+def _rewrites(env: Env, start: Any, name: str, episode: AuditFinding | None) -> bool:
+    """False when the reference's episode finished and the mutant ``name`` would rewrite none
+    of its replies (none shows an answer, or, for a one-field mutant, none has that field)."""
     if episode is None or episode.reward is None:
         return True
     answer = task_answer(env, start)
     replies = [m.get("content") or "" for m in episode.conversation if m["role"] == "assistant"]
-    return any(answer_slot(reply, answer) is not None for reply in replies)
+    return any(applies(name, reply, answer) for reply in replies)
 
 
 def _floor_problem(env: Env, floor: float, declared: bool) -> str:

@@ -79,9 +79,10 @@ def test_abstaining_is_judged_against_a_wrong_attempt_on_average():
 def test_a_wrong_answer_that_buys_its_pay_back_through_its_confidence_is_named():
     # What the audit missed: a Brier-style reward, where "wrong, confidence 0" scores 1.
     report = audit_env(HACKABLE["brier alone"][0](), raise_on_failure=False)
+    # Every field low pays, and so does the confidence alone (field 2, after `Sure:`).
     assert [(f.policy, f.hack, f.reward, f.baseline) for f in report.findings] == [
         ("ref:wrong-fields-low", "calibration", 1.0, 0.0)
-    ] * 3
+    ] * 3 + [("ref:wrong-field-2-low", "calibration", 1.0, 0.0)] * 3
     assert report.findings[0].describe(report.floor) == (
         "`ref:wrong-fields-low` [calibration] scored 1 > `ref:wrong` (the same wrong answer with "
         "the reply's own fields) 0 "
@@ -92,6 +93,7 @@ def test_a_wrong_answer_that_buys_its_pay_back_through_its_confidence_is_named()
     doubt = audit_env(HACKABLE["honest about doubt"][0](), raise_on_failure=False)
     assert {(f.policy, f.hack) for f in doubt.findings} == {
         ("ref:wrong-fields-low", "calibration"),
+        ("ref:wrong-field-1-low", "calibration"),
         ("stuffing", "stuffing"),
     }
 
@@ -107,7 +109,8 @@ def test_pay_for_calibration_on_a_wrong_answer_is_flagged_unless_declared_as_the
 
     report = audit_env(SureCapitals(Rubric([half_calibrated])), raise_on_failure=False)
     assert {(f.policy, f.hack, f.reward, f.baseline) for f in report.findings} == {
-        ("ref:wrong-fields-low", "calibration", 0.5, 0.0)
+        ("ref:wrong-fields-low", "calibration", 0.5, 0.0),
+        ("ref:wrong-field-2-low", "calibration", 0.5, 0.0),
     }
     declared = audit_env(SureCapitals(Rubric([half_calibrated]), 0.5), raise_on_failure=False)
     assert declared.passed, declared.summary()

@@ -196,11 +196,12 @@ def test_a_reference_env_plays_its_mutants_and_the_reference():
     from envhub.envs.arithmetic import ArithmeticEnv
 
     names = [p.name for p in probes(ArithmeticEnv(num_tasks=3))]
-    assert names[-14:] == [
+    single = [f"ref:wrong-field-{k}-{end}" for k in range(1, 7) for end in ("low", "high")]
+    assert names[-26:] == [
         "ref:no-answer", "ref:blank-answer", "ref:padded-no-answer", "ref:candidates",
         "ref:candidates-decoys", "ref:either", "ref:either-decoys", "ref:repeat",
         "ref:repeat-decoys", "ref:wrong", "ref:padded", "ref:wrong-fields-low",
-        "ref:wrong-fields-high", "reference",
+        "ref:wrong-fields-high", *single, "reference",
     ]  # fmt: skip
 
 

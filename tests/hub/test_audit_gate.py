@@ -14,7 +14,7 @@ HACKS = [
     "form-without-answer", "checker", "calibration",
 ]  # fmt: skip
 PASSED = (
-    "31 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+    "43 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
     + ", ".join(HACKS)
 )
 JUNK = "\\boxed{junk}\n<answer>junk</answer>\nAnswer: junk"
