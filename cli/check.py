@@ -35,6 +35,18 @@ def check_command(
         help="Also pre-flight this model's chat template on each env's real episodes "
         "(a folder, a cached Hub id or smollm2-135m; offline).",
     ),
+    sandbox: str = typer.Option(
+        "local",
+        "--sandbox",
+        help="Harbor tasks: where they run: local (bubblewrap, on this machine's system), or "
+        "container / podman / docker (each task in its own image, built from its Dockerfile).",
+    ),
+    image_map: list[str] = typer.Option(
+        [],
+        "--image-map",
+        help="Harbor tasks in containers: IMAGE=STAND_IN, a base image to replace (one that "
+        "cannot be pulled here); repeatable. Each replacement is named in the results.",
+    ),
 ) -> None:
     """Check that envs honour the env contract.
 
@@ -73,11 +85,12 @@ def check_command(
         envhub check calculator
         envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
+        envhub check ./tasks --sandbox podman --image-map ubuntu:24.04=localhost/debian:bookworm
     """
     tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
     tasks = _harbor_tasks(target)
     if tasks is not None:
-        passed = _check_tasks(tasks)
+        passed = _check_tasks(tasks, sandbox, _image_map(image_map))
     elif Path(target).is_dir():
         passed = _check_package(Path(target), seeds, tests, publish)
     else:
@@ -212,24 +225,37 @@ def _preflight(target: str, model: str, tokenizer) -> bool:
     return passed
 
 
-def _check_tasks(target: str) -> bool:
+def _image_map(pairs: list[str]) -> dict[str, str]:
+    """``IMAGE=STAND_IN`` options as a map."""
+    from envhub.errors import ConfigError
+
+    bad = [pair for pair in pairs if "=" not in pair or pair.startswith("=") or pair.endswith("=")]
+    if bad:
+        raise ConfigError(f"--image-map takes IMAGE=STAND_IN, got {bad[0]!r}")
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def _check_tasks(target: str, sandbox: str = "local", image_map: dict | None = None) -> bool:
     """Each Harbor task's solution scores 1 and doing nothing scores below 1."""
     from rich.table import Table
 
     from envhub.cli.console import console
     from envhub.harbor.env import check_tasks
 
-    checks = check_tasks(target)
+    checks = check_tasks(target, sandbox=sandbox, image_map=image_map)
     passed = all(c.passed for c in checks)
+    where = "" if sandbox == "local" else f" (in containers: {sandbox})"
     table = Table(
-        title=f"{target}: {'[green]passed' if passed else '[red]FAILED'}[/]", title_justify="left"
+        title=f"{target}{where}: {'[green]passed' if passed else '[red]FAILED'}[/]",
+        title_justify="left",
     )
-    for column in ("task", "with solution", "without", "result"):
+    images = any(c.image for c in checks)
+    for column in ("task", "with solution", "without", "result", *(["image"] if images else [])):
         table.add_column(column, overflow="fold")
     for c in checks:
         solved = "-" if c.solved is None else f"{c.solved:g}"
         verdict = "[green]ok[/]" if c.passed else "[red]fail[/]"
-        table.add_row(c.name, solved, f"{c.unsolved:g}", verdict)
+        table.add_row(c.name, solved, f"{c.unsolved:g}", verdict, *([c.image] if images else []))
     console.print(table)
     for c in checks:
         if c.error:

@@ -197,6 +197,24 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
+CONTAINER_IMAGE = "localhost/envhub-base:bookworm"
+"""The container back end's default image (``scripts/container_base.sh``)."""
+
+
+@pytest.fixture(scope="session")
+def require_podman() -> None:
+    """Podman and the default image; CI requires them (``ENVHUB_REQUIRE_CONTAINERS=1``)."""
+    from envhub.sandbox.container_engine import ContainerEngine, engine_problem
+
+    problem = engine_problem("podman")
+    if problem is None and not ContainerEngine("podman").image_exists(CONTAINER_IMAGE):
+        problem = f"no image {CONTAINER_IMAGE}: run `bash scripts/container_base.sh`"
+    if problem is not None:
+        if os.environ.get("ENVHUB_REQUIRE_CONTAINERS") == "1":
+            pytest.fail(problem)
+        pytest.skip(problem)
+
+
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 CHROMIUM_FLAGS = (
     "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run "

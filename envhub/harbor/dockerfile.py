@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import json
+import posixpath
 import re
 import shlex
 import shutil
@@ -55,6 +56,12 @@ _IGNORED = {
     "MAINTAINER", "ONBUILD",
 }  # fmt: skip
 DEFAULT_SHELL = ("/bin/sh", "-c")
+CONTAINER_HINT = (
+    "with Podman or Docker, run it in its own image: sandbox=container (`envhub check TASK "
+    "--sandbox container`; an image that cannot be pulled here: --image-map IMAGE=STAND_IN)"
+)
+"""How a refusal ends: the container back end runs what bubblewrap cannot."""
+_FROM = re.compile(r"^(\s*FROM\s+(?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))")
 
 
@@ -142,17 +149,61 @@ def read_dockerfile(path: Path, workdir: str = DEFAULT_WORKDIR) -> Environment:
     return environment
 
 
+def container_environment(dockerfile: Path, workdir: str | None) -> Environment:
+    """What a container needs to know of a Dockerfile it builds: the last stage's image and
+    working folder (``workdir``, ``task.toml``'s, first; else the last ``WORKDIR``; else
+    ``/app``). Nothing is refused: the engine builds it."""
+    environment = Environment(workdir=workdir or DEFAULT_WORKDIR)
+    variables: dict[str, str] = {}
+    folder = "/"
+    for _, line in _instructions(dockerfile.read_text(encoding="utf-8", errors="replace")):
+        word, _, rest = line.partition(" ")
+        keyword, rest = word.upper(), rest.strip()
+        if keyword == "FROM":
+            environment.image, folder, variables = _from_image(rest), "/", {}
+            environment.explicit_workdir = False
+        elif keyword == "WORKDIR":
+            folder = str(PurePosixPath(folder, expand(rest.strip("\"'"), variables)))
+            environment.explicit_workdir = True
+        elif keyword == "ENV":
+            variables.update(_env_pairs(rest))
+        elif keyword == "ARG":
+            variables.update(_arg_pair(rest, variables))
+    if workdir is None and environment.explicit_workdir:
+        environment.workdir = posixpath.normpath(folder)
+    return environment
+
+
+def map_images(dockerfile: str, image_map: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """``dockerfile`` with each ``FROM`` image the map names replaced, and the replacements
+    made (the task's image -> the stand-in). Map keys match as Docker names them
+    (``ubuntu:24.04`` matches ``docker.io/library/ubuntu:24.04``)."""
+    wanted = {normalize_image(k): v for k, v in image_map.items()}
+    used: dict[str, str] = {}
+
+    def swap(match: re.Match[str]) -> str:
+        image = match.group(2)
+        stand_in = wanted.get(normalize_image(image))
+        if stand_in is None:
+            return match.group(0)
+        used[image] = stand_in
+        return f"{match.group(1)}{stand_in}{match.group(3)}"
+
+    return _FROM.sub(swap, dockerfile), used
+
+
 def check_image(image: str, where: str) -> None:
     """Accept ``image`` when it is the host's base system (see the module docstring).
 
     Raises:
         UnsupportedEnvironment: Any other image.
     """
-    if _normalize(image) not in host_images():
+    if normalize_image(image) not in host_images():
         raise UnsupportedEnvironment(
             f"{where}: the image {image!r} cannot be built here; envhub runs Harbor tasks in its "
             f"bubblewrap sandbox on the host's system, so the image must be one of "
-            f"{', '.join(sorted(host_images())[:6])}, ... (or leave the environment out)"
+            f"{', '.join(sorted(host_images())[:6])}, ... (or leave the environment out); "
+            f"{CONTAINER_HINT}"
         )
 
 
@@ -199,7 +250,7 @@ def _os_release() -> dict[str, str]:
     return {key: value.strip().strip('"') for key, _, value in pairs}
 
 
-def _normalize(image: str) -> str:
+def normalize_image(image: str) -> str:
     """``docker.io/library/debian:12@sha256:...`` -> ``debian:12``."""
     image = image.split("@", 1)[0]
     for prefix in ("docker.io/library/", "library/", "docker.io/"):
@@ -344,5 +395,5 @@ def _refuse(image: str | None, where: str, what: str) -> UnsupportedEnvironment:
     return UnsupportedEnvironment(
         f"{where}: the image {image or '(none)'!r} needs {what}, which needs a container build; "
         "envhub runs Harbor tasks on the host's base system in its bubblewrap sandbox "
-        "(see envhub.harbor.dockerfile for what runs)"
+        f"(see envhub.harbor.dockerfile for what runs); {CONTAINER_HINT}"
     )

@@ -26,7 +26,9 @@ end of its output; a session that breaks records an infrastructure error.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import functools
 import json
 import math
 import posixpath
@@ -35,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EnvLoadError, VerifierError
+from envhub.errors import EnvLoadError, SandboxError, VerifierError
 from envhub.harbor.build import prepare, prepared
 from envhub.harbor.dockerfile import UnsupportedEnvironment
+from envhub.harbor.images import TaskImage, build_task_image, check_image_map, sandbox_named
 from envhub.harbor.layout import HARBOR_DIR, Layout, layout_for
 from envhub.harbor.task import (
     HarborTask,
@@ -68,6 +71,11 @@ class HarborEnv(WorkspaceEnv):
         path: A task folder, or a folder whose subfolders are tasks.
         skip_unsupported: Leave out tasks whose environment cannot run here (else they are
             refused, with the image named).
+        sandbox: Where episodes run: a back end, or its name (``local``, ``e2b``;
+            ``container``, ``podman`` or ``docker`` run each task in its own image:
+            :mod:`envhub.harbor.images`). Default: the local (bubblewrap) sandbox.
+        image_map: With a container back end: base images to replace (``{"ubuntu:24.04":
+            "localhost/envhub-base:bookworm"}``), each replacement named in the results.
         **kwargs: See :class:`~envhub.workspace_env.WorkspaceEnv`.
 
     Raises:
@@ -80,9 +88,24 @@ class HarborEnv(WorkspaceEnv):
     version = "0.1.0"
     system_prompt = WORKSPACE_PROMPT
 
-    def __init__(self, path: str | Path, *, skip_unsupported: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        skip_unsupported: bool = False,
+        sandbox: Sandbox | str | None = None,
+        image_map: dict[str, str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.path = Path(path)
-        self.tasks = _load_all(find_task_folders(self.path), skip_unsupported)
+        kwargs["sandbox"] = sandbox_named(sandbox)
+        self.in_container = getattr(kwargs["sandbox"], "backend", None) == "container"
+        """Whether each task runs in its own image (a container back end)."""
+        self.image_map = check_image_map(image_map)
+        self.images: dict[str, TaskImage] = {}
+        """The image of each task whose episodes have started (container back end), by key."""
+        found = find_task_folders(self.path)
+        self.tasks = _load_all(found, skip_unsupported, self.in_container)
         rows = [
             {"question": t.instruction, "info": {"id": key, "name": t.name}}
             for key, t in self.tasks.items()
@@ -124,8 +147,14 @@ class HarborEnv(WorkspaceEnv):
         return [*([system(head)] if head else []), user(instruction)]
 
     def session_for(self, sandbox: Sandbox, workspace: Workspace, task: dict[str, Any]) -> Session:
-        """A session showing the task's paths where it expects them, when ``sandbox`` can."""
+        """A session showing the task's paths where it expects them, when ``sandbox`` can; in
+        a container of the task's image on a container back end (after
+        :meth:`prepare_workspace`)."""
         paths = self.layout(task, sandbox).paths
+        if self.in_container:
+            image = self.images[self.task_key(task)]
+            runs_in = sandbox.with_image(image.tag)  # type: ignore[attr-defined]
+            return runs_in.session(None, limits=self.limits_for(task), paths=paths)
         return sandbox.session(workspace, limits=self.limits_for(task), paths=paths)
 
     def task_files(self, task: dict[str, Any]) -> dict[str, bytes]:
@@ -153,10 +182,22 @@ class HarborEnv(WorkspaceEnv):
             UnsupportedEnvironment: A step failed (its line, the step, its output's end).
         """
         harbor = self.task_of(task)
+        if self.in_container:
+            await self.task_image(task)
         if harbor.build is None:
             return self.workspace_for(task)
         variables = super().command_env(task)  # the Dockerfile's ENV: each step its own
         return await prepare(harbor.build, self.sandbox, self.limits_for(task), variables)
+
+    async def task_image(self, task: dict[str, Any]) -> TaskImage:
+        """The image of ``task``'s episodes on a container back end, built once (in a worker
+        thread: a build can take minutes)."""
+        key = self.task_key(task)
+        if key not in self.images:
+            sandbox = self.sandbox
+            build = functools.partial(build_task_image, self.task_of(task), sandbox, self.image_map)
+            self.images[key] = await asyncio.to_thread(build)
+        return self.images[key]
 
     async def setup_state(self, state: State) -> None:
         """Prepare the task's workspace (once per task), then open the episode's session."""
@@ -166,6 +207,8 @@ class HarborEnv(WorkspaceEnv):
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
         """The Dockerfile's ``ENV`` variables (their paths mapped where the session does not
         show them), over the default ones."""
+        if self.in_container:
+            return {}  # the image's own ENV is the container's
         variables = rewrite_values(self.task_of(task).env, self.layout(task).mapping)
         return {**super().command_env(task), **variables}
 
@@ -319,12 +362,14 @@ def _finite(value: float, where: str) -> float:
     return value
 
 
-def _load_all(folders: list[Path], skip_unsupported: bool) -> dict[str, HarborTask]:
+def _load_all(
+    folders: list[Path], skip_unsupported: bool, in_container: bool
+) -> dict[str, HarborTask]:
     tasks: dict[str, HarborTask] = {}
     refused: list[str] = []
     for folder in folders:
         try:
-            task = load_task(folder)
+            task = load_task(folder, in_container=in_container)
         except UnsupportedEnvironment as e:
             refused.append(str(e))
             continue
@@ -391,6 +436,8 @@ class TaskCheck:
     unsolved: float
     """Reward with nothing done."""
     error: str = ""
+    image: str = ""
+    """The image it ran in, with any stand-in (a container back end; empty otherwise)."""
 
     @property
     def passed(self) -> bool:
@@ -419,10 +466,15 @@ async def check_task(env: HarborEnv, key: str) -> TaskCheck:
         solved = None
         if task.solution is not None:
             solved = await _verify_fresh(env, row, solution=task.solution)
-    except (VerifierError, UnsupportedEnvironment, OSError) as e:
-        return TaskCheck(task.name, None, 0.0, f"{type(e).__name__}: {e}")
+    except (VerifierError, UnsupportedEnvironment, SandboxError, OSError) as e:
+        return TaskCheck(task.name, None, 0.0, f"{type(e).__name__}: {e}", _image_of(env, key))
     error = "" if task.solution is not None else f"{task.path / 'solution' / 'solve.sh'} is missing"
-    return TaskCheck(task.name, solved, unsolved, error)
+    return TaskCheck(task.name, solved, unsolved, error, _image_of(env, key))
+
+
+def _image_of(env: HarborEnv, key: str) -> str:
+    image = env.images.get(key)
+    return image.describe() if image is not None else ""
 
 
 async def _verify_fresh(

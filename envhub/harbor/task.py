@@ -41,6 +41,7 @@ from envhub.harbor.dockerfile import (
     RunInstruction,
     UnsupportedEnvironment,
     check_image,
+    container_environment,
     read_dockerfile,
 )
 from envhub.harbor.resources import Resources, read_resources
@@ -78,6 +79,8 @@ class HarborTask:
     build: Build | None = None
     """The copies and ``RUN`` steps that prepare the workspace, when the Dockerfile has ``RUN``
     steps (:mod:`envhub.harbor.build`); ``None``: the workspace is :attr:`files`."""
+    image: str | None = None
+    """The image the task names (its Dockerfile's ``FROM``, or ``docker_image``)."""
 
     @property
     def verifier_timeout(self) -> float:
@@ -115,12 +118,15 @@ def find_task_folders(path: str | Path) -> list[Path]:
     return found
 
 
-def load_task(path: str | Path) -> HarborTask:
-    """Read and check the task folder at ``path``.
+def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
+    """Read and check the task folder at ``path``; ``in_container``: for the container back
+    end, which builds the task's image itself (its Dockerfile is read only for the image and
+    working folder, and nothing in it is refused: :mod:`envhub.harbor.images`).
 
     Raises:
         EnvLoadError: A required file is missing or malformed (the message names it).
-        UnsupportedEnvironment: The task's environment needs a container build.
+        UnsupportedEnvironment: The task's environment needs a container build (not
+            ``in_container``), or several containers.
     """
     folder = Path(path)
     config = _read_config(folder / "task.toml")
@@ -128,7 +134,7 @@ def load_task(path: str | Path) -> HarborTask:
     tests = _read_tree(folder / "tests")
     if "test.sh" not in tests:
         raise EnvLoadError(f"{folder / 'tests' / 'test.sh'} is missing: a task needs its tests")
-    environment = _environment(folder, config)
+    environment = _environment(folder, config, in_container)
     solution_dir = folder / "solution"
     solution = _read_tree(solution_dir) if solution_dir.is_dir() else None
     if solution is not None and "solve.sh" not in solution:
@@ -151,6 +157,7 @@ def load_task(path: str | Path) -> HarborTask:
         env=environment.env,
         metadata=dict(_section(config, "metadata")),
         build=_build(environment, copies, resources.build_timeout),
+        image=environment.image,
     )
 
 
@@ -213,7 +220,7 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _environment(folder: Path, config: dict[str, Any]) -> Environment:
+def _environment(folder: Path, config: dict[str, Any], in_container: bool) -> Environment:
     env_dir = folder / "environment"
     for name in ("docker-compose.yaml", "docker-compose.yml"):
         if (env_dir / name).is_file():
@@ -223,6 +230,10 @@ def _environment(folder: Path, config: dict[str, Any]) -> Environment:
             )
     image = _section(config, "environment").get("docker_image")
     workdir = _workdir(folder / "task.toml", config)
+    if in_container:
+        if (env_dir / "Dockerfile").is_file():
+            return container_environment(env_dir / "Dockerfile", workdir)
+        return Environment(image=str(image) if image else None, workdir=workdir or DEFAULT_WORKDIR)
     if (env_dir / "Dockerfile").is_file():
         environment = read_dockerfile(env_dir / "Dockerfile", workdir or DEFAULT_WORKDIR)
         if workdir is not None and environment.workdir != workdir:

@@ -1,0 +1,106 @@
+"""Harbor tasks in their own images: the container back end's side of a task.
+
+With ``sandbox="container"`` (or ``"podman"``/``"docker"``) a :class:`~envhub.harbor.env.HarborEnv`
+builds each task's ``environment/Dockerfile`` as written, every ``RUN`` step for real (network
+at build time, as Harbor allows), once per content (:meth:`ContainerSandbox.build
+<envhub.sandbox.container.ContainerSandbox.build>`), and runs its episodes in containers of that
+image; a task with ``[environment] docker_image`` and no Dockerfile runs in that image, one with
+neither in the back end's default image. Nothing in the Dockerfile is refused then but a task
+of several containers (``docker-compose.yaml``).
+
+**The image map** (``image_map: {"ubuntu:24.04": "localhost/envhub-base:bookworm"}``): a base
+image that cannot be pulled here runs on a stand-in, named in every result
+(:attr:`TaskImage.stand_ins`). A ``FROM`` (or ``docker_image``) that the map names is replaced
+before the build; the others are used as written, and a missing one fails the build with the
+engine's message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from envhub.errors import ConfigError
+from envhub.harbor.dockerfile import map_images, normalize_image
+
+if TYPE_CHECKING:
+    from envhub.harbor.task import HarborTask
+    from envhub.sandbox.base import Sandbox
+    from envhub.sandbox.container import ContainerSandbox
+
+CONTAINER_BACKENDS = ("container", "podman", "docker")
+"""The ``sandbox=`` names that run tasks in containers (``container``: whichever engine runs)."""
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    """The image a task's episodes run in."""
+
+    tag: str
+    """The engine's name of it."""
+    source: str
+    """Where it came from: ``environment/Dockerfile``, ``docker_image ...``, or the default."""
+    stand_ins: dict[str, str] = field(default_factory=dict)
+    """Base images replaced by the image map: the task's -> the one used."""
+
+    def describe(self) -> str:
+        """``IMAGE (from SOURCE; stand-in X for Y)``."""
+        swaps = "; ".join(f"stand-in {new} for {old}" for old, new in self.stand_ins.items())
+        return f"{self.tag} (from {self.source}{'; ' + swaps if swaps else ''})"
+
+
+def sandbox_named(sandbox: Sandbox | str | None, **kwargs: Any) -> Sandbox | None:
+    """``sandbox`` as a back end: a name (``local``, ``e2b``, or one of
+    :data:`CONTAINER_BACKENDS`) made into one; an object or ``None`` as it is. ``local`` is
+    ``None``: workspace envs' own local sandbox (:func:`~envhub.workspace_env.default_sandbox`,
+    which shows the verifier's pytest)."""
+    if sandbox is None or not isinstance(sandbox, str) or sandbox == "local":
+        return None if sandbox == "local" else sandbox
+    if sandbox in CONTAINER_BACKENDS:
+        from envhub.sandbox.container import ContainerSandbox
+
+        engine = None if sandbox == "container" else sandbox
+        return ContainerSandbox(engine=engine, **kwargs)
+    from envhub.sandbox import make_sandbox
+
+    return make_sandbox(sandbox, **kwargs)
+
+
+def build_task_image(
+    task: HarborTask, sandbox: ContainerSandbox, image_map: dict[str, str]
+) -> TaskImage:
+    """The image of ``task``'s episodes (built now if need be; see the module docstring).
+
+    Raises:
+        SandboxError: The build failed (its output's end).
+    """
+    environment = task.path / "environment"
+    dockerfile = environment / "Dockerfile"
+    if dockerfile.is_file():
+        text, stand_ins = map_images(dockerfile.read_text(encoding="utf-8"), image_map)
+        tag = sandbox.build(environment, text, network=True)
+        return TaskImage(tag, "environment/Dockerfile", stand_ins)
+    if task.image is not None:
+        wanted = {normalize_image(k): v for k, v in image_map.items()}
+        stand_in = wanted.get(normalize_image(task.image))
+        used = stand_in or task.image
+        return TaskImage(used, f"docker_image {task.image}", {task.image: used} if stand_in else {})
+    return TaskImage(sandbox.image, "the back end's default image")
+
+
+def check_image_map(image_map: Any) -> dict[str, str]:
+    """``image_map`` as a dict of image names.
+
+    Raises:
+        ConfigError: Not a mapping of strings to strings.
+    """
+    if image_map is None:
+        return {}
+    if not isinstance(image_map, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in image_map.items()
+    ):
+        raise ConfigError(
+            f"image_map must map image names to image names, e.g. "
+            f"{{'ubuntu:24.04': 'localhost/envhub-base:bookworm'}}; got {image_map!r}"
+        )
+    return dict(image_map)
