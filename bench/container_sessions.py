@@ -95,7 +95,8 @@ def main() -> None:
         for _ in range(args.runs)
     ]
     keeper = engine.call("run", "-d", "--network=none", *flags, *container.init_args(),
-                         DEFAULT_IMAGE, *container.init_command()).strip()  # fmt: skip
+                         "--entrypoint=/bin/sh", DEFAULT_IMAGE, "-c", container.init_exec())
+    keeper = keeper.strip()  # fmt: skip
     try:
         raw_exec = [
             engine_seconds(engine.command("exec", keeper, "true")) for _ in range(args.runs)

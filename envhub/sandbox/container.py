@@ -48,6 +48,8 @@ DEFAULT_IMAGE = "localhost/envhub-base:bookworm"
 INITS = ("/usr/libexec/podman/catatonit", "/usr/bin/catatonit")
 """Where a static ``catatonit`` may be: the session's PID 1 in pause mode (no child that a
 ``kill -9 -1`` could take down with the container)."""
+INIT_PATH = "/.envhub-init"
+"""Where the init is mounted in a session's container."""
 REAPER = Path(__file__).with_name("container_reaper.py")
 
 _claimed: dict[tuple[str, ...], subprocess.Popen[bytes]] = {}
@@ -138,17 +140,15 @@ class ContainerSandbox(Sandbox):
         )  # fmt: skip
 
     def init_args(self) -> list[str]:
-        """``run`` flags for the session's PID 1 (see :data:`INITS`)."""
+        """``run`` flags for the session's PID 1 (see :data:`INITS`): catatonit mounted, or
+        the engine's own ``--init``."""
         init = next((path for path in INITS if os.path.exists(path)), None)
-        if init is None:
-            return ["--init"]
-        return [f"--volume={init}:/.envhub-init:ro", "--entrypoint=/.envhub-init"]
+        return ["--init"] if init is None else [f"--volume={init}:{INIT_PATH}:ro"]
 
-    def init_command(self) -> list[str]:
-        """The command after the image: catatonit's pause mode, or a sleep under ``--init``."""
-        if "--init" in self.init_args():
-            return ["sleep", "infinity"]
-        return ["-P"]
+    def init_exec(self) -> str:
+        """The shell command that becomes the session's PID 1 once its folders are laid out:
+        catatonit's pause mode, or a sleep under ``--init``."""
+        return "exec sleep infinity" if "--init" in self.init_args() else f"exec {INIT_PATH} -P"
 
     def claim(self) -> None:
         """Before this process's first container: sweep what gone owners left, and start the

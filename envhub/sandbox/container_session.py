@@ -55,6 +55,9 @@ OWN_PROCESSES = 8
 EXEC_SLACK = 0.5
 """Seconds the host waits past ``wall_time`` before it kills a call (the engine's exec
 takes ~0.1-0.2 s to start the command)."""
+READY = "/run/envhub-ready"
+"""Made once the container's folders are laid out (calls wait for it: ``run -d`` returns as
+the entrypoint starts)."""
 PIDS = "/run/envhub-calls"
 """Where each call's process group id is written, inside the container (a few bytes a call,
 left there: removing them would cost each call a second ``exec``)."""
@@ -67,6 +70,7 @@ _LAUNCH = (
     'fi; exec "$@"'
 )
 _CALL = (
+    f"while [ ! -e {READY} ]; do sleep 0.01; done; "
     f"mkdir -p {PIDS}; if command -v setsid >/dev/null 2>&1; then "
     f'exec setsid -w /bin/sh -c {shlex.quote(_LAUNCH)} sh "$@"; fi; '
     f'exec /bin/sh -c {shlex.quote(_LAUNCH)} sh "$@"'
@@ -181,12 +185,11 @@ class ContainerSession(Session):
         await asyncio.shield(self._start)
 
     def _create(self) -> None:
-        """Start the container and lay out its folders."""
+        """Start the container (it lays out its folders, then becomes its init)."""
         engine = self.sandbox.engine
         self.sandbox.claim()
         engine.call(*self._run_args(), timeout=300)
         try:
-            engine.call("exec", self.name, "/bin/sh", "-c", self._layout_script(), timeout=120)
             if self.workspace is not None and not self._mounts_workspace:
                 engine.call("cp", f"{self.workspace.path}/.", f"{self.name}:{self.workdir}")
         except BaseException:
@@ -199,7 +202,8 @@ class ContainerSession(Session):
         return self.workspace is not None and self.sandbox.engine.name == "podman"
 
     def _run_args(self) -> list[str]:
-        """``run`` for the session's container, detached, its init as the command."""
+        """``run`` for the session's container, detached: a shell that lays out the folders
+        (one engine call fewer than an ``exec`` after it), then execs the init."""
         limits, engine = self.limits, self.sandbox.engine
         disk = f"size={limits.disk_mb}m,mode=1777"
         args = [
@@ -214,7 +218,9 @@ class ContainerSession(Session):
         if self._mounts_workspace:
             assert self.workspace is not None
             args.append(f"--volume={self.workspace.path}:{self.workdir}:O")
-        return [*args, *self.sandbox.init_args(), self.sandbox.image, *self.sandbox.init_command()]
+        start = f"{self._layout_script()} && touch {READY} && {self.sandbox.init_exec()}"
+        image = self.sandbox.image
+        return [*args, *self.sandbox.init_args(), "--entrypoint=/bin/sh", image, "-c", start]
 
     def _layout_script(self) -> str:
         """Shell that makes the working folder, ``/sandbox`` pointing at it, and the
@@ -227,7 +233,7 @@ class ContainerSession(Session):
         for folder in self.paths.folders:
             steps.append(f"rm -rf {shlex.quote(folder)} && mkdir -p {shlex.quote(folder)}")
             steps.append(f"chmod 777 {shlex.quote(folder)}")
-        steps.append(f"mkdir -p {shlex.quote(posixpath.dirname(PIDS))}")
+        steps.append(f"mkdir -p {posixpath.dirname(PIDS)}")
         return " && ".join(steps)
 
     async def aclose(self) -> None:
