@@ -20,7 +20,7 @@ that started it dies, however it dies (:mod:`envhub.sandbox.container_reaper`).
 
 Differences from a local session: commands run as the image's user (root by default, as in
 the task's own container); ``disk_mb`` bounds ``/tmp`` only (the image's file system takes
-what the engine's storage gives it); ``alisten`` is not offered yet.
+what the engine's storage gives it).
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import posixpath
 import shlex
+import socket
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from envhub.errors import SandboxError
-from envhub.sandbox import _process
+from envhub.sandbox import _process, netns
 from envhub.sandbox.base import (
     WORKDIR,
     Command,
@@ -126,6 +127,26 @@ class ContainerSession(Session):
         limits = self.limits.with_(wall_time=max(self.limits.wall_time, 30.0), output_bytes=cap)
         result = await self._call(argv, stdin or b"", {}, limits, raw=True)
         return result
+
+    async def alisten(self, port: int) -> socket.socket:
+        """A TCP socket listening on ``127.0.0.1:port`` in the container's network namespace,
+        held by the caller (see :meth:`Session.alisten`): a program in the container reaches
+        what the caller serves there, and nothing else when the session has no network.
+        Needs root (to enter the namespace); starts the session if needed.
+
+        Raises:
+            SandboxError: The session is closed, or the socket cannot be made there.
+        """
+        await self._started()
+        try:
+            pid = int(await asyncio.to_thread(self._init_pid))
+            return netns.listen_in(f"/proc/{pid}/ns/net", port)
+        except (OSError, ValueError, SandboxError) as e:
+            raise SandboxError(f"cannot listen on port {port} in {self.name}: {e}") from e
+
+    def _init_pid(self) -> str:
+        """The host pid of the container's init (its namespaces are the session's)."""
+        return self.sandbox.engine.call("inspect", "--format", "{{.State.Pid}}", self.name).strip()
 
     async def akill_processes(self) -> None:
         """SIGKILL every process of the container but its init (the session stays usable)."""
