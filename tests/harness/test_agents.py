@@ -1,0 +1,63 @@
+"""Named agents: mini-swe-agent, as published, drives a task in a container session through
+the recording endpoint: its commands run in the container, its submission ends the episode,
+the verifier's reward is 1, and the tokens it was sent back are the policy's, exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from envhub.harness import HarnessEnv
+from envhub.rewards.rubric import Rubric, reward
+from envhub.sandbox import Limits
+from envhub.state import State
+from envhub.types import Message
+from tests.harness.test_sandboxed import TASKS, rollout
+
+pytest.importorskip("minisweagent")
+pytest.importorskip("uvicorn")
+
+FENCE = "```"
+REPLIES = [
+    f"THOUGHT: compute it.\n\n{FENCE}mswea_bash_command\necho $((17 * 23 + 4)) > answer.txt && "
+    f"cat /etc/debian_version | cut -c1-2\n{FENCE}",
+    f"THOUGHT: done.\n\n{FENCE}mswea_bash_command\n"
+    f"echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT\n{FENCE}",
+]
+
+
+@pytest.fixture(scope="module")
+def box(require_podman: None) -> Iterator[object]:
+    from envhub.sandbox.container import ContainerSandbox
+
+    yield ContainerSandbox(Limits(wall_time=60, memory_mb=1024), engine="podman")
+
+
+@reward
+async def saved_answer(state: State, answer: str) -> float:
+    """1 when ``answer.txt`` in the container holds the answer."""
+    return float(answer in (await state.data["session"].read_file("answer.txt")).decode())
+
+
+def scripted(messages: list[Message], tools: Any) -> str:
+    """The agent's replies in order, by how many it has made."""
+    return REPLIES[sum(m.role == "assistant" for m in messages)]
+
+
+def test_mini_swe_agent_solves_a_task_in_a_container(box: object) -> None:
+    from envhub.harness.agents import mini_swe_agent
+
+    env = lambda: HarnessEnv(  # noqa: E731
+        mini_swe_agent(step_limit=5), TASKS, rubric=Rubric([saved_answer]), sandbox=box
+    )
+    traj = rollout(env, scripted)
+    assert traj.errors == [] and traj.outcome == "ok", traj.errors
+    assert traj.reward == 1.0
+    said = [m.content for m in traj.messages if m.role == "assistant"]
+    assert said == REPLIES
+    # what the agent saw of its first command: it ran in the container (Debian 12)
+    observation = next(m.content for m in traj.messages if "<returncode>" in (m.content or ""))
+    assert "<returncode>0</returncode>" in observation and "<output>\n12\n</output>" in observation
+    assert sum(traj.loss_mask) == sum(len(r) + 1 for r in REPLIES)  # each reply and its end
