@@ -20,6 +20,7 @@ Why a run stopped (:attr:`ExecResult.stop_reason`):
 from __future__ import annotations
 
 import os
+import resource
 import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -299,17 +300,45 @@ def quote(argv: Sequence[str]) -> str:
     return shlex.join(argv)
 
 
-def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
-    """``prlimit`` setting a run's rlimits before it execs the rest of the argv."""
-    mib = 1 << 20
-    cpu = limits.cpu_seconds
+def rlimits(limits: Limits, nproc: int) -> list[tuple[int, int, int]]:
+    """A run's rlimits as ``(resource, soft, hard)``: the one place :class:`Limits` become
+    rlimits. Every way of setting them (``prlimit``, dash's ``ulimit``, the warm stub's and
+    the session init's ``setrlimit``) writes out this list, in this order.
+
+    Args:
+        limits: The run's limits.
+        nproc: RLIMIT_NPROC, which depends on where the limit is set and what it then counts
+            (:func:`~envhub.sandbox.jail.nproc`), so the caller gives it.
+    """
+    mib, cpu = 1 << 20, limits.cpu_seconds
     return [
-        "prlimit",
-        f"--as={limits.memory_mb * mib}",
-        f"--cpu={cpu}:{cpu + 1}",
-        f"--fsize={limits.file_size_mb * mib}",
-        f"--nproc={nproc}",
-        f"--nofile={limits.open_files}",
-        "--core=0",
-        "--",
+        (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
+        # The hard limit a second later: SIGXCPU at the soft one, SIGKILL if it is ignored.
+        (resource.RLIMIT_CPU, cpu, cpu + 1),
+        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
+        (resource.RLIMIT_NPROC, nproc, nproc),
+        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
+        (resource.RLIMIT_CORE, 0, 0),
     ]
+
+
+_PRLIMIT_NAMES = {
+    resource.RLIMIT_AS: "as",
+    resource.RLIMIT_CPU: "cpu",
+    resource.RLIMIT_FSIZE: "fsize",
+    resource.RLIMIT_NPROC: "nproc",
+    resource.RLIMIT_NOFILE: "nofile",
+    resource.RLIMIT_CORE: "core",
+}
+"""``prlimit``'s option for each resource :func:`rlimits` sets."""
+
+
+def prlimit_argv(limits: Limits, nproc: int) -> list[str]:
+    """``prlimit`` setting a run's rlimits (:func:`rlimits`) before it execs the rest of the
+    argv."""
+    argv = ["prlimit"]
+    for kind, soft, hard in rlimits(limits, nproc):
+        # One value sets both limits; ``soft:hard`` only where they differ.
+        value = f"{soft}" if soft == hard else f"{soft}:{hard}"
+        argv.append(f"--{_PRLIMIT_NAMES[kind]}={value}")
+    return [*argv, "--"]

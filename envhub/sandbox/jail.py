@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 import shutil
 import subprocess
 from dataclasses import dataclass
 from typing import Literal
 
 from envhub.sandbox import _process, netns
-from envhub.sandbox.base import WORKDIR, Limits, prlimit_argv
+from envhub.sandbox.base import WORKDIR, Limits, prlimit_argv, rlimits
 from envhub.sandbox.system_files import prepared_etc
 
 Isolation = Literal["bwrap", "rlimits"]
@@ -292,21 +293,29 @@ def shell_is_dash(shell: str = "/bin/sh") -> bool:
     return os.path.basename(os.path.realpath(shell)) == "dash"
 
 
+_ULIMIT_FLAGS = {
+    resource.RLIMIT_AS: ("v", 1024),
+    resource.RLIMIT_CPU: ("t", 1),
+    resource.RLIMIT_FSIZE: ("f", 512),
+    resource.RLIMIT_NPROC: ("p", 1),
+    resource.RLIMIT_NOFILE: ("n", 1),
+    resource.RLIMIT_CORE: ("c", 1),
+}
+"""dash's ``ulimit`` flag for each resource :func:`~envhub.sandbox.base.rlimits` sets, and
+the bytes in its unit (KiB for memory, 512-byte blocks for file size)."""
+
+
 def ulimit_prologue(limits: Limits, nproc: int) -> str:
-    """The same rlimits as :func:`~envhub.sandbox.base.prlimit_argv`, set by dash's ``ulimit``
-    in the sandbox's init before the command starts (KiB for memory, 512-byte blocks for file
-    size); the run stops with status 125 if one cannot be set, so no command runs without its
-    limits."""
-    cpu = limits.cpu_seconds
-    settings = [
-        f"-v {limits.memory_mb * 1024}",
-        f"-S -t {cpu}",  # soft first: a hard limit below the current soft one is refused
-        f"-H -t {cpu + 1}",
-        f"-f {limits.file_size_mb * 2048}",
-        f"-p {nproc}",
-        f"-n {limits.open_files}",
-        "-c 0",
-    ]
+    """The rlimits of :func:`~envhub.sandbox.base.rlimits`, set by dash's ``ulimit`` in the
+    sandbox's init before the command starts; the run stops with status 125 if one cannot be
+    set, so no command runs without its limits."""
+    settings = []
+    for kind, soft, hard in rlimits(limits, nproc):
+        flag, unit = _ULIMIT_FLAGS[kind]
+        if soft == hard:  # without -S or -H, dash sets both
+            settings.append(f"-{flag} {soft // unit}")
+        else:  # soft first: a hard limit below the current soft one is refused
+            settings += [f"-S -{flag} {soft // unit}", f"-H -{flag} {hard // unit}"]
     setters = " && ".join(f"ulimit {setting}" for setting in settings)
     return f'{setters} || {{ echo "envhub sandbox: cannot set its limits" >&2; exit 125; }}\n'
 

@@ -35,12 +35,11 @@ one (which each call's child does first) and signal them.
 from __future__ import annotations
 
 import os
-import resource
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from envhub.sandbox import zygote as zygotes
-from envhub.sandbox.base import Limits
+from envhub.sandbox.base import Limits, rlimits
 from envhub.sandbox.session_launcher import SHOWN
 
 if TYPE_CHECKING:
@@ -217,28 +216,17 @@ def scratch_flags(tmpfs: str, paths: SessionPaths | None = None) -> list[str]:
     return flags
 
 
-def rlimits(limits: Limits) -> list[tuple[int, int, int]]:
-    """A call's rlimits as ``(resource, soft, hard)``, the values a cold run's init sets
-    (:func:`~envhub.sandbox.jail.ulimit_prologue`). RLIMIT_NPROC counts every process of the
-    session's uid in its user namespace: the processes earlier calls left running too, and one
-    more of the session's own (its init, or a joined init's waiting ``sh``: the init itself then
-    has another real uid), so that ``processes`` means the same either way."""
-    mib, cpu = 1 << 20, limits.cpu_seconds
-    return [
-        (resource.RLIMIT_AS, limits.memory_mb * mib, limits.memory_mb * mib),
-        (resource.RLIMIT_CPU, cpu, cpu + 1),
-        (resource.RLIMIT_FSIZE, limits.file_size_mb * mib, limits.file_size_mb * mib),
-        (resource.RLIMIT_NPROC, limits.processes, limits.processes),
-        (resource.RLIMIT_NOFILE, limits.open_files, limits.open_files),
-        (resource.RLIMIT_CORE, 0, 0),
-    ]
-
-
 def run_message(call: int, argv: Sequence[str], env: Mapping[str, str], limits: Limits) -> bytes:
     """The init's ``run`` request (the three stdio descriptors go beside it): NUL-ended fields
-    ``run``, the call's id, the soft and hard value of each of :func:`rlimits` (in its order),
+    ``run``, the call's id, the soft and hard value of each of
+    :func:`~envhub.sandbox.base.rlimits` (in its order, the order of the init's ``_KINDS``),
     the number of arguments, the arguments, an empty field, then ``NAME=value`` for each
     variable of the environment.
+
+    RLIMIT_NPROC is ``limits.processes``: it counts every process of the session's uid in its
+    user namespace, the processes earlier calls left running too, and one more of the
+    session's own (its init, or a joined init's waiting ``sh``: the init itself then has
+    another real uid), so that ``processes`` means the same either way.
 
     Raises:
         ValueError: An argument or variable holds a NUL byte, or a variable's name is empty or
@@ -249,7 +237,7 @@ def run_message(call: int, argv: Sequence[str], env: Mapping[str, str], limits: 
         "\0" in text for text in (*argv, *variables)
     ):
         raise ValueError("an argument or environment variable holds a NUL byte or a bad name")
-    numbers = [n for _, soft, hard in rlimits(limits) for n in (soft, hard)]
+    numbers = [n for _, soft, hard in rlimits(limits, limits.processes) for n in (soft, hard)]
     fields = [b"run", b"%d" % call, *(b"%d" % n for n in numbers), b"%d" % len(argv)]
     fields += [*map(os.fsencode, argv), b"", *map(os.fsencode, variables)]
     return b"\0".join(fields) + b"\0"

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from subprocess import Popen
 
 from envhub.sandbox._process import kill, uid_processes
-from envhub.sandbox.base import Limits
+from envhub.sandbox.base import Limits, rlimits
 from envhub.sandbox.outputs import frame
 from envhub.sandbox.uids import UidPool
 
@@ -75,18 +75,15 @@ def _envhub_job(fd):
         while view:
             view = view[os.write(out, view):]
         os.close(out)
-    memory, cpu_soft, cpu_hard, fsize, nproc, nofile, script = (int(x) for x in fields[:7])
+    script, count = int(fields[0]), int(fields[1])
+    limits = [int(x) for x in fields[2:2 + 3 * count]]
     try:
-        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_hard))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        for at in range(0, len(limits), 3):
+            resource.setrlimit(limits[at], (limits[at + 1], limits[at + 2]))
     except (OSError, ValueError):
         os.write(2, b"envhub sandbox: cannot set its limits\n")
         os._exit(125)
-    argv = fields[7:]
+    argv = fields[2 + 3 * count:]
     path = os.path.abspath(argv[script])
     sys.orig_argv[:] = argv
     sys.argv[:] = argv[script:]
@@ -229,18 +226,11 @@ def stub_argv(python: str, kind: Kind, job_fd: int) -> list[str]:
 def job_for(
     argv: Sequence[str], script: int, files: Mapping[str, bytes], limits: Limits, nproc: int
 ) -> bytes:
-    """The job for a stub: its rlimits (as :func:`~envhub.sandbox.jail.ulimit_prologue` sets
-    them for a cold run), where the script is in ``argv``, ``argv``, then the files."""
-    cpu = limits.cpu_seconds
-    numbers = [
-        limits.memory_mb << 20,
-        cpu,
-        cpu + 1,
-        limits.file_size_mb << 20,
-        nproc,
-        limits.open_files,
-        script,
-    ]
+    """The job for a stub: where the script is in ``argv``, the number of rlimits, each of
+    :func:`~envhub.sandbox.base.rlimits` as ``resource soft hard`` (the stub sets what it is
+    sent, so it holds no list of its own), ``argv``, then the files."""
+    triples = rlimits(limits, nproc)
+    numbers = [script, len(triples), *(n for triple in triples for n in triple)]
     head = "\0".join([*(str(n) for n in numbers), *argv]).encode("utf-8", "surrogateescape")
     return frame({_JOB: head, **files})
 
