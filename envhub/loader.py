@@ -118,6 +118,10 @@ def make(name: str, **kwargs: Any) -> Any:
     if spec is not None:
         return registry.make_from_spec(spec, **kwargs)
     if is_task_path(name):
+        if "agent" in kwargs:  # played by an agent program rather than by the policy's calls
+            from envhub.harbor.agent_env import HarborAgentEnv
+
+            return HarborAgentEnv(name, **kwargs)
         from envhub.harbor.env import HarborEnv  # Harbor's reader loads only for task folders
 
         return HarborEnv(name, **kwargs)

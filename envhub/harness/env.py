@@ -214,6 +214,14 @@ class HarnessEnv(TaskEnv):
         """What the task's session starts from (with a ``sandbox``): the env's ``workspace``."""
         return self.workspace
 
+    def session_for(self, task: dict[str, Any]) -> Session | None:
+        """The episode's session (not yet started), when the env has a ``sandbox``: on
+        :meth:`workspace_for`; override to ask the sandbox for more (a task's own image and
+        paths)."""
+        if self.session_sandbox is None:
+            return None
+        return self.session_sandbox.session(self.workspace_for(task))
+
     def task_text(self, task: dict[str, Any]) -> str:
         """The task as the program gets it (``prompt``/stdin): its ``prompt`` or ``question``."""
         text = task.get("prompt", task.get("question"))
@@ -328,9 +336,8 @@ class HarnessEnv(TaskEnv):
     # -- internals ------------------------------------------------------------------------------
 
     def _start(self, endpoint: Endpoint, task: dict[str, Any]) -> _Run:
-        session = None
-        if self.session_sandbox is not None:
-            session = self.session_sandbox.session(self.workspace_for(task))
+        session = self.session_for(task)
+        if session is not None:
             self.state.data["session"] = session
         episode = endpoint.open()
         launch = Launch(

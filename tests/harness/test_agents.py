@@ -61,3 +61,29 @@ def test_mini_swe_agent_solves_a_task_in_a_container(box: object) -> None:
     observation = next(m.content for m in traj.messages if "<returncode>" in (m.content or ""))
     assert "<returncode>0</returncode>" in observation and "<output>\n12\n</output>" in observation
     assert sum(traj.loss_mask) == sum(len(r) + 1 for r in REPLIES)  # each reply and its end
+
+
+def test_mini_swe_agent_plays_a_harbor_task_in_its_image(box: object, tmp_path) -> None:
+    import envhub
+    from tests.harbor.test_images import STAND_IN, make_task
+
+    folder = make_task(tmp_path)
+    solve = (
+        f"THOUGHT: sum them.\n\n{FENCE}mswea_bash_command\n"
+        f"cd /app && echo \"$GREETING $(jq '[.[]] | add' prices.json)\" > total.txt\n{FENCE}"
+    )
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        return [solve, REPLIES[1]][sum(m.role == "assistant" for m in messages)]
+
+    def env() -> Any:
+        return envhub.make(
+            str(folder), agent="mini-swe-agent", sandbox="podman",
+            image_map={"ubuntu:24.04": STAND_IN},
+        )  # fmt: skip
+
+    traj = rollout(env, policy)
+    assert traj.errors == [] and traj.outcome == "ok", traj.errors
+    assert traj.reward == 1.0  # the task's own tests, run in its container after the agent
+    assert "Write $GREETING" in traj.messages[1].content  # the instruction, in the agent's prompt
+    assert [m.content for m in traj.messages if m.role == "assistant"] == [solve, REPLIES[1]]
