@@ -27,6 +27,7 @@ from envhub.inference.base import ChatTokenizer
 from envhub.rollout.tokens import common_prefix_length
 from envhub.rollout.tool_prompt import ToolsInPrompt
 from envhub.testing import Policy, null_policy
+from envhub.tools.prompt import tool_call_block
 from envhub.types import Message, as_message, assistant, system, tool_message, user
 
 Conversations = dict[str, tuple[list[Message], list[dict[str, Any]] | None]]
@@ -60,10 +61,7 @@ CONVERSATIONS: Conversations = {
     "tool calls": (
         [
             user("What is 12 * 34?"),
-            assistant(
-                '<tool_call>\n{"name": "calculate", '
-                '"arguments": {"expression": "12 * 34"}}\n</tool_call>'
-            ),
+            assistant(tool_call_block("calculate", {"expression": "12 * 34"})),
             tool_message("408", "call_1", "calculate"),
             assistant("It is 408."),
             user("And plus 2?"),

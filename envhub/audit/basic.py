@@ -7,12 +7,12 @@ would play a game instead (guess-number's "6 guesses left" read as a guess of 6,
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from envhub.env import Env
 from envhub.testing import Policy
+from envhub.tools.prompt import tool_call_block
 from envhub.types import Message
 
 JUNK = "junk"
@@ -88,8 +88,7 @@ def tool_calls(tools: list[dict[str, Any]] | None, text: str = JUNK) -> str:
         function = schema.get("function") or {}
         properties = (function.get("parameters") or {}).get("properties") or {}
         arguments = {name: junk_value(spec, text) for name, spec in properties.items()}
-        call = {"name": function.get("name", ""), "arguments": arguments}
-        calls.append(f"<tool_call>\n{json.dumps(call)}\n</tool_call>")
+        calls.append(tool_call_block(function.get("name", ""), arguments))
     return "\n".join(calls)
 
 

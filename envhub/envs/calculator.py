@@ -34,6 +34,7 @@ from envhub.rewards.format import tool_call_validity
 from envhub.rewards.match import number_answer
 from envhub.rewards.rubric import Rubric
 from envhub.state import State
+from envhub.tools.prompt import tool_call_block
 from envhub.tools.tool import tool
 from envhub.types import AssistantTurn, Message, assistant, user
 
@@ -182,10 +183,7 @@ class CalculatorEnv(ToolEnv):
 
 DEMONSTRATION = (
     user("Compute: (12 + 30) * 5"),
-    assistant(
-        '<tool_call>\n{"name": "calculate", "arguments": {"expression": "(12 + 30) * 5"}}\n'
-        "</tool_call>"
-    ),
+    assistant(tool_call_block("calculate", {"expression": "(12 + 30) * 5"})),
     Message(role="tool", content="210", tool_call_id="call_0", name="calculate"),
     assistant("The result is \\boxed{210}."),
 )
@@ -202,8 +200,7 @@ def reference_policy(messages: list[Message], tools: list[dict[str, Any]] | None
     question = next(m.content or "" for m in reversed(messages) if m.role == "user")
     match = _EXPRESSION.search(question)
     expression = match.group(1) if match else question
-    call = f'{{"name": "calculate", "arguments": {{"expression": "{expression}"}}}}'
-    return f"<tool_call>\n{call}\n</tool_call>"
+    return tool_call_block("calculate", {"expression": expression})
 
 
 CalculatorEnv.reference_policy = staticmethod(reference_policy)

@@ -32,6 +32,7 @@ from envhub.rewards.code import code_tests, default_sandbox
 from envhub.rewards.rubric import Rubric
 from envhub.sandbox.base import Limits, Sandbox
 from envhub.state import State
+from envhub.tools.prompt import tool_call_block
 from envhub.tools.tool import Injected, tool
 from envhub.types import Message
 
@@ -237,7 +238,6 @@ def _fix_policy(answers: dict[str, str]) -> Any:
         code = answers[question.split("\n\nBuggy code:\n")[0]]
         if messages[-1].role == "tool":
             return fenced(code)
-        call = {"name": "python", "arguments": {"code": code + "print('loaded')\n"}}
-        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return tool_call_block("python", {"code": code + "print('loaded')\n"})
 
     return test_then_answer

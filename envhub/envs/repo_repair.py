@@ -47,6 +47,7 @@ from envhub.errors import ConfigError
 from envhub.sandbox.base import WORKDIR
 from envhub.sandbox.session import Session
 from envhub.state import State
+from envhub.tools.prompt import tool_call_block
 from envhub.types import Message
 from envhub.workspace_env import WORKSPACE_PROMPT, Verdict, WorkspaceEnv
 
@@ -181,7 +182,7 @@ def _calls_then_answer(*calls: tuple[str, dict[str, Any]]) -> Any:
         if done >= len(calls):
             return "The bug is fixed."
         name, arguments = calls[done]
-        return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+        return tool_call_block(name, arguments)
 
     return policy
 
@@ -540,7 +541,6 @@ def _write_fix_policy(fixes: dict[str, dict[str, str]]) -> Any:
         if done >= len(files):
             return "The bug is fixed."
         path, text = files[done]
-        call = {"name": "create", "arguments": {"path": path, "file_text": text}}
-        return f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        return tool_call_block("create", {"path": path, "file_text": text})
 
     return write_fix

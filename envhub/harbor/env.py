@@ -53,6 +53,7 @@ from envhub.harbor.task import (
 from envhub.sandbox.base import WORKDIR, ExecResult, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
+from envhub.tools.prompt import tool_call_block
 from envhub.tools.terminal import in_folder
 from envhub.types import Message, system, user
 from envhub.workspace_env import (
@@ -399,13 +400,13 @@ def _solution_policy(env: HarborEnv) -> Any:
         done = sum(m.role == "assistant" for m in messages)
         if done == 0:
             files = {n: rewrite_bytes(d, layout.mapping) for n, d in (task.solution or {}).items()}
-            return _call("bash", {"command": _write_files(layout.solution, files)})
+            return tool_call_block("bash", {"command": _write_files(layout.solution, files)})
         if done == 1:
             variables = task.resources.solution_env.items()
             assign = "".join(f"{k}={shlex.quote(v)} " for k, v in variables)
             solution = shlex.quote(layout.solution)
             run = f"chmod -R a+x {solution} && {assign}bash {solution}/solve.sh"
-            return _call("bash", {"command": run})
+            return tool_call_block("bash", {"command": run})
         return "Done."
 
     return solve
@@ -420,10 +421,6 @@ def _write_files(folder: str, files: dict[str, bytes]) -> str:
         steps.append(f"mkdir -p {shlex.quote(posixpath.dirname(path))}")
         steps.append(f"base64 -d > {shlex.quote(path)} <<'_EOF_'\n{encoded}_EOF_")
     return "\n".join(steps)
-
-
-def _call(name: str, arguments: dict[str, Any]) -> str:
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 @dataclass(frozen=True)

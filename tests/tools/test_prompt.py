@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
+import envhub
 from envhub.tools.parsers import parse_auto
-from envhub.tools.prompt import TOOL_FORMAT_HINT, tools_prompt, with_tools_in_system
+from envhub.tools.prompt import (
+    TOOL_FORMAT_HINT,
+    tool_call_block,
+    tools_prompt,
+    with_tools_in_system,
+)
 from envhub.types import system, user
 
 TOOL = {
@@ -55,3 +63,19 @@ def test_a_call_written_as_the_hint_says_is_read_by_the_default_parser() -> None
     assert [(c.function.name, json.loads(c.function.arguments)) for c in parsed.calls] == [
         ("add", {"a": 1, "b": 2})
     ]
+
+
+def test_the_tool_call_block_is_written_only_by_tool_call_block() -> None:
+    """The envs' reference policies, the audit, the doctor and the transcript writer all call
+    :func:`tool_call_block`; no other module writes the block out itself."""
+    package = Path(envhub.__file__).parent
+    writers = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if re.search(r"<tool_call>\\n", path.read_text())
+    ]
+    assert writers == ["tools/prompt.py"]
+    # Non-ASCII arguments as written (the older copies escaped them: ``\u00e9``).
+    assert tool_call_block("f", {"x": "é"}) == (
+        '<tool_call>\n{"name": "f", "arguments": {"x": "é"}}\n</tool_call>'
+    )
