@@ -29,8 +29,9 @@ from envhub.workspace_env import default_sandbox
 def named_agents() -> dict[str, Callable[..., Program]]:
     """The agent presets ``agent=`` names."""
     from envhub.harness.agents import mini_swe_agent
+    from envhub.harness.terminus import terminus_agent
 
-    return {"mini-swe-agent": mini_swe_agent}
+    return {"mini-swe-agent": mini_swe_agent, "terminus": terminus_agent}
 
 
 def agent_program(agent: str | Program | Callable[..., Any] | Sequence[str]) -> Any:

@@ -87,3 +87,42 @@ def test_mini_swe_agent_plays_a_harbor_task_in_its_image(box: object, tmp_path) 
     assert traj.reward == 1.0  # the task's own tests, run in its container after the agent
     assert "Write $GREETING" in traj.messages[1].content  # the instruction, in the agent's prompt
     assert [m.content for m in traj.messages if m.role == "assistant"] == [solve, REPLIES[1]]
+
+
+def test_the_terminus_agent_types_a_harbor_task_into_tmux(box: object, tmp_path) -> None:
+    import json
+
+    import envhub
+    from tests.harbor.test_images import STAND_IN, make_task
+
+    folder = make_task(tmp_path)
+    dockerfile = folder / "environment" / "Dockerfile"
+    dockerfile.write_text(
+        dockerfile.read_text()
+        + "RUN apt-get install -y -qq --no-install-recommends tmux >/dev/null\n"
+    )
+    typed = (
+        "cd /app && echo \"$GREETING $(jq '[.[]] | add' prices.json)\" > total.txt; cat total.txt\n"
+    )
+    replies = [
+        json.dumps(
+            {"analysis": "", "plan": "sum", "commands": [{"keystrokes": typed, "duration": 0.5}]}
+        ),
+        "It is done, I think.",  # not JSON: answered with what was wrong
+        json.dumps({"commands": [], "task_complete": True}),
+    ]
+
+    def policy(messages: list[Message], tools: Any) -> str:
+        return replies[sum(m.role == "assistant" for m in messages)]
+
+    traj = rollout(
+        lambda: envhub.make(str(folder), agent="terminus", sandbox="podman",
+                            image_map={"ubuntu:24.04": STAND_IN}),
+        policy,
+    )  # fmt: skip
+    assert traj.errors == [] and traj.outcome == "ok", traj.errors
+    assert traj.reward == 1.0
+    users = [m.content for m in traj.messages if m.role == "user"]
+    assert "hello 7" in users[1]  # the screen after the command: its output
+    assert users[2].startswith("Invalid reply: no JSON object in the reply.")
+    assert [m.content for m in traj.messages if m.role == "assistant"] == replies
