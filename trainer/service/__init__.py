@@ -6,7 +6,8 @@ pointed here (``TINKER_BASE_URL``, ``TINKER_API_KEY``). The service is one layer
 trainer, beside the CLI: it drives the backend's parts and adds nothing below it.
 
 Modules: ``settings`` (what to serve, torch-free), ``app`` (the routes and the key check),
-``state`` (sessions, models, samplers, the trainer thread), ``futures`` (the asynchronous
+``state`` (sessions, models, samplers, the trainer thread), ``checkpoints`` (runs and
+checkpoints on disk, and their listings), ``futures`` (the asynchronous
 retrieve protocol), ``training`` (one model: forward/backward and Adam steps), ``losses``
 (Tinker's built-in losses), ``sampling`` (samplers on saved weights) and ``wire`` (the SDK's
 protobuf bodies). ``envhub serve-trainer`` runs it.

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from envhub.errors import ConfigError
 from envhub.trainer.service import wire
+from envhub.trainer.service.checkpoints import page
 from envhub.trainer.service.futures import TRY_AGAIN, Outcome
 from envhub.trainer.service.settings import ServiceSettings
 from envhub.trainer.service.state import ServiceState
@@ -156,9 +157,11 @@ async def create_model(state: ServiceState, request: Request) -> dict:
         lora = LoraSpec(lora_config["rank"], lora_config.get("train_attn", True),
                         lora_config.get("train_mlp", True))  # fmt: skip
     seed = (lora_config or {}).get("seed") or 0
+    model_id = state.model_id(body.get("session_id"), body.get("model_seq_id"))
 
     async def work() -> Outcome:
-        model_id = await state.in_trainer(state.create_model, body["base_model"], lora, seed)
+        await state.in_trainer(state.create_model, model_id, body["base_model"], lora, seed,
+                               body.get("user_metadata"))  # fmt: skip
         return Outcome({"type": "create_model", "model_id": model_id})
 
     return {"request_id": state.futures.submit(work())}
@@ -223,6 +226,90 @@ async def save_weights_for_sampler(state: ServiceState, request: Request) -> dic
         return Outcome({"type": "save_weights_for_sampler", "sampling_session_id": session})
 
     return {"request_id": state.futures.submit(work()), "model_id": model_id}
+
+
+async def save_weights(state: ServiceState, request: Request) -> dict:
+    """Save the training state (weights and optimizer) as a checkpoint, by name."""
+    body = await request.json()
+    model_id = body["model_id"]
+    state.model(model_id)
+    name = body.get("path") or f"state-{next(_ephemeral)}"
+    overwrite, metadata = body.get("overwrite", False), body.get("user_metadata")
+
+    async def work() -> Outcome:
+        path = await state.in_trainer(state.save_state, model_id, name, overwrite, metadata)
+        return Outcome({"type": "save_weights", "path": path})
+
+    return {"request_id": state.futures.submit(work()), "model_id": model_id}
+
+
+async def load_weights(state: ServiceState, request: Request) -> dict:
+    """Load a checkpoint into a model, or (``session_id`` and ``model_seq_id``, no model yet)
+    create the model the checkpoint's run trained and load it."""
+    body = await request.json()
+    path, optimizer = body["path"], bool(body.get("optimizer"))
+    state.store.resolve(path, "weights")  # refused now, not in the future
+    if body.get("model_id"):
+        model_id = body["model_id"]
+        state.model(model_id)
+        load = (state.load_state, model_id, path, optimizer)
+    else:
+        model_id = state.model_id(body.get("session_id"), body.get("model_seq_id"))
+        load = (state.create_from_state, model_id, path, optimizer, body.get("base_model"))
+
+    async def work() -> Outcome:
+        await state.in_trainer(*load)
+        return Outcome({"type": "load_weights", "path": path, "model_id": model_id})
+
+    return {"request_id": state.futures.submit(work()), "model_id": model_id}
+
+
+# -- checkpoints and runs -----------------------------------------------------------------
+
+
+async def list_checkpoints(state: ServiceState, request: Request) -> dict:
+    """A training run's checkpoints (``CheckpointsListResponse``)."""
+    run_id = request.path_params["run_id"]
+    state.store.run(run_id)
+    return {"checkpoints": state.store.checkpoints(run_id)}
+
+
+async def list_user_checkpoints(state: ServiceState, request: Request) -> dict:
+    """Every run's checkpoints, newest first, a page at a time."""
+    found = [c for run in state.store.run_ids() for c in state.store.checkpoints(run)]
+    found.sort(key=lambda c: c["time"], reverse=True)
+    items, cursor = page(found, *_page_params(request))
+    return {"checkpoints": items, "cursor": cursor}
+
+
+async def get_training_run(state: ServiceState, request: Request) -> dict:
+    """One training run (``TrainingRun``)."""
+    return state.store.training_run(request.path_params["run_id"])
+
+
+async def list_training_runs(state: ServiceState, request: Request) -> dict:
+    """The training runs in the service's folder, newest first, a page at a time."""
+    runs, cursor = page(state.store.run_ids()[::-1], *_page_params(request))
+    return {"training_runs": [state.store.training_run(r) for r in runs], "cursor": cursor}
+
+
+async def weights_info(state: ServiceState, request: Request) -> dict:
+    """What a checkpoint needs to be loaded (``WeightsInfoResponse``)."""
+    path = (await request.json())["tinker_path"]
+    kind = "sampler_weights" if "/sampler_weights/" in path else "weights"
+    run_id, _ = state.store.resolve(path, kind)
+    record = state.store.run(run_id)
+    lora = record["lora"]
+    if lora is None:
+        return {"base_model": record["base_model"], "is_lora": False}
+    return {"base_model": record["base_model"], "is_lora": True, "lora_rank": lora["rank"],
+            "train_unembed": False, "train_mlp": lora["train_mlp"],
+            "train_attn": lora["train_attn"]}  # fmt: skip
+
+
+def _page_params(request: Request) -> tuple[int, int]:
+    params = request.query_params
+    return int(params.get("limit", 20)), int(params.get("offset", 0))
 
 
 # -- sampling -----------------------------------------------------------------------------
@@ -308,6 +395,13 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "forward_backward", forward_backward),
     ("POST", "optim_step", optim_step),
     ("POST", "save_weights_for_sampler", save_weights_for_sampler),
+    ("POST", "save_weights", save_weights),
+    ("POST", "load_weights", load_weights),
+    ("GET", "training_runs", list_training_runs),
+    ("GET", "training_runs/{run_id}", get_training_run),
+    ("GET", "training_runs/{run_id}/checkpoints", list_checkpoints),
+    ("GET", "checkpoints", list_user_checkpoints),
+    ("POST", "weights_info", weights_info),
     ("POST", "create_sampling_session", create_sampling_session),
     ("GET", "samplers/{sampler_id}", get_sampler),
     ("POST", "asample", asample),

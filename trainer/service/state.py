@@ -5,28 +5,28 @@ trainer thread, in the order the requests arrived: the SDK sends a training clie
 one after the other (its ``seq_id`` order), so their futures resolve in that order. Sampling
 runs on the samplers' own engines, beside training.
 
-Names: a model id is ``model-<n>``; weights saved for sampling live at
-``tinker://<model id>/sampler_weights/<name>`` and, on disk, in
-``<state_dir>/<model id>/sampler_weights/<name>`` (an HF folder).
+Names: a session id is ``session-<random hex>``, new with every service, and a model id the
+SDK's ``<session id>:train:<model seq id>`` (the SDK computes it itself when it creates a model
+by loading a checkpoint). Runs and checkpoints live on disk under ``state_dir``
+(:mod:`~envhub.trainer.service.checkpoints`), so a service started again on the same folder
+lists, samples and resumes from them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
-import re
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from envhub.errors import ConfigError
+from envhub.trainer.service.checkpoints import Store
 from envhub.trainer.service.futures import Futures
 from envhub.trainer.service.settings import ServiceSettings
-
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_PATH = re.compile(r"^tinker://(?P<model>[^/]+)/sampler_weights/(?P<name>[^/]+)$")
 
 
 @dataclass
@@ -61,6 +61,7 @@ class ServiceState:
         """Training models (:class:`~envhub.trainer.service.training.TrainingModel`) by id."""
         self.sampling_sessions: dict[str, SamplingSession] = {}
         self.samplers = Samplers(settings.device)
+        self.store = Store(settings.state_dir)
         self._trainer = ThreadPoolExecutor(1, thread_name_prefix="envhub-service-trainer")
         self._ids = itertools.count(1)
 
@@ -68,7 +69,7 @@ class ServiceState:
 
     def new_session(self) -> str:
         """Open a session; return its id."""
-        session = Session(f"session-{next(self._ids)}")
+        session = Session(f"session-{secrets.token_hex(6)}-{next(self._ids)}")
         self.sessions[session.id] = session
         return session.id
 
@@ -92,14 +93,55 @@ class ServiceState:
             served = ", ".join(self.settings.models)
             raise ConfigError(f"base model {name!r} is not served here; served: {served}")
 
-    def create_model(self, base_model: str, lora: Any, seed: int) -> str:
-        """Build a training model (on the trainer thread); return its id."""
+    def model_id(self, session_id: str | None, model_seq_id: int | None) -> str:
+        """The id of a session's ``model_seq_id``-th model, as the SDK derives it."""
+        if session_id is None or model_seq_id is None:  # a client that does not say
+            return f"session-{secrets.token_hex(6)}:train:{next(self._ids)}"
+        return f"{session_id}:train:{model_seq_id}"
+
+    def create_model(self, model_id: str, base_model: str, lora: Any, seed: int,
+                     user_metadata: dict | None = None) -> str:  # fmt: skip
+        """Build a training model (on the trainer thread) and record its run; return its id."""
         from envhub.trainer.service.training import TrainingModel
 
         self.check_base_model(base_model)
+        if model_id in self.models:
+            raise ConfigError(f"model {model_id!r} exists already")
         model = TrainingModel(base_model, lora, seed, self.settings.device)
-        model_id = f"model-{next(self._ids)}"
+        spec = None if lora is None else dataclasses.asdict(lora)
+        self.store.record_run(model_id, base_model, spec, user_metadata)
         self.models[model_id] = model
+        return model_id
+
+    def save_state(self, model_id: str, name: str, overwrite: bool = True,
+                   user_metadata: dict | None = None) -> str:  # fmt: skip
+        """Save ``model_id``'s training state (optimizer included) as ``name``; return its
+        tinker path (``tinker://<model id>/weights/<name>``)."""
+        model = self.model(model_id)
+        meta = {"steps": model.steps, "user_metadata": user_metadata}
+        return self.store.write(model_id, "weights", name, model.save_state, overwrite, meta)
+
+    def load_state(self, model_id: str, path: str, optimizer: bool) -> None:
+        """Load the training state at tinker ``path`` into ``model_id`` (with the optimizer's
+        state or a fresh optimizer)."""
+        import json
+
+        model = self.model(model_id)
+        _, folder = self.store.resolve(path, "weights")
+        model.load_state(folder, optimizer)
+        model.steps = json.loads((folder / "checkpoint.json").read_text())["steps"]
+
+    def create_from_state(self, model_id: str, path: str, optimizer: bool,
+                          base_model: str | None) -> str:  # fmt: skip
+        """Build ``model_id`` like the run that saved ``path`` and load that state into it."""
+        from envhub.trainer.service.training import LoraSpec
+
+        run_id, _ = self.store.resolve(path, "weights")
+        record = self.store.run(run_id)
+        lora = None if record["lora"] is None else LoraSpec(**record["lora"])
+        self.create_model(model_id, base_model or record["base_model"], lora, 0,
+                          record.get("user_metadata"))  # fmt: skip
+        self.load_state(model_id, path, optimizer)
         return model_id
 
     def model(self, model_id: str) -> Any:
@@ -114,40 +156,20 @@ class ServiceState:
 
     def save_for_sampler(self, model_id: str, name: str) -> str:
         """Write ``model_id``'s weights for sampling under ``name``; return its tinker path."""
-        if not _NAME.match(name):
-            raise ConfigError(
-                f"weights name {name!r}: use letters, digits, '.', '_' and '-' (at most 128)"
-            )
-        folder = self.settings.state_dir / model_id / "sampler_weights" / name
-        self.model(model_id).export(folder)
-        return f"tinker://{model_id}/sampler_weights/{name}"
+        model = self.model(model_id)
+        meta = {"steps": model.steps}
+        return self.store.write(model_id, "sampler_weights", name, model.export, True, meta)
 
     # -- sampling ---------------------------------------------------------------------------
-
-    def folder_of(self, model_path: str) -> Path:
-        """The HF folder of a ``tinker://`` path this service wrote.
-
-        Raises:
-            ConfigError: Not such a path, or nothing saved there.
-        """
-        match = _PATH.match(model_path)
-        if match is None:
-            raise ConfigError(
-                f"model_path {model_path!r} is not tinker://<model id>/sampler_weights/<name>"
-            )
-        folder = self.settings.state_dir / match["model"] / "sampler_weights" / match["name"]
-        if not (folder / "config.json").is_file():
-            raise ConfigError(f"nothing is saved at {model_path}")
-        return folder
 
     def new_sampling_session(self, base_model: str | None, model_path: str | None) -> str:
         """Open a sampling session on saved weights or a base model; return its id."""
         from envhub.trainer.models import resolve_model
 
         if model_path is not None:
-            folder = str(self.folder_of(model_path))
-            model_id = _PATH.match(model_path)["model"]  # type: ignore[index]
-            base = base_model or self.model(model_id).name
+            run_id, saved = self.store.resolve(model_path, "sampler_weights")
+            folder = str(saved)
+            base = base_model or self.store.run(run_id)["base_model"]
         elif base_model is not None:
             self.check_base_model(base_model)
             base, folder = base_model, resolve_model(base_model)

@@ -138,6 +138,43 @@ class TrainingModel:
         self.steps += 1
         return {"grad_norm": norm, "learning_rate": adam["learning_rate"]}
 
+    def save_state(self, folder: Path) -> None:
+        """Write the training state into ``folder``: the trained tensors by name
+        (``trainable.safetensors``: the adapter's with LoRA) and AdamW's state
+        (``optimizer.pt``), which :meth:`load_state` restores."""
+        from safetensors.torch import save_file
+
+        tensors = {n: p.detach().cpu().contiguous() for n, p in self._trained()}
+        save_file(tensors, str(folder / "trainable.safetensors"))
+        torch.save(self.backend.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def load_state(self, folder: Path, optimizer: bool) -> None:
+        """Restore the trained tensors saved in ``folder`` and, with ``optimizer``, AdamW's
+        state; without it the optimizer starts afresh (no moments). Pending gradients go.
+
+        Raises:
+            ConfigError: The checkpoint's tensors are not this model's (another base model or
+                LoRA shape).
+        """
+        from safetensors.torch import load_file
+
+        saved = load_file(str(folder / "trainable.safetensors"))
+        params = dict(self._trained())
+        if set(saved) != set(params) or any(saved[n].shape != p.shape for n, p in params.items()):
+            raise ConfigError(f"the checkpoint in {folder.name!r} does not fit this model")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(saved[name])
+        opt = self.backend.optimizer
+        opt.zero_grad(set_to_none=True)
+        if optimizer:
+            opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+        else:
+            opt.state.clear()
+
+    def _trained(self) -> list[tuple[str, torch.nn.Parameter]]:
+        return [(n, p) for n, p in self.backend.model.named_parameters() if p.requires_grad]
+
     def export(self, folder: Path) -> Path:
         """Write the weights (LoRA merged) and tokenizer as an HF folder a sampler loads."""
         return self.backend.export(folder)

@@ -3,8 +3,6 @@ torch backend on the same data (SmolLM2-135M-Instruct on the CPU, one server per
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,44 +12,13 @@ import pytest
 tinker = pytest.importorskip("tinker")
 torch = pytest.importorskip("torch")
 
-from envhub.defaults import LOOPBACK, SMOLLM2_ID, free_port  # noqa: E402
+from envhub.defaults import SMOLLM2_ID  # noqa: E402
+from tests.trainer.service.serving import Running, datums  # noqa: E402
 
 pytestmark = pytest.mark.model
 
 LR, BETAS, EPS = 1e-3, (0.9, 0.999), 1e-8
 LORA_RANK, SEED = 8, 3
-
-
-class Running:
-    """A service on 127.0.0.1 in a thread of the test process."""
-
-    def __init__(self, state_dir: Path) -> None:
-        import uvicorn
-
-        from envhub.trainer.service import ServiceSettings, build_app
-
-        self.settings = ServiceSettings(
-            state_dir=state_dir, device="cpu", port=free_port(), long_poll_s=2
-        )
-        self.app = build_app(self.settings)
-        config = uvicorn.Config(self.app, host=LOOPBACK, port=self.settings.port,
-                                log_level="warning", lifespan="on")  # fmt: skip
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 20
-        while not self.server.started:
-            assert self.thread.is_alive() and time.monotonic() < deadline, "no start"
-            time.sleep(0.02)
-        self.url = f"http://{LOOPBACK}:{self.settings.port}"
-
-    def client(self, api_key: str | None = None) -> Any:
-        """A ``tinker.ServiceClient`` of this service."""
-        return tinker.ServiceClient(base_url=self.url, api_key=api_key or self.settings.api_key)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -79,22 +46,6 @@ def examples(tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """Two (prompt, completion) token lists of different lengths."""
     pairs = [("What is 2 + 3?", " 2 + 3 = 5."), ("Name a colour.", " Blue, like the sky.")]
     return [(tokenizer.encode(p), tokenizer.encode(c)) for p, c in pairs]
-
-
-def datums(examples: list[tuple[list[int], list[int]]]) -> list[Any]:
-    """Tinker datums of ``examples``: the completions trained, each token weighing
-    1 / (completion tokens of the batch), which makes Tinker's summed loss the token mean that
-    envhub's supervised update minimises."""
-    total = sum(len(c) for _, c in examples)
-    out = []
-    for prompt, completion in examples:
-        full = prompt + completion
-        weights = [0.0] * (len(prompt) - 1) + [1.0 / total] * len(completion)
-        out.append(tinker.types.Datum(
-            model_input=tinker.types.ModelInput.from_ints(full[:-1]),
-            loss_fn_inputs={"target_tokens": full[1:], "weights": weights},
-        ))  # fmt: skip
-    return out
 
 
 @pytest.fixture(scope="module")

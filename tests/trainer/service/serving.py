@@ -1,0 +1,60 @@
+"""What the service's tests share: a service in a thread of the test process, and datums."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import tinker
+
+from envhub.defaults import LOOPBACK, free_port
+
+
+class Running:
+    """A service on 127.0.0.1 in a thread of the test process."""
+
+    def __init__(self, state_dir: Path) -> None:
+        import uvicorn
+
+        from envhub.trainer.service import ServiceSettings, build_app
+
+        self.settings = ServiceSettings(
+            state_dir=state_dir, device="cpu", port=free_port(), long_poll_s=2
+        )
+        self.app = build_app(self.settings)
+        config = uvicorn.Config(self.app, host=LOOPBACK, port=self.settings.port,
+                                log_level="warning", lifespan="on")  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "no start"
+            time.sleep(0.02)
+        self.url = f"http://{LOOPBACK}:{self.settings.port}"
+
+    def client(self, api_key: str | None = None) -> Any:
+        """A ``tinker.ServiceClient`` of this service."""
+        return tinker.ServiceClient(base_url=self.url, api_key=api_key or self.settings.api_key)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+def datums(examples: list[tuple[list[int], list[int]]]) -> list[Any]:
+    """Tinker datums of ``examples``: the completions trained, each token weighing
+    1 / (completion tokens of the batch), which makes Tinker's summed loss the token mean that
+    envhub's supervised update minimises."""
+    total = sum(len(c) for _, c in examples)
+    out = []
+    for prompt, completion in examples:
+        full = prompt + completion
+        weights = [0.0] * (len(prompt) - 1) + [1.0 / total] * len(completion)
+        out.append(tinker.types.Datum(
+            model_input=tinker.types.ModelInput.from_ints(full[:-1]),
+            loss_fn_inputs={"target_tokens": full[1:], "weights": weights},
+        ))  # fmt: skip
+    return out
