@@ -196,3 +196,43 @@ def test_unnamed_save_samples_and_stops_at_a_stop_token(trained: dict, examples:
     cut = sampler.sample(tinker.types.ModelInput.from_ints(prompt), 1, stop).result()
     assert cut.sequences[0].tokens == tokens[: tokens.index(tokens[1]) + 1]
     assert cut.sequences[0].stop_reason == "stop"
+
+
+def scored(training: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    """``training``'s logprobs of ``completion`` after ``prompt`` (a forward, no gradients)."""
+    tokens = prompt + completion
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
+    out = training.forward([datum], "cross_entropy").result()
+    return out.loss_fn_outputs[0]["logprobs"].to_numpy()[len(prompt) - 1 :].tolist()
+
+
+def test_two_sessions_adapters_stay_apart(service: Running, trained: dict, reference: dict,
+                                          examples: list, tokenizer: Any) -> None:  # fmt: skip
+    """A second session's adapter, from the same seed but trained on other data, changes
+    nothing of the first's: the first still scores as the reference backend after its one
+    step, and each one's sampler samples (and scores) its own weights."""
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    other = service.client()
+    second = other.create_lora_training_client(base_model=SMOLLM2_ID, rank=LORA_RANK,
+                                               seed=SEED).result()  # fmt: skip
+    pairs = [("Say hello.", " Hello there!"), ("Count to three.", " One, two, three.")]
+    data = datums([(tokenizer.encode(p), tokenizer.encode(c)) for p, c in pairs])
+    second.forward_backward(data, "cross_entropy").result()
+    adam = tinker.types.AdamParams(learning_rate=LR, beta1=BETAS[0], beta2=BETAS[1], eps=EPS)
+    second.optim_step(adam).result()
+    first = trained["training"]
+    prompt, completion = examples[0]
+    mine = scored(first, prompt, completion)
+    expected = sequence_logprobs(reference["backend"], prompt + completion, 1.0)
+    assert mine == pytest.approx(expected[len(prompt) - 1 :], abs=2e-5)
+    theirs = scored(second, prompt, completion)
+    assert max(abs(a - b) for a, b in zip(mine, theirs, strict=True)) > 1e-3
+    greedy = tinker.types.SamplingParams(max_tokens=4, temperature=0.0)
+    samplers = {"first": first.save_weights_and_get_sampling_client().result(),
+                "second": second.save_weights_and_get_sampling_client().result()}  # fmt: skip
+    for name, training in (("first", first), ("second", second)):
+        out = samplers[name].sample(tinker.types.ModelInput.from_ints(prompt), 1, greedy).result()
+        tokens, logprobs = out.sequences[0].tokens, out.sequences[0].logprobs
+        assert logprobs == pytest.approx(scored(training, prompt, tokens), abs=1e-4), name
