@@ -19,6 +19,12 @@ Harbor reads it:
   component);
 - else ``reward.txt``: one number.
 
+A CTRF report beside it (``ctrf.json``, as pytest-json-ctrf writes it) adds the components
+``tests_passed`` (the fraction of its tests that passed) and ``tests`` (how many ran). On a
+container back end the tests' downloads (the uv installer, ``uvx --with pytest...``,
+``apt-get install curl``) are answered offline by the verifier toolchain
+(:mod:`envhub.harbor.toolchain`).
+
 Rewards must lie in [0, 1] (binary or partial). A test script that leaves neither file, an
 empty or malformed one, scores 0 and records a :class:`~envhub.errors.VerifierError` with the
 end of its output; a session that breaks records an infrastructure error.
@@ -50,6 +56,7 @@ from envhub.harbor.task import (
     rewrite_paths,
     rewrite_values,
 )
+from envhub.harbor.toolchain import MOUNT, toolchain_for
 from envhub.sandbox.base import WORKDIR, ExecResult, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
@@ -105,6 +112,9 @@ class HarborEnv(WorkspaceEnv):
         self.image_map = check_image_map(image_map)
         self.images: dict[str, TaskImage] = {}
         """The image of each task whose episodes have started (container back end), by key."""
+        self.toolchains: dict[str, Path | None] = {}
+        """The verifier toolchain each of those tasks' sessions mount (``None``: its tests
+        fetch nothing): :mod:`envhub.harbor.toolchain`."""
         found = find_task_folders(self.path)
         self.tasks = _load_all(found, skip_unsupported, self.in_container)
         rows = [
@@ -153,8 +163,10 @@ class HarborEnv(WorkspaceEnv):
         :meth:`prepare_workspace`)."""
         paths = self.layout(task, sandbox).paths
         if self.in_container:
-            image = self.images[self.task_key(task)]
-            runs_in = sandbox.with_image(image.tag)  # type: ignore[attr-defined]
+            key = self.task_key(task)
+            toolchain = self.toolchains.get(key)
+            volumes = {str(toolchain): MOUNT} if toolchain else {}
+            runs_in = sandbox.with_image(self.images[key].tag, volumes=volumes)  # type: ignore[attr-defined]
             return runs_in.session(None, limits=self.limits_for(task), paths=paths)
         return sandbox.session(workspace, limits=self.limits_for(task), paths=paths)
 
@@ -192,17 +204,33 @@ class HarborEnv(WorkspaceEnv):
 
     async def task_image(self, task: dict[str, Any]) -> TaskImage:
         """The image of ``task``'s episodes on a container back end, built once (in a worker
-        thread: a build can take minutes)."""
+        thread: a build can take minutes), and the verifier toolchain its tests need.
+
+        Raises:
+            UnsupportedEnvironment: The tests need what the toolchain cannot give offline.
+        """
         key = self.task_key(task)
         if key not in self.images:
-            sandbox = self.sandbox
-            build = functools.partial(build_task_image, self.task_of(task), sandbox, self.image_map)
-            self.images[key] = await asyncio.to_thread(build)
+            harbor, sandbox = self.task_of(task), self.sandbox
+            build = functools.partial(build_task_image, harbor, sandbox, self.image_map)
+            image = await asyncio.to_thread(build)
+            prepare = functools.partial(toolchain_for, harbor, sandbox, image.tag)
+            self.toolchains[key] = await asyncio.to_thread(prepare)
+            self.images[key] = image
         return self.images[key]
 
+    def toolchain_mount(self, task: dict[str, Any]) -> str | None:
+        """Where the task's sessions show the verifier toolchain (``None``: not mounted)."""
+        return MOUNT if self.toolchains.get(self.task_key(task)) else None
+
     async def setup_state(self, state: State) -> None:
-        """Prepare the task's workspace (once per task), then open the episode's session."""
+        """Prepare the task's workspace (once per task), then open the episode's session; on
+        a container back end the episode's task row names its image (``info["image"]``, with
+        any stand-in), which the trajectory records."""
         await self.prepare_workspace(state.task)
+        if self.in_container:
+            image = self.images[self.task_key(state.task)].describe()
+            state.task = {**state.task, "info": {**state.task.get("info", {}), "image": image}}
         await super().setup_state(state)
 
     def command_env(self, task: dict[str, Any]) -> dict[str, str]:
@@ -239,14 +267,20 @@ class HarborEnv(WorkspaceEnv):
         """Kill what the model left running, run ``tests/test.sh``, read the reward."""
         task = state.task
         harbor, layout = self.task_of(task), self.layout(task)
-        return await run_verifier(session, harbor, self.command_env(task), layout)
+        toolchain = self.toolchain_mount(task)
+        return await run_verifier(session, harbor, self.command_env(task), layout, toolchain)
 
 
 async def run_verifier(
-    session: Session, task: HarborTask, env: dict[str, str], layout: Layout
+    session: Session,
+    task: HarborTask,
+    env: dict[str, str],
+    layout: Layout,
+    toolchain: str | None = None,
 ) -> Verdict:
     """Run a task's tests in ``session`` (laid out as ``layout``) and read the reward they
-    wrote.
+    wrote; ``toolchain``: where the session shows the verifier toolchain, whose commands come
+    first on the tests' ``PATH`` (:mod:`envhub.harbor.toolchain`).
 
     Raises:
         VerifierError: The tests' folders could not be emptied, no reward file, or a malformed
@@ -261,8 +295,12 @@ async def run_verifier(
         await _put(session, f"{layout.tests}/{name}", rewrite_bytes(data, layout.mapping))
     await session.arun(["chmod", "-R", "a+x", layout.tests])  # as Harbor copies them
     await session.arun(["mkdir", "-p", layout.logs])
+    command = in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"])
+    if toolchain is not None:
+        command = ["/bin/sh", "-c", _WITH_TOOLCHAIN.format(toolchain), "sh", *command]
+        env = {**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{toolchain}/wheels"}
     result = await session.arun(
-        in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"]),
+        command,
         wall_time=task.verifier_timeout,
         env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
@@ -284,7 +322,8 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult, lo
         verdict = parse(text, f"{where} wrote {name}")
         if not 0.0 <= verdict.reward <= 1.0:
             raise VerifierError(f"{where} wrote {name} with reward {verdict.reward}, not in [0, 1]")
-        return verdict
+        ctrf = ctrf_components(await _get(session, f"{logs}/ctrf.json"))
+        return Verdict(verdict.reward, {**ctrf, **verdict.components})
     tail = (result.stdout + result.stderr).strip()[-500:]
     raise VerifierError(
         f"{where} wrote no reward ({result.describe()}): it must write /logs/verifier/reward.txt "
@@ -311,6 +350,7 @@ _CLEAR = (
     "|| exit 1; done"
 )
 _CLEAR_TMP = 'cd /tmp && rm -rf -- "$@"'
+_WITH_TOOLCHAIN = 'PATH="{0}/shims:$PATH" exec "$@"'
 _PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
 
@@ -326,6 +366,20 @@ async def _get(session: Session, path: str) -> str | None:
     """A regular file's text (its first 64 KiB), or ``None`` when there is none."""
     result = await session.arun(["/bin/sh", "-c", _GET, "sh", path])
     return result.stdout if result.ok else None
+
+
+def ctrf_components(text: str | None) -> dict[str, float]:
+    """A CTRF report's (``ctrf.json``, pytest-json-ctrf's) summary as reward components:
+    ``tests_passed``, the fraction of its tests that passed, and ``tests``, how many ran
+    (none when there is no report, or it is malformed)."""
+    try:
+        summary = json.loads(text or "")["results"]["summary"]
+        total, passed = int(summary["tests"]), int(summary["passed"])
+    except (ValueError, TypeError, KeyError):
+        return {}
+    if total <= 0:
+        return {}
+    return {"tests_passed": passed / total, "tests": float(total)}
 
 
 def _text_reward(text: str, where: str) -> Verdict:
@@ -493,5 +547,5 @@ async def _verify_fresh(
             )
             if not layout.shown:  # a mapped solution lies in the workspace: out before the tests
                 await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, task, variables, layout)
+        verdict = await run_verifier(session, task, variables, layout, env.toolchain_mount(row))
     return verdict.reward

@@ -226,7 +226,7 @@ class RolloutRunner:
             metrics=self._metrics(ep),
             errors=ep.errors,
             token_drift=ep.drift + (ep.trace.drift if ep.trace is not None else []),
-            info=_task_name(state),
+            info=_task_labels(state),
             seconds=time.perf_counter() - ep.started,
         )
 
@@ -305,9 +305,12 @@ def _seating(env: Env) -> Seating:
     return RoleSeats() if env.multi_role else OneActor()
 
 
-def _task_name(state: State | None) -> dict[str, Any]:
+def _task_labels(state: State | None) -> dict[str, Any]:
     """``{"task": name}`` when the episode's task row names itself (``info["name"]``, as a
-    Harbor task's row does: ``envhub show`` labels the episode with it), else nothing."""
+    Harbor task's row does: ``envhub show`` labels the episode with it), and ``{"image": ...}``
+    when it names the image it ran in (a Harbor task in a container, stand-in included)."""
     info = state.task.get("info") if state is not None else None
-    name = info.get("name") if isinstance(info, dict) else None
-    return {"task": name} if isinstance(name, str) and name else {}
+    if not isinstance(info, dict):
+        return {}
+    labels = {"task": info.get("name"), "image": info.get("image")}
+    return {key: value for key, value in labels.items() if isinstance(value, str) and value}

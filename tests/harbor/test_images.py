@@ -115,3 +115,22 @@ def test_an_episode_works_in_the_tasks_image(require_podman: None, tmp_path: Pat
     assert "/app" in system_prompt
     assert "/app\nhello\n/usr/bin/jq" in probe
     assert reward == 1.0
+
+
+def test_a_trajectory_names_the_image_it_ran_in(require_podman: None, tmp_path: Path) -> None:
+    from envhub.rollout.runner import RolloutRunner
+    from envhub.testing import ByteChatTokenizer, ScriptedEngine
+
+    folder = make_task(tmp_path)
+    solve = _call("bash", command=SOLVE_SH.split("\n", 1)[1])
+
+    def policy(messages: list[Any], tools: Any) -> str:
+        return solve if not any(m.role == "tool" for m in messages) else "done"
+
+    engine = ScriptedEngine(policy, ByteChatTokenizer())
+    runner = RolloutRunner(
+        engine, lambda: HarborEnv(folder, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN})
+    )
+    (trajectory,) = asyncio.run(runner.run([0]))
+    assert trajectory.reward == 1.0 and trajectory.info["task"] == "sum-prices"
+    assert trajectory.info["image"].endswith(f"stand-in {STAND_IN} for ubuntu:24.04)")
