@@ -46,7 +46,7 @@ def is_task_path(name: str) -> bool:
 
 
 def _has_task_file(path: Path) -> bool:
-    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
+    return any((path / name).is_file() for name in ("task.toml", "instruction.md", "task.yaml"))
 
 
 def is_hub_reference(name: str) -> bool:

@@ -74,7 +74,7 @@ def build_task_image(
     Raises:
         SandboxError: The build failed (its output's end).
     """
-    environment = task.path / "environment"
+    environment = task.environment_dir
     dockerfile = environment / "Dockerfile"
     if dockerfile.is_file():
         text, stand_ins = map_images(dockerfile.read_text(encoding="utf-8"), image_map)

@@ -45,6 +45,7 @@ from envhub.harbor.dockerfile import (
     read_dockerfile,
 )
 from envhub.harbor.resources import Resources, read_resources
+from envhub.harbor.toolchain import ScriptNeeds, check_offline, read_needs
 from envhub.sandbox.base import WORKDIR
 
 if sys.version_info >= (3, 11):
@@ -52,7 +53,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-_MARKERS = ("task.toml", "instruction.md", "tests", "environment")
+_MARKERS = ("task.toml", "instruction.md", "tests", "environment", "task.yaml")
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,16 @@ class HarborTask:
     steps (:mod:`envhub.harbor.build`); ``None``: the workspace is :attr:`files`."""
     image: str | None = None
     """The image the task names (its Dockerfile's ``FROM``, or ``docker_image``)."""
+    context: Path | None = None
+    """The folder of its Dockerfile (``None``: ``environment/``)."""
+    verifier_needs: ScriptNeeds | None = None
+    """What its tests' scripts fetch (read for the container back end, which answers it from
+    the verifier toolchain: :mod:`envhub.harbor.toolchain`)."""
+
+    @property
+    def environment_dir(self) -> Path:
+        """The folder of its Dockerfile, the build's context."""
+        return self.context or self.path / "environment"
 
     @property
     def verifier_timeout(self) -> float:
@@ -129,21 +140,27 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
             ``in_container``), or several containers.
     """
     folder = Path(path)
+    if not (folder / "task.toml").is_file() and (folder / "task.yaml").is_file():
+        from envhub.harbor.terminal_bench import load_tb_task
+
+        return load_tb_task(folder, in_container=in_container)
     config = _read_config(folder / "task.toml")
     instruction = _read_instruction(folder / "instruction.md")
     tests = _read_tree(folder / "tests")
     if "test.sh" not in tests:
         raise EnvLoadError(f"{folder / 'tests' / 'test.sh'} is missing: a task needs its tests")
-    environment = _environment(folder, config, in_container)
+    _refuse_compose(folder / "environment")
+    workdir = _workdir(folder / "task.toml", config)
+    environment = environment_of(folder, folder / "environment", workdir, in_container, config)
     solution_dir = folder / "solution"
     solution = _read_tree(solution_dir) if solution_dir.is_dir() else None
     if solution is not None and "solve.sh" not in solution:
         raise EnvLoadError(f"{solution_dir / 'solve.sh'} is missing (solution/ has no solve.sh)")
-    copies = _copied_files(folder / "environment", environment)
-    files = {name: data for copy in copies for name, data in copy.files.items()}
-    executables = frozenset().union(*(c.executables for c in copies))
     task_meta = config.get("task") if isinstance(config.get("task"), dict) else {}
     resources = read_resources(folder / "task.toml", config)
+    files, executables, build = files_of(
+        folder / "environment", environment, resources.build_timeout
+    )
     return HarborTask(
         path=folder,
         name=str(task_meta.get("name") or folder.name),
@@ -156,9 +173,21 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
         resources=resources,
         env=environment.env,
         metadata=dict(_section(config, "metadata")),
-        build=_build(environment, copies, resources.build_timeout),
+        build=build,
         image=environment.image,
+        verifier_needs=verifier_needs(tests, folder / "tests") if in_container else None,
     )
+
+
+def verifier_needs(tests: dict[str, bytes], where: Path) -> ScriptNeeds:
+    """What the tests' scripts fetch, for the container back end's offline verifier.
+
+    Raises:
+        UnsupportedEnvironment: A line that the verifier toolchain cannot answer offline.
+    """
+    needs = read_needs(tests, where)
+    check_offline(needs)
+    return needs
 
 
 def rewrite_paths(text: str, mapping: dict[str, str]) -> str:
@@ -205,6 +234,11 @@ def _read_instruction(file: Path) -> str:
     return text
 
 
+def read_tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (but ``__pycache__``), by its path relative to it."""
+    return _read_tree(folder)
+
+
 def _read_tree(folder: Path) -> dict[str, bytes]:
     if not folder.is_dir():
         return {}
@@ -220,16 +254,40 @@ def _section(config: dict[str, Any], name: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _environment(folder: Path, config: dict[str, Any], in_container: bool) -> Environment:
-    env_dir = folder / "environment"
+def files_of(
+    context: Path, environment: Environment, timeout: float | None
+) -> tuple[dict[str, bytes], frozenset[str], Build | None]:
+    """The files the Dockerfile copies into the working folder, which are executable, and the
+    build of its ``RUN`` steps (see :func:`_build`)."""
+    copies = _copied_files(context, environment)
+    files = {name: data for copy in copies for name, data in copy.files.items()}
+    executables = frozenset().union(*(c.executables for c in copies))
+    return files, executables, _build(environment, copies, timeout)
+
+
+def _refuse_compose(env_dir: Path) -> None:
     for name in ("docker-compose.yaml", "docker-compose.yml"):
         if (env_dir / name).is_file():
             raise UnsupportedEnvironment(
                 f"{env_dir / name}: a task of several containers (docker compose) cannot run "
                 "here; envhub runs Harbor tasks on the host's base system in its sandbox"
             )
-    image = _section(config, "environment").get("docker_image")
-    workdir = _workdir(folder / "task.toml", config)
+
+
+def environment_of(
+    folder: Path,
+    env_dir: Path,
+    workdir: str | None,
+    in_container: bool,
+    config: dict[str, Any] | None = None,
+) -> Environment:
+    """The task's environment, from ``env_dir``'s Dockerfile or ``[environment]
+    docker_image`` (``config``: ``task.toml``'s), checked unless ``in_container``.
+
+    Raises:
+        UnsupportedEnvironment: It cannot run here (see :func:`load_task`).
+    """
+    image = _section(config or {}, "environment").get("docker_image")
     if in_container:
         if (env_dir / "Dockerfile").is_file():
             return container_environment(env_dir / "Dockerfile", workdir)

@@ -64,6 +64,8 @@ class ContainerSandbox(Sandbox):
         image: The image sessions start from.
         engine: ``podman``, ``docker``, or ``None`` for the first that runs here.
         python: The Python interpreter in the image (:meth:`arun_python`).
+        volumes: Host folders mounted read-only in every session: host path -> path in the
+            container (a Harbor task's verifier toolchain: :mod:`envhub.harbor.toolchain`).
 
     Raises:
         SandboxUnavailableError: No container engine runs here, or the image is missing.
@@ -78,8 +80,10 @@ class ContainerSandbox(Sandbox):
         image: str = DEFAULT_IMAGE,
         engine: str | ContainerEngine | None = None,
         python: str = "python3",
+        volumes: dict[str, str] | None = None,
     ) -> None:
         super().__init__(limits, python=python)
+        self.volumes = dict(volumes or {})
         self.engine = engine if isinstance(engine, ContainerEngine) else ContainerEngine(engine)
         self.image = image
         self.owner = owner_tag(os.getpid())
@@ -89,9 +93,12 @@ class ContainerSandbox(Sandbox):
                 "`bash scripts/container_base.sh`) or name another with image="
             )
 
-    def with_image(self, image: str) -> ContainerSandbox:
-        """The same back end (engine, limits) on ``image``."""
-        return ContainerSandbox(self.limits, image=image, engine=self.engine, python=self.python)
+    def with_image(self, image: str, *, volumes: dict[str, str] | None = None) -> ContainerSandbox:
+        """The same back end (engine, limits, volumes unless ``volumes``) on ``image``."""
+        return ContainerSandbox(
+            self.limits, image=image, engine=self.engine, python=self.python,
+            volumes=self.volumes if volumes is None else volumes,
+        )  # fmt: skip
 
     def build(self, context: Path, dockerfile: str, *, network: bool = True) -> str:
         """The tag of ``dockerfile`` built in ``context`` (built once; see

@@ -239,6 +239,7 @@ class ContainerSession(Session):
         if self._mounts_workspace:
             assert self.workspace is not None
             args.append(f"--volume={self.workspace.path}:{self.workdir}:O")
+        args += [f"--volume={host}:{inside}:ro" for host, inside in self.sandbox.volumes.items()]
         start = f"{self._layout_script()} && touch {READY} && {self.sandbox.init_exec()}"
         image = self.sandbox.image
         return [*args, *self.sandbox.init_args(), "--entrypoint=/bin/sh", image, "-c", start]

@@ -1,0 +1,360 @@
+"""The prepared verifier toolchain: the published verifier preamble, run without the network.
+
+Most published Harbor (terminal-bench) tasks' ``tests/test.sh`` start the same way:
+``apt-get install -y curl``, the uv installer by ``curl ... | sh``, then ``uvx -p 3.13 -w
+pytest==8.4.1 -w pytest-json-ctrf==0.3.5 pytest ...`` (or ``uv init``/``uv add``/``uv run``,
+``uv venv``/``uv pip install``, ``pip install``). In a container episode the network is off at
+verify time, so envhub prepares, once, on the host, a folder that answers those downloads:
+
+- ``bin/uv``, ``bin/uvx``: uv's static (musl) build, from the ``uv`` wheel on the package
+  index, which runs in any x86-64 image;
+- ``wheels/``: the packages the tests ask for (pytest and pytest-json-ctrf always; each
+  ``-w``/``--with``, ``uv add``, ``uv pip install`` and ``pip install`` requirement of the
+  script), binary wheels for the image's Python;
+- ``shims/`` and ``installer.sh``: see :mod:`envhub.harbor.verifier_shims`.
+
+The container back end mounts it read-only at :data:`~envhub.harbor.verifier_shims.MOUNT` in
+every session of the task (a command cannot add a mount to a running container; the model's
+commands do not have it on their ``PATH``, only the verifier's call does), and the task is not
+edited. What the toolchain cannot answer is refused before any episode
+(:func:`offline_problems`): a download of another address, a ``git clone`` of a remote, a
+requirement the package index does not have as a wheel, an ``apt-get install`` of a package
+the image lacks (checked once the image is built).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import re
+import shlex
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from envhub.harbor.dockerfile import UnsupportedEnvironment
+from envhub.harbor.verifier_shims import MOUNT, shims
+from envhub.paths import cache_dir
+
+if TYPE_CHECKING:
+    from envhub.harbor.task import HarborTask
+    from envhub.sandbox.container import ContainerSandbox
+
+DEFAULT_REQUIREMENTS = ("pytest==8.4.1", "pytest-json-ctrf==0.3.5")
+"""Always in the wheels: what the published preamble runs."""
+PLATFORM = "manylinux2014_x86_64"
+ADVICE = (
+    "the verifier runs without the network; make the image hold what the tests need "
+    "(a RUN step in the task's Dockerfile), or run the task where its container has the network"
+)
+_TOOLS = frozenset({"uv", "uvx", "pip", "pip3", "apt-get", "apt", "curl", "wget"})
+_PLATFORM_MARKER = re.compile(r"sys_platform|platform_system|os_name")
+_URL = re.compile(r"https?://\S+")
+_UV_INSTALLER = re.compile(r"astral\.sh/uv/(\S*/)?install\.sh")
+
+
+@dataclass(frozen=True)
+class ScriptNeeds:
+    """What a verifier script fetches, read from its text."""
+
+    requirements: tuple[str, ...] = ()
+    """Python requirements it installs (``-w``, ``uv add``, ``pip install``...)."""
+    apt_packages: tuple[str, ...] = ()
+    """Debian packages it ``apt-get install``s."""
+    problems: tuple[str, ...] = ()
+    """Lines the toolchain cannot answer (``FILE line N: ...: why``)."""
+    uses: bool = False
+    """Whether it runs anything the toolchain answers (uv, uvx, pip, apt-get, curl, wget)."""
+
+
+def toolchain_dir() -> Path:
+    """The toolchain's folder on the host (in envhub's cache)."""
+    return cache_dir() / "verifier-toolchain"
+
+
+def read_needs(scripts: dict[str, bytes], where: Path) -> ScriptNeeds:
+    """What the shell scripts of ``scripts`` (the tests' ``*.sh``) fetch; ``where``: the
+    tests' folder, for the messages."""
+    requirements: list[str] = []
+    packages: list[str] = []
+    problems: list[str] = []
+    uses = False
+    for name, data in sorted(scripts.items()):
+        if not name.endswith(".sh"):
+            continue
+        text = data.decode("utf-8", "replace")
+        for number, line in _logical_lines(text):
+            words = _words(line)
+            uses = uses or bool(_TOOLS.intersection(words))
+            requirements += _requirements(words)
+            packages += _apt_packages(words)
+            problem = _line_problem(line, words)
+            if problem:
+                problems.append(f"{where / name} line {number}: {line.strip()[:120]}: {problem}")
+    return ScriptNeeds(tuple(dict.fromkeys(requirements)), tuple(dict.fromkeys(packages)),
+                       tuple(problems), uses)  # fmt: skip
+
+
+def check_offline(needs: ScriptNeeds) -> None:
+    """Refuse a verifier the toolchain cannot run offline.
+
+    Raises:
+        UnsupportedEnvironment: Its first problem line, and what to do.
+    """
+    if needs.problems:
+        more = f" (and {len(needs.problems) - 1} more)" if len(needs.problems) > 1 else ""
+        raise UnsupportedEnvironment(f"{needs.problems[0]}{more}; {ADVICE}")
+
+
+def prepare_toolchain(requirements: Iterable[str], python: str) -> Path:
+    """The toolchain's folder, with uv, the shims and wheels of ``requirements`` (and
+    :data:`DEFAULT_REQUIREMENTS`) for Python ``python`` (``3.11``): fetched once, kept.
+
+    Raises:
+        UnsupportedEnvironment: A requirement has no wheel on the package index (or the index
+            cannot be reached).
+    """
+    folder = toolchain_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with _locked(folder / ".lock"):
+        if not (folder / "bin" / "uv").is_file():
+            _install_uv(folder)
+        _write_shims(folder)
+        done_file = folder / "fetched.json"
+        done = set(json.loads(done_file.read_text())) if done_file.is_file() else set()
+        wanted = [r for r in dict.fromkeys([*DEFAULT_REQUIREMENTS, *requirements])
+                  if f"{r} py{python}" not in done]  # fmt: skip
+        if wanted:
+            _download(wanted, python, folder / "wheels")
+            done |= {f"{r} py{python}" for r in wanted}
+            done_file.write_text(json.dumps(sorted(done), indent=1))
+    return folder
+
+
+def toolchain_for(task: HarborTask, sandbox: ContainerSandbox, image: str) -> Path | None:
+    """The toolchain ``task``'s verifier needs in ``image`` (prepared now if need be), or
+    ``None`` when its tests fetch nothing.
+
+    Raises:
+        UnsupportedEnvironment: The tests install a Debian package the image lacks, or run
+            Python packages in an image without Python, or need a wheel the index lacks.
+    """
+    needs = task.verifier_needs
+    if needs is None or not needs.uses:
+        return None
+    python, missing = image_facts(sandbox, image, needs.apt_packages)
+    where = task.path / "tests"
+    if missing:
+        raise UnsupportedEnvironment(
+            f"{where}: apt-get install {' '.join(missing)}: not in the task's image; {ADVICE}"
+        )
+    if not python and needs.requirements:
+        raise UnsupportedEnvironment(
+            f"{where}: the tests install {needs.requirements[0]}, and the task's image has no "
+            f"python3 to run it (uv would download one); {ADVICE}"
+        )
+    return prepare_toolchain(needs.requirements, python or "3.11")
+
+
+def image_facts(
+    sandbox: ContainerSandbox, image: str, packages: tuple[str, ...]
+) -> tuple[str, list[str]]:
+    """The image's Python version (``3.11``; ``""`` when it has none) and which of
+    ``packages`` it lacks, from one container of it."""
+    from envhub._async import run_sync
+
+    quoted = " ".join(shlex.quote(p) for p in packages)
+    script = (
+        "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo; "
+        f"for p in {quoted}; do case $p in curl|wget|ca-certificates) continue;; esac; "
+        "dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q 'install ok installed' "
+        '|| echo "$p"; done'
+    )
+    result = run_sync(sandbox.with_image(image).arun(["/bin/sh", "-c", script]))
+    lines = result.stdout.splitlines() or [""]
+    return lines[0].strip(), [line for line in lines[1:] if line.strip()]
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """``(first line number, line)`` with backslash continuations joined, comments out."""
+    out: list[tuple[int, str]] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not pending:
+            start = number
+        if raw.rstrip().endswith("\\"):
+            pending += raw.rstrip()[:-1] + " "
+            continue
+        line = pending + raw
+        pending = ""
+        if line.strip() and not line.lstrip().startswith("#"):
+            out.append((start, line))
+    return out
+
+
+def _words(line: str) -> list[str]:
+    try:
+        return shlex.split(line, comments=True)
+    except ValueError:
+        return line.split()
+
+
+def _requirements(words: list[str]) -> list[str]:
+    """Requirements named by ``-w``/``--with``, ``uv add``, ``uv pip install``, ``pip install``."""
+    found: list[str] = []
+    for i, word in enumerate(words):
+        if word in ("-w", "--with") and i + 1 < len(words):
+            found += words[i + 1].split(",")
+        elif word.startswith("--with="):
+            found += word.split("=", 1)[1].split(",")
+    for verb in (("uv", "add"), ("pip", "install"), ("pip3", "install")):
+        found += _after(words, verb)
+    return [r for r in found if r and not r.startswith(("-", ".", "/")) and "://" not in r]
+
+
+def _after(words: list[str], verb: tuple[str, str]) -> list[str]:
+    """The positional words after ``verb`` (``uv add X Y``), up to a shell operator."""
+    for i in range(len(words) - 1):
+        if tuple(words[i : i + 2]) == verb:
+            out = []
+            skip = False
+            for word in words[i + 2 :]:
+                if word in ("&&", "||", ";", "|"):
+                    break
+                if skip:
+                    skip = False
+                elif word in ("-r", "-c", "--python", "-p", "--index-url", "-i", "--target"):
+                    skip = True
+                elif not word.startswith("-"):
+                    out.append(word)
+            return out
+    return []
+
+
+def _apt_packages(words: list[str]) -> list[str]:
+    for verb in (("apt-get", "install"), ("apt", "install")):
+        if any(tuple(words[i : i + 2]) == verb for i in range(len(words) - 1)):
+            return [w.split("=")[0] for w in _after(words, verb)]
+    return []
+
+
+def _line_problem(line: str, words: list[str]) -> str | None:
+    """Why the toolchain cannot answer ``line`` offline (``None``: it can)."""
+    if words and words[0] in ("curl", "wget") or "curl " in line or "wget " in line:
+        for url in _URL.findall(line):
+            if not _UV_INSTALLER.search(url):
+                return f"downloads {url.rstrip(';|&)')}"
+    if "git" in words and "clone" in words:
+        remote = next((w for w in words if "://" in w or w.startswith("git@")), None)
+        if remote:
+            return f"clones {remote}"
+    return None
+
+
+def _install_uv(folder: Path) -> None:
+    """uv's static build, out of its musllinux wheel, into ``folder/bin``."""
+    wheels = folder / "uv-wheel"
+    _pip_download(["uv"], "3.11", wheels, platform="musllinux_1_1_x86_64", deps=False)
+    wheel = next(wheels.glob("uv-*.whl"))
+    (folder / "bin").mkdir(exist_ok=True)
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            name = member.rsplit("/", 1)[-1]
+            if ".data/scripts/" in member and name in ("uv", "uvx"):
+                target = folder / "bin" / name
+                target.write_bytes(archive.read(member))
+                target.chmod(0o755)
+    wheel.unlink()
+
+
+def _write_shims(folder: Path) -> None:
+    for name, text in shims().items():
+        path = folder / name
+        path.parent.mkdir(exist_ok=True)
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+        path.chmod(0o755)
+
+
+def _download(requirements: list[str], python: str, wheels: Path) -> None:
+    """Wheels of ``requirements`` (and their dependencies) for Python ``python``."""
+    try:
+        _pip_download(requirements, python, wheels, platform=PLATFORM, deps=True)
+        # uv locks a project for every platform: other platforms' dependencies (pytest's
+        # colorama) must be in the wheels too. Best effort: what fails is not run here.
+        others = _other_platform_requirements(wheels)
+        if others:
+            _pip_download(others, python, wheels, platform=PLATFORM, deps=False, check=False)
+    except UnsupportedEnvironment:
+        for requirement in requirements:  # which one: the message names it
+            _pip_download([requirement], python, wheels, platform=PLATFORM, deps=True)
+        raise
+
+
+def _other_platform_requirements(wheels: Path) -> list[str]:
+    """The requirements the wheels in ``wheels`` have only on other platforms (a
+    ``Requires-Dist`` with a ``sys_platform``/``platform_system``/``os_name`` marker)."""
+    found: set[str] = set()
+    for wheel in wheels.glob("*.whl"):
+        with zipfile.ZipFile(wheel) as archive:
+            name = next((n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None)
+            text = archive.read(name).decode("utf-8", "replace") if name else ""
+        for line in text.splitlines():
+            if line.startswith("Requires-Dist:") and ";" in line:
+                requirement, marker = line.split(":", 1)[1].split(";", 1)
+                if _PLATFORM_MARKER.search(marker) and "extra" not in marker:
+                    found.add(requirement.strip().replace(" ", ""))
+    return sorted(found)
+
+
+def _pip_download(
+    requirements: list[str],
+    python: str,
+    dest: Path,
+    *,
+    platform: str,
+    deps: bool,
+    check: bool = True,
+) -> None:
+    command = [
+        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+        "--only-binary=:all:", f"--platform={platform}",
+        f"--python-version={python}", "-d", str(dest),
+        *([] if deps else ["--no-deps"]), *requirements,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0 and check:
+        errors = [line for line in result.stderr.splitlines() if "ERROR" in line]
+        tail = (errors[-1] if errors else result.stderr.strip()[-300:]) or "no output"
+        raise UnsupportedEnvironment(
+            f"the verifier toolchain cannot fetch {' '.join(requirements)} for Python {python} "
+            f"as wheels from the package index ({tail}); {ADVICE}"
+        )
+
+
+@contextmanager
+def _locked(path: Path):
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+__all__ = [
+    "DEFAULT_REQUIREMENTS",
+    "MOUNT",
+    "ScriptNeeds",
+    "check_offline",
+    "image_facts",
+    "prepare_toolchain",
+    "read_needs",
+    "toolchain_for",
+    "toolchain_dir",
+]
