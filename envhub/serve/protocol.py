@@ -47,6 +47,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from envhub.serve.settings import MAX_ARRAY_BYTES, MAX_DEPTH, MAX_ITEMS
 from envhub.types import AssistantTurn, EnvRef, ErrorRecord, FunctionCall, Message, ToolCall
 
 # -- error kinds (``ErrorInfo.type`` for errors of the protocol rather than of the env) -------
@@ -456,14 +457,6 @@ _NUMBER = (int, float)
 
 def _plain_numbers(values: dict[Any, Any]) -> bool:
     return all(type(k) is str and type(v) in _NUMBER for k, v in values.items())
-
-
-MAX_DEPTH = 32
-"""Default nesting levels a request's value (action, options, env args) may have."""
-MAX_ITEMS = 100_000
-"""Default list elements, dict entries and array elements a request's value may hold."""
-MAX_ARRAY_BYTES = 16 * 1024 * 1024
-"""Default bytes the numpy arrays of a request's value may take once built."""
 
 
 class Limits(BaseModel):

@@ -1,4 +1,5 @@
-"""Settings and the entry point of ``envhub serve``: an env behind uvicorn.
+"""The entry point of ``envhub serve``: an env behind uvicorn, as its
+:class:`~envhub.serve.settings.ServeSettings` say.
 
 :func:`build_app` makes the ASGI app (tests and embedders run it in their own uvicorn, with
 :func:`uvicorn_config`, which brings the half-sent-request deadline);
@@ -12,51 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from envhub.errors import MissingDependencyError
-from envhub.serve.protocol import MAX_ARRAY_BYTES, MAX_DEPTH, MAX_ITEMS
+from envhub.serve.settings import ServeSettings
 
 logger = logging.getLogger(__name__)
-
-
-class ServeSettings(BaseModel):
-    """How to serve an env."""
-
-    model_config = ConfigDict(frozen=True)
-
-    env: str
-    """Anything ``envhub.make`` accepts: a built-in or installed env's name, a Hub reference,
-    an env reference (``path/to/file.py:Class``)."""
-    env_args: dict[str, Any] = Field(default_factory=dict)
-    """Constructor arguments for every session's env; a session's own args update them."""
-    host: str = "127.0.0.1"
-    port: int = 8765
-    max_sessions: int = Field(1024, ge=1)
-    token: str | None = None
-    """Bearer token clients must send; ``None`` serves without auth."""
-    session_ttl: float = Field(600.0, gt=0)
-    """Seconds a session may stay idle before it is closed."""
-    max_message_bytes: int = Field(4 * 1024 * 1024, ge=1024)
-    """The largest request frame read; larger ones get a 413 error."""
-    threads: int = Field(64, ge=1)
-    """Worker threads that run sync envs' calls."""
-    max_depth: int = Field(MAX_DEPTH, ge=2)
-    """Nesting levels a request's value (action, options, env args) may have (413 above)."""
-    max_items: int = Field(MAX_ITEMS, ge=16)
-    """List elements, dict entries and array elements a request's value may hold (413 above)."""
-    max_array_bytes: int = Field(MAX_ARRAY_BYTES, ge=0)
-    """Bytes the numpy arrays a request's value declares may take once built (413 above)."""
-    max_in_flight: int = Field(1024, ge=1)
-    """Requests one WebSocket connection may have running at once (a batch's count one by one);
-    reading its frames waits beyond it."""
-    idle_timeout: float | None = Field(None, gt=0)
-    """Seconds a WebSocket connection may go without a frame while none of its requests runs
-    (an env step's time is never idle time) before the server closes it; ``None``: twice the
-    session TTL (its sessions expire first, with the clearer error)."""
-    read_timeout: float = Field(30.0, gt=0)
-    """Seconds a half-sent HTTP request or WebSocket frame may take to arrive in full before the
-    server closes the connection."""
 
 
 def build_app(settings: ServeSettings) -> Any:
