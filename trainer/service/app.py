@@ -332,7 +332,7 @@ async def get_sampler(state: ServiceState, request: Request) -> dict:
 async def asample(state: ServiceState, request: Request) -> dict:
     """Sample completions of a prompt (a future of a protobuf ``SampleResponse``)."""
     body = await request.json()
-    for unsupported in ("prompt_logprobs", "topk_prompt_logprobs", "topk_sample_logprobs",
+    for unsupported in ("topk_prompt_logprobs", "topk_sample_logprobs",
                         "target_prompt_logprobs", "prompt_alt_tokens_k"):  # fmt: skip
         if body.get(unsupported):
             raise ConfigError(f"{unsupported} is not served yet")
@@ -344,11 +344,15 @@ async def asample(state: ServiceState, request: Request) -> dict:
         ).folder
     prompt = _prompt_tokens(body["prompt"])
     num_samples = int(body.get("num_samples", 1))
+    with_prompt, last_n = bool(body.get("prompt_logprobs")), body.get("prompt_logprobs_last_n")
+    if last_n is not None and not 1 <= last_n < len(prompt):
+        raise ConfigError(f"prompt_logprobs_last_n must be in 1..{len(prompt) - 1}")
 
     async def work() -> Outcome:
         sampler = await state.samplers.get(folder)
         sequences = await sampler.sample(prompt, num_samples, body["sampling_params"])
-        return Outcome(wire.sample_output(sequences), proto=True)
+        scored = await sampler.prompt_logprobs(prompt, last_n) if with_prompt else None
+        return Outcome(wire.sample_output(sequences, scored), proto=True)
 
     request_id = state.futures.submit(work())
     ids = [f"{request_id}-{i}" for i in range(num_samples)]

@@ -7,6 +7,18 @@ under ``log_softmax(logits / temperature)``). Training goes on in another module
 sampler's weights are the version that was saved, whatever the trainer has done since.
 The few most recently used samplers stay loaded.
 
+A request with a ``seed`` samples on an engine of its own seeded with it, so the same seed
+gives the same tokens on every call (Tinker's promise; the shared engine mixes its call counter
+into each batch's seed, as ``envhub train``'s rollouts want). Its ``num_samples`` rows go as one
+batch, each row its own draw. An engine reads the logits through a hook on the model's forward
+while it generates, so a seeded engine takes the model alone: requests on the shared engine
+share it (and batch together), a seeded one waits for them and they for it.
+
+Prompt logprobs (``compute_logprobs``) are those of one forward pass over the prompt under
+``log_softmax(logits)``, temperature 1, as envhub's trainer scores a sequence; the first token
+has none (NaN on the wire, ``None`` in the SDK). That pass runs the decoder and the head, not
+the model's own forward, so no engine's hook sees it.
+
 Tinker's ``stop`` may list token ids as well as strings: the engine stops on the model's EOS
 tokens and on stop strings; stop token ids cut the completion after generation, at the first
 one (it is kept, as an EOS token is), which changes nothing but the wasted tokens.
@@ -15,7 +27,10 @@ one (it is kept, as an EOS token is), which changes nothing but the wasted token
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from envhub.inference.base import GenerateRequest, SamplingParams
@@ -38,7 +53,9 @@ class Sampler:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(target)
-        self.engine = HFEngine(model.eval(), tokenizer, seed=0)
+        self.model, self.tokenizer = model.eval(), tokenizer
+        self.engine = HFEngine(self.model, tokenizer, seed=0)
+        self.turns = Turns()
 
     async def sample(
         self, prompt: list[int], num_samples: int, params: dict[str, Any]
@@ -60,18 +77,82 @@ class Sampler:
             seed=params.get("seed"),
         )
         request = GenerateRequest(messages=[], prompt_ids=prompt, sampling=sampling)
-        if sampling.seed is not None and num_samples > 1:
-            # one seed for the request, a different draw per sample
-            requests = [
-                request.model_copy(update={"sampling": sampling.model_copy(
-                    update={"seed": sampling.seed + i})})
-                for i in range(num_samples)
-            ]  # fmt: skip
-        else:
-            requests = [request] * num_samples
-        generations = await asyncio.gather(*(self.engine.generate(r) for r in requests))
+        generations = await self._generate(request, num_samples)
         return [_cut(g.token_ids or [], g.logprobs or [], g.finish_reason, tokens)
                 for g in generations]  # fmt: skip
+
+    async def _generate(self, request: GenerateRequest, num_samples: int) -> list[Any]:
+        """``num_samples`` generations of ``request``: on the shared engine, or, with a seed,
+        as one batch on an engine seeded with it alone (the same seed, the same tokens)."""
+        seed = request.sampling.seed
+        if seed is None:
+            async with self.turns.shared():
+                return await asyncio.gather(*(self.engine.generate(request)
+                                              for _ in range(num_samples)))  # fmt: skip
+        from envhub.trainer.engines.hf import HFEngine
+
+        engine = HFEngine(self.model, self.tokenizer, seed=seed, max_batch_size=num_samples)
+        async with self.turns.exclusive():
+            try:
+                return await asyncio.gather(*(engine.generate(request)
+                                              for _ in range(num_samples)))  # fmt: skip
+            finally:
+                await engine.aclose()
+
+    async def prompt_logprobs(self, prompt: list[int], last_n: int | None) -> list[float]:
+        """Each prompt token's logprob given the tokens before it (NaN for the first, and for
+        all but the last ``last_n`` when it is given), in a worker thread."""
+        return await asyncio.to_thread(self._prompt_logprobs, prompt, last_n)
+
+    def _prompt_logprobs(self, prompt: list[int], last_n: int | None) -> list[float]:
+        import torch
+
+        device = next(self.model.parameters()).device
+        with torch.no_grad():
+            hidden = self.model.get_decoder()(torch.tensor([prompt], device=device))[0]
+            logits = self.model.get_output_embeddings()(hidden[0, :-1]).float()
+            scores = torch.log_softmax(logits, dim=-1)
+            picked = scores.gather(1, torch.tensor(prompt[1:], device=device)[:, None])[:, 0]
+        values = [math.nan] + picked.cpu().tolist()
+        if last_n is not None:
+            values[: len(values) - last_n] = [math.nan] * (len(values) - last_n)
+        return values
+
+
+class Turns:
+    """Turns on one model: shared ones (the shared engine's requests, which it batches) or an
+    exclusive one (a seeded engine's); see the module docstring."""
+
+    def __init__(self) -> None:
+        self._changed = asyncio.Condition()
+        self._sharing = 0
+        self._alone = False
+
+    @asynccontextmanager
+    async def shared(self) -> AsyncIterator[None]:
+        """Hold a shared turn: wait while an exclusive one is held."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone)
+            self._sharing += 1
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._sharing -= 1
+                self._changed.notify_all()
+
+    @asynccontextmanager
+    async def exclusive(self) -> AsyncIterator[None]:
+        """Hold the model alone: wait until no turn is held."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: not self._alone and not self._sharing)
+            self._alone = True
+        try:
+            yield
+        finally:
+            async with self._changed:
+                self._alone = False
+                self._changed.notify_all()
 
 
 def _cut(tokens: list[int], logprobs: list[float], finish: str, stops: set[int]) -> Sequence:

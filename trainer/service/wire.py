@@ -133,11 +133,14 @@ class Sequence:
     """``stop`` (a stop token or string, or EOS) or ``length``."""
 
 
-def sample_output(sequences: list[Sequence]) -> bytes:
-    """A ``SampleResponse`` body: int32 tokens and float32 logprobs per sequence."""
+def sample_output(sequences: list[Sequence], prompt_logprobs: list[float] | None = None) -> bytes:
+    """A ``SampleResponse`` body: int32 tokens and float32 logprobs per sequence, and the
+    prompt's float32 logprobs when asked for (NaN where there is none)."""
     pb = _pb()
     reasons = {"stop": pb.STOP_REASON_STOP, "length": pb.STOP_REASON_LENGTH}
     msg = pb.SampleResponse()
+    if prompt_logprobs is not None:
+        msg.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for s in sequences:
         msg.sequences.add(
             stop_reason=reasons[s.stop_reason],

@@ -236,3 +236,38 @@ def test_two_sessions_adapters_stay_apart(service: Running, trained: dict, refer
         out = samplers[name].sample(tinker.types.ModelInput.from_ints(prompt), 1, greedy).result()
         tokens, logprobs = out.sequences[0].tokens, out.sequences[0].logprobs
         assert logprobs == pytest.approx(scored(training, prompt, tokens), abs=1e-4), name
+    full = tinker.types.ModelInput.from_ints(prompt + completion)
+    for name, own in (("first", mine), ("second", theirs)):
+        prompt_scores = samplers[name].compute_logprobs(full).result()
+        assert prompt_scores[len(prompt) :] == pytest.approx(own, abs=1e-4), name
+
+
+def test_prompt_logprobs_equal_envhubs_scoring(client: Any, trained: dict, reference: dict,
+                                               examples: list) -> None:  # fmt: skip
+    """``compute_logprobs`` on the saved weights scores every token after the first as the
+    reference backend does; ``prompt_logprobs_last_n`` leaves the earlier ones unscored."""
+    from envhub.trainer.backends.base import sequence_logprobs
+
+    sampler = client.create_sampling_client(model_path=trained["saved"].path).result()
+    prompt, completion = examples[1]
+    ids = prompt + completion
+    expected = sequence_logprobs(reference["backend"], ids, 1.0)
+    scored = sampler.compute_logprobs(tinker.types.ModelInput.from_ints(ids)).result()
+    assert scored[0] is None and len(scored) == len(ids)
+    assert scored[1:] == pytest.approx(expected, abs=1e-4)
+    tail = sampler.compute_logprobs(tinker.types.ModelInput.from_ints(ids),
+                                    prompt_logprobs_last_n=len(completion)).result()  # fmt: skip
+    assert tail[: len(prompt)] == [None] * len(prompt)
+    assert tail[len(prompt) :] == pytest.approx(expected[len(prompt) - 1 :], abs=1e-4)
+
+
+def test_a_seed_gives_the_same_tokens_on_every_call(client: Any, trained: dict,
+                                                    examples: list) -> None:  # fmt: skip
+    sampler = client.create_sampling_client(model_path=trained["saved"].path).result()
+    prompt = tinker.types.ModelInput.from_ints(examples[0][0])
+    params = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=11)
+    calls = [sampler.sample(prompt, 2, params).result() for _ in range(2)]
+    first, again = ([s.tokens for s in c.sequences] for c in calls)
+    assert first == again
+    other = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=12)
+    assert [s.tokens for s in sampler.sample(prompt, 2, other).result().sequences] != first
