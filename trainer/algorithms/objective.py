@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from envhub.errors import ConfigError
+from envhub.trainer.config import AlgorithmConfig
 
 from ._common import as_bool_mask, masked_mean, masked_sum
 from .aggregation import Count, aggregate
@@ -28,10 +29,16 @@ from .mismatch import mismatch_weights
 from .policy_losses import check_clip_range
 from .registry import AGGREGATIONS, KL_ESTIMATORS, MISMATCH_MODES, POLICY_LOSSES
 
+_ALGORITHM = AlgorithmConfig()
+"""The config's ``algorithm`` section as it is by default: where the objective's defaults are
+written (and documented); :class:`ObjectiveSpec` takes its own from it."""
+
 
 @dataclass(frozen=True)
 class ObjectiveSpec:
-    """What :func:`policy_objective` computes; checked when it is built.
+    """What :func:`policy_objective` computes; checked when it is built. The trainer builds
+    it from the config (``objective_spec``); each default is the config's (``norm_length``'s
+    ``None``: no length normaliser).
 
     Attributes:
         policy_loss: A name in ``POLICY_LOSSES``.
@@ -49,19 +56,19 @@ class ObjectiveSpec:
         mismatch_high: Upper accepted ratio for the mask modes.
     """
 
-    policy_loss: str = "ppo_clip"
-    eps_low: float = 0.2
-    eps_high: float = 0.28
-    dual_clip: float | None = None
-    aggregation: str = "token-mean"
+    policy_loss: str = _ALGORITHM.policy_loss
+    eps_low: float = _ALGORITHM.eps_low
+    eps_high: float = _ALGORITHM.eps_high
+    dual_clip: float | None = _ALGORITHM.dual_clip
+    aggregation: str = _ALGORITHM.aggregation
     norm_length: int | None = None
-    kl_beta: float = 0.0
-    kl_estimator: str = "k3"
-    entropy_coef: float = 0.0
-    mismatch: str = "tis"
-    mismatch_cap: float = 2.0
-    mismatch_low: float = 0.5
-    mismatch_high: float = 2.0
+    kl_beta: float = _ALGORITHM.kl_beta
+    kl_estimator: str = _ALGORITHM.kl_estimator
+    entropy_coef: float = _ALGORITHM.entropy_coef
+    mismatch: str = _ALGORITHM.mismatch
+    mismatch_cap: float = _ALGORITHM.mismatch_cap
+    mismatch_low: float = _ALGORITHM.mismatch_low
+    mismatch_high: float = _ALGORITHM.mismatch_high
 
     def __post_init__(self) -> None:
         POLICY_LOSSES.entry(self.policy_loss)

@@ -309,3 +309,31 @@ def test_no_supervised_tokens_computes_exactly_what_it_did_without_them(device: 
     assert "sft_token_frac" not in reports[0] and reports[1]["sft_token_frac"].item() == 0.0
     for name, value in reports[0].items():
         assert torch.equal(value, reports[1][name]), name
+
+
+def test_the_spec_takes_every_default_from_the_config() -> None:
+    """One source: each default of ``ObjectiveSpec`` reads the config's ``algorithm`` section
+    (none is written out in the spec), and the trainer's spec of a default config is the default
+    spec with the length normaliser."""
+    import ast
+    import inspect
+
+    from envhub import examples
+    from envhub.trainer.algorithms import objective
+    from envhub.trainer.config import AlgorithmConfig, load_config
+    from envhub.trainer.step import objective_spec
+
+    [spec_class] = ast.parse(inspect.getsource(objective.ObjectiveSpec)).body
+    assert isinstance(spec_class, ast.ClassDef)
+    defaults = {
+        node.target.id: ast.unparse(node.value)  # type: ignore[union-attr,arg-type]
+        for node in spec_class.body
+        if isinstance(node, ast.AnnAssign)
+    }
+    assert defaults.pop("norm_length") == "None"  # the rollout's max_tokens, not an algorithm field
+    assert len(defaults) == 12
+    assert all(value == f"_ALGORITHM.{name}" for name, value in defaults.items()), defaults
+    config = load_config(examples.path("quickstart"))
+    config = config.model_copy(update={"algorithm": AlgorithmConfig()})
+    expected = ObjectiveSpec(norm_length=config.rollout.max_tokens)
+    assert objective_spec(config) == expected
