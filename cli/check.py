@@ -85,7 +85,7 @@ def check_command(
         envhub check calculator
         envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
-        envhub check ./tasks --sandbox podman --image-map ubuntu:24.04=localhost/debian:bookworm
+        envhub check ./tasks --sandbox podman
     """
     tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
     tasks = _harbor_tasks(target)

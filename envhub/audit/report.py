@@ -127,6 +127,9 @@ class AuditReport:
     """Why the audit could not judge (a floor that proves nothing); empty when it could."""
     hacks: list[str] = field(default_factory=list)
     """The hack classes the policies cover, in order."""
+    played: list[str] | None = None
+    """The policies that played an episode (a mutant that would rewrite none of the
+    reference's replies plays none); ``None``: not played yet."""
 
     @property
     def passed(self) -> bool:
@@ -140,8 +143,9 @@ class AuditReport:
             return self.problem
         origin = "audit_floor" if self.declared else "reward_range"
         if self.passed:
+            tried = self.policies if self.played is None else self.played
             return (
-                f"{len(self.policies)} policies x {self.episodes} episodes at or below the floor "
+                f"{len(tried)} policies x {self.episodes} episodes at or below the floor "
                 f"{self.floor:g} ({origin}), none paid for a hack: {', '.join(self.hacks)}"
             )
         first, more = self.findings[0], len(self.findings) - 1
@@ -157,6 +161,7 @@ class AuditReport:
             "floor": self.floor,
             "floor_from": "audit_floor" if self.declared else "reward_range",
             "policies": list(self.policies),
+            **({"played": list(self.played)} if self.played is not None else {}),
             "hacks": list(self.hacks),
             "episodes_per_policy": self.episodes,
             "findings": [f.to_dict() for f in self.findings],

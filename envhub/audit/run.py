@@ -60,7 +60,8 @@ def audit_env(
     if not report.problem:
         starts = _starts(env, seeds)
         with _reusing_verdicts(env):
-            episodes = _play_all(env, catalog, starts, max_steps)
+            episodes, ran = _play_all(env, catalog, starts, max_steps)
+        report.played = [name for name in played if name in ran]
         report.findings = _above_floor(catalog, episodes, floor)
         report.findings += _contrasted(judged, episodes, floor)
     if raise_on_failure and not report.passed:
@@ -79,12 +80,13 @@ def _reusing_verdicts(env: Env) -> contextlib.AbstractContextManager[None]:
 
 def _play_all(
     env: Env, catalog: list[Probe], starts: tuple[Any, ...], max_steps: int
-) -> dict[str, list[AuditFinding | None]]:
+) -> tuple[dict[str, list[AuditFinding | None]], set[str]]:
     """Every probe's episode on every start, by probe name (played by :class:`Players`: a
-    workspace env's copies play several at once). The reference plays first: where no reply of
-    its episode shows an answer (for a one-field mutant, has that field), a mutant would replay
-    that episode unchanged, so the mutants skip it (``None``) without playing it (an env whose
-    episodes are workspaces pays seconds for each)."""
+    workspace env's copies play several at once), and the probes that played any. The
+    reference plays first: where no reply of its episode shows an answer (for a one-field
+    mutant, has that field), a mutant would replay that episode unchanged, so the mutants skip
+    it (``None``) without playing it (an env whose episodes are workspaces pays seconds for
+    each)."""
     names = [p.name for p in catalog]
     played: dict[str, list[AuditFinding | None]] = {n: [None] * len(starts) for n in names}
 
@@ -92,6 +94,7 @@ def _play_all(
         return _play(env, probe, start, max_steps)
 
     first = [n for n in names if n == "reference"]
+    ran: set[str] = set()
     with Players(env, catalog) as players:
         for phase in (first, [n for n in names if n not in first]):
             jobs = [
@@ -104,7 +107,8 @@ def _play_all(
             found = players.play([(name, starts[index]) for name, index in jobs], play)
             for (name, index), finding in zip(jobs, found, strict=True):
                 played[name][index] = finding
-    return played
+                ran.add(name)
+    return played, ran
 
 
 def _rewrites(env: Env, start: Any, name: str, episode: AuditFinding | None) -> bool:

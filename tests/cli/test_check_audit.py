@@ -61,7 +61,7 @@ def test_a_builtin_env_shows_the_audit_row(wide: None) -> None:
     assert result.exit_code == 0, result.output
     assert rows(result.output)["reward audit"] == (
         "ok",
-        "44 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+        "32 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
         "degenerate, format-only, length, non-commitment, stuffing, abstention, cheat, "
         "form-without-answer, checker, calibration",
     )

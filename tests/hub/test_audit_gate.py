@@ -14,7 +14,7 @@ HACKS = [
     "form-without-answer", "checker", "calibration",
 ]  # fmt: skip
 PASSED = (
-    "43 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
+    "31 policies x 3 episodes at or below the floor 0.1 (audit_floor), none paid for a hack: "
     + ", ".join(HACKS)
 )
 JUNK = "\\boxed{junk}\n<answer>junk</answer>\nAnswer: junk"
@@ -33,6 +33,8 @@ def test_the_audit_gate_names_the_policies_and_reaches_the_card(package: Path) -
     assert gates.index("capital-cities: reward audit") == gates.index("capital-cities: close") + 2
     audit = report.to_dict()["audits"]["capital-cities"]
     assert audit.pop("policies")[:4] == ["empty", "echo", "junk-format", "longest"]
+    played = audit.pop("played")  # the one-field mutants have no field to set here
+    assert len(played) == 31 and not any(p.startswith("ref:wrong-field-") for p in played)
     assert audit == {
         "passed": True,
         "floor": 0.1,

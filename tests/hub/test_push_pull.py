@@ -61,7 +61,7 @@ def test_push_publishes_a_tagged_version_with_manifest_and_card(
     assert (
         "tags:\n- envhub\n" in card
         and "| capital-cities: reference policy at top | pass | 1.0 |" in card
-        and "| capital-cities: reward audit | pass | 43 policies x 3 episodes" in card
+        and "| capital-cities: reward audit | pass | 31 policies x 3 episodes" in card
     )
     assert manifest["check"]["audits"]["capital-cities"]["findings"] == []
 
