@@ -60,9 +60,10 @@ def check_command(
     its floor; the answer hedged among decoys must not beat the decoys alone.
     A failure prints the hack, the episode that scored and how to fix it.
 
-    A Harbor task folder (or a folder of them) runs each task's tests twice,
-    in fresh sandboxes: after its solution/solve.sh, which must score 1, and
-    after nothing, which must score below 1. So does a package `envhub push`
+    A Harbor task folder (or a folder of them, or a Harbor registry file:
+    registry.json[:NAME@VERSION]) runs each task's tests twice, in fresh
+    sandboxes: after its solution/solve.sh, which must score 1, and after
+    nothing, which must score below 1. So does a package `envhub push`
     made of Harbor tasks (its folder, or its installed env).
 
     An env you wrote in a file needs no package: `envhub check my_env.py` (its
@@ -86,6 +87,7 @@ def check_command(
         envhub check ./my-env --model smollm2-135m
         envhub check ./tasks/hello-file
         envhub check ./tasks --sandbox podman
+        envhub check registry.json:my-tasks@1.0
     """
     tokenizer = _model_tokenizer(model) if model else None  # cheap checks before long ones
     tasks = _harbor_tasks(target)

@@ -7,8 +7,9 @@ with a ``/`` in it is a Hub reference, ``owner/name[@version|@commit][:env]``, a
 imported only when a Hub env is asked for, so ``import envhub`` and local envs never load the
 Hub client.
 
-A folder of Harbor tasks (a task folder, or a folder of them) gives a
-:class:`~envhub.harbor.env.HarborEnv` (imported only then).
+A folder of Harbor tasks (a task folder, or a folder of them), or a Harbor registry file
+(``registry.json[:NAME@VERSION]``), gives a :class:`~envhub.harbor.env.HarborEnv` (imported
+only then).
 
 An env reference, ``path/to/file.py:Class``, ``path/to/file.py`` or ``module:Class``, gives
 that class (see :mod:`envhub.references`).
@@ -38,11 +39,22 @@ def is_remote_url(name: str) -> bool:
 
 def is_task_path(name: str) -> bool:
     """Whether ``name`` is a folder of Harbor tasks and no env's name: a folder with a
-    ``task.toml`` or ``instruction.md``, or one whose subfolders have them."""
+    ``task.toml`` or ``instruction.md``, or one whose subfolders have them; or a Harbor
+    registry file (``registry.json``, ``registry.json:NAME@VERSION``)."""
     path = Path(name)
+    if _is_registry_file(name):
+        return name not in registry.list_envs()
     if not path.is_dir() or name in registry.list_envs():
         return False
     return _has_task_file(path) or any(_has_task_file(p) for p in path.iterdir() if p.is_dir())
+
+
+def _is_registry_file(name: str) -> bool:
+    if ".json" not in name:  # Harbor's reader loads only for a registry file
+        return False
+    from envhub.harbor.registry import split_reference
+
+    return split_reference(name) is not None
 
 
 def _has_task_file(path: Path) -> bool:

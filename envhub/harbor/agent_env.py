@@ -52,7 +52,7 @@ class HarborAgentEnv(HarnessEnv):
     """Harbor tasks played by an agent program (see the module docstring).
 
     Args:
-        path: A task folder, or a folder of them.
+        path: A task folder, a folder of them, or a registry file (as :class:`HarborEnv`'s).
         agent: A named agent (``"mini-swe-agent"``) or any harness program.
         sandbox: Where the sessions run (as :class:`HarborEnv`'s ``sandbox``; default: the
             local sandbox).

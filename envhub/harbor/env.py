@@ -76,7 +76,8 @@ class HarborEnv(WorkspaceEnv):
     """The tasks of a Harbor task folder (or of a folder of task folders).
 
     Args:
-        path: A task folder, or a folder whose subfolders are tasks.
+        path: A task folder, a folder whose subfolders are tasks, or a Harbor registry file
+            (``registry.json``, ``registry.json:NAME@VERSION``: :mod:`envhub.harbor.registry`).
         skip_unsupported: Leave out tasks whose environment cannot run here (else they are
             refused, with the image named).
         sandbox: Where episodes run: a back end, or its name (``local``, ``e2b``;
@@ -115,7 +116,7 @@ class HarborEnv(WorkspaceEnv):
         self.toolchains: dict[str, Path | None] = {}
         """The verifier toolchain each of those tasks' sessions mount (``None``: its tests
         fetch nothing): :mod:`envhub.harbor.toolchain`."""
-        found = find_task_folders(self.path)
+        found = _task_folders(str(path))
         self.tasks = _load_all(found, skip_unsupported, self.in_container)
         rows = [
             {"question": t.instruction, "info": {"id": key, "name": t.name}}
@@ -415,6 +416,15 @@ def _finite(value: float, where: str) -> float:
     if not math.isfinite(value):
         raise VerifierError(f"{where}, but its reward is {value}")
     return value
+
+
+def _task_folders(path: str) -> list[Path]:
+    """The task folders of a task folder, a folder of them, or a registry file's dataset."""
+    from envhub.harbor.registry import read_dataset, split_reference
+
+    if split_reference(path) is not None:
+        return list(read_dataset(path).folders)
+    return find_task_folders(path)
 
 
 def _load_all(
