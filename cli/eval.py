@@ -20,8 +20,9 @@ def register(app: typer.Typer) -> None:
 def eval_command(
     env: str = typer.Argument(
         ...,
-        help="An installed env's name (see `envhub list`), or your env's code: "
-        "path/to/file.py[:Class] or module:Class.",
+        help="An installed env's name (see `envhub list`), your env's code: "
+        "path/to/file.py[:Class] or module:Class, or Harbor tasks: a task folder, a folder of "
+        "them, or a registry file (registry.json[:NAME@VERSION]).",
     ),
     model: str = typer.Option(
         None,
@@ -68,6 +69,7 @@ def eval_command(
     """Evaluate a model on an env: a summary table, results as JSONL.
 
     Give --base-url for a running server, or --serve to start vLLM for the run.
+    Named tasks (Harbor's) also get a row each: episodes, mean reward, pass@k.
 
     Examples:
         envhub eval calculator --serve -n 8 -r 2
@@ -204,6 +206,8 @@ def run_eval(env_name: str, env_kwargs: dict[str, Any], *, base_url: str, model:
     (folder / "summary.json").write_text(summary.model_dump_json(indent=2))
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     console.print(summary_table(summary, f"{env_name} x {engine.model}"))
+    if summary.per_task:
+        console.print(task_table(summary.per_task))
     console.print(f"results: {folder}", soft_wrap=True)
     return folder
 
@@ -340,6 +344,25 @@ def episodes_line(summary: Any) -> str:
     if records and records != summary.episodes:
         line += f", {records} trajectories"
     return line
+
+
+def task_table(rows: list[dict[str, Any]]):
+    """The per-task rows of a summary (:attr:`~envhub.evaluation.EvalSummary.per_task`) as a
+    rich table: task, episodes, mean reward, pass@k for each k any task has (``-`` where a
+    task has fewer samples)."""
+    from rich.table import Table
+
+    ks = sorted({int(k) for row in rows for k in row["pass_at"]})
+    table = Table(title="per task", title_justify="left")
+    for column in ("task", "episodes", "reward", *(f"pass@{k}" for k in ks)):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        passes = {int(k): v for k, v in row["pass_at"].items()}
+        table.add_row(
+            row["task"], str(row["episodes"]), f"{row['reward_mean']:.3f}",
+            *(f"{passes[k]:.3f}" if k in passes else "-" for k in ks),
+        )  # fmt: skip
+    return table
 
 
 def summary_table(summary: Any, title: str):

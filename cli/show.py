@@ -33,7 +33,7 @@ def show_command(
         envhub show --worst outputs/train/my-run/trajectories/step-000020.jsonl
     """
     from envhub.cli.console import console
-    from envhub.cli.eval import summary_table
+    from envhub.cli.eval import summary_table, task_table
     from envhub.errors import ConfigError
     from envhub.evaluation import summarize
     from envhub.rollout.io import read_trajectories
@@ -54,6 +54,8 @@ def show_command(
         console.print(
             summary_table(summary, str(file.parent if file.name == "trajectories.jsonl" else file))
         )
+        if summary.per_task:
+            console.print(task_table(summary.per_task))
         return
     index = (
         min(range(len(trajectories)), key=lambda i: trajectories[i].reward) if worst else episode

@@ -10,7 +10,9 @@ held-out evaluation with the run's own engine, and a script with whatever engine
     result.summary.pass_at[4]
 
 pass@k uses the unbiased estimator of Chen et al. (2021): with ``n`` samples of a task of which
-``c`` pass, pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks.
+``c`` pass, pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks. When the tasks are named (a
+Harbor task's row names it: ``info["name"]``, recorded as the trajectory's ``info["task"]``),
+the summary also holds each task's own row (:attr:`EvalSummary.per_task`).
 """
 
 from __future__ import annotations
@@ -98,6 +100,10 @@ class EvalSummary(BaseModel):
     """Per role of a multi-role env (solver seats together): ``trajectories`` (that role's),
     ``reward_mean``, ``results`` (trajectories per result: ``win``, ``solved``, ...) and
     ``pass_at`` (per task, over that role's trajectories of it); empty for one-role envs."""
+    per_task: list[dict[str, Any]] = Field(default_factory=list)
+    """One row per task played, in task order, when every episode's task is named (a Harbor
+    task's): ``task`` (its name), ``task_index``, ``episodes``, ``reward_mean`` and ``pass_at``
+    (over that task's samples); empty for tasks without names."""
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -180,6 +186,27 @@ def _roles(
     }
 
 
+def _per_task(
+    trajectories: Sequence[Trajectory], passes: dict[TaskRole, list[bool]]
+) -> list[dict[str, Any]]:
+    """Each named task's row (see :attr:`EvalSummary.per_task`); none unless all are named."""
+    if not all(isinstance(t.info.get("task"), str) for t in trajectories):
+        return []
+    groups: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in sorted(trajectories, key=lambda t: t.task_index):
+        groups[t.group_id].append(t)
+    return [
+        {
+            "task": ts[0].info["task"],
+            "task_index": ts[0].task_index,
+            "episodes": count_episodes(ts),
+            "reward_mean": _mean([t.reward for t in ts]),
+            "pass_at": _pass_at({key: v for key, v in passes.items() if key[0] == group}),
+        }
+        for group, ts in groups.items()
+    ]
+
+
 def summarize(
     trajectories: Sequence[Trajectory], pass_threshold: float = 1.0, seconds: float = 0.0
 ) -> EvalSummary:
@@ -212,6 +239,7 @@ def summarize(
         token_drift_episodes=sum(1 for t in trajectories if t.token_drift),
         seconds=seconds,
         roles=_roles(trajectories, passes),
+        per_task=_per_task(trajectories, passes),
     )
 
 

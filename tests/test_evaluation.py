@@ -109,6 +109,28 @@ def _letters_policy(messages, tools) -> str:
     return "eeee" if number in (0, 2) else "eexx"
 
 
+def test_named_tasks_get_a_row_each_with_their_own_pass_at_k():
+    def named(task: str, index: int, reward: float) -> Trajectory:
+        return traj(f"g{index}", reward, info={"task": task}).model_copy(
+            update={"task_index": index}
+        )
+
+    trajectories = [
+        named("upper-case", 1, 1.0), named("say-hi", 0, 0.0), named("upper-case", 1, 0.0),
+        named("say-hi", 0, 0.0), named("upper-case", 1, 1.0), named("say-hi", 0, 1.0),
+    ]  # fmt: skip
+    summary = summarize(trajectories)
+    assert summary.per_task == [
+        {"task": "say-hi", "task_index": 0, "episodes": 3, "reward_mean": pytest.approx(1 / 3),
+         "pass_at": {1: pytest.approx(1 / 3), 2: pytest.approx(2 / 3), 3: 1.0}},
+        {"task": "upper-case", "task_index": 1, "episodes": 3, "reward_mean": pytest.approx(2 / 3),
+         "pass_at": {1: pytest.approx(2 / 3), 2: 1.0, 3: 1.0}},
+    ]  # fmt: skip
+    assert summary.pass_at[1] == pytest.approx(0.5)  # the mean of the tasks' own
+    unnamed = [traj("g0", 1.0), *trajectories[:2]]  # one episode's task without a name: no rows
+    assert summarize(unnamed).per_task == []
+
+
 def test_evaluate_plays_every_task_and_summarises_it(letter_env: str) -> None:
     import asyncio
 

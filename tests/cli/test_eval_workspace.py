@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +91,35 @@ def test_eval_a_harbor_task_folder(http_server, tmp_path: Path) -> None:
     assert "tool -> bash" in shown.output
     assert "solve.sh" in shown.output
     assert "[exit 0]" in shown.output
+
+
+def test_eval_a_registry_dataset_shows_each_task(http_server, tmp_path: Path) -> None:
+    for name in ("hello-file", "fix-median"):
+        shutil.copytree(EXAMPLES / name, tmp_path / "tasks" / name)
+    registry = tmp_path / "registry.json"
+    tasks = [{"name": n, "path": f"tasks/{n}"} for n in ("hello-file", "fix-median")]
+    registry.write_text(json.dumps([{"name": "two", "version": "1.0", "tasks": tasks}]))
+    solve = solver_for(str(registry))
+
+    def solver(method: str, path: str, body: Any) -> tuple[int, Any]:
+        if "hello.txt" in json.dumps((body or {}).get("messages")):  # hello-file: not tried
+            return 200, {"choices": [{"message": {"role": "assistant", "content": "Done."},
+                                      "finish_reason": "stop"}]}  # fmt: skip
+        return solve(method, path, body)
+
+    out = tmp_path / "run"
+    url = f"{http_server(solver).url}/v1"
+    result = runner.invoke(app, ["eval", str(registry), "-u", url, "-r", "2", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["pass_at"] == {"1": 0.5, "2": 0.5}
+    assert summary["per_task"] == [
+        {"task": "hello-file", "task_index": 0, "episodes": 2, "reward_mean": 0.0,
+         "pass_at": {"1": 0.0, "2": 0.0}},
+        {"task": "fix-median", "task_index": 1, "episodes": 2, "reward_mean": 1.0,
+         "pass_at": {"1": 1.0, "2": 1.0}},
+    ]  # fmt: skip
+    assert "│ hello-file │ 2        │ 0.000  │ 0.000  │ 0.000  │" in result.output
+    assert "│ fix-median │ 2        │ 1.000  │ 1.000  │ 1.000  │" in result.output
+    shown = runner.invoke(app, ["show", str(out)])
+    assert "│ fix-median │ 2        │ 1.000  │ 1.000  │ 1.000  │" in shown.output
