@@ -31,7 +31,7 @@ import shlex
 import socket
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from envhub.errors import SandboxError
 from envhub.sandbox import _process, netns
@@ -45,11 +45,8 @@ from envhub.sandbox.base import (
     classify_exit,
     prlimit_argv,
 )
-from envhub.sandbox.container_engine import OWNER_LABEL, env_flags
+from envhub.sandbox.container_engine import OWNER_LABEL, ContainerEngine, env_flags
 from envhub.sandbox.session import Session, SessionPaths, Workspace
-
-if TYPE_CHECKING:
-    from envhub.sandbox.container import ContainerSandbox
 
 OWN_PROCESSES = 8
 """Processes of the session's own beside the calls' (its init, the engine's exec helpers)."""
@@ -83,6 +80,29 @@ _KILL_ALL = (
 )
 
 
+class ContainerHost(Protocol):
+    """What a :class:`ContainerSession` uses of the sandbox that starts it: a
+    :class:`~envhub.sandbox.container.ContainerSandbox` (whose module imports this one, never
+    the reverse)."""
+
+    engine: ContainerEngine
+    image: str
+    owner: str
+    volumes: dict[str, str]
+
+    def init_args(self) -> list[str]:
+        """``run`` flags for the session's PID 1."""
+        ...
+
+    def init_exec(self) -> str:
+        """The shell command that becomes the session's PID 1."""
+        ...
+
+    def claim(self) -> None:
+        """Get ready for this process's first container."""
+        ...
+
+
 class ContainerSession(Session):
     """One episode's container (see the module docstring). Made by
     :meth:`ContainerSandbox.session <envhub.sandbox.container.ContainerSandbox.session>`.
@@ -97,7 +117,7 @@ class ContainerSession(Session):
 
     def __init__(
         self,
-        sandbox: ContainerSandbox,
+        sandbox: ContainerHost,
         workspace: Workspace | None,
         limits: Limits,
         paths: SessionPaths | None = None,

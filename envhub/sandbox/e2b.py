@@ -31,12 +31,12 @@ from envhub.sandbox.base import (
     as_argv,
     as_bytes,
     check_relative,
-    classify_exit,
     prlimit_argv,
 )
+from envhub.sandbox.e2b_session import E2BSession
+from envhub.sandbox.e2b_vm import execute, read_files, write_files
 
 if TYPE_CHECKING:
-    from envhub.sandbox.e2b_session import E2BSession
     from envhub.sandbox.session import SessionPaths, Workspace
 
 RUN_ROOT = "/tmp/envhub-runs"
@@ -132,10 +132,10 @@ class E2BSandbox(Sandbox):
         vm = await self._sandbox(limits.network)
         folder = f"{RUN_ROOT}/{uuid.uuid4().hex}"
         try:
-            await _write(vm, folder, {**inputs, ".stdin": as_bytes(stdin or b"")})
-            result = await _execute(vm, _wrapped(argv, limits), folder, limits)
+            await write_files(vm, folder, {**inputs, ".stdin": as_bytes(stdin or b"")})
+            result = await execute(vm, _wrapped(argv, limits), folder, limits)
             if wanted and result.stop_reason not in ("timeout", "output_limit"):
-                result = _with_files(result, await _read(vm, folder, wanted))
+                result = _with_files(result, await read_files(vm, folder, wanted))
             return result
         except SandboxError:
             raise
@@ -160,7 +160,6 @@ class E2BSandbox(Sandbox):
         Raises:
             SandboxUnavailableError: ``paths`` holds a path.
         """
-        from envhub.sandbox.e2b_session import E2BSession
         from envhub.sandbox.session import as_workspace
 
         if paths is not None and paths.all:
@@ -182,70 +181,6 @@ def _wrapped(argv: list[str], limits: Limits) -> str:
     before the command starts (the program cannot read the harness's input back)."""
     prlimit = prlimit_argv(limits, limits.processes)
     return f"exec < .stdin && rm -f .stdin && exec {shlex.join(prlimit + argv)}"
-
-
-async def _write(vm: Any, folder: str, files: dict[str, bytes]) -> None:
-    from e2b.sandbox.filesystem.filesystem import WriteEntry
-
-    await vm.files.write_files(
-        [WriteEntry(path=f"{folder}/{path}", data=data) for path, data in files.items()]
-    )
-
-
-async def _read(vm: Any, folder: str, wanted: list[str]) -> dict[str, bytes]:
-    found = {}
-    for path in wanted:
-        with contextlib.suppress(Exception):  # a missing file is simply not returned
-            found[path] = bytes(await vm.files.read(f"{folder}/{path}", format="bytes"))
-    return found
-
-
-async def _execute(vm: Any, line: str, folder: str, limits: Limits) -> ExecResult:
-    from e2b import CommandExitException
-
-    out, err, over = bytearray(), bytearray(), asyncio.Event()
-
-    def keep(buffer: bytearray) -> Any:
-        def on_data(text: str) -> None:
-            data = text.encode("utf-8", errors="replace")
-            room = limits.output_bytes - len(buffer)
-            buffer.extend(data[: max(room, 0)])
-            if len(data) > room:
-                over.set()
-
-        return on_data
-
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    handle = await vm.commands.run(
-        line, background=True, cwd=folder, on_stdout=keep(out), on_stderr=keep(err), timeout=0
-    )
-    waiter = asyncio.ensure_future(handle.wait())
-    watch = asyncio.ensure_future(over.wait())
-    exit_code, killed_for = None, None
-    try:
-        done, _ = await asyncio.wait(
-            {waiter, watch}, timeout=limits.wall_time, return_when=asyncio.FIRST_COMPLETED
-        )
-        if waiter in done:
-            try:
-                exit_code = waiter.result().exit_code
-            except CommandExitException as e:
-                exit_code = e.exit_code
-        else:
-            killed_for = "output_limit" if watch in done else "timeout"
-            with contextlib.suppress(Exception):  # it may have ended meanwhile
-                await handle.kill()
-    finally:
-        watch.cancel()
-        if not waiter.done():
-            waiter.cancel()
-    seconds = loop.time() - started
-    stdout, stderr = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
-    if exit_code is not None and exit_code < 0:  # envd reports death by signal n as -n
-        exit_code = 128 - exit_code
-    reason = killed_for or classify_exit(exit_code or 0, stderr)
-    return ExecResult(stdout, stderr, exit_code, reason, seconds)  # type: ignore[arg-type]
 
 
 def _with_files(result: ExecResult, files: dict[str, bytes]) -> ExecResult:

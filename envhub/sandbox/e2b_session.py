@@ -23,7 +23,7 @@ import shlex
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from envhub.errors import SandboxError
 from envhub.sandbox.base import (
@@ -35,14 +35,19 @@ from envhub.sandbox.base import (
     as_bytes,
     prlimit_argv,
 )
-from envhub.sandbox.e2b import _execute, _write
+from envhub.sandbox.e2b_vm import execute, write_files
 from envhub.sandbox.session import Session, Workspace, sandbox_path
-
-if TYPE_CHECKING:
-    from envhub.sandbox.e2b import E2BSandbox
 
 ROOT = "/tmp/envhub-sessions"
 """Where each session's folder is made in its VM."""
+
+
+class E2BHost(Protocol):
+    """What an :class:`E2BSession` uses of the sandbox that starts it: an
+    :class:`~envhub.sandbox.e2b.E2BSandbox` (whose module imports this one, never the reverse)."""
+
+    template: str | None
+    connection: dict[str, Any]
 
 
 class E2BSession(Session):
@@ -55,7 +60,7 @@ class E2BSession(Session):
         limits: The limits of every call.
     """
 
-    def __init__(self, sandbox: E2BSandbox, workspace: Workspace | None, limits: Limits) -> None:
+    def __init__(self, sandbox: E2BHost, workspace: Workspace | None, limits: Limits) -> None:
         self.sandbox, self.workspace, self.limits = sandbox, workspace, limits
         self.folder = f"{ROOT}/{uuid.uuid4().hex}"
         """The session's working folder in its VM."""
@@ -93,7 +98,7 @@ class E2BSession(Session):
         """Write a file of the session's folder, through the VM's file API."""
         vm = await self._started()
         try:
-            await _write(vm, self.folder, {_relative(path): as_bytes(data)})
+            await write_files(vm, self.folder, {_relative(path): as_bytes(data)})
         except Exception as e:
             raise SandboxError(f"e2b: cannot write {path}: {type(e).__name__}: {e}") from e
 
@@ -123,8 +128,8 @@ class E2BSession(Session):
             f"exec {shlex.join(prlimit_argv(limits, limits.processes) + argv)}"
         )
         try:
-            await _write(vm, self.folder, {stdin_file: stdin})
-            return await _execute(vm, line, self.folder, limits)
+            await write_files(vm, self.folder, {stdin_file: stdin})
+            return await execute(vm, line, self.folder, limits)
         except SandboxError:
             raise
         except Exception as e:
@@ -149,7 +154,7 @@ class E2BSession(Session):
                 await vm.commands.run(f"mkdir -p {shlex.quote(self.folder)}", timeout=60)
                 files = _files_of(self.workspace.path) if self.workspace else {}
                 if files:
-                    await _write(vm, self.folder, files)
+                    await write_files(vm, self.folder, files)
             except BaseException:
                 with contextlib.suppress(Exception):
                     await vm.kill()

@@ -38,7 +38,7 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
 from envhub.sandbox import _process, netns
@@ -53,7 +53,7 @@ from envhub.sandbox.base import (
     as_bytes,
     classify_exit,
 )
-from envhub.sandbox.jail import ENV, bwrap_argv
+from envhub.sandbox.jail import ENV, Isolation, Jail, bwrap_argv
 from envhub.sandbox.session import Session, SessionPaths, Workspace
 from envhub.sandbox.session_channel import KILL_WAIT, ExitWatch, end_call, receive, send_run
 from envhub.sandbox.session_init import (
@@ -73,7 +73,6 @@ from envhub.sandbox.session_launcher import FDS, MOUNT_POINT, launcher
 from envhub.sandbox.uids import keeper_uid
 
 if TYPE_CHECKING:
-    from envhub.sandbox.local import LocalSandbox
     from envhub.sandbox.uids import UidPool
 
 Start = Literal["overlay", "copy"]
@@ -97,6 +96,38 @@ class _Running:
     """The host pid of the sandbox's pid 1."""
     server_pid: int | None = None
     """The host pid of the session's init when a zygote forked it (pid 2 in the sandbox)."""
+
+
+class LocalHost(Protocol):
+    """What a :class:`LocalSession` uses of the sandbox that starts it: a
+    :class:`~envhub.sandbox.LocalSandbox` (whose module imports this one, never the reverse)."""
+
+    jail: Jail
+    uids: UidPool
+    zygote: bool
+    python: str
+
+    @property
+    def isolation(self) -> Isolation:
+        """How runs are confined: a session needs ``"bwrap"``."""
+        ...
+
+    @property
+    def as_root(self) -> bool:
+        """Whether envhub runs as root: a session needs it."""
+        ...
+
+    def session_path_problem(self, path: str) -> str | None:
+        """Why a session cannot show a folder at ``path``, or ``None``."""
+        ...
+
+    async def _acquire(self) -> int:
+        """A uid of the pool, waiting for one."""
+        ...
+
+    async def _release(self, uid: int, sandbox_init: int | None) -> None:
+        """Give ``uid`` back once its processes (and ``sandbox_init``) are gone."""
+        ...
 
 
 class LocalSession(Session):
@@ -125,7 +156,7 @@ class LocalSession(Session):
 
     def __init__(
         self,
-        sandbox: LocalSandbox,
+        sandbox: LocalHost,
         workspace: Workspace | None,
         limits: Limits,
         start: Start = "overlay",

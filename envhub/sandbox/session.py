@@ -44,7 +44,7 @@ from typing import Any
 
 from envhub._async import run_sync
 from envhub.errors import ConfigError, SandboxError, SandboxUnavailableError
-from envhub.sandbox.base import WORKDIR, Command, ExecResult, Limits, as_bytes, check_relative
+from envhub.sandbox.calls import WORKDIR, Command, ExecResult, Limits, as_bytes, check_relative
 
 FILE_MODE, FOLDER_MODE = 0o644, 0o755
 """Modes :meth:`Workspace.from_files` gives its files and folders."""
