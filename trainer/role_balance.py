@@ -25,13 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 from envhub.errors import ConfigError
+from envhub.trainer.sample import Sample
 from envhub.types import Trajectory
-
-if TYPE_CHECKING:
-    from envhub.trainer.batch import Sample
 
 SEQUENCE_UNIT = frozenset({"seq-mean-token-mean"})
 """Aggregations that weigh sequences equally: roles are balanced by sequence counts there."""

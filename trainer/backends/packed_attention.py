@@ -24,11 +24,12 @@ float32 result is the more exact one. On other devices they stay in their dtype.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from envhub.trainer.backends import varlen
+from envhub.trainer.backends.varlen import Segment
 from envhub.trainer.batch import MicroBatch, prompt_groups, to_device
 
 NAME = "envhub_packed_sdpa"
@@ -46,18 +47,6 @@ NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
 """The attention mask a packed row is given: a 4-D mask is one transformers takes as built, so
 it builds none. Given no mask it would find the row's sequences from the position ids (a device
 sync) and build a ``total x total`` mask that :func:`packed_sdpa` ignores for the segments."""
-
-
-class Segment(NamedTuple):
-    """A run of the packed row that attends causally to itself, after a shared prompt's keys
-    when ``prompt_length`` > 0."""
-
-    start: int
-    length: int
-    prompt_start: int = 0
-    prompt_length: int = 0
-    mask: torch.Tensor | None = None
-    """``[length, prompt_length + length]``, True where a query may look (set with a prompt)."""
 
 
 @dataclass(frozen=True)

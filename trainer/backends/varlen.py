@@ -9,7 +9,7 @@ query and key lengths.
 A segment after a shared prompt attends to the prompt's keys and causally to its own. Its keys
 are gathered as ``[prompt, own]`` (one ``index_select`` per layer) and the kernel's causal mask,
 aligned to the bottom right when a segment has more keys than queries, lets query ``i`` see the
-whole prompt and its own ``0..i``: exactly :class:`packed_attention.Segment`'s mask.
+whole prompt and its own ``0..i``: exactly :class:`Segment`'s mask.
 """
 
 from __future__ import annotations
@@ -18,14 +18,24 @@ import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 import torch
 
-if TYPE_CHECKING:
-    from envhub.trainer.backends.packed_attention import Segment
-
 _HALF = (torch.bfloat16, torch.float16)
+
+
+class Segment(NamedTuple):
+    """A run of the packed row that attends causally to itself, after a shared prompt's keys
+    when ``prompt_length`` > 0. Both attention paths take it (defined here, below
+    :mod:`packed_attention`, which re-exports it)."""
+
+    start: int
+    length: int
+    prompt_start: int = 0
+    prompt_length: int = 0
+    mask: torch.Tensor | None = None
+    """``[length, prompt_length + length]``, True where a query may look (set with a prompt)."""
 
 
 @dataclass(frozen=True)
