@@ -43,7 +43,7 @@ _EXPORTS = {
     "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "evaluate": "envhub.evaluation",
-    "train": "envhub.trainer.api",
+    "train": "envhub.trainer.api",  # by name only: the SDK imports no trainer module, typed or not
     "InferenceEngine": "envhub.inference.base",
     "SamplingParams": "envhub.inference.base",
     "OpenAIEngine": "envhub.inference.openai_http",
@@ -99,7 +99,6 @@ if TYPE_CHECKING:
     from envhub.rows import RequiredField
     from envhub.state import State
     from envhub.tools.tool import Injected, Tool, tool
-    from envhub.trainer.api import train
     from envhub.types import AssistantTurn, Message, ToolCall, Trajectory
 
 
