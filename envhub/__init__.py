@@ -43,7 +43,7 @@ _EXPORTS = {
     "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "evaluate": "envhub.evaluation",
-    "train": "envhub.trainer.api",  # by name only: the SDK imports no trainer module, typed or not
+    "train": "envhub.trainer.api",  # by name only: not imported here, even for type checkers
     "InferenceEngine": "envhub.inference.base",
     "SamplingParams": "envhub.inference.base",
     "OpenAIEngine": "envhub.inference.openai_http",
