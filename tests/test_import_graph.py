@@ -26,11 +26,7 @@ PACKAGES = {
 LAYERS = ("envhub", "envhub.trainer", "envhub.cli")
 """Lowest first: a module may import its own layer and those before it."""
 
-KNOWN_CYCLES: set[frozenset[str]] = {
-    # harbor/toolchain.py names HarborTask under TYPE_CHECKING; harbor/ is being reworked
-    # elsewhere (issue 59): remove this entry when the cycle is gone.
-    frozenset({"envhub.harbor.task", "envhub.harbor.toolchain"}),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_UPWARD: set[tuple[str, str]] = {
     # the report's token text resolves the run's model name inside a function
     ("envhub.report", "envhub.trainer.models"),

@@ -45,7 +45,7 @@ from envhub.harbor.dockerfile import (
     read_dockerfile,
 )
 from envhub.harbor.resources import Resources, read_resources
-from envhub.harbor.toolchain import ScriptNeeds, check_offline, read_needs
+from envhub.harbor.verifier_needs import ScriptNeeds, check_offline, read_needs
 from envhub.sandbox.base import WORKDIR
 
 if sys.version_info >= (3, 11):
