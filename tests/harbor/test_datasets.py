@@ -85,7 +85,7 @@ def test_a_dataset_of_three_tasks_checks_with_a_result_per_task(tmp_path: Path) 
     checks = check_tasks(tmp_path, sandbox="podman", image_map=image_map)
     results = [(c.name, c.solved, c.unsolved, c.error) for c in checks]
     assert results == [
-        ("count-words", 1.0, 0.0, ""),
+        ("count-words", 1.0, 0.0, ""),  # the published preamble passes offline (test_toolchain)
         ("say-hi", 1.0, 0.0, ""),
         ("upper-case", 1.0, 0.0, ""),
     ]

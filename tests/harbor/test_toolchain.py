@@ -1,7 +1,8 @@
 """The verifier as published, offline: a task whose tests/test.sh has the common preamble
 (apt-get install curl, the uv installer by curl | sh, uvx -p 3.13 -w pytest... -w
 pytest-json-ctrf...) scores in a container episode without the network, without being edited;
-what the toolchain cannot answer is refused with its line."""
+what the toolchain cannot answer is refused with its line. The check of such a task (solution 1,
+nothing 0, offline) is its row in tests/harbor/test_datasets.py's dataset, not repeated here."""
 
 from __future__ import annotations
 
@@ -99,12 +100,6 @@ def test_ctrf_summaries_become_components() -> None:
 @pytest.fixture(scope="module")
 def preamble_task(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_task(tmp_path_factory.mktemp("toolchain"))
-
-
-@pytest.mark.usefixtures("require_podman")
-def test_the_published_preamble_passes_offline(preamble_task: Path) -> None:
-    (check,) = check_tasks(preamble_task, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN})
-    assert (check.solved, check.unsolved, check.error) == (1.0, 0.0, "")
 
 
 @pytest.mark.usefixtures("require_podman")
