@@ -20,6 +20,8 @@ from envhub.hub.client import TAG
 
 BEGIN = "<!-- envhub:begin (written by envhub push; edits here are replaced) -->"
 END = "<!-- envhub:end -->"
+CARD_LEADERBOARD = "<!-- envhub:leaderboard (written by envhub push and eval --push) -->"
+LEADERBOARD_END = "<!-- envhub:leaderboard:end -->"
 
 
 def split_front_matter(text: str) -> tuple[dict[str, Any], str]:
@@ -43,13 +45,16 @@ def render_card(
     report_markdown: str | None,
     performance: dict[str, Any] | None = None,
     machine: dict[str, Any] | None = None,
+    leaderboard: str | None = None,
 ) -> str:
     """The README.md uploaded for a package.
 
     ``performance`` (env name -> :class:`envhub.perf.Performance`) and ``machine`` come from
-    the check report; without them the card has no performance numbers.
+    the check report; without them the card has no performance numbers. ``leaderboard`` is the
+    leaderboard section (:func:`envhub.hub.leaderboard.card_section`); without it the card has
+    none, and ``envhub eval --push`` leaves the card as it is.
     """
-    meta, body = split_front_matter(readme)
+    meta, body = split_front_matter(_without(readme, CARD_LEADERBOARD, LEADERBOARD_END))
     tags = [str(t) for t in meta.get("tags") or []]
     meta["tags"] = [TAG, *(t for t in tags if t != TAG)]
     meta["library_name"] = "envhub"
@@ -68,7 +73,26 @@ def render_card(
         f"{_performance_table(version, performance or {}, machine or {})}{END}\n"
     )
     front = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True)
-    return f"---\n{front}---\n\n{body}\n\n{section}"
+    card = f"---\n{front}---\n\n{body}\n\n{section}"
+    return with_leaderboard(card, leaderboard) if leaderboard else card
+
+
+def _without(text: str, begin: str, end: str) -> str:
+    """``text`` less the section from ``begin`` to ``end`` (markers included), if it has one."""
+    if begin not in text:
+        return text
+    before, _, rest = text.partition(begin)
+    return before.rstrip("\n") + "\n" + rest.partition(end)[2].lstrip("\n")
+
+
+def with_leaderboard(card: str, section: str) -> str:
+    """``card`` with its leaderboard section replaced by ``section`` (added at the end when it
+    has none)."""
+    block = f"{CARD_LEADERBOARD}\n{section.rstrip()}\n{LEADERBOARD_END}\n"
+    if CARD_LEADERBOARD not in card:
+        return f"{card.rstrip()}\n\n{block}"
+    before, _, rest = card.partition(CARD_LEADERBOARD)
+    return before + block + rest.partition(LEADERBOARD_END)[2].lstrip("\n")
 
 
 def _performance_metadata(

@@ -29,6 +29,7 @@ from envhub.hub import client
 from envhub.hub.client import HubRef
 from envhub.hub.files import MANIFEST, content_hash, read_manifest, sha256_file
 from envhub.hub.lock import LOCK_FILE, LockEntry, read_lock, write_entry
+from envhub.hub.results import RESULTS
 from envhub.paths import cache_dir
 from envhub.registry import refresh
 
@@ -169,7 +170,8 @@ def _download(resolved: Resolved, target: Path, token: str | None) -> None:
 
     with client.hub_errors("download", resolved.repo_id, resolved.revision):
         snapshot_download(resolved.repo_id, repo_type=client.REPO_TYPE, revision=resolved.commit,
-                          local_dir=target, endpoint=client.endpoint(), token=token)  # fmt: skip
+                          local_dir=target, endpoint=client.endpoint(), token=token,
+                          ignore_patterns=[f"{RESULTS}/*"])  # fmt: skip
     shutil.rmtree(
         target / ".cache", ignore_errors=True
     )  # the client's bookkeeping, not package content
@@ -190,11 +192,9 @@ def verify(folder: Path, resolved: Resolved, expected_hash: str | None = None) -
         )
     manifest = read_manifest(folder / MANIFEST)
     listed: dict[str, str] = manifest.get("files", {})
-    present = (
-        {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
-        - {MANIFEST}
-        - _ALLOWED_EXTRA
-    )
+    files = (p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+    # Eval results are the repo's, not the package's: they are added after a version is out.
+    present = {p for p in files if not p.startswith(f"{RESULTS}/")} - {MANIFEST} - _ALLOWED_EXTRA
     problems = [f"{name}: missing" for name in sorted(set(listed) - present)]
     problems += [f"{name}: not in the manifest" for name in sorted(present - set(listed))]
     problems += [

@@ -116,11 +116,26 @@ def publish_package(
     if envs is None:
         envs = {n: s.target_path for n, s in package_env_specs(root).items()}
     selection = select_files(root)
+    version = str(project.get("version", ""))
+    board = _leaderboard(api, repo_id, version)
     with tempfile.TemporaryDirectory(prefix="envhub-push-") as tmp:
         staging = Path(tmp)
-        version = str(project.get("version", ""))
-        manifest = _stage(root, staging, selection, repo_id, version, envs, report, project)
+        manifest = _stage(root, staging, selection, repo_id, version, envs, report, project, board)
         return _publish(api, staging, manifest, repo_id, private, selection, report, bump_hint)
+
+
+def _leaderboard(api: Any, repo_id: str, version: str) -> str:
+    """The card's leaderboard section of ``version``, from the results on the repo's ``main``
+    (none yet for a new repo)."""
+    from envhub.errors import HubNotFoundError
+    from envhub.hub.leaderboard import card_section
+    from envhub.hub.results import read_results
+
+    try:
+        results = read_results(repo_id, api=api)
+    except HubNotFoundError:
+        results = []
+    return card_section(results, version)
 
 
 def _gate(root: Path, check: bool, run_tests: bool) -> Any:
@@ -146,6 +161,7 @@ def _stage(
     envs: dict[str, str],
     report: Any,
     project: dict[str, Any],
+    leaderboard: str | None = None,
 ) -> dict[str, Any]:
     """Copy the selected files to ``staging``, add the card and the manifest; return the latter."""
     for name in selection.files:
@@ -156,7 +172,8 @@ def _stage(
                        description=str(project.get("description", "")),
                        report_markdown=report.to_markdown() if report else None,
                        performance=report.performance if report else None,
-                       machine=report.machine if report else None)  # fmt: skip
+                       machine=report.machine if report else None,
+                       leaderboard=leaderboard)  # fmt: skip
     (staging / CARD).write_text(card, encoding="utf-8")
     files = sorted({*selection.files, CARD})
     manifest = build_manifest(
@@ -205,11 +222,8 @@ def _publish(
         )  # an earlier push committed, then failed to tag
     else:
         with client.hub_errors("upload", repo_id):
-            info = api.upload_folder(repo_id=repo_id, folder_path=staging,
-                                     repo_type=client.REPO_TYPE, parent_commit=head,
-                                     commit_message=f"envhub push {manifest['name']} {version}",
-                                     delete_patterns=["*", "**/*"])  # fmt: skip
-        result.commit = info.oid
+            message = f"envhub push {manifest['name']} {version}"
+            result.commit = _upload(api, staging, repo_id, head, message)
     with client.hub_errors("tag", repo_id):
         api.create_tag(
             repo_id,
@@ -219,6 +233,23 @@ def _publish(
             tag_message=f"{manifest['name']} {version} {digest}",
         )
     return result
+
+
+def _upload(api: Any, staging: Path, repo_id: str, head: str, message: str) -> str:
+    """Commit the staged files on ``head`` as the repo's whole content, but for the Hub's
+    ``.gitattributes`` and the eval results (``results/``, which outlive versions); returns the
+    commit."""
+    import glob
+
+    from envhub.hub.results import RESULTS
+
+    staged = {p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file()}
+    remote = api.list_repo_files(repo_id, revision=head, repo_type=client.REPO_TYPE)
+    gone = [p for p in remote if p not in staged and not p.startswith(f"{RESULTS}/")]
+    info = api.upload_folder(repo_id=repo_id, folder_path=staging, repo_type=client.REPO_TYPE,
+                             parent_commit=head, commit_message=message,
+                             delete_patterns=[glob.escape(p) for p in gone] or None)  # fmt: skip
+    return str(info.oid)
 
 
 def _refs_creating_repo(api: Any, repo_id: str, private: bool) -> Any:

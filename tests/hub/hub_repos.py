@@ -39,6 +39,17 @@ class Commit:
 
 
 @dataclass
+class PullRequest:
+    """A pull request: its branch's head, the commit it started from, who opened it."""
+
+    num: int
+    head: str
+    base: str
+    author: str
+    status: str = "open"
+
+
+@dataclass
 class Repo:
     type: str
     id: str
@@ -47,12 +58,16 @@ class Repo:
     commits: dict[str, Commit] = field(default_factory=dict)
     branches: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    pulls: dict[int, PullRequest] = field(default_factory=dict)
+    """Pull requests by number; PR ``n``'s branch is ``refs/pr/n``."""
 
     def resolve(self, revision: str) -> Commit:
         revision = unquote(revision)
+        pull = self.pulls.get(int(revision[8:])) if revision.startswith("refs/pr/") else None
         sha = (
             self.branches.get(revision)
             or self.tags.get(revision)
+            or (pull.head if pull else None)
             or (revision if revision in self.commits else None)
         )
         if sha is None:

@@ -16,8 +16,12 @@ front matter, every key kept) when asked with ``cardData=True`` or ``expand=card
 Hub does for ``HfApi.list_models(cardData=True)``; the client parses it into
 ``ModelInfo.card_data``, keeping keys it does not know (envhub's ``envhub:`` block).
 
+Pull requests: a commit with ``create_pr=1`` (the client's ``create_pr=True``) may come from any
+signed-in user who can read the repo; it opens PR ``n`` on branch ``refs/pr/n``, and the owner
+merges it (``HfApi.merge_pull_request``), which applies the files it changed onto ``main``.
+
 What it leaves out: LFS/xet uploads (every upload is "regular", sent base64 inside the commit),
-pull requests, organisations, pagination (every listing fits one page).
+discussions other than merging a PR, organisations, pagination (every listing fits one page).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from hub_repos import (
     Commit,
     HubHTTPError,
+    PullRequest,
     Repo,
     card_metadata,
     file_entry,
@@ -218,8 +223,12 @@ class HubServer:
         user: str | None,
     ) -> tuple[int, dict[str, str], bytes]:
         head, _, tail = rest.partition("/")
+        pull_request = "1" in query.get("create_pr", [])
+        if pull_request and user is None:
+            raise HubHTTPError(401, None, "You must be authenticated to open a pull request")
         write = method == "POST" and head in ("preupload", "commit", "tag", "branch")
-        repo = self.repo(type_, repo_id, user, write=write)
+        # Anyone who can read a repo may open a pull request on it; merging is the owner's.
+        repo = self.repo(type_, repo_id, user, write=write and not pull_request)
         if method == "GET" and head in ("", "revision"):
             return json_reply(self.info(repo, repo.resolve(tail or "main")))
         if method == "GET" and head == "refs":
@@ -265,7 +274,9 @@ class HubServer:
                 }
             )
         if method == "POST" and head == "commit":
-            return self.commit(repo, unquote(tail), body)
+            return self.commit(repo, unquote(tail), body, pull_request, user)
+        if method == "POST" and head == "discussions" and tail.endswith("/merge"):
+            return self.merge(repo, int(tail.split("/")[0]), user)
         if method == "POST" and head == "tag":
             return self.tag(repo, repo.resolve(tail), json.loads(body))
         raise HubHTTPError(404, None, f"no route {method} {rest}")
@@ -332,44 +343,53 @@ class HubServer:
             commit = repo.commits.get(commit.parent) if commit.parent else None
         return out
 
-    def commit(self, repo: Repo, branch: str, body: bytes) -> tuple[int, dict[str, str], bytes]:
+    def commit(
+        self, repo: Repo, branch: str, body: bytes, pull_request: bool = False, user: str = ""
+    ) -> tuple[int, dict[str, str], bytes]:
         if branch not in repo.branches:
             raise HubHTTPError(404, "RevisionNotFound", f"Invalid rev id: {branch}")
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]
         header = next(item["value"] for item in lines if item["key"] == "header")
         head = repo.commits[repo.branches[branch]]
-        if header.get("parentCommit") and header["parentCommit"] != head.sha:
+        if pull_request:  # a new PR starts from the parent commit given, else the branch's head
+            head = repo.commits[header.get("parentCommit") or head.sha]
+        elif header.get("parentCommit") and header["parentCommit"] != head.sha:
             raise HubHTTPError(
                 412, None, "A commit has happened since. Please refresh and try again."
             )
-        files = dict(head.files)
-        for item in lines:
-            value = item["value"]
-            if item["key"] == "file":
-                files[value["path"]] = (
-                    base64.b64decode(value["content"])
-                    if value.get("encoding") == "base64"
-                    else value["content"].encode()
-                )
-            elif item["key"] == "deletedFile":
-                files.pop(value["path"], None)
-            elif item["key"] == "deletedFolder":
-                files = {
-                    p: d
-                    for p, d in files.items()
-                    if not p.startswith(value["path"].rstrip("/") + "/")
-                }
-            elif item["key"] == "lfsFile":
-                raise HubHTTPError(400, None, "this test server takes regular uploads only")
-        new = new_commit(repo, files, head.sha, header.get("summary") or "update")
-        repo.branches[branch] = new.sha
+        new = new_commit(
+            repo, apply_operations(head.files, lines), head.sha, header.get("summary") or "update"
+        )
+        pr_url = None
+        if pull_request:
+            num = len(repo.pulls) + 1
+            repo.pulls[num] = PullRequest(num, new.sha, head.sha, user)
+            pr_url = f"{self.url}/{repo.id}/discussions/{num}"
+        else:
+            repo.branches[branch] = new.sha
         return json_reply(
             {
                 "commitUrl": f"{self.url}/{repo.id}/commit/{new.sha}",
                 "commitOid": new.sha,
-                "pullRequestUrl": None,
+                "pullRequestUrl": pr_url,
             }
         )
+
+    def merge(self, repo: Repo, num: int, user: str | None) -> tuple[int, dict[str, str], bytes]:
+        """Merge PR ``num`` into ``main``: the files it changed from its base, onto main's head."""
+        if user != repo.owner:
+            raise HubHTTPError(403, None, f"You don't have the rights to merge into {repo.id}")
+        pull = repo.pulls.get(num)
+        if pull is None or pull.status != "open":
+            raise HubHTTPError(404, None, f"no open pull request #{num}")
+        base, ours = repo.commits[pull.base].files, repo.commits[pull.head].files
+        files = dict(repo.commits[repo.branches["main"]].files)
+        files.update({p: d for p, d in ours.items() if base.get(p) != d})
+        for path in set(base) - set(ours):
+            files.pop(path, None)
+        merged = new_commit(repo, files, repo.branches["main"], f"Merge pull request #{num}")
+        repo.branches["main"], pull.status = merged.sha, "merged"
+        return json_reply({})
 
     def tag(
         self, repo: Repo, commit: Commit, payload: dict[str, Any]
@@ -394,6 +414,28 @@ class HubServer:
             "Content-Type": "application/octet-stream",
         }
         return 200, headers, self.tampered.get((repo_id, path), data)
+
+
+def apply_operations(files: dict[str, bytes], lines: list[dict[str, Any]]) -> dict[str, bytes]:
+    """``files`` after a commit's file, deletedFile and deletedFolder operations."""
+    files = dict(files)
+    for item in lines:
+        value = item["value"]
+        if item["key"] == "file":
+            files[value["path"]] = (
+                base64.b64decode(value["content"])
+                if value.get("encoding") == "base64"
+                else value["content"].encode()
+            )
+        elif item["key"] == "deletedFile":
+            files.pop(value["path"], None)
+        elif item["key"] == "deletedFolder":
+            files = {
+                p: d for p, d in files.items() if not p.startswith(value["path"].rstrip("/") + "/")
+            }
+        elif item["key"] == "lfsFile":
+            raise HubHTTPError(400, None, "this test server takes regular uploads only")
+    return files
 
 
 def _handler(hub: HubServer) -> type[BaseHTTPRequestHandler]:
