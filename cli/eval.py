@@ -65,16 +65,27 @@ def eval_command(
     api_key: str = typer.Option(None, envvar="OPENAI_API_KEY", help="Bearer token for the server."),
     step_timeout: float = typer.Option(STEP_TIMEOUT_S, help="Seconds an env step may take."),
     episode_timeout: float = typer.Option(EPISODE_TIMEOUT_S, help="Seconds an episode may take."),
+    push: bool = typer.Option(
+        False, "--push", help="Record the result on the env's Hub repo (its leaderboard)."
+    ),
+    push_repo: str = typer.Option(
+        None, metavar="OWNER/NAME", help="The env's Hub repo (default: where it came from)."
+    ),
+    by: str = typer.Option(None, help="Who ran the eval, on the result (default: the pusher)."),
+    model_revision: str = typer.Option(None, help="The model's revision, on the result."),
+    hub_token: str = typer.Option(None, envvar="HF_TOKEN", help="Hub token for --push."),
 ) -> None:
     """Evaluate a model on an env: a summary table, results as JSONL.
 
     Give --base-url for a running server, or --serve to start vLLM for the run.
     Named tasks (Harbor's) also get a row each: episodes, mean reward, pass@k.
+    With --push, the result goes on the env's Hub repo (see `envhub leaderboard`).
 
     Examples:
         envhub eval calculator --serve -n 8 -r 2
         envhub eval arithmetic -u http://127.0.0.1:8000/v1 -n 50 -r 4
         envhub eval wordle -u https://api.openai.com/v1 -m gpt-4o-mini --mode chat
+        envhub eval alice/capital-cities@0.1.0 -u http://127.0.0.1:8000/v1 --push
     """
     from envhub.cli.serve_model import start_local_vllm
     from envhub.errors import ConfigError
@@ -90,10 +101,11 @@ def eval_command(
         raise ConfigError(f"--mode must be auto, tokens or chat, got {mode!r}")
     kwargs = parse_env_args(env_args)
     plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
+    pusher = _pusher(hub_token) if push else None  # no token: fail before the eval, not after
     model = model or (DEFAULT_MODEL if serve else None)
     server = start_local_vllm(model) if serve else None
     try:
-        run_eval(
+        folder = run_eval(
             env, kwargs, base_url=server.base_url if server else base_url, model=model,
             api_key=api_key, mode=mode, plan=plan, rollouts=rollouts, seed=seed,
             concurrency=concurrency,
@@ -103,6 +115,17 @@ def eval_command(
     finally:
         if server is not None:
             server.stop()
+    if pusher is not None:
+        from envhub.cli.leaderboard import push_eval
+
+        push_eval(folder, env, repo=push_repo, pushed_by=pusher, by=by,
+                  model_revision=model_revision, token=hub_token)  # fmt: skip
+
+
+def _pusher(token: str | None) -> str:
+    from envhub.hub.results import whoami
+
+    return whoami(token)
 
 
 def parse_env_args(items: list[str]) -> dict[str, Any]:
