@@ -33,7 +33,9 @@ def register(app: typer.Typer) -> None:
 
 def serve_trainer_command(
     models: list[str] = typer.Argument(
-        None, help=f"Base models clients may train and sample (default {SMOLLM2_ID})."
+        None,
+        help=f"Base models clients may train and sample (default {SMOLLM2_ID}); "
+        "NAME=MODEL serves MODEL to clients that ask for NAME.",
     ),
     port: int = typer.Option(DEFAULT_PORT, "--port", "-p", help="Port to listen on."),
     host: str = typer.Option(
@@ -56,6 +58,7 @@ def serve_trainer_command(
     Examples:
         envhub serve-trainer
         envhub serve-trainer smollm2-135m --port 8011 --device cpu
+        envhub serve-trainer meta-llama/Llama-3.2-1B=smollm2-135m
     """
     from envhub.cli.serve_model import sigterm_as_ctrl_c
     from envhub.errors import MissingDependencyError

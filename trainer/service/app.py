@@ -115,7 +115,7 @@ async def capabilities(state: ServiceState, request: Request) -> dict:
     models = [
         {"model_name": name, "max_context_length": state.settings.context_length,
          "trainable": True, "sampleable": True}
-        for name in state.settings.models
+        for name in state.settings.served()
     ]  # fmt: skip
     return {"supported_models": models}
 
@@ -173,7 +173,8 @@ async def get_info(state: ServiceState, request: Request) -> dict:
     model = state.model(model_id)
     return {
         "type": "get_info", "model_id": model_id, "model_name": model.name,
-        "model_data": {"arch": "llama", "model_name": model.name, "tokenizer_id": model.name},
+        "model_data": {"arch": "llama", "model_name": model.name,
+                       "tokenizer_id": state.tokenizer_id(model.name)},
         "is_lora": model.lora is not None,
         "lora_rank": None if model.lora is None else model.lora.rank,
     }  # fmt: skip

@@ -22,7 +22,9 @@ class ServiceSettings(BaseModel):
 
     models: tuple[str, ...] = (SMOLLM2_ID,)
     """The base models clients may train and sample, by the names they send: Hub ids, local
-    HF folders, or ``smollm2-135m`` (each resolved by envhub's model registry)."""
+    HF folders, or ``smollm2-135m`` (each resolved by envhub's model registry); or
+    ``NAME=MODEL``: clients send ``NAME`` and get ``MODEL`` (a loop written for a model this
+    machine cannot hold runs on a small one, e.g. ``meta-llama/Llama-3.2-1B=smollm2-135m``)."""
     api_key: str = Field(default_factory=new_api_key)
     """The key clients send (``TINKER_API_KEY``); requests without it are refused."""
     state_dir: Path = Field(default_factory=lambda: Path("outputs/serve-trainer"))
@@ -35,3 +37,8 @@ class ServiceSettings(BaseModel):
     """How long a ``retrieve_future`` waits for its result before answering ``try_again``."""
     context_length: int = 2048
     """The context length reported for each model."""
+
+    def served(self) -> dict[str, str]:
+        """The served models: the name clients send -> the model envhub loads."""
+        pairs = (m.split("=", 1) if "=" in m else (m, m) for m in self.models)
+        return {name: model for name, model in pairs}

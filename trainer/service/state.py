@@ -89,8 +89,8 @@ class ServiceState:
 
     def check_base_model(self, name: str) -> None:
         """Raise ConfigError unless ``name`` is a model this service serves."""
-        if name not in self.settings.models:
-            served = ", ".join(self.settings.models)
+        if name not in self.settings.served():
+            served = ", ".join(self.settings.served())
             raise ConfigError(f"base model {name!r} is not served here; served: {served}")
 
     def model_id(self, session_id: str | None, model_seq_id: int | None) -> str:
@@ -107,7 +107,8 @@ class ServiceState:
         self.check_base_model(base_model)
         if model_id in self.models:
             raise ConfigError(f"model {model_id!r} exists already")
-        model = TrainingModel(base_model, lora, seed, self.settings.device)
+        target = self.settings.served()[base_model]
+        model = TrainingModel(target, lora, seed, self.settings.device, name=base_model)
         spec = None if lora is None else dataclasses.asdict(lora)
         self.store.record_run(model_id, base_model, spec, user_metadata)
         self.models[model_id] = model
@@ -144,6 +145,13 @@ class ServiceState:
         self.load_state(model_id, path, optimizer)
         return model_id
 
+    def tokenizer_id(self, base_model: str) -> str:
+        """Where the SDK loads ``base_model``'s tokenizer from: the served model's folder (a
+        local one needs no Hub)."""
+        from envhub.trainer.models import resolve_model
+
+        return resolve_model(self.settings.served()[base_model])
+
     def model(self, model_id: str) -> Any:
         """The training model ``model_id``.
 
@@ -172,7 +180,7 @@ class ServiceState:
             base = base_model or self.store.run(run_id)["base_model"]
         elif base_model is not None:
             self.check_base_model(base_model)
-            base, folder = base_model, resolve_model(base_model)
+            base, folder = base_model, resolve_model(self.settings.served()[base_model])
         else:
             raise ConfigError("a sampling session needs a model_path or a base_model")
         session = SamplingSession(f"sampler-{next(self._ids)}", base, model_path, folder)

@@ -72,10 +72,13 @@ class TrainingModel:
         lora: The adapter to train, or ``None`` for every weight.
         seed: Seeds torch before the model is built (the LoRA adapter's initialisation).
         device: ``cpu``, ``cuda`` or ``auto``.
+        name: The name clients know the base model by (``model`` when not given).
     """
 
-    def __init__(self, model: str, lora: LoraSpec | None, seed: int, device: str) -> None:
-        self.name = model
+    def __init__(self, model: str, lora: LoraSpec | None, seed: int, device: str,
+                 name: str | None = None) -> None:  # fmt: skip
+        self.name = name or model
+        """The base model's name as clients send it."""
         self.lora = lora
         torch.manual_seed(seed)
         self.backend = TorchBackend(backend_config(model, lora, device))

@@ -15,13 +15,13 @@ from envhub.defaults import LOOPBACK, free_port
 class Running:
     """A service on 127.0.0.1 in a thread of the test process."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, **settings: Any) -> None:
         import uvicorn
 
         from envhub.trainer.service import ServiceSettings, build_app
 
         self.settings = ServiceSettings(
-            state_dir=state_dir, device="cpu", port=free_port(), long_poll_s=2
+            state_dir=state_dir, device="cpu", port=free_port(), long_poll_s=2, **settings
         )
         self.app = build_app(self.settings)
         config = uvicorn.Config(self.app, host=LOOPBACK, port=self.settings.port,
