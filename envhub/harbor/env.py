@@ -291,11 +291,7 @@ async def run_verifier(
     cleared = await session.arun(["/bin/sh", "-c", _CLEAR, "sh", *layout.fresh])
     if not cleared.ok:
         raise VerifierError(f"could not empty {', '.join(layout.fresh)}: {cleared.describe()}")
-    await session.arun(["/bin/sh", "-c", _CLEAR_TMP, "sh", *RUNNER_CONFIGS])
-    for name, data in task.tests.items():
-        await _put(session, f"{layout.tests}/{name}", rewrite_bytes(data, layout.mapping))
-    await session.arun(["chmod", "-R", "a+x", layout.tests])  # as Harbor copies them
-    await session.arun(["mkdir", "-p", layout.logs])
+    await _copy_tests(session, task, layout)
     command = in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"])
     if toolchain is not None:
         command = ["/bin/sh", "-c", _WITH_TOOLCHAIN.format(toolchain), "sh", *command]
@@ -306,6 +302,41 @@ async def run_verifier(
         env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
     )
     return await read_reward(session, task, result, layout.logs)
+
+
+async def _copy_tests(session: Session, task: HarborTask, layout: Layout) -> None:
+    """Clear ``/tmp``'s test-runner configuration, copy ``tests/`` in (executable, as Harbor
+    copies them) and make the logs' folder: one call with the files as a tar on its stdin (each
+    call into a container costs an engine ``exec``), or a call per file where the session has
+    no ``tar``."""
+    files = {name: rewrite_bytes(data, layout.mapping) for name, data in task.tests.items()}
+    result = await session.arun(
+        ["/bin/sh", "-c", _PREPARE, "sh", layout.tests, layout.logs, *RUNNER_CONFIGS],
+        stdin=_tar(files),
+    )
+    if result.ok:
+        return
+    if result.exit_code != _NO_TAR:
+        raise VerifierError(f"could not copy the tests in: {result.describe()}: {result.stderr}")
+    await session.arun(["/bin/sh", "-c", _CLEAR_TMP, "sh", *RUNNER_CONFIGS])
+    for name, data in files.items():
+        await _put(session, f"{layout.tests}/{name}", data)
+    await session.arun(["chmod", "-R", "a+x", layout.tests])
+    await session.arun(["mkdir", "-p", layout.logs])
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    """``files`` (relative path -> bytes) as an uncompressed tar."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name, data in sorted(files.items()):
+            member = tarfile.TarInfo(name)
+            member.size, member.mode = len(data), 0o755
+            archive.addfile(member, io.BytesIO(data))
+    return buffer.getvalue()
 
 
 async def read_reward(session: Session, task: HarborTask, result: ExecResult, logs: str) -> Verdict:
@@ -351,6 +382,12 @@ _CLEAR = (
     "|| exit 1; done"
 )
 _CLEAR_TMP = 'cd /tmp && rm -rf -- "$@"'
+_NO_TAR = 99
+_PREPARE = (
+    'command -v tar >/dev/null 2>&1 || exit 99; tests=$1 logs=$2; shift 2; '
+    '(cd /tmp && rm -rf -- "$@") && mkdir -p -- "$tests" && tar -xf - -C "$tests" '
+    '--no-same-owner && chmod -R a+x -- "$tests" && mkdir -p -- "$logs"'
+)
 _WITH_TOOLCHAIN = 'PATH="{0}/shims:$PATH" exec "$@"'
 _PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
