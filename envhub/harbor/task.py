@@ -270,7 +270,8 @@ def _refuse_compose(env_dir: Path) -> None:
         if (env_dir / name).is_file():
             raise UnsupportedEnvironment(
                 f"{env_dir / name}: a task of several containers (docker compose) cannot run "
-                "here; envhub runs Harbor tasks on the host's base system in its sandbox"
+                "here; envhub runs each task in one session (its own image with sandbox=container, "
+                "else the host's base system)"
             )
 
 
