@@ -24,7 +24,7 @@ SCANNED = (
     "envhub/inference/*.py",
     "envhub/doctor.py",
     "trainer/models.py",
-    "trainer/config.py",
+    "trainer/config/*.py",
     "trainer/engines/hf_tokenizer.py",
     "examples/*.yaml",
     "examples/agents/*.py",

@@ -1,8 +1,8 @@
 """What every part of the training configuration shares: its base class and the env-name type.
 
-Apart from ``config.py`` so that the config models of the algorithms that live in packages of
-their own (``sft/config.py``, ``distill/config.py``) can use them without importing the whole
-run config (which imports theirs). Imports no ML library.
+Apart from the ``config`` package so that the config models of the algorithms that live in
+packages of their own (``sft/config.py``, ``distill/config.py``) can use them without importing
+the whole run config (which imports theirs). Imports no ML library.
 """
 
 from __future__ import annotations

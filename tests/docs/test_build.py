@@ -64,7 +64,7 @@ def test_the_api_reference_reads_the_package_as_installed(tmp_path):
     (tmp_path / "envhub").mkdir()
     (tmp_path / "envhub" / "gone.py").symlink_to(ROOT / "envhub" / "env.py")  # a stale entry
     view = hooks.package_view(ROOT, tmp_path)
-    assert (view / "trainer" / "config.py").samefile(ROOT / "trainer" / "config.py")
+    assert (view / "trainer" / "config" / "run.py").samefile(ROOT / "trainer" / "config" / "run.py")
     assert (view / "cli" / "app.py").samefile(ROOT / "cli" / "app.py")
     assert (view / "env.py").samefile(ROOT / "envhub" / "env.py")
     assert not (view / "gone.py").exists()
