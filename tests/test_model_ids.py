@@ -35,6 +35,9 @@ REMOTE = {
     ("examples/agents/cli_agent.py", "gpt-4o-mini"): "the by-hand run against api.openai.com",
     ("examples/gsm8k-1gpu.yaml", "Qwen/Qwen2.5-0.5B-Instruct"): "a GPU run; it downloads",
     ("examples/megatron-8gpu.yaml", "Qwen/Qwen2.5-1.5B-Instruct"): "an 8-GPU run; it downloads",
+    ("cli/serve_trainer.py", "meta-llama/Llama-3.2-1B"): (
+        "serve-trainer's example of a name a client asks for, served by smollm2-135m (never loaded)"
+    ),
 }
 """(file, model) pairs that name a model the set-up does not provide, on purpose."""
 

@@ -62,6 +62,7 @@ CONTAINER_HINT = (
 )
 """How a refusal ends: the container back end runs what bubblewrap cannot."""
 _FROM = re.compile(r"^(\s*FROM\s+(?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
+_COPY_FROM = re.compile(r"^(\s*(?:COPY|ADD)\s+(?:--\S+\s+)*?--from=)(\S+)()", re.I | re.M)
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))")
 
 
@@ -175,9 +176,9 @@ def container_environment(dockerfile: Path, workdir: str | None) -> Environment:
 
 
 def map_images(dockerfile: str, image_map: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """``dockerfile`` with each ``FROM`` image the map names replaced, and the replacements
-    made (the task's image -> the stand-in). Map keys match as Docker names them
-    (``ubuntu:24.04`` matches ``docker.io/library/ubuntu:24.04``)."""
+    """``dockerfile`` with each image the map names replaced (in ``FROM`` lines and ``COPY
+    --from=IMAGE``), and the replacements made (the task's image -> the stand-in). Map keys
+    match as Docker names them (``ubuntu:24.04`` matches ``docker.io/library/ubuntu:24.04``)."""
     wanted = {normalize_image(k): v for k, v in image_map.items()}
     used: dict[str, str] = {}
 
@@ -189,7 +190,7 @@ def map_images(dockerfile: str, image_map: dict[str, str]) -> tuple[str, dict[st
         used[image] = stand_in
         return f"{match.group(1)}{stand_in}{match.group(3)}"
 
-    return _FROM.sub(swap, dockerfile), used
+    return _COPY_FROM.sub(swap, _FROM.sub(swap, dockerfile)), used
 
 
 def check_image(image: str, where: str) -> None:

@@ -17,6 +17,10 @@ ADVICE = (
 )
 _TOOLS = frozenset({"uv", "uvx", "pip", "pip3", "apt-get", "apt", "curl", "wget"})
 _URL = re.compile(r"https?://\S+")
+_REDIRECTION = re.compile(r"\d*(>>?|<|>&|<&)|&>>?")
+"""A redirection operator alone (its file is the next word)."""
+_REDIRECTION_WITH_TARGET = re.compile(r"(\d*(>>?|<|>&|<&)|&>>?)\S")
+"""A redirection with its file or descriptor in the same word (``2>/dev/null``, ``2>&1``)."""
 _UV_INSTALLER = re.compile(r"astral\.sh/uv/(\S*/)?install\.sh")
 
 
@@ -86,19 +90,32 @@ def _logical_lines(text: str) -> list[tuple[int, str]]:
 
 
 def _words(line: str) -> list[str]:
+    """The line's words, its redirections (``2>/dev/null``, ``>&2``, ``< in``) left out: they
+    name files, not packages."""
     try:
-        return shlex.split(line, comments=True)
+        words = shlex.split(line, comments=True)
     except ValueError:
-        return line.split()
+        words = line.split()
+    kept: list[str] = []
+    target = False
+    for word in words:
+        if target:  # the file of a redirection written apart (`> out.txt`)
+            target = False
+        elif _REDIRECTION.fullmatch(word):
+            target = True
+        elif not _REDIRECTION_WITH_TARGET.match(word):
+            kept.append(word)
+    return kept
 
 
 def _requirements(words: list[str]) -> list[str]:
-    """Requirements named by ``-w``/``--with``, ``uv add``, ``uv pip install``, ``pip install``."""
+    """Requirements named by ``-w``/``--with``, ``--from`` (``uvx --from PKG``), ``uv add``,
+    ``uv pip install``, ``pip install``."""
     found: list[str] = []
     for i, word in enumerate(words):
-        if word in ("-w", "--with") and i + 1 < len(words):
+        if word in ("-w", "--with", "--from") and i + 1 < len(words):
             found += words[i + 1].split(",")
-        elif word.startswith("--with="):
+        elif word.startswith(("--with=", "--from=")):
             found += word.split("=", 1)[1].split(",")
     for verb in (("uv", "add"), ("pip", "install"), ("pip3", "install")):
         found += _after(words, verb)

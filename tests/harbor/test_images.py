@@ -60,6 +60,21 @@ def test_the_image_map_replaces_from_lines_as_docker_names_them() -> None:
     assert used == {"docker.io/library/ubuntu:24.04": STAND_IN}
 
 
+def test_the_image_map_reaches_copy_from_an_image_not_a_stage() -> None:
+    text = (
+        "FROM python:3.12-slim AS build\nCOPY --from=ghcr.io/astral-sh/uv:0.8.15 /uv /bin/\n"
+        "COPY --chown=1 --from=build /a /b\n"
+    )
+    mapped, used = map_images(
+        text, {"python:3.12-slim": STAND_IN, "ghcr.io/astral-sh/uv:0.8.15": "uv:local"}
+    )
+    assert mapped == (
+        f"FROM {STAND_IN} AS build\nCOPY --from=uv:local /uv /bin/\n"
+        "COPY --chown=1 --from=build /a /b\n"
+    )
+    assert used == {"python:3.12-slim": STAND_IN, "ghcr.io/astral-sh/uv:0.8.15": "uv:local"}
+
+
 def test_a_container_reads_only_the_last_stages_image_and_folder(tmp_path: Path) -> None:
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text(

@@ -79,6 +79,18 @@ def test_the_preamble_is_read_for_what_it_fetches(tmp_path: Path) -> None:
     assert needs.uses
 
 
+def test_redirections_name_files_not_packages() -> None:
+    script = (
+        b"python3 -m pip install -q pytest==9.0.3 2>/dev/null || true\n"
+        b"apt-get install -y curl >/dev/null 2>&1\n"
+        b"apt-get install -y jq > apt.log\n"
+        b"uvx --from harbor-rewardkit==0.1 rewardkit &> out.txt\n"
+    )
+    needs = read_needs({"test.sh": script}, Path("/tests"))
+    assert needs.requirements == ("pytest==9.0.3", "harbor-rewardkit==0.1")
+    assert needs.apt_packages == ("curl", "jq")
+
+
 def test_a_download_the_toolchain_cannot_answer_is_refused_at_load(tmp_path: Path) -> None:
     extra = "curl -fsSL https://example.com/data.tar.gz | tar xz\n"
     folder = make_task(tmp_path, test_sh=PREAMBLE + extra)
