@@ -257,7 +257,8 @@ def _check_tasks(target: str, sandbox: str = "local", image_map: dict | None = N
     for c in checks:
         solved = "-" if c.solved is None else f"{c.solved:g}"
         verdict = "[green]ok[/]" if c.passed else "[red]fail[/]"
-        table.add_row(c.name, solved, f"{c.unsolved:g}", verdict, *([c.image] if images else []))
+        unsolved = "-" if c.unsolved is None else f"{c.unsolved:g}"
+        table.add_row(c.name, solved, unsolved, verdict, *([c.image] if images else []))
     console.print(table)
     for c in checks:
         if c.error:

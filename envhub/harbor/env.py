@@ -248,8 +248,9 @@ class HarborEnv(WorkspaceEnv):
         return self.layout(task).workdir
 
     def limits_for(self, task: dict[str, Any]) -> Limits:
-        """The env's limits with the task's memory and storage (``task.toml``), and no command
-        longer than the agent's timeout (see :mod:`envhub.harbor.resources`)."""
+        """The env's limits with the task's memory and storage (``task.toml``), files as large
+        as the storage, and no command longer than the agent's timeout (see
+        :mod:`envhub.harbor.resources`)."""
         resources = self.task_of(task).resources
         changes: dict[str, Any] = {}
         if resources.memory_mb is not None:
@@ -258,6 +259,10 @@ class HarborEnv(WorkspaceEnv):
             changes["disk_mb"] = resources.storage_mb
         if resources.agent_timeout is not None:
             changes["wall_time"] = min(self.limits.wall_time, resources.agent_timeout)
+        # Harbor caps no file: one may be as large as the task's storage (a published verifier
+        # unpacks scipy's 30 MB wheel; a test writes a sparse file past the default 16 MB).
+        disk = changes.get("disk_mb", self.limits.disk_mb)
+        changes["file_size_mb"] = max(self.limits.file_size_mb, disk)
         return self.limits.with_(**changes)
 
     def time_limit(self, task: dict[str, Any]) -> float | None:
@@ -531,8 +536,8 @@ class TaskCheck:
     name: str
     solved: float | None
     """Reward with ``solution/solve.sh`` run (``None``: the task has no solution)."""
-    unsolved: float
-    """Reward with nothing done."""
+    unsolved: float | None
+    """Reward with nothing done (``None``: that run failed, see :attr:`error`)."""
     error: str = ""
     image: str = ""
     """The image it ran in, with any stand-in (a container back end; empty otherwise)."""
@@ -540,7 +545,10 @@ class TaskCheck:
     @property
     def passed(self) -> bool:
         """The solution scores 1 and doing nothing scores below 1."""
-        return not self.error and self.solved == 1.0 and self.unsolved < 1.0
+        return (
+            not self.error and self.solved == 1.0
+            and self.unsolved is not None and self.unsolved < 1.0
+        )  # fmt: skip
 
 
 def check_tasks(path: str | Path, **kwargs: Any) -> list[TaskCheck]:
@@ -556,18 +564,31 @@ def check_tasks(path: str | Path, **kwargs: Any) -> list[TaskCheck]:
 
 
 async def check_task(env: HarborEnv, key: str) -> TaskCheck:
-    """Run a task's verifier after its solution, and after nothing, each in a fresh session."""
+    """Run a task's verifier after nothing, then after its solution, each in a fresh session.
+    A failed run is recorded and the other still runs (a verifier that times out with nothing
+    done says nothing about the solution), unless the task cannot run at all (its image)."""
     task = env.tasks[key]
     row = {"info": {"id": key}}
+    errors: list[str] = []
+    unsolved = await _attempt(env, row, None, errors)
+    solved = None
+    if task.solution is None:
+        errors.append(f"{task.path / 'solution' / 'solve.sh'} is missing")
+    elif not any(e.startswith(UnsupportedEnvironment.__name__) for e in errors):
+        solved = await _attempt(env, row, task.solution, errors)
+    return TaskCheck(task.name, solved, unsolved, "; ".join(errors), _image_of(env, key))
+
+
+async def _attempt(
+    env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None, errors: list[str]
+) -> float | None:
+    """:func:`_verify_fresh`'s reward, or ``None`` with the failure added to ``errors``."""
     try:
-        unsolved = await _verify_fresh(env, row, solution=None)
-        solved = None
-        if task.solution is not None:
-            solved = await _verify_fresh(env, row, solution=task.solution)
+        return await _verify_fresh(env, row, solution)
     except (VerifierError, UnsupportedEnvironment, SandboxError, OSError) as e:
-        return TaskCheck(task.name, None, 0.0, f"{type(e).__name__}: {e}", _image_of(env, key))
-    error = "" if task.solution is not None else f"{task.path / 'solution' / 'solve.sh'} is missing"
-    return TaskCheck(task.name, solved, unsolved, error, _image_of(env, key))
+        which = "" if solution is None else "with its solution: "
+        errors.append(f"{type(e).__name__}: {which}{e}")
+        return None
 
 
 def _image_of(env: HarborEnv, key: str) -> str:

@@ -150,6 +150,7 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
     if "test.sh" not in tests:
         raise EnvLoadError(f"{folder / 'tests' / 'test.sh'} is missing: a task needs its tests")
     _refuse_compose(folder / "environment")
+    _refuse_separate_verifier(folder / "task.toml", config)
     workdir = _workdir(folder / "task.toml", config)
     environment = environment_of(folder, folder / "environment", workdir, in_container, config)
     solution_dir = folder / "solution"
@@ -263,6 +264,17 @@ def files_of(
     files = {name: data for copy in copies for name, data in copy.files.items()}
     executables = frozenset().union(*(c.executables for c in copies))
     return files, executables, _build(environment, copies, timeout)
+
+
+def _refuse_separate_verifier(file: Path, config: dict[str, Any]) -> None:
+    """A task whose tests run in a container of their own (``[verifier] environment_mode =
+    "separate"``: ``tests/Dockerfile``, fed the task's ``artifacts``) is refused by name."""
+    if _section(config, "verifier").get("environment_mode") == "separate":
+        raise UnsupportedEnvironment(
+            f"{file}: [verifier] environment_mode = \"separate\": its tests run in a container "
+            "of their own (tests/Dockerfile) given the task's artifacts; envhub runs a task's "
+            "tests in the episode's own session and does not build that container yet"
+        )
 
 
 def _refuse_compose(env_dir: Path) -> None:

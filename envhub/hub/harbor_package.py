@@ -91,7 +91,7 @@ class TasksReport:
         """The card's table: each task's reward with its solution and with nothing done."""
         verdict = "passed" if self.passed else "FAILED"
         rows = "".join(
-            f"| {c.name} | {'-' if c.solved is None else f'{c.solved:g}'} | {c.unsolved:g} "
+            f"| {c.name} | {_reward_text(c.solved)} | {_reward_text(c.unsolved)} "
             f"| {'ok' if c.passed else 'fail'} |\n"
             for c in self.checks
         )
@@ -104,7 +104,7 @@ class TasksReport:
     def failure_lines(self) -> str:
         """One line per failed task, for the refusal."""
         return "\n".join(
-            f"  - {c.name}: " + (c.error or f"with its solution {c.solved}, without {c.unsolved:g}")
+            f"  - {c.name}: " + (c.error or f"with its solution {c.solved}, without {c.unsolved}")
             for c in self.checks
             if not c.passed
         )
@@ -307,3 +307,8 @@ class Tasks(HarborEnv):
         restore_modes(TASKS, EXECUTABLES)
         super().__init__(TASKS, **kwargs)
 '''
+
+
+def _reward_text(reward: float | None) -> str:
+    """A check's reward for the card (``-``: that run did not happen or failed)."""
+    return "-" if reward is None else f"{reward:g}"

@@ -354,6 +354,18 @@ def test_solutions_pass_and_doing_nothing_fails(tmp_path: Path, sandbox) -> None
     assert (check.solved, check.unsolved, check.passed) == (0.0, 0.0, False)
 
 
+def test_a_failed_run_without_the_solution_still_checks_the_solution(
+    tmp_path: Path, sandbox
+) -> None:
+    folder = task_copy(tmp_path)
+    (folder / "tests/test.sh").write_text(
+        "mkdir -p /logs/verifier\n[ -f /app/hello.txt ] && echo 1 > /logs/verifier/reward.txt\n"
+    )  # nothing done: no reward file at all
+    (check,) = check_tasks(folder, sandbox=sandbox)
+    assert (check.solved, check.unsolved, check.passed) == (1.0, None, False)
+    assert check.error.startswith("VerifierError: ") and "wrote no reward" in check.error
+
+
 def test_envhub_check_on_a_task_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["check", str(EXAMPLES / "hello-file")])
     assert result.exit_code == 0, result.output
@@ -384,7 +396,10 @@ def test_the_same_tasks_score_the_same_on_e2b() -> None:
     spec.loader.exec_module(envd)
     with envd.local_envd_process(base_uid=61650) as url:
         box = E2BSandbox(debug=True, sandbox_url=url, http_version="1.1")
-        env = HarborEnv(EXAMPLES, sandbox=box, limits=Limits(wall_time=10, processes=16))
+        # disk_mb 16: a Harbor session's files may be as large as its disk, and each command
+        # here is a local run whose own hard file-size limit is 16 MiB
+        limits = Limits(wall_time=10, processes=16, disk_mb=16)
+        env = HarborEnv(EXAMPLES, sandbox=box, limits=limits)
         hello = call("bash", command="echo Hello, world! > hello.txt")
         assert play(env, 1, hello, "done")[0] == 1.0
         assert play(env, 1, "done")[0] == 0.0

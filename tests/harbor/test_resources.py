@@ -50,6 +50,17 @@ def test_every_limit_is_read(tmp_path: Path) -> None:
     assert resources.warnings == ()
 
 
+def test_a_sessions_files_may_be_as_large_as_its_storage(tmp_path: Path) -> None:
+    stored = HarborEnv(task_with(tmp_path / "a", "[environment]\nstorage_mb = 40\n"))
+    plain = HarborEnv(task_with(tmp_path / "b", ""))
+    try:
+        limits = stored.limits_for(stored.dataset[0]), plain.limits_for(plain.dataset[0])
+    finally:
+        stored.close()
+        plain.close()
+    assert [(x.disk_mb, x.file_size_mb) for x in limits] == [(40, 40), (256, 256)]
+
+
 def test_harbors_older_size_spellings(tmp_path: Path) -> None:
     folder = task_with(tmp_path, '[environment]\nmemory = "2G"\nstorage = "512M"\n')
     resources = load_task(folder).resources
