@@ -8,6 +8,7 @@ import sys
 import typer
 
 from envhub.cli import (
+    catalog,
     check,
     doctor,
     eval,
@@ -50,6 +51,7 @@ for module in (
     install,
     search,
     leaderboard,
+    catalog,
     serve,
     serve_model,
     serve_trainer,

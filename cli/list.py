@@ -122,28 +122,16 @@ def describe(spec) -> tuple[str, str, str, str, str]:
     """(kind, tools, version, origin, first docstring line) of an env; a broken env says why."""
     import inspect
 
-    from envhub.env import Env, SingleTurnEnv
     from envhub.errors import EnvLoadError
-    from envhub.multiturn import MultiTurnEnv, ToolEnv
-    from envhub.roles import MultiRoleEnv
+    from envhub.package import env_kind, tool_names
 
     origin = spec.distribution or "this process"
     try:
         target = spec.load()
     except EnvLoadError as e:
         return "broken", "", spec.version or "", origin, str(e)
-    kinds = [
-        (ToolEnv, "tool"),
-        (MultiTurnEnv, "multi-turn"),
-        (SingleTurnEnv, "single-turn"),
-        (MultiRoleEnv, "multi-role"),
-        (Env, "custom"),
-    ]
-    kind = next(
-        (label for cls, label in kinds if inspect.isclass(target) and issubclass(target, cls)),
-        "factory",
-    )
-    tools = ", ".join(getattr(t, "name", str(t)) for t in getattr(target, "tools", ()))
+    kind = env_kind(target)
+    tools = ", ".join(tool_names(target))
     version = getattr(target, "version", None) or spec.version or ""
     doc = (inspect.getdoc(target) or "").split("\n")[0]
     return kind, tools, version, origin, plain_rest(doc)

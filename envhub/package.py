@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import sys
 from pathlib import Path
+from typing import Any
 
 from envhub.errors import EnvLoadError
 from envhub.registry import ENTRY_POINT_GROUP, EnvSpec
@@ -75,3 +76,28 @@ def _file_env_hint(path: Path) -> str:
 def _looks_like_env(base: ast.expr) -> bool:
     name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
     return name.endswith("Env")
+
+
+def env_kind(target: Any) -> str:
+    """What kind of env ``target`` (an env class, or an env) is: ``tool``, ``multi-turn``,
+    ``single-turn``, ``multi-role``, ``custom``, or ``factory`` (a function that makes one)."""
+    import inspect
+
+    from envhub.env import Env, SingleTurnEnv
+    from envhub.multiturn import MultiTurnEnv, ToolEnv
+    from envhub.roles import MultiRoleEnv
+
+    cls = target if inspect.isclass(target) else type(target)
+    kinds = [
+        (ToolEnv, "tool"),
+        (MultiTurnEnv, "multi-turn"),
+        (SingleTurnEnv, "single-turn"),
+        (MultiRoleEnv, "multi-role"),
+        (Env, "custom"),
+    ]
+    return next((label for base, label in kinds if issubclass(cls, base)), "factory")
+
+
+def tool_names(target: Any) -> list[str]:
+    """The names of the tools ``target`` (an env class, or an env) offers."""
+    return [getattr(t, "name", str(t)) for t in getattr(target, "tools", None) or ()]

@@ -49,7 +49,7 @@ from typing import Any
 
 from envhub.checker import CheckResult, check_env
 from envhub.errors import EnvhubError
-from envhub.package import package_env_specs, read_pyproject
+from envhub.package import env_kind, package_env_specs, read_pyproject, tool_names
 
 LEAK_TASKS = 20
 """Tasks per env the answer-leak gate looks at."""
@@ -74,6 +74,9 @@ class PackageReport:
     audits: dict[str, Any] = field(default_factory=dict)
     """Env name -> its reward audit (:meth:`envhub.audit.AuditReport.to_dict`): the floor, the
     policies tried and every finding with its conversation."""
+    kinds: dict[str, Any] = field(default_factory=dict)
+    """Env name -> ``{"kind": ..., "tools": [...]}`` of the env as constructed
+    (:func:`envhub.package.env_kind`); the Hub catalog filters on them."""
 
     @property
     def passed(self) -> bool:
@@ -105,6 +108,8 @@ class PackageReport:
             data["performance"] = {"machine": self.machine, "envs": self.performance}
         if self.audits:
             data["audits"] = self.audits
+        if self.kinds:
+            data["kinds"] = self.kinds
         return data
 
     def to_markdown(self) -> str:
@@ -218,6 +223,7 @@ def _entry_points(root: Path, envs: dict[str, Any], report: PackageReport) -> st
                 f"env {name!r} ({spec.target_path}) cannot be constructed without arguments: "
                 f"{type(e).__name__}: {e}"
             ) from e
+        report.kinds[name] = {"kind": env_kind(envs[name]), "tools": tool_names(envs[name])}
     return ", ".join(f"{n} = {t}" for n, t in report.envs.items())
 
 

@@ -122,7 +122,7 @@ def _performance_table(version: str, performance: dict[str, Any], machine: dict[
     from envhub.perf import machine_line
 
     rows = "".join(
-        f"| {' | '.join(_performance_cells(name, p))} |\n"
+        f"| {' | '.join(performance_cells(name, p))} |\n"
         for name, p in sorted(performance.items())
     )
     return (
@@ -134,7 +134,8 @@ def _performance_table(version: str, performance: dict[str, Any], machine: dict[
     )
 
 
-def _performance_cells(name: str, p: dict[str, Any]) -> list[str]:
+def performance_cells(name: str, p: dict[str, Any]) -> list[str]:
+    """One env's performance numbers as the cells under :data:`PERFORMANCE_COLUMNS`."""
     from envhub.perf import format_ms, format_rate
 
     return [

@@ -107,15 +107,22 @@ def content_hash(hashes: dict[str, str]) -> str:
 
 
 def build_manifest(
-    name: str, version: str, envs: dict[str, str], hashes: dict[str, str], check: dict[str, Any]
+    name: str,
+    version: str,
+    envs: dict[str, str],
+    hashes: dict[str, str],
+    check: dict[str, Any],
+    description: str = "",
 ) -> dict[str, Any]:
-    """The ``envhub.json`` written next to the package files on the Hub."""
+    """The ``envhub.json`` written next to the package files on the Hub (``description``: the
+    pyproject's, which the Hub catalog shows)."""
     from envhub import __version__
 
     return {
         "format": FORMAT,
         "name": name,
         "version": version,
+        "description": description,
         "envs": dict(sorted(envs.items())),
         "content_hash": content_hash(hashes),
         "files": hashes,

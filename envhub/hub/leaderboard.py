@@ -16,7 +16,8 @@ from envhub.hub.results import EvalResult
 ADD_ONE = "`envhub eval OWNER/NAME@VERSION -u URL --push`"
 
 
-def _version_key(version: str) -> tuple[int, Any]:
+def version_key(version: str) -> tuple[int, Any]:
+    """A sort key of versions: PEP 440 order, names that are not versions first."""
     from packaging.version import InvalidVersion, Version
 
     try:
@@ -28,7 +29,7 @@ def _version_key(version: str) -> tuple[int, Any]:
 def versions(results: Sequence[EvalResult]) -> dict[str, int]:
     """``{version: results}``, highest version first."""
     counts = Counter(r.env.version for r in results)
-    return {v: counts[v] for v in sorted(counts, key=_version_key, reverse=True)}
+    return {v: counts[v] for v in sorted(counts, key=version_key, reverse=True)}
 
 
 def ranked(results: Sequence[EvalResult], version: str) -> list[EvalResult]:

@@ -182,6 +182,7 @@ def _stage(
         envs,
         file_hashes(staging, files),
         report.to_dict() if report else {"skipped": True},
+        str(project.get("description", "")),
     )
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     return manifest
