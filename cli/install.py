@@ -32,15 +32,24 @@ def install_command(
     token: str = typer.Option(
         None, "--token", envvar="HF_TOKEN", help="Hub token (private repos)."
     ),
+    allow_changes: bool = typer.Option(
+        False,
+        "--allow-changes",
+        help="Install even if its dependencies upgrade, downgrade or reinstall installed "
+        "distributions (they are listed).",
+    ),
 ) -> None:
     """Install an env package from the Hub, pinned to a commit.
 
     Resolves the exact commit, downloads it, verifies the hashes, installs it and
-    pins it in envhub.lock.
+    pins it in envhub.lock. It is refused if it would shadow an installed distribution
+    or module, or if pip would change installed distributions to satisfy its
+    dependencies (unless --allow-changes).
 
     Examples:
         envhub install someone/capital-cities@0.1.0
         envhub install someone/capital-cities --trust
+        envhub install someone/capital-cities --trust --allow-changes
         envhub install    # everything envhub.lock pins, at the locked commits
     """
     import sys
@@ -60,6 +69,7 @@ def install_command(
         "python": python,
         "offline": offline,
         "token": token,
+        "allow_changes": allow_changes,
     }
     results = (
         [install(reference, lock_file=lock, **kwargs)]
@@ -68,6 +78,8 @@ def install_command(
     )
     for result in results:
         e = result.entry
+        for change in result.changes:
+            console.print(f"changed {change}", highlight=False, soft_wrap=True)
         state = "already installed" if result.skipped_pip else "installed"
         console.print(
             f"{e.repo_id} {e.version} {state}: commit {e.commit}, envs {', '.join(result.envs)}",

@@ -8,6 +8,9 @@ install, lock.
   failed download leaves nothing behind), then **verify**: every file must match the sha256 in the
   package's ``envhub.json``, no unlisted file may be present, and the content hash must equal the
   manifest's and, when installing from a lock file, the locked one.
+- **guard** (``envhub.hub.guard``): refuse a package that would shadow an installed distribution
+  or a module, or whose dependencies pip would resolve by upgrading, downgrading or reinstalling
+  an installed distribution (unless ``allow_changes``).
 - **install** with pip from a copy of the snapshot (pip writes build files into the folder it
   builds), after the user trusted the package: code from the Hub runs at install and at load.
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from envhub.errors import ConfigError, EnvLoadError, HubNotFoundError, PackageIntegrityError
-from envhub.hub import client
+from envhub.hub import client, guard
 from envhub.hub.client import HubRef
 from envhub.hub.files import MANIFEST, content_hash, read_manifest, sha256_file
 from envhub.hub.lock import LOCK_FILE, LockEntry, read_lock, write_entry
@@ -87,6 +90,8 @@ class InstallResult:
     skipped_pip: bool = False
     """True when that commit was already installed."""
     envs: list[str] = field(default_factory=list)
+    changes: list[guard.Change] = field(default_factory=list)
+    """Installed distributions the install replaced (accepted with ``allow_changes``)."""
 
 
 def resolve(ref: HubRef, token: str | None = None) -> Resolved:
@@ -224,6 +229,7 @@ def install(
     offline: bool = False,
     token: str | None = None,
     expected_hash: str | None = None,
+    allow_changes: bool = False,
 ) -> InstallResult:
     """Pull, verify and pip-install a package from the Hub, and record it in the lock file.
 
@@ -237,9 +243,13 @@ def install(
         offline: Let pip use only what is installed (``--no-index --no-build-isolation``).
         token: Hub token for private repos.
         expected_hash: Refuse content whose hash differs (used when installing from a lock).
+        allow_changes: Install even when pip would upgrade, downgrade or reinstall installed
+            distributions to satisfy the package's dependencies (``InstallResult.changes``).
 
     Raises:
-        ConfigError: Not trusted, or an env name clashes with an installed env.
+        ConfigError: Not trusted; an env name clashes with an installed env; the package would
+            shadow an installed distribution or module; its dependencies would change installed
+            distributions and ``allow_changes`` is not set.
         HubError and subclasses: Resolution, download or verification failed.
     """
     pulled = pull(ref, token=token, expected_hash=expected_hash)
@@ -250,9 +260,8 @@ def install(
         )
     python = python or sys.executable
     distribution = str(pulled.manifest["name"])
-    installed = installed_envs(python)
-    _check_clashes(pulled, installed, distribution)
     skipped = _already_installed(python, distribution, pulled.resolved)
+    changes = _guard(pulled, python, distribution, offline, allow_changes, resolve_deps=not skipped)
     if not skipped:
         pip_install(python, pulled, offline)
     entry = LockEntry(pulled.resolved.repo_id, pulled.resolved.revision, pulled.version,
@@ -262,7 +271,7 @@ def install(
         write_entry(entry, lock_file)
     if python == sys.executable:
         refresh()
-    return InstallResult(entry, pulled.folder, skipped, sorted(pulled.manifest["envs"]))
+    return InstallResult(entry, pulled.folder, skipped, sorted(pulled.manifest["envs"]), changes)
 
 
 def install_locked(lock_file: str | Path = LOCK_FILE, **kwargs: Any) -> list[InstallResult]:
@@ -285,43 +294,53 @@ def install_locked(lock_file: str | Path = LOCK_FILE, **kwargs: Any) -> list[Ins
     return results
 
 
-_LIST_ENVS = (
-    "import json\nfrom importlib.metadata import entry_points\n"
-    "print(json.dumps({ep.name: ep.dist.name if ep.dist else '' "
-    "for ep in entry_points(group='envhub.envs')}))"
-)
-
-
-def installed_envs(python: str) -> dict[str, str]:
-    """``{env name: distribution}`` of every env installed for ``python`` (asked in a subprocess,
-    so it sees that environment as it is now)."""
-    import json
-
-    done = subprocess.run([python, "-c", _LIST_ENVS], capture_output=True, text=True, timeout=60)
-    if done.returncode != 0:
-        raise ConfigError(
-            f"cannot inspect the Python environment of {python}: {done.stderr.strip()[-300:]}"
-        )
-    return json.loads(done.stdout)
-
-
-def _normal(name: str) -> str:
-    import re
-
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _check_clashes(pulled: Pulled, installed: dict[str, str], distribution: str) -> None:
     clashes = [
         f"{env} (from {installed[env]})"
         for env in pulled.manifest["envs"]
-        if env in installed and _normal(installed[env]) != _normal(distribution)
+        if env in installed and guard.normal(installed[env]) != guard.normal(distribution)
     ]
     if clashes:
         raise ConfigError(
             f"not installed: {pulled.resolved.repo_id} provides env(s) already installed "
             f"from another package: {', '.join(clashes)}; "
             "uninstall that package first (pip uninstall), or use another env"
+        )
+
+
+def _guard(
+    pulled: Pulled,
+    python: str,
+    distribution: str,
+    offline: bool,
+    allow_changes: bool,
+    resolve_deps: bool,
+) -> list[guard.Change]:
+    """Refuse what the install must not do (see ``envhub.hub.guard``); the changes allowed."""
+    project = _pyproject(pulled.folder)
+    modules = guard.top_level_modules(pulled.manifest, project)
+    environment = guard.inspect(python, distribution, modules)
+    _check_clashes(pulled, environment.envs, distribution)
+    _check_shadowing(pulled, distribution, environment)
+    if not resolve_deps:
+        return []
+    requirements = list(project.get("project", {}).get("dependencies", []))
+    changes = guard.planned_changes(python, requirements, environment, offline)
+    if changes and not allow_changes:
+        raise ConfigError(
+            f"not installed: {pulled.resolved.repo_id}'s dependencies would change installed "
+            f"distributions: {'; '.join(map(str, changes))}. Pass --allow-changes "
+            "(envhub install) or allow_changes=True to accept"
+        )
+    return changes
+
+
+def _check_shadowing(pulled: Pulled, distribution: str, environment: guard.Environment) -> None:
+    problems = guard.shadowing(pulled.resolved.repo_id, distribution, environment)
+    if problems:
+        raise ConfigError(
+            f"not installed: {pulled.resolved.repo_id} would shadow what is installed: "
+            f"{'; '.join(problems)}. Ask its author to rename it"
         )
 
 
@@ -344,17 +363,7 @@ def pip_install(python: str, pulled: Pulled, offline: bool) -> None:
     )
     shutil.rmtree(build, ignore_errors=True)
     shutil.copytree(pulled.folder, build)
-    command = [
-        python,
-        "-m",
-        "pip",
-        "install",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--quiet",
-    ]
-    if offline:
-        command += ["--no-index", "--no-build-isolation"]
+    command = [python, "-m", "pip", "install", *guard.pip_options(offline)]
     try:
         done = subprocess.run([*command, str(build)], capture_output=True, text=True, timeout=900)
     finally:

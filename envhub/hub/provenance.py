@@ -25,9 +25,12 @@ def install_source(distribution: str) -> tuple[str, str] | None:
         text = metadata.distribution(distribution).read_text("direct_url.json")
     except metadata.PackageNotFoundError:
         return None
-    if not text:
-        return None
-    match = _SOURCE.search(json.loads(text).get("url", ""))
+    return source_of_url(json.loads(text).get("url", "")) if text else None
+
+
+def source_of_url(url: str) -> tuple[str, str] | None:
+    """(repo_id, commit) of a ``direct_url.json`` URL that ``envhub install`` wrote, or None."""
+    match = _SOURCE.search(url)
     return (f"{match['owner']}/{match['name']}", match["commit"]) if match else None
 
 
