@@ -47,7 +47,16 @@ if TYPE_CHECKING:
 
 DEFAULT_REQUIREMENTS = ("pytest==8.4.1", "pytest-json-ctrf==0.3.5")
 """Always in the wheels: what the published preamble runs."""
-PLATFORM = "manylinux2014_x86_64"
+OLDEST_GLIBC = 17
+"""manylinux2014's glibc (2.17): the oldest wheels the toolchain takes."""
+DEFAULT_GLIBC = 36
+"""The glibc minor version assumed of an image that does not say (Debian 12's 2.36)."""
+
+
+def platforms(glibc: int) -> list[str]:
+    """The wheel platform tags an x86-64 image with glibc ``2.<glibc>`` runs: every
+    ``manylinux_2_N`` from 2.17 up to it (a package may publish only newer ones: numpy 2.4)."""
+    return [f"manylinux_2_{n}_x86_64" for n in range(glibc, OLDEST_GLIBC - 1, -1)]
 _PLATFORM_MARKER = re.compile(r"sys_platform|platform_system|os_name")
 
 
@@ -56,9 +65,12 @@ def toolchain_dir() -> Path:
     return cache_dir() / "verifier-toolchain"
 
 
-def prepare_toolchain(requirements: Iterable[str], python: str) -> Path:
+def prepare_toolchain(
+    requirements: Iterable[str], python: str, glibc: int = DEFAULT_GLIBC
+) -> Path:
     """The toolchain's folder, with uv, the shims and wheels of ``requirements`` (and
-    :data:`DEFAULT_REQUIREMENTS`) for Python ``python`` (``3.11``): fetched once, kept.
+    :data:`DEFAULT_REQUIREMENTS`) for Python ``python`` (``3.11``) on glibc ``2.<glibc>``:
+    fetched once, kept.
 
     Raises:
         UnsupportedEnvironment: A requirement has no wheel on the package index (or the index
@@ -72,11 +84,12 @@ def prepare_toolchain(requirements: Iterable[str], python: str) -> Path:
         _write_shims(folder)
         done_file = folder / "fetched.json"
         done = set(json.loads(done_file.read_text())) if done_file.is_file() else set()
+        key = f"py{python} glibc2.{glibc}"
         wanted = [r for r in dict.fromkeys([*DEFAULT_REQUIREMENTS, *requirements])
-                  if f"{r} py{python}" not in done]  # fmt: skip
+                  if f"{r} {key}" not in done]  # fmt: skip
         if wanted:
-            _download(wanted, python, folder / "wheels")
-            done |= {f"{r} py{python}" for r in wanted}
+            _download(wanted, python, folder / "wheels", platforms(glibc))
+            done |= {f"{r} {key}" for r in wanted}
             done_file.write_text(json.dumps(sorted(done), indent=1))
     return folder
 
@@ -92,7 +105,7 @@ def toolchain_for(task: HarborTask, sandbox: ContainerSandbox, image: str) -> Pa
     needs = task.verifier_needs
     if needs is None or not needs.uses:
         return None
-    python, missing = image_facts(sandbox, image, needs.apt_packages)
+    python, missing, glibc = image_facts(sandbox, image, needs.apt_packages)
     where = task.path / "tests"
     if missing:
         raise UnsupportedEnvironment(
@@ -103,26 +116,30 @@ def toolchain_for(task: HarborTask, sandbox: ContainerSandbox, image: str) -> Pa
             f"{where}: the tests install {needs.requirements[0]}, and the task's image has no "
             f"python3 to run it (uv would download one); {ADVICE}"
         )
-    return prepare_toolchain(needs.requirements, python or "3.11")
+    return prepare_toolchain(needs.requirements, python or "3.11", glibc)
 
 
 def image_facts(
     sandbox: ContainerSandbox, image: str, packages: tuple[str, ...]
-) -> tuple[str, list[str]]:
-    """The image's Python version (``3.11``; ``""`` when it has none) and which of
-    ``packages`` it lacks, from one container of it."""
+) -> tuple[str, list[str], int]:
+    """The image's Python version (``3.11``; ``""`` when it has none), which of ``packages``
+    it lacks, and its glibc's minor version (:data:`DEFAULT_GLIBC` when it does not say),
+    from one container of it."""
     from envhub._async import run_sync
 
     quoted = " ".join(shlex.quote(p) for p in packages)
     script = (
         "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])' 2>/dev/null || echo; "
+        "getconf GNU_LIBC_VERSION 2>/dev/null || echo; "
         f"for p in {quoted}; do case $p in curl|wget|ca-certificates) continue;; esac; "
         "dpkg-query -W -f='${Status}' \"$p\" 2>/dev/null | grep -q 'install ok installed' "
         '|| echo "$p"; done'
     )
     result = run_sync(sandbox.with_image(image).arun(["/bin/sh", "-c", script]))
-    lines = result.stdout.splitlines() or [""]
-    return lines[0].strip(), [line for line in lines[1:] if line.strip()]
+    lines = [*result.stdout.splitlines(), "", ""]
+    glibc = re.fullmatch(r"glibc 2\.(\d+)", lines[1].strip())
+    minor = max(int(glibc.group(1)), OLDEST_GLIBC) if glibc else DEFAULT_GLIBC
+    return lines[0].strip(), [line for line in lines[2:] if line.strip()], minor
 
 
 def _install_uv(folder: Path) -> None:
@@ -150,18 +167,19 @@ def _write_shims(folder: Path) -> None:
         path.chmod(0o755)
 
 
-def _download(requirements: list[str], python: str, wheels: Path) -> None:
-    """Wheels of ``requirements`` (and their dependencies) for Python ``python``."""
+def _download(requirements: list[str], python: str, wheels: Path, tags: list[str]) -> None:
+    """Wheels of ``requirements`` (and their dependencies) for Python ``python`` on the
+    platform ``tags``."""
     try:
-        _pip_download(requirements, python, wheels, platform=PLATFORM, deps=True)
+        _pip_download(requirements, python, wheels, platform=tags, deps=True)
         # uv locks a project for every platform: other platforms' dependencies (pytest's
         # colorama) must be in the wheels too. Best effort: what fails is not run here.
         others = _other_platform_requirements(wheels)
         if others:
-            _pip_download(others, python, wheels, platform=PLATFORM, deps=False, check=False)
+            _pip_download(others, python, wheels, platform=tags, deps=False, check=False)
     except UnsupportedEnvironment:
         for requirement in requirements:  # which one: the message names it
-            _pip_download([requirement], python, wheels, platform=PLATFORM, deps=True)
+            _pip_download([requirement], python, wheels, platform=tags, deps=True)
         raise
 
 
@@ -186,13 +204,14 @@ def _pip_download(
     python: str,
     dest: Path,
     *,
-    platform: str,
+    platform: str | list[str],
     deps: bool,
     check: bool = True,
 ) -> None:
+    tags = [platform] if isinstance(platform, str) else platform
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-        "--only-binary=:all:", f"--platform={platform}",
+        "--only-binary=:all:", *(f"--platform={tag}" for tag in tags),
         f"--python-version={python}", "-d", str(dest),
         *([] if deps else ["--no-deps"]), *requirements,
     ]  # fmt: skip

@@ -79,6 +79,14 @@ def test_the_preamble_is_read_for_what_it_fetches(tmp_path: Path) -> None:
     assert needs.uses
 
 
+def test_wheels_may_need_any_glibc_up_to_the_images() -> None:
+    from envhub.harbor.toolchain import platforms
+
+    assert platforms(19) == ["manylinux_2_19_x86_64", "manylinux_2_18_x86_64",
+                             "manylinux_2_17_x86_64"]  # fmt: skip
+    assert len(platforms(36)) == 20 and platforms(36)[0] == "manylinux_2_36_x86_64"
+
+
 def test_redirections_name_files_not_packages() -> None:
     script = (
         b"python3 -m pip install -q pytest==9.0.3 2>/dev/null || true\n"
