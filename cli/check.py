@@ -242,7 +242,7 @@ def _check_tasks(target: str, sandbox: str = "local", image_map: dict | None = N
     from rich.table import Table
 
     from envhub.cli.console import console
-    from envhub.harbor.env import check_tasks
+    from envhub.harbor.check import check_tasks
 
     checks = check_tasks(target, sandbox=sandbox, image_map=image_map)
     passed = all(c.passed for c in checks)

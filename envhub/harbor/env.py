@@ -39,15 +39,14 @@ import json
 import math
 import posixpath
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EnvLoadError, SandboxError, VerifierError
+from envhub.errors import EnvLoadError, VerifierError
 from envhub.harbor.build import prepare, prepared
 from envhub.harbor.dockerfile import UnsupportedEnvironment
 from envhub.harbor.images import TaskImage, build_task_image, check_image_map, sandbox_named
-from envhub.harbor.layout import HARBOR_DIR, Layout, layout_for
+from envhub.harbor.layout import Layout, layout_for
 from envhub.harbor.task import (
     HarborTask,
     find_task_folders,
@@ -325,7 +324,7 @@ async def _copy_tests(session: Session, task: HarborTask, layout: Layout) -> Non
         raise VerifierError(f"could not copy the tests in: {result.describe()}: {result.stderr}")
     await session.arun(["/bin/sh", "-c", _CLEAR_TMP, "sh", *RUNNER_CONFIGS])
     for name, data in files.items():
-        await _put(session, f"{layout.tests}/{name}", data)
+        await put_file(session, f"{layout.tests}/{name}", data)
     await session.arun(["chmod", "-R", "a+x", layout.tests])
     await session.arun(["mkdir", "-p", layout.logs])
 
@@ -398,7 +397,7 @@ _PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
 _GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
 
 
-async def _put(session: Session, path: str, data: bytes) -> None:
+async def put_file(session: Session, path: str, data: bytes) -> None:
     """Write a file anywhere the session may (``write_file`` keeps to ``/sandbox``)."""
     result = await session.arun(["/bin/sh", "-c", _PUT, "sh", path], stdin=data)
     if not result.ok:
@@ -527,93 +526,3 @@ def _write_files(folder: str, files: dict[str, bytes]) -> str:
         steps.append(f"mkdir -p {shlex.quote(posixpath.dirname(path))}")
         steps.append(f"base64 -d > {shlex.quote(path)} <<'_EOF_'\n{encoded}_EOF_")
     return "\n".join(steps)
-
-
-@dataclass(frozen=True)
-class TaskCheck:
-    """One task's solution check: its reward with the solution and with none."""
-
-    name: str
-    solved: float | None
-    """Reward with ``solution/solve.sh`` run (``None``: the task has no solution)."""
-    unsolved: float | None
-    """Reward with nothing done (``None``: that run failed, see :attr:`error`)."""
-    error: str = ""
-    image: str = ""
-    """The image it ran in, with any stand-in (a container back end; empty otherwise)."""
-
-    @property
-    def passed(self) -> bool:
-        """The solution scores 1 and doing nothing scores below 1."""
-        return (
-            not self.error and self.solved == 1.0
-            and self.unsolved is not None and self.unsolved < 1.0
-        )  # fmt: skip
-
-
-def check_tasks(path: str | Path, **kwargs: Any) -> list[TaskCheck]:
-    """:func:`check_task` on every task of a task folder (or folder of them), one by one.
-
-    Raises:
-        EnvLoadError: A malformed task folder; UnsupportedEnvironment: one that cannot run here.
-    """
-    from envhub._async import run_sync
-
-    with HarborEnv(path, **kwargs) as env:
-        return [run_sync(check_task(env, key)) for key in env.tasks]
-
-
-async def check_task(env: HarborEnv, key: str) -> TaskCheck:
-    """Run a task's verifier after nothing, then after its solution, each in a fresh session.
-    A failed run is recorded and the other still runs (a verifier that times out with nothing
-    done says nothing about the solution), unless the task cannot run at all (its image)."""
-    task = env.tasks[key]
-    row = {"info": {"id": key}}
-    errors: list[str] = []
-    unsolved = await _attempt(env, row, None, errors)
-    solved = None
-    if task.solution is None:
-        errors.append(f"{task.path / 'solution' / 'solve.sh'} is missing")
-    elif not any(e.startswith(UnsupportedEnvironment.__name__) for e in errors):
-        solved = await _attempt(env, row, task.solution, errors)
-    return TaskCheck(task.name, solved, unsolved, "; ".join(errors), _image_of(env, key))
-
-
-async def _attempt(
-    env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None, errors: list[str]
-) -> float | None:
-    """:func:`_verify_fresh`'s reward, or ``None`` with the failure added to ``errors``."""
-    try:
-        return await _verify_fresh(env, row, solution)
-    except (VerifierError, UnsupportedEnvironment, SandboxError, OSError) as e:
-        which = "" if solution is None else "with its solution: "
-        errors.append(f"{type(e).__name__}: {which}{e}")
-        return None
-
-
-def _image_of(env: HarborEnv, key: str) -> str:
-    image = env.images.get(key)
-    return image.describe() if image is not None else ""
-
-
-async def _verify_fresh(
-    env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None
-) -> float:
-    sandbox = env.sandbox or default_sandbox()
-    variables, task, layout = env.command_env(row), env.task_of(row), env.layout(row, sandbox)
-    workspace = await env.prepare_workspace(row)
-    async with env.session_for(sandbox, workspace, row) as session:
-        if solution is not None:
-            for name, data in solution.items():
-                data = rewrite_bytes(data, layout.mapping)
-                await _put(session, f"{layout.solution}/{name}", data)
-            await session.arun(["chmod", "-R", "a+x", layout.solution])
-            await session.arun(
-                in_folder(layout.workdir, ["bash", f"{layout.solution}/solve.sh"]),
-                env={**variables, **task.resources.solution_env},
-                wall_time=task.resources.agent_timeout or env.limits.wall_time,
-            )
-            if not layout.shown:  # a mapped solution lies in the workspace: out before the tests
-                await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, task, variables, layout, env.toolchain_mount(row))
-    return verdict.reward

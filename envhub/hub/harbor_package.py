@@ -12,7 +12,7 @@ the package at push time, in a temporary folder:
 - ``harbor_<name>/tasks/<task>/...``: each task folder's files (secrets and junk left out and
   listed, as for any package).
 
-The push gate is the task check (:func:`~envhub.harbor.env.check_tasks`) on that copy, so a
+The push gate is the task check (:func:`~envhub.harbor.check.check_tasks`) on that copy, so a
 file the push leaves out that a task needs fails the gate; its table goes on the card and its
 verdict in ``envhub.json``. From there the package is like any other: versions are tags,
 ``envhub install owner/name@version`` pins it in ``envhub.lock``, ``envhub.make("owner/name")``
@@ -165,7 +165,7 @@ def wrap_tasks(root: Path, target: Path, name: str, version: str) -> Wrapped:
 
 def check_wrapped(wrapped: Wrapped) -> TasksReport:
     """The push gate: every task's solution check, on the package's own copy of the tasks."""
-    from envhub.harbor.env import check_tasks
+    from envhub.harbor.check import check_tasks
 
     return TasksReport(check_tasks(wrapped.tasks))
 

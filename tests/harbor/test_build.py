@@ -18,8 +18,9 @@ import pytest
 from envhub.harbor import UnsupportedEnvironment, load_task
 from envhub.harbor import build as builds
 from envhub.harbor.build_check import simple_commands
+from envhub.harbor.check import check_tasks
 from envhub.harbor.dockerfile import sandbox_python_version
-from envhub.harbor.env import HarborEnv, check_tasks
+from envhub.harbor.env import HarborEnv
 from envhub.harbor.installs import _meets, apt_request, host_packages, missing_apt, pip_request
 from envhub.sandbox import LocalSandbox, bwrap_problem
 from envhub.workspace_env import WORKSPACES, default_command_env

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from envhub.harbor import load_task
-from envhub.harbor.env import check_tasks
+from envhub.harbor.check import check_tasks
 from envhub.harbor.terminal_bench import TEST_SH
 from tests.harbor.test_toolchain import STAND_IN, make_task
 

@@ -18,7 +18,8 @@ import envhub
 from envhub.checker import check_env
 from envhub.cli.app import app
 from envhub.harbor import UnsupportedEnvironment
-from envhub.harbor.env import HarborEnv, check_tasks
+from envhub.harbor.check import check_tasks
+from envhub.harbor.env import HarborEnv
 from envhub.sandbox import LocalSandbox, bwrap_problem
 from envhub.types import assistant
 from envhub.workspace_env import WORKSPACE_PROMPT, workspace_prompt

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from envhub.harbor import UnsupportedEnvironment, load_task
+from envhub.harbor.check import check_tasks
 from envhub.harbor.dockerfile import container_environment, map_images
-from envhub.harbor.env import HarborEnv, check_tasks
+from envhub.harbor.env import HarborEnv
 
 STAND_IN = "localhost/envhub-base:bookworm"
 DOCKERFILE = textwrap.dedent("""

@@ -16,7 +16,8 @@ import pytest
 
 from envhub.errors import EnvLoadError
 from envhub.harbor import UnsupportedEnvironment, load_task
-from envhub.harbor.env import HarborEnv, check_tasks
+from envhub.harbor.check import check_tasks
+from envhub.harbor.env import HarborEnv
 from envhub.sandbox import LocalSandbox, bwrap_problem
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "harbor"

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from envhub.harbor import UnsupportedEnvironment, load_task
-from envhub.harbor.env import HarborEnv, check_tasks, ctrf_components, run_verifier
+from envhub.harbor.check import check_tasks
+from envhub.harbor.env import HarborEnv, ctrf_components, run_verifier
 from envhub.harbor.toolchain import read_needs
 
 STAND_IN = "localhost/envhub-base:bookworm"
