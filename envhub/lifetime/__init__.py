@@ -42,6 +42,7 @@ __all__ = [
     "Leftover",
     "guarded",
     "owning",
+    "start_follower",
     "sweep",
 ]
 
@@ -98,15 +99,25 @@ def owning(folder: str | Path) -> Iterator[list[Leftover]]:
 
 def _start_reaper(tag: str, listing: Path) -> subprocess.Popen[bytes]:
     """The reaper of this process's, running and watching us, keeping ``listing``."""
+    return start_follower(
+        [sys.executable, "-s", str(REAPER), str(os.getpid()), tag, OWNER_ENV, str(listing)]
+    )
+
+
+def start_follower(argv: Sequence[str]) -> subprocess.Popen[bytes]:
+    """Start ``argv``, a process that outlives us to clean up after us (a reaper), and wait
+    for its ``ready`` line: from then on it follows us. It runs in a session of its own (a
+    Ctrl-C or a kill of our group leaves it) and untagged (the run's own reaper must not end
+    it before it has done its job)."""
     env = {k: v for k, v in os.environ.items() if k not in (OWNER_DIR_ENV, OWNER_ENV)}
-    reaper = subprocess.Popen(
-        [sys.executable, "-s", str(REAPER), str(os.getpid()), tag, OWNER_ENV, str(listing)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, start_new_session=True,
+    follower = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env,
+        start_new_session=True,
     )  # fmt: skip
-    assert reaper.stdout is not None
-    reaper.stdout.readline()  # "ready": from here on it follows us
-    reaper.stdout.close()
-    return reaper
+    assert follower.stdout is not None
+    follower.stdout.readline()  # "ready"
+    follower.stdout.close()
+    return follower
 
 
 def sweep(folder: str | Path, grace: float = 5.0) -> list[Leftover]:

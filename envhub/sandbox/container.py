@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from envhub.errors import SandboxUnavailableError
-from envhub.lifetime import OWNER_DIR_ENV, OWNER_ENV
+from envhub.lifetime import start_follower
 from envhub.lifetime.procs import alive, owner_tag
 from envhub.sandbox.base import Command, ExecResult, Files, Limits, Sandbox
 from envhub.sandbox.container_engine import ContainerEngine
@@ -179,13 +179,4 @@ def sweep_containers(engine: ContainerEngine) -> list[str]:
 
 def _start_reaper(engine: ContainerEngine, owner: str) -> subprocess.Popen[bytes]:
     """The reaper of ``owner``'s containers, following this process (ready when returned)."""
-    # Not tagged as the run's: the run's own reaper must not end it before it has done its job.
-    env = {k: v for k, v in os.environ.items() if k not in (OWNER_DIR_ENV, OWNER_ENV)}
-    reaper = subprocess.Popen(
-        [sys.executable, "-s", str(REAPER), owner, *engine.argv],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env, start_new_session=True,
-    )  # fmt: skip
-    assert reaper.stdout is not None
-    reaper.stdout.readline()  # "ready": from here on it follows us
-    reaper.stdout.close()
-    return reaper
+    return start_follower([sys.executable, "-s", str(REAPER), owner, *engine.argv])
