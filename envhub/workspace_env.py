@@ -85,6 +85,8 @@ class Verdict:
 
     reward: float
     components: dict[str, float] = field(default_factory=dict)
+    output: str = ""
+    """The end of what the verifier printed (for a person reading why it scored so)."""
 
 
 def default_sandbox() -> Sandbox:

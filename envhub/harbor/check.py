@@ -13,7 +13,7 @@ from envhub.harbor.env import HarborEnv, put_file, run_verifier
 from envhub.harbor.layout import HARBOR_DIR
 from envhub.harbor.task import rewrite_bytes
 from envhub.tools.terminal import in_folder
-from envhub.workspace_env import default_sandbox
+from envhub.workspace_env import Verdict, default_sandbox
 
 
 @dataclass(frozen=True)
@@ -52,16 +52,22 @@ def check_tasks(path: str | Path, **kwargs: Any) -> list[TaskCheck]:
 
 async def check_task(env: HarborEnv, key: str) -> TaskCheck:
     """Run a task's verifier after nothing, then after its solution, each in a fresh session.
-    A failed run is recorded and the other still runs (a verifier that times out with nothing
-    done says nothing about the solution), unless the task cannot run at all (its image)."""
+    A task that cannot be prepared (its image does not build) is reported once; otherwise a
+    failed run is recorded and the other still runs (a verifier that times out with nothing
+    done says nothing about the solution). A solution scoring below 1 is reported with the
+    end of what the tests printed."""
     task = env.tasks[key]
     row = {"info": {"id": key}}
+    try:
+        await env.prepare_workspace(row)
+    except (UnsupportedEnvironment, SandboxError, OSError) as e:
+        return TaskCheck(task.name, None, None, f"{type(e).__name__}: {e}", _image_of(env, key))
     errors: list[str] = []
     unsolved = await _attempt(env, row, None, errors)
     solved = None
     if task.solution is None:
         errors.append(f"{task.path / 'solution' / 'solve.sh'} is missing")
-    elif not any(e.startswith(UnsupportedEnvironment.__name__) for e in errors):
+    else:
         solved = await _attempt(env, row, task.solution, errors)
     return TaskCheck(task.name, solved, unsolved, "; ".join(errors), _image_of(env, key))
 
@@ -69,13 +75,18 @@ async def check_task(env: HarborEnv, key: str) -> TaskCheck:
 async def _attempt(
     env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None, errors: list[str]
 ) -> float | None:
-    """:func:`_verify_fresh`'s reward, or ``None`` with the failure added to ``errors``."""
+    """:func:`_verify_fresh`'s reward, or ``None`` with the failure added to ``errors`` (and,
+    with the solution, a reward below 1 with what the tests printed)."""
+    which = "" if solution is None else "with its solution: "
     try:
-        return await _verify_fresh(env, row, solution)
+        verdict = await _verify_fresh(env, row, solution)
     except (VerifierError, UnsupportedEnvironment, SandboxError, OSError) as e:
-        which = "" if solution is None else "with its solution: "
         errors.append(f"{type(e).__name__}: {which}{e}")
         return None
+    if solution is not None and verdict.reward < 1.0:
+        said = verdict.output or "(nothing)"
+        errors.append(f"{which}reward {verdict.reward:g}; the tests' output ended with: {said}")
+    return verdict.reward
 
 
 def _image_of(env: HarborEnv, key: str) -> str:
@@ -85,7 +96,7 @@ def _image_of(env: HarborEnv, key: str) -> str:
 
 async def _verify_fresh(
     env: HarborEnv, row: dict[str, Any], solution: dict[str, bytes] | None
-) -> float:
+) -> Verdict:
     sandbox = env.sandbox or default_sandbox()
     variables, task, layout = env.command_env(row), env.task_of(row), env.layout(row, sandbox)
     workspace = await env.prepare_workspace(row)
@@ -102,5 +113,4 @@ async def _verify_fresh(
             )
             if not layout.shown:  # a mapped solution lies in the workspace: out before the tests
                 await session.arun(["rm", "-rf", HARBOR_DIR])
-        verdict = await run_verifier(session, task, variables, layout, env.toolchain_mount(row))
-    return verdict.reward
+        return await run_verifier(session, task, variables, layout, env.toolchain_mount(row))

@@ -70,6 +70,9 @@ from envhub.workspace_env import (
     workspace_prompt,
 )
 
+UNCAPPED_FILE_MB = 1 << 30
+"""The file-size limit of a task's own container: 1 PiB, none in practice."""
+
 
 class HarborEnv(WorkspaceEnv):
     """The tasks of a Harbor task folder (or of a folder of task folders).
@@ -258,10 +261,12 @@ class HarborEnv(WorkspaceEnv):
             changes["disk_mb"] = resources.storage_mb
         if resources.agent_timeout is not None:
             changes["wall_time"] = min(self.limits.wall_time, resources.agent_timeout)
-        # Harbor caps no file: one may be as large as the task's storage (a published verifier
-        # unpacks scipy's 30 MB wheel; a test writes a sparse file past the default 16 MB).
+        # Harbor caps no file (a published verifier unpacks scipy's 30 MB wheel; a test makes a
+        # sparse file larger than the disk): none in the task's own container, and one as large
+        # as the disk where the session is a sandbox of this machine's.
         disk = changes.get("disk_mb", self.limits.disk_mb)
-        changes["file_size_mb"] = max(self.limits.file_size_mb, disk)
+        files = UNCAPPED_FILE_MB if self.in_container else disk
+        changes["file_size_mb"] = max(self.limits.file_size_mb, files)
         return self.limits.with_(**changes)
 
     def time_limit(self, task: dict[str, Any]) -> float | None:
@@ -343,6 +348,11 @@ def _tar(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
+def _tail(result: ExecResult) -> str:
+    """The end of a command's output (stdout, then stderr)."""
+    return (result.stdout + result.stderr).strip()[-500:]
+
+
 async def read_reward(session: Session, task: HarborTask, result: ExecResult, logs: str) -> Verdict:
     """The reward ``test.sh`` wrote in ``logs`` (Harbor's ``/logs/verifier``):
     ``reward.json`` first, else ``reward.txt``.
@@ -359,8 +369,8 @@ async def read_reward(session: Session, task: HarborTask, result: ExecResult, lo
         if not 0.0 <= verdict.reward <= 1.0:
             raise VerifierError(f"{where} wrote {name} with reward {verdict.reward}, not in [0, 1]")
         ctrf = ctrf_components(await _get(session, f"{logs}/ctrf.json"))
-        return Verdict(verdict.reward, {**ctrf, **verdict.components})
-    tail = (result.stdout + result.stderr).strip()[-500:]
+        return Verdict(verdict.reward, {**ctrf, **verdict.components}, _tail(result))
+    tail = _tail(result)
     raise VerifierError(
         f"{where} wrote no reward ({result.describe()}): it must write /logs/verifier/reward.txt "
         f"or reward.json. Its output ended with: {tail or '(nothing)'}"

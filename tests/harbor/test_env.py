@@ -353,6 +353,7 @@ def test_solutions_pass_and_doing_nothing_fails(tmp_path: Path, sandbox) -> None
     (broken / "solution/solve.sh").write_text("echo 'Hello!' > /app/hello.txt\n")
     (check,) = check_tasks(broken, sandbox=sandbox)
     assert (check.solved, check.unsolved, check.passed) == (0.0, 0.0, False)
+    assert check.error.startswith("with its solution: reward 0; the tests' output ended with: ")
 
 
 def test_a_failed_run_without_the_solution_still_checks_the_solution(

@@ -118,6 +118,24 @@ def test_a_task_checks_in_its_image_on_a_stand_in(require_podman: None, tmp_path
     )
 
 
+def test_an_image_that_does_not_build_is_reported_once(
+    require_podman: None, tmp_path: Path
+) -> None:
+    from envhub.harbor.env import UNCAPPED_FILE_MB
+
+    folder = make_task(tmp_path)
+    dockerfile = folder / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + "RUN echo no such tool && false\n")
+    (check,) = check_tasks(folder, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN})
+    assert (check.solved, check.unsolved, check.passed) == (None, None, False)
+    assert check.error.startswith("SandboxError: ") and check.error.count("SandboxError") == 1
+    env = HarborEnv(folder, sandbox="podman")
+    try:  # in the task's own container no file size is capped, as in Harbor's
+        assert env.limits_for(env.dataset[0]).file_size_mb == UNCAPPED_FILE_MB
+    finally:
+        env.close()
+
+
 def _call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 

@@ -51,7 +51,7 @@ def test_every_limit_is_read(tmp_path: Path) -> None:
     assert resources.warnings == ()
 
 
-def test_a_sessions_files_may_be_as_large_as_its_storage(tmp_path: Path) -> None:
+def test_a_sessions_files_may_be_as_large_as_its_disk(tmp_path: Path) -> None:
     stored = HarborEnv(task_with(tmp_path / "a", "[environment]\nstorage_mb = 40\n"))
     plain = HarborEnv(task_with(tmp_path / "b", ""))
     try:
