@@ -27,10 +27,11 @@ def catalog_command(
 ) -> None:
     """Write a page of the Hub's env packages (the ones `envhub search` lists).
 
-    Each package shows its description, envs (kind, tools, reward audit), versions,
-    check verdict, performance card, the leaderboard of its latest version and the
-    command that installs it; the page searches and filters by kind, tool and tag.
-    It is one file that needs no server and no network: open it in a browser.
+    Each package shows its description, envs (kind, tools, reward audit),
+    versions, check verdict, performance card, the leaderboard of its latest
+    version and the command that installs it; the page searches and filters
+    by kind, tool and tag. It is one file that needs no server and no
+    network: open it in a browser.
 
     Examples:
         envhub catalog

@@ -41,10 +41,10 @@ def install_command(
 ) -> None:
     """Install an env package from the Hub, pinned to a commit.
 
-    Resolves the exact commit, downloads it, verifies the hashes, installs it and
-    pins it in envhub.lock. It is refused if it would shadow an installed distribution
-    or module, or if pip would change installed distributions to satisfy its
-    dependencies (unless --allow-changes).
+    Resolves the exact commit, downloads it, verifies the hashes, installs it
+    and pins it in envhub.lock. It is refused if it would shadow an installed
+    distribution or module, or if pip would change installed distributions to
+    satisfy its dependencies (unless --allow-changes).
 
     Examples:
         envhub install someone/capital-cities@0.1.0

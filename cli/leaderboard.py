@@ -26,8 +26,9 @@ def leaderboard_command(
 ) -> None:
     """Rank the results pushed with `envhub eval --push`, best mean reward first.
 
-    A leaderboard is of one env version: results of other versions are listed, never ranked
-    with it. Results in unmerged pull requests do not count yet.
+    A leaderboard is of one env version: results of other versions are
+    listed, never ranked with it. Results in unmerged pull requests do not
+    count yet.
 
     Examples:
         envhub leaderboard alice/capital-cities
