@@ -84,6 +84,7 @@ class ContainerSandbox(Sandbox):
     ) -> None:
         super().__init__(limits, python=python)
         self.volumes = dict(volumes or {})
+        self._views: dict[tuple[str, tuple[tuple[str, str], ...]], ContainerSandbox] = {}
         self.engine = engine if isinstance(engine, ContainerEngine) else ContainerEngine(engine)
         self.image = image
         self.owner = owner_tag(os.getpid())
@@ -94,11 +95,17 @@ class ContainerSandbox(Sandbox):
             )
 
     def with_image(self, image: str, *, volumes: dict[str, str] | None = None) -> ContainerSandbox:
-        """The same back end (engine, limits, volumes unless ``volumes``) on ``image``."""
-        return ContainerSandbox(
-            self.limits, image=image, engine=self.engine, python=self.python,
-            volumes=self.volumes if volumes is None else volumes,
-        )  # fmt: skip
+        """The same back end (engine, limits, volumes unless ``volumes``) on ``image`` (made
+        once per image and volumes, then the same object)."""
+        chosen = self.volumes if volumes is None else dict(volumes)
+        key = (image, tuple(sorted(chosen.items())))
+        # One view per image: making one asks the engine whether the image exists, and a task's
+        # env asks for its image at every episode's start.
+        if key not in self._views:
+            self._views[key] = ContainerSandbox(
+                self.limits, image=image, engine=self.engine, python=self.python, volumes=chosen
+            )
+        return self._views[key]
 
     def build(self, context: Path, dockerfile: str, *, network: bool = True) -> str:
         """The tag of ``dockerfile`` built in ``context`` (built once; see

@@ -145,8 +145,7 @@ class ContainerSession(Session):
 
     async def _run_helper(self, argv: list[str], stdin: bytes | None, cap: int) -> ExecResult:
         limits = self.limits.with_(wall_time=max(self.limits.wall_time, 30.0), output_bytes=cap)
-        result = await self._call(argv, stdin or b"", {}, limits, raw=True)
-        return result
+        return await self._call(argv, stdin or b"", {}, limits, raw=True)
 
     async def alisten(self, port: int) -> socket.socket:
         """A TCP socket listening on ``127.0.0.1:port`` in the container's network namespace,

@@ -64,9 +64,7 @@ class RayTeacher:
     async def start(self, tokenizer: Any) -> None:
         """Start the actor and load the checkpoint there; refuse another vocabulary."""
         ray = import_ray()
-        remote = ray.remote(TeacherHost).options(
-            num_cpus=0, num_gpus=self.gpus, name=None, max_restarts=0
-        )
+        remote = ray.remote(TeacherHost).options(num_cpus=0, num_gpus=self.gpus, max_restarts=0)
         self._actor = remote.remote(self.name, self.micro_batch_tokens, self.gpus > 0)
         self.node = await self._call(self._actor.load.remote(tokenizer), "load")
 
