@@ -140,7 +140,7 @@ class ContainerSession(Session):
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run ``command`` in the container's working folder (see :meth:`Session.arun`)."""
-        limits = self.limits if wall_time is None else self.limits.with_(wall_time=wall_time)
+        limits = self.call_limits(wall_time)
         return await self._call(as_argv(command), as_bytes(stdin or b""), env or {}, limits)
 
     async def _run_helper(self, argv: list[str], stdin: bytes | None, cap: int) -> ExecResult:

@@ -76,7 +76,7 @@ class E2BSession(Session):
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run ``command`` in the session's folder of its VM (see :meth:`Session.arun`)."""
-        limits = self.limits if wall_time is None else self.limits.with_(wall_time=wall_time)
+        limits = self.call_limits(wall_time)
         return await self._run(as_argv(command), as_bytes(stdin or b""), env or {}, limits)
 
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:

@@ -196,7 +196,7 @@ class LocalSession(Session):
         env: Mapping[str, str] | None = None,
     ) -> ExecResult:
         """Run ``command`` in the session (see :meth:`Session.arun`)."""
-        limits = self.limits if wall_time is None else self.limits.with_(wall_time=wall_time)
+        limits = self.call_limits(wall_time)
         out, err, code, killed_for, seconds = await self._call(
             as_argv(command), as_bytes(stdin or b""), env or {}, limits, limits.output_bytes
         )

@@ -215,6 +215,11 @@ class Session(ABC):
                 is a result).
         """
 
+    def call_limits(self, wall_time: float | None) -> Limits:
+        """The limits of one call: the session's, with the call's ``wall_time`` if it gives
+        one."""
+        return self.limits if wall_time is None else self.limits.with_(wall_time=wall_time)
+
     async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
         """The contents of a file, relative to ``/sandbox`` (or absolute under it).
 
