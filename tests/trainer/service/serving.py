@@ -34,12 +34,25 @@ class Running:
             assert self.thread.is_alive() and time.monotonic() < deadline, "no start"
             time.sleep(0.02)
         self.url = f"http://{LOOPBACK}:{self.settings.port}"
+        self.clients: list[Any] = []
 
     def client(self, api_key: str | None = None) -> Any:
-        """A ``tinker.ServiceClient`` of this service."""
-        return tinker.ServiceClient(base_url=self.url, api_key=api_key or self.settings.api_key)
+        """A ``tinker.ServiceClient`` of this service, closed by :meth:`stop`."""
+        client = tinker.ServiceClient(base_url=self.url, api_key=api_key or self.settings.api_key)
+        self.clients.append(client)
+        return client
 
     def stop(self) -> None:
+        """Close this service's clients, then stop it.
+
+        A client left open keeps heartbeating; once the service is gone its retries draw
+        jitter from Python's global ``random`` in the SDK's thread, which broke later tests
+        that restore and compare that generator (tests/trainer/test_checkpoint.py)."""
+        for client in self.clients:
+            try:
+                client.close("success").result(timeout=30)
+            except Exception:  # a refused client (a wrong key) has no session to finish
+                pass
         self.server.should_exit = True
         self.thread.join(timeout=30)
 
