@@ -431,7 +431,7 @@ def test_the_curriculum_is_off_by_default_and_its_block_is_validated() -> None:
 def test_deques_keep_only_the_window() -> None:
     schedule = _schedule(window=2)
     _rates(schedule, {0: [0.0, 1.0, 1.0]})
-    assert schedule.curriculum.stats[(0, None, 0)] == deque([1.0, 1.0])
+    assert schedule.curriculum.tasks.windows[(0, None, 0)] == {None: deque([1.0, 1.0])}
 
 
 # -- in the producer ---------------------------------------------------------------------------

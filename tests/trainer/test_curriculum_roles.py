@@ -52,8 +52,9 @@ def test_a_task_is_settled_only_when_every_role_with_statistics_is() -> None:
     for task, by_role in games.items():
         for role, rewards in by_role.items():
             schedule.observe_group(0, None, task, rewards, role)
-    assert schedule.curriculum.stats == {}  # nothing pooled
-    assert schedule.curriculum.role_stats[(0, None, a)] == {
+    windows = schedule.curriculum.tasks.windows
+    assert all(None not in roles for roles in windows.values())  # nothing pooled
+    assert windows[(0, None, a)] == {
         "x": deque([1.0]),
         "o": deque([0.0]),
     }
@@ -131,7 +132,7 @@ def test_the_producer_reports_each_role_of_a_group_apart() -> None:
         rate = sum(won) / len(won)
         expected.setdefault((0, None, t.task_index), {})[t.role] = deque([rate])
     assert len(expected) == 3 and all(set(r) == {"x", "o"} for r in expected.values())
-    assert schedule.curriculum.role_stats == expected and schedule.curriculum.stats == {}
+    assert schedule.curriculum.tasks.windows == expected  # per role, nothing pooled
     # A deterministic policy decides every game the same way: each role's rate is 0 or 1.
     assert {rate for roles in expected.values() for r in roles.values() for rate in r} <= {
         0.0,
@@ -210,5 +211,6 @@ def test_a_one_role_state_is_as_before_roles_and_an_old_one_loads() -> None:
     }
     loaded = Curriculum(config, [(("a", "b"), "a"), None])
     loaded.load_state_dict(old)
-    assert loaded.state_dict() == old and loaded.role_stats == {}
+    assert loaded.state_dict() == old
+    assert all(list(roles) == [None] for roles in loaded.tasks.windows.values())
     assert loaded.level(0) == "b" and loaded.mean_rate((0, "b", 2)) == 0.5
