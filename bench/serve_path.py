@@ -47,8 +47,8 @@ def stages(runs: int) -> list[tuple[str, float]]:
     from websockets.server import ServerProtocol
     from websockets.uri import parse_uri
 
-    from envhub.serve import client as client_module
     from envhub.serve import protocol as p
+    from envhub.serve.client import framing
     from envhub.serve.service import Caller, EnvService
     from envhub.serve.sessions import SessionStore
 
@@ -76,7 +76,7 @@ def stages(runs: int) -> list[tuple[str, float]]:
     def client_build() -> None:
         p.dumps(p.step_request("0123456789abcdef-1", "s-abcdefghijklmnop", "hello there", 7))
 
-    own = getattr(client_module, "_Frames", None)  # the client's own framing, where it has one
+    own = getattr(framing, "Frames", None)  # the client's own framing, where it has one
     frames = own() if own is not None else None
 
     def client_frame() -> None:
