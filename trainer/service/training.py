@@ -205,20 +205,26 @@ class TrainingModel:
             rows = torch.split(logits, lengths)
         else:  # [n, width - 1, V]
             rows = tuple(logits[i, :n] for i, n in enumerate(lengths))
-        return [
-            selective_log_softmax(row[None], t.to(row.device)[None])[0].cpu()
-            for row, t in zip(rows, targets, strict=True)
-        ]
+        return [_pick(row, t.to(row.device)).cpu() for row, t in zip(rows, targets, strict=True)]
+
+
+def _pick(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``log_softmax(logits)`` at ``targets``: ``(T,)`` for one target per position, ``(T, K)``
+    for ``K`` (a distribution's support, as custom losses may read)."""
+    if targets.ndim == 1:
+        return selective_log_softmax(logits[None], targets[None])[0]
+    chosen = logits.gather(-1, targets)
+    return chosen - torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def _targets(datum: Datum) -> torch.Tensor:
     target = datum.inputs.get("target_tokens")
     if target is None:
         raise ConfigError("every datum needs loss_fn_inputs['target_tokens']")
-    if target.shape != (len(datum.tokens),):
+    if target.ndim not in (1, 2) or target.shape[0] != len(datum.tokens):
         raise ConfigError(
             f"target_tokens has shape {tuple(target.shape)}; the model input has "
-            f"{len(datum.tokens)} tokens (one target per input position)"
+            f"{len(datum.tokens)} tokens (one target per input position, or [T, K] for K each)"
         )
     return torch.from_numpy(target.astype(np.int64))
 

@@ -102,25 +102,42 @@ def read_forward_request(body: bytes) -> ForwardRequest:
         )
         for d in msg.data
     ]
-    return ForwardRequest(
-        msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data
-    )
+    return ForwardRequest(msg.model_id, msg.seq_id, msg.loss_fn, config, msg.forward_only, data)
 
 
 def forward_output(outputs: list[dict[str, np.ndarray]], metrics: dict[str, float]) -> bytes:
     """A ``ForwardBackwardOutput`` body: per datum, float32 arrays (``logprobs``,
-    ``elementwise_loss``), batched one field at a time with byte offsets per datum."""
+    ``elementwise_loss``), batched one field at a time with byte offsets per datum.
+
+    A record's arrays share their shape after the first axis (``[T]``, or ``[T, K]`` with
+    2-D targets), so each run of datums with the same trailing shape is one record; the SDK
+    reads the records one after the other."""
     pb = _pb()
     msg = pb.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", metrics=metrics)
-    record = msg.loss_fn_outputs.add(num_datums=len(outputs))
-    for name in outputs[0] if outputs else ():
-        arrays = [np.ascontiguousarray(o[name], dtype=np.float32).reshape(-1) for o in outputs]
-        offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
-        batched = record.fields[name]
-        batched.dtype = pb.DTYPE_FLOAT32
-        batched.data = b"".join(a.tobytes() for a in arrays)
-        batched.offsets = offsets.tobytes()
+    for run in _runs_by_trailing_shape(outputs):
+        record = msg.loss_fn_outputs.add(num_datums=len(run))
+        for name in run[0]:
+            arrays = [np.ascontiguousarray(o[name], dtype=np.float32) for o in run]
+            offsets = np.cumsum([0] + [a.nbytes for a in arrays], dtype=np.int64)
+            batched = record.fields[name]
+            batched.dtype = pb.DTYPE_FLOAT32
+            batched.data = b"".join(a.tobytes() for a in arrays)
+            batched.offsets = offsets.tobytes()
+            batched.trailing_shape.extend(arrays[0].shape[1:])
     return msg.SerializeToString()
+
+
+def _runs_by_trailing_shape(outputs: list[dict[str, np.ndarray]]) -> list[list[dict]]:
+    """``outputs`` cut into consecutive runs whose arrays have the same trailing shapes."""
+    runs: list[list[dict]] = []
+    last = None
+    for output in outputs:
+        shapes = tuple(np.shape(a)[1:] for a in output.values())
+        if not runs or shapes != last:
+            runs.append([])
+        runs[-1].append(output)
+        last = shapes
+    return runs
 
 
 @dataclass
