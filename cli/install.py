@@ -43,8 +43,10 @@ def install_command(
 
     Resolves the exact commit, downloads it, verifies the hashes, installs it
     and pins it in envhub.lock. It is refused if it would shadow an installed
-    distribution or module, or if pip would change installed distributions to
-    satisfy its dependencies (unless --allow-changes).
+    distribution or module, or another project on pip's package indexes (an
+    index it cannot reach is named and blocks nothing), or if pip would change
+    installed distributions to satisfy its dependencies (unless
+    --allow-changes).
 
     Examples:
         envhub install someone/capital-cities@0.1.0
@@ -54,7 +56,7 @@ def install_command(
     """
     import sys
 
-    from envhub.cli.console import console
+    from envhub.cli.console import console, err_console
     from envhub.hub.install import install, install_locked
 
     def confirm(plan: str) -> bool:
@@ -78,6 +80,8 @@ def install_command(
     )
     for result in results:
         e = result.entry
+        for note in result.notes:
+            err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
         for change in result.changes:
             console.print(f"changed {change}", highlight=False, soft_wrap=True)
         state = "already installed" if result.skipped_pip else "installed"

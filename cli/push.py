@@ -38,6 +38,9 @@ def push_command(
 ) -> None:
     """Check a package, upload it, tag the version and record its hash.
 
+    A package named like an installed distribution, or like another
+    project on pip's package indexes, is refused with what to rename.
+
     Secrets and junk (.env, keys, tokens, .git, venvs, caches, build output)
     are never uploaded; what was left out is listed.
 
@@ -62,6 +65,8 @@ def push_command(
             check=not skip_check,
             run_tests=not skip_tests,
         )
+    for note in result.notes:
+        err_console.print(f"note: {note}", highlight=False, soft_wrap=True)
     for name, reason in result.skipped:
         console.print(f"[yellow]skipped[/] {name}: {reason}", highlight=False, soft_wrap=True)
     verb = {

@@ -5,6 +5,8 @@ pip installs anything.
   (an earlier install from the same Hub repo aside: that is an update), and none of its
   top-level modules may be importable there already (the standard library, an installed
   distribution's module, anything else on ``sys.path``).
+- **Known names** (``envhub.hub.index``): neither its distribution name nor a top-level module
+  may be the name of another project on the package indexes pip installs from.
 - **Dependency changes**: pip's own resolver, in dry-run/report mode and with the index settings
   the install uses, resolves the package's declared dependencies against that environment. An
   installed distribution it would upgrade, downgrade or reinstall is a change; changes are
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envhub.errors import ConfigError, EnvLoadError
+from envhub.hub import index
 from envhub.hub.provenance import source_of_url
 
 _INSPECT = """
@@ -113,13 +116,25 @@ def top_level_modules(manifest: dict[str, Any], pyproject: dict[str, Any]) -> li
     return sorted(modules)
 
 
-def shadowing(repo_id: str, distribution: str, environment: Environment) -> list[str]:
-    """What the package would shadow in ``environment``, one line each (empty: nothing)."""
-    owner = re.sub(r"\W", "_", repo_id.split("/")[0])
+def _owner(repo_id: str) -> str:
+    return re.sub(r"\W", "_", repo_id.split("/")[0])
+
+
+def shadowing(
+    repo_id: str, distribution: str, environment: Environment, *, folder: str | None = None
+) -> list[str]:
+    """What the package would shadow in ``environment``, one line each (empty: nothing).
+
+    ``folder``: the package's own folder, when ``environment`` is its author's (at push): there,
+    a distribution of the package's name installed from a local folder (``pip install -e .``)
+    and modules found in ``folder`` are the package itself.
+    """
+    owner = _owner(repo_id)
     problems = []
     installed = environment.distributions.get(normal(distribution))
     source = source_of_url(environment.own_url)
-    if installed is not None and (source is None or source[0] != repo_id):
+    local = folder is not None and source is None and environment.own_url.startswith("file:")
+    if installed is not None and not local and (source is None or source[0] != repo_id):
         origin = f", installed from {source[0]}" if source else ""
         problems.append(
             f"its distribution name {distribution!r} is that of the installed "
@@ -129,6 +144,8 @@ def shadowing(repo_id: str, distribution: str, environment: Environment) -> list
     for module, found in sorted(environment.modules.items()):
         if [normal(d) for d in found["owners"]] == [normal(distribution)] and not found["stdlib"]:
             continue  # an earlier install of this package
+        if folder is not None and found["at"].startswith(folder):
+            continue  # the package's own folder, on the path of its author's environment
         if found["stdlib"]:
             what = "the standard library's"
         elif found["owners"]:
@@ -140,6 +157,56 @@ def shadowing(repo_id: str, distribution: str, environment: Environment) -> list
             f"(rename it, e.g. to {f'{owner}_{module}'!r})"
         )
     return problems
+
+
+def own_urls(repo_id: str, pyproject: dict[str, Any]) -> list[str]:
+    """The URLs that make a project on an index this package's: its ``[project.urls]`` and its
+    Hub repo's page (on huggingface.co and on the endpoint in use)."""
+    from envhub.hub.client import endpoint
+
+    urls = pyproject.get("project", {}).get("urls", {})
+    listed = [str(u) for u in urls.values()] if isinstance(urls, dict) else []
+    return [*listed, f"https://huggingface.co/{repo_id}", f"{endpoint()}/{repo_id}"]
+
+
+def index_shadowing(
+    repo_id: str, distribution: str, modules: list[str], own: list[str], indexes: list[str]
+) -> tuple[list[str], list[str]]:
+    """What the package would shadow on the package ``indexes``, one line each, and one line
+    for each index that could not be asked (those block nothing)."""
+    owner = _owner(repo_id)
+    names = [distribution, *(m for m in modules if normal(m) != normal(distribution))]
+    looked = index.lookup(names, indexes)
+    problems = []
+    for name in names:
+        project = looked.found.get(name)
+        if project is None or index.is_own(project, own):
+            continue
+        about = f"{project.name} on {project.index}" + (
+            f" ({project.summary!r})" if project.summary else ""
+        )
+        yours = (
+            ", or, if that project is yours, add one of its URLs to [project.urls]"
+            if project.urls
+            else ""
+        )
+        if name == distribution:
+            problems.append(
+                f"its distribution name {name!r} is another project's: {about} "
+                f"(rename [project] name, e.g. to {f'{owner}-{name}'!r}{yours})"
+            )
+        else:
+            problems.append(
+                f"its module {name!r} would shadow the distribution {about} "
+                f"(rename it, e.g. to {f'{owner}_{name}'!r}{yours})"
+            )
+    notes = [
+        f"the package index {url} could not be asked ({why}); whether "
+        f"{', '.join(map(repr, names))} {'is' if len(names) == 1 else 'are'} taken there "
+        "was not checked"
+        for url, why in looked.unreachable.items()
+    ]
+    return problems, notes
 
 
 @dataclass(frozen=True)
@@ -182,9 +249,7 @@ def planned_changes(
     if not requirements:
         return []
     command = [python, "-m", "pip", "install", "--dry-run", "--report", "-", *pip_options(offline)]
-    done = subprocess.run(
-        [*command, *requirements], capture_output=True, text=True, timeout=900
-    )
+    done = subprocess.run([*command, *requirements], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise EnvLoadError(
             f"pip cannot resolve the dependencies ({', '.join(requirements)}) in the environment "

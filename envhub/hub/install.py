@@ -9,8 +9,9 @@ install, lock.
   package's ``envhub.json``, no unlisted file may be present, and the content hash must equal the
   manifest's and, when installing from a lock file, the locked one.
 - **guard** (``envhub.hub.guard``): refuse a package that would shadow an installed distribution
-  or a module, or whose dependencies pip would resolve by upgrading, downgrading or reinstalling
-  an installed distribution (unless ``allow_changes``).
+  or a module, or another project on the package indexes pip uses (not asked ``offline``), or
+  whose dependencies pip would resolve by upgrading, downgrading or reinstalling an installed
+  distribution (unless ``allow_changes``).
 - **install** with pip from a copy of the snapshot (pip writes build files into the folder it
   builds), after the user trusted the package: code from the Hub runs at install and at load.
 """
@@ -92,6 +93,8 @@ class InstallResult:
     envs: list[str] = field(default_factory=list)
     changes: list[guard.Change] = field(default_factory=list)
     """Installed distributions the install replaced (accepted with ``allow_changes``)."""
+    notes: list[str] = field(default_factory=list)
+    """What the guard could not check (a package index it could not reach), one line each."""
 
 
 def resolve(ref: HubRef, token: str | None = None) -> Resolved:
@@ -261,7 +264,7 @@ def install(
     python = python or sys.executable
     distribution = str(pulled.manifest["name"])
     skipped = _already_installed(python, distribution, pulled.resolved)
-    changes = _guard(pulled, python, distribution, offline, allow_changes, resolve_deps=not skipped)
+    changes, notes = _guard(pulled, python, distribution, offline, allow_changes, first=not skipped)
     if not skipped:
         pip_install(python, pulled, offline)
     entry = LockEntry(pulled.resolved.repo_id, pulled.resolved.revision, pulled.version,
@@ -271,7 +274,8 @@ def install(
         write_entry(entry, lock_file)
     if python == sys.executable:
         refresh()
-    return InstallResult(entry, pulled.folder, skipped, sorted(pulled.manifest["envs"]), changes)
+    envs = sorted(pulled.manifest["envs"])
+    return InstallResult(entry, pulled.folder, skipped, envs, changes, notes)
 
 
 def install_locked(lock_file: str | Path = LOCK_FILE, **kwargs: Any) -> list[InstallResult]:
@@ -314,16 +318,19 @@ def _guard(
     distribution: str,
     offline: bool,
     allow_changes: bool,
-    resolve_deps: bool,
-) -> list[guard.Change]:
-    """Refuse what the install must not do (see ``envhub.hub.guard``); the changes allowed."""
+    first: bool,
+) -> tuple[list[guard.Change], list[str]]:
+    """Refuse what the install must not do (see ``envhub.hub.guard``); the changes allowed and
+    what could not be checked. The indexes and dependencies are looked at on a ``first``
+    install of that commit only."""
     project = _pyproject(pulled.folder)
     modules = guard.top_level_modules(pulled.manifest, project)
     environment = guard.inspect(python, distribution, modules)
     _check_clashes(pulled, environment.envs, distribution)
     _check_shadowing(pulled, distribution, environment)
-    if not resolve_deps:
-        return []
+    if not first:
+        return [], []
+    notes = [] if offline else _check_index(pulled, python, distribution, modules, project)
     requirements = list(project.get("project", {}).get("dependencies", []))
     changes = guard.planned_changes(python, requirements, environment, offline)
     if changes and not allow_changes:
@@ -332,7 +339,24 @@ def _guard(
             f"distributions: {'; '.join(map(str, changes))}. Pass --allow-changes "
             "(envhub install) or allow_changes=True to accept"
         )
-    return changes
+    return changes, notes
+
+
+def _check_index(
+    pulled: Pulled, python: str, distribution: str, modules: list[str], project: dict[str, Any]
+) -> list[str]:
+    """Refuse a package named like another project on pip's indexes; what could not be asked."""
+    repo_id = pulled.resolved.repo_id
+    problems, notes = guard.index_shadowing(
+        repo_id, distribution, modules, guard.own_urls(repo_id, project),
+        guard.index.configured_indexes(python),
+    )  # fmt: skip
+    if problems:
+        raise ConfigError(
+            f"not installed: {repo_id} would shadow a distribution on the package index: "
+            f"{'; '.join(problems)}. Ask its author to rename it"
+        )
+    return notes
 
 
 def _check_shadowing(pulled: Pulled, distribution: str, environment: guard.Environment) -> None:

@@ -20,6 +20,7 @@ from envhub.hub import client, harbor_package
 from envhub.hub.card import render_card
 from envhub.hub.files import CARD, MANIFEST, Selection, build_manifest, file_hashes, select_files
 from envhub.package import package_env_specs, read_pyproject
+from envhub.registry import ENTRY_POINT_GROUP
 
 
 @dataclass
@@ -38,6 +39,9 @@ class PushResult:
     """``published``, ``tagged`` (the commit was already there) or ``unchanged`` (already
     published)."""
     check_passed: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    """What the name check could not check (a package index it could not reach), one line
+    each."""
 
     @property
     def url(self) -> str:
@@ -68,11 +72,12 @@ def push(
         version: The version to publish; must equal pyproject's (default: pyproject's; for a
             Harbor folder, 0.1.0).
         token: A Hub write token (default: ``HF_TOKEN`` or the saved login).
-        check: Run the package gates first and refuse to push when one fails.
+        check: Run the package gates first and refuse to push when one fails (the name check
+            of :func:`check_names` first).
         run_tests: Include the package's own tests in the gates.
 
     Raises:
-        EnvCheckError: A gate failed.
+        EnvCheckError: A gate failed, or the package's name shadows another distribution.
         VersionConflictError: The version exists with different content.
         HubAuthError, HubError: No or a rejected token; the Hub failed.
     """
@@ -88,13 +93,50 @@ def push(
             f"--version {version} differs from pyproject.toml's version {package_version}; "
             "bump the version there"
         )
-    report = _gate(root, check, run_tests)
     token = client.require_token(token, "envhub push")
-    api = client.api(token)
     if repo_id is None:
         with client.hub_errors("who am I", "-"):
-            repo_id = f"{api.whoami()['name']}/{name}"
-    return publish_package(root, repo_id, private=private, token=token, report=report)
+            repo_id = f"{client.api(token).whoami()['name']}/{name}"
+    notes = check_names(root, repo_id) if check else []
+    report = _gate(root, check, run_tests)
+    result = publish_package(root, repo_id, private=private, token=token, report=report)
+    result.notes = notes
+    return result
+
+
+def check_names(root: Path, repo_id: str) -> list[str]:
+    """Refuse, as ``envhub install`` would, a package at ``root`` whose distribution name or a
+    top-level module shadows an installed distribution, an importable module or another
+    project on pip's package indexes (:mod:`envhub.hub.guard`); returns what could not be
+    checked (an index it could not reach), one line each.
+
+    Raises:
+        EnvCheckError: It would shadow something, with what to rename.
+    """
+    import sys
+
+    from envhub.hub import guard
+
+    pyproject = read_pyproject(root)
+    distribution = str(pyproject.get("project", {}).get("name", ""))
+    envs = pyproject.get("project", {}).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    files = dict.fromkeys(select_files(root).files, "")
+    modules = guard.top_level_modules({"envs": envs, "files": files}, pyproject)
+    environment = guard.inspect(sys.executable, distribution, modules)
+    problems = guard.shadowing(repo_id, distribution, environment, folder=str(root))
+    if problems:
+        raise EnvCheckError(
+            f"not pushed: {repo_id} would shadow what is installed: {'; '.join(problems)}"
+        )
+    indexes = guard.index.configured_indexes(sys.executable)
+    own = guard.own_urls(repo_id, pyproject)
+    problems, notes = guard.index_shadowing(repo_id, distribution, modules, own, indexes)
+    if problems:
+        raise EnvCheckError(
+            f"not pushed: {repo_id} would shadow a distribution on the package index: "
+            f"{'; '.join(problems)}"
+        )
+    return notes
 
 
 def publish_package(
