@@ -7,19 +7,36 @@ is made), with skipped rows in their own colour and word.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from envhub.checker import CheckResult
-
 _STYLES = {"ok": "green", "fail": "red", "skipped": "yellow"}
+
+
+class Row(Protocol):
+    """What a row shows of a check's result (:class:`envhub.checker.CheckResult` is one)."""
+
+    @property
+    def name(self) -> str:
+        """The check's name (the first column)."""
+        ...
+
+    @property
+    def outcome(self) -> str:
+        """``ok``, ``fail`` or ``skipped``."""
+        ...
+
+    @property
+    def detail(self) -> str:
+        """What was checked, what went wrong, or why nothing was."""
+        ...
 
 
 def results_table(
     subject: str,
-    results: Iterable[CheckResult],
+    results: Iterable[Row],
     *,
     passed: bool,
     note: str = "",

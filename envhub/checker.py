@@ -31,6 +31,7 @@ from typing import Any
 
 import jsonschema
 
+from envhub.check_table import render_text, results_table
 from envhub.env import Env, TaskEnv
 from envhub.errors import EnvCheckError
 from envhub.roles import ROLE, ROLE_REWARDS, UPCOMING, MultiRoleEnv, role_totals_problem
@@ -102,13 +103,9 @@ class CheckReport:
         }
 
     def __rich__(self) -> Any:
-        from envhub.check_table import results_table
-
         return results_table(self.env_name, self.results, passed=self.passed)
 
     def __str__(self) -> str:
-        from envhub.check_table import render_text
-
         return render_text(self.__rich__())
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from envhub.harness.wire import POLICY_MODEL
+from envhub.harness.launch import STDERR_TAIL, Launch, ProgramError, ProgramResult
+from envhub.harness.sandboxed import run_in_session
 from envhub.lifetime import guarded
 from envhub.lifetime.procs import CANNOT_START, CANNOT_START_CODE
 
@@ -28,42 +29,6 @@ MAX_OUTPUT_BYTES = 1024 * 1024
 """A command's stdout kept as its result (the rest is dropped, and that is said)."""
 LEFTOVER_GRACE_S = 1.0
 """How long what a command left running gets between SIGTERM and SIGKILL once it exits."""
-STDERR_TAIL = 2000
-"""Characters of a failed command's stderr kept in its error message."""
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What a program is started with."""
-
-    base_url: str
-    api_key: str
-    task: dict[str, Any]
-    prompt: str
-    """The task as text (the env's :meth:`~envhub.harness.HarnessEnv.task_text`)."""
-    model: str = POLICY_MODEL
-    timeout: float | None = None
-    """Seconds the program may run; a ``client`` handed to it waits as long for a reply."""
-    session: Any = None
-    """The episode's sandbox session (a :class:`~envhub.sandbox.Session`) when the env has a
-    sandbox: a command runs in it, a function may take it (``session``) to run its tools
-    there."""
-
-
-@dataclass
-class ProgramResult:
-    """What a program returned: a callable's return value, or a command's stdout and status."""
-
-    output: Any = None
-    exit_code: int | None = None
-
-
-class ProgramError(Exception):
-    """A program that did not return normally; ``kind`` says how."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 class PolicyFailure(Exception):  # noqa: N818 - named for what it records, like the outcome
@@ -264,8 +229,6 @@ class CommandProgram:
         """Start the command, feed it the task, wait for it; kill its group if cancelled. With
         a session (the env has a sandbox) it runs there: :mod:`envhub.harness.sandboxed`."""
         if launch.session is not None:
-            from envhub.harness.sandboxed import run_in_session
-
             return await run_in_session(self, launch)
         try:
             # Under the guard: the command's group ends with this process however it dies

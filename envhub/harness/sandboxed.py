@@ -15,13 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 from urllib.parse import urlsplit
 
-from envhub.harness.programs import STDERR_TAIL, Launch, ProgramError, ProgramResult
-
-if TYPE_CHECKING:
-    from envhub.harness.programs import CommandProgram
+from envhub.harness.launch import STDERR_TAIL, Launch, ProgramError, ProgramResult
 
 GRACE = 5.0
 """Seconds the session's own limit on the command runs past the program's deadline: the env's
@@ -29,7 +27,27 @@ deadline ends it first, and records it as a timeout."""
 _CHUNK = 1 << 16
 
 
-async def run_in_session(program: CommandProgram, launch: Launch) -> ProgramResult:
+class SessionCommand(Protocol):
+    """What :func:`run_in_session` needs of a command program
+    (:class:`~envhub.harness.programs.CommandProgram` is one)."""
+
+    cwd: str | None
+    task_input: str
+
+    def argv_for(self, launch: Launch) -> Sequence[str]:
+        """The command line for ``launch``."""
+        ...
+
+    def variables(self, launch: Launch) -> dict[str, str]:
+        """The environment variables a run adds."""
+        ...
+
+    def describe(self) -> str:
+        """The program as error messages name it."""
+        ...
+
+
+async def run_in_session(program: SessionCommand, launch: Launch) -> ProgramResult:
     """Run ``program``'s command in ``launch.session`` (see the module doc).
 
     Raises:

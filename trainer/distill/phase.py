@@ -22,7 +22,8 @@ from envhub.errors import EnvhubError
 from envhub.trainer.batch import Batch, Sample
 from envhub.trainer.config import EnvSpec, TrainConfig
 from envhub.trainer.distill.advantages import distill_token_advantages, reverse_kl_terms
-from envhub.trainer.distill.teachers import Teacher, make_teacher
+from envhub.trainer.distill.choice import make_teacher
+from envhub.trainer.distill.teachers import Teacher
 from envhub.types import Trajectory
 
 _ENV_OF_GROUP = re.compile(r"e(\d+)g\d+$")

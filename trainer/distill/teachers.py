@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from envhub.errors import ConfigError, EngineError
-from envhub.trainer.distill.config import TeacherConfig
 
 PROBE_TEXT = "The teacher's tokenizer: 12 + 345 = 357, ça va? 日本語 <|im_end|>\n\tdone."
 """What the tokenizer check scores: words, digits, accents, CJK, a special token, whitespace."""
@@ -279,25 +278,3 @@ def full_mask_batch(sequences: Sequence[Sequence[int]]) -> Any:
     return Batch(
         [Sample(list(s), [1] * len(s), [0.0] * len(s), 0.0, i) for i, s in enumerate(sequences)]
     )
-
-
-def make_teacher(config: TeacherConfig, backend: Any) -> Teacher:
-    """The teacher ``config`` describes, beside ``backend`` (the policy's): a ``local`` one in
-    this process beside the torch backend, in a Ray actor of its own beside the Megatron
-    backend's ranks (:class:`~envhub.trainer.distill.ray_teacher.RayTeacher`)."""
-    if config.kind == "server":
-        assert config.url is not None
-        return ServerTeacher(
-            config.url, config.model, config.api_key, config.max_concurrency, config.timeout
-        )
-    if config.kind == "local":
-        assert config.model is not None
-        budget = getattr(getattr(backend, "config", None), "backend", None)
-        tokens = getattr(budget, "micro_batch_tokens", 4096)
-        if getattr(backend, "group", None) is not None:  # the policy's ranks are Ray actors
-            from envhub.trainer.distill.ray_teacher import RayTeacher
-
-            on_gpu = getattr(backend.device, "type", "cpu") == "cuda"
-            return RayTeacher(config.model, tokens, config.gpus if on_gpu else 0.0)
-        return LocalTeacher(config.model, backend.device, tokens)
-    return PolicyTeacher(backend)

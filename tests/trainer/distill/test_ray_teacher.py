@@ -19,9 +19,10 @@ import transformers  # noqa: E402
 
 from envhub.errors import ConfigError, EngineError  # noqa: E402
 from envhub.trainer.cluster.ray_runtime import LOCAL_SYSTEM_CONFIG  # noqa: E402
+from envhub.trainer.distill.choice import make_teacher  # noqa: E402
 from envhub.trainer.distill.config import TeacherConfig  # noqa: E402
 from envhub.trainer.distill.ray_teacher import RayTeacher  # noqa: E402
-from envhub.trainer.distill.teachers import LocalTeacher, make_teacher  # noqa: E402
+from envhub.trainer.distill.teachers import LocalTeacher  # noqa: E402
 
 SEQUENCES = [[1, 17, 230, 5, 99], [400, 12], [7, 8, 9, 10, 11, 12, 13, 14]]
 
