@@ -54,7 +54,7 @@ def report_command(
     config = results / "config.json"
     model = json.loads(config.read_text()).get("model") if config.is_file() else None
     name = model.get("name") if isinstance(model, dict) else model
-    decode = load_decoder(name) if name and not token_ids else None
+    decode = load_decoder(_model_folder(name)) if name and not token_ids else None
     page = write_report(results, output, decode)
     size = page.stat().st_size / 1e6
     console.print(f"wrote {page} ({size:.1f} MB in {time.perf_counter() - started:.1f} s)")
@@ -67,3 +67,14 @@ def report_command(
             pass
         finally:
             server.server_close()
+
+
+def _model_folder(name: str) -> str:
+    """The run's model as a folder or Hub id (an alias such as ``smollm2-135m`` resolved);
+    the name itself when it does not resolve, so the report says the tokenizer is missing."""
+    from envhub.trainer.models import resolve_model
+
+    try:
+        return resolve_model(name)
+    except Exception:  # the report falls back to token ids, and says so
+        return name

@@ -27,10 +27,7 @@ LAYERS = ("envhub", "envhub.trainer", "envhub.cli")
 """Lowest first: a module may import its own layer and those before it."""
 
 KNOWN_CYCLES: set[frozenset[str]] = set()
-KNOWN_UPWARD: set[tuple[str, str]] = {
-    # the report's token text resolves the run's model name inside a function
-    ("envhub.report", "envhub.trainer.models"),
-}
+KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 Graph = dict[str, set[str]]
 

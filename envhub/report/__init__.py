@@ -46,14 +46,13 @@ def write_report(
 
 
 def load_decoder(model: str) -> Decode | None:
-    """A token decoder from the run's model tokenizer, read from local files only; ``None`` (the
-    page then shows ids) when transformers or the tokenizer is not available here."""
+    """A token decoder from the tokenizer of ``model`` (a model folder or a Hub id in the local
+    cache; ``envhub report`` resolves the run's model name to one), read from local files only;
+    ``None`` (the page then shows ids) when transformers or the tokenizer is not available here."""
     try:
         from transformers import AutoTokenizer
 
-        from envhub.trainer.models import resolve_model
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model), local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
     except Exception as e:  # any failure only costs the token text, never the report
         logger.warning(
             "token text unavailable (%s: %s); the report shows token ids", type(e).__name__, e
