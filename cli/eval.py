@@ -71,6 +71,12 @@ def eval_command(
     push_repo: str = typer.Option(
         None, metavar="OWNER/NAME", help="The env's Hub repo (default: where it came from)."
     ),
+    push_trajectories: bool = typer.Option(
+        False,
+        "--push-trajectories",
+        help="With --push: the episodes too, as a dataset in a repo of their own "
+        "(OWNER/ENV-MODEL-trajectories), linked from the result.",
+    ),
     by: str = typer.Option(None, help="Who ran the eval, on the result (default: the pusher)."),
     model_revision: str = typer.Option(None, help="The model's revision, on the result."),
     hub_token: str = typer.Option(None, envvar="HF_TOKEN", help="Hub token for --push."),
@@ -99,6 +105,8 @@ def eval_command(
         raise ConfigError("--base-url and --serve exclude each other")
     if mode not in ("auto", "tokens", "chat"):
         raise ConfigError(f"--mode must be auto, tokens or chat, got {mode!r}")
+    if push_trajectories and not push:
+        raise ConfigError("--push-trajectories goes with --push (the result links to them)")
     kwargs = parse_env_args(env_args)
     plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
     pusher = _pusher(hub_token) if push else None  # no token: fail before the eval, not after
@@ -119,7 +127,8 @@ def eval_command(
         from envhub.cli.leaderboard import push_eval
 
         push_eval(folder, env, repo=push_repo, pushed_by=pusher, by=by,
-                  model_revision=model_revision, token=hub_token)  # fmt: skip
+                  model_revision=model_revision, token=hub_token,
+                  trajectories=push_trajectories)  # fmt: skip
 
 
 def _pusher(token: str | None) -> str:

@@ -73,8 +73,10 @@ def push_eval(
     by: str | None,
     model_revision: str | None,
     token: str | None,
+    trajectories: bool = False,
 ) -> None:
-    """Push the result of the eval saved in ``folder`` (of ``env``) to the env's Hub repo."""
+    """Push the result of the eval saved in ``folder`` (of ``env``) to the env's Hub repo, with
+    its ``trajectories`` first, as a dataset the result links to, when asked."""
     from envhub.cli.console import console
     from envhub.errors import ConfigError
     from envhub.hub.results import build_result, push_result, repo_of
@@ -89,6 +91,13 @@ def push_eval(
         )
     result = build_result(folder, repo_id=repo_id, pushed_by=pushed_by, by=by,
                           model_revision=model_revision)  # fmt: skip
+    if trajectories:
+        from envhub.hub.trajectories import push_trajectories
+
+        ref = push_trajectories(folder, result, token=token)
+        result = result.model_copy(update={"trajectories": ref})
+        console.print(f"trajectories pushed to dataset {ref.repo}: {ref.path} "
+                      f"({ref.rows} episodes)", highlight=False, soft_wrap=True)  # fmt: skip
     (folder / "hub_result.json").write_text(result.to_json())
     pushed = push_result(result, token=token)
     where = f"pull request {pushed.pull_request}" if pushed.pull_request else "main"

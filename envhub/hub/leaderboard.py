@@ -66,6 +66,7 @@ def row(rank: int, result: EvalResult) -> dict[str, Any]:
         "envhub_version": result.envhub_version,
         "config_sha256": result.config_sha256,
         "file": result.path(),
+        "trajectories": result.trajectories.url if result.trajectories else None,
     }
 
 

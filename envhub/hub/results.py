@@ -4,7 +4,9 @@ A result is one JSON file (:class:`EvalResult`) under ``results/`` of the repo, 
 date, who pushed it and a hash of its content, so a push adds a file and never rewrites one. It
 is pinned: it names the env version and the commit it was measured on, and a push is refused
 unless that commit is the one the version's tag points at. It is attributable: ``by`` is who
-ran it (``--by``, default the pusher) and ``pushed_by`` the Hub user whose token pushed it.
+ran it (``--by``, default the pusher) and ``pushed_by`` the Hub user whose token pushed it. Its
+episodes may go with it, as a dataset in a repo of their own (:mod:`envhub.hub.trajectories`),
+which the result links to.
 
 Whoever may write to the repo commits the result to ``main`` together with the card's
 leaderboard section, regenerated (:mod:`envhub.hub.leaderboard`); anyone else opens a pull
@@ -62,6 +64,24 @@ class Estimate(BaseModel):
     """mean ± 1.96 standard errors over tasks; ``None`` with fewer than two tasks."""
 
 
+class TrajectoriesRef(BaseModel):
+    """Where an eval's trajectories are on the Hub: one parquet file of a dataset repo."""
+
+    model_config = ConfigDict(frozen=True)
+
+    repo: str
+    """The dataset repo (``owner/<env>-<model>-trajectories``)."""
+    commit: str
+    path: str
+    """The file of this eval's rows (``data/*.parquet``)."""
+    rows: int
+
+    @property
+    def url(self) -> str:
+        """The file's page on the Hub."""
+        return f"{client.endpoint()}/datasets/{self.repo}/blob/{self.commit}/{self.path}"
+
+
 class EvalResult(BaseModel):
     """One eval of one model on one env version, as ``results/*.json`` holds it."""
 
@@ -99,6 +119,8 @@ class EvalResult(BaseModel):
     """Who ran the eval (``--by``, default the pusher)."""
     pushed_by: str
     """The Hub user whose token pushed it (``whoami``)."""
+    trajectories: TrajectoriesRef | None = None
+    """Its episodes as a ``datasets`` dataset, when pushed with them (``--push-trajectories``)."""
 
     def path(self) -> str:
         """Its file in the repo: ``results/<date>-<by>-<12 hex of its content's sha256>.json``."""
@@ -107,8 +129,10 @@ class EvalResult(BaseModel):
         return f"{RESULTS}/{stamp}Z-{safe_by}-{_sha256(self.to_json())[:12]}.json"
 
     def to_json(self) -> str:
-        """The file's text."""
-        return self.model_dump_json(indent=2) + "\n"
+        """The file's text (without ``trajectories`` when there are none, as results pushed
+        without them have always been written)."""
+        leave_out = {"trajectories"} if self.trajectories is None else None
+        return self.model_dump_json(indent=2, exclude=leave_out) + "\n"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from conftest import ALICE, BOB
 from hub_server import HubServer
+from index_server import IndexServer
 from test_results import result_of
 from typer.testing import CliRunner
 
@@ -36,9 +37,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]
     alice/capital-cities pushed, and the page ``envhub catalog`` wrote: (page, CLI output)."""
     tmp = tmp_path_factory.mktemp("catalog")
     server = HubServer({"alice": ALICE, "bob": BOB}).start()
+    index = IndexServer().start()  # push asks pip's index about each name: this one, not PyPI
     modules = {name.split("/")[1].replace("-", "_") for name in PACKAGES}
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_ENDPOINT", server.url)
+        patch.setenv("PIP_INDEX_URL", f"{index.url}/simple")
         patch.setenv("HF_HOME", str(tmp / "hf-home"))
         patch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
         patch.setenv("ENVHUB_CACHE", str(tmp / "envhub-cache"))
@@ -59,6 +62,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]
             yield tmp / "catalog.html", shown.output
         finally:
             server.stop()
+            index.stop()
             for module in [m for m in sys.modules if m.split(".")[0] in modules]:
                 del sys.modules[module]
             sys.path[:] = [p for p in sys.path if not p.startswith(str(tmp))]
@@ -187,7 +191,8 @@ def test_an_opened_package_shows_its_details_and_copies_its_install_command(page
     # Where the browser refuses the clipboard, the command is selected for Ctrl+C instead.
     page.execute_script(
         "navigator.clipboard.writeText = () => Promise.reject(new Error('denied'));"
-        "getSelection().removeAllRanges(); arguments[0].textContent = 'copy';", button
+        "getSelection().removeAllRanges(); arguments[0].textContent = 'copy';",
+        button,
     )
     button.click()
     WebDriverWait(page, 5).until(lambda _: button.text != "copy")

@@ -24,10 +24,11 @@ from envhub.hub import pull, push
 from envhub.hub.card import CARD_LEADERBOARD, LEADERBOARD_END
 from envhub.hub.leaderboard import row
 from envhub.hub.results import EvalResult, build_result, push_result, read_results
-from envhub.rollout.io import TrajectoryWriter
+from envhub.hub.trajectories import load_trajectories
+from envhub.rollout.io import TrajectoryWriter, read_trajectories
 from envhub.rollout.manifest import manifest
 from envhub.testing import ScriptedEngine
-from envhub.types import EnvRef
+from envhub.types import EnvRef, Trajectory
 
 REPO = "alice/capital-cities"
 SAMPLING = {"max_tokens": 64, "temperature": 0.7, "top_p": 1.0}
@@ -194,7 +195,7 @@ def test_leaderboard_json_is_exact(
                 "episodes": 8, "tasks": 4, "samples_per_task": 2, "sampling": SAMPLING,
                 "by": "alice", "pushed_by": "alice", "date": result.date, "commit": commit,
                 "envhub_version": result.envhub_version, "config_sha256": result.config_sha256,
-                "file": result.path()}  # fmt: skip
+                "file": result.path(), "trajectories": None}  # fmt: skip
 
     assert json.loads(shown.output) == {
         "repo": REPO,
@@ -243,11 +244,36 @@ def test_eval_push_through_the_cli(
     unpinned = runner.invoke(app, [*args, "--push", "--hub-token", ALICE])
     assert isinstance(unpinned.exception, ConfigError) and "--push-repo" in str(unpinned.exception)
     shutil.rmtree(tmp_path / "o")
+    alone = runner.invoke(app, [*args, "--push-trajectories"])
+    assert str(alone.exception) == "--push-trajectories goes with --push (the result links to them)"
     done = runner.invoke(app, [*args, "--push", "--push-repo", REPO, "--by", "Alice's lab",
-                               "--model-revision", "v1", "--hub-token", ALICE])  # fmt: skip
+                               "--model-revision", "v1", "--hub-token", ALICE,
+                               "--push-trajectories"])  # fmt: skip
     assert done.exit_code == 0, done.output
     [result] = read_results(REPO)
-    assert f"result pushed to {REPO} (main): {result.path()}" in " ".join(done.output.split())
+    ref = result.trajectories
+    assert ref is not None and (ref.repo, ref.rows) == (
+        "alice/capital-cities-solver-trajectories",
+        4,
+    )
+    assert " ".join(done.output.split()).endswith(
+        f"trajectories pushed to dataset {ref.repo}: {ref.path} (4 episodes) "
+        f"result pushed to {REPO} (main): {result.path()}"
+    )
+    # The dataset reads back equal to the eval's trajectories, through the client and datasets.
+    dataset = load_trajectories(ref)
+    played = read_trajectories(tmp_path / "o" / "trajectories.jsonl")
+    assert [Trajectory.model_validate_json(t) for t in dataset["trajectory"]] == played
+    assert dataset["reward"] == [1.0] * 4 and set(dataset["env_commit"]) == {commit}
+    assert dataset["messages"][0][-1] == {
+        "role": "assistant",
+        "content": played[0].messages[-1].content,
+    }
+    assert row(1, result)["trajectories"] == (
+        f"{hub.url}/datasets/{ref.repo}/blob/{ref.commit}/{ref.path}"
+    )
+    dataset_files = hub.repos[("dataset", ref.repo)].commits[ref.commit].files
+    assert sorted(dataset_files) == [".gitattributes", "README.md", ref.path]
     assert (result.by, result.pushed_by, result.model, result.model_revision) == (
         "Alice's lab", "alice", "solver", "v1",
     )  # fmt: skip
