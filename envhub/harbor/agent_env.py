@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from envhub.harbor.env import HarborEnv, run_verifier
+from envhub.harbor.env import HarborEnv
 from envhub.harness.env import HarnessEnv
 from envhub.harness.programs import Program
 from envhub.rewards.rubric import Rubric, reward
@@ -104,11 +104,7 @@ class HarborAgentEnv(HarnessEnv):
 
     async def _verified(self, state: State) -> float:
         """The task's tests' reward, run in the episode's session once the agent has ended."""
-        task = state.task
-        harbor, layout = self.harbor.task_of(task), self.harbor.layout(task)
-        verdict = await run_verifier(
-            state.data["session"], harbor, self.harbor.command_env(task), layout
-        )
+        verdict = await self.harbor.score(state.data["session"], state.task)
         state.reward_components.update(verdict.components)
         return verdict.reward
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from envhub.errors import SandboxError, VerifierError
 from envhub.harbor.dockerfile import UnsupportedEnvironment
-from envhub.harbor.env import HarborEnv, put_file, run_verifier
+from envhub.harbor.env import HarborEnv
 from envhub.harbor.layout import HARBOR_DIR
 from envhub.harbor.task import rewrite_bytes
+from envhub.harbor.verifier import put_file
 from envhub.tools.terminal import in_folder
 from envhub.workspace_env import Verdict, default_sandbox
 
@@ -90,8 +91,7 @@ async def _attempt(
 
 
 def _image_of(env: HarborEnv, key: str) -> str:
-    image = env.images.get(key)
-    return image.describe() if image is not None else ""
+    return env.image_description({"info": {"id": key}})
 
 
 async def _verify_fresh(
@@ -113,4 +113,4 @@ async def _verify_fresh(
             )
             if not layout.shown:  # a mapped solution lies in the workspace: out before the tests
                 await session.arun(["rm", "-rf", HARBOR_DIR])
-        return await run_verifier(session, task, variables, layout, env.toolchain_mount(row))
+        return await env.score(session, row)

@@ -7,46 +7,48 @@ workspace holds the files the task's Dockerfile copies (:mod:`envhub.harbor.task
 and the model works with the terminal tools. The session shows the task's paths where it
 expects them (the working folder at ``/app`` too, ``/tests``, ``/solution``, ``/logs``; the
 model's commands start in ``/app`` and its file tools take ``/app`` paths), or, on a backend
-that cannot, they are mapped into ``/sandbox`` (:mod:`envhub.harbor.layout`). When the
-episode ends, every process the model left is killed, the tests' and logs' folders are emptied
-(``/tmp`` is cleared of test-runner configuration too), ``tests/`` is copied in and ``test.sh``
-runs in the session, in the working folder, with the verifier's timeout, the task's variables
-and no Python user site (the model's home is the workspace); the reward is what it wrote, as
-Harbor reads it:
+that cannot, they are mapped into ``/sandbox`` (:mod:`envhub.harbor.layout`).
 
-- ``reward.json`` first: a JSON object of numbers; the reward is its ``"reward"`` key, or its
-  only value, else the mean of its values (every key is also reported as a weight-0
-  component);
-- else ``reward.txt``: one number.
-
-A CTRF report beside it (``ctrf.json``, as pytest-json-ctrf writes it) adds the components
-``tests_passed`` (the fraction of its tests that passed) and ``tests`` (how many ran). On a
-container back end the tests' downloads (the uv installer, ``uvx --with pytest...``,
+When the episode ends, the task's tests score it (:mod:`envhub.harbor.verifier`): in the
+episode's session, after every process the model left is killed, except in the task's own
+container (a container back end), where what the model or ``solve.sh`` started (a server
+behind ``nohup ... &``) lives on until the tests have run, as in Harbor's one container per
+trial, and ends with the container; or, for a task whose tests run apart (``[verifier]
+environment_mode = "separate"``), in a container of their own given the session's artifacts
+(:mod:`envhub.harbor.separate`). ``test.sh`` runs in the working folder, with the verifier's
+timeout, the task's variables and no Python user site (the model's home is the workspace). On
+a container back end the tests' downloads (the uv installer, ``uvx --with pytest...``,
 ``apt-get install curl``) are answered offline by the verifier toolchain
 (:mod:`envhub.harbor.toolchain`).
 
-Rewards must lie in [0, 1] (binary or partial). A test script that leaves neither file, an
-empty or malformed one, scores 0 and records a :class:`~envhub.errors.VerifierError` with the
-end of its output; a session that breaks records an infrastructure error.
+A test script that leaves no reward, or a malformed one, scores 0 and records a
+:class:`~envhub.errors.VerifierError` with the end of its output; a session that breaks
+records an infrastructure error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import functools
-import json
-import math
 import posixpath
 import shlex
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EnvLoadError, VerifierError
+from envhub.errors import EnvLoadError
 from envhub.harbor.build import prepare, prepared
 from envhub.harbor.dockerfile import UnsupportedEnvironment
-from envhub.harbor.images import TaskImage, build_task_image, check_image_map, sandbox_named
+from envhub.harbor.images import (
+    TaskImage,
+    build_task_image,
+    build_verifier_image,
+    check_image_map,
+    sandbox_named,
+)
 from envhub.harbor.layout import Layout, layout_for
+from envhub.harbor.separate import collect_artifacts, place_artifacts
 from envhub.harbor.task import (
     HarborTask,
     find_task_folders,
@@ -56,11 +58,11 @@ from envhub.harbor.task import (
     rewrite_values,
 )
 from envhub.harbor.toolchain import MOUNT, toolchain_for
-from envhub.sandbox.base import WORKDIR, ExecResult, Limits, Sandbox
+from envhub.harbor.verifier import run_verifier
+from envhub.sandbox.base import WORKDIR, Limits, Sandbox
 from envhub.sandbox.session import Session, Workspace
 from envhub.state import State
 from envhub.tools.prompt import tool_call_block
-from envhub.tools.terminal import in_folder
 from envhub.types import Message, system, user
 from envhub.workspace_env import (
     WORKSPACE_PROMPT,
@@ -115,6 +117,9 @@ class HarborEnv(WorkspaceEnv):
         self.image_map = check_image_map(image_map)
         self.images: dict[str, TaskImage] = {}
         """The image of each task whose episodes have started (container back end), by key."""
+        self.verifier_images: dict[str, TaskImage] = {}
+        """The image the tests of each such task run in when they run apart
+        (:mod:`envhub.harbor.separate`)."""
         self.toolchains: dict[str, Path | None] = {}
         """The verifier toolchain each of those tasks' sessions mount (``None``: its tests
         fetch nothing): :mod:`envhub.harbor.toolchain`."""
@@ -216,11 +221,26 @@ class HarborEnv(WorkspaceEnv):
         if key not in self.images:
             harbor, sandbox = self.task_of(task), self.sandbox
             build = functools.partial(build_task_image, harbor, sandbox, self.image_map)
-            image = await asyncio.to_thread(build)
-            prepare = functools.partial(toolchain_for, harbor, sandbox, image.tag)
+            image = tests_image = await asyncio.to_thread(build)
+            if harbor.separate is not None:
+                apart = functools.partial(
+                    build_verifier_image, harbor, sandbox, self.image_map, image
+                )
+                tests_image = self.verifier_images[key] = await asyncio.to_thread(apart)
+            prepare = functools.partial(toolchain_for, harbor, sandbox, tests_image.tag)
             self.toolchains[key] = await asyncio.to_thread(prepare)
             self.images[key] = image
         return self.images[key]
+
+    def image_description(self, task: dict[str, Any]) -> str:
+        """The image a task ran in, with any stand-in, and where its tests ran when apart
+        (empty before its image is known)."""
+        key = self.task_key(task)
+        if key not in self.images:
+            return ""
+        tests = self.verifier_images.get(key)
+        apart = f"; tests apart in {tests.describe()}" if tests is not None else ""
+        return self.images[key].describe() + apart
 
     def toolchain_mount(self, task: dict[str, Any]) -> str | None:
         """Where the task's sessions show the verifier toolchain (``None``: not mounted)."""
@@ -232,7 +252,7 @@ class HarborEnv(WorkspaceEnv):
         any stand-in), which the trajectory records."""
         await self.prepare_workspace(state.task)
         if self.in_container:
-            image = self.images[self.task_key(state.task)].describe()
+            image = self.image_description(state.task)
             state.task = {**state.task, "info": {**state.task.get("info", {}), "image": image}}
         await super().setup_state(state)
 
@@ -274,107 +294,48 @@ class HarborEnv(WorkspaceEnv):
         return self.task_of(task).resources.agent_timeout
 
     async def verify(self, session: Session, state: State) -> Verdict:
-        """Kill what the model left running, run ``tests/test.sh``, read the reward."""
-        task = state.task
+        """Run the task's tests on the episode's session (:meth:`score`)."""
+        return await self.score(session, state.task)
+
+    async def score(self, session: Session, task: dict[str, Any]) -> Verdict:
+        """Run ``tests/test.sh`` and read the reward: in ``session`` (after what the model
+        left running is killed, but in the task's own container, where it lives on as in
+        Harbor's), or, for a task whose tests run apart, in a container of their own given
+        the session's artifacts (:mod:`envhub.harbor.separate`)."""
         harbor, layout = self.task_of(task), self.layout(task)
         toolchain = self.toolchain_mount(task)
-        return await run_verifier(session, harbor, self.command_env(task), layout, toolchain)
+        if harbor.separate is None:
+            env, kill = self.command_env(task), not self.in_container
+            return await run_verifier(session, harbor, env, layout, toolchain, kill=kill)
+        cap = max(self.limits_for(task).disk_mb, 1) << 20
+        artifacts = await collect_artifacts(session, harbor.separate, harbor.workdir, cap)
+        await session.akill_processes()  # Harbor stops the agent's container here
+        async with self.verifier_session(task) as checker:
+            await place_artifacts(checker, artifacts)
+            bundled = harbor.separate.bundled
+            apart = self.verifier_layout(task)
+            return await run_verifier(checker, harbor, {}, apart, toolchain, copy_tests=not bundled)
 
+    def verifier_layout(self, task: dict[str, Any]) -> Layout:
+        """Where a task's paths are in the container its tests run in apart: its image's
+        working folder; ``/tests`` the image's own when it holds the tests."""
+        separate = self.task_of(task).separate
+        assert separate is not None and self.sandbox is not None
+        if not separate.bundled:
+            return dataclasses.replace(self.layout(task), fresh=("/tests", "/logs/verifier"))
+        layout = layout_for(separate.workdir, self.sandbox)
+        paths = dataclasses.replace(layout.paths, folders=("/logs",))
+        return dataclasses.replace(layout, fresh=("/logs/verifier",), paths=paths)
 
-async def run_verifier(
-    session: Session,
-    task: HarborTask,
-    env: dict[str, str],
-    layout: Layout,
-    toolchain: str | None = None,
-) -> Verdict:
-    """Run a task's tests in ``session`` (laid out as ``layout``) and read the reward they
-    wrote; ``toolchain``: where the session shows the verifier toolchain, whose commands come
-    first on the tests' ``PATH`` (:mod:`envhub.harbor.toolchain`).
-
-    Raises:
-        VerifierError: The tests' folders could not be emptied, no reward file, or a malformed
-            one (with the script's output's end).
-    """
-    await session.akill_processes()
-    cleared = await session.arun(["/bin/sh", "-c", _CLEAR, "sh", *layout.fresh])
-    if not cleared.ok:
-        raise VerifierError(f"could not empty {', '.join(layout.fresh)}: {cleared.describe()}")
-    await _copy_tests(session, task, layout)
-    command = in_folder(layout.workdir, ["bash", f"{layout.tests}/test.sh"])
-    if toolchain is not None:
-        command = ["/bin/sh", "-c", _WITH_TOOLCHAIN.format(toolchain), "sh", *command]
-        env = {**env, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": f"{toolchain}/wheels"}
-    result = await session.arun(
-        command,
-        wall_time=task.verifier_timeout,
-        env={**env, **task.verifier_env, "PYTHONNOUSERSITE": "1"},
-    )
-    return await read_reward(session, task, result, layout.logs)
-
-
-async def _copy_tests(session: Session, task: HarborTask, layout: Layout) -> None:
-    """Clear ``/tmp``'s test-runner configuration, copy ``tests/`` in (executable, as Harbor
-    copies them) and make the logs' folder: one call with the files as a tar on its stdin (each
-    call into a container costs an engine ``exec``), or a call per file where the session has
-    no ``tar``."""
-    files = {name: rewrite_bytes(data, layout.mapping) for name, data in task.tests.items()}
-    result = await session.arun(
-        ["/bin/sh", "-c", _PREPARE, "sh", layout.tests, layout.logs, *RUNNER_CONFIGS],
-        stdin=_tar(files),
-    )
-    if result.ok:
-        return
-    if result.exit_code != _NO_TAR:
-        raise VerifierError(f"could not copy the tests in: {result.describe()}: {result.stderr}")
-    await session.arun(["/bin/sh", "-c", _CLEAR_TMP, "sh", *RUNNER_CONFIGS])
-    for name, data in files.items():
-        await put_file(session, f"{layout.tests}/{name}", data)
-    await session.arun(["chmod", "-R", "a+x", layout.tests])
-    await session.arun(["mkdir", "-p", layout.logs])
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    """``files`` (relative path -> bytes) as an uncompressed tar."""
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name, data in sorted(files.items()):
-            member = tarfile.TarInfo(name)
-            member.size, member.mode = len(data), 0o755
-            archive.addfile(member, io.BytesIO(data))
-    return buffer.getvalue()
-
-
-def _tail(result: ExecResult) -> str:
-    """The end of a command's output (stdout, then stderr)."""
-    return (result.stdout + result.stderr).strip()[-500:]
-
-
-async def read_reward(session: Session, task: HarborTask, result: ExecResult, logs: str) -> Verdict:
-    """The reward ``test.sh`` wrote in ``logs`` (Harbor's ``/logs/verifier``):
-    ``reward.json`` first, else ``reward.txt``.
-
-    Raises:
-        VerifierError: Neither file, or one that does not hold a reward in [0, 1].
-    """
-    where = task.path / "tests" / "test.sh"
-    for name, parse in (("reward.json", _json_reward), ("reward.txt", _text_reward)):
-        text = await _get(session, f"{logs}/{name}")
-        if text is None:
-            continue
-        verdict = parse(text, f"{where} wrote {name}")
-        if not 0.0 <= verdict.reward <= 1.0:
-            raise VerifierError(f"{where} wrote {name} with reward {verdict.reward}, not in [0, 1]")
-        ctrf = ctrf_components(await _get(session, f"{logs}/ctrf.json"))
-        return Verdict(verdict.reward, {**ctrf, **verdict.components}, _tail(result))
-    tail = _tail(result)
-    raise VerifierError(
-        f"{where} wrote no reward ({result.describe()}): it must write /logs/verifier/reward.txt "
-        f"or reward.json. Its output ended with: {tail or '(nothing)'}"
-    )
+    def verifier_session(self, task: dict[str, Any]) -> Session:
+        """A fresh container of the image a task's tests run in apart, with the task's
+        limits (after :meth:`prepare_workspace`)."""
+        key = self.task_key(task)
+        toolchain = self.toolchains.get(key)
+        volumes = {str(toolchain): MOUNT} if toolchain else {}
+        runs_in = self.sandbox.with_image(self.verifier_images[key].tag, volumes=volumes)  # type: ignore[union-attr]
+        paths = self.verifier_layout(task).paths
+        return runs_in.session(None, limits=self.limits_for(task), paths=paths)
 
 
 SAME_FOLDER = (
@@ -383,90 +344,6 @@ SAME_FOLDER = (
 )
 """Added to a system prompt of the caller's when the session shows the working folder at its
 own path."""
-RUNNER_CONFIGS = (
-    "pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "setup.py",
-    "conftest.py", "__init__.py",
-)  # fmt: skip
-"""Files a test runner reads from the folders above its tests: taken out of ``/tmp``."""
-# Each folder emptied: made readable first (the model may have locked it), removed (a link
-# with it; a mount point stays), made again, then checked empty.
-_CLEAR = (
-    'for d in "$@"; do if [ -d "$d" ] && [ ! -L "$d" ]; then chmod -R u+rwx -- "$d"; fi; '
-    'rm -rf -- "$d" 2>/dev/null; mkdir -p -- "$d" && left=$(ls -A -- "$d") && [ -z "$left" ] '
-    "|| exit 1; done"
-)
-_CLEAR_TMP = 'cd /tmp && rm -rf -- "$@"'
-_NO_TAR = 99
-_PREPARE = (
-    'command -v tar >/dev/null 2>&1 || exit 99; tests=$1 logs=$2; shift 2; '
-    '(cd /tmp && rm -rf -- "$@") && mkdir -p -- "$tests" && tar -xf - -C "$tests" '
-    '--no-same-owner && chmod -R a+x -- "$tests" && mkdir -p -- "$logs"'
-)
-_WITH_TOOLCHAIN = 'PATH="{0}/shims:$PATH" exec "$@"'
-_PUT = 'mkdir -p -- "$(dirname -- "$1")" && exec cat > "$1"'
-_GET = 'if [ -f "$1" ] && [ ! -L "$1" ]; then exec head -c 65536 -- "$1"; fi; exit 102'
-
-
-async def put_file(session: Session, path: str, data: bytes) -> None:
-    """Write a file anywhere the session may (``write_file`` keeps to ``/sandbox``)."""
-    result = await session.arun(["/bin/sh", "-c", _PUT, "sh", path], stdin=data)
-    if not result.ok:
-        raise VerifierError(f"could not write {path} in the session: {result.describe()}")
-
-
-async def _get(session: Session, path: str) -> str | None:
-    """A regular file's text (its first 64 KiB), or ``None`` when there is none."""
-    result = await session.arun(["/bin/sh", "-c", _GET, "sh", path])
-    return result.stdout if result.ok else None
-
-
-def ctrf_components(text: str | None) -> dict[str, float]:
-    """A CTRF report's (``ctrf.json``, pytest-json-ctrf's) summary as reward components:
-    ``tests_passed``, the fraction of its tests that passed, and ``tests``, how many ran
-    (none when there is no report, or it is malformed)."""
-    try:
-        summary = json.loads(text or "")["results"]["summary"]
-        total, passed = int(summary["tests"]), int(summary["passed"])
-    except (ValueError, TypeError, KeyError):
-        return {}
-    if total <= 0:
-        return {}
-    return {"tests_passed": passed / total, "tests": float(total)}
-
-
-def _text_reward(text: str, where: str) -> Verdict:
-    if not text.strip():
-        raise VerifierError(f"{where}, but it is empty")
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise VerifierError(f"{where}, but it holds {text.strip()[:80]!r}, not a number") from None
-    return Verdict(_finite(value, where))
-
-
-def _json_reward(text: str, where: str) -> Verdict:
-    try:
-        data = json.loads(text)
-    except ValueError as e:
-        raise VerifierError(f"{where}, but it is not JSON ({e})") from None
-    if not isinstance(data, dict) or not data:
-        raise VerifierError(f"{where}, but it is not a JSON object of numbers")
-    values: dict[str, float] = {}
-    for key, value in data.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise VerifierError(f"{where}, but its {key!r} is {value!r}, not a number")
-        values[str(key)] = _finite(float(value), where)
-    if "reward" in values:
-        main = values["reward"]
-    else:
-        main = sum(values.values()) / len(values)
-    return Verdict(main, {k: v for k, v in values.items() if k != "reward"})
-
-
-def _finite(value: float, where: str) -> float:
-    if not math.isfinite(value):
-        raise VerifierError(f"{where}, but its reward is {value}")
-    return value
 
 
 def _task_folders(path: str) -> list[Path]:

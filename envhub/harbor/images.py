@@ -88,6 +88,31 @@ def build_task_image(
     return TaskImage(sandbox.image, "the back end's default image")
 
 
+def build_verifier_image(
+    task: HarborTask, sandbox: ContainerSandbox, image_map: dict[str, str], agents: TaskImage
+) -> TaskImage:
+    """The image a task's tests run in when they run apart (``[verifier] environment_mode =
+    "separate"``: :mod:`envhub.harbor.separate`): its ``[verifier.environment]
+    docker_image``, else its ``tests/Dockerfile`` built (context ``tests/``), else the agent's
+    image ``agents`` again; the image map applies as to the agent's.
+
+    Raises:
+        SandboxError: The build failed (its output's end).
+    """
+    separate = task.separate
+    assert separate is not None
+    if separate.dockerfile is not None:
+        text, stand_ins = map_images(separate.dockerfile.read_text(encoding="utf-8"), image_map)
+        tag = sandbox.build(separate.dockerfile.parent, text, network=True)
+        return TaskImage(tag, "tests/Dockerfile", stand_ins)
+    if separate.image is not None:
+        wanted = {normalize_image(k): v for k, v in image_map.items()}
+        used = wanted.get(normalize_image(separate.image)) or separate.image
+        swaps = {separate.image: used} if used != separate.image else {}
+        return TaskImage(used, f"[verifier.environment] docker_image {separate.image}", swaps)
+    return agents
+
+
 def check_image_map(image_map: Any) -> dict[str, str]:
     """``image_map`` as a dict of image names.
 

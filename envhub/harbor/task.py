@@ -45,6 +45,7 @@ from envhub.harbor.dockerfile import (
     read_dockerfile,
 )
 from envhub.harbor.resources import Resources, read_resources
+from envhub.harbor.separate import SeparateVerifier, read_separate
 from envhub.harbor.verifier_needs import ScriptNeeds, check_offline, read_needs
 from envhub.sandbox.base import WORKDIR
 
@@ -87,6 +88,9 @@ class HarborTask:
     verifier_needs: ScriptNeeds | None = None
     """What its tests' scripts fetch (read for the container back end, which answers it from
     the verifier toolchain: :mod:`envhub.harbor.toolchain`)."""
+    separate: SeparateVerifier | None = None
+    """Where its tests run when not in the agent's container (``[verifier] environment_mode =
+    "separate"``: :mod:`envhub.harbor.separate`); ``None``: in the episode's session."""
 
     @property
     def environment_dir(self) -> Path:
@@ -150,7 +154,7 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
     if "test.sh" not in tests:
         raise EnvLoadError(f"{folder / 'tests' / 'test.sh'} is missing: a task needs its tests")
     _refuse_compose(folder / "environment")
-    _refuse_separate_verifier(folder / "task.toml", config)
+    separate = read_separate(folder, config, in_container)
     workdir = _workdir(folder / "task.toml", config)
     environment = environment_of(folder, folder / "environment", workdir, in_container, config)
     solution_dir = folder / "solution"
@@ -177,6 +181,7 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
         build=build,
         image=environment.image,
         verifier_needs=verifier_needs(tests, folder / "tests") if in_container else None,
+        separate=separate,
     )
 
 
@@ -264,17 +269,6 @@ def files_of(
     files = {name: data for copy in copies for name, data in copy.files.items()}
     executables = frozenset().union(*(c.executables for c in copies))
     return files, executables, _build(environment, copies, timeout)
-
-
-def _refuse_separate_verifier(file: Path, config: dict[str, Any]) -> None:
-    """A task whose tests run in a container of their own (``[verifier] environment_mode =
-    "separate"``: ``tests/Dockerfile``, fed the task's ``artifacts``) is refused by name."""
-    if _section(config, "verifier").get("environment_mode") == "separate":
-        raise UnsupportedEnvironment(
-            f"{file}: [verifier] environment_mode = \"separate\": its tests run in a container "
-            "of their own (tests/Dockerfile) given the task's artifacts; envhub runs a task's "
-            "tests in the episode's own session and does not build that container yet"
-        )
 
 
 def _refuse_compose(env_dir: Path) -> None:

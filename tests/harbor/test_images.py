@@ -96,18 +96,6 @@ def test_the_bubblewrap_path_refuses_what_a_container_builds(tmp_path: Path) -> 
     assert (task.image, task.workdir, task.files, task.build) == ("ubuntu:24.04", "/app", {}, None)
 
 
-def test_a_task_whose_tests_need_their_own_container_is_refused(tmp_path: Path) -> None:
-    folder = make_task(tmp_path)
-    toml = folder / "task.toml"
-    toml.write_text(
-        toml.read_text().replace("[verifier]\n", '[verifier]\nenvironment_mode = "separate"\n')
-    )
-    with pytest.raises(
-        UnsupportedEnvironment, match=r'environment_mode = "separate": its tests run'
-    ):
-        load_task(folder, in_container=True)
-
-
 def test_a_task_checks_in_its_image_on_a_stand_in(require_podman: None, tmp_path: Path) -> None:
     folder = make_task(tmp_path)
     (check,) = check_tasks(folder, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN})

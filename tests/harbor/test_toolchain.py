@@ -15,8 +15,9 @@ import pytest
 
 from envhub.harbor import UnsupportedEnvironment, load_task
 from envhub.harbor.check import check_tasks
-from envhub.harbor.env import HarborEnv, ctrf_components, run_verifier
+from envhub.harbor.env import HarborEnv
 from envhub.harbor.toolchain import read_needs
+from envhub.harbor.verifier import ctrf_components, run_verifier
 
 STAND_IN = "localhost/envhub-base:bookworm"
 PREAMBLE = textwrap.dedent("""
