@@ -23,7 +23,7 @@ float32 result is the more exact one. On other devices they stay in their dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -112,6 +112,21 @@ class PackedRow:
             segments,
             to_device(self.scoring, device),
             self.varlen_plan.to(device),
+        )
+
+    def padded_to(self, total: int) -> PackedRow:
+        """This row with pad tokens after its end up to ``total`` (a bucket's length): one more
+        segment that attends to itself only and scores nothing."""
+        pad = total - self.input_ids.shape[1]
+        if pad <= 0:
+            return self
+        segments = [*self.segments, Segment(self.input_ids.shape[1], pad)]
+        return replace(
+            self,
+            input_ids=torch.nn.functional.pad(self.input_ids, (0, pad)),
+            position_ids=torch.cat([self.position_ids, torch.arange(pad)[None]], dim=1),
+            segments=segments,
+            varlen_plan=varlen.VarlenPlan.of(segments),
         )
 
     def model_inputs(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from envhub.trainer.backends import packed_attention
+from envhub.trainer.backends.compiled_layers import bucket_length
 from envhub.trainer.batch import MicroBatch, to_device
 
 
@@ -84,6 +85,7 @@ def place(
     packed: bool,
     head_on_targets: bool,
     sdpa_mask: bool = True,
+    bucket: bool = False,
 ) -> Placed:
     """Lay ``mb`` (on the host) out for the forward and move what it needs to ``device``.
 
@@ -96,22 +98,32 @@ def place(
             padded batch may get its mask built here, in SDPA's boolean form; other attention
             implementations (eager's additive mask, flash-attention's padding mask) get the
             2-D mask and build theirs as transformers does.
+        bucket: Pad the row (packed) or the width (padded) to its
+            :func:`compiled_layers.bucket_length`, so compiled layers meet few lengths.
     """
     targets = Targets.of(mb) if head_on_targets else None
     placed = targets.to(device) if targets is not None else None
     if packed:
         layout = packed_attention.PackedRow.of(mb)
+        if bucket:
+            layout = layout.padded_to(bucket_length(layout.input_ids.shape[1]))
         inputs = layout.to(device).model_inputs() | {"attention_mask": packed_attention.NO_MASK}
         rows = layout.scoring if targets is None else layout.scoring[targets.rows, targets.columns]
         states: tuple[Any, ...] = (to_device(torch.zeros_like(rows), device),
                                    to_device(rows, device))  # fmt: skip
     else:
+        width = mb.input_ids.shape[1]
+        extra = bucket_length(width) - width if bucket else 0
+        ids, mask = (
+            torch.nn.functional.pad(t, (0, extra)) for t in (mb.input_ids, mb.attention_mask)
+        )
         inputs = {
-            "input_ids": to_device(mb.input_ids, device),
-            "attention_mask": _padded_attention_mask(mb.attention_mask, device, sdpa_mask),
+            "input_ids": to_device(ids, device),
+            "attention_mask": _padded_attention_mask(mask, device, sdpa_mask),
         }
-        # every place but the last: position t scores token t + 1
-        states = (placed.rows, placed.columns) if placed is not None else (slice(None), slice(-1))
+        # every place of the batch but the last: position t scores token t + 1
+        whole = (slice(None), slice(0, width - 1))
+        states = (placed.rows, placed.columns) if placed is not None else whole
     tokens = placed.tokens if placed is not None else to_device(mb.input_ids[:, 1:], device)
     return Placed(inputs, placed, states, tokens)
 

@@ -24,11 +24,14 @@ from envhub.trainer.algorithms import (
     selective_log_softmax,
     token_entropy,
 )
-from envhub.trainer.backends import packed_attention
+from envhub.trainer.backends import compiled_layers, packed_attention, varlen
 from envhub.trainer.backends.base import StepResult
+from envhub.trainer.backends.fused_logprobs import fused_logprobs
 from envhub.trainer.backends.placement import Placed, Targets, place
 from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.config.backend import resolve_switch
+from envhub.trainer.estimate import device_memory, micro_batch_tokens
 from envhub.trainer.models import resolve_model
 
 if TYPE_CHECKING:
@@ -63,6 +66,21 @@ class TorchBackend:
         self.tokenizer, self._model = _load(self.model_path, config, self.device)
         self.packed = _packs(self._model, config, self.device)
         """Micro-batches run packed into one row each (``backend.packing``), not padded."""
+        self.micro_batch_tokens = micro_batch_tokens(config, device_memory(self.device))
+        """``backend.micro_batch_tokens``, ``auto`` resolved for this device."""
+        on_cuda = self.device.type == "cuda"
+        compile = config.backend.compile
+        self.fused = resolve_switch(compile.logprobs, "compile.logprobs", on_cuda)
+        """The trained tokens' logprobs and entropy metric run compiled (``fused_logprobs``)."""
+        self.compiled_layers = resolve_switch(compile.layers, "compile.layers", on_cuda)
+        """The decoder layers run compiled; micro-batch lengths are bucketed."""
+        if self.compiled_layers:
+            compiled_layers.compile_layers(_decoder_layers(self._model))
+        log.info(
+            "micro-batches of <= %d tokens, %s; compiled logprobs %s, layers %s",
+            self.micro_batch_tokens, "packed" if self.packed else "padded",
+            self.fused, self.compiled_layers,
+        )  # fmt: skip
         self.reference = (
             _load(self.model_path, config, self.device, frozen=True)[1]
             if config.algorithm.needs_reference
@@ -111,9 +129,12 @@ class TorchBackend:
         when the model runs each one packed (a shared prompt counted once, the samples of a
         prompt kept together), padded ones when it runs a padded ``[n, width]`` batch
         (:attr:`packed`)."""
-        budget = self.config.backend.micro_batch_tokens
         return micro_batches(
-            batch, budget, self.pad_id, packed=self.packed, shared_prompts=self.packed
+            batch,
+            self.micro_batch_tokens,
+            self.pad_id,
+            packed=self.packed,
+            shared_prompts=self.packed,
         )
 
     @torch.no_grad()
@@ -275,12 +296,14 @@ class TorchBackend:
         logits. Other models score every place. ``mb`` is the host copy (see
         :func:`target_logits`); the results are on this backend's device.
         """
-        return self._scores(model, place_for(model, mb, self.packed), with_entropy, temperature)
+        placed = place_for(model, mb, self.packed, bucket=self.compiled_layers)
+        return self._scores(model, placed, with_entropy, temperature)
 
     def _place(self, mb: MicroBatch) -> tuple[Placed, MicroBatch, int]:
         """The host's part of a micro-batch for :meth:`update`: its forward's layout, its loss
         inputs moved to the device, and its count of trained tokens."""
-        return place_for(self._model, mb, self.packed), mb.to(self.device), mb.num_tokens
+        placed = place_for(self._model, mb, self.packed, bucket=self.compiled_layers)
+        return placed, mb.to(self.device), mb.num_tokens
 
     def _scores(
         self,
@@ -292,8 +315,16 @@ class TorchBackend:
         """:meth:`_token_logprobs` of a micro-batch already placed: device work only."""
         with self._autocast():
             logits = placed_logits(model, placed)
-        logits = logits.float() / (temperature or self.temperature)
         targets = placed.targets
+        # The fused pass's entropy is a metric: an entropy loss term takes the eager path.
+        if self.fused and not (with_entropy and self.config.algorithm.entropy_coef):
+            logprobs, entropy = fused_logprobs(
+                logits, placed.tokens, temperature or self.temperature
+            )
+            if targets is not None:
+                logprobs, entropy = targets.spread(logprobs), targets.spread(entropy)
+            return logprobs, entropy if with_entropy else None
+        logits = logits.float() / (temperature or self.temperature)
         logprobs = selective_log_softmax(logits[None], placed.tokens[None])[0]
         if targets is not None:  # [N] at the N trained targets
             logprobs = targets.spread(logprobs)
@@ -350,9 +381,10 @@ def target_logits(
     return placed_logits(model, placed), placed.targets
 
 
-def place_for(model: torch.nn.Module, mb: MicroBatch, packed: bool) -> Placed:
+def place_for(model: torch.nn.Module, mb: MicroBatch, packed: bool, bucket: bool = False) -> Placed:
     """:func:`placement.place` for ``model``: on its device, the head on the trained places
-    only for a plain head (:data:`PLAIN_HEAD`).
+    only for a plain head (:data:`PLAIN_HEAD`); with ``bucket`` its length padded to
+    :func:`compiled_layers.bucket_length` (for compiled layers).
 
     Raises:
         ConfigError: ``packed`` for a model whose attention is not :mod:`packed_attention`'s.
@@ -369,6 +401,7 @@ def place_for(model: torch.nn.Module, mb: MicroBatch, packed: bool) -> Placed:
         packed=packed,
         head_on_targets=model_type in PLAIN_HEAD,
         sdpa_mask=attention in ("sdpa", packed_attention.NAME),
+        bucket=bucket,
     )
 
 
@@ -449,7 +482,9 @@ def _takes_packed_attention(
     plain causal attention; others may soft-cap or add sinks), when no attention is asked for
     and the class takes attention functions. Elsewhere (a GPU by default) the model keeps
     transformers' own choice."""
-    wanted = device.type == "cpu" or config.backend.packing == "packed"
+    wanted = packing_wanted(
+        config.backend.packing, device, _autocast_dtype(config.model.dtype, device)
+    )
     plain = getattr(model.config, "model_type", None) in PLAIN_HEAD  # standard attention too
     return (
         wanted
@@ -476,7 +511,27 @@ def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) ->
             "packed sequences separately; leave model.attn_implementation unset (for a "
             f"model of type {', '.join(sorted(PLAIN_HEAD))}) or set backend.packing=padded"
         )
-    return able and (choice == "packed" or (choice == "auto" and device.type == "cpu"))
+    return able and packing_wanted(choice, device, _autocast_dtype(config.model.dtype, device))
+
+
+def packing_wanted(choice: str, device: torch.device, autocast: torch.dtype | None) -> bool:
+    """``backend.packing``'s rule: ``packed``; ``padded``; ``auto``: packed on the CPU, and on
+    CUDA where torch's varlen attention runs (a 16-bit autocast and a torch with
+    ``varlen_attn``: one kernel call per layer for the whole row) and the GPU checks measured
+    packed at least as fast as padded (``PAYS_ON_CUDA["packing"]``). The model must also take
+    packed attention (:func:`_packs`)."""
+    if choice != "auto":
+        return choice == "packed"
+    if device.type == "cpu":
+        return True
+    varlen_runs = device.type == "cuda" and autocast is not None and varlen.available()
+    return varlen_runs and resolve_switch("auto", "packing", on_cuda=True)
+
+
+def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers of an HF causal LM (under a LoRA ``PeftModel`` too)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder().layers
 
 
 def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:

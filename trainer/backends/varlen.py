@@ -92,6 +92,11 @@ def _cumulative(lengths: list[int]) -> torch.Tensor:
     return torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
 
 
+def available() -> bool:
+    """Whether this torch has ``varlen_attn`` (and so a CUDA build that can run it)."""
+    return _kernel() is not None
+
+
 def runs(query: torch.Tensor, dropout: float) -> bool:
     """Whether the kernel takes this attention: a CUDA device, 16-bit inputs, no dropout, and a
     torch that has ``varlen_attn``."""

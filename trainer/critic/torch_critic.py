@@ -23,6 +23,7 @@ from envhub.trainer.algorithms import clipped_value_loss
 from envhub.trainer.batch import Sample, pack
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.critic.targets import stack_targets, value_places
+from envhub.trainer.estimate import device_memory, micro_batch_tokens
 from envhub.trainer.models import resolve_model
 
 
@@ -41,7 +42,9 @@ class TorchCritic:
         self.settings = config.critic
         self.device = device
         self.autocast_dtype = autocast_dtype
-        self.budget = self.settings.micro_batch_tokens or config.backend.micro_batch_tokens
+        self.budget = self.settings.micro_batch_tokens or micro_batch_tokens(
+            config, device_memory(torch.device(device))
+        )
         self.model_path = resolve_model(self.settings.model or config.model.name)
         self.model = _load_value_model(self.model_path, device)
         if config.model.gradient_checkpointing:

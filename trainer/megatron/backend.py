@@ -29,6 +29,7 @@ from envhub.trainer.cluster.placement import Placement, WorkerGroup
 from envhub.trainer.cluster.ray_runtime import node_ip
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
+from envhub.trainer.estimate import device_memory, micro_batch_tokens
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
 from envhub.trainer.models import resolve_model
 
@@ -65,6 +66,9 @@ class MegatronBackend:
             name="envhub-megatron",
         )
         self._num_parameters: int | None = None
+        self.micro_batch_tokens = rank_budget(config, self.placement)
+        """``backend.micro_batch_tokens``, ``auto`` resolved for the ranks' GPUs."""
+        log.info("micro-batches of <= %d tokens", self.micro_batch_tokens)
 
     @property
     def model(self) -> torch.nn.Module:
@@ -112,8 +116,7 @@ class MegatronBackend:
     def micro_batches(self, batch: Batch) -> list[MicroBatch]:
         """Micro-batches of at most ``backend.micro_batch_tokens`` real tokens: the ranks run
         each one packed into a single row without padding (``batch.Packing``)."""
-        budget = self.config.backend.micro_batch_tokens
-        return micro_batches(batch, budget, self.pad_id, packed=True)
+        return micro_batches(batch, self.micro_batch_tokens, self.pad_id, packed=True)
 
     def logprobs(
         self, batches: list[MicroBatch], reference: bool = False, temperature: float | None = None
@@ -310,6 +313,14 @@ def check_layout(model_path: str, tp: int, pp: int) -> None:
         raise ConfigError(
             f"backend.megatron.pipeline_parallel={pp} must divide the model's {layers} layers"
         )
+
+
+def rank_budget(config: TrainConfig, placement: Placement) -> int:
+    """``backend.micro_batch_tokens`` for ranks of ``placement``: ``auto`` sized for a GPU like
+    this process's first (a driver that sees none, on another machine than its GPU ranks,
+    takes the CPU's 4096: set the number there)."""
+    on_gpu = bool(placement.gpus_per_node) and torch.cuda.is_available()
+    return micro_batch_tokens(config, device_memory(torch.device("cuda", 0)) if on_gpu else None)
 
 
 def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> WorkerSpec:

@@ -29,6 +29,7 @@ from envhub.trainer.megatron.backend import (
     _worker_env,
     check_layout,
     plan,
+    rank_budget,
     worker_spec,
 )
 from envhub.trainer.megatron.critic_worker import MegatronCriticWorker
@@ -46,9 +47,9 @@ class MegatronCritic:
 
     def __init__(self, config: TrainConfig, pad_id: int) -> None:
         self.pad_id = pad_id
-        self.budget = config.critic.micro_batch_tokens or config.backend.micro_batch_tokens
         self.model_path = resolve_model(config.critic.model or config.model.name)
         placement, layout = plan(config)
+        self.budget = config.critic.micro_batch_tokens or rank_budget(config, placement)
         check_layout(self.model_path, *layout[:2])
         self.group = WorkerGroup(
             MegatronCriticWorker,
