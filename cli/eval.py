@@ -28,7 +28,7 @@ def eval_command(
         None,
         "--model",
         "-m",
-        help=f"Model to query; with --serve, the model to serve (default {DEFAULT_MODEL}).",
+        help=f"Model to query; with --serve, the model to serve: {DEFAULT_MODEL} by default.",
     ),
     base_url: str = typer.Option(
         None, "--base-url", "-u", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1."
