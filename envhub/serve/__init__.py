@@ -7,13 +7,14 @@
   retries), expiry and metrics.
 - :mod:`envhub.serve.service` — turns requests into ``Env`` calls; no transport in it.
 - :mod:`envhub.serve.app` — the Starlette app: WebSocket and HTTP routes, auth, size limits,
-  in-flight limits and idle connections.
+  in-flight limits and fairness between connections, idle connections; a module per job.
 - :mod:`envhub.serve.timeouts` — uvicorn's protocols with a deadline for half-sent requests,
   and the WebSocket protocol's direct line to the app.
 - :mod:`envhub.serve.server` — settings (every limit) and the uvicorn entry point.
 - :mod:`envhub.serve.remote` — :class:`~envhub.serve.remote.RemoteEnv`, the client: an ``Env``
   whose episodes run on a server (``envhub.make("ws://...")``).
-- :mod:`envhub.serve.client` — the client transports that ``RemoteEnv`` uses.
+- :mod:`envhub.serve.client` — the client side that ``RemoteEnv`` uses: the I/O thread, the
+  shared and per-loop transports (WebSocket, HTTP), framing and time-outs; a module per job.
 
 Only ``app`` and ``server`` import Starlette and uvicorn (``pip install 'envhub[serve]'``);
 nothing here is imported by ``import envhub``.

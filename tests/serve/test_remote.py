@@ -207,16 +207,16 @@ def test_one_sessions_steps_take_the_protocols_direct_line(
     """With this uvicorn, a session's frames are started where their bytes arrive (the direct
     line of envhub/serve/timeouts.py): a uvicorn whose internals changed would quietly serve
     every frame the slow way, which only this test notices."""
-    from envhub.serve.app import ServeApp
+    from envhub.serve.app.ws_route import WebSocketHandler
 
     taken: list[bool] = []
-    direct = ServeApp._direct
+    direct = WebSocketHandler._direct
 
-    def counted(self: ServeApp, *args: Any) -> bool:
+    def counted(self: WebSocketHandler, *args: Any) -> bool:
         taken.append(direct(self, *args))
         return taken[-1]
 
-    monkeypatch.setattr(ServeApp, "_direct", counted)
+    monkeypatch.setattr(WebSocketHandler, "_direct", counted)
     remote = envhub.make(servers["guess-number"].url("ws"))
     remote.reset(seed=0)
     for guess in (50, 25, 75):
