@@ -289,7 +289,7 @@ OPS = ("create", "reset", "step", "truncate", "info", "tools", "close")
 def step_request(request_id: str, session: str, action: Any, seq: int | None) -> dict[str, Any]:
     """A ``step`` request, ready for :func:`dumps`: what ``StepRequest(...).model_dump()`` gives,
     without a model per request (the client's hot path); without ``seq`` when it is ``None``
-    (servers from before request numbers refuse the field)."""
+    (a server that takes no request numbers refuses the field)."""
     request = {"id": request_id, "op": "step", "session": session, "seq": seq}
     if seq is None:
         del request["seq"]
@@ -475,8 +475,8 @@ class Limits(BaseModel):
     max_array_bytes: int = MAX_ARRAY_BYTES
     """Bytes the numpy arrays of a request's value may take."""
     request_numbers: bool = False
-    """The server takes ``seq`` on a session's requests (older servers refuse the field, and
-    say nothing here: their clients send none)."""
+    """The server takes ``seq`` on a session's requests (a server that takes none refuses the
+    field and leaves this out: its clients send none)."""
 
 
 class EnvInfo(BaseModel):
