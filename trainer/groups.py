@@ -9,7 +9,7 @@ rolled out.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from envhub.trainer.rollout_jobs import RolloutJob
@@ -133,3 +133,56 @@ class IdleClock:
         idle = self._idle + (now - self._since if self.running == 0 else 0.0)
         self._idle, self._since = 0.0, now
         return idle
+
+
+@dataclass
+class ProducerState:
+    """What a checkpoint keeps of the group producer: where the draws are, the groups in its
+    buffer, and the tasks in flight (launched again, same jobs and seeds, on resume)."""
+
+    next_draw: int
+    again: int
+    """Tasks sampled again so far (each such launch's seed offset)."""
+    sampled: dict[int, int]
+    """Per draw still open, groups launched for it."""
+    refills: dict[int, int]
+    """Per draw still open, groups drawn anew for it."""
+    ready: list[Group]
+    set_aside: list[Group]
+    in_flight: list[InFlight]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values (a JSON object's keys are strings, so the draws' are too)."""
+        return {
+            "next_draw": self.next_draw,
+            "again": self.again,
+            "sampled": {str(d): n for d, n in self.sampled.items()},
+            "refills": {str(d): n for d, n in self.refills.items()},
+            "ready": [g.to_dict() for g in self.ready],
+            "set_aside": [g.to_dict() for g in self.set_aside],
+            "in_flight": [
+                {**asdict(f), "job": {**asdict(f.job), "tasks": list(f.job.tasks)}}
+                for f in self.in_flight
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProducerState:
+        """The state :meth:`to_json` wrote."""
+        return cls(
+            next_draw=int(data["next_draw"]),
+            again=int(data["again"]),
+            sampled={int(d): int(n) for d, n in data["sampled"].items()},
+            refills={int(d): int(n) for d, n in data["refills"].items()},
+            ready=[Group.from_dict(g) for g in data["ready"]],
+            set_aside=[Group.from_dict(g) for g in data["set_aside"]],
+            in_flight=[
+                InFlight(
+                    f["draw"],
+                    RolloutJob(**{**f["job"], "tasks": tuple(f["job"]["tasks"])}),
+                    f["position"],
+                    f["again"],
+                )
+                for f in data["in_flight"]
+            ],
+        )

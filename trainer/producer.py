@@ -35,14 +35,21 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from envhub.trainer.config import TrainConfig
 from envhub.trainer.engines.base import RolloutEngine
-from envhub.trainer.groups import Group, IdleClock, InFlight, Taken, rewards_by_role
+from envhub.trainer.groups import (
+    Group,
+    IdleClock,
+    InFlight,
+    ProducerState,
+    Taken,
+    rewards_by_role,
+)
 from envhub.trainer.rollout_jobs import RolloutJob, RunnerOptions, run_job
 from envhub.trainer.rollout_workers import RolloutWorkers
 from envhub.trainer.scoring import has_signal
@@ -407,39 +414,25 @@ class GroupProducer:
     # -- checkpoints and shutdown ---------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the groups in the buffer, the tasks in flight (to sample
-        again), where the draws are, and the task schedule's cursors (JSON-ready)."""
-        return {
-            "next_draw": self.next_draw,
-            "again": self._again,
-            "sampled": {str(d): n for d, n in self._sampled.items()},
-            "refills": {str(d): n for d, n in self._refills.items()},
-            "ready": [g.to_dict() for g in self.ready],
-            "set_aside": [g.to_dict() for g in self.set_aside],
-            "in_flight": [
-                {**asdict(f), "job": {**asdict(f.job), "tasks": list(f.job.tasks)}}
-                for f in self._in_flight.values()
-            ],
-        }
+        """What a checkpoint keeps (:class:`~envhub.trainer.groups.ProducerState`, JSON-ready)."""
+        return ProducerState(
+            next_draw=self.next_draw,
+            again=self._again,
+            sampled=dict(self._sampled),
+            refills=dict(self._refills),
+            ready=list(self.ready),
+            set_aside=list(self.set_aside),
+            in_flight=list(self._in_flight.values()),
+        ).to_json()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from :meth:`state_dict`: the buffer as it was; the tasks that were in flight
         are launched again (same jobs and seeds) when the run starts."""
-        self.next_draw = int(state["next_draw"])
-        self._again = int(state["again"])
-        self._sampled = {int(d): int(n) for d, n in state["sampled"].items()}
-        self._refills = {int(d): int(n) for d, n in state["refills"].items()}
-        self.ready = [Group.from_dict(g) for g in state["ready"]]
-        self.set_aside = [Group.from_dict(g) for g in state["set_aside"]]
-        self._relaunch = [
-            InFlight(
-                f["draw"],
-                RolloutJob(**{**f["job"], "tasks": tuple(f["job"]["tasks"])}),
-                f["position"],
-                f["again"],
-            )
-            for f in state["in_flight"]
-        ]
+        saved = ProducerState.from_json(state)
+        self.next_draw, self._again = saved.next_draw, saved.again
+        self._sampled, self._refills = saved.sampled, saved.refills
+        self.ready, self.set_aside = saved.ready, saved.set_aside
+        self._relaunch = saved.in_flight
 
     async def aclose(self) -> None:
         """Cancel the rollouts in flight and wait for them to stop; close the workers that

@@ -63,6 +63,40 @@ class EnvSlot:
         return lambda: envhub.make(self.spec.name, **args)
 
 
+@dataclass(frozen=True)
+class ScheduleState:
+    """What a checkpoint keeps of the task schedule."""
+
+    cursors: list[int]
+    """Per env, tasks handed out so far."""
+    envs: list[str] | None = None
+    """The envs' names, in order (``None``: a checkpoint older than the names)."""
+    curriculum: dict[str, Any] | None = None
+    """The curriculum's statistics and levels (:meth:`Curriculum.state_dict`), with one."""
+    level_cursors: list[dict[str, int]] | None = None
+    """Per env, tasks handed out so far at each level, with a curriculum."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values; the curriculum's entries only with one."""
+        data: dict[str, Any] = {"cursors": self.cursors, "envs": self.envs}
+        if self.curriculum is not None:
+            data |= {"curriculum": self.curriculum, "level_cursors": self.level_cursors}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ScheduleState:
+        """Any state a run wrote, older layouts included (no ``envs``)."""
+        level_cursors = data.get("level_cursors")
+        return cls(
+            cursors=[int(c) for c in data["cursors"]],
+            envs=data.get("envs"),
+            curriculum=data.get("curriculum"),
+            level_cursors=None
+            if level_cursors is None
+            else [{str(k): int(v) for k, v in c.items()} for c in level_cursors],
+        )
+
+
 @dataclass
 class TaskSchedule:
     """Hands out ``(env index, task index)`` pairs, deterministically from the seed and cursors."""
@@ -219,45 +253,46 @@ class TaskSchedule:
 
     def state_dict(self) -> dict[str, Any]:
         """The cursor of each env, for a checkpoint (the permutations follow from the seed);
-        with a curriculum, also its statistics and levels, and the cursor of each level."""
-        state: dict[str, Any] = {
-            "cursors": [s.cursor for s in self.slots],
-            "envs": [s.spec.name for s in self.slots],
-        }
-        if self.curriculum is not None:
-            state["curriculum"] = self.curriculum.state_dict()
-            state["level_cursors"] = [dict(s.level_cursors) for s in self.slots]
-        return state
+        with a curriculum, also its statistics and levels, and the cursor of each level
+        (:class:`ScheduleState`, JSON-ready)."""
+        return ScheduleState(
+            cursors=[s.cursor for s in self.slots],
+            envs=[s.spec.name for s in self.slots],
+            curriculum=self.curriculum.state_dict() if self.curriculum is not None else None,
+            level_cursors=(
+                [dict(s.level_cursors) for s in self.slots] if self.curriculum is not None else None
+            ),
+        ).to_json()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the cursors that :meth:`state_dict` saved.
 
         Raises:
             ConfigError: The checkpoint was made on other envs (names, in order; checkpoints
-                from before the names were saved are checked by count only).
+                from before the names were saved are checked by count only), or without the
+                curriculum the config has.
         """
-        cursors = state["cursors"]
+        saved = ScheduleState.from_json(state)
         names = [s.spec.name for s in self.slots]
-        saved = state.get("envs")
-        if len(cursors) != len(self.slots) or (saved is not None and saved != names):
-            made_on = saved if saved is not None else f"{len(cursors)} envs"
+        if len(saved.cursors) != len(self.slots) or saved.envs not in (None, names):
+            made_on = saved.envs if saved.envs is not None else f"{len(saved.cursors)} envs"
             raise ConfigError(
                 f"this run's folder has a checkpoint made on {made_on}, the config trains on "
                 f"{names}: give the new run its own folder (logging.run_name=NAME) or start "
                 "over in this one (checkpoint.resume=never)"
             )
-        for slot, cursor in zip(self.slots, cursors, strict=True):
-            slot.cursor = int(cursor)
+        for slot, cursor in zip(self.slots, saved.cursors, strict=True):
+            slot.cursor = cursor
         if self.curriculum is None:
             return
-        if "curriculum" not in state:
+        if saved.curriculum is None or saved.level_cursors is None:
             raise ConfigError(
                 "the checkpoint was made without a curriculum, the config has one: "
                 "resume with the config the run was started with (or start a new run)"
             )
-        self.curriculum.load_state_dict(state["curriculum"])
-        for slot, level_cursors in zip(self.slots, state["level_cursors"], strict=True):
-            slot.level_cursors = {str(k): int(v) for k, v in level_cursors.items()}
+        self.curriculum.load_state_dict(saved.curriculum)
+        for slot, level_cursors in zip(self.slots, saved.level_cursors, strict=True):
+            slot.level_cursors = level_cursors
 
 
 def _dataset_size(env: Env, name: str) -> int:

@@ -13,7 +13,7 @@ from envhub.rollout.tool_prompt import where_tools_go
 from envhub.testing import ByteChatTokenizer
 from envhub.trainer.config import EnvSpec
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
-from envhub.trainer.tasks import TaskSchedule
+from envhub.trainer.tasks import ScheduleState, TaskSchedule
 
 
 def _schedule(seed: int = 0) -> TaskSchedule:
@@ -119,3 +119,14 @@ def test_a_harness_envs_tools_are_its_programs_and_the_header_and_eval_say_so(
     assert asyncio.run(where_tools_go(None, 0, from_program=True)) == (
         "the program's tools, sent to the server as `tools` (chat mode)"
     )
+
+
+def test_a_schedule_state_reads_every_layout_a_run_wrote() -> None:
+    oldest = {"cursors": [3, "5"]}  # before the envs' names were saved
+    assert ScheduleState.from_json(oldest) == ScheduleState(cursors=[3, 5])
+    assert ScheduleState(cursors=[3, 5]).to_json() == {"cursors": [3, 5], "envs": None}
+    levelled = {"cursors": [1], "envs": ["arithmetic"], "curriculum": {"stats": []},
+                "level_cursors": [{"easy": "2"}]}  # fmt: skip
+    state = ScheduleState.from_json(levelled)
+    assert state.level_cursors == [{"easy": 2}] and state.curriculum == {"stats": []}
+    assert state.to_json() == {**levelled, "level_cursors": [{"easy": 2}]}
