@@ -1,6 +1,7 @@
 """``envhub serve``: any env as a network service, and the client side of it.
 
-- :mod:`envhub.serve.protocol` — the wire types (pydantic) and the value codec; both sides.
+- :mod:`envhub.serve.protocol` — the wire types (pydantic); both sides.
+- :mod:`envhub.serve.codec` — the value codec and the frames' JSON text; both sides.
 - :mod:`envhub.serve.bounds` — the server's reading of untrusted frames and values, within
   bounds (depth, items, array bytes) checked before anything is built.
 - :mod:`envhub.serve.sessions` — sessions, their answer caches and request numbers (late
