@@ -11,8 +11,8 @@ exact tokens; each run of the program on a task is one episode of a :class:`Harn
 - :mod:`envhub.harness.mailbox` — calls and replies between the endpoint's and the runner's loops;
 - :mod:`envhub.harness.wire` — the chat-completions wire format;
 - :mod:`envhub.harness.responses` — the Responses API wire format (the Agents SDK's default);
-- :mod:`envhub.harness.verifiers_v1` — :class:`VerifiersV1Env`, a verifiers 0.4 (v1)
-  environment run in its own venv.
+- :class:`VerifiersV1Env` — a verifiers 0.4 (v1) environment run in its own venv, a harness
+  env kept with the rest of verifiers support (:mod:`envhub.adapters.verifiers.v1`).
 """
 
 from envhub.harness.env import NEW_SEGMENT, HarnessEnv, HarnessError
@@ -24,7 +24,6 @@ from envhub.harness.programs import (
     Program,
     ProgramResult,
 )
-from envhub.harness.verifiers_v1 import VerifiersV1Env
 
 __all__ = [
     "NEW_SEGMENT",
@@ -38,3 +37,13 @@ __all__ = [
     "ProgramResult",
     "VerifiersV1Env",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``VerifiersV1Env`` on first use: it lives with the rest of verifiers support, whose
+    module imports this package's env (an import here would close a cycle)."""
+    if name == "VerifiersV1Env":
+        from envhub.adapters.verifiers.v1 import VerifiersV1Env
+
+        return VerifiersV1Env
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

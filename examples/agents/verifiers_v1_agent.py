@@ -1,6 +1,6 @@
 """Run one rollout of a verifiers v1 environment against an OpenAI-compatible endpoint.
 
-A harness program for envhub (``envhub.harness.verifiers_v1.VerifiersV1Env``) that runs in
+A harness program for envhub (``envhub.adapters.verifiers.v1.VerifiersV1Env``) that runs in
 the separate verifiers 0.4 venv (``scripts/verifiers_v1_venv.sh`` builds ``.venv-verifiers``);
 it imports nothing from envhub. It reads one JSON object on stdin::
 

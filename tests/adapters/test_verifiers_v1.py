@@ -13,14 +13,13 @@ from typing import Any
 
 import pytest
 
+from envhub.adapters.verifiers.v1 import VerifiersV1Env, VerifiersV1Rubric, find_python
 from envhub.errors import EnvLoadError, MissingDependencyError
-from envhub.harness.verifiers_v1 import VerifiersV1Env, VerifiersV1Rubric, find_python
 from envhub.rollout.runner import RolloutRunner
 from envhub.state import State
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 from envhub.types import Message, Trajectory
-
-from .test_env import sampled_runs
+from tests.harness.test_env import sampled_runs
 
 pytest.importorskip("openai")
 pytest.importorskip("uvicorn")

@@ -5,7 +5,8 @@
 adapter targets verifiers' classic environment API (``vf.SingleTurnEnv``, ``vf.MultiTurnEnv``,
 ``vf.ToolEnv``, ``vf.StatefulToolEnv``, ``vf.Rubric``), which verifiers 0.3 keeps under
 ``verifiers.legacy`` and still answers at ``import verifiers as vf``; verifiers 0.4 dropped it
-for its ``verifiers.v1`` stack, which this adapter does not cover.
+for its ``verifiers.v1`` stack, whose environments run as harness envs in a venv of their own
+(:mod:`envhub.adapters.verifiers.v1`: :class:`VerifiersV1Env`).
 
 How verifiers' concepts map to envhub's:
 

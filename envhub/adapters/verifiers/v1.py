@@ -36,7 +36,7 @@ VERIFIERS_VERSION = "0.4.0"
 SCRIPT = Path("agents") / "verifiers_v1_agent.py"
 """The runner, under ``examples/`` (a checkout) or ``envhub.examples`` (an installed package)."""
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 _counts: dict[tuple[str, str], int] = {}
 
 
