@@ -36,6 +36,7 @@ is prepared is refused then, with its line and the end of its output.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import json
 import posixpath
@@ -43,6 +44,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -175,22 +177,43 @@ def container_environment(dockerfile: Path, workdir: str | None) -> Environment:
     return environment
 
 
-def map_images(dockerfile: str, image_map: dict[str, str]) -> tuple[str, dict[str, str]]:
+def map_images(
+    dockerfile: str, image_map: dict[str, str] | Callable[[str], str | None]
+) -> tuple[str, dict[str, str]]:
     """``dockerfile`` with each image the map names replaced (in ``FROM`` lines and ``COPY
-    --from=IMAGE``), and the replacements made (the task's image -> the stand-in). Map keys
-    match as Docker names them (``ubuntu:24.04`` matches ``docker.io/library/ubuntu:24.04``)."""
-    wanted = {normalize_image(k): v for k, v in image_map.items()}
+    --from=IMAGE``), and the replacements made (the task's image -> the stand-in).
+    ``image_map``: a map (see :func:`mapped_image`), or a function giving an image's stand-in
+    (``None``: none)."""
+    lookup = image_map if callable(image_map) else functools.partial(mapped_image, image_map)
     used: dict[str, str] = {}
 
     def swap(match: re.Match[str]) -> str:
         image = match.group(2)
-        stand_in = wanted.get(normalize_image(image))
+        stand_in = lookup(image)
         if stand_in is None:
             return match.group(0)
         used[image] = stand_in
         return f"{match.group(1)}{stand_in}{match.group(3)}"
 
     return _COPY_FROM.sub(swap, _FROM.sub(swap, dockerfile)), used
+
+
+def mapped_image(image_map: dict[str, str], image: str) -> str | None:
+    """``image``'s stand-in in ``image_map`` (``None``: it names none). Keys match as Docker
+    names images (``ubuntu:24.04`` matches ``docker.io/library/ubuntu:24.04``); an exact key
+    first, then patterns (``python:*``, as :func:`fnmatch.fnmatchcase`) in order."""
+    name = normalize_image(image)
+    exact = {normalize_image(k): v for k, v in image_map.items()}
+    if name in exact:
+        return exact[name]
+    patterns = ((k, v) for k, v in image_map.items() if any(c in k for c in "*?["))
+    return next((v for k, v in patterns if fnmatch.fnmatchcase(name, _pattern(k))), None)
+
+
+def _pattern(key: str) -> str:
+    """A pattern key as :func:`normalize_image` names images, with no tag added (``*``
+    matches every image)."""
+    return normalize_image(key) if ":" in key else normalize_image(key).removesuffix(":latest")
 
 
 def check_image(image: str, where: str) -> None:

@@ -8,26 +8,36 @@ image; a task with ``[environment] docker_image`` and no Dockerfile runs in that
 neither in the back end's default image. Nothing in the Dockerfile is refused then but a task
 of several containers (``docker-compose.yaml``).
 
-**The image map** (``image_map: {"ubuntu:24.04": "localhost/envhub-base:bookworm"}``): a base
-image that cannot be pulled here runs on a stand-in, named in every result
-(:attr:`TaskImage.stand_ins`). A ``FROM`` (or ``docker_image``) that the map names is replaced
-before the build; the others are used as written, and a missing one fails the build with the
-engine's message.
+**The image map** (``image_map: {"ubuntu:24.04": "localhost/envhub-base:bookworm"}``; keys
+may be patterns, ``python:*``): a base image that cannot be pulled here runs on a stand-in,
+named in every result (:attr:`TaskImage.stand_ins`). A ``FROM`` (or ``docker_image``) that the
+map names is replaced before the build; the others are used as written, and a missing one
+fails the build with the engine's message.
+
+**The default map** (:data:`DEFAULT_IMAGE_MAP`) comes after the caller's: it sends the official
+``python:*`` images to ``localhost/envhub-python:bookworm`` (``scripts/container_base.sh``
+builds it: Debian 12's Python with pip, venv and a ``python`` command), only where that image
+exists and the engine does not have the task's own (a pulled ``python:3.12-slim`` is used as
+written).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from envhub.errors import ConfigError
-from envhub.harbor.dockerfile import map_images, normalize_image
+from envhub.harbor.dockerfile import map_images, mapped_image
 
 if TYPE_CHECKING:
     from envhub.harbor.task import HarborTask
     from envhub.sandbox.base import Sandbox
     from envhub.sandbox.container import ContainerSandbox
 
+PYTHON_STAND_IN = "localhost/envhub-python:bookworm"
+DEFAULT_IMAGE_MAP = {"python:*": PYTHON_STAND_IN}
+"""Stand-ins used where the caller's map names none (see the module docstring)."""
 CONTAINER_BACKENDS = ("container", "podman", "docker")
 """The ``sandbox=`` names that run tasks in containers (``container``: whichever engine runs)."""
 
@@ -76,16 +86,42 @@ def build_task_image(
     """
     environment = task.environment_dir
     dockerfile = environment / "Dockerfile"
+    lookup = image_lookup(image_map, sandbox)
     if dockerfile.is_file():
-        text, stand_ins = map_images(dockerfile.read_text(encoding="utf-8"), image_map)
+        text, stand_ins = map_images(dockerfile.read_text(encoding="utf-8"), lookup)
         tag = sandbox.build(environment, text, network=True)
         return TaskImage(tag, "environment/Dockerfile", stand_ins)
     if task.image is not None:
-        wanted = {normalize_image(k): v for k, v in image_map.items()}
-        stand_in = wanted.get(normalize_image(task.image))
-        used = stand_in or task.image
-        return TaskImage(used, f"docker_image {task.image}", {task.image: used} if stand_in else {})
+        return _named(task.image, f"docker_image {task.image}", lookup)
     return TaskImage(sandbox.image, "the back end's default image")
+
+
+def image_lookup(
+    image_map: dict[str, str], sandbox: ContainerSandbox
+) -> Callable[[str], str | None]:
+    """An image's stand-in: the caller's ``image_map`` first, then :data:`DEFAULT_IMAGE_MAP`
+    where its stand-in exists and the engine lacks the image (each engine answer kept)."""
+    has: dict[str, bool] = {}
+
+    def exists(image: str) -> bool:
+        if image not in has:
+            has[image] = sandbox.engine.image_exists(image)
+        return has[image]
+
+    def lookup(image: str) -> str | None:
+        chosen = mapped_image(image_map, image)
+        if chosen is not None:
+            return chosen
+        default = mapped_image(DEFAULT_IMAGE_MAP, image)
+        return default if default is not None and exists(default) and not exists(image) else None
+
+    return lookup
+
+
+def _named(image: str, source: str, lookup: Callable[[str], str | None]) -> TaskImage:
+    """The image a task names outright, or its stand-in."""
+    stand_in = lookup(image)
+    return TaskImage(stand_in or image, source, {image: stand_in} if stand_in else {})
 
 
 def build_verifier_image(
@@ -101,15 +137,15 @@ def build_verifier_image(
     """
     separate = task.separate
     assert separate is not None
+    lookup = image_lookup(image_map, sandbox)
     if separate.dockerfile is not None:
-        text, stand_ins = map_images(separate.dockerfile.read_text(encoding="utf-8"), image_map)
+        text, stand_ins = map_images(separate.dockerfile.read_text(encoding="utf-8"), lookup)
         tag = sandbox.build(separate.dockerfile.parent, text, network=True)
         return TaskImage(tag, "tests/Dockerfile", stand_ins)
     if separate.image is not None:
-        wanted = {normalize_image(k): v for k, v in image_map.items()}
-        used = wanted.get(normalize_image(separate.image)) or separate.image
-        swaps = {separate.image: used} if used != separate.image else {}
-        return TaskImage(used, f"[verifier.environment] docker_image {separate.image}", swaps)
+        return _named(
+            separate.image, f"[verifier.environment] docker_image {separate.image}", lookup
+        )
     return agents
 
 

@@ -168,3 +168,43 @@ def test_a_trajectory_names_the_image_it_ran_in(require_podman: None, tmp_path: 
     (trajectory,) = asyncio.run(runner.run([0]))
     assert trajectory.reward == 1.0 and trajectory.info["task"] == "sum-prices"
     assert trajectory.info["image"].endswith(f"stand-in {STAND_IN} for ubuntu:24.04)")
+
+
+def test_image_map_patterns_come_after_exact_names() -> None:
+    from envhub.harbor.dockerfile import mapped_image
+
+    image_map = {"python:3.12-slim": "exact", "python:*": "any-python", "*": "anything"}
+    assert mapped_image(image_map, "docker.io/library/python:3.12-slim") == "exact"
+    assert mapped_image(image_map, "python:3.11-slim-bookworm") == "any-python"
+    assert mapped_image(image_map, "python") == "any-python"  # python:latest
+    assert mapped_image(image_map, "ubuntu:24.04") == "anything"
+    assert mapped_image({"python:*": "x"}, "ghcr.io/astral-sh/uv:0.8.15") is None
+
+
+PYTHON_TASK = textwrap.dedent("""
+    FROM python:3.12-slim
+    WORKDIR /app
+    RUN python -m pip --version | cut -d' ' -f1 > /opt/pip.txt
+""")
+PYTHON_TEST = textwrap.dedent("""
+    #!/bin/bash
+    ok=$( [ "$(cat /opt/pip.txt)" = pip ] && [ "$(cat /app/out.txt 2>/dev/null)" = ok ] && echo 1 || echo 0)
+    echo $ok > /logs/verifier/reward.txt
+""").lstrip()  # noqa: E501 - a shell line
+
+
+def test_python_images_build_on_the_python_stand_in(require_podman: None, tmp_path: Path) -> None:
+    from envhub.harbor.images import PYTHON_STAND_IN
+    from envhub.sandbox.container_engine import ContainerEngine
+
+    if not ContainerEngine("podman").image_exists(PYTHON_STAND_IN):
+        pytest.skip(f"no image {PYTHON_STAND_IN}: run `bash scripts/container_base.sh`")
+    folder = make_task(tmp_path)
+    (folder / "environment/Dockerfile").write_text(PYTHON_TASK)
+    (folder / "tests/test.sh").write_text(PYTHON_TEST)
+    (folder / "solution/solve.sh").write_text("#!/bin/bash\npython -c 'print(\"ok\")' > out.txt\n")
+    (check,) = check_tasks(folder, sandbox="podman")  # no image map: the default one
+    assert (check.solved, check.unsolved, check.error) == (1.0, 0.0, "")
+    assert check.image.endswith(
+        f"(from environment/Dockerfile; stand-in {PYTHON_STAND_IN} for python:3.12-slim)"
+    )
