@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,10 @@ def test_python_images_build_on_the_python_stand_in(require_podman: None, tmp_pa
     from envhub.sandbox.container_engine import ContainerEngine
 
     if not ContainerEngine("podman").image_exists(PYTHON_STAND_IN):
-        pytest.skip(f"no image {PYTHON_STAND_IN}: run `bash scripts/container_base.sh`")
+        missing = f"no image {PYTHON_STAND_IN}: run `bash scripts/container_base.sh`"
+        if os.environ.get("ENVHUB_REQUIRE_CONTAINERS") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
     folder = make_task(tmp_path)
     (folder / "environment/Dockerfile").write_text(PYTHON_TASK)
     (folder / "tests/test.sh").write_text(PYTHON_TEST)
