@@ -59,6 +59,9 @@ class ServiceState:
         self.sessions: dict[str, Session] = {}
         self.models: dict[str, Any] = {}
         """Training models (:class:`~envhub.trainer.service.training.TrainingModel`) by id."""
+        self.bases: dict[str, Any] = {}
+        """The base model each served model's LoRA adapters share
+        (:class:`~envhub.trainer.service.adapters.SharedBase`), by the model envhub loads."""
         self.sampling_sessions: dict[str, SamplingSession] = {}
         self.samplers = Samplers(settings.device)
         self.store = Store(settings.state_dir)
@@ -108,7 +111,10 @@ class ServiceState:
         if model_id in self.models:
             raise ConfigError(f"model {model_id!r} exists already")
         target = self.settings.served()[base_model]
-        model = TrainingModel(target, lora, seed, self.settings.device, name=base_model)
+        base = None if lora is None else self.bases.get(target)
+        model = TrainingModel(target, lora, seed, self.settings.device, base_model, base)
+        if model.shared is not None:
+            self.bases.setdefault(target, model.shared)
         spec = None if lora is None else dataclasses.asdict(lora)
         self.store.record_run(model_id, base_model, spec, user_metadata)
         self.models[model_id] = model

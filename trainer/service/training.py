@@ -8,6 +8,11 @@ here the backend lends its parts: the policy (LoRA through its ``model.lora``), 
 a CPU, the head on the scored places only), its AdamW and its export. Gradients accumulate in
 the parameters' ``.grad`` between the two verbs, as in any torch loop.
 
+A LoRA model is one adapter on a base model that other LoRA models share
+(:mod:`~envhub.trainer.service.adapters`): each method first makes its adapter the active one,
+and the model keeps its own AdamW over its adapter's tensors. A model that trains every weight
+has a backend of its own.
+
 Every method runs on the service's trainer thread, one at a time (``state.py``).
 """
 
@@ -27,6 +32,7 @@ from envhub.trainer.algorithms import selective_log_softmax
 from envhub.trainer.backends.torch_backend import TorchBackend, place_for, placed_logits
 from envhub.trainer.batch import Sample, collate
 from envhub.trainer.config import validate_config
+from envhub.trainer.service.adapters import SharedBase
 from envhub.trainer.service.losses import get_loss
 from envhub.trainer.service.wire import Datum, ForwardRequest
 
@@ -64,6 +70,13 @@ def backend_config(model: str, lora: LoraSpec | None, device: str) -> Any:
     })  # fmt: skip
 
 
+def shared_base(model: str, lora: LoraSpec, seed: int, device: str) -> SharedBase:
+    """A base model for LoRA adapters, its first adapter shaped as ``lora`` and seeded with
+    ``seed`` (claimed by the first :class:`TrainingModel` on it)."""
+    torch.manual_seed(seed)
+    return SharedBase(TorchBackend(backend_config(model, lora, device)))
+
+
 class TrainingModel:
     """A policy with its optimizer, trained by ``forward_backward`` and ``optim_step``.
 
@@ -73,17 +86,33 @@ class TrainingModel:
         seed: Seeds torch before the model is built (the LoRA adapter's initialisation).
         device: ``cpu``, ``cuda`` or ``auto``.
         name: The name clients know the base model by (``model`` when not given).
+        base: With ``lora``, the base model to add the adapter to (a new one when ``None``).
     """
 
     def __init__(self, model: str, lora: LoraSpec | None, seed: int, device: str,
-                 name: str | None = None) -> None:  # fmt: skip
+                 name: str | None = None, base: SharedBase | None = None) -> None:  # fmt: skip
         self.name = name or model
         """The base model's name as clients send it."""
         self.lora = lora
-        torch.manual_seed(seed)
-        self.backend = TorchBackend(backend_config(model, lora, device))
+        self.shared: SharedBase | None = None
+        """The base this model's adapter is on (``None`` when it trains every weight)."""
+        self.adapter: str | None = None
+        if lora is None:
+            torch.manual_seed(seed)
+            self.backend = TorchBackend(backend_config(model, None, device))
+            self.optimizer = self.backend.optimizer
+        else:
+            self.shared = base or shared_base(model, lora, seed, device)
+            self.backend = self.shared.backend
+            self.adapter = self.shared.add(lora, seed)
+            self.optimizer = torch.optim.AdamW([p for _, p in self._trained()])
         self.steps = 0
         """``optim_step`` calls applied."""
+
+    def _use(self) -> None:
+        """Make this model's adapter the one the shared base runs and trains."""
+        if self.shared is not None:
+            self.shared.use(self.adapter)
 
     def forward(self, request: ForwardRequest) -> tuple[list[dict[str, np.ndarray]], float]:
         """Score ``request.data`` and, unless ``forward_only``, add the loss's gradients.
@@ -100,6 +129,7 @@ class TrainingModel:
         if not data:
             raise ConfigError("forward_backward needs at least one datum")
         targets = [_targets(d) for d in data]
+        self._use()
         model = self.backend.model
         backward = not request.forward_only
         model.train(backward)
@@ -127,13 +157,14 @@ class TrainingModel:
         Returns:
             ``grad_norm`` (before clipping) and the ``learning_rate`` used.
         """
-        optimizer = self.backend.optimizer
+        self._use()
+        optimizer = self.optimizer
         for group in optimizer.param_groups:
             group["lr"] = adam["learning_rate"]
             group["betas"] = (adam["beta1"], adam["beta2"])
             group["eps"] = adam["eps"]
             group["weight_decay"] = adam["weight_decay"]
-        params = [p for p in self.backend.model.parameters() if p.grad is not None]
+        params = [p for _, p in self._trained() if p.grad is not None]
         limit = adam["grad_clip_norm"] or math.inf
         norm = float(torch.nn.utils.clip_grad_norm_(params, limit)) if params else 0.0
         optimizer.step()
@@ -147,9 +178,10 @@ class TrainingModel:
         (``optimizer.pt``), which :meth:`load_state` restores."""
         from safetensors.torch import save_file
 
+        self._use()
         tensors = {n: p.detach().cpu().contiguous() for n, p in self._trained()}
         save_file(tensors, str(folder / "trainable.safetensors"))
-        torch.save(self.backend.optimizer.state_dict(), folder / "optimizer.pt")
+        torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
 
     def load_state(self, folder: Path, optimizer: bool) -> None:
         """Restore the trained tensors saved in ``folder`` and, with ``optimizer``, AdamW's
@@ -162,13 +194,14 @@ class TrainingModel:
         from safetensors.torch import load_file
 
         saved = load_file(str(folder / "trainable.safetensors"))
+        self._use()
         params = dict(self._trained())
         if set(saved) != set(params) or any(saved[n].shape != p.shape for n, p in params.items()):
             raise ConfigError(f"the checkpoint in {folder.name!r} does not fit this model")
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(saved[name])
-        opt = self.backend.optimizer
+        opt = self.optimizer
         opt.zero_grad(set_to_none=True)
         if optimizer:
             opt.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
@@ -176,11 +209,23 @@ class TrainingModel:
             opt.state.clear()
 
     def _trained(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """The tensors this model trains, by the names a saved state gives them."""
+        if self.shared is not None:
+            return self.shared.parameters(self.adapter)
         return [(n, p) for n, p in self.backend.model.named_parameters() if p.requires_grad]
 
     def export(self, folder: Path) -> Path:
-        """Write the weights (LoRA merged) and tokenizer as an HF folder a sampler loads."""
-        return self.backend.export(folder)
+        """Write the weights (this model's adapter merged, tensor by tensor: the shared base is
+        not touched) and tokenizer as an HF folder a sampler loads."""
+        if self.shared is None:
+            return self.backend.export(folder)
+        from envhub.trainer.backends.torch_backend import hf_weights
+        from envhub.trainer.checkpoint.export import export_hf_weights
+
+        self._use()
+        with torch.no_grad():
+            weights = {name: t.cpu() for name, t in hf_weights(self.backend.model)}
+        return export_hf_weights(weights, self.backend.model_path, folder)
 
     def _logprobs(self, data: list[Datum], targets: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each datum's logprob of its target at every input position, in one forward.
