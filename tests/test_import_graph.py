@@ -27,6 +27,17 @@ LAYERS = ("envhub", "envhub.trainer", "envhub.cli")
 """Lowest first: a module may import its own layer and those before it."""
 
 KNOWN_CYCLES: set[frozenset[str]] = set()
+KNOWN_FUNCTION_CYCLES: set[frozenset[str]] = {
+    # closed only by imports inside functions; each is a dispatch to be moved out of the
+    # module its implementations import
+    frozenset({"envhub.harbor.task", "envhub.harbor.terminal_bench"}),
+    frozenset({"envhub.hub.harbor_package", "envhub.hub.push"}),
+    frozenset({
+        "envhub", "envhub.evaluation", "envhub.hub.card", "envhub.hub.files",
+        "envhub.hub.install", "envhub.hub.leaderboard", "envhub.hub.load", "envhub.hub.results",
+        "envhub.loader", "envhub.perf",
+    }),  # fmt: skip
+}
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 Graph = dict[str, set[str]]
@@ -153,6 +164,16 @@ def test_no_import_cycle_type_only_imports_included() -> None:
     new = [c for c in found if frozenset(c) not in KNOWN_CYCLES]
     assert not new, "import cycles:\n" + "\n".join(describe(c, graph) for c in new)
     assert {frozenset(c) for c in found} == KNOWN_CYCLES, "a known cycle is gone: drop its entry"
+
+
+def test_no_new_cycle_through_imports_inside_functions() -> None:
+    graph = import_graph(modules(PACKAGES), inside_functions=True)
+    found = {frozenset(c) for c in cycles(graph)}
+    new = [sorted(c) for c in found - KNOWN_FUNCTION_CYCLES]
+    assert not new, "import cycles through functions:\n" + "\n".join(
+        describe(c, graph) for c in new
+    )
+    assert found == KNOWN_FUNCTION_CYCLES, "a known cycle is gone: drop its entry"
 
 
 def test_layers_import_downwards_only() -> None:
