@@ -6,8 +6,9 @@
 environment runs here (:mod:`~envhub.harbor.build_check` and :mod:`~envhub.harbor.installs` for
 its ``RUN`` steps), :mod:`~envhub.harbor.build` runs those steps once per task to prepare its
 workspace, :mod:`~envhub.harbor.layout` says where its paths (``/app``, ``/tests``...) are in a
-session, :mod:`~envhub.harbor.env` is the env (:class:`HarborEnv`), :mod:`~envhub.harbor.check` the
-solution check (``envhub check``).
+session, :mod:`~envhub.harbor.env` is the env (:class:`HarborEnv`), :mod:`~envhub.harbor.verifier`
+runs a task's tests and reads their reward (in a container of their own:
+:mod:`~envhub.harbor.separate`), :mod:`~envhub.harbor.check` the solution check (``envhub check``).
 """
 
 from envhub.harbor.dockerfile import UnsupportedEnvironment
