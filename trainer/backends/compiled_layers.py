@@ -14,6 +14,7 @@ serve many micro-batches.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 
@@ -28,8 +29,13 @@ def bucket_length(length: int, minimum: int = 16) -> int:
     ``minimum``), so at most 1/8 of the result is padding above ``8 x minimum``."""
     if length <= minimum:
         return minimum
-    granule = max(minimum, 2 ** math.ceil(math.log2(length)) // BUCKETS_PER_DOUBLING)
+    granule = bucket_granule(length, minimum)
     return -(-length // granule) * granule
+
+
+def bucket_granule(length: int, minimum: int = 16) -> int:
+    """What :func:`bucket_length` rounds ``length`` up to a multiple of."""
+    return max(minimum, 2 ** math.ceil(math.log2(max(length, 1))) // BUCKETS_PER_DOUBLING)
 
 
 def compile_layers(layers: Iterable[torch.nn.Module], backend: str = "inductor") -> int:
@@ -66,3 +72,20 @@ def compiled_frames() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["ok"])
+
+
+class CompileTime:
+    """The process's compile seconds for a step's metrics (``train/compile_s``), logged when
+    they grew since the last report (the first step, a new shape)."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self.log = log
+        self.reported = compile_seconds()
+
+    def report(self) -> float:
+        """:func:`compile_seconds` now; logged when it grew."""
+        seconds = compile_seconds()
+        if seconds > self.reported:
+            self.log.info("torch.compile: %.1f s so far in this process", seconds)
+            self.reported = seconds
+        return seconds

@@ -76,6 +76,7 @@ class TorchBackend:
         """The decoder layers run compiled; micro-batch lengths are bucketed."""
         if self.compiled_layers:
             compiled_layers.compile_layers(_decoder_layers(self._model))
+        self._compile_time = compiled_layers.CompileTime(log)
         log.info(
             "micro-batches of <= %d tokens, %s; compiled logprobs %s, layers %s",
             self.micro_batch_tokens, "packed" if self.packed else "padded",
@@ -250,6 +251,8 @@ class TorchBackend:
         }
         metrics["grad_norm"] = self._clip_gradients()
         metrics["lr"] = self.scheduler.get_last_lr()[0]
+        if self.fused or self.compiled_layers:
+            metrics["compile_s"] = self._compile_time.report()
         self.optimizer.step()
         self.scheduler.step()
         return StepResult(metrics, token_logprobs=[logprobs.cpu() for logprobs in seen])

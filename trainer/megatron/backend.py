@@ -28,6 +28,7 @@ from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.cluster.placement import Placement, WorkerGroup
 from envhub.trainer.cluster.ray_runtime import node_ip
 from envhub.trainer.config import TrainConfig
+from envhub.trainer.config.backend import resolve_switch
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
 from envhub.trainer.estimate import device_memory, micro_batch_tokens
 from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
@@ -330,7 +331,8 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
     schedule's length is ``steps x algorithm.updates_per_step`` updates, after the warm
     start's supervised ones (``sft``).
     """
-    opt = config.optimizer
+    opt, compile = config.optimizer, config.backend.compile
+    on_gpus = bool(placement.gpus_per_node)
     dtype = config.model.dtype
     if dtype == "auto":
         dtype = "bfloat16" if placement.gpus_per_node else "float32"
@@ -353,6 +355,8 @@ def worker_spec(config: TrainConfig, model_path: str, placement: Placement) -> W
         entropy_coef=config.algorithm.entropy_coef,
         reference=config.algorithm.needs_reference,
         recompute=config.model.gradient_checkpointing,
+        compile_logprobs=resolve_switch(compile.logprobs, "compile.logprobs", on_gpus),
+        compile_layers=resolve_switch(compile.layers, "compile.layers", on_gpus),
     )
 
 

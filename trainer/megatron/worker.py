@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -26,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from envhub.trainer.algorithms import ObjectiveSpec, policy_objective
+from envhub.trainer.backends import compiled_layers
+from envhub.trainer.backends.fused_logprobs import fused_logprobs
 from envhub.trainer.backends.torch_backend import lr_multiplier
 from envhub.trainer.batch import MicroBatch, Packing, to_device
 from envhub.trainer.megatron.attention import packed_seq_params, segment_lengths
@@ -100,6 +104,12 @@ class WorkerSpec:
     distributed_optimizer: bool | None = None
     """Shard the optimizer state and the fp32 master weights across the data-parallel ranks
     (megatron-core's distributed optimizer); ``None``: on GPUs (it takes CUDA tensors only)."""
+    compile_logprobs: bool = False
+    """The logprobs and entropy metric through ``fused_logprobs`` (one tensor rank only: under
+    tensor parallelism the collective path runs)."""
+    compile_layers: bool = False
+    """Each transformer layer ``torch.compile``d (one compiled block for all) and packed rows
+    padded to a bucket's length."""
 
 
 class MegatronWorker:
@@ -132,6 +142,7 @@ class MegatronWorker:
             overrides={"calculate_per_token_loss": True, **(RECOMPUTE if spec.recompute else {})},
         )
         policy = self._load(spec.model_path)
+        self.fused = spec.compile_logprobs and spec.tensor_parallel == 1
         # Built before _wrap puts process-group methods in the shared config, which the
         # attention layer may deepcopy (fewer key/value heads than tensor ranks).
         self.reference = (
@@ -153,6 +164,8 @@ class MegatronWorker:
     def _load(self, path: str) -> torch.nn.Module:
         model = build_model(self.bridge).to(self.device)
         self.bridge.load_weights([model], path)
+        if self.spec.compile_layers and getattr(model, "decoder", None) is not None:
+            compiled_layers.compile_layers(model.decoder.layers)
         return model
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -251,7 +264,11 @@ class MegatronWorker:
             mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
         ) -> torch.Tensor:
             logits, targets = _next_token_logits(output, row)
-            return packing.unpack(chunked_logprobs(logits, targets, scale), mb.input_ids.shape[1])
+            if self.fused:
+                logprobs = fused_logprobs(logits, targets, scale)[0]
+            else:
+                logprobs = chunked_logprobs(logits, targets, scale)
+            return packing.unpack(logprobs, mb.input_ids.shape[1])
 
         return self._collect(model, batches, token_logprobs)
 
@@ -311,7 +328,10 @@ class MegatronWorker:
         self.updates += 1
         if not self._is_output_rank():
             return None
-        return _metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
+        metrics = _metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
+        if self.fused or self.spec.compile_layers:
+            metrics["compile_s"] = compiled_layers.compile_seconds()
+        return metrics
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
@@ -442,14 +462,8 @@ class MegatronWorker:
         mb = mb.to(output.device)
         width = mb.input_ids.shape[1]
         logits, targets = _next_token_logits(output, row)
-        temperature = self.spec.temperature
-        logprobs = packing.unpack(chunked_logprobs(logits, targets, temperature), width)
-        entropy = packing.unpack(
-            vocab_parallel_entropy(logits.float() / temperature)  # a loss term: whole, with grad
-            if self.spec.entropy_coef
-            else vocab_parallel_entropy_report(logits, temperature),
-            width,
-        )
+        logprobs, entropy = self._scores(logits, targets)
+        logprobs, entropy = packing.unpack(logprobs, width), packing.unpack(entropy, width)
         loss, metrics = policy_objective(
             spec,
             logprobs=logprobs,
@@ -464,6 +478,19 @@ class MegatronWorker:
             supervised=mb.supervised,
         )
         return loss, torch.tensor(1, dtype=torch.int), micro_batch_report(loss, weight, metrics)
+
+    def _scores(
+        self, logits: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed row's logprobs and entropies: fused where it may run (one tensor rank, the
+        entropy a metric), else chunked with the tensor-parallel collectives."""
+        temperature = self.spec.temperature
+        if self.fused and not self.spec.entropy_coef:
+            return fused_logprobs(logits, targets, temperature)
+        logprobs = chunked_logprobs(logits, targets, temperature)
+        if self.spec.entropy_coef:  # a loss term: whole, with grad
+            return logprobs, vocab_parallel_entropy(logits.float() / temperature)
+        return logprobs, vocab_parallel_entropy_report(logits, temperature)
 
     def _my_batches(self, batches: list[MicroBatch]) -> list[tuple[int, MicroBatch]]:
         """This data rank's micro-batches, round-robin. Every data rank runs the same number of
@@ -490,7 +517,7 @@ class MegatronWorker:
         micro-batch)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        packings = [Packing.of(mb, multiple=self._row_multiple()) for _, mb in batches]
+        packings = [Packing.of(mb, multiple=self._row_multiple(mb)) for _, mb in batches]
 
         def forward_step(data: Any, model: torch.nn.Module) -> tuple[torch.Tensor, Callable]:
             (k, mb), packing = next(data)
@@ -518,15 +545,20 @@ class MegatronWorker:
             return model(ids, positions, None, packed_seq_params=params)
         return model(ids, positions, segment_lengths(packing.segments))
 
-    def _row_multiple(self) -> int:
-        """A sequence-parallel split needs rows that divide among the tensor ranks."""
+    def _row_multiple(self, mb: MicroBatch) -> int:
+        """What ``mb``'s packed row is padded to a multiple of: the tensor ranks' count for a
+        sequence-parallel split, and with compiled layers its bucket's granule (so the row's
+        length is :func:`compiled_layers.bucket_length`)."""
         from megatron.core import parallel_state as mpu
 
-        return (
+        split = (
             mpu.get_tensor_model_parallel_world_size()
             if self.bridge.config.sequence_parallel
             else 1
         )
+        if not self.spec.compile_layers:
+            return split
+        return math.lcm(split, compiled_layers.bucket_granule(int(mb.attention_mask.sum())))
 
     def _holds_output(self) -> bool:
         """The first tensor rank of the last pipeline stage (one per data-parallel rank)."""
@@ -623,7 +655,10 @@ def _run_setup_file() -> None:
     spec = importlib.util.spec_from_file_location("envhub_megatron_worker_setup", path)
     if spec is None or spec.loader is None:
         raise FileNotFoundError(f"{SETUP_ENV}={path} is not a Python file")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    module = importlib.util.module_from_spec(spec)
+    # Registered, as an import would: torch.compile re-imports the globals of what it traces.
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
 
 
 def _init_distributed() -> torch.device:

@@ -90,6 +90,7 @@ def main(
     recompute: bool = False,
     distributed_optimizer: bool = False,
     dtype: str = "float32",
+    compiled: bool = False,
 ) -> None:
     worker = MegatronWorker(
         WorkerSpec(
@@ -101,6 +102,8 @@ def main(
             recompute=recompute,
             distributed_optimizer=distributed_optimizer,
             dtype=dtype,
+            compile_logprobs=compiled,
+            compile_layers=compiled,
             **OPTIMIZER,
         )
     )
@@ -155,4 +158,5 @@ if __name__ == "__main__":
         recompute="recompute" in sys.argv[5:],
         distributed_optimizer="distributed-optimizer" in sys.argv[5:],
         dtype="bfloat16" if "bfloat16" in sys.argv[5:] else "float32",
+        compiled="compiled" in sys.argv[5:],
     )

@@ -50,6 +50,7 @@ def run_ranks(
     distributed_optimizer: bool = False,
     bfloat16: bool = False,
     engine_urls: list[str] = (),
+    compiled: bool = False,
 ) -> list[dict]:
     """``rank_main.py`` under torchrun (``setup``: the CPU compatibility; ``None`` on GPUs;
     ``recompute``: activation recomputation; ``distributed_optimizer``: megatron-core's, which
@@ -57,7 +58,7 @@ def run_ranks(
     weight-transfer engines to sync to); each rank's record, in rank order."""
     env = {rank_main.ENGINES_ENV: ",".join(engine_urls)} if engine_urls else {}
     flags = ["recompute"] * recompute + ["distributed-optimizer"] * distributed_optimizer
-    flags += ["bfloat16"] * bfloat16
+    flags += ["bfloat16"] * bfloat16 + ["compiled"] * compiled
     args = [str(model_dir), str(out), str(tp), str(pp), *flags]
     run_torchrun("rank_main.py", args, world=world, setup=setup, env=env)
     return [torch.load(out / f"rank-{r}.pt") for r in range(world)]
@@ -275,11 +276,20 @@ def test_the_reference_model_stays_the_initial_policy(ranks: list[dict]) -> None
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("compiled", [False, True])
 def test_one_gpu_rank_matches_the_torch_backend(
-    tiny_model_dir: Path, tmp_path: Path, reference: dict, run_torchrun: Callable[..., None]
+    tiny_model_dir: Path,
+    tmp_path: Path,
+    reference: dict,
+    run_torchrun: Callable[..., None],
+    compiled: bool,
 ) -> None:
-    """The GPU path: NCCL, megatron-core's distributed optimizer, no compatibility module."""
-    (rank,) = run_ranks(run_torchrun, tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None)
+    """The GPU path: NCCL, megatron-core's distributed optimizer, no compatibility module;
+    ``compiled``: the fused logprobs and the compiled layers (backend.compile) too."""
+    (rank,) = run_ranks(
+        run_torchrun, tiny_model_dir, tmp_path, world=1, tp=1, pp=1, setup=None,
+        compiled=compiled,
+    )  # fmt: skip
     for k, mb in enumerate(reference["mbs"]):
         mask = mb.loss_mask.bool()
         torch.testing.assert_close(
