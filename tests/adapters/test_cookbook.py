@@ -82,7 +82,8 @@ def test_single_turn_observation_and_reward_are_the_envs(tokenizer, smollm2_dir)
         "parse_error": 0.0, "reward/correct": 1.0, "reward/format": 1.0, "errors": 0.0,
         "stop/completed": 1.0,
     }  # fmt: skip
-    assert result.logs == {"assistant": f"\\boxed{{{answer}}}", "seed": 7, "task_index": task}
+    assert result.logs == {"assistant": f"\\boxed{{{answer}}}", "finish_reason": "stop",
+                           "seed": 7, "task_index": task}  # fmt: skip
     assert episode.env is not None and episode.env._closed
 
 

@@ -86,7 +86,7 @@ class EnvhubEnv(types.Env):
             self.close()
             raise
         metrics: dict[str, float] = {"parse_error": float(not termination.is_clean)}
-        stops, logs = self.renderer.get_stop_sequences(), self._logs(message)
+        stops, logs = self.renderer.get_stop_sequences(), self._logs(turn)
         if terminated or truncated:
             self.close()
             metrics |= episode_metrics(info)
@@ -102,10 +102,12 @@ class EnvhubEnv(types.Env):
             float(reward), False, tinker.ModelInput.from_ints(tokens), stops, metrics, logs
         )
 
-    def _logs(self, message: Message) -> dict[str, str | int]:
+    def _logs(self, turn: AssistantTurn) -> dict[str, str | int]:
         """What the cookbook writes to its rollout summaries for this turn: the turn as the
         env received it and the episode's reset arguments, enough to replay the episode."""
+        message = turn.message
         logs: dict[str, str | int] = {"assistant": message.content or ""}
+        logs["finish_reason"] = turn.finish_reason or "stop"
         if message.tool_calls:
             logs["tool_calls"] = json.dumps([c.model_dump(mode="json") for c in message.tool_calls])
         if self.seed is not None:
