@@ -238,27 +238,61 @@ def pip_options(offline: bool) -> list[str]:
     return [*options, "--no-index", "--no-build-isolation"] if offline else options
 
 
+class DryRun:
+    """pip's resolver for ``requirements`` in the environment of ``python`` (dry-run/report
+    mode), started at once in the background so that it runs while the rest of the guard
+    does; :meth:`changes` waits for it, :meth:`cancel` stops it."""
+
+    def __init__(self, python: str, requirements: list[str], offline: bool) -> None:
+        self.python, self.requirements = python, requirements
+        command = [python, "-m", "pip", "install", "--dry-run", "--report", "-"]
+        self.process = (
+            subprocess.Popen(
+                [*command, *pip_options(offline), *requirements],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            if requirements
+            else None
+        )
+
+    def changes(self, environment: Environment) -> list[Change]:
+        """The installed distributions (of ``environment``) pip would replace.
+
+        Raises:
+            EnvLoadError: pip cannot resolve the requirements (the install would fail so).
+        """
+        if self.process is None:
+            return []
+        stdout, stderr = self.process.communicate(timeout=900)
+        if self.process.returncode != 0:
+            raise EnvLoadError(
+                f"pip cannot resolve the dependencies ({', '.join(self.requirements)}) in the "
+                f"environment of {self.python}, nothing installed: {stderr.strip()[-800:]}"
+            )
+        changes = []
+        for item in json.loads(stdout).get("install", []):
+            name, version = item["metadata"]["name"], item["metadata"]["version"]
+            installed = environment.distributions.get(normal(name))
+            if installed is not None:
+                changes.append(Change(installed[0], installed[1], version))
+        return sorted(changes, key=lambda c: normal(c.name))
+
+    def cancel(self) -> None:
+        """Stop pip if it is still running (a refusal came first)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
 def planned_changes(
     python: str, requirements: list[str], environment: Environment, offline: bool
 ) -> list[Change]:
-    """The installed distributions pip would replace to satisfy ``requirements`` for ``python``.
+    """The installed distributions pip would replace to satisfy ``requirements`` for ``python``
+    (:class:`DryRun`, waited for).
 
     Raises:
         EnvLoadError: pip cannot resolve the requirements (the install would fail the same way).
     """
-    if not requirements:
-        return []
-    command = [python, "-m", "pip", "install", "--dry-run", "--report", "-", *pip_options(offline)]
-    done = subprocess.run([*command, *requirements], capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        raise EnvLoadError(
-            f"pip cannot resolve the dependencies ({', '.join(requirements)}) in the environment "
-            f"of {python}, nothing installed: {done.stderr.strip()[-800:]}"
-        )
-    changes = []
-    for item in json.loads(done.stdout).get("install", []):
-        name, version = item["metadata"]["name"], item["metadata"]["version"]
-        installed = environment.distributions.get(normal(name))
-        if installed is not None:
-            changes.append(Change(installed[0], installed[1], version))
-    return sorted(changes, key=lambda c: normal(c.name))
+    return DryRun(python, requirements, offline).changes(environment)

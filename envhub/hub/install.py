@@ -322,17 +322,31 @@ def _guard(
 ) -> tuple[list[guard.Change], list[str]]:
     """Refuse what the install must not do (see ``envhub.hub.guard``); the changes allowed and
     what could not be checked. The indexes and dependencies are looked at on a ``first``
-    install of that commit only."""
+    install of that commit only. The three questions (to this environment, to the indexes, to
+    pip's resolver) are asked at once; the answers are read in that order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     project = _pyproject(pulled.folder)
     modules = guard.top_level_modules(pulled.manifest, project)
-    environment = guard.inspect(python, distribution, modules)
-    _check_clashes(pulled, environment.envs, distribution)
-    _check_shadowing(pulled, distribution, environment)
-    if not first:
-        return [], []
-    notes = [] if offline else _check_index(pulled, python, distribution, modules, project)
     requirements = list(project.get("project", {}).get("dependencies", []))
-    changes = guard.planned_changes(python, requirements, environment, offline)
+    dry_run = guard.DryRun(python, requirements if first else [], offline)
+    pool = ThreadPoolExecutor(1)
+    names = (
+        pool.submit(_check_index, pulled, python, distribution, modules, project)
+        if first and not offline
+        else None
+    )
+    try:
+        environment = guard.inspect(python, distribution, modules)
+        _check_clashes(pulled, environment.envs, distribution)
+        _check_shadowing(pulled, distribution, environment)
+        if not first:
+            return [], []
+        notes = names.result() if names is not None else []
+        changes = dry_run.changes(environment)
+    finally:
+        dry_run.cancel()
+        pool.shutdown(wait=False, cancel_futures=True)
     if changes and not allow_changes:
         raise ConfigError(
             f"not installed: {pulled.resolved.repo_id}'s dependencies would change installed "
