@@ -80,6 +80,9 @@ def eval_command(
     by: str = typer.Option(None, help="Who ran the eval, on the result (default: the pusher)."),
     model_revision: str = typer.Option(None, help="The model's revision, on the result."),
     hub_token: str = typer.Option(None, envvar="HF_TOKEN", help="Hub token for --push."),
+    harbor_results: Path = typer.Option(
+        None, metavar="DIR", help="Harbor tasks: the episodes also as a Harbor job folder."
+    ),
 ) -> None:
     """Evaluate a model on an env: a summary table, results as JSONL.
 
@@ -108,6 +111,10 @@ def eval_command(
     if push_trajectories and not push:
         raise ConfigError("--push-trajectories goes with --push (the result links to them)")
     kwargs = parse_env_args(env_args)
+    if harbor_results is not None:
+        from envhub.harbor.results import check_harbor_target
+
+        check_harbor_target(env)
     plan = plan_tasks(env, kwargs, num_tasks, seed)  # a bad env name or argument fails here
     pusher = _pusher(hub_token) if push else None  # no token: fail before the eval, not after
     model = model or (DEFAULT_MODEL if serve else None)
@@ -123,6 +130,12 @@ def eval_command(
     finally:
         if server is not None:
             server.stop()
+    if harbor_results is not None:
+        from envhub.cli.console import console
+        from envhub.harbor.results import export_eval
+
+        job = export_eval(folder, harbor_results, env, kwargs)
+        console.print(f"harbor job: {job}", soft_wrap=True)
     if pusher is not None:
         from envhub.cli.leaderboard import push_eval
 

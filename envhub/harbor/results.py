@@ -34,11 +34,54 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from envhub.errors import ConfigError
+
 if TYPE_CHECKING:
     from envhub.harbor.task import HarborTask
     from envhub.types import Trajectory
 
 _ALPHABET = "23456789ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz"  # shortuuid's
+
+
+def check_harbor_target(env_name: str) -> None:
+    """Accept ``env_name`` when it names Harbor tasks (a task folder, a folder of them, a
+    registry file), before an eval whose episodes go to a Harbor job.
+
+    Raises:
+        ConfigError: It names something else.
+    """
+    from envhub.harbor.registry import split_reference
+    from envhub.harbor.task import is_task_folder
+
+    folder = Path(env_name)
+    if split_reference(env_name) is not None or is_task_folder(folder):
+        return
+    if folder.is_dir() and any(is_task_folder(p) for p in folder.iterdir()):
+        return
+    raise ConfigError(
+        f"--harbor-results writes Harbor's job layout for Harbor tasks; {env_name!r} is no task "
+        "folder, folder of them or registry file (registry.json[:NAME@VERSION])"
+    )
+
+
+def export_eval(
+    eval_folder: str | Path, job: str | Path, env_name: str, env_args: Mapping[str, Any]
+) -> Path:
+    """Write an ``envhub eval`` output folder's episodes (``trajectories.jsonl``, the model
+    from ``config.json``) as a Harbor job in ``job`` (:func:`write_harbor_job`), the tasks
+    read from the env ``env_name`` makes with ``env_args``."""
+    from envhub import make
+    from envhub.rollout.io import read_trajectories
+
+    folder = Path(eval_folder)
+    model = json.loads((folder / "config.json").read_text()).get("model")
+    trajectories = read_trajectories(folder / "trajectories.jsonl")
+    with make(env_name, **env_args) as env:
+        harbor = getattr(env, "harbor", env)  # a HarborAgentEnv's tasks are its HarborEnv's
+        tasks = {i: harbor.task_of(row) for i, row in enumerate(harbor.dataset)}
+    agent = env_args.get("agent")  # a named agent's name (mini-swe-agent), else envhub's loop
+    agent = agent if isinstance(agent, str) else "envhub"
+    return write_harbor_job(job, trajectories, tasks, agent=agent, model=model)
 
 
 def write_harbor_job(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from envhub.errors import ConfigError
 from envhub.harbor.env import HarborEnv
 from envhub.harbor.results import pass_at_k, write_harbor_job
 from envhub.sandbox import bwrap_problem
@@ -66,3 +67,33 @@ def test_eval_episodes_become_a_harbor_job(tmp_path: Path) -> None:
     hello = next(t for t in trials if t["task_name"] == "hello-file")
     assert hello["task_id"] == {"path": str(EXAMPLES / "hello-file")}
     assert hello["trial_name"].startswith("hello-file__")
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason=f"no bubblewrap: {bwrap_problem()}")
+def test_envhub_eval_writes_the_harbor_job(http_server, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from envhub.cli.app import app
+    from envhub.types import Message
+
+    task = str(EXAMPLES / "hello-file")
+    policy = HarborEnv(task).reference_policy
+
+    def solver(method: str, path: str, body: Any) -> tuple[int, Any]:
+        if path == "/v1/models":
+            return 200, {"data": [{"id": "solver"}]}
+        text = policy([Message.model_validate(m) for m in body["messages"]], body.get("tools"))
+        return 200, {"choices": [{"message": {"role": "assistant", "content": text},
+                                  "finish_reason": "stop"}]}  # fmt: skip
+
+    url, job = f"{http_server(solver).url}/v1", tmp_path / "harbor-job"
+    args = ["eval", task, "-u", url, "-r", "2", "-o", str(tmp_path / "run")]
+    result = CliRunner().invoke(app, [*args, "--harbor-results", str(job)])
+    assert result.exit_code == 0, result.output
+    assert f"harbor job: {job}" in result.output
+    evals = json.loads((job / "result.json").read_text())["stats"]["evals"]
+    assert evals["envhub__solver__adhoc"]["pass_at_k"] == {"2": 1.0}
+    assert len(list(job.glob("hello-file__*/verifier/reward.txt"))) == 2
+    refused = CliRunner().invoke(app, ["eval", "calculator", "-u", url, "--harbor-results", "x"])
+    assert isinstance(refused.exception, ConfigError)  # the CLI's main prints it as one line
+    assert "'calculator' is no task folder" in str(refused.exception)
