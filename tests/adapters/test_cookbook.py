@@ -213,3 +213,26 @@ def test_bad_builder_settings_say_what_to_fix(smollm2_dir) -> None:
 def test_opening_without_tools_is_the_messages(tokenizer, smollm2_dir) -> None:
     role_colon = renderer("role_colon", tokenizer, smollm2_dir)
     assert opening(role_colon, [user("Hi")], None) == [{"role": "user", "content": "Hi"}]
+
+
+def test_a_harness_env_through_the_renderer(tokenizer, smollm2_dir) -> None:
+    """calculator-agent is an OpenAI Agents SDK program: the renderer shows the tools the
+    program sends, the call it parses reaches the program, which runs it and asks again."""
+    pytest.importorskip("agents")
+    qwen = renderer("qwen3_instruct", tokenizer, smollm2_dir)
+    with envhub.make("calculator-agent") as plain:
+        task = plain.dataset[5]
+    episode = EnvhubEnv(lambda: make_env("calculator-agent", {}), qwen, 1, {"task_index": 5})
+    observation, _ = run(episode.initial_observation())
+    assert '"name": "calculate"' in tokenizer.decode(observation.to_ints())
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = {"name": "calculate", "arguments": {"expression": task["info"]["expression"]}}
+    action = encode(tokenizer, f"<tool_call>\n{json.dumps(call)}\n</tool_call>") + [end]
+    first = run(episode.step(action))
+    assert not first.episode_done and first.metrics["token_exact"] == 1.0
+    assert tokenizer.decode(first.next_observation.to_ints()).endswith(
+        f"<tool_response>\n{task['answer']}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    final = run(episode.step(encode(tokenizer, f"\\boxed{{{task['answer']}}}") + [end]))
+    assert final.episode_done and final.reward == 1.0
+    assert (final.metrics["tool_calls"], final.metrics["prefix_breaks"]) == (1.0, 0.0)
