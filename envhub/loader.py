@@ -108,7 +108,7 @@ def make(name: str, **kwargs: Any) -> Any:
     Args:
         name: A registered or installed env's name, a Hub reference, an env reference.
         **kwargs: Arguments for the env's constructor (and, for a Hub reference,
-            ``trust_remote_code`` and ``token``).
+            ``trust_remote_code``, ``allow_changes`` and ``token``).
 
     Returns:
         The new env.

@@ -2,7 +2,10 @@
 
 The reference resolves through ``envhub.lock`` (in the current folder) when the lock has the repo,
 else on the Hub. If that commit is already installed, the env is made without touching the
-network again for the package; otherwise it is installed, which needs ``trust_remote_code=True``.
+network again for the package; otherwise it is installed, which needs ``trust_remote_code=True``,
+through ``envhub install``'s guard (refused when it would shadow an installed distribution, a
+module or a project on pip's indexes, or change installed distributions unless
+``allow_changes=True``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ from envhub.hub.provenance import install_source
 
 
 def make_from_hub(
-    reference: str, *, trust_remote_code: bool = False, token: str | None = None, **kwargs: Any
+    reference: str,
+    *,
+    trust_remote_code: bool = False,
+    allow_changes: bool = False,
+    token: str | None = None,
+    **kwargs: Any,
 ) -> Any:
     """Construct the env of Hub package ``reference`` with ``kwargs`` (see the module docstring).
 
@@ -28,6 +36,8 @@ def make_from_hub(
             package that has several.
         trust_remote_code: Install the package if that commit is not installed yet (installing
             runs its code).
+        allow_changes: Install even when its dependencies would upgrade, downgrade or
+            reinstall installed distributions (as ``envhub install --allow-changes``).
         token: Hugging Face token, for private repos.
         **kwargs: Arguments for the env's constructor.
 
@@ -37,8 +47,8 @@ def make_from_hub(
     Raises:
         HubNotFoundError: No such repo or version on the Hub.
         ConfigError: ``reference`` is malformed, or its commit is not installed and
-            ``trust_remote_code`` is not set, or the package has several envs and ``reference``
-            names none.
+            ``trust_remote_code`` is not set, or the install guard refused it, or the package has
+            several envs and ``reference`` names none.
         EnvNotFoundError: The package has no env of the name asked for.
     """
     text, _, env_name = reference.partition(":")
@@ -67,6 +77,7 @@ def make_from_hub(
             lock_file=None,
             token=token,
             expected_hash=expected,
+            allow_changes=allow_changes,
         )
         distribution = result.entry.distribution
     return registry.make(_pick_env(distribution, env_name, ref.repo_id), **kwargs)

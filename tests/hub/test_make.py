@@ -50,3 +50,28 @@ def test_the_lock_pins_without_asking_the_hub(hub: HubServer) -> None:
 def test_install_source_of_packages_not_installed_from_the_hub() -> None:
     assert install_source("envhub") is None  # an editable install from a checkout
     assert install_source("no-such-distribution") is None
+
+
+def test_an_install_by_make_goes_through_the_guard(
+    hub: HubServer, package: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before pip installs anything; ``allow_changes=True`` would install (the same
+    path as ``envhub install --allow-changes``, tested in a fresh venv in test_install_guard)."""
+    from importlib import metadata
+
+    from test_install_guard import requiring, write_wheel
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    write_wheel(wheels, "tabulate", "0.0.1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(wheels))
+    requiring(package, "tabulate<0.0.2")
+    push(package, token=ALICE, check=False)
+    with pytest.raises(ConfigError) as info:
+        envhub.make("alice/capital-cities@0.1.0", trust_remote_code=True)
+    assert str(info.value) == (
+        "not installed: alice/capital-cities's dependencies would change installed "
+        f"distributions: tabulate: {metadata.version('tabulate')} -> 0.0.1 (downgrade). "
+        "Pass --allow-changes (envhub install) or allow_changes=True to accept"
+    )
+    assert install_source("capital-cities") is None
