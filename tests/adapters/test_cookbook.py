@@ -236,3 +236,29 @@ def test_a_harness_env_through_the_renderer(tokenizer, smollm2_dir) -> None:
     final = run(episode.step(encode(tokenizer, f"\\boxed{{{task['answer']}}}") + [end]))
     assert final.episode_done and final.reward == 1.0
     assert (final.metrics["tool_calls"], final.metrics["prefix_breaks"]) == (1.0, 0.0)
+
+
+def test_a_harbor_task_through_the_renderer(tokenizer, smollm2_dir) -> None:
+    """A Harbor task folder (examples/harbor/hello-file) in a bubblewrap session: the
+    renderer's parsed call runs the env's file tool, and the task's tests pay the reward."""
+    import os
+
+    from envhub.harbor.env import HarborEnv
+    from envhub.sandbox import LocalSandbox, bwrap_problem
+
+    if bwrap_problem() is not None or os.geteuid() != 0:
+        pytest.skip("local sessions need bubblewrap and root")
+    examples = Path(__file__).resolve().parents[2] / "examples" / "harbor"
+    qwen = renderer("qwen3_instruct", tokenizer, smollm2_dir)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    arguments = {"path": "/sandbox/hello.txt", "file_text": "Hello, world!\n"}
+    call = f"<tool_call>\n{json.dumps({'name': 'create', 'arguments': arguments})}\n</tool_call>"
+    with LocalSandbox(base_uid=61560, max_concurrency=1, warm=0) as sandbox:
+        episode = EnvhubEnv(lambda: HarborEnv(examples, sandbox=sandbox), qwen, 0,
+                            {"task_index": 1})  # fmt: skip
+        observation, _ = run(episode.initial_observation())
+        assert "hello.txt" in tokenizer.decode(observation.to_ints())
+        first = run(episode.step(encode(tokenizer, call) + [end]))
+        assert not first.episode_done and first.metrics["token_exact"] == 1.0
+        final = run(episode.step(encode(tokenizer, "done") + [end]))
+    assert final.episode_done and final.reward == 1.0 and final.metrics["tool_calls"] == 1.0
