@@ -253,7 +253,7 @@ def test_a_harbor_task_through_the_renderer(tokenizer, smollm2_dir) -> None:
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     arguments = {"path": "/sandbox/hello.txt", "file_text": "Hello, world!\n"}
     call = f"<tool_call>\n{json.dumps({'name': 'create', 'arguments': arguments})}\n</tool_call>"
-    with LocalSandbox(base_uid=61560, max_concurrency=1, warm=0) as sandbox:
+    with LocalSandbox(base_uid=61590, max_concurrency=1, warm=0) as sandbox:
         episode = EnvhubEnv(lambda: HarborEnv(examples, sandbox=sandbox), qwen, 0,
                             {"task_index": 1})  # fmt: skip
         observation, _ = run(episode.initial_observation())
