@@ -42,6 +42,9 @@ _CLIENT_CONFIG = {
     # one forward_backward request per call, so the trainer thread sees them in seq_id order
     "parallel_fwdbwd_chunks": False,
     "proto_compress_fwdbwd": False,
+    # create_custom_loss uploads the traced loss; forward_backward_custom runs it here, in one
+    # request (custom_losses.py)
+    "custom_loss_server_side": True,
 }
 
 
@@ -186,12 +189,25 @@ async def forward_backward(state: ServiceState, request: Request) -> dict:
         raise ConfigError("forward_backward takes the SDK's protobuf body")
     decoded = wire.read_forward_request(await request.body())
     model = state.model(decoded.model_id)
+    custom = None
+    if decoded.loss_fn == "custom":
+        custom = state.custom_loss(decoded.model_id, decoded.loss_fn_config)
 
     async def work() -> Outcome:
-        outputs, loss = await state.in_trainer(model.forward, decoded)
-        return Outcome(wire.forward_output(outputs, {"loss:sum": loss}), proto=True)
+        outputs, metrics = await state.in_trainer(model.forward, decoded, custom)
+        return Outcome(wire.forward_output(outputs, metrics), proto=True)
 
     return {"request_id": state.futures.submit(work()), "model_id": decoded.model_id}
+
+
+async def create_custom_loss(state: ServiceState, request: Request) -> dict:
+    """Store an uploaded loss, rebuilt from the allow-lists (a future of its ``loss_id``)."""
+    loss_id = state.add_custom_loss(await request.json())
+
+    async def work() -> Outcome:
+        return Outcome({"type": "create_custom_loss", "loss_id": loss_id})
+
+    return {"request_id": state.futures.submit(work())}
 
 
 async def optim_step(state: ServiceState, request: Request) -> dict:
@@ -398,6 +414,7 @@ _ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", "create_model", create_model),
     ("POST", "get_info", get_info),
     ("POST", "forward_backward", forward_backward),
+    ("POST", "create_custom_loss", create_custom_loss),
     ("POST", "optim_step", optim_step),
     ("POST", "save_weights_for_sampler", save_weights_for_sampler),
     ("POST", "save_weights", save_weights),

@@ -63,6 +63,9 @@ class ServiceState:
         """The base model each served model's LoRA adapters share
         (:class:`~envhub.trainer.service.adapters.SharedBase`), by the model envhub loads."""
         self.sampling_sessions: dict[str, SamplingSession] = {}
+        self.custom_losses: dict[str, Any] = {}
+        """Uploaded losses (:class:`~envhub.trainer.service.custom_losses.CustomLoss`) by id:
+        ``<session id>:loss:<seq id>``, usable by that session's models."""
         self.samplers = Samplers(settings.device)
         self.store = Store(settings.state_dir)
         self._trainer = ThreadPoolExecutor(1, thread_name_prefix="envhub-service-trainer")
@@ -119,6 +122,34 @@ class ServiceState:
         self.store.record_run(model_id, base_model, spec, user_metadata)
         self.models[model_id] = model
         return model_id
+
+    def add_custom_loss(self, body: dict) -> str:
+        """Rebuild an uploaded loss (a ``CreateCustomLossRequest``); return its id.
+
+        Raises:
+            ConfigError: An operation the service does not run (see ``custom_losses``).
+        """
+        from envhub.trainer.service.custom_losses import build
+
+        loss = build(body["name"], body["inputs"], body["graph"])
+        loss_id = f"{body['session_id']}:loss:{body['custom_loss_seq_id']}"
+        self.custom_losses[loss_id] = loss
+        return loss_id
+
+    def custom_loss(self, model_id: str, config: dict) -> Any:
+        """The uploaded loss ``config["loss_id"]`` names, for a request to ``model_id``.
+
+        Raises:
+            ConfigError: No ``loss_id``, no such loss, or another session's.
+        """
+        loss_id = str(config.get("loss_id", ""))
+        if loss_id not in self.custom_losses:
+            raise ConfigError(
+                f"loss_fn 'custom' needs the loss_id of a created loss, got {loss_id!r}"
+            )
+        if model_id.split(":", 1)[0] != loss_id.split(":", 1)[0]:
+            raise ConfigError(f"loss {loss_id!r} belongs to another session than {model_id!r}")
+        return self.custom_losses[loss_id]
 
     def save_state(self, model_id: str, name: str, overwrite: bool = True,
                    user_metadata: dict | None = None) -> str:  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from envhub.trainer.backends.torch_backend import TorchBackend, place_for, place
 from envhub.trainer.batch import Sample, collate
 from envhub.trainer.config import validate_config
 from envhub.trainer.service.adapters import SharedBase
+from envhub.trainer.service.custom_losses import CustomLoss
 from envhub.trainer.service.losses import get_loss
 from envhub.trainer.service.wire import Datum, ForwardRequest
 
@@ -114,17 +116,23 @@ class TrainingModel:
         if self.shared is not None:
             self.shared.use(self.adapter)
 
-    def forward(self, request: ForwardRequest) -> tuple[list[dict[str, np.ndarray]], float]:
+    def forward(self, request: ForwardRequest, custom: CustomLoss | None = None
+                ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:  # fmt: skip
         """Score ``request.data`` and, unless ``forward_only``, add the loss's gradients.
 
+        Args:
+            request: The decoded request.
+            custom: The uploaded loss to run instead of the built-in ``request.loss_fn``.
+
         Returns:
-            Per datum ``logprobs`` and ``elementwise_loss`` (float32, one per target token),
-            and the summed loss.
+            Per datum ``logprobs`` and, with a built-in loss, ``elementwise_loss`` (float32,
+            one per target token); and the metrics: the summed loss (``loss:sum``) and a
+            custom loss's own.
 
         Raises:
             ConfigError: An unknown loss, missing or misshapen ``loss_fn_inputs``.
         """
-        loss_fn = get_loss(request.loss_fn)
+        loss = _builtin(request) if custom is None else _uploaded(custom)
         data = request.data
         if not data:
             raise ConfigError("forward_backward needs at least one datum")
@@ -136,18 +144,13 @@ class TrainingModel:
         grad = torch.enable_grad() if backward else torch.no_grad()
         with grad:
             logprobs = self._logprobs(data, targets)
-            losses = [
-                loss_fn(lp, _loss_inputs(d, lp), request.loss_fn_config)
-                for d, lp in zip(data, logprobs, strict=True)
-            ]
-            total = torch.stack([loss.sum() for loss in losses]).sum()
+            total, elementwise, metrics = loss(logprobs, data)
             if backward:
                 total.backward()
-        outputs = [
-            {"logprobs": lp.detach().numpy(), "elementwise_loss": loss.detach().numpy()}
-            for lp, loss in zip(logprobs, losses, strict=True)
-        ]
-        return outputs, float(total.detach())
+        outputs = [{"logprobs": lp.detach().numpy()} for lp in logprobs]
+        for output, per_token in zip(outputs, elementwise or [], strict=False):
+            output["elementwise_loss"] = per_token
+        return outputs, {"loss:sum": float(total.detach()), **metrics}
 
     def optim_step(self, adam: dict[str, float]) -> dict[str, float]:
         """Apply the accumulated gradients with the backend's AdamW at ``adam``'s settings
@@ -260,6 +263,35 @@ def _pick(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return selective_log_softmax(logits[None], targets[None])[0]
     chosen = logits.gather(-1, targets)
     return chosen - torch.logsumexp(logits, dim=-1, keepdim=True)
+
+
+BatchLoss = Callable[[list[torch.Tensor], list[Datum]],
+                     tuple[torch.Tensor, list[np.ndarray] | None, dict[str, float]]]  # fmt: skip
+"""A loss over a batch: ``(logprobs, data) -> (summed loss, per datum per-token losses or
+None, metrics)``."""
+
+
+def _builtin(request: ForwardRequest) -> BatchLoss:
+    """``request``'s built-in loss, per token."""
+    loss_fn = get_loss(request.loss_fn)
+
+    def run(logprobs: list[torch.Tensor], data: list[Datum]) -> Any:
+        losses = [loss_fn(lp, _loss_inputs(d, lp), request.loss_fn_config)
+                  for d, lp in zip(data, logprobs, strict=True)]  # fmt: skip
+        total = torch.stack([loss.sum() for loss in losses]).sum()
+        return total, [loss.detach().numpy() for loss in losses], {}
+
+    return run
+
+
+def _uploaded(custom: CustomLoss) -> BatchLoss:
+    """An uploaded loss, per datum (no per-token losses)."""
+
+    def run(logprobs: list[torch.Tensor], data: list[Datum]) -> Any:
+        total, metrics = custom.apply(logprobs, data)
+        return total, None, metrics
+
+    return run
 
 
 def _targets(datum: Datum) -> torch.Tensor:

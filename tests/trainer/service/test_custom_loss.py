@@ -1,7 +1,9 @@
-"""Custom losses through the official ``tinker`` SDK: ``forward_backward_custom`` runs a
-forward, the loss in torch on the client, then a backward under ``cross_entropy`` with the
-loss's gradients as weights; the service answers both requests. A custom loss must give the
-same loss and the same updated adapter as the equivalent built-in loss (fp32 on the CPU)."""
+"""Custom losses through the official ``tinker`` SDK, both ways it runs them: a callable
+passed to ``forward_backward_custom`` runs on the client (a forward, the loss in torch, then a
+backward under ``cross_entropy`` with the loss's gradients as weights); a loss made with
+``create_custom_loss`` is uploaded and runs on the service in one request. Either must give
+the same loss and the same updated adapter as the equivalent built-in loss (fp32 on the
+CPU)."""
 
 from __future__ import annotations
 
@@ -124,8 +126,8 @@ def test_a_custom_token_mean_nll_equals_cross_entropy(service: Running, client: 
 
 def test_a_custom_policy_gradient_equals_importance_sampling(service: Running, client: Any,
                                                              sequences: list) -> None:  # fmt: skip
-    """``create_custom_loss`` (traced, run on the client) of a ratio-weighted policy
-    gradient and the built-in ``importance_sampling``: the same loss and adapter."""
+    """``create_custom_loss`` of a ratio-weighted policy gradient (uploaded, run on the
+    service) and the built-in ``importance_sampling``: the same loss and adapter."""
     builtin, custom = pair(client)
     first = builtin.forward([datum(p, c) for p, c in sequences], "cross_entropy").result()
     current = [out["logprobs"].to_numpy() for out in first.loss_fn_outputs]
@@ -141,7 +143,7 @@ def test_a_custom_policy_gradient_equals_importance_sampling(service: Running, c
     handle = client.create_custom_loss(
         ratio_pg, {"logprobs": 1, "sampler_logprobs": 1, "advantages": 1}
     ).result()
-    assert handle.loss_id is None  # the service stores no losses: it runs on the client
+    assert handle.loss_id == f"{client.holder.get_session_id()}:loss:0"
     rows = list(zip(sequences, sampled, advantages, strict=True))
     expected = builtin.forward_backward(
         [datum(p, c, logprobs=s, advantages=a) for (p, c), s, a in rows],
@@ -183,3 +185,21 @@ def test_two_targets_per_position_score_each(client: Any, sequences: list) -> No
     assert scores.shape == (len(full) - 1, 2)
     for column, single in enumerate(out[1:]):
         assert scores[:, column] == pytest.approx(single["logprobs"].to_numpy(), abs=1e-6)
+
+
+def test_a_loss_outside_the_allow_lists_is_refused(service: Running, client: Any) -> None:
+    """The service rebuilds an uploaded graph from its own lists, whatever the client checked:
+    a node calling ``os.system`` (sent by hand, the SDK would not) is refused by name."""
+    import httpx
+
+    session = client.holder.get_session_id()
+    nodes = [{"op": "placeholder", "name": "logprobs", "target": "logprobs"},
+             {"op": "call_function", "name": "run", "target": "os.system", "args": ["true"]},
+             {"op": "output", "name": "output", "target": "output",
+              "args": [{"tuple": [{"ref": "run"}, {"dict": {}}]}]}]  # fmt: skip
+    body = {"session_id": session, "custom_loss_seq_id": 99, "name": "shell",
+            "inputs": [{"name": "logprobs", "rank": 1}], "graph": {"nodes": nodes}}  # fmt: skip
+    response = httpx.post(f"{service.url}/api/v1/create_custom_loss", json=body,
+                          headers={"X-API-Key": service.settings.api_key})  # fmt: skip
+    assert response.status_code == 400
+    assert "node 'run' (call_function os.system) is not among the operations" in response.text
