@@ -218,24 +218,40 @@ def push_tasks(
     from envhub.hub.push import publish_package
 
     name = distribution_name(repo_id or root.name)
+    token = client.require_token(token, "envhub push")
+    if repo_id is None:
+        with client.hub_errors("who am I", "-"):
+            repo_id = f"{client.api(token).whoami()['name']}/{name}"
     with tempfile.TemporaryDirectory(prefix="envhub-harbor-") as tmp:
         wrapped = wrap_tasks(root, Path(tmp) / "package", name, version or DEFAULT_VERSION)
+        notes = _check_names(wrapped, repo_id) if check else []
         report = check_wrapped(wrapped) if check else None
         if report is not None and not report.passed:
             raise EnvCheckError(
                 f"not pushed: {root} has task(s) whose solution check fails:\n"
                 f"{report.failure_lines()}"
             )
-        token = client.require_token(token, "envhub push")
-        if repo_id is None:
-            with client.hub_errors("who am I", "-"):
-                repo_id = f"{client.api(token).whoami()['name']}/{name}"
         result = publish_package(
             wrapped.folder, repo_id, private=private, token=token, report=report,
             envs=wrapped.envs, bump_hint="pass a new --version",
         )  # fmt: skip
     result.skipped = wrapped.skipped + [s for s in result.skipped if s not in wrapped.skipped]
+    result.notes = notes
     return result
+
+
+def _check_names(wrapped: Wrapped, repo_id: str) -> list[str]:
+    """:func:`~envhub.hub.push.check_names` of the wrapped package, whose names come from the
+    repo's: a refusal says to push to another repo name."""
+    from envhub.hub.push import check_names
+
+    try:
+        return check_names(wrapped.folder, repo_id)
+    except EnvCheckError as e:
+        raise EnvCheckError(
+            f"{e} (a Harbor folder's package is named after its repo: push it with "
+            "--repo OWNER/ANOTHER-NAME)"
+        ) from None
 
 
 def _check_version(version: str) -> None:

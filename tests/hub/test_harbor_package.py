@@ -166,3 +166,19 @@ def test_push_through_the_cli_without_the_check(hub: HubServer, tasks: Path) -> 
     bad = runner.invoke(app, ["push", str(tasks), "--repo", REPO, "--token", ALICE,
                               "--version", "one", "--skip-check"])  # fmt: skip
     assert "--version 'one' is not a version such as 0.1.0" in str(bad.exception)
+
+
+def test_a_folder_of_tasks_named_like_an_installed_distribution_is_not_pushed(
+    hub: HubServer, tasks: Path
+) -> None:
+    from importlib import metadata
+
+    with pytest.raises(EnvCheckError) as info:
+        push(tasks, "alice/packaging", token=ALICE)
+    assert str(info.value) == (
+        "not pushed: alice/packaging would shadow what is installed: its distribution name "
+        f"'packaging' is that of the installed packaging {metadata.version('packaging')} "
+        "(rename [project] name, e.g. to 'alice-packaging') (a Harbor folder's package is "
+        "named after its repo: push it with --repo OWNER/ANOTHER-NAME)"
+    )
+    assert hub.repos == {}
