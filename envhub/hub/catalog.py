@@ -153,7 +153,8 @@ def _performance(check: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _leaderboard(repo: str, results: list[Any], version: str) -> dict[str, Any]:
-    """The board of ``version`` as cells, and which other versions have results."""
+    """The board of ``version`` as cells, each row's trajectories dataset (``None``: none
+    pushed), and which other versions have results."""
     from envhub.hub.leaderboard import COLUMNS, board, cells, others_line
 
     data = board(repo, results, version)
@@ -162,6 +163,7 @@ def _leaderboard(repo: str, results: list[Any], version: str) -> dict[str, Any]:
         "columns": list(COLUMNS),
         "rows": [cells(r) for r in data["rows"]],
         "models": [r["model"] for r in data["rows"]],
+        "trajectories": [r["trajectories"] for r in data["rows"]],
         "others": others_line(data),
     }
 

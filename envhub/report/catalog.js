@@ -42,6 +42,14 @@ function envsTable(p) {
   return table(["env", "kind", "tools", "reward audit"], rows);
 }
 
+// A leaderboard, with a column of links to the results' trajectories when any has them.
+function boardTable(board) {
+  if (!board.trajectories.some((url) => url)) return table(board.columns, board.rows);
+  const rows = board.rows.map((r, i) => [...r, board.trajectories[i]
+    ? el("a", { href: board.trajectories[i], class: "trajectories" }, "dataset") : "-"]);
+  return table([...board.columns, "trajectories"], rows);
+}
+
 function details(p) {
   const code = el("code", { class: "command" }, p.install);
   const button = el("button", { class: "copy", type: "button" }, "copy");
@@ -54,7 +62,7 @@ function details(p) {
     el("p", { class: "check " + check }, "envhub check: " + p.check.summary),
     el("h3", {}, "Envs"), envsTable(p),
     el("h3", {}, `Leaderboard of version ${board.version}`),
-    board.rows.length ? table(board.columns, board.rows)
+    board.rows.length ? boardTable(board)
       : el("p", { class: "note" }, `No results for version ${board.version} yet.`));
   if (board.others) body.append(el("p", { class: "others" }, board.others));
   if (p.performance) {

@@ -6,6 +6,7 @@ filters, an opened package, the copy button)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,8 @@ from typer.testing import CliRunner
 
 from envhub.cli.app import app
 from envhub.hub import push
-from envhub.hub.results import push_result
+from envhub.hub.results import push_result, read_results
+from envhub.hub.trajectories import push_trajectories
 from envhub.scaffold import create_package
 
 PACKAGES = {  # repo -> (template, token)
@@ -55,8 +57,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]
             }  # fmt: skip
             solve = sys.modules["capital_cities.env"].solve
             commit = pushed["alice/capital-cities"].commit
-            push_result(result_of(tmp, tmp / "src" / "capital-cities", "0.1.0", commit, solve,
-                                  "alice", 1), token=ALICE)  # fmt: skip
+            result = result_of(tmp, tmp / "src" / "capital-cities", "0.1.0", commit, solve,
+                               "alice", 1)  # fmt: skip
+            ref = push_trajectories(tmp / "eval-alice-0.1.0-1", result, token=ALICE)
+            push_result(result.model_copy(update={"trajectories": ref}), token=ALICE)
             shown = CliRunner().invoke(app, ["catalog", "--out", str(tmp / "catalog.html")])
             assert shown.exit_code == 0, shown.output
             yield tmp / "catalog.html", shown.output
@@ -105,6 +109,9 @@ def test_the_page_holds_each_package_as_the_hub_has_it(built: tuple[Path, str]) 
     board = capital["leaderboard"]
     assert (board["version"], board["models"], board["others"]) == ("0.1.0", ["solve"], "")
     assert board["rows"][0][:4] == ["1", "solve", "1.000 [1.000, 1.000]", "1.000 [1.000, 1.000]"]
+    [result] = read_results("alice/capital-cities")
+    assert result.trajectories is not None
+    assert board["trajectories"] == [result.trajectories.url]
     assert by_repo["bob/stock-lookup"]["leaderboard"]["rows"] == []
 
 
@@ -179,6 +186,9 @@ def test_an_opened_package_shows_its_details_and_copies_its_install_command(page
     assert "Versions: 0.1.0" in details.text
     rows = details.find_elements(By.CSS_SELECTOR, "table")[1].find_elements(By.TAG_NAME, "tr")
     assert rows[1].text.startswith("1 solve 1.000 [1.000, 1.000]")  # the leaderboard
+    assert rows[1].text.endswith(" dataset")  # a link to its trajectories
+    link = rows[1].find_element(By.CLASS_NAME, "trajectories").get_attribute("href")
+    assert link.startswith(f"{os.environ['HF_ENDPOINT']}/datasets/alice/capital-cities-solve-")
     assert "capital-cities single-turn - passed: " in details.text  # envs: kind, tools, audit
     button = details.find_element(By.CLASS_NAME, "copy")
     button.click()
