@@ -258,10 +258,3 @@ def _allowed(member: tarfile.TarInfo, roots: list[str]) -> tarfile.TarInfo | Non
 
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root + "/")
-
-
-def describe(separate: SeparateVerifier) -> str:
-    """Where the tests run, in words: ``tests/Dockerfile``, the named image, or the task's."""
-    if separate.image is not None:
-        return f"docker_image {separate.image}"
-    return "tests/Dockerfile" if separate.dockerfile is not None else "the task's image"
