@@ -16,14 +16,13 @@ from tinker_cookbook.tokenizer_utils import get_tokenizer
 from envhub.adapters.cookbook.env import EnvhubEnv
 from envhub.env import Env, close_quietly
 from envhub.errors import EnvhubError
+from envhub.loader import make
 from envhub.rollout.runner import episode_seed
 
 
 def make_env(name: str, args: dict[str, Any]) -> Env:
     """``envhub.make(name, **args)`` (module level, so a group builder pickles)."""
-    import envhub
-
-    return envhub.make(name, **args)
+    return make(name, **args)
 
 
 def task_count(env: Env) -> int:
