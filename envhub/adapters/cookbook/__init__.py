@@ -8,11 +8,11 @@ rewards within the group); :class:`EnvhubEnv` plays one episode, rendering the e
 with the cookbook's renderer and parsing the sampled tokens back into the env's assistant
 turns (``env.py`` says where the tokens stay exact and where they cannot).
 
-The reverse, a cookbook env as an envhub env, is not offered: a cookbook ``Env`` speaks
-tokens (its observation is a rendered prompt, its action sampled token ids) and owns its
-renderer, while an envhub env speaks messages and leaves rendering to the policy's own chat
-template; turning one into the other would need the policy's renderer inside the env, and the
-token-exact records envhub's runner keeps would be the cookbook env's re-rendering of them.
+The reverse, where both sides speak messages: :class:`MessageEnvAsEnv` is a cookbook
+``MessageEnv`` (its tool-use ``AgentToolMessageEnv``, say) as an envhub env, its rewards the
+cookbook env's. A token-level cookbook ``Env`` is not adapted: its observation is a prompt it
+rendered with its own renderer, while envhub renders with the policy's chat template and keeps
+the tokens the policy sampled.
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from envhub.adapters.cookbook.dataset import (
     task_count,
 )
 from envhub.adapters.cookbook.env import EnvhubEnv, continue_tokens, episode_metrics
+from envhub.adapters.cookbook.message_env import MessageEnvAsEnv
 
 __all__ = [
     "EnvhubDataset",
     "EnvhubDatasetBuilder",
     "EnvhubEnv",
     "EnvhubGroupBuilder",
+    "MessageEnvAsEnv",
     "continue_tokens",
     "episode_metrics",
     "make_env",

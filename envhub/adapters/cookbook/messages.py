@@ -32,11 +32,11 @@ def to_cookbook(message: Message) -> renderers.Message:
 
 
 def from_cookbook(message: renderers.Message, call_prefix: str) -> Message:
-    """The renderer's parsed assistant message as an envhub message.
+    """A renderer ``Message`` dict as an envhub message, of any role.
 
-    Calls the renderer parsed become ``tool_calls`` (ids ``call_prefix + i`` where it gave
-    none); calls it could not parse go back into the text, so that the env's own parser sees
-    the attempt and answers it as a malformed call rather than as no call at all."""
+    Tool calls become ``tool_calls`` (ids ``call_prefix + i`` where none was given); calls the
+    renderer could not parse go back into the text, so that the env's own parser sees the
+    attempt and answers it as a malformed call rather than as no call at all."""
     text = renderers.get_text_content(message)
     unparsed = [call.raw_text for call in message.get("unparsed_tool_calls") or []]
     if unparsed:
@@ -48,7 +48,18 @@ def from_cookbook(message: renderers.Message, call_prefix: str) -> Message:
         )
         for i, call in enumerate(message.get("tool_calls") or [])
     )
-    return Message(role="assistant", content=text, tool_calls=calls or None)
+    return Message(
+        role=message["role"],
+        content=text,
+        tool_calls=calls or None,
+        tool_call_id=message.get("tool_call_id"),
+        name=message.get("name"),
+    )
+
+
+def openai_tools(specs: Sequence[renderers.ToolSpec]) -> list[dict[str, Any]]:
+    """The renderer's ``ToolSpec`` dicts as OpenAI tool schemas."""
+    return [{"type": "function", "function": dict(spec)} for spec in specs]
 
 
 def tool_specs(schemas: Sequence[dict[str, Any]]) -> list[renderers.ToolSpec]:
