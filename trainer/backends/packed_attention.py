@@ -41,6 +41,10 @@ SEGMENTS = "envhub_segments"
 VARLEN = "envhub_varlen"
 """The keyword that carries the row's :class:`varlen.VarlenPlan` (the one-call path on GPUs)."""
 
+ROW = "envhub_row"
+"""The keyword that carries both as one :class:`Row` (what :meth:`PackedRow.model_inputs`
+gives the model)."""
+
 _HALF = (torch.bfloat16, torch.float16)
 
 NO_MASK = torch.ones(1, 1, 1, 1, dtype=torch.bool)
@@ -135,8 +139,7 @@ class PackedRow:
         return {
             "input_ids": self.input_ids,
             "position_ids": self.position_ids,
-            SEGMENTS: self.segments,
-            VARLEN: self.varlen_plan,
+            ROW: Row(self.segments, self.varlen_plan),
         }
 
 
@@ -178,34 +181,66 @@ def packed_sdpa(
     """Attention of ``query [b, heads, T, d]`` over ``key``/``value [b, kv_heads, T, d]``,
     returned as ``[b, T, heads, d]`` like every transformers attention function.
 
-    With :data:`SEGMENTS` (a packed ``b = 1`` row) each :class:`Segment` attends as it says:
-    in one varlen kernel call where :func:`varlen.runs` (a GPU, with :data:`VARLEN`), else
-    segment by segment; without, transformers' ``sdpa``.
+    With :data:`ROW` (or :data:`SEGMENTS`, and :data:`VARLEN`: a packed ``b = 1`` row) each
+    :class:`Segment` attends as it says: in one varlen kernel call where :func:`varlen.runs`
+    (a GPU, with a plan), else segment by segment; without, transformers' ``sdpa``.
     """
-    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     # Under autocast the rotated queries and keys arrive in float32 and the values in 16 bits;
     # the output goes back in the 16-bit dtype, where the next projection would cast it anyway.
     out_dtype = next((t.dtype for t in (value, query, key) if t.dtype in _HALF), query.dtype)
     compute = torch.float32 if query.device.type == "cpu" else out_dtype
     query, key, value = query.to(compute), key.to(compute), value.to(compute)
+    row: Row | None = kwargs.pop(ROW, None)
     segments: list[Segment] | None = kwargs.pop(SEGMENTS, None)
-    plan: varlen.VarlenPlan | None = kwargs.pop(VARLEN, None)
-    if segments is not None:
-        _refuse_what_segments_ignore(segments, kwargs)
-    with torch.autocast(query.device.type, enabled=False):
-        if segments is None:
+    if row is None and segments is not None:
+        row = Row(segments, kwargs.pop(VARLEN, None))
+    if row is None:
+        with torch.autocast(query.device.type, enabled=False):
             out, _ = sdpa_attention_forward(
                 module, query, key, value, attention_mask, dropout, scaling, **kwargs
             )
-            return out.to(out_dtype), None
+        return out.to(out_dtype), None
+    return _attend_row(query, key, value, row, kwargs, dropout, scaling).to(out_dtype), None
+
+
+class Row:
+    """A packed row's segments and varlen plan, as the model's forward carries them to the
+    attention (:data:`ROW`). A plain object, so that compiled layers pass it through to
+    :func:`_attend_row` without reading (and guarding on) the lengths."""
+
+    __slots__ = ("segments", "plan")
+
+    def __init__(self, segments: list[Segment], plan: varlen.VarlenPlan | None) -> None:
+        self.segments, self.plan = segments, plan
+
+
+@torch.compiler.disable
+def _attend_row(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    row: Row,
+    kwargs: dict[str, Any],
+    dropout: float,
+    scaling: float | None,
+) -> torch.Tensor:
+    """A packed row's attention, ``[1, T, heads, d]``. Never compiled: compiled decoder layers
+    (``compiled_layers``) run it as it is, so that its segments' lengths, which differ in every
+    micro-batch, are not baked into the compiled code (one recompilation per layout)."""
+    from transformers.integrations.sdpa_attention import repeat_kv
+
+    segments, plan = row.segments, row.plan
+    _refuse_what_segments_ignore(segments, kwargs)
+    with torch.autocast(query.device.type, enabled=False):
         if plan is not None and varlen.runs(query, dropout):
-            return varlen.attend(query, key, value, plan, scaling).to(out_dtype), None
+            return varlen.attend(query, key, value, plan, scaling)
         groups = query.shape[1] // key.shape[1]
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
         parts = [_attend(query, key, value, s, dropout, scaling) for s in segments]
     out = torch.cat(parts, dim=2) if len(parts) > 1 else parts[0]
-    return out.transpose(1, 2).contiguous().to(out_dtype), None
+    return out.transpose(1, 2).contiguous()
 
 
 def _refuse_what_segments_ignore(segments: list[Segment], kwargs: dict[str, Any]) -> None:

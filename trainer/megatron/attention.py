@@ -85,6 +85,10 @@ class PackedAttention(torch.nn.Module):
         self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
         self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
 
+    # Never compiled: compiled layers (``backend.compile.layers``) run it as it is, so that the
+    # row's segment lengths, which differ in every micro-batch, are not baked into the compiled
+    # code (one recompilation per layout).
+    @torch.compiler.disable
     def forward(
         self,
         query: torch.Tensor,
