@@ -144,7 +144,7 @@ def shadowing(
     for module, found in sorted(environment.modules.items()):
         if [normal(d) for d in found["owners"]] == [normal(distribution)] and not found["stdlib"]:
             continue  # an earlier install of this package
-        if folder is not None and found["at"].startswith(folder):
+        if folder is not None and f"{found['at']}/".startswith(f"{folder.rstrip('/')}/"):
             continue  # the package's own folder, on the path of its author's environment
         if found["stdlib"]:
             what = "the standard library's"
