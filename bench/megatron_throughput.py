@@ -17,6 +17,11 @@ bf16 of an H100/H200 SXM, 989 TFLOP/s; pass your card's figure).
     .venv/bin/python bench/megatron_throughput.py --shape qwen2.5-1.5b --tp 2   # two GPUs
     .venv/bin/python bench/megatron_throughput.py --shape tiny --tokens 4096    # CPU check (gloo)
 
+``--compile logprobs|layers|both`` turns on ``backend.compile`` (fused logprobs, compiled
+layers); the first update, which compiles, is reported apart with the compile seconds.
+``--micro-batch-tokens auto`` takes what ``backend.micro_batch_tokens: auto`` would pick for
+this GPU. The last line, ``SUMMARY ...``, holds the numbers ``bench/gpu_checks.sh`` collects.
+
 ``--profile`` runs one more update under ``torch.profiler`` and prints, from rank 0, where its
 time went: the device's busy time against the wall time (a device idle for most of the update
 waits on the host, Python launching kernels), the host-device syncs, and the top ops by host
@@ -130,9 +135,34 @@ def model_flops(shape: str, lengths: list[int]) -> float:
     return 6.0 * matmul_params * sum(lengths) + attention
 
 
+COMPILE_CHOICES = ("off", "logprobs", "layers", "both")
+"""``--compile``: which of ``backend.compile``'s switches are on."""
+
+
+def budget_arg(text: str) -> int | str:
+    """``--micro-batch-tokens``: a number or ``auto``."""
+    return text if text == "auto" else int(text)
+
+
+def resolve_budget(model: str | Path, args: argparse.Namespace, kind: str) -> int:
+    """``args.micro_batch_tokens``, with ``auto`` resolved as a run of backend ``kind`` on
+    this machine's first GPU would resolve it (4096 without one)."""
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.estimate import device_memory, micro_batch_tokens
+
+    config = validate_config({
+        "model": {"name": str(model), "gradient_checkpointing": args.recompute},
+        "envs": [{"name": "arithmetic"}], "rollout": {"engine": "vllm"},
+        "backend": {"kind": kind, "micro_batch_tokens": args.micro_batch_tokens},
+    })  # fmt: skip
+    gpu = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    return micro_batch_tokens(config, device_memory(gpu))
+
+
 def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
     """One rank (under torchrun): rank 0 prints its timings as JSON."""
     from envhub.trainer.algorithms import ObjectiveSpec
+    from envhub.trainer.backends.compiled_layers import compile_seconds
     from envhub.trainer.megatron.bridge import hf_weights
     from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 
@@ -145,9 +175,12 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
             dtype="bfloat16" if gpu else "float32",
             lr=1e-6,
             recompute=args.recompute,
+            compile_logprobs=args.compile in ("logprobs", "both"),
+            compile_layers=args.compile in ("layers", "both"),
         )
     )
-    batch, mbs = make_batch(shape, args.tokens, args.seq, args.micro_batch_tokens)
+    budget = resolve_budget(model, args, "megatron")
+    batch, mbs = make_batch(shape, args.tokens, args.seq, budget)
 
     def timed(call: object) -> float:
         torch.distributed.barrier()
@@ -174,7 +207,7 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
         for _ in hf_weights(worker.bridge, [worker.model.module]):
             pass
 
-    updates = [timed(update) for _ in range(args.steps + 1)][1:]  # the first warms up
+    first, *updates = [timed(update) for _ in range(args.steps + 1)]  # the first warms up
     logprobs = [timed(lambda: worker.logprobs(mbs)) for _ in range(2)][1:]
     gathers = [timed(gather) for _ in range(3)][1:]
     weight_bytes = sum(
@@ -189,7 +222,8 @@ def rank_main(model: str, shape: str, args: argparse.Namespace) -> None:
             "weight_bytes": weight_bytes, "lengths": [len(s) for s in batch.samples],
             "micro_batches": len(mbs), "parameters": parameters,
             "device": torch.cuda.get_device_name() if gpu else "cpu", "max_memory_gib": memory,
-            "profile": profiled,
+            "profile": profiled, "first_update_s": first, "compile_s": compile_seconds(),
+            "micro_batch_tokens": budget,
         }  # fmt: skip
         print("REPORT " + json.dumps(report), flush=True)
     worker.shutdown()
@@ -302,7 +336,7 @@ def _forwarded(args: argparse.Namespace) -> list[str]:
     flags = ["--shape", args.shape, "--tp", str(args.tp), "--pp", str(args.pp),
              "--tokens", str(args.tokens), "--seq", str(args.seq),
              "--micro-batch-tokens", str(args.micro_batch_tokens),
-             "--steps", str(args.steps)]  # fmt: skip
+             "--steps", str(args.steps), "--compile", args.compile]  # fmt: skip
     switches = [("--recompute", args.recompute), ("--profile", args.profile),
                 ("--trace-syncs", args.trace_syncs)]  # fmt: skip
     return flags + [flag for flag, on in switches if on]
@@ -323,12 +357,15 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
     gather = statistics.median(report["gathers"])
     print(
         f"{args.shape}: {report['parameters'] / 1e6:.1f}M parameters on {world} x "
-        f"{report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute})"
+        f"{report['device']} (tp={args.tp} pp={args.pp}, recompute={args.recompute}, "
+        f"compile={args.compile})"
     )
     print(
         f"batch: {len(report['lengths'])} sequences, {tokens} tokens, "
-        f"{report['micro_batches']} packed micro-batches of <= {args.micro_batch_tokens} tokens"
+        f"{report['micro_batches']} packed micro-batches of <= {report['micro_batch_tokens']} "
+        f"tokens"
     )
+    mfu = per_gpu / args.peak_tflops if report["device"] != "cpu" else None
     rows = [
         ("update s (median)", f"{update:.3f}"),
         ("training tokens/s", f"{tokens / update:,.0f}"),
@@ -345,12 +382,21 @@ def print_report(report: dict, args: argparse.Namespace) -> None:
             f"{report['weight_bytes'] / gather / 2**30:.1f} GiB/s)",
         ),
         ("peak memory GiB (rank 0)", f"{report['max_memory_gib']:.1f}"),
+        ("first update s (compiles)", f"{report['first_update_s']:.3f}"),
+        ("torch.compile s (rank 0)", f"{report['compile_s']:.1f}"),
     ]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
     if report.get("profile"):
         print(report["profile"])
+    print(
+        f"SUMMARY {args.shape} mb={report['micro_batch_tokens']} compile={args.compile} "
+        f"recompute={args.recompute} tokens/s={tokens / update:,.0f} "
+        f"mfu={f'{mfu:.1%}' if mfu is not None else 'n/a'} update_s={update:.3f} "
+        f"first_s={report['first_update_s']:.1f} compile_s={report['compile_s']:.1f} "
+        f"mem_gib={report['max_memory_gib']:.1f}"
+    )
 
 
 def main() -> None:
@@ -365,8 +411,9 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--tokens", type=int, default=65536, help="tokens per update")
     parser.add_argument("--seq", type=int, default=2048, help="longest sequence")
-    parser.add_argument("--micro-batch-tokens", type=int, default=16384)
+    parser.add_argument("--micro-batch-tokens", type=budget_arg, default=16384, help="or auto")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--compile", choices=COMPILE_CHOICES, default="off")
     parser.add_argument(
         "--recompute",
         action="store_true",

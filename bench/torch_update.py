@@ -8,6 +8,9 @@ shape (``--shape``), random sequences of ``--seq``/2 to ``--seq`` tokens, ``--to
 in micro-batches of ``--micro-batch-tokens`` (packed: one row each; padded: rows of the
 longest). fp32 master weights under bf16 autocast on a GPU, fp32 on the CPU. ``--trace-syncs``
 counts the call sites of one more update's host-device syncs (megatron_throughput's).
+``--compile`` and ``--micro-batch-tokens auto`` are megatron_throughput's (``backend.compile``,
+the memory-sized micro-batch); each layout's ``SUMMARY ...`` line holds its numbers for
+``bench/gpu_checks.sh``.
 
 Model FLOPs: megatron_throughput's count (6 x matmul parameters per token plus causal attention;
 no recomputation counted). MFU divides the achieved FLOP/s by ``--peak-tflops``.
@@ -29,8 +32,10 @@ from pathlib import Path
 
 import torch
 from megatron_throughput import (
+    COMPILE_CHOICES,
     H100_BF16_TFLOPS,
     SHAPES,
+    budget_arg,
     diagnose,
     make_batch,
     make_model,
@@ -52,6 +57,10 @@ def make_backend(model: Path, packing: str, args: argparse.Namespace):  # noqa: 
             "device": args.device,
             "packing": packing,
             "micro_batch_tokens": args.micro_batch_tokens,
+            "compile": {
+                "logprobs": "on" if args.compile in ("logprobs", "both") else "off",
+                "layers": "on" if args.compile in ("layers", "both") else "off",
+            },
         },
     }
     return TorchBackend(validate_config(config))
@@ -60,10 +69,12 @@ def make_backend(model: Path, packing: str, args: argparse.Namespace):  # noqa: 
 def run_variant(model: Path, packing: str, args: argparse.Namespace) -> dict:
     """Time ``args.steps`` updates (after one to warm up) of one layout; profile one more."""
     from envhub.trainer.algorithms import ObjectiveSpec
+    from envhub.trainer.backends.compiled_layers import compile_seconds
 
     backend = make_backend(model, packing, args)
     gpu = backend.device.type == "cuda"
-    batch, _ = make_batch(args.shape, args.tokens, args.seq, args.micro_batch_tokens)
+    batch, _ = make_batch(args.shape, args.tokens, args.seq, backend.micro_batch_tokens)
+    compiled_before = compile_seconds()
     batches = backend.micro_batches(batch)
 
     def update() -> None:
@@ -87,7 +98,7 @@ def run_variant(model: Path, packing: str, args: argparse.Namespace) -> dict:
 
     if gpu:
         torch.cuda.reset_peak_memory_stats()
-    seconds = [timed() for _ in range(args.steps + 1)][1:]
+    first, *seconds = [timed() for _ in range(args.steps + 1)]  # the first compiles
     memory = torch.cuda.max_memory_allocated() / 2**30 if gpu else 0.0
     profiled = diagnose(update, gpu, args)
     lengths = [len(s) for s in batch.samples]
@@ -104,6 +115,9 @@ def run_variant(model: Path, packing: str, args: argparse.Namespace) -> dict:
         "mfu": tflops / args.peak_tflops if gpu else None,
         "peak_memory_gib": memory,
         "profile": profiled,
+        "micro_batch_tokens": backend.micro_batch_tokens,
+        "first_update_s": first,
+        "compile_s": compile_seconds() - compiled_before,
     }
     return result
 
@@ -112,7 +126,8 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
     """The layouts side by side, then each one's profile."""
     print(
         f"{args.shape} on {results[0]['device']}: {results[0]['tokens']} tokens per update, "
-        f"micro-batches of <= {args.micro_batch_tokens} tokens, recompute={args.recompute}"
+        f"micro-batches of <= {results[0]['micro_batch_tokens']} tokens, "
+        f"recompute={args.recompute}, compile={args.compile}"
     )
     rows = [
         ("micro-batches", lambda r: f"{r['micro_batches']}"),
@@ -121,6 +136,8 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
         ("model TFLOP/s", lambda r: f"{r['tflops']:.3g}"),
         ("MFU", lambda r: f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a (CPU)"),
         ("peak memory GiB", lambda r: f"{r['peak_memory_gib']:.1f}"),
+        ("first update s", lambda r: f"{r['first_update_s']:.2f}"),
+        ("torch.compile s", lambda r: f"{r['compile_s']:.1f}"),
     ]
     print(f"{'':<20}" + "".join(f"{r['packing']:>14}" for r in results))
     for name, cell in rows:
@@ -128,6 +145,15 @@ def print_table(results: list[dict], args: argparse.Namespace) -> None:
     for r in results:
         if r["profile"]:
             print(f"--- {r['packing']}\n{r['profile']}")
+    for r in results:
+        mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+        print(
+            f"SUMMARY {args.shape} {r['packing']} mb={r['micro_batch_tokens']} "
+            f"compile={args.compile} recompute={args.recompute} "
+            f"tokens/s={r['tokens_per_s']:,.0f} mfu={mfu} update_s={r['update_s']:.3f} "
+            f"first_s={r['first_update_s']:.1f} compile_s={r['compile_s']:.1f} "
+            f"mem_gib={r['peak_memory_gib']:.1f}"
+        )
 
 
 def main() -> None:
@@ -138,8 +164,9 @@ def main() -> None:
     parser.add_argument("--variants", default="packed,padded")
     parser.add_argument("--tokens", type=int, default=32768, help="tokens per update")
     parser.add_argument("--seq", type=int, default=2048, help="longest sequence")
-    parser.add_argument("--micro-batch-tokens", type=int, default=4096)
+    parser.add_argument("--micro-batch-tokens", type=budget_arg, default=4096, help="or auto")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--compile", choices=COMPILE_CHOICES, default="off")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--recompute", action="store_true", help="gradient checkpointing")
     parser.add_argument("--profile", action="store_true", help="profile one more update")
