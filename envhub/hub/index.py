@@ -140,7 +140,7 @@ def _described(name: str, index: str, timeout: float) -> Project:
 
 def _get(url: str, timeout: float) -> bytes:
     request = urllib.request.Request(url, headers={"User-Agent": "envhub"})
-    with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 (pip's index)
+    with urllib.request.urlopen(request, timeout=timeout) as answer:
         return bytes(answer.read())
 
 
