@@ -58,8 +58,8 @@ def make_backend(model: Path, packing: str, args: argparse.Namespace):  # noqa: 
             "packing": packing,
             "micro_batch_tokens": args.micro_batch_tokens,
             "compile": {
-                "logprobs": "on" if args.compile in ("logprobs", "both") else "off",
-                "layers": "on" if args.compile in ("layers", "both") else "off",
+                "logprobs": args.compile in ("logprobs", "both"),
+                "layers": args.compile in ("layers", "both"),
             },
         },
     }

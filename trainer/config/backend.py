@@ -46,8 +46,8 @@ class ClusterConfig(_Part):
     on CPUs, which megatron-core supports only for tests (see ``tests/trainer/megatron``)."""
 
 
-Switch = Literal["auto", "on", "off"]
-"""A speed-up's setting: ``on``, ``off``, or ``auto`` (on CUDA where :data:`PAYS_ON_CUDA`
+Switch = bool | Literal["auto"]
+"""A speed-up's setting: ``true``, ``false``, or ``auto`` (on CUDA where :data:`PAYS_ON_CUDA`
 says the GPU checks measured it to pay; off on the CPU)."""
 
 PAYS_ON_CUDA = {"compile.logprobs": False, "compile.layers": False, "packing": False}
@@ -58,10 +58,10 @@ one 10.6%; compilation has not run on a GPU yet. Flip an entry with the numbers 
 
 
 def resolve_switch(choice: Switch, name: str, on_cuda: bool) -> bool:
-    """Whether the speed-up ``name`` (a key of :data:`PAYS_ON_CUDA`) runs: ``on``/``off`` as
-    set; ``auto`` where it pays on CUDA, never on the CPU."""
+    """Whether the speed-up ``name`` (a key of :data:`PAYS_ON_CUDA`) runs: ``true``/``false``
+    as set; ``auto`` where it pays on CUDA, never on the CPU."""
     if choice != "auto":
-        return choice == "on"
+        return bool(choice)
     return on_cuda and PAYS_ON_CUDA[name]
 
 

@@ -26,11 +26,11 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # device objects; nothing
 
 @pytest.mark.parametrize(
     ("choice", "on_cuda", "pays", "expected"),
-    [("on", False, False, True), ("off", True, True, False), ("auto", False, True, False),
+    [(True, False, False, True), (False, True, True, False), ("auto", False, True, False),
      ("auto", True, False, False), ("auto", True, True, True)],
 )  # fmt: skip
 def test_a_switch_is_on_where_set_or_where_it_pays_on_cuda(
-    monkeypatch: pytest.MonkeyPatch, choice: str, on_cuda: bool, pays: bool, expected: bool
+    monkeypatch: pytest.MonkeyPatch, choice: bool | str, on_cuda: bool, pays: bool, expected: bool
 ) -> None:
     monkeypatch.setitem(backend_config.PAYS_ON_CUDA, "compile.layers", pays)
     assert resolve_switch(choice, "compile.layers", on_cuda) is expected
