@@ -65,6 +65,7 @@ CONTAINER_HINT = (
 """How a refusal ends: the container back end runs what bubblewrap cannot."""
 _FROM = re.compile(r"^(\s*FROM\s+(?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE | re.MULTILINE)
 _COPY_FROM = re.compile(r"^(\s*(?:COPY|ADD)\s+(?:--\S+\s+)*?--from=)(\S+)()", re.I | re.M)
+_STAGE = re.compile(r"^\s*FROM\s+(?:--\S+\s+)*\S+\s+AS\s+(\S+)", re.IGNORECASE | re.MULTILINE)
 _VARIABLE = re.compile(r"\$(?:\{(\w+)(?::?-([^}]*))?\}|(\w+))")
 
 
@@ -186,10 +187,11 @@ def map_images(
     (``None``: none)."""
     lookup = image_map if callable(image_map) else functools.partial(mapped_image, image_map)
     used: dict[str, str] = {}
+    stages = {m.group(1).lower() for m in _STAGE.finditer(dockerfile)}
 
     def swap(match: re.Match[str]) -> str:
         image = match.group(2)
-        stand_in = lookup(image)
+        stand_in = None if image.lower() in stages else lookup(image)  # a stage is no image
         if stand_in is None:
             return match.group(0)
         used[image] = stand_in

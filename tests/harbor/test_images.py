@@ -180,6 +180,10 @@ def test_image_map_patterns_come_after_exact_names() -> None:
     assert mapped_image(image_map, "python") == "any-python"  # python:latest
     assert mapped_image(image_map, "ubuntu:24.04") == "anything"
     assert mapped_image({"python:*": "x"}, "ghcr.io/astral-sh/uv:0.8.15") is None
+    text = "FROM python:3.12 AS build\nFROM build\nCOPY --from=build /a /b\n"
+    assert map_images(text, {"*": "s"}) == (  # stages keep their names
+        "FROM s AS build\nFROM build\nCOPY --from=build /a /b\n", {"python:3.12": "s"},
+    )  # fmt: skip
 
 
 PYTHON_TASK = textwrap.dedent("""
