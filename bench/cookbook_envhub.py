@@ -88,9 +88,7 @@ def summary(result: dict[str, Any], recipes: Any) -> dict[str, Any]:
         "turns_per_episode": recipes.series(metrics, "env/all/turns_per_episode"),
         "token_exact": recipes.series(metrics, "env/all/token_exact"),
         "tool_calls": recipes.series(metrics, "env/all/tool_calls"),
-        "env_share_of_sampling": round(
-            adapter / max(total("time/policy_sample:total"), 1e-9), 4
-        ),
+        "env_share_of_sampling": round(adapter / max(total("time/policy_sample:total"), 1e-9), 4),
         "seconds_per_step": round(total("time/total") / max(len(metrics), 1), 2),
         "wall_s": result["wall_s"],
     }
