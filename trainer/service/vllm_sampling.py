@@ -1,0 +1,305 @@
+"""Samplers of the service on vLLM: one engine per base model, each saved LoRA version an
+adapter loaded into it by name (``envhub serve-trainer --sampler vllm``).
+
+The engine is a ``vllm serve`` child process started with envhub's launcher
+(:class:`~envhub.inference.vllm_server.VLLMServer`, as ``envhub serve-model`` and the trainer's
+engines start theirs): on the first request for its base model, once, with
+``--enable-lora``, and stopped with the service (the launcher's guard ends its process group
+when the service's process dies, however it dies). ``save_weights_for_sampler`` writes a LoRA
+model's adapter beside the merged weights (:func:`save_adapter`), and a sampling request on
+that version loads the adapter into its base model's engine under a name of its own (vLLM's
+``/v1/load_lora_adapter``), so any saved version samples without a new engine. Weights saved
+by a model that trains every weight are refused: each would need an engine of its own (a
+minute's start on a CPU and a whole copy of the model per version); ``--sampler hf`` samples
+them.
+
+Answers as the HF sampler's (:mod:`~envhub.trainer.service.sampling`) do:
+
+- ``num_samples`` rows are one request (vLLM's ``n``); a ``seed`` gives every row its own
+  generator (vLLM seeds row ``i`` with ``seed + i``), so a seeded request repeats exactly. The
+  engine runs without chunked prefill: a seeded request whose prompt was split across steps
+  would crash vLLM's CPU build (its generators have no offset to rewind).
+- The sampled tokens' logprobs are vLLM's ``processed_logprobs``: ``log_softmax(logits / T)``,
+  as the trainer scores at that temperature; with ``top_p`` / ``top_k`` set they are those of
+  the truncated distribution that was sampled (the HF sampler's are not truncated).
+- Stop strings and stop token ids end a row in vLLM; the row keeps the token that ended it, as
+  it keeps an EOS token.
+- Prompt logprobs are vLLM's (``prompt_logprobs``, temperature 1), the first token's NaN. They
+  are asked for alone on the engine, no other request in flight: with LoRA enabled, vLLM 0.32
+  fails (and its engine dies) when a prompt-logprobs request shares a batch with another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from envhub.errors import ConfigError, EngineError
+from envhub.trainer.service.checkpoints import Store
+from envhub.trainer.service.sampling import Turns
+from envhub.trainer.service.settings import ServiceSettings
+from envhub.trainer.service.wire import Sequence
+
+log = logging.getLogger(__name__)
+
+ADAPTER_DIR = "adapter"
+"""The subfolder of a LoRA model's saved sampler weights that holds its adapter (PEFT's
+format), beside the merged HF weights the HF sampler loads."""
+
+MAX_LORAS = 4
+"""Adapters one engine batch may mix (vLLM's ``--max-loras``); more are swapped in and out."""
+
+
+def save_adapter(model: Any, folder: Path) -> None:
+    """Write the LoRA adapter of ``model`` (a
+    :class:`~envhub.trainer.service.training.TrainingModel` on a shared base; on the trainer
+    thread) into ``folder/adapter`` in PEFT's format; nothing for a full-weight model."""
+    if model.shared is None:
+        return
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    peft_model, name = model.shared.backend.model, model.adapter
+    target = folder / ADAPTER_DIR
+    target.mkdir()
+    tensors = get_peft_model_state_dict(peft_model, adapter_name=name)
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+              str(target / "adapter_model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    peft_model.peft_config[name].save_pretrained(str(target))
+
+
+@dataclass(frozen=True)
+class Version:
+    """What a sampling session's folder samples: a base model, with an adapter or without."""
+
+    base: str
+    """The base model's folder (or Hub id), as envhub's model registry resolves it."""
+    adapter: Path | None
+    """The LoRA adapter's folder; None: the base model itself."""
+
+
+class VLLMSamplers:
+    """The vLLM engines of the service, one per base model, with the same two verbs as
+    :class:`~envhub.trainer.service.sampling.Samplers`."""
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.engines: dict[str, Engine] = {}
+        """The engines started, by base model folder."""
+        self._lock = asyncio.Lock()
+
+    def version(self, folder: str) -> Version:
+        """What ``folder`` (a sampling session's) samples.
+
+        Raises:
+            ConfigError: Full-weight saved weights, or a base model no longer served.
+        """
+        from envhub.trainer.models import resolve_model
+
+        served = self.settings.served()
+        bases = {resolve_model(model) for model in served.values()}
+        if folder in bases:
+            return Version(folder, None)
+        adapter = Path(folder) / ADAPTER_DIR
+        if not (adapter / "adapter_config.json").is_file():
+            raise ConfigError(
+                f"{folder} holds full weights (a model trained without LoRA): the vLLM sampler "
+                "serves base models and LoRA versions only; start serve-trainer with "
+                "--sampler hf to sample it"
+            )
+        base_model = Store(self.settings.state_dir).run(Path(folder).parent.parent.name)
+        if base_model["base_model"] not in served:
+            raise ConfigError(f"base model {base_model['base_model']!r} is not served here")
+        return Version(resolve_model(served[base_model["base_model"]]), adapter)
+
+    async def get(self, folder: str) -> VLLMSampler:
+        """The sampler of ``folder``: its base model's engine (started on first use, in a
+        worker thread) with its adapter loaded."""
+        version = self.version(folder)
+        async with self._lock:
+            engine = self.engines.get(version.base)
+            if engine is None:
+                engine = Engine(version.base, self.settings)
+                self.engines[version.base] = engine
+                await engine.start()
+        name = None if version.adapter is None else await engine.adapter(version.adapter)
+        return VLLMSampler(engine, name)
+
+    async def aclose(self) -> None:
+        """Stop every engine (their whole process groups)."""
+        engines, self.engines = list(self.engines.values()), {}
+        for engine in engines:
+            await engine.aclose()
+
+
+class Engine:
+    """One vLLM server of a base model, the adapters loaded into it and its turns.
+
+    Args:
+        model: The base model's folder (or Hub id).
+        settings: The service's settings (device, context length, the largest LoRA rank).
+    """
+
+    def __init__(self, model: str, settings: ServiceSettings) -> None:
+        from envhub.inference.vllm_server import VLLMServer, default_context_length
+        from envhub.trainer.backends.torch_backend import resolve_device
+        from envhub.trainer.weight_sync.adapter import engine_lora_rank
+
+        self.model = model
+        self.max_rank = engine_lora_rank(settings.vllm_max_lora_rank)
+        self.max_model_len = min(settings.context_length, default_context_length(model))
+        on_gpu = resolve_device(settings.device).type == "cuda"
+        args = [
+            # the trainer scores in float32 on a CPU; on GPUs vLLM's bfloat16 kernels
+            "--dtype", "bfloat16" if on_gpu else "float32",
+            "--logprobs-mode", "processed_logprobs",
+            "--enable-lora", "--max-lora-rank", str(self.max_rank),
+            "--max-loras", str(MAX_LORAS), "--max-cpu-loras", str(4 * MAX_LORAS),
+            # unchunked prefills: see the module docstring (seeds)
+            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.max_model_len),
+        ]  # fmt: skip
+        if not on_gpu:
+            args.append("--enforce-eager")
+        self.server = VLLMServer(
+            model, served_model_name="base", max_model_len=self.max_model_len, extra_args=args,
+            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        )  # fmt: skip
+        self.http: httpx.AsyncClient | None = None
+        self.turns = Turns()
+        self._loaded: dict[Path, tuple[int, str]] = {}
+        """Adapter folder -> (its file's mtime, the name it is loaded under)."""
+        self._names = itertools.count(1)
+        self._loading = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Start the server (minutes on a first start on a CPU) and its client."""
+        url = await asyncio.to_thread(self.server.start)
+        self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0, connect=10.0))
+
+    async def adapter(self, folder: Path) -> str:
+        """The name the adapter in ``folder`` is loaded under, loading it first if needed (a
+        folder saved again under the same name is loaded anew, and its old version dropped).
+
+        Raises:
+            ConfigError: Its rank is above the engine's largest.
+        """
+        stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
+        async with self._loading:
+            known = self._loaded.get(folder)
+            if known is not None and known[0] == stamp:
+                return known[1]
+            rank = json.loads((folder / "adapter_config.json").read_text())["r"]
+            if rank > self.max_rank:
+                raise ConfigError(
+                    f"LoRA rank {rank} is above the vLLM sampler's largest ({self.max_rank}); "
+                    "start serve-trainer with a larger --vllm-max-lora-rank"
+                )
+            name = f"version-{next(self._names)}"
+            await self.call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
+            if known is not None:
+                await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
+            self._loaded[folder] = (stamp, name)
+            return name
+
+    async def call(self, route: str, body: dict[str, Any]) -> Any:
+        """POST ``body`` to ``route``; its JSON (or text) answer.
+
+        Raises:
+            EngineError: The server refused or failed it (with its message and log).
+        """
+        if self.http is None:
+            raise EngineError(f"the vLLM sampler of {self.model} is not running")
+        response = await self.http.post(route, json=body)
+        if response.status_code != 200:
+            raise EngineError(
+                f"vLLM answered {route} with HTTP {response.status_code}: "
+                f"{response.text[:300]} (log: {self.server.log_path})"
+            )
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    async def aclose(self) -> None:
+        """Close the client and stop the server's whole process group."""
+        if self.http is not None:
+            await self.http.aclose()
+            self.http = None
+        await asyncio.to_thread(self.server.stop)
+
+
+class VLLMSampler:
+    """One version (a base model, or an adapter on it) on its engine.
+
+    Args:
+        engine: The base model's engine.
+        adapter: The name its adapter is loaded under; None: the base model.
+    """
+
+    def __init__(self, engine: Engine, adapter: str | None) -> None:
+        self.engine = engine
+        self.name = adapter or "base"
+
+    async def sample(
+        self, prompt: list[int], num_samples: int, params: dict[str, Any]
+    ) -> list[Sequence]:
+        """``num_samples`` completions of ``prompt`` with Tinker's ``sampling_params``
+        (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``)."""
+        body = self._body(prompt, num_samples, params)
+        async with self.engine.turns.shared():
+            data = await self.engine.call("/v1/completions", body)
+        choices = sorted(data["choices"], key=lambda c: c["index"])
+        return [_sequence(c) for c in choices]
+
+    def _body(self, prompt: list[int], num_samples: int, params: dict[str, Any]) -> dict:
+        stop = params.get("stop") or []
+        stop = [stop] if isinstance(stop, (str, int)) else list(stop)
+        room = self.engine.max_model_len - len(prompt)
+        if room < 1:
+            raise ConfigError(
+                f"the prompt has {len(prompt)} tokens; the sampler's context is "
+                f"{self.engine.max_model_len}"
+            )
+        top_k = params.get("top_k")
+        body = {
+            "model": self.name, "prompt": prompt, "n": num_samples,
+            "max_tokens": min(params.get("max_tokens") or 512, room),
+            "temperature": params.get("temperature", 1.0), "top_p": params.get("top_p", 1.0),
+            "top_k": -1 if top_k is None or top_k < 0 else top_k,
+            "stop": [s for s in stop if isinstance(s, str)],
+            "stop_token_ids": [s for s in stop if isinstance(s, int)],
+            "logprobs": 0, "return_token_ids": True,
+        }  # fmt: skip
+        if params.get("seed") is not None:
+            body["seed"] = params["seed"]
+        return body
+
+    async def prompt_logprobs(self, prompt: list[int], last_n: int | None) -> list[float]:
+        """Each prompt token's logprob given the tokens before it (NaN for the first, and for
+        all but the last ``last_n`` when it is given), with the engine to itself."""
+        body = {"model": self.name, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0}  # fmt: skip
+        async with self.engine.turns.exclusive():
+            data = await self.engine.call("/v1/completions", body)
+        entries = data["choices"][0]["prompt_logprobs"]
+        values = [math.nan] + [
+            entry[str(token)]["logprob"]
+            for entry, token in zip(entries[1:], prompt[1:], strict=True)
+        ]
+        if last_n is not None:
+            values[: len(values) - last_n] = [math.nan] * (len(values) - last_n)
+        return values
+
+
+def _sequence(choice: dict[str, Any]) -> Sequence:
+    tokens = list(choice["token_ids"])
+    logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
+    return Sequence(tokens, logprobs, "length" if choice["finish_reason"] == "length" else "stop")
