@@ -142,3 +142,30 @@ def test_a_bucketed_length_scores_and_trains_as_the_exact_one(
     )
     _assert_same(_scores(backend, mb), plain, atol=1e-5)
     assert seen == [bucket]  # a packed row of 23 -> 32; a padded width of 11 -> 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("packing", ["packed", "padded"])
+def test_on_a_gpu_the_compiled_backend_scores_and_trains_as_the_eager_one(
+    tiny_model_dir: Path, packing: str
+) -> None:
+    """Triton kernels for the logprobs and the layers, under bf16 autocast: equal to the eager
+    path within what bf16 rounding in another order gives."""
+    results = []
+    for compiled in (False, True):
+        config = {
+            "model": {"name": str(tiny_model_dir)},
+            "envs": [{"name": "arithmetic"}],
+            "backend": {"device": "cuda", "packing": packing,
+                        "compile": {"logprobs": compiled, "layers": compiled}},
+            "rollout": {"temperature": 0.7},
+        }  # fmt: skip
+        gpu = TorchBackend(validate_config(config))
+        assert (gpu.fused, gpu.compiled_layers) == (compiled, compiled)
+        results.append(_scores(gpu, _micro_batch()))
+    eager, compiled = results
+    torch.testing.assert_close(compiled[0], eager[0], rtol=0, atol=2e-2)
+    torch.testing.assert_close(compiled[1], eager[1], rtol=0, atol=2e-2)
+    for name, grad in compiled[2].items():
+        assert (grad - eager[2][name]).norm() <= 0.02 * eager[2][name].norm() + 1e-6, name

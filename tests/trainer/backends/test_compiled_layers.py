@@ -11,6 +11,7 @@ import torch
 
 from envhub.trainer.backends import packed_attention
 from envhub.trainer.backends.compiled_layers import (
+    bucket_granule,
     bucket_length,
     compile_layers,
     compile_seconds,
@@ -28,6 +29,13 @@ transformers = pytest.importorskip("transformers")
 )  # fmt: skip
 def test_lengths_round_up_to_an_eighth_of_their_power_of_two(length: int, bucket: int) -> None:
     assert bucket_length(length) == bucket
+
+
+def test_a_row_padded_to_a_multiple_of_its_granule_is_its_bucket() -> None:
+    # What the Megatron worker does: Packing's multiple set to the bucket's granule.
+    for length in range(1, 5000, 7):
+        granule = bucket_granule(length)
+        assert -(-length // granule) * granule == bucket_length(length), length
 
 
 def _tiny_llama(layers: int = 3) -> torch.nn.Module:
