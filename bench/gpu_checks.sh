@@ -91,9 +91,9 @@ for s in $STAGES; do
     mg15r) stage mg15r 180 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-1.5b \
         --micro-batch-tokens 4096 --steps 3 --recompute ;;
     # Issue 63: the compiled logprob pass alone (eager vs compiled, one 4096 x 152k micro-batch).
-    lpc) stage lpc 150 python3 "$ROOT/bench/logprob_kernel.py" --json "$OUT/logprob_kernel.json" ;;
+    lpc) stage lpc 120 python3 "$ROOT/bench/logprob_kernel.py" --json "$OUT/logprob_kernel.json" ;;
     # backend.compile in Megatron: both switches, then each alone (what each one buys).
-    mg05c) stage mg05c 240 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
+    mg05c) stage mg05c 180 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 --compile both ;;
     mg05lp) stage mg05lp 150 python3 "$ROOT/bench/megatron_throughput.py" --shape qwen2.5-0.5b \
         --micro-batch-tokens 4096 --steps 3 --compile logprobs ;;
@@ -105,7 +105,7 @@ for s in $STAGES; do
     mg05cprof) stage mg05cprof 300 python3 "$ROOT/bench/megatron_throughput.py" \
         --shape qwen2.5-0.5b --micro-batch-tokens 4096 --steps 1 --compile both --profile ;;
     # backend.micro_batch_tokens: auto (16384 expected for 0.5B on 80 GB and more), compiled.
-    mg05auto) stage mg05auto 240 python3 "$ROOT/bench/megatron_throughput.py" \
+    mg05auto) stage mg05auto 180 python3 "$ROOT/bench/megatron_throughput.py" \
         --shape qwen2.5-0.5b --micro-batch-tokens auto --steps 3 --compile both ;;
     mg15auto) stage mg15auto 300 python3 "$ROOT/bench/megatron_throughput.py" \
         --shape qwen2.5-1.5b --micro-batch-tokens auto --steps 3 --compile both ;;
