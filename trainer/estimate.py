@@ -246,7 +246,8 @@ def _dry_run_tokens(config: TrainConfig, hf: Any, params: int) -> int:
     budget = config.backend.micro_batch_tokens
     if budget != "auto":
         return budget
-    if activation_dtype(config) != "bfloat16" or not torch.cuda.is_available():
+    on_gpu = config.backend.kind == "megatron" or config.backend.device != "cpu"
+    if not (on_gpu and torch.cuda.is_available()):
         return CPU_TOKENS
     return _auto_tokens(config, hf, params, device_memory(torch.device("cuda", 0)) or 0)
 
