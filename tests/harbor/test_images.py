@@ -18,6 +18,7 @@ from envhub.harbor import UnsupportedEnvironment, load_task
 from envhub.harbor.check import check_tasks
 from envhub.harbor.dockerfile import container_environment, map_images
 from envhub.harbor.env import HarborEnv
+from envhub.types import assistant
 
 STAND_IN = "localhost/envhub-base:bookworm"
 DOCKERFILE = textwrap.dedent("""
@@ -211,8 +212,13 @@ def test_python_images_build_on_the_python_stand_in(require_podman: None, tmp_pa
     (folder / "environment/Dockerfile").write_text(PYTHON_TASK)
     (folder / "tests/test.sh").write_text(PYTHON_TEST)
     (folder / "solution/solve.sh").write_text("#!/bin/bash\npython -c 'print(\"ok\")' > out.txt\n")
-    (check,) = check_tasks(folder, sandbox="podman")  # no image map: the default one
-    assert (check.solved, check.unsolved, check.error) == (1.0, 0.0, "")
-    assert check.image.endswith(
-        f"(from environment/Dockerfile; stand-in {PYTHON_STAND_IN} for python:3.12-slim)"
-    )
+    with HarborEnv(folder, sandbox="podman") as env:  # no image map: the default one
+        prompt, _ = env.reset(options={"task_index": 0})
+        for _ in range(3):  # write the solution, run solve.sh, answer
+            reply = env.reference_policy(prompt, env.tool_schemas)
+            observation, reward, terminated, *_ = env.step(reply)
+            prompt = [*prompt, assistant(reply), *observation]
+        assert (terminated, reward) == (True, 1.0)
+        assert env.image_description(env.dataset[0]).endswith(
+            f"(from environment/Dockerfile; stand-in {PYTHON_STAND_IN} for python:3.12-slim)"
+        )

@@ -15,7 +15,9 @@ import pytest
 from envhub.errors import EnvLoadError
 from envhub.harbor import UnsupportedEnvironment, load_task
 from envhub.harbor.check import check_tasks
+from envhub.harbor.env import HarborEnv
 from envhub.harbor.separate import ARTIFACTS_DIR, Artifact, sanitized
+from envhub.types import assistant
 
 STAND_IN = "localhost/envhub-base:bookworm"
 TOML = textwrap.dedent("""
@@ -122,16 +124,33 @@ def test_artifacts_cross_without_links_out_or_devices() -> None:
     assert members["app/a.txt"].mode == 0o755  # no setuid bit
 
 
-@pytest.mark.parametrize("tests_image", [True, False], ids=["tests-dockerfile", "task-image"])
-def test_tests_apart_score_the_artifacts(
-    require_podman: None, tmp_path: Path, tests_image: bool
-) -> None:
-    folder = make_task(tmp_path, tests_image=tests_image)
+def play_solution(env: HarborEnv) -> float:
+    """The reward of one episode of the env's first task played by its reference solution."""
+    messages, _ = env.reset(options={"task_index": 0})
+    while True:
+        turn = env.reference_policy(messages, env.tool_schemas)
+        observation, reward, terminated, truncated, _ = env.step(turn)
+        messages = [*messages, assistant(turn), *observation]
+        if terminated or truncated:
+            return reward
+
+
+def test_tests_apart_score_the_artifacts(require_podman: None, tmp_path: Path) -> None:
+    folder = make_task(tmp_path)
     (check,) = check_tasks(folder, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN})
     assert (check.solved, check.unsolved, check.error) == (1.0, 0.0, "")
-    source = "tests/Dockerfile" if tests_image else "environment/Dockerfile"
     assert "; tests apart in localhost/envhub-build:" in check.image
-    assert check.image.endswith(f"(from {source}; stand-in {STAND_IN} for ubuntu:24.04)")
+    assert check.image.endswith(f"(from tests/Dockerfile; stand-in {STAND_IN} for ubuntu:24.04)")
+
+
+def test_without_their_own_image_tests_apart_run_in_the_tasks(
+    require_podman: None, tmp_path: Path
+) -> None:
+    folder = make_task(tmp_path, tests_image=False)  # tests/ copied into a fresh container
+    with HarborEnv(folder, sandbox="podman", image_map={"ubuntu:24.04": STAND_IN}) as env:
+        assert play_solution(env) == 1.0
+        agents, tests = env.image_description(env.dataset[0]).split("; tests apart in ")
+        assert agents == tests and agents.endswith(f"stand-in {STAND_IN} for ubuntu:24.04)")
 
 
 SERVER_TEST = textwrap.dedent("""
@@ -157,5 +176,5 @@ def test_a_server_the_solution_starts_answers_the_tests(
     (folder / "instruction.md").write_text("Serve 'served' on 127.0.0.1:8123.\n")
     (folder / "tests/test.sh").write_text(SERVER_TEST)
     (folder / "solution/solve.sh").write_text(SERVER_SOLVE)
-    (check,) = check_tasks(folder, sandbox="podman")
-    assert (check.solved, check.unsolved, check.error) == (1.0, 0.0, "")
+    with HarborEnv(folder, sandbox="podman") as env:  # 1 only if the server still answers
+        assert play_solution(env) == 1.0
