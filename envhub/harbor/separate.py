@@ -22,6 +22,7 @@ its artifact, no device, no setuid bit), as Harbor sanitizes them. This module
 reads the task's settings (:func:`read_separate`) and moves the artifacts
 (:func:`collect_artifacts`, :func:`place_artifacts`); :class:`~envhub.harbor.env.HarborEnv`
 runs the rest. Only a container back end runs such a task; bubblewrap refuses it at load.
+The agent's image needs ``tar`` (Debian's, Ubuntu's and the official Python images have it).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 ARTIFACTS_DIR = "/logs/artifacts"
 """Harbor's conventional artifacts folder: always copied across."""
 MODES = ("shared", "separate")
-# Each artifact: a tar of it (from /, so it unpacks at its own path), or exit 3 when missing.
+# The artifacts' tar holds paths relative to /: unpacked there, each is at its own path.
 _UNPACK = "exec tar -C / -xf - --no-same-owner"
 
 
