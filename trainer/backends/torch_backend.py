@@ -17,16 +17,23 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from envhub.errors import ConfigError, MissingDependencyError
+from envhub.errors import ConfigError
 from envhub.trainer.algorithms import (
     ObjectiveSpec,
     policy_objective,
     selective_log_softmax,
     token_entropy,
 )
-from envhub.trainer.backends import compiled_layers, packed_attention, varlen
+from envhub.trainer.backends import compiled_layers, packed_attention
 from envhub.trainer.backends.base import StepResult
 from envhub.trainer.backends.fused_logprobs import fused_logprobs
+from envhub.trainer.backends.hf_model import (
+    PLAIN_HEAD,
+    autocast_dtype,
+    decoder_layers,
+    load_model,
+    packs,
+)
 from envhub.trainer.backends.placement import Placed, Targets, place
 from envhub.trainer.batch import Batch, MicroBatch, micro_batches
 from envhub.trainer.config import TrainConfig
@@ -60,11 +67,11 @@ class TorchBackend:
         if config.backend.threads:
             torch.set_num_threads(config.backend.threads)
         self.device = resolve_device(config.backend.device)
-        self.autocast_dtype = _autocast_dtype(config.model.dtype, self.device)
+        self.autocast_dtype = autocast_dtype(config.model.dtype, self.device)
         self.temperature = config.rollout.temperature
         self.model_path = resolve_model(config.model.name)
-        self.tokenizer, self._model = _load(self.model_path, config, self.device)
-        self.packed = _packs(self._model, config, self.device)
+        self.tokenizer, self._model = load_model(self.model_path, config, self.device)
+        self.packed = packs(self._model, config, self.device)
         """Micro-batches run packed into one row each (``backend.packing``), not padded."""
         self.micro_batch_tokens = micro_batch_tokens(config, device_memory(self.device))
         """``backend.micro_batch_tokens``, ``auto`` resolved for this device."""
@@ -75,7 +82,7 @@ class TorchBackend:
         self.compiled_layers = resolve_switch(compile.layers, "compile.layers", on_cuda)
         """The decoder layers run compiled; micro-batch lengths are bucketed."""
         if self.compiled_layers:
-            compiled_layers.compile_layers(_decoder_layers(self._model))
+            compiled_layers.compile_layers(decoder_layers(self._model))
         self._compile_time = compiled_layers.CompileTime(log)
         log.info(
             "micro-batches of <= %d tokens, %s; compiled logprobs %s, layers %s",
@@ -83,7 +90,7 @@ class TorchBackend:
             self.fused, self.compiled_layers,
         )  # fmt: skip
         self.reference = (
-            _load(self.model_path, config, self.device, frozen=True)[1]
+            load_model(self.model_path, config, self.device, frozen=True)[1]
             if config.algorithm.needs_reference
             else None
         )
@@ -359,14 +366,6 @@ def _accumulate(sums: dict[str, torch.Tensor], name: str, value: torch.Tensor) -
     sums[name] = sums[name] + value if name in sums else value
 
 
-PLAIN_HEAD = frozenset(
-    {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "olmo2"}
-)
-"""HF ``model_type``s whose logits are exactly ``lm_head(final hidden state)``: no logit scaling
-or soft-capping after the head (Gemma's, Cohere's and Granite's have some), so the head may run
-on some positions only."""
-
-
 def target_logits(
     model: torch.nn.Module, mb: MicroBatch, packed: bool = False
 ) -> tuple[torch.Tensor, Targets | None]:
@@ -436,122 +435,6 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
             yield name.replace(".base_layer.", "."), tensor
         else:
             yield name, parameter.detach()
-
-
-def _autocast_dtype(dtype: str, device: torch.device) -> torch.dtype | None:
-    if dtype == "float32" or (dtype == "auto" and device.type == "cpu"):
-        return None
-    if dtype == "auto":
-        return torch.bfloat16
-    return {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-
-
-def _load(
-    path: str, config: TrainConfig, device: torch.device, frozen: bool = False
-) -> tuple[Any, torch.nn.Module]:
-    """Tokenizer and fp32 model on ``device``; LoRA adapters and checkpointing as configured."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # the trainer draws its own progress
-    kwargs: dict[str, Any] = {"dtype": torch.float32}
-    if config.model.attn_implementation:
-        kwargs["attn_implementation"] = config.model.attn_implementation
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
-    except OSError as e:
-        raise ConfigError(f"cannot load model {config.model.name!r}: {e}") from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    if _takes_packed_attention(model, config, device):
-        model.set_attn_implementation(packed_attention.register())
-    if frozen:
-        model.requires_grad_(False)
-        return tokenizer, model.eval()
-    if config.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    if config.model.lora is not None:
-        model = _with_lora(model, config)
-    return tokenizer, model
-
-
-def _takes_packed_attention(
-    model: torch.nn.Module, config: TrainConfig, device: torch.device
-) -> bool:
-    """Whether the model gets :mod:`packed_attention`'s function: where packing may run (the
-    CPU, or ``packing: packed``), for the model types of :data:`PLAIN_HEAD` (their attention is
-    plain causal attention; others may soft-cap or add sinks), when no attention is asked for
-    and the class takes attention functions. Elsewhere (a GPU by default) the model keeps
-    transformers' own choice."""
-    wanted = packing_wanted(
-        config.backend.packing, device, _autocast_dtype(config.model.dtype, device)
-    )
-    plain = getattr(model.config, "model_type", None) in PLAIN_HEAD  # standard attention too
-    return (
-        wanted
-        and plain
-        and not config.model.attn_implementation
-        and model._supports_attention_backend
-    )
-
-
-def _packs(model: torch.nn.Module, config: TrainConfig, device: torch.device) -> bool:
-    """Whether the policy's micro-batches run packed (``backend.packing``).
-
-    Raises:
-        ConfigError: ``packing: packed`` for a model that does not run
-            :mod:`packed_attention` (its type is not one of :data:`PLAIN_HEAD`'s, its class
-            takes no attention functions, or ``model.attn_implementation`` names another).
-    """
-    choice = config.backend.packing
-    able = getattr(model.config, "_attn_implementation", None) == packed_attention.NAME
-    if choice == "packed" and not able:
-        raise ConfigError(
-            f"backend.packing=packed: {config.model.name!r} runs attention "
-            f"{getattr(model.config, '_attn_implementation', None)!r}, which cannot attend to "
-            "packed sequences separately; leave model.attn_implementation unset (for a "
-            f"model of type {', '.join(sorted(PLAIN_HEAD))}) or set backend.packing=padded"
-        )
-    return able and packing_wanted(choice, device, _autocast_dtype(config.model.dtype, device))
-
-
-def packing_wanted(choice: str, device: torch.device, autocast: torch.dtype | None) -> bool:
-    """``backend.packing``'s rule: ``packed``; ``padded``; ``auto``: packed on the CPU, and on
-    CUDA where torch's varlen attention runs (a 16-bit autocast and a torch with
-    ``varlen_attn``: one kernel call per layer for the whole row) and the GPU checks measured
-    packed at least as fast as padded (``PAYS_ON_CUDA["packing"]``). The model must also take
-    packed attention (:func:`_packs`)."""
-    if choice != "auto":
-        return choice == "packed"
-    if device.type == "cpu":
-        return True
-    varlen_runs = device.type == "cuda" and autocast is not None and varlen.available()
-    return varlen_runs and resolve_switch("auto", "packing", on_cuda=True)
-
-
-def _decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layers of an HF causal LM (under a LoRA ``PeftModel`` too)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.get_decoder().layers
-
-
-def _with_lora(model: torch.nn.Module, config: TrainConfig) -> torch.nn.Module:
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError as e:
-        raise MissingDependencyError.for_extra("peft", "train") from e
-    lora = config.model.lora
-    assert lora is not None
-    peft_config = LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.target_modules,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, peft_config)
 
 
 def lr_multiplier(

@@ -13,7 +13,8 @@ import torch
 
 from envhub.trainer.backends import torch_backend, varlen
 from envhub.trainer.backends.fused_logprobs import fused_logprobs
-from envhub.trainer.backends.torch_backend import TorchBackend, packing_wanted
+from envhub.trainer.backends.hf_model import packing_wanted
+from envhub.trainer.backends.torch_backend import TorchBackend
 from envhub.trainer.batch import Batch, Sample, micro_batches
 from envhub.trainer.config import backend as backend_config
 from envhub.trainer.config import validate_config

@@ -12,12 +12,9 @@ import torch
 
 from envhub.errors import ConfigError
 from envhub.trainer.backends import packed_attention
+from envhub.trainer.backends.hf_model import takes_packed_attention
 from envhub.trainer.backends.packed_attention import SEGMENTS, PackedRow, Segment
-from envhub.trainer.backends.torch_backend import (
-    TorchBackend,
-    _takes_packed_attention,
-    target_logits,
-)
+from envhub.trainer.backends.torch_backend import TorchBackend, target_logits
 from envhub.trainer.batch import Batch, Sample, micro_batches
 from envhub.trainer.config import validate_config
 
@@ -247,15 +244,15 @@ def test_packing_is_refused_for_an_attention_that_cannot_separate_sequences(
 def test_a_gpu_keeps_transformers_attention_unless_packing_is_asked(tiny_model_dir: Path) -> None:
     backend = _backend(tiny_model_dir)
     model, cuda = backend.model, torch.device("cuda")  # a device object; nothing runs on it
-    assert not _takes_packed_attention(model, backend.config, cuda)
+    assert not takes_packed_attention(model, backend.config, cuda)
     packed = validate_config(backend.config.model_dump() | {"backend": {"packing": "packed"}})
-    assert _takes_packed_attention(model, packed, cuda)
+    assert takes_packed_attention(model, packed, cuda)
     eager = validate_config(backend.config.model_dump(mode="json") | {
         "model": {"name": str(tiny_model_dir), "attn_implementation": "eager"}
     })  # fmt: skip
-    assert not _takes_packed_attention(model, eager, torch.device("cpu"))
+    assert not takes_packed_attention(model, eager, torch.device("cpu"))
     model.config.model_type = "gemma2"  # soft-caps its attention logits: stays transformers'
-    assert not _takes_packed_attention(model, backend.config, torch.device("cpu"))
+    assert not takes_packed_attention(model, backend.config, torch.device("cpu"))
 
 
 def test_a_packed_forward_refuses_an_attention_that_would_ignore_the_segments(
