@@ -197,6 +197,42 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
+SHARED_POLICY = "shared-policy"
+"""The model name of :func:`training_vllm_server`. A run started by the trainer serves
+``policy``: a test that kills its run's server tells the two apart by that name."""
+
+
+@pytest.fixture(scope="session")
+def training_vllm_server(require_vllm: None, tiny_model_dir: Path) -> Iterator[str]:
+    """The base URL of a vLLM server of the tiny Llama that training runs share through
+    ``rollout.vllm.url``, instead of each starting its own (~25 s each on 2 cores).
+
+    It runs with the flags and environment a CPU run with ``rollout.vllm.kv_cache_gb=1`` starts
+    its server with (``serve_args``, ``server_env``; no LoRA, no cores bound). A run leaves
+    nothing to the next: its first sync pushes its own starting weights (verified against its
+    trainer), each sync empties the prefix cache, and a run that pauses generation around a
+    sync resumes it."""
+    from envhub.inference.vllm_server import VLLMServer
+    from envhub.trainer.config import validate_config
+    from envhub.trainer.engines.vllm import resolve_settings
+    from envhub.trainer.engines.vllm_transport import serve_args, server_env
+
+    config = validate_config({
+        "model": {"name": str(tiny_model_dir)},
+        "envs": [{"name": "arithmetic"}],
+        "rollout": {"engine": "vllm", "vllm": {"kv_cache_gb": 1}},
+        "backend": {"device": "cpu"},
+    })  # fmt: skip
+    settings = resolve_settings(config, str(tiny_model_dir), on_gpu=False)
+    server = VLLMServer(
+        settings.model, served_model_name=SHARED_POLICY, max_model_len=settings.max_model_len,
+        seed=settings.seed, extra_args=serve_args(settings), env=server_env(settings),
+        startup_timeout=settings.startup_timeout,
+    )  # fmt: skip
+    with server:
+        yield server.base_url
+
+
 CONTAINER_IMAGE = "localhost/envhub-base:bookworm"
 """The container back end's default image (``scripts/container_base.sh``)."""
 

