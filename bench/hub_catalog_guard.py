@@ -56,7 +56,8 @@ def populate(server, tmp: Path, packages: int) -> None:
     from index_server import IndexServer
 
     from envhub.hub import push
-    from envhub.hub.results import build_result, push_result
+    from envhub.hub.result_push import push_result
+    from envhub.hub.results import build_result
     from envhub.scaffold import create_package
 
     package = create_package("capital-cities", directory=tmp / "src")

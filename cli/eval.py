@@ -145,7 +145,7 @@ def eval_command(
 
 
 def _pusher(token: str | None) -> str:
-    from envhub.hub.results import whoami
+    from envhub.hub.result_push import whoami
 
     return whoami(token)
 

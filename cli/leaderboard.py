@@ -79,7 +79,8 @@ def push_eval(
     its ``trajectories`` first, as a dataset the result links to, when asked."""
     from envhub.cli.console import console
     from envhub.errors import ConfigError
-    from envhub.hub.results import build_result, push_result, repo_of
+    from envhub.hub.result_push import push_result
+    from envhub.hub.results import build_result, repo_of
 
     config = json.loads((folder / "config.json").read_text())
     commit = next((r.get("commit") for r in config.get("env_refs", [])), None)

@@ -291,7 +291,7 @@ def _round(value: float) -> float:
 
 def machine() -> Machine:
     """This machine: CPU model, cores, memory, OS, Python and envhub versions."""
-    import envhub
+    from envhub.version import __version__
 
     try:
         cores = len(os.sched_getaffinity(0))
@@ -303,7 +303,7 @@ def machine() -> Machine:
         ram_gb=_ram_gb(),
         os=f"{platform.system()} {platform.release()}".strip(),
         python=platform.python_version(),
-        envhub=envhub.__version__,
+        envhub=__version__,
     )
 
 

@@ -112,7 +112,7 @@ def _installed_modules() -> dict[str, list[str]]:
 
 def template_values(name: str) -> dict[str, str]:
     """What each ``{{placeholder}}`` of a template becomes for package ``name``."""
-    from envhub import __version__
+    from envhub.version import __version__
 
     return {
         "name": name,

@@ -28,15 +28,9 @@ LAYERS = ("envhub", "envhub.trainer", "envhub.cli")
 
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_FUNCTION_CYCLES: set[frozenset[str]] = {
-    # closed only by imports inside functions; each is a dispatch to be moved out of the
-    # module its implementations import
+    # closed only by an import inside a function: a dispatch to be moved out of the module
+    # its implementation imports
     frozenset({"envhub.harbor.task", "envhub.harbor.terminal_bench"}),
-    frozenset({"envhub.hub.harbor_package", "envhub.hub.push"}),
-    frozenset({
-        "envhub", "envhub.evaluation", "envhub.hub.card", "envhub.hub.files",
-        "envhub.hub.install", "envhub.hub.leaderboard", "envhub.hub.load", "envhub.hub.results",
-        "envhub.loader", "envhub.perf",
-    }),  # fmt: skip
 }
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 

@@ -34,7 +34,7 @@ def build(
     token: str | None = None,
 ) -> dict[str, Any]:
     """The catalog document of the env packages ``envhub search`` finds for ``query``."""
-    from envhub import __version__
+    from envhub.version import __version__
 
     listed = search(query, author=author, limit=limit, token=token)
     api = client.api(token)
@@ -61,7 +61,7 @@ def _read(api: Any, package: HubPackage) -> dict[str, Any]:
 def entry(api: Any, package: HubPackage) -> dict[str, Any]:
     """One package's part of the document (``{"repo", "skipped"}`` when it has no version)."""
     from envhub.hub.leaderboard import version_key
-    from envhub.hub.push import remote_manifest
+    from envhub.hub.publish import remote_manifest
     from envhub.hub.results import read_results
 
     repo = package.repo_id

@@ -21,6 +21,8 @@ from typing import Any
 
 MANIFEST = "envhub.json"
 CARD = "README.md"
+RESULTS = "results"
+"""The repo folder of results; ``envhub push`` keeps it, ``envhub install`` leaves it out."""
 FORMAT = 1
 """Version of the manifest format."""
 
@@ -116,7 +118,7 @@ def build_manifest(
 ) -> dict[str, Any]:
     """The ``envhub.json`` written next to the package files on the Hub (``description``: the
     pyproject's, which the Hub catalog shows)."""
-    from envhub import __version__
+    from envhub.version import __version__
 
     return {
         "format": FORMAT,

@@ -35,6 +35,7 @@ from typing import Any
 
 from envhub.errors import ConfigError, EnvCheckError, EnvLoadError
 from envhub.hub.files import CARD, select_files
+from envhub.hub.publish import check_names, publish_package
 
 DEFAULT_VERSION = "0.1.0"
 _EXECUTABLE_BITS = stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
@@ -215,7 +216,6 @@ def push_tasks(
         VersionConflictError: The version exists with other content (pass a new ``version``).
     """
     from envhub.hub import client
-    from envhub.hub.push import publish_package
 
     name = distribution_name(repo_id or root.name)
     token = client.require_token(token, "envhub push")
@@ -241,10 +241,8 @@ def push_tasks(
 
 
 def _check_names(wrapped: Wrapped, repo_id: str) -> list[str]:
-    """:func:`~envhub.hub.push.check_names` of the wrapped package, whose names come from the
+    """:func:`~envhub.hub.publish.check_names` of the wrapped package, whose names come from the
     repo's: a refusal says to push to another repo name."""
-    from envhub.hub.push import check_names
-
     try:
         return check_names(wrapped.folder, repo_id)
     except EnvCheckError as e:
@@ -269,7 +267,7 @@ def _copy(source: Path, destination: Path) -> None:
 
 
 def _pyproject(wrapped: Wrapped, executables: list[str]) -> str:
-    from envhub import __version__
+    from envhub.version import __version__
 
     module, name = wrapped.module, wrapped.name
     listed = "".join(f"  {path!r},\n".replace("'", '"') for path in sorted(executables))

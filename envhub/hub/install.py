@@ -31,9 +31,8 @@ from typing import Any
 from envhub.errors import ConfigError, EnvLoadError, HubNotFoundError, PackageIntegrityError
 from envhub.hub import client, guard
 from envhub.hub.client import HubRef
-from envhub.hub.files import MANIFEST, content_hash, read_manifest, sha256_file
+from envhub.hub.files import MANIFEST, RESULTS, content_hash, read_manifest, sha256_file
 from envhub.hub.lock import LOCK_FILE, LockEntry, read_lock, write_entry
-from envhub.hub.results import RESULTS
 from envhub.paths import cache_dir
 from envhub.registry import refresh
 

@@ -9,7 +9,7 @@ episodes may go with it, as a dataset in a repo of their own (:mod:`envhub.hub.t
 which the result links to.
 
 Whoever may write to the repo commits the result to ``main`` together with the card's
-leaderboard section, regenerated (:mod:`envhub.hub.leaderboard`); anyone else opens a pull
+leaderboard section, regenerated (:mod:`envhub.hub.result_push`); anyone else opens a pull
 request holding the result alone, which counts once the repo's owner merges it.
 
 pass@k and the mean reward come with a 95% interval over tasks: mean ± 1.96 standard errors of
@@ -32,9 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from envhub.errors import ConfigError
 from envhub.hub import client
+from envhub.hub.files import RESULTS
 
-RESULTS = "results"
-"""The repo folder of results; ``envhub push`` keeps it, ``envhub install`` leaves it out."""
 FORMAT = 1
 Interval = tuple[float, float]
 
@@ -126,7 +125,7 @@ class EvalResult(BaseModel):
         """Its file in the repo: ``results/<date>-<by>-<12 hex of its content's sha256>.json``."""
         stamp = self.date.replace("-", "").replace(":", "")[:15]
         safe_by = "".join(c if c.isalnum() or c in "._-" else "_" for c in self.by)
-        return f"{RESULTS}/{stamp}Z-{safe_by}-{_sha256(self.to_json())[:12]}.json"
+        return f"{RESULTS}/{stamp}Z-{safe_by}-{sha256_hex(self.to_json())[:12]}.json"
 
     def to_json(self) -> str:
         """The file's text (without ``trajectories`` when there are none, as results pushed
@@ -146,13 +145,14 @@ class Pushed:
     merged), else ``None`` (on ``main``)."""
 
 
-def _sha256(text: str) -> str:
+def sha256_hex(text: str) -> str:
+    """The hex sha256 of ``text`` (UTF-8)."""
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def config_sha256(config: dict[str, Any]) -> str:
     """``sha256:<hex>`` of ``config`` as canonical JSON."""
-    return "sha256:" + _sha256(json.dumps(config, sort_keys=True, separators=(",", ":")))
+    return "sha256:" + sha256_hex(json.dumps(config, sort_keys=True, separators=(",", ":")))
 
 
 def _interval(values: list[float], low: float = -math.inf, high: float = math.inf) -> Estimate:
@@ -192,8 +192,8 @@ def build_result(
     Raises:
         ConfigError: The eval's env is not pinned to a Hub commit, or it played several envs.
     """
-    from envhub import __version__
     from envhub.rollout.io import read_trajectories
+    from envhub.version import __version__
 
     folder = Path(folder)
     summary = json.loads((folder / "summary.json").read_text())
@@ -249,91 +249,8 @@ def repo_of(env: str, commit: str | None) -> str | None:
     return None
 
 
-def whoami(token: str | None) -> str:
-    """The Hub user the token belongs to."""
-    with client.hub_errors("who am I", "-"):
-        return str(client.api(client.require_token(token, "pushing a result")).whoami()["name"])
-
-
-def push_result(result: EvalResult, *, token: str | None = None) -> Pushed:
-    """Add ``result`` to its env's repo (see the module docstring).
-
-    Raises:
-        ConfigError: The result's commit is not its version's commit on the Hub.
-        HubAuthError, HubNotFoundError, HubError: No token, no repo, the Hub failed.
-    """
-    from huggingface_hub import CommitOperationAdd, errors
-
-    api = client.api(client.require_token(token, "pushing a result"))
-    repo_id, path = result.env.repo, result.path()
-    add = CommitOperationAdd(path, result.to_json().encode())
-    message = f"envhub result: {result.model} on {result.env.name} {result.env.version}"
-    with client.hub_errors("push the result", repo_id):
-        _check_pinned(api, result.env)
-        for _ in range(3):  # another push may land between reading main and committing
-            head = _head(api, repo_id)
-            try:
-                return Pushed(path, _commit(api, repo_id, head, add, result, message))
-            except errors.HfHubHTTPError as e:
-                status = e.response.status_code if e.response is not None else None
-                if status == 403:
-                    break
-                if status != 412:
-                    raise
-        info = api.create_commit(repo_id, [add], commit_message=message, create_pr=True,
-                                 repo_type=client.REPO_TYPE)  # fmt: skip
-    return Pushed(path, info.oid, info.pr_url)
-
-
-def _commit(api: Any, repo_id: str, head: str, add: Any, result: EvalResult, message: str) -> str:
-    """Commit the result with the card regenerated on ``head``; returns the commit."""
-    operations = [add, *_card_operations(api, repo_id, head, result)]
-    info = api.create_commit(repo_id, operations, commit_message=message, parent_commit=head,
-                             repo_type=client.REPO_TYPE)  # fmt: skip
-    return str(info.oid)
-
-
-def _head(api: Any, repo_id: str) -> str:
-    refs = api.list_repo_refs(repo_id, repo_type=client.REPO_TYPE)
-    return next(b.target_commit for b in refs.branches if b.name == "main")
-
-
-def _check_pinned(api: Any, env: EnvPin) -> None:
-    refs = api.list_repo_refs(env.repo, repo_type=client.REPO_TYPE)
-    tags = {t.name: t.target_commit for t in refs.tags}
-    if tags.get(env.version) != env.commit:
-        found = f"is commit {tags[env.version]}" if env.version in tags else "is not published"
-        raise ConfigError(
-            f"not pushed: the eval ran {env.name} at commit {env.commit}, but version "
-            f"{env.version} of {env.repo} {found}; evaluate the published version "
-            f"(`envhub install {env.repo}@{env.version}`)"
-        )
-
-
-def _card_operations(api: Any, repo_id: str, head: str, result: EvalResult) -> list[Any]:
-    """README.md with its leaderboard section regenerated (with ``result``), and envhub.json
-    with the card's new sha256; none when ``main`` holds no envhub package."""
-    from huggingface_hub import CommitOperationAdd
-
-    from envhub.hub.card import CARD_LEADERBOARD, with_leaderboard
-    from envhub.hub.files import CARD, MANIFEST
-    from envhub.hub.leaderboard import card_section
-
-    manifest = _read_text(api, repo_id, head, MANIFEST)
-    readme = _read_text(api, repo_id, head, CARD)
-    if manifest is None or readme is None or CARD_LEADERBOARD not in readme:
-        return []
-    package = json.loads(manifest)
-    results = [*read_results(repo_id, revision=head, api=api), result]
-    card = with_leaderboard(readme, card_section(results, str(package["version"])))
-    package["files"][CARD] = _sha256(card)
-    return [
-        CommitOperationAdd(CARD, card.encode()),
-        CommitOperationAdd(MANIFEST, (json.dumps(package, indent=2) + "\n").encode()),
-    ]
-
-
-def _read_text(api: Any, repo_id: str, revision: str, path: str) -> str | None:
+def read_text(api: Any, repo_id: str, revision: str, path: str) -> str | None:
+    """The text of ``path`` in ``repo_id`` at ``revision``; ``None`` when there is none."""
     from huggingface_hub import errors, hf_hub_download
 
     try:
@@ -359,7 +276,7 @@ def read_results(
             paths = sorted(e.path for e in entries if e.path.endswith(".json"))
         except errors.EntryNotFoundError:
             return []
-        texts = [_read_text(api, repo_id, revision, p) for p in paths]
+        texts = [read_text(api, repo_id, revision, p) for p in paths]
     return [r for r in map(_parse, texts) if r is not None]
 
 

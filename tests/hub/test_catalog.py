@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 
 from envhub.cli.app import app
 from envhub.hub import push
-from envhub.hub.results import push_result, read_results
+from envhub.hub.result_push import push_result
+from envhub.hub.results import read_results
 from envhub.hub.trajectories import push_trajectories
 from envhub.scaffold import create_package
 

@@ -23,7 +23,7 @@ from envhub.cli.app import app
 from envhub.errors import ConfigError, EnvCheckError
 from envhub.hub import install, push
 from envhub.hub.index import _pip_settings, configured_indexes
-from envhub.hub.push import check_names
+from envhub.hub.publish import check_names
 
 REPO = "alice/capital-cities"
 runner = CliRunner()

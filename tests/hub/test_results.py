@@ -23,7 +23,8 @@ from envhub.evaluation import evaluate
 from envhub.hub import pull, push
 from envhub.hub.card import CARD_LEADERBOARD, LEADERBOARD_END
 from envhub.hub.leaderboard import row
-from envhub.hub.results import EvalResult, build_result, push_result, read_results
+from envhub.hub.result_push import push_result
+from envhub.hub.results import EvalResult, build_result, read_results
 from envhub.hub.trajectories import load_trajectories
 from envhub.rollout.io import TrajectoryWriter, read_trajectories
 from envhub.rollout.manifest import manifest
