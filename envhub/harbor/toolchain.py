@@ -57,6 +57,8 @@ def platforms(glibc: int) -> list[str]:
     """The wheel platform tags an x86-64 image with glibc ``2.<glibc>`` runs: every
     ``manylinux_2_N`` from 2.17 up to it (a package may publish only newer ones: numpy 2.4)."""
     return [f"manylinux_2_{n}_x86_64" for n in range(glibc, OLDEST_GLIBC - 1, -1)]
+
+
 _PLATFORM_MARKER = re.compile(r"sys_platform|platform_system|os_name")
 
 
@@ -65,9 +67,7 @@ def toolchain_dir() -> Path:
     return cache_dir() / "verifier-toolchain"
 
 
-def prepare_toolchain(
-    requirements: Iterable[str], python: str, glibc: int = DEFAULT_GLIBC
-) -> Path:
+def prepare_toolchain(requirements: Iterable[str], python: str, glibc: int = DEFAULT_GLIBC) -> Path:
     """The toolchain's folder, with uv, the shims and wheels of ``requirements`` (and
     :data:`DEFAULT_REQUIREMENTS`) for Python ``python`` (``3.11``) on glibc ``2.<glibc>``:
     fetched once, kept.
