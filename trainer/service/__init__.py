@@ -9,7 +9,8 @@ Modules: ``settings`` (what to serve, torch-free), ``app`` (the routes and the k
 ``state`` (sessions, models, samplers, the trainer thread), ``checkpoints`` (runs and
 checkpoints on disk, and their listings), ``futures`` (the asynchronous
 retrieve protocol), ``training`` (one model: forward/backward and Adam steps), ``losses``
-(Tinker's built-in losses), ``sampling`` (samplers on saved weights) and ``wire`` (the SDK's
+(Tinker's built-in losses), ``sampling`` (samplers on saved weights), ``vllm_sampling`` (the
+same on a vLLM engine per base model, LoRA versions as adapters) and ``wire`` (the SDK's
 protobuf bodies). ``envhub serve-trainer`` runs it.
 """
 
