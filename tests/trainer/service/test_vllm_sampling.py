@@ -140,6 +140,39 @@ def test_full_weights_are_refused(service: Running, tmp_path: Path) -> None:
         service.app.app.state.service.samplers.version(str(folder))
 
 
+def test_the_base_model_samples_on_the_same_engine(service: Running, versions: dict) -> None:
+    """A sampling client of the base model is the engine without an adapter: its prompt
+    logprobs are neither version's."""
+    sampler = service.client().create_sampling_client(base_model="tiny").result()
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    params = tinker.types.SamplingParams(max_tokens=4, temperature=1.0, seed=5)
+    base = sampler.sample(prompt, 1, params, include_prompt_logprobs=True).result()
+    assert len(base.sequences[0].tokens) == 4
+    for name in ("v1", "v2"):
+        saved = versions[name]["response"].prompt_logprobs[1:]
+        assert (
+            max(abs(a - b) for a, b in zip(base.prompt_logprobs[1:], saved, strict=True))
+            > 10 * AGREE
+        )
+    assert len(service.app.app.state.service.samplers.engines) == 1
+
+
+def test_an_adapter_above_the_engines_rank_is_refused(service: Running, versions: dict,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    import asyncio
+    import json
+
+    from envhub.errors import ConfigError
+
+    (engine,) = service.app.app.state.service.samplers.engines.values()
+    (tmp_path / "adapter_model.safetensors").write_bytes(b"")
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 16}))
+    with pytest.raises(
+        ConfigError, match=r"LoRA rank 16 is above the vLLM sampler's largest \(8\)"
+    ):
+        asyncio.run(engine.adapter(tmp_path))
+
+
 def test_the_engine_stops_with_the_service(service: Running, versions: dict) -> None:
     """Stopping the service ends the engine's whole process group (server, engine core,
     workers): none of its processes is left running."""
