@@ -5,6 +5,7 @@ the trainer's; the settings that choose it (no vLLM needed)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +127,32 @@ def setup(tiny_model_dir: Path, require_vllm: None) -> Iterator[Setup]:
     yield from Setup(tiny_model_dir).started()  # type: ignore[misc]
 
 
+def _adapters(setup: Setup) -> set[str]:
+    """The adapters the module's server holds."""
+    served = setup.run(setup.engine.transport.routes.call("GET", "/v1/models"))["data"]
+    return {m["id"] for m in served} - {"policy"}
+
+
+@contextmanager
+def lent_server(setup: Setup) -> Iterator[str]:
+    """The module's server, lent to training runs through ``rollout.vllm.url`` (each run names
+    its adapters ``policy-lora-1``, ``-2``, ...): the engine's adapter is unloaded for them, and
+    afterwards what the runs left is unloaded and the engine's adapter loaded back as it was."""
+    routes, sender = setup.engine.transport.routes, setup.engine._sender
+    own = _adapters(setup)
+    assert sender is not None or not own
+    for name in own:
+        setup.run(routes.unload_lora_adapter(name))
+    try:
+        yield setup.engine.transport.url
+    finally:
+        for name in _adapters(setup):
+            setup.run(routes.unload_lora_adapter(name))
+        for name in own:
+            folder = sender.folder(int(name.rsplit("-", 1)[1]))  # type: ignore[union-attr]
+            setup.run(routes.load_lora_adapter(name, str(folder)))
+
+
 @pytest.mark.vllm
 def test_a_lora_run_sends_its_adapter_alone_and_vllm_serves_it(setup: Setup) -> None:
     from envhub.errors import EngineError
@@ -177,10 +204,11 @@ def test_generation_samples_from_the_adapter(setup: Setup) -> None:
 
 @pytest.mark.vllm
 def test_a_lora_run_trains_on_adapter_syncs_and_resumes(
-    tiny_model_dir: Path, tmp_path: Path, require_vllm: None, letter_env: str
+    setup: Setup, tiny_model_dir: Path, tmp_path: Path, letter_env: str
 ) -> None:
     """Every step's adapter is loaded as a new version and verified; a rerun with more steps
-    resumes from the checkpoint and pushes its adapter first."""
+    resumes from the checkpoint and pushes its adapter first. Both runs use the module's server
+    (started with the flags a run with this config starts its own with)."""
     import json
 
     from envhub.trainer.config import validate_config
@@ -199,20 +227,23 @@ def test_a_lora_run_trains_on_adapter_syncs_and_resumes(
         "logging": {"output_dir": str(tmp_path), "run_name": "run", "plot": False},
         "checkpoint": {"every": 1, "keep_last": 2},
     })  # fmt: skip
-    train(config)
-    rows = [
-        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for row in rows:
-        assert row["sync/logprob_diff_max"] < SYNCED
-        assert row["sync/megabytes"] < 1.0  # the adapter of a 2-layer model, not its weights
-        assert row["rollout/errors"] == 0.0
-    # The adapter moved: a stale sampler would have been off by this much.
-    assert max(r["sync/stale_logprob_diff_max"] for r in rows) > 1e-3
+    with lent_server(setup) as url:
+        config.rollout.vllm.url = url
+        train(config)
+        rows = [
+            json.loads(line)
+            for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
+        assert [r["step"] for r in rows] == [1, 2, 3]
+        for row in rows:
+            assert row["sync/logprob_diff_max"] < SYNCED
+            assert row["sync/megabytes"] < 1.0  # the adapter of a 2-layer model, not its weights
+            assert row["rollout/errors"] == 0.0
+        # The adapter moved: a stale sampler would have been off by this much.
+        assert max(r["sync/stale_logprob_diff_max"] for r in rows) > 1e-3
 
-    config.steps = 4
-    result = train(config)
+        config.steps = 4
+        result = train(config)
     assert result.resumed_from == 3
     rows = [
         json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
