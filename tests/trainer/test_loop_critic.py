@@ -44,16 +44,27 @@ def _config(model_dir: Path, out: Path, steps: int = 2, **algorithm: Any) -> Any
     )
 
 
+@pytest.fixture(scope="module")
+def ppo_run(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """One two-step PPO run that two tests read (neither writes to its folder): what it logs
+    and checkpoints, and the run a resumed one must equal."""
+    import envhub
+    from envhub import registry
+
+    envhub.register(LetterEnv.name, LetterEnv, override=True)  # as ``letter_env`` does
+    try:
+        return train(_config(tiny_model_dir, tmp_path_factory.mktemp("straight")))
+    finally:
+        registry._registered.pop(LetterEnv.name, None)
+
+
 def _critic_state(checkpoint: Path) -> dict[str, torch.Tensor]:
     model = AutoModelForTokenClassification.from_pretrained(checkpoint / "critic" / "model")
     return model.state_dict()
 
 
-def test_ppo_trains_a_critic_beside_the_policy_and_checkpoints_it(
-    tiny_model_dir: Path, tmp_path: Path
-) -> None:
-    result = train(_config(tiny_model_dir, tmp_path))
-    rows = result.history
+def test_ppo_trains_a_critic_beside_the_policy_and_checkpoints_it(ppo_run: Any) -> None:
+    rows = ppo_run.history
     for row in rows:
         assert row["critic/value_loss"] > 0 and row["critic/grad_norm"] > 0
         assert row["critic/lr"] == 1e-3 and row["critic/warmup"] == 0.0
@@ -61,7 +72,7 @@ def test_ppo_trains_a_critic_beside_the_policy_and_checkpoints_it(
         assert row["time/values"] > 0 and row["time/critic"] > 0
     # Step 1's values come from the new head, zero everywhere; step 2's from the trained one.
     assert rows[0]["critic/values_mean"] == 0.0 and rows[1]["critic/values_mean"] != 0.0
-    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints = ppo_run.run_dir / "checkpoints"
     one, two = (
         _critic_state(checkpoints / "step-000001"),
         _critic_state(checkpoints / "step-000002"),
@@ -72,13 +83,12 @@ def test_ppo_trains_a_critic_beside_the_policy_and_checkpoints_it(
 
 
 def test_a_resumed_ppo_run_continues_the_critic_exactly(
-    tiny_model_dir: Path, tmp_path: Path
+    ppo_run: Any, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    train(_config(tiny_model_dir, tmp_path / "straight", steps=2))
     train(_config(tiny_model_dir, tmp_path / "resumed", steps=1))
     result = train(_config(tiny_model_dir, tmp_path / "resumed", steps=2))
     assert result.resumed_from == 1
-    straight = tmp_path / "straight" / "run" / "checkpoints" / "step-000002"
+    straight = ppo_run.run_dir / "checkpoints" / "step-000002"
     resumed = tmp_path / "resumed" / "run" / "checkpoints" / "step-000002"
     for name, value in _critic_state(straight).items():
         assert torch.equal(_critic_state(resumed)[name], value), name
