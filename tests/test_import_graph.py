@@ -27,11 +27,7 @@ LAYERS = ("envhub", "envhub.trainer", "envhub.cli")
 """Lowest first: a module may import its own layer and those before it."""
 
 KNOWN_CYCLES: set[frozenset[str]] = set()
-KNOWN_FUNCTION_CYCLES: set[frozenset[str]] = {
-    # closed only by an import inside a function: a dispatch to be moved out of the module
-    # its implementation imports
-    frozenset({"envhub.harbor.task", "envhub.harbor.terminal_bench"}),
-}
+KNOWN_FUNCTION_CYCLES: set[frozenset[str]] = set()
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 Graph = dict[str, set[str]]

@@ -12,7 +12,8 @@ runs a task's tests and reads their reward (in a container of their own:
 """
 
 from envhub.harbor.dockerfile import UnsupportedEnvironment
-from envhub.harbor.task import HarborTask, find_task_folders, is_task_folder, load_task
+from envhub.harbor.loading import load_task
+from envhub.harbor.task import HarborTask, find_task_folders, is_task_folder
 
 __all__ = [
     "HarborTask",

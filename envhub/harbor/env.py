@@ -48,11 +48,11 @@ from envhub.harbor.images import (
     sandbox_named,
 )
 from envhub.harbor.layout import Layout, layout_for
+from envhub.harbor.loading import load_task
 from envhub.harbor.separate import collect_artifacts, place_artifacts
 from envhub.harbor.task import (
     HarborTask,
     find_task_folders,
-    load_task,
     rewrite_bytes,
     rewrite_paths,
     rewrite_values,

@@ -133,10 +133,10 @@ def find_task_folders(path: str | Path) -> list[Path]:
     return found
 
 
-def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
-    """Read and check the task folder at ``path``; ``in_container``: for the container back
-    end, which builds the task's image itself (its Dockerfile is read only for the image and
-    working folder, and nothing in it is refused: :mod:`envhub.harbor.images`).
+def load_harbor_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
+    """Read and check the Harbor task folder (``task.toml``) at ``path``; ``in_container``: for
+    the container back end, which builds the task's image itself (its Dockerfile is read only
+    for the image and working folder, and nothing in it is refused: :mod:`envhub.harbor.images`).
 
     Raises:
         EnvLoadError: A required file is missing or malformed (the message names it).
@@ -144,10 +144,6 @@ def load_task(path: str | Path, *, in_container: bool = False) -> HarborTask:
             ``in_container``), or several containers.
     """
     folder = Path(path)
-    if not (folder / "task.toml").is_file() and (folder / "task.yaml").is_file():
-        from envhub.harbor.terminal_bench import load_tb_task
-
-        return load_tb_task(folder, in_container=in_container)
     config = _read_config(folder / "task.toml")
     instruction = _read_instruction(folder / "instruction.md")
     tests = _read_tree(folder / "tests")
@@ -292,7 +288,7 @@ def environment_of(
     docker_image`` (``config``: ``task.toml``'s), checked unless ``in_container``.
 
     Raises:
-        UnsupportedEnvironment: It cannot run here (see :func:`load_task`).
+        UnsupportedEnvironment: It cannot run here (see :func:`load_harbor_task`).
     """
     image = _section(config or {}, "environment").get("docker_image")
     if in_container:

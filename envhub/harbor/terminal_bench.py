@@ -24,6 +24,7 @@ import yaml
 from envhub.errors import EnvLoadError
 from envhub.harbor.dockerfile import UnsupportedEnvironment
 from envhub.harbor.resources import Resources
+from envhub.harbor.task import HarborTask, environment_of, files_of, read_tree, verifier_needs
 
 SETUP_UV_PYTEST = b"""#!/bin/bash
 # envhub's stand-in for Terminal-Bench's setup-uv-pytest.sh: uv, a project, pytest.
@@ -66,10 +67,8 @@ def load_tb_task(folder: Path, *, in_container: bool = False) -> Any:
         EnvLoadError: ``task.yaml`` is malformed or has no instruction, or ``tests/`` has a
             ``test.sh`` of its own.
         UnsupportedEnvironment: A compose file of several services, or (see
-            :func:`~envhub.harbor.task.load_task`) an environment that cannot run here.
+            :func:`~envhub.harbor.task.load_harbor_task`) an environment that cannot run here.
     """
-    from envhub.harbor.task import HarborTask, environment_of, files_of, read_tree, verifier_needs
-
     meta = _read_yaml(folder / "task.yaml")
     _check_compose(folder)
     tests = read_tree(folder / "tests")
