@@ -31,7 +31,9 @@ from envhub.trainer.config import TrainConfig
 from envhub.trainer.config.backend import resolve_switch
 from envhub.trainer.engines.vllm_ray import COLOCATED_GPU_SHARE
 from envhub.trainer.estimate import device_memory, micro_batch_tokens
-from envhub.trainer.megatron.worker import SETUP_ENV, WORKER_STATE, MegatronWorker, WorkerSpec
+from envhub.trainer.megatron.rank_setup import SETUP_ENV
+from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
+from envhub.trainer.megatron.worker_io import WORKER_STATE
 from envhub.trainer.models import resolve_model
 
 if TYPE_CHECKING:

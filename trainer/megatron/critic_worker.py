@@ -24,7 +24,8 @@ import torch
 
 from envhub.trainer.algorithms import clipped_value_loss
 from envhub.trainer.batch import MicroBatch, Packing
-from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec, micro_batch_report
+from envhub.trainer.megatron.micro_batches import micro_batch_report
+from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 
 
 class ValueHead(torch.nn.Module):

@@ -13,16 +13,10 @@ and micro-batch count.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import math
-import os
-import sys
 import warnings
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -36,7 +30,6 @@ from envhub.trainer.megatron.attention import packed_seq_params, segment_lengths
 from envhub.trainer.megatron.bridge import (
     build_model,
     have_transformer_engine,
-    hf_weights,
     load_bridge,
 )
 from envhub.trainer.megatron.grad_norm import use_device_grad_norm
@@ -45,18 +38,22 @@ from envhub.trainer.megatron.loss import (
     vocab_parallel_entropy,
     vocab_parallel_entropy_report,
 )
-from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out, unshare_steps
-from envhub.trainer.weight_sync.plan import TransferPlan
+from envhub.trainer.megatron.micro_batches import (
+    empty_like,
+    micro_batch_report,
+    sum_reports,
+    uniform_supervision,
+    update_metrics,
+)
+from envhub.trainer.megatron.rank_setup import init_distributed, run_setup_file
+from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out
+from envhub.trainer.megatron.worker_io import WeightsAndCheckpoints
+from envhub.trainer.megatron.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:
     from envhub.trainer.weight_sync.ranks import RankTransfer
 
-SETUP_ENV = "ENVHUB_MEGATRON_WORKER_SETUP"
-"""A Python file every rank runs before building anything (the tests' CPU compatibility)."""
-
-WORKER_STATE = "envhub_worker.json"
-"""Written next to the distributed checkpoint: the update counter (and the mark of a
-complete Megatron checkpoint)."""
+__all__ = ["MegatronWorker", "WorkerSpec"]
 
 RECOMPUTE = {
     "recompute_granularity": "full",
@@ -66,53 +63,10 @@ RECOMPUTE = {
 """megatron-core's settings for ``model.gradient_checkpointing`` (what the torch backend's HF
 gradient checkpointing does: keep each layer's input, recompute the layer)."""
 
-CHECKPOINT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-"""How the distributed optimizer (GPU runs) lays out its checkpoint: one tensor per parameter, so
-any tensor/pipeline/data split can load it. megatron-core 0.19's default
-(``fully_sharded_model_space``) fails to save ("ShardedTensor.flattened_range is not
-supported"); the single-process optimizers (CPU runs) ignore it."""
-
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a rank needs to build its shard (plain values: it travels to Ray actors)."""
-
-    model_path: str
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
-    dtype: str = "float32"
-    seed: int = 0
-    temperature: float = 1.0
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    grad_clip: float | None = 1.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    total_updates: int = 1
-    sft_updates: int = 0
-    """Supervised updates before the schedule starts (a warm start's), at ``sft_lr_scale``."""
-    sft_lr_scale: float = 1.0
-    entropy_coef: float = 0.0
-    reference: bool = False
-    recompute: bool = False
-    """Recompute each transformer layer's activations in the backward pass (megatron-core's
-    full, uniform recomputation, one layer per unit): activation memory for one layer's inputs
-    per layer, at the cost of a second forward."""
-    distributed_optimizer: bool | None = None
-    """Shard the optimizer state and the fp32 master weights across the data-parallel ranks
-    (megatron-core's distributed optimizer); ``None``: on GPUs (it takes CUDA tensors only)."""
-    compile_logprobs: bool = False
-    """The logprobs and entropy metric through ``fused_logprobs`` (one tensor rank only: under
-    tensor parallelism the collective path runs)."""
-    compile_layers: bool = False
-    """Each transformer layer ``torch.compile``d (one compiled block for all) and packed rows
-    padded to a bucket's length."""
-
-
-class MegatronWorker:
+class MegatronWorker(WeightsAndCheckpoints):
     """A rank: sets up torch.distributed and Megatron's parallel state from the environment
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), then builds its
     model shard from the HF checkpoint."""
@@ -121,13 +75,13 @@ class MegatronWorker:
         # Without Transformer Engine/Apex megatron-core warns once per module; the fallbacks are
         # the point on machines without them (GPU runs with TE do not take them).
         warnings.filterwarnings("ignore", message=r".*(Apex|Transformer Engine).* not installed")
-        _run_setup_file()
+        run_setup_file()
         use_device_grad_norm()
         from megatron.core import parallel_state as mpu
         from megatron.core import tensor_parallel
 
         self.spec = spec
-        self.device = _init_distributed()
+        self.device = init_distributed()
         self.distributed_optimizer = (
             self.device.type == "cuda"
             if spec.distributed_optimizer is None
@@ -284,7 +238,7 @@ class MegatronWorker:
     ) -> dict[str, float] | None:
         """One optimizer update over ``batches``; its metrics on the output rank, else ``None``."""
         loss = partial(self._loss, spec, old_logprobs, ref_logprobs, num_tokens, num_sequences)
-        return self._train_on(_uniform_supervision(batches), loss)
+        return self._train_on(uniform_supervision(batches), loss)
 
     def _collect(
         self, model: torch.nn.Module, batches: list[MicroBatch], extract: Callable
@@ -319,7 +273,7 @@ class MegatronWorker:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         reports = self._schedule(self.model, self._my_batches(batches), loss, forward_only=False)
-        totals = _sum_reports(reports, self.device)  # NCCL reduces only CUDA tensors
+        totals = sum_reports(reports, self.device)  # NCCL reduces only CUDA tensors
         if mpu.is_pipeline_last_stage(ignore_virtual=True):
             torch.distributed.all_reduce(totals, group=mpu.get_data_parallel_group())
         for group in self.optimizer.param_groups:
@@ -328,110 +282,10 @@ class MegatronWorker:
         self.updates += 1
         if not self._is_output_rank():
             return None
-        metrics = _metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
+        metrics = update_metrics(totals, reports, grad_norm, self.optimizer.param_groups[0]["lr"])
         if self.fused or self.spec.compile_layers:
             metrics["compile_s"] = compiled_layers.compile_seconds()
         return metrics
-
-    def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
-        weights = {
-            name: tensor.detach().to("cpu", copy=True)
-            for name, tensor in hf_weights(self.bridge, [self.model.module])
-        }
-        return weights if torch.distributed.get_rank() == 0 else None
-
-    def begin_weights(self) -> None:
-        """Start streaming the HF weights (see :meth:`next_weights`)."""
-        self._weight_stream: Iterator[tuple[str, torch.Tensor]] | None = hf_weights(
-            self.bridge, [self.model.module]
-        )
-
-    def next_weights(self, max_bytes: int) -> list[tuple[str, torch.Tensor]] | None:
-        """The stream's next tensors, at least one and about ``max_bytes`` in all, on rank 0
-        (``None`` on the others); ``[]`` on every rank when the stream is done. Every rank must
-        call it: each tensor is gathered from its shards by collectives, so only one bucket is
-        ever held at once."""
-        if self._weight_stream is None:
-            raise RuntimeError("call begin_weights first")
-        chunk: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, tensor in self._weight_stream:  # the same tensors, in order, on every rank
-            chunk.append((name, tensor.detach().to("cpu", copy=True)))
-            size += tensor.numel() * tensor.element_size()
-            if size >= max_bytes:
-                break
-        if not chunk:
-            self._weight_stream = None
-            return []
-        return chunk if torch.distributed.get_rank() == 0 else None
-
-    def connect_weight_transfer(self, plan: TransferPlan) -> dict[str, Any] | None:
-        """Join the weight transfer that ``plan`` describes (``weight_sync.ranks``): rank 0
-        sends straight to the engines (NCCL rendezvous on its node, CUDA IPC from its GPU, or the
-        shared file on its host); every rank gathers the weights with it on each
-        :meth:`send_weights`. Rank 0 returns where it sends from; the others ``None``."""
-        from envhub.trainer.weight_sync.ranks import RankTransfer
-
-        self.close_weight_transfer()
-        rank = torch.distributed.get_rank()
-        address = os.environ.get("MASTER_ADDR", "127.0.0.1")  # rank 0's node, where it listens
-        self._transfer = RankTransfer.connect(
-            plan, lambda: hf_weights(self.bridge, [self.model.module]), rank=rank, address=address
-        )
-        return {"rank": rank, "node": address, "pid": os.getpid()} if rank == 0 else None
-
-    def send_weights(self) -> tuple[int, int] | None:
-        """One sync over the connected transfer (every rank takes part); on rank 0 the buckets
-        and bytes it sent (plain ints: they travel over Ray), else ``None``."""
-        if self._transfer is None:
-            raise RuntimeError("call connect_weight_transfer first")
-        sent = self._transfer.send()
-        return (sent.buckets, sent.bytes) if sent is not None else None
-
-    def close_weight_transfer(self) -> None:
-        """Leave the transfer (its shared file, communicator and HTTP clients); idempotent."""
-        if self._transfer is not None:
-            self._transfer.close()
-            self._transfer = None
-
-    def export(self, target: str) -> str | None:
-        """Save the model as an HF folder (safetensors, config, tokenizer) from rank 0."""
-        from envhub.trainer.checkpoint import export_hf_weights
-
-        weights = self.hf_state_dict()
-        if weights is None:
-            return None
-        return str(export_hf_weights(weights, self.spec.model_path, target))
-
-    def save_checkpoint(self, folder: str) -> None:
-        """Model and optimizer shards in Megatron's distributed format (every rank writes its
-        part; ``folder`` must be on storage all nodes share), plus the update counter."""
-        from megatron.core import dist_checkpointing
-
-        Path(folder).mkdir(parents=True, exist_ok=True)
-        dist_checkpointing.save(self._sharded_state(), folder)
-        if torch.distributed.get_rank() == 0:
-            (Path(folder) / WORKER_STATE).write_text(json.dumps({"updates": self.updates}))
-        torch.distributed.barrier()
-
-    def load_checkpoint(self, folder: str) -> None:
-        """Fill the model and optimizer from :meth:`save_checkpoint`'s folder, for any layout
-        that splits the same model (the format is resharded on load)."""
-        from megatron.core import dist_checkpointing
-
-        loaded = dist_checkpointing.load(self._sharded_state(loading=True), folder)
-        self.model.module.load_state_dict(loaded["model"])
-        self.optimizer.load_state_dict(loaded["optimizer"])
-        unshare_steps(self.optimizer)
-        self.updates = json.loads((Path(folder) / WORKER_STATE).read_text())["updates"]
-
-    def _sharded_state(self, loading: bool = False) -> dict[str, Any]:
-        state = {"model": self.model.module.sharded_state_dict()}
-        state["optimizer"] = self.optimizer.sharded_state_dict(
-            state["model"], is_loading=loading, metadata=CHECKPOINT_METADATA
-        )
-        return state
 
     def shutdown(self) -> None:
         """Leave the weight transfer, then tear down Megatron's parallel state and the
@@ -501,7 +355,7 @@ class MegatronWorker:
         rank, size = mpu.get_data_parallel_rank(), mpu.get_data_parallel_world_size()
         mine = [(k, batches[k]) for k in range(rank, len(batches), size)]
         count = -(-len(batches) // size)
-        filler = _empty_like(batches[0])
+        filler = empty_like(batches[0])
         return mine + [(-1, filler)] * (count - len(mine))
 
     def _schedule(
@@ -583,95 +437,3 @@ def _next_token_logits(
     them: the losses divide by the temperature in float32, scoring the distribution the engine
     sampled from as the torch backend does), and those tokens."""
     return output[:, :-1], to_device(row[:, 1:], output.device)
-
-
-def _uniform_supervision(batches: list[MicroBatch]) -> list[MicroBatch]:
-    """``batches``, each with a ``supervised`` tensor (zeros where it had none) when any has
-    one: every micro-batch on every data rank then reports the same metrics, which the
-    all-reduce of their sums needs (an all-zero weight changes no loss)."""
-    if all(mb.supervised is None for mb in batches):
-        return batches
-    return [
-        mb
-        if mb.supervised is not None
-        else replace(mb, supervised=torch.zeros_like(mb.loss_mask, dtype=torch.float32))
-        for mb in batches
-    ]
-
-
-def _empty_like(mb: MicroBatch) -> MicroBatch:
-    zeros = torch.zeros_like(mb.loss_mask)
-    return MicroBatch(
-        mb.input_ids,
-        mb.attention_mask,
-        zeros,
-        torch.zeros_like(mb.sampler_logprobs),
-        mb.advantages,
-        [],
-        supervised=None if mb.supervised is None else torch.zeros_like(mb.supervised),
-    )
-
-
-def micro_batch_report(
-    loss: torch.Tensor, weight: float, metrics: dict[str, Any]
-) -> dict[str, torch.Tensor | float]:
-    """A micro-batch's loss and its metrics times ``weight``, left on the device: reading them
-    here would make the host wait for the GPU after every forward pass instead of queueing the
-    backward pass."""
-    return {
-        "loss": loss.detach().double(),
-        "weight": weight,
-        **{name: torch.as_tensor(v).detach().double() * weight for name, v in metrics.items()},
-    }
-
-
-def _sum_reports(reports: list[dict[str, Any]], device: torch.device) -> torch.Tensor:
-    """This rank's reports summed, as one float64 tensor on ``device`` (keys in sorted order),
-    for one all-reduce."""
-    keys = sorted(reports[0]) if reports else []
-    sums = [sum(r[key] for r in reports) for key in keys]
-    if not sums:
-        return torch.zeros(0, dtype=torch.float64, device=device)
-    return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device) for v in sums])
-
-
-def _metrics(
-    totals: torch.Tensor, reports: list[dict[str, Any]], grad_norm: float | None, lr: float
-) -> dict[str, float]:
-    summed = dict(zip(sorted(reports[0]), totals.tolist(), strict=True))
-    weight = max(summed.pop("weight"), 1.0)
-    metrics = {
-        name: (value if name == "loss" else value / weight) for name, value in summed.items()
-    }
-    metrics["grad_norm"] = float(grad_norm or 0.0)
-    metrics["lr"] = lr
-    return metrics
-
-
-def _run_setup_file() -> None:
-    path = os.environ.get(SETUP_ENV)
-    if not path:
-        return
-    spec = importlib.util.spec_from_file_location("envhub_megatron_worker_setup", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(f"{SETUP_ENV}={path} is not a Python file")
-    module = importlib.util.module_from_spec(spec)
-    # Registered, as an import would: torch.compile re-imports the globals of what it traces.
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-
-
-def _init_distributed() -> torch.device:
-    """torch.distributed from the environment: NCCL on this rank's GPU, else gloo."""
-    if torch.cuda.is_available():
-        # Under Ray a rank sees only its own GPU (as cuda:0); under torchrun it sees the node's.
-        device = torch.device(
-            "cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        )
-        torch.cuda.set_device(device)
-        backend = "nccl"
-    else:
-        device, backend = torch.device("cpu"), "gloo"
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend, init_method="env://")
-    return device

@@ -9,7 +9,7 @@ import pytest
 from envhub.errors import ConfigError
 from envhub.trainer.config import validate_config
 from envhub.trainer.megatron.backend import check_layout, plan, worker_spec
-from envhub.trainer.megatron.worker import SETUP_ENV
+from envhub.trainer.megatron.rank_setup import SETUP_ENV
 
 
 def _config(**parts: object) -> object:

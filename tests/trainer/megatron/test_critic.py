@@ -123,7 +123,7 @@ def test_the_driver_runs_the_critic_on_ray_ranks_as_the_torch_critic(
 
     from envhub.trainer.checkpoint import CheckpointManager
     from envhub.trainer.megatron.critic import MegatronCritic
-    from envhub.trainer.megatron.worker import SETUP_ENV
+    from envhub.trainer.megatron.rank_setup import SETUP_ENV
 
     monkeypatch.setenv(SETUP_ENV, str(HERE / "cpu_compat.py"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
