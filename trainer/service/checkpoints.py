@@ -135,7 +135,7 @@ class Store:
                     "checkpoint_type": checkpoint_type,
                     "time": _iso(meta["time"]),
                     "tinker_path": f"tinker://{run_id}/{kind}/{folder.name}",
-                    "size_bytes": sum(f.stat().st_size for f in folder.iterdir()),
+                    "size_bytes": sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()),
                     "user_metadata": meta.get("user_metadata"),
                 })  # fmt: skip
         return sorted(found, key=lambda c: c["time"])

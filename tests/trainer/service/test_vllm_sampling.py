@@ -173,6 +173,20 @@ def test_an_adapter_above_the_engines_rank_is_refused(service: Running, versions
         asyncio.run(engine.adapter(tmp_path))
 
 
+def test_a_saved_version_holds_its_adapter_and_lists_its_size(service: Running,
+                                                               versions: dict) -> None:  # fmt: skip
+    """The adapter is saved beside the merged weights, and the listing counts its files."""
+    model_id = versions["training"].model_id
+    folder = service.settings.state_dir / model_id / "sampler_weights" / "v1"
+    assert sorted(p.name for p in (folder / "adapter").iterdir()) == [
+        "adapter_config.json", "adapter_model.safetensors",
+    ]  # fmt: skip
+    rest = tinker.RestClient(base_url=service.url, api_key=service.settings.api_key)
+    listed = {c.checkpoint_id: c for c in rest.list_checkpoints(model_id).result().checkpoints}
+    files = [f for f in folder.rglob("*") if f.is_file()]
+    assert listed["sampler_weights/v1"].size_bytes == sum(f.stat().st_size for f in files)
+
+
 def test_the_engine_stops_with_the_service(service: Running, versions: dict) -> None:
     """Stopping the service ends the engine's whole process group (server, engine core,
     workers): none of its processes is left running."""
