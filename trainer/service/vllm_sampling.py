@@ -115,10 +115,10 @@ class VLLMSamplers:
                 "serves base models and LoRA versions only; start serve-trainer with "
                 "--sampler hf to sample it"
             )
-        base_model = Store(self.settings.state_dir).run(Path(folder).parent.parent.name)
-        if base_model["base_model"] not in served:
-            raise ConfigError(f"base model {base_model['base_model']!r} is not served here")
-        return Version(resolve_model(served[base_model["base_model"]]), adapter)
+        name = Store(self.settings.state_dir).run(Path(folder).parent.parent.name)["base_model"]
+        if name not in served:
+            raise ConfigError(f"base model {name!r} is not served here")
+        return Version(resolve_model(served[name]), adapter)
 
     async def get(self, folder: str) -> VLLMSampler:
         """The sampler of ``folder``: its base model's engine (started on first use, in a
@@ -128,8 +128,13 @@ class VLLMSamplers:
             engine = self.engines.get(version.base)
             if engine is None:
                 engine = Engine(version.base, self.settings)
-                self.engines[version.base] = engine
-                await engine.start()
+                self.engines[version.base] = engine  # before it starts: aclose stops it
+                try:
+                    await engine.start()
+                except BaseException:
+                    self.engines.pop(version.base, None)
+                    await engine.aclose()
+                    raise
         name = None if version.adapter is None else await engine.adapter(version.adapter)
         return VLLMSampler(engine, name)
 
