@@ -23,7 +23,11 @@ ANSWERS = ["eeee", "see me", "tree", "bee here"]
 
 @pytest.fixture
 def demos(tmp_path: Path) -> Path:
-    path = tmp_path / "demos.jsonl"
+    return _write_demos(tmp_path)
+
+
+def _write_demos(folder: Path) -> Path:
+    path = folder / "demos.jsonl"
     rows = [
         {"messages": [{"role": "user", "content": f"Write a word ({i})."},
                       {"role": "assistant", "content": answer}]}
@@ -113,16 +117,34 @@ class StopAfter(SilentReporter):
             raise KeyboardInterrupt(f"stopped after step {step}")
 
 
+def _warm_start_then_rl(model_dir: Path, out: Path, demos: Path) -> Any:
+    cfg = _config(model_dir, out, demos)
+    cfg["sft"] |= {"aux_weight": 0.5, "aux_batch_size": 1}
+    return validate_config(cfg)
+
+
+@pytest.fixture(scope="module")
+def straight(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The uninterrupted warm start then RL that each stopped run must equal, run once (the
+    tests read it and write nothing to its folder)."""
+    import envhub
+    from envhub import registry
+
+    folder = tmp_path_factory.mktemp("straight")
+    envhub.register(LetterEnv.name, LetterEnv, override=True)  # as ``letter_env`` does
+    try:
+        return train(_warm_start_then_rl(tiny_model_dir, folder / "a", _write_demos(folder)))
+    finally:
+        registry._registered.pop(LetterEnv.name, None)
+
+
 @pytest.mark.parametrize("stop", [1, 3], ids=["in-the-warm-start", "in-rl"])
 def test_warm_start_then_rl_resumes_exactly_in_either_stage(
-    tiny_model_dir: Path, tmp_path: Path, demos: Path, stop: int
+    straight: Any, tiny_model_dir: Path, tmp_path: Path, demos: Path, stop: int
 ) -> None:
     def config(out: Path) -> Any:
-        cfg = _config(tiny_model_dir, out, demos)
-        cfg["sft"] |= {"aux_weight": 0.5, "aux_batch_size": 1}
-        return validate_config(cfg)
+        return _warm_start_then_rl(tiny_model_dir, out, demos)
 
-    straight = train(config(tmp_path / "a"))
     rows = straight.history
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all("sft/epoch" in r and "reward/mean" not in r for r in rows[:2])
