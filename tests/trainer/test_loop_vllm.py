@@ -48,6 +48,20 @@ def pid_env() -> Iterator[None]:
     registry._registered.pop(PidLetterEnv.name, None)
 
 
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for the module's reruns in two rollout workers, started as such a
+    run starts its own (``init_ray``, two CPUs or the machine's): a run that finds Ray up uses
+    it and leaves it up, and ends its workers itself."""
+    from envhub.trainer.cluster.ray_runtime import init_ray
+
+    ray = pytest.importorskip("ray")
+    started = init_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+
+
 def _config(model_dir: Path, out: Path, workers: int = 0, url: str | None = None) -> Any:
     from envhub.trainer.config import validate_config
 
@@ -104,6 +118,7 @@ class KillServerInStep:
 # About 70 s idle; 161-675 s with the machine loaded (scripts/loaded_tests.sh, 2 cores): the
 # bound catches a hang with room for a busier machine than that.
 @pytest.mark.timeout(2400)
+@pytest.mark.usefixtures("ray_cluster")
 def test_a_server_killed_mid_step_stops_the_run_and_a_rerun_resumes(
     tiny_model_dir: Path, training_vllm_server: str, tmp_path: Path
 ) -> None:
@@ -168,6 +183,7 @@ class KillServerAfter:
         pass
 
 
+@pytest.mark.usefixtures("ray_cluster")
 def test_asynchronous_training_samples_during_updates_within_the_bound_and_resumes(
     tiny_model_dir: Path, training_vllm_server: str, tmp_path: Path
 ) -> None:
