@@ -128,18 +128,6 @@ def test_a_stop_token_ends_the_row_after_it(versions: dict) -> None:
     assert cut.stop_reason == "stop"
 
 
-def test_full_weights_are_refused(service: Running, tmp_path: Path) -> None:
-    """Saved weights without an adapter (a model trained without LoRA) are not served: the
-    SDK creates LoRA clients only, so the folder is made here."""
-    from envhub.errors import ConfigError
-
-    folder = tmp_path / "full-weights"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    with pytest.raises(ConfigError, match="--sampler hf"):
-        service.app.app.state.service.samplers.version(str(folder))
-
-
 def test_the_base_model_samples_on_the_same_engine(service: Running, versions: dict) -> None:
     """A sampling client of the base model is the engine without an adapter: its prompt
     logprobs are neither version's."""
