@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 import envhub  # noqa: E402
 from envhub.audit import audit_env, audit_floor, players, probes, run  # noqa: E402
 from envhub.audit.run import TOLERANCE, _play  # noqa: E402
-from envhub.checker import _starts  # noqa: E402
+from envhub.checks.checker import _starts  # noqa: E402
 
 OLD = ("empty", "echo", "junk-format", "junk-tools", "longest", "numbers", "everything")
 

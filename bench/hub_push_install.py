@@ -56,8 +56,8 @@ def main() -> None:
         HF_HUB_DISABLE_PROGRESS_BARS="1",  # keep the table readable
     )
     os.chdir(tmp)
+    from envhub.checks.package import check_package
     from envhub.hub import install, pull, push
-    from envhub.package_check import check_package
     from envhub.scaffold import create_package
 
     package = create_package("bench-env", directory=tmp / "src")

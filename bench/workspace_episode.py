@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from envhub.checks.pytest_bundle import SYSTEM_PATH
 from envhub.envs.repo_repair import RepoRepairEnv
-from envhub.pytest_bundle import SYSTEM_PATH
 from envhub.workspace_env import default_command_env
 
 

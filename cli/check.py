@@ -140,7 +140,7 @@ def _check_installed(name: str, seeds: int) -> bool:
     """The env contract and the reward audit on an installed env or an env reference; True
     when both pass."""
     from envhub.audit import audit_env
-    from envhub.checker import CheckResult, check_env
+    from envhub.checks.checker import CheckResult, check_env
     from envhub.cli.console import console
     from envhub.loader import get_spec
     from envhub.references import display_name, parse_reference
@@ -209,8 +209,8 @@ def _preflight(target: str, model: str, tokenizer) -> bool:
     boundary breaks the token prefix."""
     import asyncio
 
+    from envhub.checks.doctor import check_prefix_property, env_conversations
     from envhub.cli.doctor import report_prefix_findings
-    from envhub.doctor import check_prefix_property, env_conversations
     from envhub.loader import get_spec
     from envhub.package import package_env_specs
     from envhub.rollout.tool_prompt import template_renders_tools
@@ -267,9 +267,9 @@ def _check_tasks(target: str, sandbox: str = "local", image_map: dict | None = N
 
 
 def _check_package(path: Path, seeds: int, tests: bool, publish: bool) -> bool:
-    from envhub.check_table import results_table
+    from envhub.checks.package import check_package
+    from envhub.checks.table import results_table
     from envhub.cli.console import console
-    from envhub.package_check import check_package
 
     report = check_package(path, seeds=seeds, run_tests=tests, publish=publish)
     console.print(

@@ -33,7 +33,7 @@ def doctor_command(
     """
     import asyncio
 
-    from envhub.doctor import CONVERSATIONS, check_prefix_property
+    from envhub.checks.doctor import CONVERSATIONS, check_prefix_property
     from envhub.errors import EngineError, EngineUnavailableError
     from envhub.inference.openai_http import OpenAIEngine
     from envhub.rollout.tool_prompt import template_renders_tools

@@ -50,7 +50,12 @@ def rescore_command(
     """
     from envhub.cli.console import console
     from envhub.cli.eval import parse_env_args
-    from envhub.rescore import find_results, report_lines, rescore_results, stored_env_args
+    from envhub.evaluation.rescore import (
+        find_results,
+        report_lines,
+        rescore_results,
+        stored_env_args,
+    )
 
     source = find_results(results)  # a path with no trajectories fails before any env is made
     kwargs = stored_env_args(source, env) | parse_env_args(env_args)

@@ -75,7 +75,7 @@ def print_hub_packages(
 def speed(package: HubPackage) -> str:
     """``850 ep/s, step p50 40 µs`` of the package's slowest env (``slowest of 2`` added when it
     has more than one); empty without numbers."""
-    from envhub.perf import format_ms, format_rate
+    from envhub.evaluation.perf import format_ms, format_rate
 
     slowest = package.slowest()
     if slowest is None:

@@ -39,7 +39,7 @@ _EXPORTS = {
     "make": "envhub.loader",
     "register": "envhub.registry",
     "list_envs": "envhub.registry",
-    "check_env": "envhub.checker",
+    "check_env": "envhub.checks.checker",
     "audit_env": "envhub.audit",
     "RolloutRunner": "envhub.rollout.runner",
     "evaluate": "envhub.evaluation",
@@ -85,7 +85,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from envhub.audit import audit_env
-    from envhub.checker import check_env
+    from envhub.checks.checker import check_env
     from envhub.env import Env, SingleTurnEnv, TaskEnv
     from envhub.harness.env import HarnessEnv
     from envhub.inference.base import InferenceEngine, SamplingParams

@@ -91,10 +91,10 @@ class Verdict:
 
 def default_sandbox() -> Sandbox:
     """The process-wide local sandbox for workspace envs (pytest mounted when the system's
-    ``python3`` lacks it; see :mod:`envhub.pytest_bundle`)."""
+    ``python3`` lacks it; see :mod:`envhub.checks.pytest_bundle`)."""
     global _default_sandbox
     if _default_sandbox is None:
-        from envhub.pytest_bundle import pytest_bundle
+        from envhub.checks.pytest_bundle import pytest_bundle
         from envhub.sandbox.local import LocalSandbox
 
         bundle = pytest_bundle()
@@ -107,7 +107,7 @@ def default_sandbox() -> Sandbox:
 def default_command_env() -> dict[str, str]:
     """Variables every command of a workspace session gets (``PYTHONPATH`` to the pytest
     bundle, when there is one)."""
-    from envhub.pytest_bundle import pytest_bundle
+    from envhub.checks.pytest_bundle import pytest_bundle
 
     bundle = pytest_bundle()
     return {"PYTHONPATH": str(bundle)} if bundle else {}

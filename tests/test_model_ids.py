@@ -22,7 +22,7 @@ SCANNED = (
     "templates/**/*.tmpl",
     "cli/*.py",
     "envhub/inference/*.py",
-    "envhub/doctor.py",
+    "envhub/checks/doctor.py",
     "trainer/models.py",
     "trainer/config/*.py",
     "trainer/engines/hf_tokenizer.py",

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.errors import ConfigError, EnvhubError
 from envhub.roles import Match, MultiRoleEnv, load_fixed_policy, role_totals_problem
 from envhub.types import AssistantTurn, system, user

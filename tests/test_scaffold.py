@@ -18,7 +18,7 @@ import yaml
 import envhub
 from envhub import scaffold
 from envhub.audit import audit_env
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.errors import ConfigError
 from envhub.package import package_env_specs, read_pyproject
 from envhub.registry import EnvSpec

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import envhub
-from envhub.checker import spread_tasks
+from envhub.checks.checker import spread_tasks
 from envhub.errors import ConfigError
 from envhub.evaluation import EvalSummary, Evaluation, evaluate
 from envhub.inference.base import SamplingParams

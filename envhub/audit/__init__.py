@@ -1,7 +1,7 @@
 """The reward-hacking audit: policies that solve nothing must not be paid for it.
 
 :func:`audit_env` plays a catalog of adversarial policies (:mod:`envhub.audit.probes`) on the
-episodes :func:`~envhub.checker.check_env` plays (seeds pinned to tasks spread over the
+episodes :func:`~envhub.checks.checker.check_env` plays (seeds pinned to tasks spread over the
 dataset). Each policy tries one class of hack (:data:`~envhub.audit.report.HACKS`):
 
 - **degenerate** (:mod:`~envhub.audit.basic`): an empty reply, the prompt echoed, the

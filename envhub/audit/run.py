@@ -11,7 +11,7 @@ from envhub.audit.mutation import MUTANT_PREFIX, Mutant, ProbeSkipped, applies, 
 from envhub.audit.players import Players
 from envhub.audit.probes import Contrast, Probe, contrasts, probes
 from envhub.audit.report import AuditFinding, AuditReport
-from envhub.checker import _run, _starts
+from envhub.checks.checker import _run, _starts
 from envhub.env import Env
 from envhub.errors import EnvCheckError
 from envhub.testing import Policy
@@ -45,7 +45,7 @@ def audit_env(
     Args:
         env: The env to audit; it is left open (close it yourself).
         seeds: Seeds of the episodes each policy plays; a ``TaskEnv``'s are pinned to tasks
-            spread over its dataset, as in :func:`~envhub.checker.check_env`.
+            spread over its dataset, as in :func:`~envhub.checks.checker.check_env`.
         max_steps: An episode that has not ended after this many steps is a finding.
         raise_on_failure: Raise :class:`EnvCheckError` with the summary if the audit fails.
     """

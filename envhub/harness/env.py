@@ -190,7 +190,7 @@ class HarnessEnv(TaskEnv):
                 "session; use program_host='thread', or a command"
             )
         # Not `self.sandbox`: by the code envs' convention that names a sandbox whose None means
-        # the default one (envhub.perf), where here None means no session at all.
+        # the default one (envhub.evaluation.perf), where here None means no session at all.
         self.session_sandbox = sandbox
         self.workspace = workspace
         self.timeout = timeout if timeout is not None else self.default_timeout

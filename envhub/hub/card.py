@@ -4,8 +4,8 @@ The YAML front matter gains the ``envhub`` tag and ``library_name: envhub`` (the
 both, ``envhub search`` filters on the tag); the body gains a section, between markers so that
 the next push replaces it, with the install command and the ``envhub check`` report.
 
-When ``envhub check`` measured the envs (:mod:`envhub.perf`), the section gains a performance
-table with the machine it ran on, and the front matter the same numbers under
+When ``envhub check`` measured the envs (:mod:`envhub.evaluation.perf`), the section gains a
+performance table with the machine it ran on, and the front matter the same numbers under
 ``envhub: {performance: {machine: ..., envs: {NAME: ...}}}``: the Hub returns the front matter
 in its listings (``cardData``), so ``envhub search`` shows them without downloading packages.
 """
@@ -49,10 +49,10 @@ def render_card(
 ) -> str:
     """The README.md uploaded for a package.
 
-    ``performance`` (env name -> :class:`envhub.perf.Performance`) and ``machine`` come from
-    the check report; without them the card has no performance numbers. ``leaderboard`` is the
-    leaderboard section (:func:`envhub.hub.leaderboard.card_section`); without it the card has
-    none, and ``envhub eval --push`` leaves the card as it is.
+    ``performance`` (env name -> :class:`envhub.evaluation.perf.Performance`) and ``machine``
+    come from the check report; without them the card has no performance numbers.
+    ``leaderboard`` is the leaderboard section (:func:`envhub.hub.leaderboard.card_section`);
+    without it the card has none, and ``envhub eval --push`` leaves the card as it is.
     """
     meta, body = split_front_matter(_without(readme, CARD_LEADERBOARD, LEADERBOARD_END))
     tags = [str(t) for t in meta.get("tags") or []]
@@ -119,7 +119,7 @@ PERFORMANCE_COLUMNS = (
 def _performance_table(version: str, performance: dict[str, Any], machine: dict[str, Any]) -> str:
     if not performance:
         return ""
-    from envhub.perf import machine_line
+    from envhub.evaluation.perf import machine_line
 
     rows = "".join(
         f"| {' | '.join(performance_cells(name, p))} |\n"
@@ -136,7 +136,7 @@ def _performance_table(version: str, performance: dict[str, Any], machine: dict[
 
 def performance_cells(name: str, p: dict[str, Any]) -> list[str]:
     """One env's performance numbers as the cells under :data:`PERFORMANCE_COLUMNS`."""
-    from envhub.perf import format_ms, format_rate
+    from envhub.evaluation.perf import format_ms, format_rate
 
     return [
         name,

@@ -137,8 +137,8 @@ def _verdict(check: dict[str, Any]) -> dict[str, Any]:
 
 def _performance(check: dict[str, Any]) -> dict[str, Any] | None:
     """The performance card (columns, a row per env, the machine) or ``None``."""
+    from envhub.evaluation.perf import machine_line
     from envhub.hub.card import PERFORMANCE_COLUMNS, performance_cells
-    from envhub.perf import machine_line
 
     performance = check.get("performance") or {}
     envs = performance.get("envs") or {}

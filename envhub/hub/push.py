@@ -77,7 +77,7 @@ def push(
 def _gate(root: Path, check: bool, run_tests: bool) -> Any:
     if not check:
         return None
-    from envhub.package_check import check_package
+    from envhub.checks.package import check_package
 
     report = check_package(root, run_tests=run_tests)
     if not report.passed:

@@ -23,7 +23,7 @@ class HubPackage:
     private: bool = False
     performance: dict[str, Any] = field(default_factory=dict)
     """``{"machine": ..., "envs": {NAME: Performance}}`` from the card (see
-    :mod:`envhub.perf`); empty for a package pushed without them."""
+    :mod:`envhub.evaluation.perf`); empty for a package pushed without them."""
 
     def slowest(self) -> tuple[str, dict[str, Any]] | None:
         """The env with the fewest episodes/s and its numbers (``None`` without numbers): the

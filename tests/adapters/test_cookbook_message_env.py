@@ -17,7 +17,7 @@ from tinker_cookbook.tool_use.agent_tool_message_env import AgentToolMessageEnv 
 from tinker_cookbook.tool_use.tools import simple_tool_result  # noqa: E402
 
 from envhub.adapters.cookbook import MessageEnvAsEnv  # noqa: E402
-from envhub.checker import check_env  # noqa: E402
+from envhub.checks.checker import check_env  # noqa: E402
 from envhub.errors import EnvhubError  # noqa: E402
 from envhub.tools.prompt import tool_call_block  # noqa: E402
 

@@ -33,7 +33,7 @@ from verifiers.types import Response, ResponseMessage, ToolCall  # noqa: E402
 import envhub  # noqa: E402
 from envhub.adapters import list_adapted  # noqa: E402
 from envhub.adapters import verifiers as adapter  # noqa: E402
-from envhub.checker import check_env  # noqa: E402
+from envhub.checks.checker import check_env  # noqa: E402
 from envhub.cli.app import app  # noqa: E402
 from envhub.rollout.runner import RolloutRunner  # noqa: E402
 from envhub.testing import ByteChatTokenizer, ScriptedEngine  # noqa: E402

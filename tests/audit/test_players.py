@@ -16,7 +16,7 @@ import envhub
 from envhub.audit import probes
 from envhub.audit.players import Players
 from envhub.audit.run import _play
-from envhub.checker import _starts
+from envhub.checks.checker import _starts
 from envhub.sandbox import LocalSandbox, bwrap_problem
 from envhub.sandbox.session import Session
 from envhub.state import State

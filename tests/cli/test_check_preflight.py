@@ -14,9 +14,9 @@ from typer.testing import CliRunner
 
 import envhub
 from envhub import registry
+from envhub.checks.doctor import env_conversations
 from envhub.cli.app import app
 from envhub.cli.console import console
-from envhub.doctor import env_conversations
 from envhub.multiturn import MultiTurnEnv
 from envhub.rewards.rubric import Rubric, reward
 from envhub.state import State

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.arithmetic import ArithmeticEnv, problem_set, reference_policy
 from envhub.errors import EnvhubError
 from envhub.types import user

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 import envhub
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.rollout.runner import RolloutRunner
 from envhub.testing import ByteChatTokenizer, ScriptedEngine
 

@@ -9,7 +9,7 @@ import re
 import pytest
 
 import envhub
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.env import as_turn
 from envhub.envs.calculator import LEVELS, CalculatorEnv, calculate, reference_policy
 from envhub.envs.calculator_agent import CalculatorAgentEnv

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.calculator import reference_policy
 from envhub.envs.calculator_agent import CalculatorAgentEnv
 from envhub.rollout.runner import RolloutRunner

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import envhub
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.code import CodeEnv, CodeFixEnv, load_tasks, python
 from envhub.rewards.code import run_tests
 from envhub.rollout.runner import RolloutRunner

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from envhub.audit import audit_env
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.guessing import (
     WORDLE_LEVELS,
     GuessNumberEnv,

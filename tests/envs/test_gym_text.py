@@ -8,7 +8,7 @@ import gymnasium as gym
 import pytest
 from gymnasium.wrappers import TimeLimit, TransformReward
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.gym_text import (
     LAKE_LEVELS,
     FrozenLakeTextEnv,

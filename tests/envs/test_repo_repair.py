@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
+from envhub.checks.pytest_bundle import pytest_bundle
 from envhub.envs.repo_bugs import DIFFICULTIES, TEMPLATES, make_project
 from envhub.envs.repo_repair import _KEY_HUNT, CHEATS, LEVELS, SEEDS, RepoRepairEnv, read_verdict
 from envhub.errors import ConfigError
-from envhub.pytest_bundle import pytest_bundle
 from envhub.rollout.runner import RolloutRunner
 from envhub.sandbox import LocalSandbox, bwrap_problem
 from envhub.testing import ByteChatTokenizer, ScriptedEngine, null_policy

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.setter_solver import (
     SetterSolverEnv,
     nudged_reward,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.tictactoe import (
     TicTacToeEnv,
     best_moves,

@@ -242,7 +242,7 @@ def test_a_pip_install_the_sandbox_python_satisfies_passes(
 
 
 def bundle_binds() -> tuple[str, ...]:
-    from envhub.pytest_bundle import pytest_bundle
+    from envhub.checks.pytest_bundle import pytest_bundle
 
     bundle = pytest_bundle()
     return (str(bundle),) if bundle else ()

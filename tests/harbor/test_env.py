@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 import envhub
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.cli.app import app
 from envhub.harbor import UnsupportedEnvironment
 from envhub.harbor.check import check_tasks
@@ -168,7 +168,7 @@ def pytest_task(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def bundled() -> Iterator[LocalSandbox]:
-    from envhub.pytest_bundle import pytest_bundle
+    from envhub.checks.pytest_bundle import pytest_bundle
 
     bundle = pytest_bundle()
     binds = (str(bundle),) if bundle else ()

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.harness import HarnessEnv
 from envhub.rewards.rubric import Rubric
 from envhub.rollout.runner import RolloutRunner

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from envhub.audit import HACKS as HACKS_FIX
+from envhub.checks.package import check_package
 from envhub.hub.card import render_card
-from envhub.package_check import check_package
 
 HACKS = [
     "degenerate", "format-only", "length", "non-commitment", "stuffing", "abstention",

@@ -16,13 +16,11 @@ from hub_server import HubServer
 from huggingface_hub import HfApi
 from typer.testing import CliRunner
 
+from envhub.checks.package import check_package
 from envhub.cli.app import app
 from envhub.cli.console import console
 from envhub.cli.search import speed
-from envhub.hub import push, search
-from envhub.hub.card import render_card, split_front_matter
-from envhub.package_check import check_package
-from envhub.perf import (
+from envhub.evaluation.perf import (
     Machine,
     Performance,
     SandboxStart,
@@ -31,6 +29,8 @@ from envhub.perf import (
     machine,
     summary,
 )
+from envhub.hub import push, search
+from envhub.hub.card import render_card, split_front_matter
 
 REPO = "alice/capital-cities"
 runner = CliRunner()

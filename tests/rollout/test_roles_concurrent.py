@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.envs.setter_solver import SetterSolverEnv
 from envhub.errors import EngineError
 from envhub.inference.base import GenerateRequest, Generation

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import envhub
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from tests.file_envs import write_env_file
 
 

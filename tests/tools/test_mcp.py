@@ -21,7 +21,7 @@ from typing import Any
 import mcp_types
 import pytest
 
-from envhub.checker import check_env
+from envhub.checks.checker import check_env
 from envhub.defaults import free_port
 from envhub.errors import ToolServerUnavailableError
 from envhub.multiturn import ToolEnv

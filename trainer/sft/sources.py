@@ -99,7 +99,7 @@ async def _play_reference(source: DemoSource, seed: int, result: SourceResult) -
     """Play the env's reference policy on ``num_tasks`` tasks; keep the episodes that reach
     the source's reward bar."""
     import envhub
-    from envhub.checker import spread_tasks
+    from envhub.checks.checker import spread_tasks
     from envhub.evaluation import evaluate
     from envhub.testing import ScriptedEngine
 

@@ -1,7 +1,7 @@
 import asyncio
 import re
 
-from envhub.doctor import CONVERSATIONS, check_prefix_property
+from envhub.checks.doctor import CONVERSATIONS, check_prefix_property
 from envhub.testing import ByteChatTokenizer
 from envhub.types import Message
 

@@ -1,4 +1,4 @@
-"""``envhub.perf``: the performance numbers of an env, measured on the built-in envs.
+"""``envhub.evaluation.perf``: the performance numbers of an env, measured on the built-in envs.
 
 Timings are only checked for sanity and order (a timed test that asserts speed is flaky); the
 counts, the policy, its rewards, the structure and the formatting are checked exactly.
@@ -12,7 +12,7 @@ import pytest
 
 import envhub
 from envhub.errors import EnvhubError
-from envhub.perf import (
+from envhub.evaluation.perf import (
     Machine,
     Performance,
     SandboxStart,

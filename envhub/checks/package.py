@@ -22,12 +22,12 @@ Each gate really runs; a failure in one does not hide the others.
   tried; every finding, with the conversation that scored and the fix, is kept in
   :attr:`PackageReport.audits`.
 - **performance** (a measurement, not a gate): every env played by its scripted policy in a fresh
-  interpreter (:func:`envhub.perf.measure_target`): step latency, reset time, episodes/s, sandbox
-  cold start, peak RSS and CPU time per episode, kept in :attr:`PackageReport.performance` with
-  the :attr:`PackageReport.machine`. Slowness never fails it (a measurement that takes over
-  ``envhub.perf.TIMEOUT_S`` is left out); it fails when the env crashes under its own scripted
-  policy (on more tasks than the contract plays), or its sandbox cannot run. An env that fails
-  another gate is not measured.
+  interpreter (:func:`envhub.evaluation.perf.measure_target`): step latency, reset time,
+  episodes/s, sandbox cold start, peak RSS and CPU time per episode, kept in
+  :attr:`PackageReport.performance` with the :attr:`PackageReport.machine`. Slowness never fails
+  it (a measurement that takes over ``envhub.evaluation.perf.TIMEOUT_S`` is left out); it fails
+  when the env crashes under its own scripted policy (on more tasks than the contract plays), or
+  its sandbox cannot run. An env that fails another gate is not measured.
 - **package tests**: the package's own ``tests/`` run with pytest in a subprocess, with the
   current interpreter, from the package folder.
 
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envhub.checker import CheckResult, check_env
+from envhub.checks.checker import CheckResult, check_env
 from envhub.errors import EnvhubError
 from envhub.package import env_kind, package_env_specs, read_pyproject, tool_names
 
@@ -68,9 +68,10 @@ class PackageReport:
     envs: dict[str, str] = field(default_factory=dict)
     """Env name -> entry point target."""
     performance: dict[str, Any] = field(default_factory=dict)
-    """Env name -> its :class:`envhub.perf.Performance` (envs whose measurement ran)."""
+    """Env name -> its :class:`envhub.evaluation.perf.Performance` (envs whose measurement ran)."""
     machine: dict[str, Any] = field(default_factory=dict)
-    """The :class:`envhub.perf.Machine` the performance was measured on (empty: none was)."""
+    """The :class:`envhub.evaluation.perf.Machine` the performance was measured on (empty: none
+    was)."""
     audits: dict[str, Any] = field(default_factory=dict)
     """Env name -> its reward audit (:meth:`envhub.audit.AuditReport.to_dict`): the floor, the
     policies tried and every finding with its conversation."""
@@ -282,7 +283,7 @@ def _audit(envs: dict[str, Any], name: str, seeds: int, report: PackageReport) -
 
 def _performance(root: Path, name: str, report: PackageReport) -> str:
     """Measure the env in a fresh interpreter (its peak RSS is then its own)."""
-    from envhub import perf
+    from envhub.evaluation import perf
 
     failed = [r for r in report.results if r.name.startswith(f"{name}: ") and not r.passed]
     if failed:  # a broken env's speed means nothing, and its failure is already reported

@@ -16,7 +16,7 @@ _STYLES = {"ok": "green", "fail": "red", "skipped": "yellow"}
 
 
 class Row(Protocol):
-    """What a row shows of a check's result (:class:`envhub.checker.CheckResult` is one)."""
+    """What a row shows of a check's result (:class:`envhub.checks.checker.CheckResult` is one)."""
 
     @property
     def name(self) -> str:

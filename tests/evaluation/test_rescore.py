@@ -14,9 +14,9 @@ from envhub.env import SingleTurnEnv
 from envhub.envs.calculator import CalculatorEnv
 from envhub.envs.calculator import reference_policy as calculator_policy
 from envhub.errors import ConfigError
+from envhub.evaluation.rescore import find_results, report_lines, rescore_results, stored_env_args
 from envhub.inference.base import GenerateRequest, Generation
 from envhub.multiturn import MultiTurnEnv
-from envhub.rescore import find_results, report_lines, rescore_results, stored_env_args
 from envhub.rewards.rubric import Rubric, group_reward, reward
 from envhub.rollout.io import TrajectoryWriter, read_trajectories
 from envhub.rollout.runner import RolloutRunner

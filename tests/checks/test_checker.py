@@ -9,7 +9,7 @@ from typing import Any
 import gymnasium as gym
 import pytest
 
-from envhub.checker import check_env, spread_tasks
+from envhub.checks.checker import check_env, spread_tasks
 from envhub.env import Env, SingleTurnEnv
 from envhub.envs.calculator import CalculatorEnv
 from envhub.errors import EnvCheckError

@@ -31,7 +31,7 @@ from typing import Any
 
 import jsonschema
 
-from envhub.check_table import render_text, results_table
+from envhub.checks.table import render_text, results_table
 from envhub.env import Env, TaskEnv
 from envhub.errors import EnvCheckError
 from envhub.roles import ROLE, ROLE_REWARDS, UPCOMING, MultiRoleEnv, role_totals_problem

@@ -19,7 +19,7 @@ peak RSS, their CPU time is in the CPU time per episode.
 
 What this is not: a benchmark. A few seconds per env, one env at a time, no concurrency, on
 whatever else the machine is doing; the numbers come with the :class:`Machine` they were
-measured on. ``python -m envhub.perf MODULE:ATTR OUT.json`` is the worker of
+measured on. ``python -m envhub.evaluation.perf MODULE:ATTR OUT.json`` is the worker of
 :func:`measure_target`.
 """
 
@@ -346,7 +346,7 @@ def measure_target(
         environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     with tempfile.TemporaryDirectory(prefix="envhub-perf-") as tmp:
         out = Path(tmp) / "performance.json"
-        command = [sys.executable, "-m", "envhub.perf", target, str(out)]
+        command = [sys.executable, "-m", "envhub.evaluation.perf", target, str(out)]
         done = subprocess.run(
             command, cwd=root, env=environ, capture_output=True, text=True, timeout=timeout
         )
@@ -392,7 +392,8 @@ def format_rate(value: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The worker of :func:`measure_target`: ``python -m envhub.perf MODULE:ATTR OUT.json``."""
+    """The worker of :func:`measure_target`:
+    ``python -m envhub.evaluation.perf MODULE:ATTR OUT.json``."""
     from envhub.registry import EnvSpec
 
     target, out = argv if argv is not None else sys.argv[1:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from envhub import pytest_bundle as bundle
+from envhub.checks import pytest_bundle as bundle
 
 
 @pytest.fixture

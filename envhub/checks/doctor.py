@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envhub.checker import spread_tasks
+from envhub.checks.checker import spread_tasks
 from envhub.env import Env, TaskEnv
 from envhub.inference.base import ChatTokenizer
 from envhub.rollout.tokens import common_prefix_length
