@@ -8,8 +8,10 @@ trainer, beside the CLI: it drives the backend's parts and adds nothing below it
 Modules: ``settings`` (what to serve, torch-free), ``app`` (the routes and the key check),
 ``state`` (sessions, models, samplers, the trainer thread), ``checkpoints`` (runs and
 checkpoints on disk, and their listings), ``futures`` (the asynchronous
-retrieve protocol), ``training`` (one model: forward/backward and Adam steps), ``losses``
-(Tinker's built-in losses), ``sampling`` (samplers on saved weights), ``vllm_sampling`` (the
+retrieve protocol), ``training`` (one model: forward/backward and Adam steps), ``adapters``
+(several LoRA adapters on one shared base), ``losses`` (Tinker's built-in losses),
+``custom_losses`` (losses uploaded with ``create_custom_loss``, rebuilt from an allow-list),
+``sampling`` (samplers on saved weights), ``vllm_sampling`` (the
 same on a vLLM engine per base model, LoRA versions as adapters) and ``wire`` (the SDK's
 protobuf bodies). ``envhub serve-trainer`` runs it.
 """
