@@ -26,6 +26,22 @@ from ._common import as_bool_mask, masked_mean
 from .kl import kl_penalty
 
 
+@dataclass(frozen=True)
+class KLState:
+    """What a checkpoint keeps of a KL controller: its coefficient."""
+
+    coef: float
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values."""
+        return {"coef": self.coef}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> KLState:
+        """The state :meth:`to_json` wrote."""
+        return cls(float(data["coef"]))
+
+
 @dataclass
 class FixedKLController:
     """A coefficient that never changes."""
@@ -36,12 +52,12 @@ class FixedKLController:
         """Nothing to adapt."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The coefficient (JSON-ready)."""
-        return {"coef": self.coef}
+        """The coefficient (:class:`KLState`, JSON-ready)."""
+        return KLState(self.coef).to_json()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the coefficient saved by :meth:`state_dict`."""
-        self.coef = float(state["coef"])
+        self.coef = KLState.from_json(state).coef
 
 
 @dataclass
@@ -68,12 +84,12 @@ class AdaptiveKLController:
         self.coef *= 1.0 + error * n_steps / self.horizon
 
     def state_dict(self) -> dict[str, Any]:
-        """The current coefficient (JSON-ready)."""
-        return {"coef": self.coef}
+        """The current coefficient (:class:`KLState`, JSON-ready)."""
+        return KLState(self.coef).to_json()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the coefficient saved by :meth:`state_dict`."""
-        self.coef = float(state["coef"])
+        self.coef = KLState.from_json(state).coef
 
 
 KLController = FixedKLController | AdaptiveKLController

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from envhub.inference.base import InferenceEngine
 
 if TYPE_CHECKING:
     from envhub.trainer.backends.base import TrainBackend
+
+
+@dataclass(frozen=True)
+class SamplingState:
+    """What a checkpoint keeps of an engine that seeds its own batches: the calls made so far
+    (each batch's seed mixes it in), so a resumed run samples as the original did."""
+
+    calls: int
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain values."""
+        return {"calls": self.calls}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SamplingState:
+        """The state :meth:`to_json` wrote."""
+        return cls(int(data["calls"]))
 
 
 class RolloutEngine(InferenceEngine):

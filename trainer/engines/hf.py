@@ -42,7 +42,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from envhub.errors import ConfigError, EngineError
 from envhub.inference.base import GenerateRequest, Generation, SamplingParams
-from envhub.trainer.engines.base import RolloutEngine
+from envhub.trainer.engines.base import RolloutEngine, SamplingState
 from envhub.trainer.engines.hf_tokenizer import HFChatTokenizer
 from envhub.types import SamplerRef, template_sha256
 
@@ -185,13 +185,14 @@ class HFEngine(RolloutEngine):
         queue.put_nowait(None)
         await worker
 
-    def state_dict(self) -> dict[str, int]:
-        """The sampling state to checkpoint (the call counter that seeds each batch)."""
-        return {"calls": self.calls}
+    def state_dict(self) -> dict[str, Any]:
+        """The sampling state to checkpoint (:class:`SamplingState`: the call counter that seeds
+        each batch)."""
+        return SamplingState(self.calls).to_json()
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s counter, so a resumed run samples as the original did."""
-        self.calls = int(state["calls"])
+        self.calls = SamplingState.from_json(state).calls
 
     def reset_stats(self) -> None:
         """Zero the counters that :meth:`stats` reports (e.g. once per training step)."""
