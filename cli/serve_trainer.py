@@ -11,19 +11,23 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
 from envhub.defaults import LOOPBACK, SMOLLM2_ID
+from envhub.trainer.service.settings import ServiceSettings
 
-if TYPE_CHECKING:
-    from envhub.trainer.service import ServiceSettings
-
-DEFAULT_PORT = 8010
-"""Beside ``serve-model``'s 8000, so both can run at once."""
 KEY_VARIABLE = "TINKER_API_KEY"
 """Read for the service's key when ``--api-key`` is not given (else a fresh key is made)."""
+
+
+def _setting(name: str, *flags: str, help: str) -> Any:
+    """The option ``--NAME`` (with ``flags`` beside it) for the settings field ``name``, its
+    default the field's (one source: :class:`ServiceSettings`)."""
+    field = ServiceSettings.model_fields[name]
+    default = field.default_factory() if field.default_factory is not None else field.default
+    return typer.Option(default, f"--{name.replace('_', '-')}", *flags, help=help)
 
 
 def register(app: typer.Typer) -> None:
@@ -37,25 +41,20 @@ def serve_trainer_command(
         help=f"Base models clients may train and sample (default {SMOLLM2_ID}); "
         "NAME=MODEL serves MODEL to clients that ask for NAME.",
     ),
-    port: int = typer.Option(DEFAULT_PORT, "--port", "-p", help="Port to listen on."),
-    host: str = typer.Option(
-        LOOPBACK, "--host", help="Address to listen on (0.0.0.0: every interface)."
-    ),
+    port: int = _setting("port", "-p", help="Port to listen on."),
+    host: str = _setting("host", help="Address to listen on (0.0.0.0: every interface)."),
     api_key: str = typer.Option(
         None, "--api-key", help=f"The key clients send (default: ${KEY_VARIABLE}, else a new one)."
     ),
-    state_dir: Path = typer.Option(
-        Path("outputs/serve-trainer"), "--state-dir", help="Where saved weights go."
-    ),
-    device: str = typer.Option("auto", "--device", help="auto, cpu or cuda."),
-    sampler: str = typer.Option(
-        "hf",
-        "--sampler",
+    state_dir: Path = _setting("state_dir", help="Where saved weights go."),
+    device: str = _setting("device", help="auto, cpu or cuda."),
+    sampler: str = _setting(
+        "sampler",
         help="hf (in process) or vllm (an engine per base model, LoRA versions "
         "as adapters on it; full-weight versions refused).",
     ),
-    vllm_max_lora_rank: int = typer.Option(
-        32, "--vllm-max-lora-rank", help="The largest LoRA rank the vllm sampler serves."
+    vllm_max_lora_rank: int = _setting(
+        "vllm_max_lora_rank", help="The largest LoRA rank the vllm sampler serves."
     ),
 ) -> None:
     """Serve the Tinker training API on envhub's trainer until Ctrl-C.
@@ -72,16 +71,16 @@ def serve_trainer_command(
     """
     from envhub.cli.serve_model import sigterm_as_ctrl_c
     from envhub.errors import MissingDependencyError
-    from envhub.trainer.service import ServiceSettings, build_app, new_api_key
+    from envhub.trainer.service import build_app, new_api_key
 
     try:
         import uvicorn
     except ImportError as e:
         raise MissingDependencyError.for_extra("uvicorn", "service") from e
     settings = ServiceSettings(
-        models=tuple(models or [SMOLLM2_ID]), port=port, host=host, device=device,
-        api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(), state_dir=state_dir,
-        sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
+        models=tuple(models) if models else ServiceSettings().models, port=port, host=host,
+        device=device, api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
+        state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")

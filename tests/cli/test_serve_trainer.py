@@ -31,6 +31,24 @@ def test_next_steps_names_the_url_and_the_variables() -> None:
     ]
 
 
+def test_each_option_defaults_to_its_settings_field() -> None:
+    """One source: the command's defaults are ``ServiceSettings``'s (the port, the sampler, the
+    state folder, ...), none written twice."""
+    import inspect
+
+    from envhub.cli.serve_trainer import serve_trainer_command
+    from envhub.trainer.service import ServiceSettings
+
+    defaults = ServiceSettings(api_key="tml-x")
+    options = inspect.signature(serve_trainer_command).parameters
+    shared = [name for name in options if name in ServiceSettings.model_fields]
+    assert sorted(shared) == ["api_key", "device", "host", "models", "port", "sampler",
+                              "state_dir", "vllm_max_lora_rank"]  # fmt: skip
+    for name in set(shared) - {"api_key", "models"}:  # a key is made per run; models: an argument
+        assert options[name].default.default == getattr(defaults, name), name
+    assert defaults.port == 8010  # beside serve-model's 8000
+
+
 def test_serve_trainer_answers_the_sdk_and_stops_on_sigterm(tmp_path: Path) -> None:
     port = free_port()
     env = os.environ | {"TINKER_API_KEY": "tml-from-the-environment", "COLUMNS": "200"}

@@ -33,7 +33,8 @@ class ServiceSettings(BaseModel):
     device: str = "auto"
     """Where models train and sample: ``auto`` (a CUDA GPU when there is one), ``cpu``, ``cuda``."""
     host: str = LOOPBACK
-    port: int = 8000
+    port: int = 8010
+    """Beside ``envhub serve-model``'s 8000, so both can run at once."""
     long_poll_s: float = Field(10.0, gt=0)
     """How long a ``retrieve_future`` waits for its result before answering ``try_again``."""
     context_length: int = 2048
