@@ -180,7 +180,8 @@ def test_an_opened_package_shows_its_details_and_copies_its_install_command(page
     box = page.find_element(By.CSS_SELECTOR, '.package[data-repo="alice/capital-cities"]')
     assert box.find_elements(By.CLASS_NAME, "details") == []  # drawn when first opened
     box.find_element(By.TAG_NAME, "summary").click()
-    details = box.find_element(By.CLASS_NAME, "details")
+    # drawn by the toggle event, which fires after the click returns
+    details = WebDriverWait(page, 10).until(lambda _: box.find_element(By.CLASS_NAME, "details"))
     command = "envhub install alice/capital-cities@0.1.0 --trust"
     assert details.find_element(By.CLASS_NAME, "command").text == command
     assert "envhub check: passed every gate (15)" in details.text

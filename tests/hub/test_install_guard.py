@@ -9,11 +9,9 @@ wheel written here; ``guardlib`` 1.0 lies next to it, reached offline through ``
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
-import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -22,6 +20,7 @@ from conftest import ALICE
 from hub_server import HubServer
 from typer.testing import CliRunner
 from venvs import fresh_venv
+from wheels import requiring, write_wheel
 
 from envhub.cli.app import app
 from envhub.errors import ConfigError
@@ -29,21 +28,6 @@ from envhub.hub import install, pull, push
 
 REPO = "alice/capital-cities"
 runner = CliRunner()
-
-
-def write_wheel(folder: Path, name: str, version: str) -> None:
-    """A minimal pure-Python wheel of ``name`` at ``version``."""
-    info = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": f"__version__ = {version!r}\n",
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
-    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as wheel:
-        for path, text in files.items():
-            wheel.writestr(path, text)
 
 
 @pytest.fixture
@@ -58,14 +42,6 @@ def venv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     pip = [str(python), "-m", "pip", "install", "--quiet", "--no-index"]
     subprocess.run([*pip, "guardlib==2.0"], check=True, capture_output=True)
     return python
-
-
-def requiring(package: Path, *requirements: str) -> None:
-    """Add ``requirements`` to the package's dependencies."""
-    pyproject = package / "pyproject.toml"
-    text = pyproject.read_text()
-    deps = json.loads(re.search(r"^dependencies = (\[.*\])$", text, re.M)[1])
-    pyproject.write_text(text.replace(json.dumps(deps), json.dumps([*deps, *requirements])))
 
 
 def version_in(python: Path, name: str) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import ALICE
 from hub_server import HubServer
+from wheels import requiring, write_wheel
 
 import envhub
 from envhub.errors import ConfigError, EnvNotFoundError, HubNotFoundError
@@ -58,8 +59,6 @@ def test_an_install_by_make_goes_through_the_guard(
     """Refused before pip installs anything; ``allow_changes=True`` would install (the same
     path as ``envhub install --allow-changes``, tested in a fresh venv in test_install_guard)."""
     from importlib import metadata
-
-    from test_install_guard import requiring, write_wheel
 
     wheels = tmp_path / "wheels"
     wheels.mkdir()
