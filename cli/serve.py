@@ -10,6 +10,7 @@ from typing import Any
 
 import typer
 
+from envhub.cli.options import settings_option
 from envhub.serve.settings import ServeSettings
 
 
@@ -21,8 +22,7 @@ def register(app: typer.Typer) -> None:
 def _setting(name: str, *flags: str, help: str, **options: Any) -> Any:
     """The option ``--NAME`` (with ``flags`` beside it) for the settings field ``name``, its
     default the field's."""
-    default = ServeSettings.model_fields[name].default
-    return typer.Option(default, f"--{name.replace('_', '-')}", *flags, help=help, **options)
+    return settings_option(ServeSettings, name, *flags, help=help, **options)
 
 
 def serve_command(

@@ -15,6 +15,7 @@ from typing import Any
 
 import typer
 
+from envhub.cli.options import settings_option
 from envhub.defaults import LOOPBACK, SMOLLM2_ID
 from envhub.trainer.service.settings import ServiceSettings
 
@@ -25,9 +26,7 @@ KEY_VARIABLE = "TINKER_API_KEY"
 def _setting(name: str, *flags: str, help: str) -> Any:
     """The option ``--NAME`` (with ``flags`` beside it) for the settings field ``name``, its
     default the field's (one source: :class:`ServiceSettings`)."""
-    field = ServiceSettings.model_fields[name]
-    default = field.default_factory() if field.default_factory is not None else field.default
-    return typer.Option(default, f"--{name.replace('_', '-')}", *flags, help=help)
+    return settings_option(ServiceSettings, name, *flags, help=help)
 
 
 def register(app: typer.Typer) -> None:
@@ -77,9 +76,10 @@ def serve_trainer_command(
         import uvicorn
     except ImportError as e:
         raise MissingDependencyError.for_extra("uvicorn", "service") from e
+    named = {"models": tuple(models)} if models else {}  # else the settings' default
     settings = ServiceSettings(
-        models=tuple(models) if models else ServiceSettings().models, port=port, host=host,
-        device=device, api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
+        **named, port=port, host=host, device=device,
+        api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
     )  # fmt: skip
     server = uvicorn.Server(
