@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -278,8 +279,10 @@ def browser() -> Iterator[Any]:
     options.binary_location = str(CHROMIUM)
     for flag in CHROMIUM_FLAGS.split():
         options.add_argument(flag)
-    options.add_argument("--user-data-dir=" + tempfile.mkdtemp(prefix="chromium-"))
+    profile = tempfile.mkdtemp(prefix="chromium-")  # ~7 MB a module: removed after it
+    options.add_argument("--user-data-dir=" + profile)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
     yield driver
     driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)

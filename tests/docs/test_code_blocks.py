@@ -34,13 +34,15 @@ def test_every_block_is_runnable_or_says_why_not():
 
 @pytest.mark.parametrize("block", TO_RUN, ids=[b.id for b in TO_RUN])
 def test_block_runs(block: Block, tmp_path: Path) -> None:
+    # a block runs where a reader would (a folder of their own, the examples beside it), so
+    # what it writes goes with the test's folder, not into the checkout or /tmp for good
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
     if block.language == "python":
         done = subprocess.run(
             [sys.executable, "-c", python_program(block, BLOCKS)],
-            cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300,
+            cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=300,
         )  # fmt: skip
     elif block.language == "bash":
-        (tmp_path / "examples").symlink_to(ROOT / "examples")
         done = subprocess.run(
             ["bash", "-e", "-c", block.code],
             cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=300,
