@@ -80,6 +80,18 @@ above, with these changes:
   root (the mounts; a uid of its own). The e2b backend's session is one VM per episode
   (:mod:`envhub.sandbox.e2b_session`): ``disk_mb`` is not enforced there.
 
+The container back end (:mod:`envhub.sandbox.container`, Podman or Docker) contains by the
+engine's namespaces, cgroups and rlimits, one container per session, none outliving envhub
+(a label names the owning process; a reaper removes its containers when it dies). Its one
+difference for scoring a Harbor task: **in the task's own container a model's processes live
+until the tests**, as in Harbor, so a process the agent or its commands left running (a
+watcher that rewrites an answer, a fake ``pytest`` earlier on ``PATH``) runs beside the tests
+and can tamper with what they read or write. Bubblewrap sessions end every such process before
+the tests (``akill_processes``); a task whose tests must not share the agent's container says
+``environment_mode = "separate"`` under ``[verifier]``: its artifacts are copied (links out of
+them, devices and setuid bits dropped) into a fresh container that runs the tests
+(:mod:`envhub.harbor.separate`).
+
 Not contained (know these before you rely on it):
 
 - **Kernel exploits** — the sandbox shares the host kernel; a kernel bug (user namespaces are a
