@@ -85,8 +85,8 @@ engine's namespaces, cgroups and rlimits, one container per session, none outliv
 (a label names the owning process; a reaper removes its containers when it dies). Its one
 difference for scoring a Harbor task: **in the task's own container a model's processes live
 until the tests**, as in Harbor, so a process the agent or its commands left running (a
-watcher that rewrites an answer, a fake ``pytest`` earlier on ``PATH``) runs beside the tests
-and can tamper with what they read or write. Bubblewrap sessions end every such process before
+watcher that rewrites an answer or the tests as they are copied in) runs beside the tests and
+can tamper with what they read or write. Bubblewrap sessions end every such process before
 the tests (``akill_processes``); a task whose tests must not share the agent's container says
 ``environment_mode = "separate"`` under ``[verifier]``: its artifacts are copied (links out of
 them, devices and setuid bits dropped) into a fresh container that runs the tests
