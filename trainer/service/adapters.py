@@ -8,7 +8,8 @@ adapter starts exactly as it would on a base of its own. Before every piece of w
 trainer thread makes that model's adapter the active one (:meth:`SharedBase.use`): PEFT then
 runs only that adapter in the forward pass and gives only its tensors gradients, so the
 others keep their weights and pending gradients. Each adapter has its own optimizer
-(``training.py``).
+(``training.py``). When its model's session ends the adapter is deleted from the base
+(:meth:`SharedBase.remove`), and the service drops the base with its last adapter.
 
 Tensors are named as on a base of their own (the adapter's name replaced by ``default``), so a
 saved state loads into any adapter of the same shape, on this base or another.
@@ -58,6 +59,14 @@ class SharedBase:
             ))  # fmt: skip
         self.adapters.append(name)
         return name
+
+    def remove(self, name: str) -> None:
+        """Delete adapter ``name`` and its tensors (its model is gone). The last one is left in
+        place: the service drops the whole base with it."""
+        self.adapters.remove(name)
+        if self.adapters:
+            self.use(self.adapters[0])  # PEFT warns when the active adapter is deleted
+            self.backend.model.delete_adapter(name)
 
     def use(self, name: str) -> None:
         """Make ``name`` the adapter the model runs and trains."""

@@ -135,8 +135,8 @@ async def heartbeat(state: ServiceState, request: Request) -> dict:
 
 
 async def finish_session(state: ServiceState, request: Request) -> dict:
-    """Close a session (its models stay until the service stops)."""
-    state.sessions.pop(request.path_params["session_id"], None)
+    """Close a session and free its models and samplers (what it saved stays)."""
+    await state.end_session(request.path_params["session_id"])
     return {}
 
 
@@ -239,7 +239,7 @@ async def save_weights_for_sampler(state: ServiceState, request: Request) -> dic
         path = await state.in_trainer(state.save_for_sampler, model_id, saved)
         if name is not None:
             return Outcome({"type": "save_weights_for_sampler", "path": path})
-        session = state.new_sampling_session(None, path)
+        session = state.new_sampling_session(None, path, model_id.split(":", 1)[0])
         return Outcome({"type": "save_weights_for_sampler", "sampling_session_id": session})
 
     return {"request_id": state.futures.submit(work()), "model_id": model_id}
@@ -335,7 +335,8 @@ def _page_params(request: Request) -> tuple[int, int]:
 async def create_sampling_session(state: ServiceState, request: Request) -> dict:
     """Open a sampling session on saved weights (``model_path``) or a base model."""
     body = await request.json()
-    session = state.new_sampling_session(body.get("base_model"), body.get("model_path"))
+    session = state.new_sampling_session(body.get("base_model"), body.get("model_path"),
+                                         body.get("session_id"))  # fmt: skip
     return {"type": "create_sampling_session", "sampling_session_id": session}
 
 

@@ -8,7 +8,10 @@ folder lists, samples and resumes what an earlier one saved::
         trainable.safetensors                           the trained tensors (the adapter's)
         optimizer.pt                                    AdamW's state (moments, step counts)
         checkpoint.json                                 steps taken, time, user metadata
-    <state_dir>/<model id>/sampler_weights/<name>/      save_weights_for_sampler: an HF folder
+    <state_dir>/<model id>/sampler_weights/<name>/      save_weights_for_sampler:
+        adapter/                                        a LoRA model's adapter (PEFT's format)
+        config.json, model.safetensors, ...             or a full-weight model's HF folder
+        checkpoint.json                                 steps taken, time
 
 A checkpoint is written to a ``.tmp-`` folder beside its place, fsynced and renamed into it
 (:mod:`envhub.trainer.checkpoint.files`), so a service killed mid-save leaves no half
@@ -69,8 +72,7 @@ class Store:
         if match is None or match["kind"] != kind:
             raise ConfigError(f"{path!r} is not tinker://<model id>/{kind}/<name>")
         folder = self.root / match["run"] / kind / match["name"]
-        marker = "config.json" if kind == "sampler_weights" else CHECKPOINT_FILE
-        if not (folder / marker).is_file():
+        if not (folder / CHECKPOINT_FILE).is_file():  # every kind, old stores' too, has one
             raise ConfigError(f"nothing is saved at {path}")
         return match["run"], folder
 

@@ -1,11 +1,13 @@
 """Samplers of the service: one saved version of a model's weights behind envhub's HF engine.
 
-A sampler is the weights folder that ``save_weights_for_sampler`` wrote (or a base model's),
-loaded once into its own ``transformers`` model and driven by
-:class:`~envhub.trainer.engines.hf.HFEngine` (batching, seeds, logprobs of the sampled tokens
-under ``log_softmax(logits / temperature)``). Training goes on in another module, so a
-sampler's weights are the version that was saved, whatever the trainer has done since.
-The few most recently used samplers stay loaded.
+A sampler is one saved version (:mod:`~envhub.trainer.service.versions`) loaded once into its
+own ``transformers`` model and driven by :class:`~envhub.trainer.engines.hf.HFEngine`
+(batching, seeds, logprobs of the sampled tokens under ``log_softmax(logits / temperature)``):
+a LoRA version is its base model's folder with the saved adapter merged into the weights
+(:func:`load_model`, the sum the trainer's export computes), a full-weight version, an old
+merged one or a base model is its folder as it is. Training goes on in another module, so a
+sampler's weights are the version that was saved, whatever the trainer has done since. The few
+most recently used samplers stay loaded; a session's go when it ends (:meth:`Samplers.drop`).
 
 A request with a ``seed`` samples on an engine of its own seeded with it, so the same seed
 gives the same tokens on every call (Tinker's promise; the shared engine mixes its call counter
@@ -31,28 +33,49 @@ import math
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from envhub.inference.base import GenerateRequest, SamplingParams
+from envhub.trainer.service.settings import ServiceSettings
+from envhub.trainer.service.versions import hf_version
 from envhub.trainer.service.wire import Sequence
 
 
-class Sampler:
-    """Generates from the HF model folder ``folder``, on ``device``."""
+def load_model(folder: str, adapter: Path | None = None) -> Any:
+    """The float32 ``transformers`` model in HF folder ``folder``, with the LoRA ``adapter``
+    (PEFT's format) merged into it when given.
 
-    def __init__(self, folder: str, device: str) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    PEFT's merge adds ``get_delta_weight`` (scaled ``B @ A``) to each adapted weight in place,
+    the same float32 sum the trainer's export (``hf_weights``) computes out of place, so the
+    merged model holds exactly the weights a merged save held.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    if adapter is None:
+        return model
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+
+
+class Sampler:
+    """Generates from the HF model folder ``folder`` (its tokenizer too), with ``adapter``
+    merged into its weights when given, on ``device``."""
+
+    def __init__(self, folder: str, device: str, adapter: Path | None = None) -> None:
+        from transformers import AutoTokenizer
 
         from envhub.trainer.backends.torch_backend import resolve_device
         from envhub.trainer.engines.hf import HFEngine
 
-        self.folder = folder
-        target = resolve_device(device)
+        self.folder, self.adapter = folder, adapter
         tokenizer = AutoTokenizer.from_pretrained(folder)
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(target)
+        model = load_model(folder, adapter).to(resolve_device(device))
         self.model, self.tokenizer = model.eval(), tokenizer
         self.engine = HFEngine(self.model, tokenizer, seed=0)
         self.turns = Turns()
@@ -163,25 +186,39 @@ def _cut(tokens: list[int], logprobs: list[float], finish: str, stops: set[int])
 
 
 class Samplers:
-    """The loaded samplers by folder, the ``keep`` most recently used."""
+    """The loaded samplers by sampling session folder, the ``keep`` most recently used."""
 
-    def __init__(self, device: str, keep: int = 2) -> None:
-        self.device = device
+    def __init__(self, settings: ServiceSettings, keep: int = 2) -> None:
+        self.settings = settings
         self.keep = keep
         self._loaded: OrderedDict[str, Sampler] = OrderedDict()
         self._lock = asyncio.Lock()
 
     async def get(self, folder: str) -> Sampler:
-        """The sampler of ``folder``, loaded (in a worker thread) on first use."""
+        """The sampler of ``folder``, loaded (in a worker thread) on first use.
+
+        Raises:
+            ConfigError: ``folder`` holds no version the sampler loads.
+        """
         async with self._lock:
             sampler = self._loaded.pop(folder, None)
             if sampler is None:
-                sampler = await asyncio.to_thread(Sampler, folder, self.device)
+                version = hf_version(folder, self.settings)
+                sampler = await asyncio.to_thread(
+                    Sampler, version.base, self.settings.device, version.adapter
+                )
             self._loaded[folder] = sampler
             while len(self._loaded) > self.keep:
                 _, old = self._loaded.popitem(last=False)
                 await old.engine.aclose()
             return sampler
+
+    async def drop(self, folder: str) -> None:
+        """Unload ``folder``'s sampler, if loaded (its sampling sessions have ended)."""
+        async with self._lock:
+            sampler = self._loaded.pop(folder, None)
+        if sampler is not None:
+            await sampler.engine.aclose()
 
     async def aclose(self) -> None:
         """Stop every loaded sampler's engine."""

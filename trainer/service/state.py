@@ -10,12 +10,18 @@ SDK's ``<session id>:train:<model seq id>`` (the SDK computes it itself when it 
 by loading a checkpoint). Runs and checkpoints live on disk under ``state_dir``
 (:mod:`~envhub.trainer.service.checkpoints`), so a service started again on the same folder
 lists, samples and resumes from them.
+
+When a session ends (the SDK's ``close``) the memory it holds goes: its training models (a LoRA
+model's adapter leaves the shared base, and the base goes with its last adapter), its uploaded
+losses, and the samplers its sampling sessions loaded that no other session samples. What it
+saved stays on disk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import itertools
 import secrets
 import time
@@ -45,7 +51,10 @@ class SamplingSession:
     base_model: str
     model_path: str | None
     folder: str
-    """The HF folder its sampler loads."""
+    """The folder its sampler loads: a base model's, or a saved version's
+    (:mod:`~envhub.trainer.service.versions`)."""
+    owner: str | None = None
+    """The session that opened it (None: not known); it ends with that session."""
 
 
 class ServiceState:
@@ -71,7 +80,7 @@ class ServiceState:
 
             self.samplers: Any = VLLMSamplers(settings)
         else:
-            self.samplers = Samplers(settings.device)
+            self.samplers = Samplers(settings)
         self.store = Store(settings.state_dir)
         self._trainer = ThreadPoolExecutor(1, thread_name_prefix="envhub-service-trainer")
         self._ids = itertools.count(1)
@@ -91,6 +100,36 @@ class ServiceState:
             KeyError: No such session.
         """
         self.sessions[session_id].last_heartbeat = time.monotonic()
+
+    async def end_session(self, session_id: str) -> None:
+        """Close ``session_id`` and free what it holds in memory (see the module docstring):
+        its models once the work queued for them is done, then its samplers."""
+        self.sessions.pop(session_id, None)
+        mine = f"{session_id}:"
+        for loss_id in [k for k in self.custom_losses if k.startswith(mine)]:
+            del self.custom_losses[loss_id]
+        models = [self.models.pop(m) for m in list(self.models) if m.startswith(mine)]
+        await self.in_trainer(self._free_models, models)
+        ended = [s for s in self.sampling_sessions.values() if s.owner == session_id]
+        for session in ended:
+            del self.sampling_sessions[session.id]
+        still_sampled = {s.folder for s in self.sampling_sessions.values()}
+        for folder in {s.folder for s in ended} - still_sampled:
+            await self.samplers.drop(folder)
+
+    def _free_models(self, models: list[Any]) -> None:
+        """Take ``models``' adapters off their shared bases and drop a base left with none
+        (on the trainer thread, after the work queued for them)."""
+        for model in models:
+            getattr(model, "close", lambda: None)()  # a model that holds more than tensors
+            shared = model.shared
+            if shared is None:
+                continue
+            shared.remove(model.adapter)
+            if not shared.adapters:
+                self.bases = {k: b for k, b in self.bases.items() if b is not shared}
+        models.clear()
+        gc.collect()  # tensors held in reference cycles would wait for the next collection
 
     # -- training ---------------------------------------------------------------------------
 
@@ -205,22 +244,28 @@ class ServiceState:
         return self.models[model_id]
 
     def save_for_sampler(self, model_id: str, name: str) -> str:
-        """Write ``model_id``'s weights for sampling under ``name``; return its tinker path."""
-        from envhub.trainer.service.vllm_sampling import save_adapter
+        """Write ``model_id``'s weights for sampling under ``name``: a LoRA model's adapter
+        alone, a full-weight model's HF folder (:mod:`~envhub.trainer.service.versions`);
+        return its tinker path."""
+        from envhub.trainer.service.versions import save_adapter
 
         model = self.model(model_id)
         meta = {"steps": model.steps}
 
-        def fill(folder: Any) -> None:  # the merged weights (HF sampler), the adapter (vLLM's)
-            model.export(folder)
-            save_adapter(model, folder)
+        def fill(folder: Any) -> None:
+            if model.shared is None:
+                model.export(folder)
+            else:
+                save_adapter(model, folder)
 
         return self.store.write(model_id, "sampler_weights", name, fill, True, meta)
 
     # -- sampling ---------------------------------------------------------------------------
 
-    def new_sampling_session(self, base_model: str | None, model_path: str | None) -> str:
-        """Open a sampling session on saved weights or a base model; return its id."""
+    def new_sampling_session(self, base_model: str | None, model_path: str | None,
+                             owner: str | None = None) -> str:  # fmt: skip
+        """Open a sampling session of session ``owner`` on saved weights or a base model;
+        return its id."""
         from envhub.trainer.models import resolve_model
 
         if model_path is not None:
@@ -232,7 +277,7 @@ class ServiceState:
             base, folder = base_model, resolve_model(self.settings.served()[base_model])
         else:
             raise ConfigError("a sampling session needs a model_path or a base_model")
-        session = SamplingSession(f"sampler-{next(self._ids)}", base, model_path, folder)
+        session = SamplingSession(f"sampler-{next(self._ids)}", base, model_path, folder, owner)
         self.sampling_sessions[session.id] = session
         return session.id
 

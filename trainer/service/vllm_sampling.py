@@ -6,9 +6,10 @@ The engine is a ``vllm serve`` child process started with envhub's launcher
 engines start theirs): on the first request for its base model, once, with
 ``--enable-lora``, and stopped with the service (the launcher's guard ends its process group
 when the service's process dies, however it dies). ``save_weights_for_sampler`` writes a LoRA
-model's adapter beside the merged weights (:func:`save_adapter`), and a sampling request on
-that version loads the adapter into its base model's engine under a name of its own (vLLM's
-``/v1/load_lora_adapter``), so any saved version samples without a new engine. Weights saved
+model's adapter (:mod:`~envhub.trainer.service.versions`), and a sampling request on that
+version loads the adapter into its base model's engine under a name of its own (vLLM's
+``/v1/load_lora_adapter``), so any saved version samples without a new engine; when the
+session that sampled it ends, the adapter is unloaded (:meth:`VLLMSamplers.drop`). Weights saved
 by a model that trains every weight are refused: each would need an engine of its own (a
 minute's start on a CPU and a whole copy of the model per version); ``--sampler hf`` samples
 them.
@@ -36,54 +37,21 @@ import itertools
 import json
 import logging
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from envhub.errors import ConfigError, EngineError
-from envhub.trainer.service.checkpoints import Store
 from envhub.trainer.service.sampling import Turns
 from envhub.trainer.service.settings import ServiceSettings
+from envhub.trainer.service.versions import Version, adapter_version
 from envhub.trainer.service.wire import Sequence
 
 log = logging.getLogger(__name__)
 
-ADAPTER_DIR = "adapter"
-"""The subfolder of a LoRA model's saved sampler weights that holds its adapter (PEFT's
-format), beside the merged HF weights the HF sampler loads."""
-
 MAX_LORAS = 4
 """Adapters one engine batch may mix (vLLM's ``--max-loras``); more are swapped in and out."""
-
-
-def save_adapter(model: Any, folder: Path) -> None:
-    """Write the LoRA adapter of ``model`` (a
-    :class:`~envhub.trainer.service.training.TrainingModel` on a shared base; on the trainer
-    thread) into ``folder/adapter`` in PEFT's format; nothing for a full-weight model."""
-    if model.shared is None:
-        return
-    from peft.utils import get_peft_model_state_dict
-    from safetensors.torch import save_file
-
-    peft_model, name = model.shared.backend.model, model.adapter
-    target = folder / ADAPTER_DIR
-    target.mkdir()
-    tensors = get_peft_model_state_dict(peft_model, adapter_name=name)
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
-              str(target / "adapter_model.safetensors"), metadata={"format": "pt"})  # fmt: skip
-    peft_model.peft_config[name].save_pretrained(str(target))
-
-
-@dataclass(frozen=True)
-class Version:
-    """What a sampling session's folder samples: a base model, with an adapter or without."""
-
-    base: str
-    """The base model's folder (or Hub id), as envhub's model registry resolves it."""
-    adapter: Path | None
-    """The LoRA adapter's folder; None: the base model itself."""
 
 
 class VLLMSamplers:
@@ -108,17 +76,14 @@ class VLLMSamplers:
         bases = {resolve_model(model) for model in served.values()}
         if folder in bases:
             return Version(folder, None)
-        adapter = Path(folder) / ADAPTER_DIR
-        if not (adapter / "adapter_config.json").is_file():
+        version = adapter_version(folder, self.settings)
+        if version is None:
             raise ConfigError(
                 f"{folder} holds full weights (a model trained without LoRA): the vLLM sampler "
                 "serves base models and LoRA versions only; start serve-trainer with "
                 "--sampler hf to sample it"
             )
-        name = Store(self.settings.state_dir).run(Path(folder).parent.parent.name)["base_model"]
-        if name not in served:
-            raise ConfigError(f"base model {name!r} is not served here")
-        return Version(resolve_model(served[name]), adapter)
+        return version
 
     async def get(self, folder: str) -> VLLMSampler:
         """The sampler of ``folder``: its base model's engine (started on first use, in a
@@ -137,6 +102,17 @@ class VLLMSamplers:
                     raise
         name = None if version.adapter is None else await engine.adapter(version.adapter)
         return VLLMSampler(engine, name)
+
+    async def drop(self, folder: str) -> None:
+        """Unload ``folder``'s adapter from its engine (its sampling sessions have ended); the
+        engine stays for the base model's other versions."""
+        try:
+            version = self.version(folder)
+        except ConfigError:  # nothing of it was ever loaded
+            return
+        engine = self.engines.get(version.base)
+        if engine is not None and version.adapter is not None:
+            await engine.forget(version.adapter)
 
     async def aclose(self) -> None:
         """Stop every engine (their whole process groups)."""
@@ -213,6 +189,13 @@ class Engine:
                 await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
             self._loaded[folder] = (stamp, name)
             return name
+
+    async def forget(self, folder: Path) -> None:
+        """Unload the adapter in ``folder`` if it is loaded."""
+        async with self._loading:
+            known = self._loaded.pop(folder, None)
+            if known is not None:
+                await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
 
     async def call(self, route: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``route``; its JSON (or text) answer.

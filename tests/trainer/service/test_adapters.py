@@ -131,19 +131,21 @@ def test_each_adapter_trains_as_on_a_base_of_its_own(
 
 def test_sampler_weights_merge_only_their_adapter(service: Running,
                                                   trained: dict[str, Any]) -> None:  # fmt: skip
-    """``a``'s sampler weights are the base plus ``a``'s adapter: ``b``'s, on the same base,
-    is not in them."""
-    from safetensors.torch import load_file
-
+    """``a``'s sampler weights, as the HF sampler merges them, are the base plus ``a``'s
+    adapter, bit for bit: ``b``'s, on the same base, is not in them."""
     from envhub.trainer.backends.torch_backend import hf_weights
+    from envhub.trainer.service.sampling import load_model
+    from envhub.trainer.service.versions import hf_version
 
     own, other = held(service, trained["a"]), held(service, trained["b"])
-    other.shared.use(other.adapter)  # the base runs b's adapter: a's export switches to a's
+    other.shared.use(other.adapter)  # the base runs b's adapter: a's save takes a's by name
     path = trained["a"].save_weights_for_sampler("a-merged").result().path
     run, kind, name = path.split("/")[-3:]
-    weights = load_file(str(service.settings.state_dir / run / kind / name / "model.safetensors"))
+    version = hf_version(str(service.settings.state_dir / run / kind / name), service.settings)
+    weights = dict(hf_weights(load_model(version.base, version.adapter)))
     with torch.no_grad():
-        expected = {n: t.clone() for n, t in hf_weights(own.backend.model)}  # a's, active
+        own.shared.use(own.adapter)
+        expected = {n: t.clone() for n, t in hf_weights(own.backend.model)}
         other.shared.use(other.adapter)
         with_b = dict(hf_weights(own.backend.model))
     assert set(weights) == set(expected)
@@ -171,3 +173,17 @@ def test_a_saved_state_resumes_without_the_other(
     assert all(torch.equal(mine[k], theirs[k]) for k in mine)
     after_a = saved(service, trained["a"], "a-after")
     assert all(torch.equal(before_a[k], after_a[k]) for k in before_a)
+
+
+def test_the_base_goes_with_its_last_adapter(service: Running, trained: dict[str, Any]) -> None:
+    """Once every session has ended, the service holds no model and no base."""
+    import gc
+    import weakref
+
+    base = weakref.ref(held(service, trained["a"]).backend)
+    for client in service.clients:
+        client.close("success").result()
+    state = service.app.app.state.service
+    assert (state.models, state.bases, state.sessions) == ({}, {}, {})
+    gc.collect()
+    assert base() is None

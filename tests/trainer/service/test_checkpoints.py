@@ -40,11 +40,13 @@ def step(training: Any, batch: list[Any]) -> dict[str, float]:
 
 
 def weights(service: Running, path: str) -> dict[str, Any]:
-    """The tensors of the sampler weights saved at tinker ``path``."""
+    """The adapter's tensors of the sampler weights saved at tinker ``path`` (all a LoRA
+    version holds)."""
     from safetensors.torch import load_file
 
     run, kind, name = path.removeprefix("tinker://").split("/")
-    return load_file(str(service.settings.state_dir / run / kind / name / "model.safetensors"))
+    folder = service.settings.state_dir / run / kind / name / "adapter"
+    return load_file(str(folder / "adapter_model.safetensors"))
 
 
 def worst(a: dict[str, Any], b: dict[str, Any]) -> float:

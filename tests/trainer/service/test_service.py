@@ -104,14 +104,32 @@ def test_forward_backward_matches_the_backend(trained: dict, reference: dict) ->
     assert forward.metrics["loss:sum"] == pytest.approx(reference["loss"], rel=1e-5)
 
 
+ADAPTER_FILES = ["adapter/adapter_config.json", "adapter/adapter_model.safetensors",
+                 "checkpoint.json"]  # fmt: skip
+"""What a LoRA model's sampler save holds: its adapter, no model weights."""
+
+
+def files_of(folder: Path) -> list[str]:
+    """The files under ``folder``, by their paths in it."""
+    return sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
+
+
 def test_optim_step_gives_the_backends_weights(trained: dict, reference: dict,
                                                service: Running) -> None:  # fmt: skip
-    from safetensors.torch import load_file
+    """The sampler save is the adapter alone (~10 MB at rank 8, the full weights ~540 MB);
+    merged into the base as the HF sampler merges it, it gives the reference's weights."""
+    from envhub.trainer.backends.torch_backend import hf_weights
+    from envhub.trainer.service.sampling import load_model
+    from envhub.trainer.service.versions import hf_version
 
     model_id = trained["training"].model_id
     assert trained["saved"].path == f"tinker://{model_id}/sampler_weights/step-1"
     folder = service.settings.state_dir / model_id / "sampler_weights" / "step-1"
-    saved = load_file(str(folder / "model.safetensors"))
+    assert files_of(folder) == ADAPTER_FILES
+    assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) < 50e6
+    version = hf_version(str(folder), service.settings)
+    assert version.adapter == folder / "adapter"
+    saved = dict(hf_weights(load_model(version.base, version.adapter)))
     with torch.no_grad():  # weights() is a generator: its merge runs when iterated, here
         expected = dict(reference["backend"].weights())
     assert set(saved) == set(expected)
@@ -271,3 +289,74 @@ def test_a_seed_gives_the_same_tokens_on_every_call(client: Any, trained: dict,
     assert first == again
     other = tinker.types.SamplingParams(max_tokens=6, temperature=1.0, seed=12)
     assert [s.tokens for s in sampler.sample(prompt, 2, other).result().sequences] != first
+
+
+def test_an_old_merged_version_loads_as_before(
+    service: Running, trained: dict, reference: dict, examples: list
+) -> None:
+    """A version saved as stores before adapter-only saves held it (the merged HF weights and
+    the adapter beside them) loads as that HF folder, and samples as the trainer scores."""
+    from envhub.trainer.backends.base import sequence_logprobs
+    from envhub.trainer.service.versions import save_adapter
+
+    state = service.app.app.state.service
+    model_id = trained["training"].model_id
+    model = state.model(model_id)
+
+    def fill(folder: Path) -> None:  # what save_for_sampler wrote before
+        model.export(folder)
+        save_adapter(model, folder)
+
+    write = (state.store.write, model_id, "sampler_weights", "old-format", fill)
+    path = state._trainer.submit(*write).result()  # on the trainer thread, as the service saves
+    folder = service.settings.state_dir / model_id / "sampler_weights" / "old-format"
+    assert (folder / "model.safetensors").is_file()
+    sampler = service.client().create_sampling_client(model_path=path).result()
+    prompt = examples[0][0]
+    greedy = tinker.types.SamplingParams(max_tokens=4, temperature=0.0)
+    out = sampler.sample(tinker.types.ModelInput.from_ints(prompt), 1, greedy).result()
+    tokens = out.sequences[0].tokens
+    scored = sequence_logprobs(reference["backend"], prompt + tokens, 1.0)[len(prompt) - 1 :]
+    assert out.sequences[0].logprobs == pytest.approx(scored, abs=1e-4)
+    loaded = state.samplers._loaded[str(folder)]
+    assert (loaded.folder, loaded.adapter) == (str(folder), None)
+
+
+def test_closing_a_session_frees_its_models_and_samplers(service: Running, trained: dict,
+                                                         examples: list) -> None:  # fmt: skip
+    """The SDK's ``close`` frees the session's model (its adapter leaves the shared base), its
+    sampling session and the sampler it loaded; another session's adapter scores and samples
+    exactly as before."""
+    import gc
+    import weakref
+
+    state = service.app.app.state.service
+    first = trained["training"]
+    prompt, completion = examples[0]
+    greedy = tinker.types.SamplingParams(max_tokens=4, temperature=0.0)
+    ids = tinker.types.ModelInput.from_ints(prompt)
+    first_sampler = first.save_weights_and_get_sampling_client().result()
+    before = (scored(first, prompt, completion), first_sampler.sample(ids, 1, greedy).result())
+    closing = service.client()
+    training = closing.create_lora_training_client(base_model=SMOLLM2_ID, rank=LORA_RANK,
+                                                   seed=SEED).result()  # fmt: skip
+    sampler = training.save_weights_and_get_sampling_client().result()
+    sampler.sample(ids, 1, greedy).result()
+    model = state.model(training.model_id)
+    folder = state.sampling_session(sampler._sampling_session_id).folder
+    gone = [weakref.ref(model), weakref.ref(state.samplers._loaded[folder])]
+    shared, adapter = model.shared, model.adapter
+    assert adapter in shared.adapters and adapter in shared.backend.model.peft_config
+    del model
+    closing.close("success").result()
+    assert training.model_id not in state.models
+    assert adapter not in shared.adapters and adapter not in shared.backend.model.peft_config
+    assert state.bases == {SMOLLM2_ID: state.model(first.model_id).shared}
+    assert sampler._sampling_session_id not in state.sampling_sessions
+    assert folder not in state.samplers._loaded
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+    after = (scored(first, prompt, completion), first_sampler.sample(ids, 1, greedy).result())
+    assert after[0] == before[0]
+    assert after[1].sequences[0].tokens == before[1].sequences[0].tokens
+    assert after[1].sequences[0].logprobs == before[1].sequences[0].logprobs

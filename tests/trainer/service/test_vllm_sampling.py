@@ -49,7 +49,7 @@ def versions(service: Running) -> dict[str, Any]:
     ).result()  # fmt: skip
     params = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
     prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    out: dict[str, Any] = {"training": training}
+    out: dict[str, Any] = {"client": client, "training": training}
     for name in ("v1", "v2"):
         training.forward_backward(datums(EXAMPLES), "cross_entropy").result()
         training.optim_step(ADAM).result()
@@ -163,16 +163,29 @@ def test_an_adapter_above_the_engines_rank_is_refused(service: Running, versions
 
 def test_a_saved_version_holds_its_adapter_and_lists_its_size(service: Running,
                                                                versions: dict) -> None:  # fmt: skip
-    """The adapter is saved beside the merged weights, and the listing counts its files."""
+    """The version is its adapter alone (no merged weights), and the listing counts its
+    files."""
     model_id = versions["training"].model_id
     folder = service.settings.state_dir / model_id / "sampler_weights" / "v1"
-    assert sorted(p.name for p in (folder / "adapter").iterdir()) == [
-        "adapter_config.json", "adapter_model.safetensors",
+    assert sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()) == [
+        "adapter/adapter_config.json", "adapter/adapter_model.safetensors", "checkpoint.json",
     ]  # fmt: skip
     rest = tinker.RestClient(base_url=service.url, api_key=service.settings.api_key)
     listed = {c.checkpoint_id: c for c in rest.list_checkpoints(model_id).result().checkpoints}
     files = [f for f in folder.rglob("*") if f.is_file()]
     assert listed["sampler_weights/v1"].size_bytes == sum(f.stat().st_size for f in files)
+
+
+def test_a_closed_sessions_adapters_are_unloaded(service: Running, versions: dict) -> None:
+    """Closing the session that sampled both versions unloads their adapters from the engine,
+    which stays and still samples the base model for another session."""
+    (engine,) = service.app.app.state.service.samplers.engines.values()
+    versions["client"].close("success").result()
+    assert engine._loaded == {}
+    sampler = service.client().create_sampling_client(base_model="tiny").result()
+    params = tinker.types.SamplingParams(max_tokens=2, temperature=0.0)
+    out = sampler.sample(tinker.types.ModelInput.from_ints(PROMPT), 1, params).result()
+    assert len(out.sequences[0].tokens) == 2
 
 
 def test_the_engine_stops_with_the_service(service: Running, versions: dict) -> None:
