@@ -55,6 +55,17 @@ def serve_trainer_command(
     vllm_max_lora_rank: int = _setting(
         "vllm_max_lora_rank", help="The largest LoRA rank the vllm sampler serves."
     ),
+    backend: str = _setting(
+        "backend",
+        help="torch (in process; LoRA and full weights) or megatron (full-weight models on "
+        "megatron-core ranks that Ray places; LoRA refused).",
+    ),
+    tensor_parallel: int = _setting(
+        "tensor_parallel", help="With --backend megatron: ranks each layer is split over."
+    ),
+    pipeline_parallel: int = _setting(
+        "pipeline_parallel", help="With --backend megatron: pipeline stages."
+    ),
 ) -> None:
     """Serve the Tinker training API on envhub's trainer until Ctrl-C.
 
@@ -67,6 +78,7 @@ def serve_trainer_command(
         envhub serve-trainer smollm2-135m --port 8011 --device cpu
         envhub serve-trainer meta-llama/Llama-3.2-1B=smollm2-135m
         envhub serve-trainer smollm2-135m --sampler vllm
+        envhub serve-trainer Qwen/Qwen3-8B --backend megatron --tensor-parallel 2
     """
     from envhub.cli.serve_model import sigterm_as_ctrl_c
     from envhub.errors import MissingDependencyError
@@ -81,6 +93,7 @@ def serve_trainer_command(
         **named, port=port, host=host, device=device,
         api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
+        backend=backend, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")

@@ -42,8 +42,9 @@ def test_each_option_defaults_to_its_settings_field() -> None:
     defaults = ServiceSettings(api_key="tml-x")
     options = inspect.signature(serve_trainer_command).parameters
     shared = [name for name in options if name in ServiceSettings.model_fields]
-    assert sorted(shared) == ["api_key", "device", "host", "models", "port", "sampler",
-                              "state_dir", "vllm_max_lora_rank"]  # fmt: skip
+    assert sorted(shared) == ["api_key", "backend", "device", "host", "models",
+                              "pipeline_parallel", "port", "sampler", "state_dir",
+                              "tensor_parallel", "vllm_max_lora_rank"]  # fmt: skip
     for name in set(shared) - {"api_key", "models"}:  # a key is made per run; models: an argument
         assert options[name].default.default == getattr(defaults, name), name
     assert defaults.port == 8010  # beside serve-model's 8000

@@ -34,6 +34,7 @@ from envhub.trainer.estimate import device_memory, micro_batch_tokens
 from envhub.trainer.megatron.rank_setup import SETUP_ENV
 from envhub.trainer.megatron.worker import MegatronWorker, WorkerSpec
 from envhub.trainer.megatron.worker_io import WORKER_STATE
+from envhub.trainer.megatron.worker_steps import BatchLoss
 from envhub.trainer.models import resolve_model
 
 if TYPE_CHECKING:
@@ -157,6 +158,28 @@ class MegatronBackend:
         )
         return StepResult(next(r for r in results if r is not None))
 
+    def forward_backward(
+        self,
+        batches: list[MicroBatch],
+        targets: list[torch.Tensor],
+        loss: BatchLoss | None,
+        forward_only: bool = False,
+    ) -> list[dict[str, Any]]:
+        """Score ``batches`` at ``targets`` and, unless ``forward_only``, add ``loss``'s
+        gradients in the ranks without stepping
+        (:meth:`~envhub.trainer.megatron.worker_steps.SplitSteps.forward_backward`); each
+        micro-batch's report, in ``batches``' order."""
+        merged: dict[int, dict[str, Any]] = {}
+        for part in self.group.call("forward_backward", batches, targets, loss, forward_only):
+            merged |= part or {}
+        return [merged[k] for k in range(len(batches))]
+
+    def optim_step(self, adam: dict[str, float]) -> float:
+        """Apply the pending gradients with ``adam``'s settings
+        (:meth:`~envhub.trainer.megatron.worker_steps.SplitSteps.optim_step`); the gradient
+        norm before clipping."""
+        return next(n for n in self.group.call("optim_step", adam) if n is not None)
+
     def weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Streamed in buckets of about ``WEIGHT_BUCKET_BYTES``: the ranks gather each tensor
         from its shards, rank 0 hands the bucket over through Ray's object store (the relay
@@ -213,8 +236,9 @@ class ShardedCheckpoint:
         """Have every rank write its model and optimizer shards under ``folder``."""
         self.group.call("save_checkpoint", str(folder))
 
-    def load_checkpoint(self, folder: Path) -> None:
-        """Have every rank load its shards from ``folder`` (resharded for the current layout).
+    def load_checkpoint(self, folder: Path, optimizer: bool = True) -> None:
+        """Have every rank load its shards from ``folder`` (resharded for the current layout);
+        without ``optimizer``, the model's only (the optimizer starts afresh).
 
         Raises:
             CheckpointError: ``folder`` holds no Megatron checkpoint.
@@ -224,7 +248,7 @@ class ShardedCheckpoint:
                 f"{folder} holds no Megatron checkpoint (saved with backend.kind=torch?); "
                 "resume with the settings it was saved with"
             )
-        self.group.call("load_checkpoint", str(folder))
+        self.group.call("load_checkpoint", str(folder), optimizer)
 
 
 def plan(config: TrainConfig) -> tuple[Placement, tuple[int, int, int]]:

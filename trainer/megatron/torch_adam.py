@@ -25,7 +25,7 @@ import torch
 def keep_states_a_load_leaves_out(optimizer: Any) -> None:
     """Make each distributed optimizer in ``optimizer`` keep the current value of a state that a
     checkpoint load does not hand over (``step``, already restored from the parameter groups)."""
-    for inner in _inner_optimizers(optimizer):
+    for inner in inner_optimizers(optimizer):
         setter = getattr(inner, "_set_main_param_and_optimizer_states", None)
         getter = getattr(inner, "_get_main_param_and_optimizer_states", None)
         if setter is None or getter is None:
@@ -46,7 +46,7 @@ def unshare_steps(optimizer: Any) -> None:
     """Give every parameter of the torch optimizers inside ``optimizer`` its own ``step`` tensor
     (after a checkpoint load, they may all hold the same one)."""
     seen: set[int] = set()
-    for inner in _inner_optimizers(optimizer):
+    for inner in inner_optimizers(optimizer):
         for state in getattr(inner, "optimizer", inner).state.values():
             step = state.get("step")
             if isinstance(step, torch.Tensor):
@@ -55,5 +55,6 @@ def unshare_steps(optimizer: Any) -> None:
                 seen.add(id(state["step"]))
 
 
-def _inner_optimizers(optimizer: Any) -> Iterator[Any]:
+def inner_optimizers(optimizer: Any) -> Iterator[Any]:
+    """The optimizers a megatron-core optimizer is made of (itself, unless chained)."""
     yield from getattr(optimizer, "chained_optimizers", [optimizer])

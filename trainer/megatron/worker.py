@@ -49,6 +49,7 @@ from envhub.trainer.megatron.rank_setup import init_distributed, run_setup_file
 from envhub.trainer.megatron.torch_adam import keep_states_a_load_leaves_out
 from envhub.trainer.megatron.worker_io import WeightsAndCheckpoints
 from envhub.trainer.megatron.worker_spec import WorkerSpec
+from envhub.trainer.megatron.worker_steps import SplitSteps
 
 if TYPE_CHECKING:
     from envhub.trainer.weight_sync.ranks import RankTransfer
@@ -66,7 +67,7 @@ gradient checkpointing does: keep each layer's input, recompute the layer)."""
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class MegatronWorker(WeightsAndCheckpoints):
+class MegatronWorker(SplitSteps, WeightsAndCheckpoints):
     """A rank: sets up torch.distributed and Megatron's parallel state from the environment
     (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), then builds its
     model shard from the HF checkpoint."""
@@ -217,14 +218,17 @@ class MegatronWorker(WeightsAndCheckpoints):
         def token_logprobs(
             mb: MicroBatch, packing: Packing, row: torch.Tensor, output: torch.Tensor
         ) -> torch.Tensor:
-            logits, targets = _next_token_logits(output, row)
-            if self.fused:
-                logprobs = fused_logprobs(logits, targets, scale)[0]
-            else:
-                logprobs = chunked_logprobs(logits, targets, scale)
-            return packing.unpack(logprobs, mb.input_ids.shape[1])
+            return packing.unpack(self._row_logprobs(output, row, scale), mb.input_ids.shape[1])
 
         return self._collect(model, batches, token_logprobs)
+
+    def _row_logprobs(self, output: torch.Tensor, row: torch.Tensor, scale: float) -> torch.Tensor:
+        """The logprob of each next token of the packed ``row`` under ``output``'s logits at
+        temperature ``scale`` (fused where it may run), ``[1, total - 1]``."""
+        logits, targets = _next_token_logits(output, row)
+        if self.fused:
+            return fused_logprobs(logits, targets, scale)[0]
+        return chunked_logprobs(logits, targets, scale)
 
     def update(
         self,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ class WeightsAndCheckpoints:
     updates: int
     _weight_stream: Iterator[tuple[str, torch.Tensor]] | None
     _transfer: RankTransfer | None
+    _optimizer: Callable[[], Any]
 
     def hf_state_dict(self) -> dict[str, torch.Tensor] | None:
         """The whole model under HF names on rank 0 (CPU tensors); ``None`` elsewhere."""
@@ -125,15 +126,24 @@ class WeightsAndCheckpoints:
             (Path(folder) / WORKER_STATE).write_text(json.dumps({"updates": self.updates}))
         torch.distributed.barrier()
 
-    def load_checkpoint(self, folder: str) -> None:
-        """Fill the model and optimizer from :meth:`save_checkpoint`'s folder, for any layout
-        that splits the same model (the format is resharded on load)."""
+    def load_checkpoint(self, folder: str, optimizer: bool = True) -> None:
+        """Fill the model and, with ``optimizer``, the optimizer from :meth:`save_checkpoint`'s
+        folder, for any layout that splits the same model (the format is resharded on load);
+        without ``optimizer`` the optimizer starts afresh (no moments)."""
         from megatron.core import dist_checkpointing
 
-        loaded = dist_checkpointing.load(self._sharded_state(loading=True), folder)
+        state = (
+            self._sharded_state(loading=True)
+            if optimizer
+            else {"model": self.model.module.sharded_state_dict()}
+        )
+        loaded = dist_checkpointing.load(state, folder)
         self.model.module.load_state_dict(loaded["model"])
-        self.optimizer.load_state_dict(loaded["optimizer"])
-        unshare_steps(self.optimizer)
+        if optimizer:
+            self.optimizer.load_state_dict(loaded["optimizer"])
+            unshare_steps(self.optimizer)
+        else:  # built again: its master weights (bf16 models) copy the loaded ones
+            self.optimizer = self._optimizer()
         self.updates = json.loads((Path(folder) / WORKER_STATE).read_text())["updates"]
 
     def _sharded_state(self, loading: bool = False) -> dict[str, Any]:

@@ -45,6 +45,15 @@ class ServiceSettings(BaseModel):
     full-weight versions refused; :mod:`~envhub.trainer.service.vllm_sampling`)."""
     vllm_max_lora_rank: int = Field(32, ge=1, le=512)
     """The largest LoRA rank the vLLM sampler serves (its engines' ``--max-lora-rank``)."""
+    backend: Literal["torch", "megatron"] = "torch"
+    """What trains: ``torch`` (envhub's torch backend in this process; LoRA and full weights)
+    or ``megatron`` (full-weight models on megatron-core ranks that Ray places, one group of
+    ranks per model; LoRA refused; :mod:`~envhub.trainer.service.megatron_training`)."""
+    tensor_parallel: int = Field(1, ge=1)
+    """With ``backend: megatron``: the ranks each layer is split over (tensor parallelism)."""
+    pipeline_parallel: int = Field(1, ge=1)
+    """With ``backend: megatron``: the pipeline stages the layers are split into. Data
+    parallelism fills the GPUs left (one rank on a CPU)."""
 
     def served(self) -> dict[str, str]:
         """The served models: the name clients send -> the model envhub loads."""

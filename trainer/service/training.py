@@ -136,7 +136,7 @@ class TrainingModel:
         data = request.data
         if not data:
             raise ConfigError("forward_backward needs at least one datum")
-        targets = [_targets(d) for d in data]
+        targets = [datum_targets(d) for d in data]
         self._use()
         model = self.backend.model
         backward = not request.forward_only
@@ -239,11 +239,7 @@ class TrainingModel:
         need not be the next input tokens.
         """
         backend = self.backend
-        samples = [
-            Sample(d.tokens + [backend.pad_id], [0] + [1] * len(d.tokens),
-                   [0.0] * (len(d.tokens) + 1), 0.0, i)
-            for i, d in enumerate(data)
-        ]  # fmt: skip
+        samples = datum_samples(data, backend.pad_id)
         mb = collate(samples, list(range(len(samples))), backend.pad_id)
         placed = place_for(backend.model, mb, backend.packed)
         with _autocast(backend):
@@ -254,6 +250,17 @@ class TrainingModel:
         else:  # [n, width - 1, V]
             rows = tuple(logits[i, :n] for i, n in enumerate(lengths))
         return [_pick(row, t.to(row.device)).cpu() for row, t in zip(rows, targets, strict=True)]
+
+
+def datum_samples(data: list[Datum], pad_id: int) -> list[Sample]:
+    """Each datum as a backend's sequence: its input tokens plus a placeholder last token
+    (``pad_id``; causal attention: it changes no earlier position), every input position
+    scored, numbered by its place in ``data``."""
+    return [
+        Sample(d.tokens + [pad_id], [0] + [1] * len(d.tokens), [0.0] * (len(d.tokens) + 1),
+               0.0, i)
+        for i, d in enumerate(data)
+    ]  # fmt: skip
 
 
 def _pick(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -276,7 +283,7 @@ def _builtin(request: ForwardRequest) -> BatchLoss:
     loss_fn = get_loss(request.loss_fn)
 
     def run(logprobs: list[torch.Tensor], data: list[Datum]) -> Any:
-        losses = [loss_fn(lp, _loss_inputs(d, lp), request.loss_fn_config)
+        losses = [loss_fn(lp, loss_inputs(d, tuple(lp.shape)), request.loss_fn_config)
                   for d, lp in zip(data, logprobs, strict=True)]  # fmt: skip
         total = torch.stack([loss.sum() for loss in losses]).sum()
         return total, [loss.detach().numpy() for loss in losses], {}
@@ -294,7 +301,12 @@ def _uploaded(custom: CustomLoss) -> BatchLoss:
     return run
 
 
-def _targets(datum: Datum) -> torch.Tensor:
+def datum_targets(datum: Datum) -> torch.Tensor:
+    """``datum``'s ``target_tokens`` as int64: ``(T,)``, or ``(T, K)`` for ``K`` each.
+
+    Raises:
+        ConfigError: None given, or not one row per input token.
+    """
     target = datum.inputs.get("target_tokens")
     if target is None:
         raise ConfigError("every datum needs loss_fn_inputs['target_tokens']")
@@ -306,16 +318,21 @@ def _targets(datum: Datum) -> torch.Tensor:
     return torch.from_numpy(target.astype(np.int64))
 
 
-def _loss_inputs(datum: Datum, logprobs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The datum's float ``loss_fn_inputs`` as tensors shaped like its logprobs."""
+def loss_inputs(datum: Datum, shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    """The datum's float ``loss_fn_inputs`` as tensors, each checked to have its logprobs'
+    ``shape``.
+
+    Raises:
+        ConfigError: An input of another shape.
+    """
     out = {}
     for name, array in datum.inputs.items():
         if name == "target_tokens":
             continue
-        if array.shape != tuple(logprobs.shape):
+        if array.shape != shape:
             raise ConfigError(
                 f"loss_fn_inputs[{name!r}] has shape {array.shape}; "
-                f"expected {tuple(logprobs.shape)}"
+                f"expected {shape}"
             )
         out[name] = torch.from_numpy(array.astype(np.float32))
     return out

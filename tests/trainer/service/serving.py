@@ -71,3 +71,32 @@ def datums(examples: list[tuple[list[int], list[int]]]) -> list[Any]:
             loss_fn_inputs={"target_tokens": full[1:], "weights": weights},
         ))  # fmt: skip
     return out
+
+
+def full_weight_client(client: Any, base_model: str) -> Any:
+    """A ``tinker.TrainingClient`` of a model that trains every weight, from ``client`` (a
+    ``ServiceClient``). The SDK's public calls always send a LoRA config, so this sends the
+    SDK's own ``CreateModelRequest`` without one through the SDK's connection and futures, then
+    builds the training client as ``create_lora_training_client`` does."""
+    from tinker.lib.api_future_impl import _APIFuture
+    from tinker.lib.client_connection_pool_type import ClientConnectionPoolType
+    from tinker.lib.public_interfaces.training_client import TrainingClient, fetch_training_info
+
+    holder = client.holder
+    seq_id = holder.get_training_client_id()
+
+    async def create() -> Any:
+        request = tinker.types.CreateModelRequest(
+            session_id=holder.get_session_id(), model_seq_id=seq_id, base_model=base_model,
+            lora_config=None, optimizer_config=tinker.types.AdamOptimizerConfig(),
+        )  # fmt: skip
+        start = time.time()
+        with holder.aclient(ClientConnectionPoolType.TRAIN) as api:
+            future = await api.models.create(request=request)
+        created = await _APIFuture(tinker.types.CreateModelResponse, holder, future,
+                                   request_start_time=start, request_type="CreateModel",
+                                   ).result_async()  # fmt: skip
+        info = await fetch_training_info(holder, created.model_id)
+        return TrainingClient(holder, model_seq_id=seq_id, model_id=created.model_id, info=info)
+
+    return holder.run_coroutine_threadsafe(create()).result()
