@@ -121,6 +121,10 @@ class EngineStartError(EngineUnavailableError):
         return f"{self.summary} (vLLM's full log: {self.log_path})"
 
 
+class EngineDiedError(EngineUnavailableError):
+    """A local inference server died under a request: its owner may start a new one."""
+
+
 class WeightSyncError(EngineError):
     """vLLM's weights do not match the trainer's after a sync."""
 

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from envhub.errors import ConfigError
+from envhub.errors import ConfigError, EngineDiedError
 from envhub.trainer.service import wire
 from envhub.trainer.service.checkpoints import page
 from envhub.trainer.service.futures import TRY_AGAIN, Outcome
@@ -367,10 +367,17 @@ async def asample(state: ServiceState, request: Request) -> dict:
         raise ConfigError(f"prompt_logprobs_last_n must be in 1..{len(prompt) - 1}")
 
     async def work() -> Outcome:
-        sampler = await state.samplers.get(folder)
-        sequences = await sampler.sample(prompt, num_samples, body["sampling_params"])
-        scored = await sampler.prompt_logprobs(prompt, last_n) if with_prompt else None
-        return Outcome(wire.sample_output(sequences, scored), proto=True)
+        for tries_left in (1, 0):  # a sampler engine that died under it: once more, on a new one
+            sampler = await state.samplers.get(folder)
+            try:
+                sequences = await sampler.sample(prompt, num_samples, body["sampling_params"])
+                scored = await sampler.prompt_logprobs(prompt, last_n) if with_prompt else None
+            except EngineDiedError:
+                if not tries_left:
+                    raise
+                continue
+            return Outcome(wire.sample_output(sequences, scored), proto=True)
+        raise AssertionError("unreachable")
 
     request_id = state.futures.submit(work())
     ids = [f"{request_id}-{i}" for i in range(num_samples)]

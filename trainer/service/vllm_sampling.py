@@ -12,7 +12,9 @@ version loads the adapter into its base model's engine under a name of its own (
 session that sampled it ends, the adapter is unloaded (:meth:`VLLMSamplers.drop`). Weights saved
 by a model that trains every weight are refused: each would need an engine of its own (a
 minute's start on a CPU and a whole copy of the model per version); ``--sampler hf`` samples
-them.
+them. An engine that died (its process exited, or it stopped answering: an out-of-memory kill,
+a vLLM crash) is replaced on the next request, which loads its adapter again; the request
+that met the death is retried once, on the new engine.
 
 Answers as the HF sampler's (:mod:`~envhub.trainer.service.sampling`) do:
 
@@ -42,7 +44,7 @@ from typing import Any
 
 import httpx
 
-from envhub.errors import ConfigError, EngineError
+from envhub.errors import ConfigError, EngineDiedError, EngineError
 from envhub.trainer.service.sampling import Turns
 from envhub.trainer.service.settings import ServiceSettings
 from envhub.trainer.service.versions import Version, adapter_version
@@ -87,10 +89,18 @@ class VLLMSamplers:
 
     async def get(self, folder: str) -> VLLMSampler:
         """The sampler of ``folder``: its base model's engine (started on first use, in a
-        worker thread) with its adapter loaded."""
+        worker thread, and again if it died) with its adapter loaded."""
         version = self.version(folder)
         async with self._lock:
             engine = self.engines.get(version.base)
+            if engine is not None and not engine.alive():
+                log.warning(
+                    "the vLLM sampler of %s died (its log: %s); starting a new one, whose "
+                    "adapters load again on first use", engine.model, engine.server.log_path
+                )  # fmt: skip
+                self.engines.pop(version.base)
+                await engine.aclose()  # what is left of its process group
+                engine = None
             if engine is None:
                 engine = Engine(version.base, self.settings)
                 self.engines[version.base] = engine  # before it starts: aclose stops it
@@ -159,6 +169,13 @@ class Engine:
         """Adapter folder -> (its file's mtime, the name it is loaded under)."""
         self._names = itertools.count(1)
         self._loading = asyncio.Lock()
+        self.failed = False
+        """Set when the server stopped answering: it is restarted even if its process lingers."""
+
+    def alive(self) -> bool:
+        """Whether the server's process runs and answered its last request."""
+        process = self.server.process
+        return not self.failed and process is not None and process.poll() is None
 
     async def start(self) -> None:
         """Start the server (minutes on a first start on a CPU) and its client."""
@@ -194,8 +211,13 @@ class Engine:
         """Unload the adapter in ``folder`` if it is loaded."""
         async with self._loading:
             known = self._loaded.pop(folder, None)
-            if known is not None:
+            if known is None or not self.alive():
+                return
+            try:
                 await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
+            except EngineDiedError:  # its adapters went with it; the next request replaces it
+                log.warning("the vLLM sampler of %s died (its log: %s)", self.model,
+                            self.server.log_path)  # fmt: skip
 
     async def call(self, route: str, body: dict[str, Any]) -> Any:
         """POST ``body`` to ``route``; its JSON (or text) answer.
@@ -205,7 +227,20 @@ class Engine:
         """
         if self.http is None:
             raise EngineError(f"the vLLM sampler of {self.model} is not running")
-        response = await self.http.post(route, json=body)
+        try:
+            response = await self.http.post(route, json=body)
+        except httpx.TransportError as e:
+            self.failed = True
+            raise EngineDiedError(
+                f"the vLLM sampler of {self.model} stopped answering ({type(e).__name__}); "
+                f"its log: {self.server.log_path}"
+            ) from e
+        if response.status_code >= 500 and not await self._healthy():
+            self.failed = True
+            raise EngineDiedError(
+                f"the vLLM sampler of {self.model} died answering {route}; "
+                f"its log: {self.server.log_path}"
+            )
         if response.status_code != 200:
             raise EngineError(
                 f"vLLM answered {route} with HTTP {response.status_code}: "
@@ -215,6 +250,15 @@ class Engine:
             return response.json()
         except ValueError:
             return response.text
+
+    async def _healthy(self) -> bool:
+        """Whether the server says its engine lives (vLLM's ``/health``: 503 once its engine
+        core died, which its other routes answer with a bare HTTP 500 until it exits)."""
+        assert self.http is not None
+        try:
+            return (await self.http.get("/health", timeout=10.0)).status_code == 200
+        except httpx.TransportError:
+            return False
 
     async def aclose(self) -> None:
         """Close the client and stop the server's whole process group."""
