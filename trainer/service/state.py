@@ -159,7 +159,12 @@ class ServiceState:
             raise ConfigError(f"model {model_id!r} exists already")
         target = self.settings.served()[base_model]
         base = None if lora is None else self.bases.get(target)
-        model = TrainingModel(target, lora, seed, self.settings.device, base_model, base)
+        if self.settings.backend == "megatron":
+            from envhub.trainer.service.megatron_training import MegatronTrainingModel
+
+            model: Any = MegatronTrainingModel(target, lora, seed, self.settings, base_model)
+        else:
+            model = TrainingModel(target, lora, seed, self.settings.device, base_model, base)
         if model.shared is not None:
             self.bases.setdefault(target, model.shared)
         spec = None if lora is None else dataclasses.asdict(lora)
@@ -296,3 +301,5 @@ class ServiceState:
         self.futures.cancel_all()
         await self.samplers.aclose()
         self._trainer.shutdown(wait=True, cancel_futures=True)
+        for model in self.models.values():  # a Megatron model's ranks are Ray actors
+            getattr(model, "close", lambda: None)()
