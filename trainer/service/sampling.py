@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -78,6 +79,8 @@ class Sampler:
         model = load_model(folder, adapter).to(resolve_device(device))
         self.model, self.tokenizer = model.eval(), tokenizer
         self.engine = HFEngine(self.model, tokenizer, seed=0)
+        self.stamp: tuple[int, int] | None = None
+        """The sampling folder's :func:`folder_stamp` when this was loaded from it."""
         self.turns = Turns()
 
     async def sample(
@@ -185,6 +188,16 @@ def _cut(tokens: list[int], logprobs: list[float], finish: str, stops: set[int])
     return Sequence(tokens[: at + 1], logprobs[: at + 1], "stop")
 
 
+def folder_stamp(folder: str) -> tuple[int, int]:
+    """``folder``'s inode and modification time: a save under the same name replaces the
+    folder (a new one renamed into place), so its stamp changes. A Hub id has none (0, 0)."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return 0, 0
+    return info.st_ino, info.st_mtime_ns
+
+
 class Samplers:
     """The loaded samplers by sampling session folder, the ``keep`` most recently used."""
 
@@ -202,11 +215,16 @@ class Samplers:
         """
         async with self._lock:
             sampler = self._loaded.pop(folder, None)
+            stamp = folder_stamp(folder)
+            if sampler is not None and sampler.stamp != stamp:  # saved again under its name
+                await sampler.engine.aclose()
+                sampler = None
             if sampler is None:
                 version = hf_version(folder, self.settings)
                 sampler = await asyncio.to_thread(
                     Sampler, version.base, self.settings.device, version.adapter
                 )
+                sampler.stamp = stamp
             self._loaded[folder] = sampler
             while len(self._loaded) > self.keep:
                 _, old = self._loaded.popitem(last=False)

@@ -291,6 +291,33 @@ def test_a_seed_gives_the_same_tokens_on_every_call(client: Any, trained: dict,
     assert [s.tokens for s in sampler.sample(prompt, 2, other).result().sequences] != first
 
 
+def test_a_version_saved_again_under_its_name_samples_the_new_weights(
+    service: Running, examples: list
+) -> None:
+    """A sampling client of ``tinker://.../sampler_weights/same`` loaded that version; after
+    another step saved under the same name, the same client scores with the new weights (the
+    training model's own), not the loaded ones."""
+    client = service.client()
+    training = client.create_lora_training_client(base_model=SMOLLM2_ID, rank=LORA_RANK,
+                                                  seed=SEED).result()  # fmt: skip
+    prompt, completion = examples[1]
+    ids = prompt + completion
+    path = training.save_weights_for_sampler("same").result().path
+    sampler = client.create_sampling_client(model_path=path).result()
+    before = sampler.compute_logprobs(tinker.types.ModelInput.from_ints(ids)).result()[1:]
+    training.forward_backward(datums(examples), "cross_entropy").result()
+    training.optim_step(tinker.types.AdamParams(learning_rate=LR)).result()
+    assert training.save_weights_for_sampler("same").result().path == path
+    after = sampler.compute_logprobs(tinker.types.ModelInput.from_ints(ids)).result()[1:]
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(ids[:-1]),
+                               loss_fn_inputs={"target_tokens": ids[1:]})  # fmt: skip
+    trainer = training.forward([datum], "cross_entropy").result()
+    expected = trainer.loss_fn_outputs[0]["logprobs"].to_numpy().tolist()
+    assert after == pytest.approx(expected, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(after, before, strict=True)) > 1e-3
+    client.close("success").result()
+
+
 def test_an_old_merged_version_loads_as_before(
     service: Running, trained: dict, reference: dict, examples: list
 ) -> None:
