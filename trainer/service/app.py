@@ -12,8 +12,10 @@ gets 400 with ``{"detail": ...}`` (the SDK's ``BadRequestError``).
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -29,6 +31,8 @@ from envhub.trainer.service.checkpoints import page
 from envhub.trainer.service.futures import TRY_AGAIN, Outcome
 from envhub.trainer.service.settings import ServiceSettings
 from envhub.trainer.service.state import ServiceState
+
+log = logging.getLogger(__name__)
 
 Handler = Callable[[ServiceState, Request], Awaitable[Any]]
 
@@ -72,7 +76,9 @@ def build_app(settings: ServiceSettings) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
+        expiry = asyncio.create_task(_expire_sessions(state))
         yield
+        expiry.cancel()
         await state.aclose()
 
     routes = [
@@ -82,6 +88,18 @@ def build_app(settings: ServiceSettings) -> Any:
     app = Starlette(routes=routes, lifespan=lifespan)
     app.state.service = state
     return ApiKeyMiddleware(app, settings.api_key)
+
+
+async def _expire_sessions(state: ServiceState) -> None:
+    """End silent sessions (:meth:`ServiceState.expire_sessions`), checking a few times per
+    timeout."""
+    period = min(state.settings.session_timeout_s / 4, 30.0)
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await state.expire_sessions()
+        except Exception:  # one failed release must not stop the next ones
+            log.exception("ending silent sessions failed")
 
 
 def _endpoint(state: ServiceState, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -128,9 +146,16 @@ async def create_session(state: ServiceState, request: Request) -> dict:
     return {"type": "create_session", "session_id": state.new_session()}
 
 
-async def heartbeat(state: ServiceState, request: Request) -> dict:
-    """Keep a session alive."""
-    state.heartbeat((await request.json())["session_id"])
+async def heartbeat(state: ServiceState, request: Request) -> dict | Response:
+    """Keep a session alive; 410 for one that has ended (the SDK then stops heartbeating)."""
+    session_id = (await request.json())["session_id"]
+    if not state.heartbeat(session_id):
+        timeout = state.settings.session_timeout_s
+        detail = (
+            f"session {session_id} has ended (closed, or no heartbeat for {timeout:g} s); "
+            "start a new ServiceClient"
+        )
+        return JSONResponse({"detail": detail}, status_code=410)
     return {"type": "session_heartbeat"}
 
 
@@ -357,9 +382,7 @@ async def asample(state: ServiceState, request: Request) -> dict:
     if body.get("sampling_session_id"):
         folder = state.sampling_session(body["sampling_session_id"]).folder
     else:
-        folder = state.sampling_session(
-            state.new_sampling_session(body.get("base_model"), body.get("model_path"))
-        ).folder
+        _, folder = state.sampled(body.get("base_model"), body.get("model_path"))
     prompt = _prompt_tokens(body["prompt"])
     num_samples = int(body.get("num_samples", 1))
     with_prompt, last_n = bool(body.get("prompt_logprobs")), body.get("prompt_logprobs_last_n")

@@ -37,6 +37,10 @@ class ServiceSettings(BaseModel):
     """Beside ``envhub serve-model``'s 8000, so both can run at once."""
     long_poll_s: float = Field(10.0, gt=0)
     """How long a ``retrieve_future`` waits for its result before answering ``try_again``."""
+    session_timeout_s: float = Field(300.0, gt=0)
+    """A session whose client sent no heartbeat for this long (the SDK sends one every 10 s)
+    is ended as if closed: a crashed client's models and samplers are freed; what it saved
+    stays."""
     context_length: int = 2048
     """The context length reported for each model."""
     sampler: Literal["hf", "vllm"] = "hf"

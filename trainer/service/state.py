@@ -11,7 +11,8 @@ by loading a checkpoint). Runs and checkpoints live on disk under ``state_dir``
 (:mod:`~envhub.trainer.service.checkpoints`), so a service started again on the same folder
 lists, samples and resumes from them.
 
-When a session ends (the SDK's ``close``) the memory it holds goes: its training models (a LoRA
+When a session ends (the SDK's ``close``, or no heartbeat for ``session_timeout_s``: the SDK
+sends one every 10 s while its client lives) the memory it holds goes: its training models (a LoRA
 model's adapter leaves the shared base, and the base goes with its last adapter), its uploaded
 losses, and the samplers its sampling sessions loaded that no other session samples. What it
 saved stays on disk.
@@ -23,6 +24,7 @@ import asyncio
 import dataclasses
 import gc
 import itertools
+import logging
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +35,8 @@ from envhub.errors import ConfigError
 from envhub.trainer.service.checkpoints import Store
 from envhub.trainer.service.futures import Futures
 from envhub.trainer.service.settings import ServiceSettings
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,13 +97,26 @@ class ServiceState:
         self.sessions[session.id] = session
         return session.id
 
-    def heartbeat(self, session_id: str) -> None:
-        """Note that ``session_id``'s client is alive.
+    def heartbeat(self, session_id: str) -> bool:
+        """Note that ``session_id``'s client is alive; False when the session has ended
+        (closed, or expired) or never was."""
+        session = self.sessions.get(session_id)
+        if session is not None:
+            session.last_heartbeat = time.monotonic()
+        return session is not None
 
-        Raises:
-            KeyError: No such session.
-        """
-        self.sessions[session_id].last_heartbeat = time.monotonic()
+    async def expire_sessions(self) -> list[str]:
+        """End the sessions whose client sent no heartbeat for ``session_timeout_s`` (a client
+        that crashed or lost the network), as a ``close`` would; return their ids."""
+        limit = time.monotonic() - self.settings.session_timeout_s
+        silent = [s.id for s in self.sessions.values() if s.last_heartbeat < limit]
+        for session_id in silent:
+            log.warning(
+                "session %s sent no heartbeat for %.0f s: ended, its models freed (what it "
+                "saved stays)", session_id, self.settings.session_timeout_s,
+            )  # fmt: skip
+            await self.end_session(session_id)
+        return silent
 
     async def end_session(self, session_id: str) -> None:
         """Close ``session_id`` and free what it holds in memory (see the module docstring):
@@ -245,7 +262,12 @@ class ServiceState:
             ConfigError: No such model.
         """
         if model_id not in self.models:
-            raise ConfigError(f"no training model {model_id!r}")
+            session = model_id.split(":", 1)[0]
+            why = "" if session in self.sessions else (
+                f": its session has ended (closed, or no heartbeat for "
+                f"{self.settings.session_timeout_s:g} s); what it saved loads into a new one"
+            )  # fmt: skip
+            raise ConfigError(f"no training model {model_id!r}{why}")
         return self.models[model_id]
 
     def save_for_sampler(self, model_id: str, name: str) -> str:
@@ -271,20 +293,27 @@ class ServiceState:
                              owner: str | None = None) -> str:  # fmt: skip
         """Open a sampling session of session ``owner`` on saved weights or a base model;
         return its id."""
+        base, folder = self.sampled(base_model, model_path)
+        session = SamplingSession(f"sampler-{next(self._ids)}", base, model_path, folder, owner)
+        self.sampling_sessions[session.id] = session
+        return session.id
+
+    def sampled(self, base_model: str | None, model_path: str | None) -> tuple[str, str]:
+        """The base model and the folder a sampler of saved weights (``model_path``) or of a
+        base model loads (a one-off request opens no sampling session: nothing to free).
+
+        Raises:
+            ConfigError: Neither given, no such saved weights, or a base model not served.
+        """
         from envhub.trainer.models import resolve_model
 
         if model_path is not None:
             run_id, saved = self.store.resolve(model_path, "sampler_weights")
-            folder = str(saved)
-            base = base_model or self.store.run(run_id)["base_model"]
-        elif base_model is not None:
+            return base_model or self.store.run(run_id)["base_model"], str(saved)
+        if base_model is not None:
             self.check_base_model(base_model)
-            base, folder = base_model, resolve_model(self.settings.served()[base_model])
-        else:
-            raise ConfigError("a sampling session needs a model_path or a base_model")
-        session = SamplingSession(f"sampler-{next(self._ids)}", base, model_path, folder, owner)
-        self.sampling_sessions[session.id] = session
-        return session.id
+            return base_model, resolve_model(self.settings.served()[base_model])
+        raise ConfigError("a sampling session needs a model_path or a base_model")
 
     def sampling_session(self, session_id: str) -> SamplingSession:
         """The sampling session ``session_id``.
