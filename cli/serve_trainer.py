@@ -66,6 +66,11 @@ def serve_trainer_command(
     pipeline_parallel: int = _setting(
         "pipeline_parallel", help="With --backend megatron: pipeline stages."
     ),
+    session_timeout: float = _setting(
+        "session_timeout_s", "--session-timeout",
+        help="Seconds without a heartbeat after which a client's session is ended and its "
+        "models freed (the SDK sends one every 10 s).",
+    ),
 ) -> None:
     """Serve the Tinker training API on envhub's trainer until Ctrl-C.
 
@@ -94,6 +99,7 @@ def serve_trainer_command(
         api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
         backend=backend, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+        session_timeout_s=session_timeout,
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")
