@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,7 @@ def main() -> None:
             print(f"{name}: {json.dumps(report[name])}", flush=True)
     finally:
         server.should_exit = True
+        shutil.rmtree(work, ignore_errors=True)  # the service's saves: GBs a run
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

@@ -170,6 +170,7 @@ def main() -> None:
                 print(f"  {key}: {report[name][key]}")
     finally:
         server.should_exit = True
+        shutil.rmtree(work, ignore_errors=True)  # the service's saves: GBs a run
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
 

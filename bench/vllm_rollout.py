@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -137,9 +138,13 @@ def training(steps: int) -> None:
         "checkpoint.export_hf=false", "logging.plot=false",
     ]  # fmt: skip
     started = time.perf_counter()
-    subprocess.run(command, check=True)
-    wall = time.perf_counter() - started
-    rows = [json.loads(line) for line in (out / "vllm" / "metrics.jsonl").read_text().splitlines()]
+    try:
+        subprocess.run(command, check=True)
+        wall = time.perf_counter() - started
+        metrics = (out / "vllm" / "metrics.jsonl").read_text()
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+    rows = [json.loads(line) for line in metrics.splitlines()]
     print(
         f"\nenvhub train quickstart, rollout.engine=vllm, {steps} steps, "
         f"{wall:.0f} s wall (with engine start)"
