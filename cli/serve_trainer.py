@@ -50,10 +50,16 @@ def serve_trainer_command(
     sampler: str = _setting(
         "sampler",
         help="hf (in process) or vllm (an engine per base model, LoRA versions "
-        "as adapters on it; full-weight versions refused).",
+        "as adapters on it; an engine per full-weight model, its versions' weights loaded "
+        "into it).",
     ),
     vllm_max_lora_rank: int = _setting(
         "vllm_max_lora_rank", help="The largest LoRA rank the vllm sampler serves."
+    ),
+    vllm_max_full_weight_engines: int = _setting(
+        "vllm_max_full_weight_engines",
+        help="The most vllm engines of full-weight models at once (the least recently "
+        "used idle one stops).",
     ),
     backend: str = _setting(
         "backend",
@@ -98,6 +104,7 @@ def serve_trainer_command(
         **named, port=port, host=host, device=device,
         api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
+        vllm_max_full_weight_engines=vllm_max_full_weight_engines,
         backend=backend, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
         session_timeout_s=session_timeout,
     )  # fmt: skip

@@ -44,7 +44,8 @@ def test_each_option_defaults_to_its_settings_field() -> None:
     shared = [name for name in options if name in ServiceSettings.model_fields]
     assert sorted(shared) == ["api_key", "backend", "device", "host", "models",
                               "pipeline_parallel", "port", "sampler", "state_dir",
-                              "tensor_parallel", "vllm_max_lora_rank"]  # fmt: skip
+                              "tensor_parallel", "vllm_max_full_weight_engines",
+                              "vllm_max_lora_rank"]  # fmt: skip
     for name in set(shared) - {"api_key", "models"}:  # a key is made per run; models: an argument
         assert options[name].default.default == getattr(defaults, name), name
     assert defaults.port == 8010  # beside serve-model's 8000

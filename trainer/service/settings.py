@@ -46,9 +46,13 @@ class ServiceSettings(BaseModel):
     sampler: Literal["hf", "vllm"] = "hf"
     """What samples: ``hf`` (envhub's HF engine in this process, a model per saved version) or
     ``vllm`` (a vLLM engine per base model, each saved LoRA version an adapter loaded into it;
-    full-weight versions refused; :mod:`~envhub.trainer.service.vllm_sampling`)."""
+    an engine per full-weight training model, each version's weights loaded into it;
+    :mod:`~envhub.trainer.service.vllm_sampling`)."""
     vllm_max_lora_rank: int = Field(32, ge=1, le=512)
     """The largest LoRA rank the vLLM sampler serves (its engines' ``--max-lora-rank``)."""
+    vllm_max_full_weight_engines: int = Field(2, ge=1)
+    """The most vLLM engines of full-weight training models at once (one per model, its
+    versions' weights switched in; past it the least recently used idle one stops)."""
     backend: Literal["torch", "megatron"] = "torch"
     """What trains: ``torch`` (envhub's torch backend in this process; LoRA and full weights)
     or ``megatron`` (full-weight models on megatron-core ranks that Ray places, one group of

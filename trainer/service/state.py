@@ -274,7 +274,7 @@ class ServiceState:
         """Write ``model_id``'s weights for sampling under ``name``: a LoRA model's adapter
         alone, a full-weight model's HF folder (:mod:`~envhub.trainer.service.versions`);
         return its tinker path."""
-        from envhub.trainer.service.versions import save_adapter
+        from envhub.trainer.service.versions import save_adapter, save_reference
 
         model = self.model(model_id)
         meta = {"steps": model.steps}
@@ -282,6 +282,7 @@ class ServiceState:
         def fill(folder: Any) -> None:
             if model.shared is None:
                 model.export(folder)
+                save_reference(model, folder)  # what the vLLM sampler checks its load against
             else:
                 save_adapter(model, folder)
 

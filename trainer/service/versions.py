@@ -5,7 +5,9 @@ A LoRA model's saved version is its adapter alone, in PEFT's format, under
 in float32). The base model it adapts is its run's ``base_model`` (``run.json``, see
 :mod:`~envhub.trainer.service.checkpoints`), resolved through the served models, so a version
 saved every step costs the adapter's bytes only. A model that trains every weight saves a
-full HF folder (``config.json``, ``model.safetensors``, tokenizer).
+full HF folder (``config.json``, ``model.safetensors``, tokenizer) and its own logprobs of the
+weight-sync check's fixed sequence (:func:`save_reference`): the vLLM sampler checks the
+weights it loads against them, as ``envhub train`` checks every sync against its trainer.
 
 Stores written before the adapter-only format hold a LoRA version as the merged HF weights
 with the adapter beside them; the HF sampler loads such a folder as it is (it holds model
@@ -16,6 +18,7 @@ Torch-free at import: the adapter is written with torch, PEFT and safetensors im
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,9 @@ from envhub.trainer.service.settings import ServiceSettings
 
 ADAPTER_DIR = "adapter"
 """The subfolder of a LoRA model's saved version that holds its adapter (PEFT's format)."""
+REFERENCE_FILE = "reference_logprobs.json"
+"""A full-weight version's file of its model's logprobs of the fixed sequence (``ids`` and
+``logprobs``: each token's after the first)."""
 
 
 def save_adapter(model: Any, folder: Path) -> None:
@@ -44,6 +50,23 @@ def save_adapter(model: Any, folder: Path) -> None:
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
               str(target / "adapter_model.safetensors"), metadata={"format": "pt"})  # fmt: skip
     peft_model.peft_config[name].save_pretrained(str(target))
+
+
+def save_reference(model: Any, folder: Path) -> None:
+    """Write ``model``'s logprobs of the weight-sync check's fixed sequence
+    (:class:`~envhub.trainer.weight_sync.verify.Verifier`, tokenised by the tokenizer saved in
+    ``folder``) into ``folder`` (a full-weight model's saved version; on the trainer thread)."""
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from envhub.trainer.service.wire import Datum, ForwardRequest
+    from envhub.trainer.weight_sync.verify import Verifier
+
+    ids = Verifier(AutoTokenizer.from_pretrained(folder)).ids
+    datum = Datum(ids[:-1], {"target_tokens": np.array(ids[1:], dtype=np.int64)})
+    outputs, _ = model.forward(ForwardRequest("", 0, "cross_entropy", {}, True, [datum]))
+    logprobs = [float(v) for v in outputs[0]["logprobs"]]
+    (folder / REFERENCE_FILE).write_text(json.dumps({"ids": ids, "logprobs": logprobs}))
 
 
 @dataclass(frozen=True)

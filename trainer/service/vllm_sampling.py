@@ -1,20 +1,25 @@
 """Samplers of the service on vLLM: one engine per base model, each saved LoRA version an
-adapter loaded into it by name (``envhub serve-trainer --sampler vllm``).
+adapter loaded into it by name, and one engine per full-weight training model, its weights
+switched to the version sampled (``envhub serve-trainer --sampler vllm``).
 
 The engine is a ``vllm serve`` child process started with envhub's launcher
 (:class:`~envhub.inference.vllm_server.VLLMServer`, as ``envhub serve-model`` and the trainer's
-engines start theirs): on the first request for its base model, once, with
-``--enable-lora``, and stopped with the service (the launcher's guard ends its process group
-when the service's process dies, however it dies). ``save_weights_for_sampler`` writes a LoRA
-model's adapter (:mod:`~envhub.trainer.service.versions`), and a sampling request on that
-version loads the adapter into its base model's engine under a name of its own (vLLM's
+engines start theirs; :mod:`~envhub.trainer.service.vllm_engine`): on the first request for its
+base model, once, with ``--enable-lora``, and stopped with the service (the launcher's guard
+ends its process group when the service's process dies, however it dies).
+``save_weights_for_sampler`` writes a LoRA model's adapter
+(:mod:`~envhub.trainer.service.versions`), and a sampling request on that version loads the
+adapter into its base model's engine under a name of its own (vLLM's
 ``/v1/load_lora_adapter``), so any saved version samples without a new engine; when the
-session that sampled it ends, the adapter is unloaded (:meth:`VLLMSamplers.drop`). Weights saved
-by a model that trains every weight are refused: each would need an engine of its own (a
-minute's start on a CPU and a whole copy of the model per version); ``--sampler hf`` samples
-them. An engine that died (its process exited, or it stopped answering: an out-of-memory kill,
-a vLLM crash) is replaced on the next request, which loads its adapter again; the request
-that met the death is retried once, on the new engine.
+session that sampled it ends, the adapter is unloaded (:meth:`VLLMSamplers.drop`). Weights
+saved by a model that trains every weight are served by an engine per training model, started
+from the first version sampled; another version's weights are loaded into it through envhub's
+weight sync before its requests run, which never share the engine with another version's
+(:mod:`~envhub.trainer.service.vllm_full_weights`; at most
+``vllm_max_full_weight_engines`` such engines, the least recently used stopped). An engine
+that died (its process exited, or it stopped answering: an out-of-memory kill, a vLLM crash)
+is replaced on the next request, which loads its adapter again; the request that met the
+death is retried once, on the new engine.
 
 Answers as the HF sampler's (:mod:`~envhub.trainer.service.sampling`) do:
 
@@ -35,25 +40,17 @@ Answers as the HF sampler's (:mod:`~envhub.trainer.service.sampling`) do:
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import logging
-import math
-from pathlib import Path
-from typing import Any
 
-import httpx
-
-from envhub.errors import ConfigError, EngineDiedError, EngineError
-from envhub.trainer.service.sampling import Turns
+from envhub.errors import ConfigError
 from envhub.trainer.service.settings import ServiceSettings
-from envhub.trainer.service.versions import Version, adapter_version
-from envhub.trainer.service.wire import Sequence
+from envhub.trainer.service.versions import Version, adapter_version, holds_weights
+from envhub.trainer.service.vllm_engine import MAX_LORAS, Engine, VLLMSampler
+from envhub.trainer.service.vllm_full_weights import FullWeightEngines
+
+__all__ = ["MAX_LORAS", "Engine", "VLLMSampler", "VLLMSamplers"]
 
 log = logging.getLogger(__name__)
-
-MAX_LORAS = 4
-"""Adapters one engine batch may mix (vLLM's ``--max-loras``); more are swapped in and out."""
 
 
 class VLLMSamplers:
@@ -64,32 +61,41 @@ class VLLMSamplers:
         self.settings = settings
         self.engines: dict[str, Engine] = {}
         """The engines started, by base model folder."""
+        self.full_weights = FullWeightEngines(settings)
+        """The engines of full-weight training models."""
         self._lock = asyncio.Lock()
 
     def version(self, folder: str) -> Version:
         """What ``folder`` (a sampling session's) samples.
 
         Raises:
-            ConfigError: Full-weight saved weights, or a base model no longer served.
+            ConfigError: Neither model weights nor an adapter, or a base model no longer
+                served.
         """
-        from envhub.trainer.models import resolve_model
-
-        served = self.settings.served()
-        bases = {resolve_model(model) for model in served.values()}
-        if folder in bases:
+        if self._is_base(folder):
             return Version(folder, None)
         version = adapter_version(folder, self.settings)
-        if version is None:
-            raise ConfigError(
-                f"{folder} holds full weights (a model trained without LoRA): the vLLM sampler "
-                "serves base models and LoRA versions only; start serve-trainer with "
-                "--sampler hf to sample it"
-            )
-        return version
+        if version is not None:
+            return version
+        if holds_weights(folder):  # a full-weight version
+            return Version(folder, None)
+        raise ConfigError(f"{folder} holds neither model weights nor a LoRA adapter")
+
+    def _is_base(self, folder: str) -> bool:
+        from envhub.trainer.models import resolve_model
+
+        return folder in {resolve_model(model) for model in self.settings.served().values()}
+
+    def full_weights_version(self, folder: str) -> bool:
+        """Whether ``folder`` is a version saved by a model that trains every weight."""
+        return self.version(folder).adapter is None and not self._is_base(folder)
 
     async def get(self, folder: str) -> VLLMSampler:
         """The sampler of ``folder``: its base model's engine (started on first use, in a
-        worker thread, and again if it died) with its adapter loaded."""
+        worker thread, and again if it died) with its adapter loaded; a full-weight version's:
+        its training model's engine, which loads its weights before its requests run."""
+        if self.full_weights_version(folder):
+            return await self.full_weights.get(folder)
         version = self.version(folder)
         async with self._lock:
             engine = self.engines.get(version.base)
@@ -115,10 +121,14 @@ class VLLMSamplers:
 
     async def drop(self, folder: str) -> None:
         """Unload ``folder``'s adapter from its engine (its sampling sessions have ended); the
-        engine stays for the base model's other versions."""
+        engine stays for the base model's other versions. A full-weight model's engine stops
+        once no session samples its versions."""
         try:
             version = self.version(folder)
         except ConfigError:  # nothing of it was ever loaded
+            return
+        if self.full_weights_version(folder):
+            await self.full_weights.drop(folder)
             return
         engine = self.engines.get(version.base)
         if engine is not None and version.adapter is not None:
@@ -129,209 +139,4 @@ class VLLMSamplers:
         engines, self.engines = list(self.engines.values()), {}
         for engine in engines:
             await engine.aclose()
-
-
-class Engine:
-    """One vLLM server of a base model, the adapters loaded into it and its turns.
-
-    Args:
-        model: The base model's folder (or Hub id).
-        settings: The service's settings (device, context length, the largest LoRA rank).
-    """
-
-    def __init__(self, model: str, settings: ServiceSettings) -> None:
-        from envhub.inference.vllm_server import VLLMServer, default_context_length
-        from envhub.trainer.backends.torch_backend import resolve_device
-        from envhub.trainer.weight_sync.adapter import engine_lora_rank
-
-        self.model = model
-        self.max_rank = engine_lora_rank(settings.vllm_max_lora_rank)
-        self.max_model_len = min(settings.context_length, default_context_length(model))
-        on_gpu = resolve_device(settings.device).type == "cuda"
-        args = [
-            # the trainer scores in float32 on a CPU; on GPUs vLLM's bfloat16 kernels
-            "--dtype", "bfloat16" if on_gpu else "float32",
-            "--logprobs-mode", "processed_logprobs",
-            "--enable-lora", "--max-lora-rank", str(self.max_rank),
-            "--max-loras", str(MAX_LORAS), "--max-cpu-loras", str(4 * MAX_LORAS),
-            # unchunked prefills: see the module docstring (seeds)
-            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.max_model_len),
-        ]  # fmt: skip
-        if not on_gpu:
-            args.append("--enforce-eager")
-        self.server = VLLMServer(
-            model, served_model_name="base", max_model_len=self.max_model_len, extra_args=args,
-            env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
-        )  # fmt: skip
-        self.http: httpx.AsyncClient | None = None
-        self.turns = Turns()
-        self._loaded: dict[Path, tuple[int, str]] = {}
-        """Adapter folder -> (its file's mtime, the name it is loaded under)."""
-        self._names = itertools.count(1)
-        self._loading = asyncio.Lock()
-        self.failed = False
-        """Set when the server stopped answering: it is restarted even if its process lingers."""
-
-    def alive(self) -> bool:
-        """Whether the server's process runs and answered its last request."""
-        process = self.server.process
-        return not self.failed and process is not None and process.poll() is None
-
-    async def start(self) -> None:
-        """Start the server (minutes on a first start on a CPU) and its client."""
-        url = await asyncio.to_thread(self.server.start)
-        self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(600.0, connect=10.0))
-
-    async def adapter(self, folder: Path) -> str:
-        """The name the adapter in ``folder`` is loaded under, loading it first if needed (a
-        folder saved again under the same name is loaded anew, and its old version dropped).
-
-        Raises:
-            ConfigError: Its rank is above the engine's largest.
-        """
-        stamp = (folder / "adapter_model.safetensors").stat().st_mtime_ns
-        async with self._loading:
-            known = self._loaded.get(folder)
-            if known is not None and known[0] == stamp:
-                return known[1]
-            rank = json.loads((folder / "adapter_config.json").read_text())["r"]
-            if rank > self.max_rank:
-                raise ConfigError(
-                    f"LoRA rank {rank} is above the vLLM sampler's largest ({self.max_rank}); "
-                    "start serve-trainer with a larger --vllm-max-lora-rank"
-                )
-            name = f"version-{next(self._names)}"
-            await self.call("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(folder)})
-            if known is not None:
-                await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
-            self._loaded[folder] = (stamp, name)
-            return name
-
-    async def forget(self, folder: Path) -> None:
-        """Unload the adapter in ``folder`` if it is loaded."""
-        async with self._loading:
-            known = self._loaded.pop(folder, None)
-            if known is None or not self.alive():
-                return
-            try:
-                await self.call("/v1/unload_lora_adapter", {"lora_name": known[1]})
-            except EngineDiedError:  # its adapters went with it; the next request replaces it
-                log.warning("the vLLM sampler of %s died (its log: %s)", self.model,
-                            self.server.log_path)  # fmt: skip
-
-    async def call(self, route: str, body: dict[str, Any]) -> Any:
-        """POST ``body`` to ``route``; its JSON (or text) answer.
-
-        Raises:
-            EngineError: The server refused or failed it (with its message and log).
-        """
-        if self.http is None:
-            raise EngineError(f"the vLLM sampler of {self.model} is not running")
-        try:
-            response = await self.http.post(route, json=body)
-        except httpx.TransportError as e:
-            self.failed = True
-            raise EngineDiedError(
-                f"the vLLM sampler of {self.model} stopped answering ({type(e).__name__}); "
-                f"its log: {self.server.log_path}"
-            ) from e
-        if response.status_code >= 500 and not await self._healthy():
-            self.failed = True
-            raise EngineDiedError(
-                f"the vLLM sampler of {self.model} died answering {route}; "
-                f"its log: {self.server.log_path}"
-            )
-        if response.status_code != 200:
-            raise EngineError(
-                f"vLLM answered {route} with HTTP {response.status_code}: "
-                f"{response.text[:300]} (log: {self.server.log_path})"
-            )
-        try:
-            return response.json()
-        except ValueError:
-            return response.text
-
-    async def _healthy(self) -> bool:
-        """Whether the server says its engine lives (vLLM's ``/health``: 503 once its engine
-        core died, which its other routes answer with a bare HTTP 500 until it exits)."""
-        assert self.http is not None
-        try:
-            return (await self.http.get("/health", timeout=10.0)).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    async def aclose(self) -> None:
-        """Close the client and stop the server's whole process group."""
-        if self.http is not None:
-            await self.http.aclose()
-            self.http = None
-        await asyncio.to_thread(self.server.stop)
-
-
-class VLLMSampler:
-    """One version (a base model, or an adapter on it) on its engine.
-
-    Args:
-        engine: The base model's engine.
-        adapter: The name its adapter is loaded under; None: the base model.
-    """
-
-    def __init__(self, engine: Engine, adapter: str | None) -> None:
-        self.engine = engine
-        self.name = adapter or "base"
-
-    async def sample(
-        self, prompt: list[int], num_samples: int, params: dict[str, Any]
-    ) -> list[Sequence]:
-        """``num_samples`` completions of ``prompt`` with Tinker's ``sampling_params``
-        (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``)."""
-        body = self._body(prompt, num_samples, params)
-        async with self.engine.turns.shared():
-            data = await self.engine.call("/v1/completions", body)
-        choices = sorted(data["choices"], key=lambda c: c["index"])
-        return [_sequence(c) for c in choices]
-
-    def _body(self, prompt: list[int], num_samples: int, params: dict[str, Any]) -> dict:
-        stop = params.get("stop") or []
-        stop = [stop] if isinstance(stop, (str, int)) else list(stop)
-        room = self.engine.max_model_len - len(prompt)
-        if room < 1:
-            raise ConfigError(
-                f"the prompt has {len(prompt)} tokens; the sampler's context is "
-                f"{self.engine.max_model_len}"
-            )
-        top_k = params.get("top_k")
-        body = {
-            "model": self.name, "prompt": prompt, "n": num_samples,
-            "max_tokens": min(params.get("max_tokens") or 512, room),
-            "temperature": params.get("temperature", 1.0), "top_p": params.get("top_p", 1.0),
-            "top_k": -1 if top_k is None or top_k < 0 else top_k,
-            "stop": [s for s in stop if isinstance(s, str)],
-            "stop_token_ids": [s for s in stop if isinstance(s, int)],
-            "logprobs": 0, "return_token_ids": True,
-        }  # fmt: skip
-        if params.get("seed") is not None:
-            body["seed"] = params["seed"]
-        return body
-
-    async def prompt_logprobs(self, prompt: list[int], last_n: int | None) -> list[float]:
-        """Each prompt token's logprob given the tokens before it (NaN for the first, and for
-        all but the last ``last_n`` when it is given), with the engine to itself."""
-        body = {"model": self.name, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
-                "prompt_logprobs": 0}  # fmt: skip
-        async with self.engine.turns.exclusive():
-            data = await self.engine.call("/v1/completions", body)
-        entries = data["choices"][0]["prompt_logprobs"]
-        values = [math.nan] + [
-            entry[str(token)]["logprob"]
-            for entry, token in zip(entries[1:], prompt[1:], strict=True)
-        ]
-        if last_n is not None:
-            values[: len(values) - last_n] = [math.nan] * (len(values) - last_n)
-        return values
-
-
-def _sequence(choice: dict[str, Any]) -> Sequence:
-    tokens = list(choice["token_ids"])
-    logprobs = [float(v) for v in choice["logprobs"]["token_logprobs"]]
-    return Sequence(tokens, logprobs, "length" if choice["finish_reason"] == "length" else "stop")
+        await self.full_weights.aclose()
