@@ -143,7 +143,7 @@ class Engine:
                 f"the vLLM sampler of {self.model} stopped answering ({type(e).__name__}); "
                 f"its log: {self.server.log_path}"
             ) from e
-        if response.status_code >= 500 and not await self._healthy():
+        if response.status_code >= 500 and not await self.healthy():
             self.failed = True
             raise EngineDiedError(
                 f"the vLLM sampler of {self.model} died answering {route}; "
@@ -159,7 +159,7 @@ class Engine:
         except ValueError:
             return response.text
 
-    async def _healthy(self) -> bool:
+    async def healthy(self) -> bool:
         """Whether the server says its engine lives (vLLM's ``/health``: 503 once its engine
         core died, which its other routes answer with a bare HTTP 500 until it exits)."""
         assert self.http is not None

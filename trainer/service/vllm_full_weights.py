@@ -43,7 +43,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from envhub.errors import EngineDiedError, EngineUnavailableError
+from envhub.errors import EngineDiedError, EngineError, EngineUnavailableError
 from envhub.trainer.service.settings import ServiceSettings
 from envhub.trainer.service.versions import REFERENCE_FILE
 from envhub.trainer.service.vllm_engine import Engine, VLLMSampler
@@ -185,9 +185,12 @@ class WeightLoader:
                 self._sender = await asyncio.to_thread(self._connect, loop)
             await asyncio.to_thread(self._sender.send)
             await self.routes.reset_prefix_cache()
-        except EngineUnavailableError as e:
-            self.engine.failed = True
-            raise EngineDiedError(f"the vLLM sampler of {self.engine.model} died: {e}") from e
+        except EngineError as e:
+            # a killed engine core leaves the API server answering HTTP 500 until it exits
+            if isinstance(e, EngineUnavailableError) or not await self.engine.healthy():
+                self.engine.failed = True
+                raise EngineDiedError(f"the vLLM sampler of {self.engine.model} died: {e}") from e
+            raise
         await self.check(folder)
         return time.perf_counter() - started
 
