@@ -27,8 +27,7 @@ request with a :class:`~envhub.errors.WeightSyncError` and the next request load
 - **Identity of a version**: its folder and the folder's inode and mtime, because saving again
   under the same name replaces the folder: the engine loads the new weights.
 
-On the CPU the weights travel through a shared-memory file (``envhub_shm``); on a GPU through
-CUDA IPC: the engine is a child process of the service on the service's own GPU.
+The weights travel through a shared-memory file (``envhub_shm``, :data:`TRANSFER`).
 """
 
 from __future__ import annotations
@@ -53,6 +52,11 @@ log = logging.getLogger(__name__)
 
 BUCKET_BYTES = 256 << 20
 """Bytes of weights one transfer bucket holds (whole decoder layers; a bigger one alone)."""
+
+TRANSFER = "envhub_shm"
+"""The weight transfer: the weights come from a file on the service's host, and the engine is
+a child of the service there, so a shared-memory file serves a CPU or a GPU engine alike, and
+the service needs no GPU of its own (with the Megatron backend its ranks hold them)."""
 
 Key = tuple[str, int, int]
 """A saved version as loaded: its folder, the folder's inode and its mtime (ns)."""
@@ -299,15 +303,9 @@ class FullWeightEngines:
     """
 
     def __init__(self, settings: ServiceSettings) -> None:
-        from envhub.trainer.backends.torch_backend import resolve_device
-        from envhub.trainer.weight_sync import transfers
-
         self.settings = settings
         self.engines: OrderedDict[str, FullWeightEngine] = OrderedDict()
-        on_gpu = resolve_device(settings.device).type == "cuda"
-        # a child process on the service's GPU: CUDA IPC there (NCCL cannot put two ranks
-        # on one GPU), shared memory on a CPU
-        self.transfer = transfers.choose("auto", on_gpu=on_gpu, shares_gpu=True)
+        self.transfer = TRANSFER
         self.start_seconds: list[float] = []
         """Seconds each engine took to start."""
         self._starting: Engine | None = None
