@@ -47,6 +47,37 @@ def test_a_failed_start_leaves_no_engine(tmp_path: Path, monkeypatch: pytest.Mon
     assert stopped == [str(model)]
 
 
+def test_a_dead_base_engine_is_replaced_on_the_next_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A base model's engine that died (its process gone, or a request found it dead) is
+    stopped and a new one started for the next request; a live one is reused."""
+    from envhub.trainer.service.vllm_sampling import Engine
+
+    log: list[str] = []
+
+    async def start(engine: Engine) -> None:
+        log.append("start")
+
+    async def stop(engine: Engine) -> None:
+        log.append("stop")
+
+    monkeypatch.setattr(Engine, "start", start)
+    monkeypatch.setattr(Engine, "aclose", stop)
+    monkeypatch.setattr(Engine, "alive", lambda engine: not engine.failed)
+    samplers, model = _samplers(tmp_path)
+
+    async def main() -> None:
+        first = (await samplers.get(str(model))).engine
+        assert (await samplers.get(str(model))).engine is first
+        first.failed = True  # what a request that met the death sets
+        second = (await samplers.get(str(model))).engine
+        assert second is not first and samplers.engines == {str(model): second}
+
+    asyncio.run(main())
+    assert log == ["start", "stop", "start"]
+
+
 def test_empty_folders_and_unknown_bases_are_refused(tmp_path: Path) -> None:
     import json
 

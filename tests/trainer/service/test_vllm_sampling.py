@@ -116,43 +116,6 @@ def test_a_seeded_request_repeats_exactly(versions: dict) -> None:
     ]
 
 
-def test_a_dead_engine_is_replaced_and_samples_as_before(
-    service: Running, versions: dict, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The engine's core killed as the out-of-memory killer would (SIGKILL): the next request
-    starts a new engine, loads the version's adapter again and repeats the seeded sample
-    exactly; the death is logged with the old engine's log."""
-    import os
-    import signal
-
-    from envhub.lifetime.procs import group_members
-
-    samplers = service.app.app.state.service.samplers
-    (old,) = samplers.engines.values()
-    group = old.server.process.pid
-    core = [p for p in group_members(group) if b"EngineCore" in _command_line(p)]
-    assert len(core) == 1, "vLLM's engine core process"
-    os.kill(core[0], signal.SIGKILL)
-    params = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
-    prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    with caplog.at_level("WARNING", logger="envhub.trainer.service.vllm_sampling"):
-        again = versions["v2"]["sampler"].sample(prompt, 2, params).result()
-    first = versions["v2"]["response"]
-    assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
-    assert [s.logprobs for s in again.sequences] == [s.logprobs for s in first.sequences]
-    (new,) = samplers.engines.values()
-    assert new is not old and new.alive() and group_members(group) == []
-    assert f"died (its log: {old.server.log_path})" in caplog.text
-
-
-def _command_line(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def test_a_stop_token_ends_the_row_after_it(versions: dict) -> None:
     sampler = versions["v1"]["sampler"]
     prompt = tinker.types.ModelInput.from_ints(PROMPT)
