@@ -76,6 +76,7 @@ def build_app(settings: ServiceSettings) -> Any:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
+        await state.start()
         expiry = asyncio.create_task(_expire_sessions(state))
         yield
         expiry.cancel()

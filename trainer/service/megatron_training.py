@@ -16,6 +16,11 @@ the ranks' split update (:mod:`~envhub.trainer.megatron.worker_steps`):
   shards (any split of the same model loads it);
 - export: the whole model as an HF folder, written by rank 0, which the samplers load.
 
+The service owns Ray: it starts it (or joins this process's) before any model
+(:func:`start_ray`) and stops it only if it started it, so a model's ranks, stopped when its
+session ends, and the vLLM sampler's engines, placed on Ray beside them, leave it up for the
+others.
+
 Refused, with a message that says what to do: LoRA (the torch backend trains adapters), and
 uploaded custom losses and ``[T, K]`` targets (the torch backend runs them).
 """
@@ -48,16 +53,43 @@ LORA_REFUSED = (
 
 def megatron_config(model: str, seed: int, settings: ServiceSettings) -> TrainConfig:
     """The ``TrainConfig`` of a model's Megatron backend: logprobs at temperature 1, no
-    clipping or schedule of its own (each ``optim_step`` says), the split of ``settings``."""
+    clipping or schedule of its own (each ``optim_step`` says), the split of ``settings``.
+    With the vLLM sampler, the model's sampler engine is Ray-placed beside its ranks
+    (``rollout.vllm.mode: ray``, one engine): on GPUs the ranks leave it one of the node's."""
     split = {"tensor_parallel": settings.tensor_parallel,
              "pipeline_parallel": settings.pipeline_parallel}  # fmt: skip
+    # what the Megatron backend samples with
+    rollout: dict[str, Any] = {"engine": "vllm", "temperature": 1.0}
+    if settings.sampler == "vllm":
+        rollout["vllm"] = {"mode": "ray", "engines": 1}
     return validate_config({
         "model": {"name": model}, "seed": seed,
         "envs": [{"name": "arithmetic"}],  # a TrainConfig needs one; nothing rolls out here
-        "rollout": {"engine": "vllm", "temperature": 1.0},  # what the Megatron backend samples with
-        "optimizer": {"grad_clip": None},
+        "rollout": rollout, "optimizer": {"grad_clip": None},
         "backend": {"kind": "megatron", "megatron": split},
     })  # fmt: skip
+
+
+def service_ray_cpus(settings: ServiceSettings) -> int:
+    """Logical CPUs of the local Ray cluster a Megatron-backed service starts, sized as
+    ``envhub train`` sizes a run's (:func:`~envhub.trainer.cluster.run.ray_cpus`): room for
+    ``vllm_max_full_weight_engines`` models at once, each its ranks and its vLLM engine, and a
+    vLLM engine per served base model (a model beyond waits for room, then fails to place)."""
+    from envhub.trainer.cluster.run import ray_cpus
+
+    served = settings.served()
+    per_model = ray_cpus(megatron_config(next(iter(served.values())), 0, settings))
+    base_engines = len(served) if settings.sampler == "vllm" else 0
+    return settings.vllm_max_full_weight_engines * per_model + base_engines
+
+
+def start_ray(settings: ServiceSettings) -> bool:
+    """Start the service's local Ray cluster (:func:`service_ray_cpus`), or join the one this
+    process has; True when this call started it (the service then stops it:
+    :func:`~envhub.trainer.cluster.run.stop_ray`)."""
+    from envhub.trainer.cluster.ray_runtime import init_ray
+
+    return init_ray(None, num_cpus=service_ray_cpus(settings))
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,8 @@ class ServiceSettings(BaseModel):
     backend: Literal["torch", "megatron"] = "torch"
     """What trains: ``torch`` (envhub's torch backend in this process; LoRA and full weights)
     or ``megatron`` (full-weight models on megatron-core ranks that Ray places, one group of
-    ranks per model; LoRA refused; :mod:`~envhub.trainer.service.megatron_training`)."""
+    ranks per model; LoRA refused; :mod:`~envhub.trainer.service.megatron_training`). The
+    service then owns Ray for its whole life, and Ray places the vLLM sampler's engines too."""
     tensor_parallel: int = Field(1, ge=1)
     """With ``backend: megatron``: the ranks each layer is split over (tensor parallelism)."""
     pipeline_parallel: int = Field(1, ge=1)

@@ -88,6 +88,18 @@ class ServiceState:
         self.store = Store(settings.state_dir)
         self._trainer = ThreadPoolExecutor(1, thread_name_prefix="envhub-service-trainer")
         self._ids = itertools.count(1)
+        self.owns_ray = False
+        """Whether :meth:`start` started Ray (:meth:`aclose` then shuts it down)."""
+
+    async def start(self) -> None:
+        """Start Ray (or join this process's) when the models train on it
+        (``backend: megatron``): the service owns it for its whole life, so the ranks of a
+        model whose session ends, or a sampler engine that stops, leave it up for the others
+        (they shut down only what they started, and Ray is started before them)."""
+        if self.settings.backend == "megatron":
+            from envhub.trainer.service.megatron_training import start_ray
+
+            self.owns_ray = await asyncio.to_thread(start_ray, self.settings)
 
     # -- sessions ---------------------------------------------------------------------------
 
@@ -327,9 +339,15 @@ class ServiceState:
         return self.sampling_sessions[session_id]
 
     async def aclose(self) -> None:
-        """Cancel pending requests, stop the samplers and the trainer thread."""
+        """Cancel pending requests, stop the samplers, the trainer thread and the models, then
+        Ray if :meth:`start` started it."""
         self.futures.cancel_all()
         await self.samplers.aclose()
         self._trainer.shutdown(wait=True, cancel_futures=True)
         for model in self.models.values():  # a Megatron model's ranks are Ray actors
             getattr(model, "close", lambda: None)()
+        if self.owns_ray:
+            from envhub.trainer.cluster.run import stop_ray
+
+            self.owns_ray = False
+            stop_ray(True)

@@ -1,5 +1,10 @@
-"""One ``vllm serve`` child of the service's vLLM sampler and the sampler of one version on it
-(how they answer: :mod:`~envhub.trainer.service.vllm_sampling`)."""
+"""One ``vllm serve`` server of the service's vLLM sampler and the sampler of one version on it
+(how they answer: :mod:`~envhub.trainer.service.vllm_sampling`).
+
+The server is the service's child process, or, when the models train on Ray (the Megatron
+backend), a process that a Ray actor runs on the service's node
+(:class:`~envhub.trainer.engines.vllm_ray.PlacedServer`, as ``envhub train`` places its
+engines): either way the same calls start, check and stop it."""
 
 from __future__ import annotations
 
@@ -58,10 +63,18 @@ class Engine:
         extra_args, env = (
             self._lora_flags() if weight_transfer is None else _transfer_flags(weight_transfer)
         )
-        self.server = VLLMServer(
-            model, served_model_name="base", max_model_len=self.max_model_len,
-            extra_args=args + extra_args, env=env,
+        server = {
+            "model": model,
+            "served_model_name": "base",
+            "max_model_len": self.max_model_len,
+            "extra_args": args + extra_args,
+            "env": env,
+        }
+        self.server: Any = (
+            placed_server(server, self.on_gpu) if settings.backend == "megatron"
+            else VLLMServer(**server)
         )  # fmt: skip
+        """A child of the service, or, beside Megatron ranks, one that Ray places."""
         self.http: httpx.AsyncClient | None = None
         self.turns = Turns()
         self._loaded: dict[Path, tuple[int, str]] = {}
@@ -237,6 +250,25 @@ class VLLMSampler:
         if last_n is not None:
             values[: len(values) - last_n] = [math.nan] * (len(values) - last_n)
         return values
+
+
+SAME_NODE = (
+    "the service's vLLM sampler reads saved versions from the service's disk and takes full "
+    "weights through shared memory (envhub_shm)"
+)
+"""Why a Ray-placed sampler engine must run on the service's node."""
+
+
+def placed_server(server: dict[str, Any], on_gpu: bool) -> Any:
+    """A vLLM server with ``server``'s settings that Ray places on the service's node, on a CPU
+    of its own and, on GPUs, a GPU of its own (the Megatron models leave it one:
+    :func:`~envhub.trainer.service.megatron_training.megatron_config`), as ``envhub train``'s
+    ``rollout.vllm.mode: ray`` places a split engine. The service owns Ray
+    (:meth:`~envhub.trainer.service.state.ServiceState.start`)."""
+    from envhub.trainer.engines.vllm_ray import EngineSlot, PlacedServer
+
+    slot = EngineSlot(num_cpus=1, num_gpus=1 if on_gpu else 0)
+    return PlacedServer(server, slot, same_node=SAME_NODE)
 
 
 def _transfer_flags(transfer: str) -> tuple[list[str], dict[str, str]]:

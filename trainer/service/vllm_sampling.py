@@ -6,7 +6,9 @@ The engine is a ``vllm serve`` child process started with envhub's launcher
 (:class:`~envhub.inference.vllm_server.VLLMServer`, as ``envhub serve-model`` and the trainer's
 engines start theirs; :mod:`~envhub.trainer.service.vllm_engine`): on the first request for its
 base model, once, with ``--enable-lora``, and stopped with the service (the launcher's guard
-ends its process group when the service's process dies, however it dies).
+ends its process group when the service's process dies, however it dies); with the Megatron
+backend, a Ray actor runs it on the service's node instead, in a bundle of its own
+(:func:`~envhub.trainer.service.vllm_engine.placed_server`).
 ``save_weights_for_sampler`` writes a LoRA model's adapter
 (:mod:`~envhub.trainer.service.versions`), and a sampling request on that version loads the
 adapter into its base model's engine under a name of its own (vLLM's

@@ -19,6 +19,7 @@ from envhub.trainer.cluster.ray_runtime import LOCAL_SYSTEM_CONFIG  # noqa: E402
 from envhub.trainer.engines.vllm_ray import (  # noqa: E402
     COLOCATED_GPU_SHARE,
     EngineSlot,
+    HostedProcess,
     RayServerTransport,
     engine_slot,
 )
@@ -106,21 +107,25 @@ def test_a_server_that_cannot_start_is_reported_with_its_node_and_log(
     assert f"model {model!r} is not on this machine and could not be downloaded — " in message
     assert message.endswith(".log)") and "(vLLM's full log: " in message
     asyncio.run(transport.aclose())
-    assert transport.actor is None and transport._own_group is None
+    assert transport.placed.actor is None and transport.placed.own_group is None
     assert _free_cpus(2.0) == 2.0  # the actor and its bundle were given back
 
 
 def test_a_dead_engine_actor_is_reported_as_unavailable(cluster: None, tmp_path: Path) -> None:
     transport = RayServerTransport(_settings(str(tmp_path)), EngineSlot(num_cpus=1))
-    transport._place()  # the actor only: its server is never started
+    transport.placed.place()  # the actor only: its server is never started
     assert (
-        transport.host["node_ip"] == ray.util.get_node_ip_address()
-        and transport.host["pid"] is None
+        transport.placed.host["node_ip"] == ray.util.get_node_ip_address()
+        and transport.placed.host["pid"] is None
     )
-    assert ray.get(transport.actor.exit_code.remote()) is None
+    assert ray.get(transport.placed.actor.exit_code.remote()) is None
+    # as the service's vLLM sampler sees its placed engine's process: running, then dead
+    process = HostedProcess(transport.placed.actor, pid=0)
+    assert process.poll() is None
     assert _free_cpus(1.0) == 1.0
-    ray.kill(transport.actor, no_restart=True)
-    _wait_until_dead(transport.actor)
+    ray.kill(transport.placed.actor, no_restart=True)
+    _wait_until_dead(transport.placed.actor)
+    assert process.poll() == -9
     with pytest.raises(
         EngineUnavailableError,
         match=rf"^the vLLM engine's Ray actor \(node {ray.util.get_node_ip_address()}\) died: ",

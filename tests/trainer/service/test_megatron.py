@@ -1,10 +1,13 @@
 """The service with ``backend="megatron"`` driven by the official ``tinker`` SDK: a full-weight
 model on two megatron-core ranks (PP=2) that Ray places on the CPU over gloo, checked against
-the torch-backed service on the same datums (a tiny Llama; one service of each per module)."""
+the torch-backed service on the same datums (a tiny Llama; one service of each per module).
+The Megatron-backed service samples with vLLM, its engines placed by Ray on a CPU beside the
+ranks (the last test, marked ``vllm``)."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ pytest.importorskip("ray")
 
 from envhub.trainer.megatron.rank_setup import SETUP_ENV  # noqa: E402
 from envhub.trainer.service.megatron_training import LORA_REFUSED  # noqa: E402
-from tests.trainer.service.serving import Running, full_weight_client  # noqa: E402
+from tests.trainer.service.serving import Running, datums, full_weight_client  # noqa: E402
 
 COMPAT = Path(__file__).resolve().parents[1] / "megatron" / "cpu_compat.py"
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
@@ -64,6 +67,7 @@ def services(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
             models=models,
             backend="megatron",
             pipeline_parallel=2,
+            sampler="vllm",  # engines start on the first sample only: other tests need no vLLM
         ),
     }
     yield running
@@ -98,9 +102,10 @@ def trained(services: dict[str, Running]) -> dict[str, Any]:
     """One step on each service from the same weights: its results and the weights after."""
     out = {}
     for kind, service in services.items():
-        training = full_weight_client(service.client(), "tiny")
+        client = service.client()
+        training = full_weight_client(client, "tiny")
         result = step(training)
-        result["training"] = training
+        result["training"], result["client"] = training, client
         saved = training.save_weights_for_sampler("step-1").result()
         result["weights"] = weights(service, saved.path)
         out[kind] = result
@@ -165,3 +170,90 @@ def test_a_saved_state_loads_back_with_its_optimizer(services: dict[str, Running
     moved = weights(service, training.save_weights_for_sampler("fresh").result().path)
     assert not torch.equal(moved["model.layers.0.mlp.up_proj.weight"],
                            expected["model.layers.0.mlp.up_proj.weight"])  # fmt: skip
+
+
+AGREE = 2e-4
+"""Largest |vLLM - trainer| logprob difference of a token (as test_vllm_full_weights.py)."""
+PROMPT = [1, 504, 3458, 314, 216, 28, 30, 1145]
+SEEDED = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+
+
+def _scored(training: Any, completion: list[int]) -> list[float]:
+    """``training``'s logprobs of ``PROMPT + completion``'s completion tokens."""
+    tokens = PROMPT + completion
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
+    output = training.forward([datum], "cross_entropy").result()
+    return output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist()[len(PROMPT) - 1 :]
+
+
+def _pids_named(title: bytes) -> set[int]:
+    """Processes whose command line holds ``title`` (Ray names its actors' processes)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and title in (entry / "cmdline").read_bytes():
+                found.add(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.vllm
+def test_a_ray_placed_engine_samples_as_the_trainer_and_ray_outlives_sessions(
+    require_vllm: None, services: dict[str, Running], trained: dict
+) -> None:
+    """A second session's full-weight model trains a step, saves and samples through a vLLM
+    engine that Ray placed on this node: the trainer's logprobs. The first session, whose model
+    was the first on Ray, ends (its ranks go): Ray, the engine and the second session's model
+    go on. The service's stop leaves no engine, actor or rank."""
+    import ray
+
+    from envhub.lifetime.procs import group_members
+    from envhub.trainer.engines.vllm_ray import PlacedServer
+
+    service = services["megatron"]
+    state = service.app.app.state.service
+    client = service.client()
+    training = full_weight_client(client, "tiny")
+    training.forward_backward(datums([(PROMPT[:4], PROMPT[4:])]), "cross_entropy").result()
+    training.optim_step(tinker.types.AdamParams(learning_rate=2e-2)).result()
+    path = training.save_weights_for_sampler("ray-v1").result().path
+    prompt = tinker.types.ModelInput.from_ints(PROMPT)
+    sampler = client.create_sampling_client(model_path=path).result()
+    first = sampler.sample(prompt, 2, SEEDED).result()
+    for sequence in first.sequences:
+        assert sequence.logprobs == pytest.approx(_scored(training, sequence.tokens), abs=AGREE)
+    (found,) = state.samplers.full_weights.engines.values()
+    server = found.engine.server
+    assert isinstance(server, PlacedServer)
+    assert server.host["node_id"] == ray.get_runtime_context().get_node_id()
+    ranks = [r["pid"] for m in state.models.values() for r in m.backend.group.ranks_info()]
+    trained["megatron"]["client"].close("success").result()  # its ranks go; Ray stays
+    assert ray.is_initialized() and len(state.models) == 1
+    training.forward_backward(datums([(PROMPT[:4], PROMPT[4:])]), "cross_entropy").result()
+    again = sampler.sample(prompt, 2, SEEDED).result()  # the same engine, the same version
+    assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
+    assert list(state.samplers.full_weights.engines.values()) == [found]  # not restarted
+    hosts, owned, vllm = _pids_named(b"ray::EngineHost"), state.owns_ray, server.host["pid"]
+    assert len(hosts) == 1
+    service.stop()
+    assert ray.is_initialized() is not owned  # stopped with the service only if it started it
+    _wait_gone([vllm, *hosts, *ranks, *group_members(vllm)])
+    print(f"Ray-placed engine start {state.samplers.full_weights.start_seconds[0]:.1f} s")
+
+
+def _wait_gone(pids: list[int]) -> None:
+    """Wait up to 30 s for ``pids`` to exit (Ray kills its actors asynchronously)."""
+    deadline = time.monotonic() + 30
+    while (left := [p for p in pids if _running(p)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"still running: {left}"
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    try:
+        return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+    except OSError:
+        return False
