@@ -57,9 +57,9 @@ def serve_trainer_command(
         "vllm_max_lora_rank", help="The largest LoRA rank the vllm sampler serves."
     ),
     vllm_max_full_weight_engines: int = _setting(
-        "vllm_max_full_weight_engines",
-        help="The most vllm engines of full-weight models at once (the least recently "
-        "used idle one stops).",
+        "vllm_max_full_weight_engines", "--full-weight-engines",
+        help="With --sampler vllm: the most engines of full-weight models at once (the "
+        "least recently used idle one stops).",
     ),
     backend: str = _setting(
         "backend",
@@ -72,7 +72,7 @@ def serve_trainer_command(
     pipeline_parallel: int = _setting(
         "pipeline_parallel", help="With --backend megatron: pipeline stages."
     ),
-    session_timeout: float = _setting(
+    session_timeout_s: float = _setting(
         "session_timeout_s", "--session-timeout",
         help="Seconds without a heartbeat after which a client's session is ended and its "
         "models freed (the SDK sends one every 10 s).",
@@ -106,7 +106,7 @@ def serve_trainer_command(
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
         vllm_max_full_weight_engines=vllm_max_full_weight_engines,
         backend=backend, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
-        session_timeout_s=session_timeout,
+        session_timeout_s=session_timeout_s,
     )  # fmt: skip
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")

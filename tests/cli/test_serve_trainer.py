@@ -43,8 +43,8 @@ def test_each_option_defaults_to_its_settings_field() -> None:
     options = inspect.signature(serve_trainer_command).parameters
     shared = [name for name in options if name in ServiceSettings.model_fields]
     assert sorted(shared) == ["api_key", "backend", "device", "host", "models",
-                              "pipeline_parallel", "port", "sampler", "state_dir",
-                              "tensor_parallel", "vllm_max_full_weight_engines",
+                              "pipeline_parallel", "port", "sampler", "session_timeout_s",
+                              "state_dir", "tensor_parallel", "vllm_max_full_weight_engines",
                               "vllm_max_lora_rank"]  # fmt: skip
     for name in set(shared) - {"api_key", "models"}:  # a key is made per run; models: an argument
         assert options[name].default.default == getattr(defaults, name), name
