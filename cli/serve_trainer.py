@@ -66,6 +66,11 @@ def serve_trainer_command(
         help="torch (in process; LoRA and full weights) or megatron (full-weight models on "
         "megatron-core ranks that Ray places; LoRA refused).",
     ),
+    full_weights: bool = _setting(
+        "full_weights",
+        help="Train every weight of each model, whatever LoRA rank the client asks for (the "
+        "SDK asks for one): SDK loops on --backend megatron need it.",
+    ),
     tensor_parallel: int = _setting(
         "tensor_parallel", help="With --backend megatron: ranks each layer is split over."
     ),
@@ -89,7 +94,7 @@ def serve_trainer_command(
         envhub serve-trainer smollm2-135m --port 8011 --device cpu
         envhub serve-trainer meta-llama/Llama-3.2-1B=smollm2-135m
         envhub serve-trainer smollm2-135m --sampler vllm
-        envhub serve-trainer Qwen/Qwen3-8B --backend megatron --tensor-parallel 2
+        envhub serve-trainer Qwen/Qwen3-8B --backend megatron --full-weights
     """
     from envhub.cli.serve_model import sigterm_as_ctrl_c
     from envhub.errors import MissingDependencyError
@@ -105,7 +110,8 @@ def serve_trainer_command(
         api_key=api_key or os.environ.get(KEY_VARIABLE) or new_api_key(),
         state_dir=state_dir, sampler=sampler, vllm_max_lora_rank=vllm_max_lora_rank,
         vllm_max_full_weight_engines=vllm_max_full_weight_engines,
-        backend=backend, tensor_parallel=tensor_parallel, pipeline_parallel=pipeline_parallel,
+        backend=backend, full_weights=full_weights, tensor_parallel=tensor_parallel,
+        pipeline_parallel=pipeline_parallel,
         session_timeout_s=session_timeout_s,
     )  # fmt: skip
     server = uvicorn.Server(

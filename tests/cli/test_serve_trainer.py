@@ -42,7 +42,7 @@ def test_each_option_defaults_to_its_settings_field() -> None:
     defaults = ServiceSettings(api_key="tml-x")
     options = inspect.signature(serve_trainer_command).parameters
     shared = [name for name in options if name in ServiceSettings.model_fields]
-    assert sorted(shared) == ["api_key", "backend", "device", "host", "models",
+    assert sorted(shared) == ["api_key", "backend", "device", "full_weights", "host", "models",
                               "pipeline_parallel", "port", "sampler", "session_timeout_s",
                               "state_dir", "tensor_parallel", "vllm_max_full_weight_engines",
                               "vllm_max_lora_rank"]  # fmt: skip

@@ -46,8 +46,9 @@ from envhub.trainer.service.wire import Datum, ForwardRequest
 
 LORA_REFUSED = (
     "this service trains full weights on the Megatron backend (serve-trainer --backend "
-    "megatron), which has no LoRA: create the model without a LoRA config, or train LoRA on a "
-    "service started with --backend torch"
+    "megatron), which has no LoRA: start it with --full-weights to train every weight of the "
+    "models SDK loops create (the SDK asks for LoRA with each), create the model without a "
+    "LoRA config, or train LoRA on a service started with --backend torch"
 )
 
 

@@ -58,6 +58,11 @@ class ServiceSettings(BaseModel):
     or ``megatron`` (full-weight models on megatron-core ranks that Ray places, one group of
     ranks per model; LoRA refused; :mod:`~envhub.trainer.service.megatron_training`). The
     service then owns Ray for its whole life, and Ray places the vLLM sampler's engines too."""
+    full_weights: bool = False
+    """Train every weight of each model a client creates, whatever LoRA rank it asks for (the
+    SDK asks for one with every model it creates): how an SDK loop, the cookbook's included,
+    trains on ``backend: megatron``, which has no LoRA. The model's info says ``is_lora``
+    false."""
     tensor_parallel: int = Field(1, ge=1)
     """With ``backend: megatron``: the ranks each layer is split over (tensor parallelism)."""
     pipeline_parallel: int = Field(1, ge=1)

@@ -186,6 +186,10 @@ class ServiceState:
         self.check_base_model(base_model)
         if model_id in self.models:
             raise ConfigError(f"model {model_id!r} exists already")
+        if lora is not None and self.settings.full_weights:
+            log.info("%s trains every weight (the service's full_weights), not a rank-%d "
+                     "LoRA", model_id, lora.rank)  # fmt: skip
+            lora = None
         target = self.settings.served()[base_model]
         base = None if lora is None else self.bases.get(target)
         if self.settings.backend == "megatron":
