@@ -114,6 +114,10 @@ def serve_trainer_command(
         pipeline_parallel=pipeline_parallel,
         session_timeout_s=session_timeout_s,
     )  # fmt: skip
+    if settings.backend == "megatron":  # refused here with its reason, not in a traceback
+        from envhub.trainer.service.megatron_training import service_ray_cpus
+
+        service_ray_cpus(settings)
     server = uvicorn.Server(
         uvicorn.Config(build_app(settings), host=host, port=port, log_level="warning")
     )

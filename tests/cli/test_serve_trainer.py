@@ -75,3 +75,22 @@ def test_serve_trainer_answers_the_sdk_and_stops_on_sigterm(tmp_path: Path) -> N
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
     assert code == 0
+
+
+def test_megatron_without_gpus_is_refused_before_the_server_starts(tmp_path: Path) -> None:
+    """No GPU here: the command says why in the service's words and exits 1 (not a startup
+    traceback after which the server exits 0)."""
+    pytest.importorskip("megatron.core")
+    from envhub.trainer.megatron.rank_setup import SETUP_ENV  # the tests' CPU ranks: not here
+
+    env = {k: v for k, v in os.environ.items() if k != SETUP_ENV}
+    command = [sys.executable, "-m", "envhub.cli", "serve-trainer", "--backend", "megatron",
+               "--device", "cpu", "--state-dir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env | {"COLUMNS": "300"},
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "serve-trainer --backend megatron cannot start: backend.kind=megatron needs CUDA" in (
+        done.stdout + done.stderr
+    )
+    assert "(the service's flag: --backend torch)" in done.stdout + done.stderr
+    assert "Traceback" not in done.stderr

@@ -75,11 +75,21 @@ def service_ray_cpus(settings: ServiceSettings) -> int:
     """Logical CPUs of the local Ray cluster a Megatron-backed service starts, sized as
     ``envhub train`` sizes a run's (:func:`~envhub.trainer.cluster.run.ray_cpus`): room for
     ``vllm_max_full_weight_engines`` models at once, each its ranks and its vLLM engine, and a
-    vLLM engine per served base model (a model beyond waits for room, then fails to place)."""
+    vLLM engine per served base model (a model beyond waits for room, then fails to place).
+
+    Raises:
+        ConfigError: The Megatron backend cannot run here (no GPUs), in the service's words.
+    """
     from envhub.trainer.cluster.run import ray_cpus
 
     served = settings.served()
-    per_model = ray_cpus(megatron_config(next(iter(served.values())), 0, settings))
+    try:
+        per_model = ray_cpus(megatron_config(next(iter(served.values())), 0, settings))
+    except ConfigError as e:  # in the run config's words (no GPUs, a split that does not fit)
+        raise ConfigError(
+            f"serve-trainer --backend megatron cannot start: {e} (the service's flag: "
+            "--backend torch)"
+        ) from e
     base_engines = len(served) if settings.sampler == "vllm" else 0
     return settings.vllm_max_full_weight_engines * per_model + base_engines
 
