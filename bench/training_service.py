@@ -37,9 +37,10 @@ import tinker
 from tinker import types
 
 from envhub.defaults import LOOPBACK, SMOLLM2_ID, free_port
-from envhub.trainer.service import new_api_key
+from envhub.trainer.service import ServiceSettings, new_api_key
 from envhub.trainer.service.sampling import Sampler
 from envhub.trainer.service.training import LoraSpec, TrainingModel
+from envhub.trainer.service.versions import hf_version
 from envhub.trainer.service.wire import Datum, ForwardRequest
 
 RANK, SEED = 8, 0
@@ -120,7 +121,8 @@ def measure(args: argparse.Namespace, client: Any, state_dir: Path) -> dict[str,
     prompt = seqs[0][:32]
     params = types.SamplingParams(max_tokens=args.max_tokens, temperature=1.0, stop=[])
     run, kind, name = saved.path.removeprefix("tinker://").split("/")
-    local = Sampler(str(state_dir / run / kind / name), "cpu")
+    version = hf_version(str(state_dir / run / kind / name), ServiceSettings(state_dir=state_dir))
+    local = Sampler(version.base, "cpu", version.adapter)  # the base and the saved adapter
     loop = asyncio.new_event_loop()
     direct_params = {"max_tokens": args.max_tokens, "temperature": 1.0, "stop": []}
     timed(
