@@ -100,3 +100,40 @@ def full_weight_client(client: Any, base_model: str) -> Any:
         return TrainingClient(holder, model_seq_id=seq_id, model_id=created.model_id, info=info)
 
     return holder.run_coroutine_threadsafe(create()).result()
+
+
+def scored(training: Any, prompt: list[int], completion: list[int]) -> list[float]:
+    """``training``'s logprobs of ``prompt + completion`` after the first token (its own
+    ``forward``, as the sampler's tokens are checked against)."""
+    tokens = prompt + completion
+    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
+                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
+    output = training.forward([datum], "cross_entropy").result()
+    return output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist()
+
+
+def two_versions(client: Any, training: Any, examples: list, adam: Any, prompt: list[int],
+                 params: Any) -> dict[str, Any]:  # fmt: skip
+    """``training`` stepped on ``examples`` and saved for sampling twice (``v1``, ``v2``),
+    each version sampled (two rows, prompt logprobs too) right after its save and the samples
+    scored by ``training`` at that version: per name its path, sampler, response and scores."""
+    out: dict[str, Any] = {"client": client, "training": training}
+    model_input = tinker.types.ModelInput.from_ints(prompt)
+    for name in ("v1", "v2"):
+        training.forward_backward(datums(examples), "cross_entropy").result()
+        training.optim_step(adam).result()
+        path = training.save_weights_for_sampler(name).result().path
+        sampler = client.create_sampling_client(model_path=path).result()
+        response = sampler.sample(model_input, 2, params, include_prompt_logprobs=True).result()
+        scores = [scored(training, prompt, s.tokens) for s in response.sequences]
+        out[name] = {"path": path, "sampler": sampler, "response": response, "scored": scores}
+    return out
+
+
+def command_line(pid: int) -> bytes:
+    """Process ``pid``'s command line (empty once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

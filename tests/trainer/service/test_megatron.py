@@ -21,7 +21,12 @@ pytest.importorskip("ray")
 
 from envhub.trainer.megatron.rank_setup import SETUP_ENV  # noqa: E402
 from envhub.trainer.service.megatron_training import LORA_REFUSED  # noqa: E402
-from tests.trainer.service.serving import Running, datums, full_weight_client  # noqa: E402
+from tests.trainer.service.serving import (  # noqa: E402
+    Running,
+    datums,
+    full_weight_client,
+    scored,
+)
 
 COMPAT = Path(__file__).resolve().parents[1] / "megatron" / "cpu_compat.py"
 ADAM = {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8,
@@ -178,15 +183,6 @@ PROMPT = [1, 504, 3458, 314, 216, 28, 30, 1145]
 SEEDED = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
 
 
-def _scored(training: Any, completion: list[int]) -> list[float]:
-    """``training``'s logprobs of ``PROMPT + completion``'s completion tokens."""
-    tokens = PROMPT + completion
-    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
-    output = training.forward([datum], "cross_entropy").result()
-    return output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist()[len(PROMPT) - 1 :]
-
-
 def _pids_named(title: bytes) -> set[int]:
     """Processes whose command line holds ``title`` (Ray names its actors' processes)."""
     found = set()
@@ -223,7 +219,8 @@ def test_a_ray_placed_engine_samples_as_the_trainer_and_ray_outlives_sessions(
     sampler = client.create_sampling_client(model_path=path).result()
     first = sampler.sample(prompt, 2, SEEDED).result()
     for sequence in first.sequences:
-        assert sequence.logprobs == pytest.approx(_scored(training, sequence.tokens), abs=AGREE)
+        trainer = scored(training, PROMPT, sequence.tokens)[len(PROMPT) - 1 :]
+        assert sequence.logprobs == pytest.approx(trainer, abs=AGREE)
     (found,) = state.samplers.full_weights.engines.values()
     server = found.engine.server
     assert isinstance(server, PlacedServer)

@@ -13,7 +13,12 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 
-from tests.trainer.service.serving import Running, datums, full_weight_client  # noqa: E402
+from tests.trainer.service.serving import (  # noqa: E402
+    Running,
+    command_line,
+    full_weight_client,
+    two_versions,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -48,27 +53,10 @@ def versions(service: Running) -> dict[str, Any]:
     client = service.client()
     training = full_weight_client(client, "tiny")
     prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    out: dict[str, Any] = {"client": client, "training": training}
-    for name in ("v1", "v2"):
-        training.forward_backward(datums(EXAMPLES), "cross_entropy").result()
-        training.optim_step(ADAM).result()
-        path = training.save_weights_for_sampler(name).result().path
-        sampler = client.create_sampling_client(model_path=path).result()
-        response = sampler.sample(prompt, 2, SEEDED, include_prompt_logprobs=True).result()
-        scored = [_scored(training, PROMPT, s.tokens) for s in response.sequences]
-        out[name] = {"sampler": sampler, "response": response, "scored": scored}
+    out = two_versions(client, training, EXAMPLES, ADAM, PROMPT, SEEDED)
     for name in ("v1", "v2"):  # the engine holds v2: switched to v1, then back to v2
         out[name]["again"] = out[name]["sampler"].sample(prompt, 2, SEEDED).result()
     return out
-
-
-def _scored(training: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    """``training``'s logprobs of ``prompt + completion`` after the first token."""
-    tokens = prompt + completion
-    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
-    output = training.forward([datum], "cross_entropy").result()
-    return output.loss_fn_outputs[0]["logprobs"].to_numpy().tolist()
 
 
 def test_each_version_samples_as_the_trainer_scores(versions: dict) -> None:
@@ -163,7 +151,7 @@ def test_a_dead_engine_is_replaced_from_the_version_asked_for(
     engines = service.app.app.state.service.samplers.full_weights
     (old,) = engines.engines.values()
     group = old.engine.server.process.pid
-    core = [p for p in group_members(group) if b"EngineCore" in _command_line(p)]
+    core = [p for p in group_members(group) if b"EngineCore" in command_line(p)]
     assert len(core) == 1, "vLLM's engine core process"
     os.kill(core[0], signal.SIGKILL)
     prompt = tinker.types.ModelInput.from_ints(PROMPT)
@@ -172,14 +160,6 @@ def test_a_dead_engine_is_replaced_from_the_version_asked_for(
     assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
     (new,) = engines.engines.values()
     assert new is not old and new.engine.model.endswith("/v1") and group_members(group) == []
-
-
-def _command_line(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def test_the_engine_stops_when_its_session_ends(service: Running, versions: dict) -> None:

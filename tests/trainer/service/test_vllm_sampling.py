@@ -12,7 +12,7 @@ import pytest
 
 tinker = pytest.importorskip("tinker")
 
-from tests.trainer.service.serving import Running, datums  # noqa: E402
+from tests.trainer.service.serving import Running, two_versions  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -48,31 +48,7 @@ def versions(service: Running) -> dict[str, Any]:
         base_model="tiny", rank=4, seed=3
     ).result()  # fmt: skip
     params = tinker.types.SamplingParams(max_tokens=8, temperature=1.0, seed=5)
-    prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    out: dict[str, Any] = {"client": client, "training": training}
-    for name in ("v1", "v2"):
-        training.forward_backward(datums(EXAMPLES), "cross_entropy").result()
-        training.optim_step(ADAM).result()
-        path = training.save_weights_for_sampler(name).result().path
-        sampler = client.create_sampling_client(model_path=path).result()
-        response = sampler.sample(prompt, 2, params, include_prompt_logprobs=True).result()
-        scored = [_scored(training, PROMPT, s.tokens) for s in response.sequences]
-        out[name] = {"path": path, "sampler": sampler, "response": response, "scored": scored}
-    return out
-
-
-def _scored(training: Any, prompt: list[int], completion: list[int]) -> list[float]:
-    """``training``'s logprobs of ``prompt + completion`` after the first token."""
-    tokens = prompt + completion
-    datum = tinker.types.Datum(model_input=tinker.types.ModelInput.from_ints(tokens[:-1]),
-                               loss_fn_inputs={"target_tokens": tokens[1:]})  # fmt: skip
-    return (
-        training.forward([datum], "cross_entropy")
-        .result()
-        .loss_fn_outputs[0]["logprobs"]
-        .to_numpy()
-        .tolist()
-    )
+    return two_versions(client, training, EXAMPLES, ADAM, PROMPT, params)
 
 
 def test_each_version_samples_as_the_trainer_scores(versions: dict) -> None:
