@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,7 +38,7 @@ from typing import Any
 
 from envhub.inference.base import GenerateRequest, SamplingParams
 from envhub.trainer.service.settings import ServiceSettings
-from envhub.trainer.service.versions import hf_version
+from envhub.trainer.service.versions import folder_stamp, hf_version
 from envhub.trainer.service.wire import Sequence
 
 
@@ -186,16 +185,6 @@ def _cut(tokens: list[int], logprobs: list[float], finish: str, stops: set[int])
     if at is None:
         return Sequence(tokens, logprobs, "stop" if finish == "stop" else "length")
     return Sequence(tokens[: at + 1], logprobs[: at + 1], "stop")
-
-
-def folder_stamp(folder: str) -> tuple[int, int]:
-    """``folder``'s inode and modification time: a save under the same name replaces the
-    folder (a new one renamed into place), so its stamp changes. A Hub id has none (0, 0)."""
-    try:
-        info = os.stat(folder)
-    except OSError:
-        return 0, 0
-    return info.st_ino, info.st_mtime_ns
 
 
 class Samplers:

@@ -19,6 +19,7 @@ Torch-free at import: the adapter is written with torch, PEFT and safetensors im
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,17 @@ def save_reference(model: Any, folder: Path) -> None:
     outputs, _ = model.forward(ForwardRequest("", 0, "cross_entropy", {}, True, [datum]))
     logprobs = [float(v) for v in outputs[0]["logprobs"]]
     (folder / REFERENCE_FILE).write_text(json.dumps({"ids": ids, "logprobs": logprobs}))
+
+
+def folder_stamp(folder: str | Path) -> tuple[int, int]:
+    """``folder``'s inode and modification time: a save under the same name replaces the
+    folder (a new one renamed into place), so its stamp says which save a loaded version is.
+    A Hub id has none (0, 0)."""
+    try:
+        info = os.stat(folder)
+    except OSError:
+        return 0, 0
+    return info.st_ino, info.st_mtime_ns
 
 
 @dataclass(frozen=True)

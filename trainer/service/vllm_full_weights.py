@@ -44,7 +44,7 @@ from typing import Any
 
 from envhub.errors import EngineDiedError, EngineError, EngineUnavailableError
 from envhub.trainer.service.settings import ServiceSettings
-from envhub.trainer.service.versions import REFERENCE_FILE
+from envhub.trainer.service.versions import REFERENCE_FILE, folder_stamp
 from envhub.trainer.service.vllm_engine import Engine, VLLMSampler
 from envhub.trainer.service.wire import Sequence
 
@@ -64,8 +64,7 @@ Key = tuple[str, int, int]
 
 def version_key(folder: str | Path) -> Key:
     """What identifies the weights in ``folder`` (a folder saved again gets a new key)."""
-    stat = Path(folder).stat()
-    return str(folder), stat.st_ino, stat.st_mtime_ns
+    return (str(folder), *folder_stamp(folder))
 
 
 def run_of(folder: str | Path) -> str:
