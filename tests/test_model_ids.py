@@ -38,6 +38,9 @@ REMOTE = {
     ("cli/serve_trainer.py", "meta-llama/Llama-3.2-1B"): (
         "serve-trainer's example of a name a client asks for, served by smollm2-135m (never loaded)"
     ),
+    ("cli/serve_trainer.py", "Qwen/Qwen3-8B"): (
+        "serve-trainer's example of a Megatron service on GPUs (a GPU machine downloads it)"
+    ),
 }
 """(file, model) pairs that name a model the set-up does not provide, on purpose."""
 

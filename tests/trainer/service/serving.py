@@ -129,11 +129,3 @@ def two_versions(client: Any, training: Any, examples: list, adam: Any, prompt: 
         out[name] = {"path": path, "sampler": sampler, "response": response, "scored": scores}
     return out
 
-
-def command_line(pid: int) -> bytes:
-    """Process ``pid``'s command line (empty once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

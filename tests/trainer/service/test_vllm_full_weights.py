@@ -15,7 +15,6 @@ tinker = pytest.importorskip("tinker")
 
 from tests.trainer.service.serving import (  # noqa: E402
     Running,
-    command_line,
     full_weight_client,
     two_versions,
 )
@@ -136,30 +135,6 @@ def test_weights_unlike_their_training_models_fail_the_request(
 def _folder(service: Running, versions: dict, name: str) -> Path:
     model_id = versions["training"].model_id
     return service.settings.state_dir / model_id / "sampler_weights" / name
-
-
-def test_a_dead_engine_is_replaced_from_the_version_asked_for(
-    service: Running, versions: dict
-) -> None:
-    """The engine core killed (SIGKILL, as the out-of-memory killer would): the next request
-    starts a new engine from its own version and repeats its seeded sample exactly."""
-    import os
-    import signal
-
-    from envhub.lifetime.procs import group_members
-
-    engines = service.app.app.state.service.samplers.full_weights
-    (old,) = engines.engines.values()
-    group = old.engine.server.process.pid
-    core = [p for p in group_members(group) if b"EngineCore" in command_line(p)]
-    assert len(core) == 1, "vLLM's engine core process"
-    os.kill(core[0], signal.SIGKILL)
-    prompt = tinker.types.ModelInput.from_ints(PROMPT)
-    again = versions["v1"]["sampler"].sample(prompt, 2, SEEDED).result()
-    first = versions["v1"]["response"]
-    assert [s.tokens for s in again.sequences] == [s.tokens for s in first.sequences]
-    (new,) = engines.engines.values()
-    assert new is not old and new.engine.model.endswith("/v1") and group_members(group) == []
 
 
 def test_the_engine_stops_when_its_session_ends(service: Running, versions: dict) -> None:
