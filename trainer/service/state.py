@@ -150,7 +150,7 @@ class ServiceState:
         """Take ``models``' adapters off their shared bases and drop a base left with none
         (on the trainer thread, after the work queued for them)."""
         for model in models:
-            getattr(model, "close", lambda: None)()  # a model that holds more than tensors
+            model.close()
             shared = model.shared
             if shared is None:
                 continue
@@ -349,7 +349,7 @@ class ServiceState:
         await self.samplers.aclose()
         self._trainer.shutdown(wait=True, cancel_futures=True)
         for model in self.models.values():  # a Megatron model's ranks are Ray actors
-            getattr(model, "close", lambda: None)()
+            model.close()
         if self.owns_ray:
             from envhub.trainer.cluster.run import stop_ray
 

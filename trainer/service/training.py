@@ -217,6 +217,9 @@ class TrainingModel:
             return self.shared.parameters(self.adapter)
         return [(n, p) for n, p in self.backend.model.named_parameters() if p.requires_grad]
 
+    def close(self) -> None:
+        """Nothing to stop: its tensors go with it (a Megatron model stops its ranks)."""
+
     def export(self, folder: Path) -> Path:
         """Write the weights (this model's adapter merged, tensor by tensor: the shared base is
         not touched) and tokenizer as an HF folder a sampler loads."""

@@ -70,6 +70,12 @@ def save_reference(model: Any, folder: Path) -> None:
     (folder / REFERENCE_FILE).write_text(json.dumps({"ids": ids, "logprobs": logprobs}))
 
 
+def run_of(folder: str | Path) -> str:
+    """The training model (run id) that saved ``folder``
+    (``<state_dir>/<run id>/sampler_weights/<name>``)."""
+    return Path(folder).parent.parent.name
+
+
 def folder_stamp(folder: str | Path) -> tuple[int, int]:
     """``folder``'s inode and modification time: a save under the same name replaces the
     folder (a new one renamed into place), so its stamp says which save a loaded version is.
@@ -109,8 +115,7 @@ def adapter_version(folder: str | Path, settings: ServiceSettings) -> Version | 
     adapter = Path(folder) / ADAPTER_DIR
     if not (adapter / "adapter_config.json").is_file():
         return None
-    run_id = Path(folder).parent.parent.name  # <state_dir>/<run id>/sampler_weights/<name>
-    name = Store(settings.state_dir).run(run_id)["base_model"]
+    name = Store(settings.state_dir).run(run_of(folder))["base_model"]
     served = settings.served()
     if name not in served:
         raise ConfigError(f"base model {name!r} is not served here")

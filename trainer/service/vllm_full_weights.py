@@ -44,7 +44,7 @@ from typing import Any
 
 from envhub.errors import EngineDiedError, EngineError, EngineUnavailableError
 from envhub.trainer.service.settings import ServiceSettings
-from envhub.trainer.service.versions import REFERENCE_FILE, folder_stamp
+from envhub.trainer.service.versions import REFERENCE_FILE, folder_stamp, run_of
 from envhub.trainer.service.vllm_engine import Engine, VLLMSampler
 from envhub.trainer.service.wire import Sequence
 
@@ -65,12 +65,6 @@ Key = tuple[str, int, int]
 def version_key(folder: str | Path) -> Key:
     """What identifies the weights in ``folder`` (a folder saved again gets a new key)."""
     return (str(folder), *folder_stamp(folder))
-
-
-def run_of(folder: str | Path) -> str:
-    """The training model (run id) that saved ``folder``
-    (``<state_dir>/<run id>/sampler_weights/<name>``)."""
-    return Path(folder).parent.parent.name
 
 
 def folder_weights(folder: Path) -> Iterator[tuple[str, Any]]:

@@ -182,16 +182,18 @@ class _FakeEngine:
         return not self.dead
 
     async def aclose(self) -> None:
-        self.log.append(f"stop {Path(self.model).parent.parent.name}")
+        from envhub.trainer.service.versions import run_of
+
+        self.log.append(f"stop {run_of(self.model)}")
 
 
 def _full_weight_engines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap: int) -> Any:
     """``FullWeightEngines`` under ``cap`` whose engines are fakes; starts and stops logged."""
     from envhub.trainer.service import ServiceSettings
+    from envhub.trainer.service.versions import run_of
     from envhub.trainer.service.vllm_full_weights import (
         FullWeightEngines,
         VersionTurns,
-        run_of,
         version_key,
     )
 
